@@ -1,0 +1,115 @@
+/* cmd_status.c — gradctl status: the daemon and its devices. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "table.h"
+#include "units.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_status = {
+    .name = "status",
+    .args = "",
+    .summary = "show the daemon's version, uptime and devices",
+    .run = run,
+};
+
+static void print_json(const Gradd__StatusResponse *st)
+{
+    json_writer w;
+    json_init(&w, stdout);
+    json_begin_object(&w);
+    json_key(&w, "daemon_version");
+    json_string(&w, st->daemon_version);
+    json_key(&w, "protocol_version");
+    json_uint(&w, st->protocol_version);
+    json_key(&w, "pid");
+    json_int(&w, st->pid);
+    json_key(&w, "uptime_s");
+    json_double(&w, st->uptime_s);
+    json_key(&w, "peer_uid");
+    json_uint(&w, st->peer_uid);
+    json_key(&w, "cuda_note");
+    json_string(&w, st->cuda_note);
+    json_key(&w, "devices");
+    json_begin_array(&w);
+    for (size_t i = 0; i < st->n_devices; i++) {
+        const Gradd__Device *d = st->devices[i];
+        json_begin_object(&w);
+        json_key(&w, "id");
+        json_string(&w, d->id);
+        json_key(&w, "name");
+        json_string(&w, d->name);
+        json_key(&w, "kind");
+        json_string(&w, d->kind);
+        json_key(&w, "mem_total");
+        json_uint(&w, d->mem_total);
+        json_key(&w, "mem_free");
+        json_uint(&w, d->mem_free);
+        json_key(&w, "pool_reserved");
+        json_uint(&w, d->pool_reserved);
+        json_key(&w, "pool_allocated");
+        json_uint(&w, d->pool_allocated);
+        json_key(&w, "fragmentation");
+        json_double(&w, d->fragmentation);
+        json_end_object(&w);
+    }
+    json_end_array(&w);
+    json_end_object(&w);
+    json_end(&w);
+}
+
+static void print_text(const Gradd__StatusResponse *st)
+{
+    char up[32];
+    printf("gradd %s  protocol %u  pid %d  up %s\n\n", st->daemon_version, st->protocol_version, st->pid,
+           units_format_duration(st->uptime_s, up, sizeof up));
+    static const char *const head[] = {"DEVICE", "NAME", "KIND", ">MEM USED/TOTAL", ">FREE", ">RESERVED", ">FRAG"};
+    table t;
+    table_init(&t, 7, head);
+    for (size_t i = 0; i < st->n_devices; i++) {
+        const Gradd__Device *d = st->devices[i];
+        char a[16], b[16], f[16], r[16];
+        table_cell(&t, "%s", d->id);
+        table_cell(&t, "%s", d->name);
+        table_cell(&t, "%s", d->kind);
+        table_cell(&t, "%s/%s", units_format_size(d->pool_allocated, a, sizeof a),
+                   units_format_size(d->mem_total, b, sizeof b));
+        table_cell(&t, "%s", units_format_size(d->mem_free, f, sizeof f));
+        table_cell(&t, "%s", units_format_size(d->pool_reserved, r, sizeof r));
+        table_cell(&t, "%.0f%%", d->fragmentation * 100);
+    }
+    table_print(&t, stdout);
+    table_free(&t);
+    if (st->cuda_note && *st->cuda_note)
+        printf("\n%s\n", st->cuda_note);
+}
+
+static int run(ctl *c, int argc, char **argv)
+{
+    if (argc > 1)
+        return ctl_usage(&cmd_status, "unexpected argument '%s'", argv[1]);
+    Gradd__StatusRequest sr;
+    gradd__status_request__init(&sr);
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, &req, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    if (resp->body_case != GRADD__RESPONSE__BODY_STATUS) {
+        fprintf(stderr, "gradctl: unexpected reply to status\n");
+        gradd__response__free_unpacked(resp, NULL);
+        return CTL_ERR_DAEMON;
+    }
+    if (c->json)
+        print_json(resp->status);
+    else
+        print_text(resp->status);
+    gradd__response__free_unpacked(resp, NULL);
+    return CTL_OK;
+}

@@ -1,0 +1,75 @@
+/* cmd_test_alloc.c — gradctl test-alloc: allocate from a device's pool by
+ * hand and hold the block, or free all such blocks.  Only a daemon started
+ * with --test-hooks accepts it; integration tests use it to put real blocks
+ * in the pool before there are jobs. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "units.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_test_alloc = {
+    .name = "test-alloc",
+    .args = "-d DEV [--tag TAG] [--job N] (SIZE | --free-all)",
+    .summary = "(tests) allocate SIZE from a pool and hold it, or free what is held",
+    .run = run,
+    .hidden = true,
+};
+
+static int run(ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"device", required_argument, NULL, 'd'},
+        {"tag", required_argument, NULL, 't'},
+        {"job", required_argument, NULL, 'j'},
+        {"free-all", no_argument, NULL, 'F'},
+        {NULL, 0, NULL, 0},
+    };
+    Gradd__TestAllocRequest ta;
+    gradd__test_alloc_request__init(&ta);
+    ta.device = "cpu0";
+    int ch;
+    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'd': ta.device = optarg; break;
+        case 't': ta.tag = optarg; break;
+        case 'j': ta.job = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'F': ta.free_all = true; break;
+        default: return ctl_usage(&cmd_test_alloc, "bad option");
+        }
+    }
+    if (!ta.free_all) {
+        if (optind != argc - 1)
+            return ctl_usage(&cmd_test_alloc, "expected one SIZE");
+        char err[160];
+        uint64_t bytes;
+        if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
+            return ctl_usage(&cmd_test_alloc, "%s", err);
+        ta.bytes = bytes;
+    } else if (optind != argc) {
+        return ctl_usage(&cmd_test_alloc, "--free-all takes no SIZE");
+    }
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_TEST_ALLOC;
+    req.test_alloc = &ta;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, &req, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    if (resp->body_case == GRADD__RESPONSE__BODY_TEST_ALLOC) {
+        const Gradd__TestAllocResponse *r = resp->test_alloc;
+        if (r->oom && *r->oom) {
+            fprintf(stderr, "gradctl: %s\n", r->oom);
+            rc = CTL_ERR_DAEMON;
+        } else {
+            printf("%s: %u block%s held\n", ta.device, r->held, r->held == 1 ? "" : "s");
+        }
+    }
+    gradd__response__free_unpacked(resp, NULL);
+    return rc;
+}

@@ -1,0 +1,105 @@
+/* cmd_timeline.c — gradctl timeline: save the pool's event timeline as
+ * Chrome/Perfetto trace JSON (open it in ui.perfetto.dev). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "units.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_timeline = {
+    .name = "timeline",
+    .args = "[-d DEV] -o FILE",
+    .summary = "write the memory event timeline as Perfetto/Chrome trace JSON",
+    .run = run,
+};
+
+static int run(ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"device", required_argument, NULL, 'd'},
+        {"output", required_argument, NULL, 'o'},
+        {NULL, 0, NULL, 0},
+    };
+    Gradd__TimelineRequest tr;
+    gradd__timeline_request__init(&tr);
+    const char *out = NULL;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "d:o:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'd': tr.device = optarg; break;
+        case 'o': out = optarg; break;
+        default: return ctl_usage(&cmd_timeline, "bad option");
+        }
+    }
+    if (optind < argc)
+        return ctl_usage(&cmd_timeline, "unexpected argument '%s'", argv[optind]);
+    if (!out)
+        return ctl_usage(&cmd_timeline, "-o FILE is required (use -o - for standard output)");
+
+    /* Write to a temporary name and rename at the end: an interrupted
+     * transfer never leaves a truncated trace under the requested name. */
+    char tmp[4096];
+    FILE *f = stdout;
+    bool to_stdout = strcmp(out, "-") == 0;
+    if (!to_stdout) {
+        snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
+        f = fopen(tmp, "w");
+        if (!f) {
+            fprintf(stderr, "gradctl timeline: cannot write %s: %s\n", tmp, strerror(errno));
+            return CTL_ERR_USAGE;
+        }
+    }
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_TIMELINE;
+    req.timeline = &tr;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, &req, &resp);
+    uint64_t events = 0, bytes = 0;
+    char device[32] = "";
+    while (rc == CTL_OK) {
+        if (resp->body_case != GRADD__RESPONSE__BODY_TIMELINE) {
+            fprintf(stderr, "gradctl: unexpected reply to timeline\n");
+            gradd__response__free_unpacked(resp, NULL);
+            rc = CTL_ERR_DAEMON;
+            break;
+        }
+        const Gradd__TimelineResponse *t = resp->timeline;
+        fwrite(t->chunk.data, 1, t->chunk.len, f);
+        bytes += t->chunk.len;
+        events = t->events;
+        snprintf(device, sizeof device, "%s", t->device);
+        bool last = t->last;
+        gradd__response__free_unpacked(resp, NULL);
+        if (last)
+            break;
+        rc = ctl_recv(c, &resp);
+    }
+    if (to_stdout) {
+        fflush(stdout);
+        return rc;
+    }
+    if (fclose(f) != 0 && rc == CTL_OK) {
+        fprintf(stderr, "gradctl timeline: writing %s failed: %s\n", tmp, strerror(errno));
+        rc = CTL_ERR_USAGE;
+    }
+    if (rc != CTL_OK) {
+        unlink(tmp);
+        return rc;
+    }
+    if (rename(tmp, out) != 0) {
+        fprintf(stderr, "gradctl timeline: cannot rename %s to %s: %s\n", tmp, out, strerror(errno));
+        unlink(tmp);
+        return CTL_ERR_USAGE;
+    }
+    char b[16];
+    if (!c->json)
+        fprintf(stderr, "%s: wrote %llu events (%s) to %s; open it in ui.perfetto.dev\n", device,
+                (unsigned long long)events, units_format_size(bytes, b, sizeof b), out);
+    return CTL_OK;
+}

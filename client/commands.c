@@ -1,0 +1,16 @@
+/* commands.c — the one list of gradctl commands.  A new command is a new
+ * cmd_NAME.c defining `const ctl_cmd cmd_NAME` plus one line here. */
+#include "ctl.h"
+
+extern const ctl_cmd cmd_status, cmd_stats, cmd_trim, cmd_timeline, cmd_test_pressure,
+    cmd_test_alloc;
+
+const ctl_cmd *const ctl_commands[] = {
+    &cmd_status,
+    &cmd_stats,
+    &cmd_trim,
+    &cmd_timeline,
+    &cmd_test_pressure,
+    &cmd_test_alloc,
+    NULL,
+};

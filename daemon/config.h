@@ -1,0 +1,72 @@
+/* config.h — gradd.conf: the daemon's settings, parsed with libinih.
+ *
+ * Every option is one row of a table in config.c (section, key, type,
+ * default, bounds), so defaults live in one place and every error can name
+ * file:line, section and key.  Sections:
+ *   [daemon]      socket, state_dir, max_frame, client_timeout, max_clients,
+ *                 admin_group, log_level
+ *   [cpu]         capacity, devices
+ *   [cuda]        enabled, module_dir
+ *   [pool]        defaults for every device's memory pool
+ *   [pool.DEV]    overrides for one device (e.g. [pool.cpu0], [pool.cuda1])
+ */
+#ifndef GRADD_CONFIG_H
+#define GRADD_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pool.h"
+
+#define CONFIG_MAX_OVERRIDES 16
+
+typedef struct {
+    char device[16];     /* "cpu0", "cuda1" */
+    pool_config pool;    /* defaults with this section's keys applied */
+    uint64_t set_mask;   /* which pool options the section set (bit = table row) */
+    int line;            /* where the section started, for unknown-device errors */
+} config_pool_override;
+
+typedef struct gradd_config {
+    char source[PATH_MAX];   /* the file these came from, or "(defaults)" */
+
+    /* [daemon] */
+    char socket_path[PATH_MAX]; /* empty: the default for this user */
+    char state_dir[PATH_MAX];   /* empty: the default for this user */
+    uint64_t max_frame;
+    uint64_t client_timeout_ms;
+    uint64_t max_clients;
+    char admin_group[64];
+    char log_level[16];
+
+    /* [cpu] */
+    uint64_t cpu_capacity;
+    uint64_t cpu_devices;
+
+    /* [cuda] */
+    bool cuda_enabled;
+    char cuda_module_dir[PATH_MAX]; /* empty: beside the binary, then the install dir */
+
+    /* [pool] and [pool.DEV] */
+    pool_config pool;
+    config_pool_override overrides[CONFIG_MAX_OVERRIDES];
+    int noverrides;
+} gradd_config;
+
+/* Built-in defaults (what an empty file gives). */
+void config_defaults(gradd_config *c);
+
+/* Parse `path` over the defaults.  On any error nothing is written to *out
+ * and err holds "FILE:LINE: [section] key: what is wrong". */
+int config_load(const char *path, gradd_config *out, char *err, size_t err_len);
+
+/* The pool settings for one device: [pool] with [pool.DEV] applied. */
+void config_pool_for(const gradd_config *c, const char *device_id, pool_config *out);
+
+/* Print every option with its default, as a commented gradd.conf. */
+void config_print_defaults(FILE *f);
+
+#endif

@@ -1,0 +1,102 @@
+/* ctx.c — opening and closing the devices and their pools. */
+#include "ctx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+uint64_t ctx_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int add_device(gradd_ctx *c, dev *d, char *err, size_t err_len)
+{
+    pool_config pc;
+    config_pool_for(&c->cfg, d->id, &pc);
+    pool *p = NULL;
+    if (pool_create(d, &pc, &p) != 0) {
+        snprintf(err, err_len, "cannot create the memory pool on %s", d->id);
+        dev_destroy(d);
+        return -1;
+    }
+    c->devs[c->ndev] = d;
+    c->pools[c->ndev] = p;
+    c->ndev++;
+    return 0;
+}
+
+int ctx_open(gradd_ctx *c, char *err, size_t err_len)
+{
+    c->ndev = 0;
+    c->start_ns = ctx_now_ns();
+    for (uint64_t i = 0; i < c->cfg.cpu_devices && c->ndev < CTX_MAX_DEVICES; i++) {
+        dev *d = NULL;
+        if (dev_cpu_create(c->cfg.cpu_capacity, (int)i, &d) != DEV_OK) {
+            snprintf(err, err_len, "cannot create simulated device cpu%llu", (unsigned long long)i);
+            ctx_close(c);
+            return -1;
+        }
+        if (add_device(c, d, err, err_len) != 0) {
+            ctx_close(c);
+            return -1;
+        }
+    }
+
+    if (!c->cfg.cuda_enabled) {
+        snprintf(c->cuda_note, sizeof c->cuda_note, "no CUDA devices (disabled by [cuda] enabled = false)");
+    } else {
+        dev *found[CTX_MAX_DEVICES];
+        char why[256] = "";
+        int n = dev_cuda_probe(c->cfg.cuda_module_dir[0] ? c->cfg.cuda_module_dir : NULL, found,
+                               CTX_MAX_DEVICES - c->ndev, why, sizeof why);
+        if (n == 0)
+            snprintf(c->cuda_note, sizeof c->cuda_note, "%s%s",
+                     strncmp(why, "no CUDA devices", 15) == 0 ? "" : "no CUDA devices: ", why);
+        for (int i = 0; i < n; i++) {
+            if (add_device(c, found[i], err, err_len) != 0) {
+                for (int j = i + 1; j < n; j++)
+                    dev_destroy(found[j]);
+                ctx_close(c);
+                return -1;
+            }
+        }
+    }
+    for (int i = 0; i < c->ndev; i++) {
+        size_t f = 0, t = 0;
+        dev_mem_info(c->devs[i], &f, &t);
+        log_info("device %s: %s, %zu MiB total, %zu MiB free", c->devs[i]->id, c->devs[i]->name,
+                 t >> 20, f >> 20);
+    }
+    if (c->cuda_note[0])
+        log_info("%s", c->cuda_note);
+    return 0;
+}
+
+void ctx_close(gradd_ctx *c)
+{
+    for (int i = c->ndev - 1; i >= 0; i--) {
+        for (size_t k = 0; k < c->test_held[i].n; k++)
+            pool_free(c->pools[i], c->test_held[i].ptrs[k]);
+        free(c->test_held[i].ptrs);
+        memset(&c->test_held[i], 0, sizeof c->test_held[i]);
+        pool_destroy(c->pools[i]);
+        dev_destroy(c->devs[i]);
+        c->pools[i] = NULL;
+        c->devs[i] = NULL;
+    }
+    c->ndev = 0;
+}
+
+int ctx_find_device(const gradd_ctx *c, const char *id)
+{
+    for (int i = 0; i < c->ndev; i++)
+        if (strcmp(c->devs[i]->id, id) == 0)
+            return i;
+    return -1;
+}

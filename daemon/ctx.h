@@ -1,0 +1,42 @@
+/* ctx.h — what one running gradd owns: its configuration, its devices and
+ * one memory pool per device.  The event loop, the RPC handlers and (later)
+ * the workers all reach the devices through this. */
+#ifndef GRADD_CTX_H
+#define GRADD_CTX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "dev.h"
+#include "pool.h"
+
+#define CTX_MAX_DEVICES 32
+
+typedef struct {
+    void **ptrs;
+    size_t n, cap;
+} ctx_held;
+
+typedef struct gradd_ctx {
+    gradd_config cfg;
+    int ndev;
+    dev *devs[CTX_MAX_DEVICES];
+    pool *pools[CTX_MAX_DEVICES];
+    char cuda_note[256]; /* why there are no CUDA devices, when there are none */
+    uint64_t start_ns;   /* CLOCK_MONOTONIC at start */
+    bool test_hooks;     /* --test-hooks: simulated device pressure over the socket */
+    ctx_held test_held[CTX_MAX_DEVICES]; /* blocks held by the test_alloc hook */
+} gradd_ctx;
+
+/* Open the cpu devices and probe CUDA, creating a pool on each.  Returns 0,
+ * or -1 with the reason in err (nothing is left open on failure). */
+int ctx_open(gradd_ctx *c, char *err, size_t err_len);
+void ctx_close(gradd_ctx *c);
+
+/* Index of the device with this id ("cpu0"), or -1. */
+int ctx_find_device(const gradd_ctx *c, const char *id);
+
+uint64_t ctx_now_ns(void);
+
+#endif

@@ -1,0 +1,196 @@
+/* main.c — gradd: argument parsing and start-up order.
+ *
+ * Order matters: config first (a bad file changes nothing), then devices and
+ * pools, then the socket, so that a client that can connect always finds a
+ * daemon that is ready to answer.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ctx.h"
+#include "gradd-config.h"
+#include "log.h"
+#include "paths.h"
+#include "server.h"
+#include "wire.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: gradd [-c FILE] [-s PATH] [--state-dir DIR] [options]\n"
+            "\n"
+            "Resident training daemon: owns the devices and their memory pools and\n"
+            "serves gradctl over a Unix socket.  Runs in the foreground.\n"
+            "\n"
+            "  -c, --config FILE     gradd.conf to read (default: %s/gradd/gradd.conf if it exists)\n"
+            "  -s, --socket PATH     control socket (overrides [daemon] socket)\n"
+            "      --state-dir DIR   queue and job state (overrides [daemon] state_dir)\n"
+            "      --check-config    parse the configuration, print the result and exit\n"
+            "      --print-defaults  print every option with its default and exit\n"
+            "      --test-hooks      allow simulated device pressure over the socket (tests only)\n"
+            "  -v, --verbose         log at debug level\n"
+            "  -V, --version         print the version and exit\n"
+            "  -h, --help            this help\n",
+            GRADD_SYSCONFDIR);
+}
+
+/* mkdir -p with the final component private to the daemon. */
+static int make_dirs(const char *path, char *err, size_t err_len)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
+            return -1;
+        }
+        *p = '/';
+    }
+    if (mkdir(tmp, 0750) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot create state directory %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void default_state_dir(char *buf, size_t len)
+{
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (geteuid() == 0)
+        snprintf(buf, len, "/var/lib/gradd");
+    else if (xdg && *xdg == '/')
+        snprintf(buf, len, "%s/gradd", xdg);
+    else if (home && *home == '/')
+        snprintf(buf, len, "%s/.local/state/gradd", home);
+    else
+        snprintf(buf, len, "/tmp/gradd-%u/state", (unsigned)geteuid());
+}
+
+/* 500 clients at once need 500 descriptors: take what the hard limit allows. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    enum { OPT_STATE_DIR = 256, OPT_CHECK, OPT_DEFAULTS, OPT_TEST_HOOKS };
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"socket", required_argument, NULL, 's'},
+        {"state-dir", required_argument, NULL, OPT_STATE_DIR},
+        {"check-config", no_argument, NULL, OPT_CHECK},
+        {"print-defaults", no_argument, NULL, OPT_DEFAULTS},
+        {"test-hooks", no_argument, NULL, OPT_TEST_HOOKS},
+        {"verbose", no_argument, NULL, 'v'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL, *socket_arg = NULL, *state_arg = NULL;
+    bool check_only = false, test_hooks = false, verbose = false;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "c:s:vVh", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c': config_path = optarg; break;
+        case 's': socket_arg = optarg; break;
+        case OPT_STATE_DIR: state_arg = optarg; break;
+        case OPT_CHECK: check_only = true; break;
+        case OPT_DEFAULTS: config_print_defaults(stdout); return 0;
+        case OPT_TEST_HOOKS: test_hooks = true; break;
+        case 'v': verbose = true; break;
+        case 'V': printf("gradd %s (protocol %u)\n", GRADD_VERSION, WIRE_PROTOCOL_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "gradd: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    /* ---- configuration ---- */
+    static gradd_ctx ctx; /* large; lives for the whole process */
+    char err[1024];
+    char default_conf[PATH_MAX];
+    snprintf(default_conf, sizeof default_conf, "%s/gradd/gradd.conf", GRADD_SYSCONFDIR);
+    if (!config_path && access(default_conf, F_OK) == 0)
+        config_path = default_conf;
+    if (config_path) {
+        if (config_load(config_path, &ctx.cfg, err, sizeof err) != 0) {
+            fprintf(stderr, "gradd: %s\n", err);
+            return 2;
+        }
+    } else {
+        config_defaults(&ctx.cfg);
+    }
+    int lvl = log_level_parse(ctx.cfg.log_level);
+    if (lvl < 0) {
+        fprintf(stderr, "gradd: %s: [daemon] log_level: '%s' is not error, warning, info or debug\n",
+                ctx.cfg.source, ctx.cfg.log_level);
+        return 2;
+    }
+    log_set_level(verbose ? LOG_DEBUG : (log_level)lvl);
+
+    char socket_path[PATH_MAX], state_dir[PATH_MAX];
+    if (socket_arg)
+        snprintf(socket_path, sizeof socket_path, "%s", socket_arg);
+    else if (ctx.cfg.socket_path[0])
+        snprintf(socket_path, sizeof socket_path, "%s", ctx.cfg.socket_path);
+    else
+        paths_default_socket(socket_path, sizeof socket_path);
+    if (state_arg)
+        snprintf(state_dir, sizeof state_dir, "%s", state_arg);
+    else if (ctx.cfg.state_dir[0])
+        snprintf(state_dir, sizeof state_dir, "%s", ctx.cfg.state_dir);
+    else
+        default_state_dir(state_dir, sizeof state_dir);
+
+    if (check_only) {
+        printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source, socket_path, state_dir);
+        return 0;
+    }
+
+    /* ---- devices, then the socket ---- */
+    signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit();
+    if (make_dirs(state_dir, err, sizeof err) != 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    ctx.test_hooks = test_hooks;
+    if (test_hooks)
+        log_warn("test hooks enabled: clients may simulate device pressure on cpu devices");
+    if (ctx_open(&ctx, err, sizeof err) != 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    static server srv;
+    if (server_init(&srv, &ctx, socket_path, err, sizeof err) != 0) {
+        log_error("%s", err);
+        ctx_close(&ctx);
+        return 1;
+    }
+    log_info("gradd %s started (config %s, state %s)", GRADD_VERSION, ctx.cfg.source, state_dir);
+    server_run(&srv);
+    server_free(&srv);
+    ctx_close(&ctx);
+    log_info("stopped");
+    return 0;
+}

@@ -1,0 +1,313 @@
+/* pool_internal.h — the pool's structures, shared by the pool*.c files only.
+ *
+ * Layout of the pool:
+ *   pool.c          creation, allocation and free, blocks, segments, the
+ *                   free trees and the pointer map (the only file that maps
+ *                   device memory in)
+ *   pool_trim.c     giving memory back: trims and the pool_tick policies
+ *   pool_stats.c    publishing and reading statistics
+ *   pool_timeline.c the event ring and its Perfetto export
+ *   pool_check.c    the exhaustive invariant check
+ */
+#ifndef GRADD_POOL_INTERNAL_H
+#define GRADD_POOL_INTERNAL_H
+
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- sizes ---------------------------------------------------------------- */
+
+#define POOL_ROUND ((size_t)512)             /* every block size is a multiple */
+#define POOL_SMALL_MAX ((size_t)1 << 20)     /* requests up to this go to the small pool */
+#define POOL_SMALL_SEGMENT ((size_t)2 << 20) /* what small segments are carved from */
+#define POOL_MID_MAX ((size_t)10 << 20)      /* large requests below this share ... */
+#define POOL_MID_SEGMENT ((size_t)20 << 20)  /* ... a segment of this size */
+#define POOL_LARGE_ROUND ((size_t)2 << 20)   /* bigger segments are rounded to this */
+/* A request >= max_split_size takes an oversize block only when the block is
+ * less than this much bigger: the waste of never splitting stays bounded. */
+#define POOL_OVERSIZE_SLACK ((size_t)20 << 20)
+
+/* ---- blocks and segments ---------------------------------------------------- */
+
+typedef struct pool_block pool_block;
+typedef struct pool_segment pool_segment;
+
+/* A block is a run of bytes inside one segment, either live (in the pointer
+ * map) or free (in its sub-pool's free tree).  Blocks tile their segment in
+ * address order; two free blocks are never neighbours. */
+struct pool_block {
+    uintptr_t addr;
+    size_t size;
+    size_t requested; /* live: the caller's figure before rounding */
+    pool_block *prev, *next; /* address neighbours within the segment */
+    pool_segment *seg;
+    pool_block *left, *right; /* free tree, keyed by (size, addr) */
+    int32_t height;           /* free tree; 0 while not in it */
+    uint8_t live;
+    uint8_t tag;
+    uint8_t job_slot;
+    uint8_t split_counted; /* counted in inactive_split_* while free */
+};
+
+/* A segment is one piece of device memory: a raw allocation, or with
+ * expandable segments one maximal mapped run of the reserved range. */
+struct pool_segment {
+    uintptr_t addr;
+    size_t size;
+    pool_block *head, *tail;
+    size_t nblocks;
+    pool_segment *prev, *next;         /* the sub-pool's list; address order when expandable */
+    pool_segment *lru_prev, *lru_next; /* the idle list while wholly free */
+    uint8_t small;
+    uint8_t idle;
+};
+
+/* One of the two pools of blocks (small, large). */
+typedef struct {
+    pool_block *root;      /* free blocks */
+    pool_block *max;       /* the largest free block, kept for stats */
+    size_t nfree;
+    pool_segment *segs, *segs_tail;
+    size_t nsegs;
+    uintptr_t va_base;     /* expandable: the reserved range */
+    size_t va_size;
+    uint8_t small;
+} pool_sub;
+
+typedef struct {
+    uintptr_t key;
+    pool_block *b;
+} pool_map_entry;
+
+typedef struct pool_slab pool_slab;
+
+/* ---- published statistics --------------------------------------------------- */
+
+/* Every figure the control plane reads lives here, as atomics written only
+ * under the pool mutex inside a seqlock section (pool_stats_begin/end).
+ * current is inc - dec; only peaks are stored for "all" because the other
+ * "all" figures are sums. */
+typedef struct {
+    _Atomic uint64_t inc[2], dec[2];
+    _Atomic int64_t peak[3];
+} pool_live_stat;
+
+enum {
+    POOL_ST_ALLOCATED,
+    POOL_ST_RESERVED,
+    POOL_ST_INACTIVE_SPLIT,
+    POOL_ST_REQUESTED,
+    POOL_ST_ALLOCATIONS,
+    POOL_ST_SEGMENTS,
+    POOL_ST_INACTIVE_SPLIT_BLOCKS,
+    POOL_ST_COUNT
+};
+
+enum {
+    POOL_CTR_DEVICE_ALLOCS,
+    POOL_CTR_DEVICE_FREES,
+    POOL_CTR_CACHE_HITS,
+    POOL_CTR_ALLOC_RETRIES,
+    POOL_CTR_OOMS,
+    POOL_CTR_TRIMS,
+    POOL_CTR_TRIMMED_BYTES,
+    POOL_CTR_TRIM_NS,
+    POOL_CTR_INVALID_FREES,
+    POOL_CTR_COUNT
+};
+
+typedef struct {
+    _Atomic uint32_t job;
+    _Atomic uint32_t used;
+    _Atomic int64_t current, peak;
+    _Atomic uint64_t limit;
+    _Atomic int64_t tag_current[POOL_TAG_COUNT];
+} pool_live_job;
+
+typedef struct {
+    _Atomic uint64_t seq; /* odd while a section is open */
+    pool_live_stat st[POOL_ST_COUNT];
+    _Atomic uint64_t ctr[POOL_CTR_COUNT];
+    _Atomic uint64_t largest_free;
+    _Atomic int64_t tag_current[POOL_TAG_COUNT], tag_peak[POOL_TAG_COUNT];
+    pool_live_job jobs[POOL_MAX_JOBS];
+    _Atomic uint64_t tl_events, tl_dropped;
+} pool_live;
+
+/* ---- the pool ------------------------------------------------------------------ */
+
+struct pool {
+    dev *d;
+    pool_config cfg;
+    size_t cap, device_total;
+    size_t granularity; /* expandable segments' mapping unit; 0 without them */
+    bool expandable;
+    pthread_mutex_t lock;
+
+    pool_sub sub[2]; /* [0] small, [1] large */
+    /* Wholly free segments, least recently used first: a segment joins the
+     * tail when its last block is freed, so list order is last-use order. */
+    pool_segment *lru_head, *lru_tail;
+
+    pool_map_entry *map; /* live blocks by address: open addressing */
+    size_t map_mask, map_count;
+    unsigned map_shift;
+
+    pool_block *spare; /* recycled block structs */
+    size_t nspare;
+    pool_slab *slabs;
+
+    uint32_t job_id[POOL_MAX_JOBS];
+    uint8_t job_used[POOL_MAX_JOBS];
+    int last_job_slot;
+
+    /* trim policy state */
+    uint64_t steps_since_trim;
+    uint64_t last_periodic_ns;
+
+    /* timeline */
+    pool_event *ring;
+    size_t ring_cap, ring_next;
+    uint64_t ring_total;
+    uint64_t t0_ns;
+
+    /* statistics: live is current; snap is a frozen copy made on a reader's
+     * request when the writer keeps live too busy to read (pool_stats.c). */
+    int stats_depth;
+    uint64_t snap_served;
+    _Atomic uint64_t snap_requests;
+    _Atomic uint64_t snap_published;
+    pool_live live;
+    pool_live snap;
+};
+
+/* ---- helpers shared by the pool files ---------------------------------------- */
+
+#define POOL_LD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define POOL_ST(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+
+static inline uint64_t pool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline size_t pool_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+static inline size_t pool_round_down(size_t v, size_t to) { return v / to * to; }
+static inline pool_sub *pool_sub_of(pool *p, bool small) { return &p->sub[small ? 0 : 1]; }
+
+/* Statistics updates: only under the mutex, only inside a section. */
+static inline void pool_stat_inc(pool *p, int s, bool small, uint64_t d)
+{
+    pool_live_stat *x = &p->live.st[s];
+    int i = small ? 0 : 1;
+    uint64_t inc = POOL_LD(x->inc[i]) + d;
+    POOL_ST(x->inc[i], inc);
+    int64_t cur = (int64_t)(inc - POOL_LD(x->dec[i]));
+    if (cur > POOL_LD(x->peak[i]))
+        POOL_ST(x->peak[i], cur);
+    int64_t all = cur + (int64_t)(POOL_LD(x->inc[1 - i]) - POOL_LD(x->dec[1 - i]));
+    if (all > POOL_LD(x->peak[2]))
+        POOL_ST(x->peak[2], all);
+}
+
+static inline void pool_stat_dec(pool *p, int s, bool small, uint64_t d)
+{
+    pool_live_stat *x = &p->live.st[s];
+    int i = small ? 0 : 1;
+    POOL_ST(x->dec[i], POOL_LD(x->dec[i]) + d);
+}
+
+static inline int64_t pool_stat_current(pool *p, int s, int which)
+{
+    pool_live_stat *x = &p->live.st[s];
+    if (which == POOL_ALL)
+        return pool_stat_current(p, s, 0) + pool_stat_current(p, s, 1);
+    return (int64_t)(POOL_LD(x->inc[which]) - POOL_LD(x->dec[which]));
+}
+
+static inline void pool_ctr_add(pool *p, int c, uint64_t d)
+{
+    POOL_ST(p->live.ctr[c], POOL_LD(p->live.ctr[c]) + d);
+}
+
+void pool_stats_serve(pool *p);
+
+/* A seqlock write section.  Sections nest (the outer one counts) and are
+ * kept away from device calls so a slow cudaMalloc never blocks a reader. */
+static inline void pool_stats_begin(pool *p)
+{
+    if (p->stats_depth++ == 0) {
+        POOL_ST(p->live.seq, POOL_LD(p->live.seq) + 1);
+        atomic_thread_fence(memory_order_release);
+    }
+}
+
+static inline void pool_stats_end(pool *p)
+{
+    if (--p->stats_depth == 0) {
+        size_t a = p->sub[0].max ? p->sub[0].max->size : 0;
+        size_t b = p->sub[1].max ? p->sub[1].max->size : 0;
+        POOL_ST(p->live.largest_free, a > b ? a : b);
+        atomic_store_explicit(&p->live.seq, POOL_LD(p->live.seq) + 1, memory_order_release);
+        if (POOL_LD(p->snap_requests) != p->snap_served)
+            pool_stats_serve(p);
+    }
+}
+
+/* Timeline: under the mutex, inside a section (it moves two counters). */
+static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, int tag, bool small,
+                                  uint64_t bytes, uint64_t addr, uint64_t aux)
+{
+    if (!p->ring_cap)
+        return;
+    pool_event *e = &p->ring[p->ring_next];
+    if (++p->ring_next == p->ring_cap)
+        p->ring_next = 0;
+    e->ns = pool_now_ns();
+    e->bytes = bytes;
+    e->addr = addr;
+    e->aux = aux;
+    e->job = job;
+    e->kind = (uint8_t)kind;
+    e->tag = (uint8_t)tag;
+    e->small = small;
+    e->external = 0;
+    e->note[0] = 0;
+    p->ring_total++;
+    POOL_ST(p->live.tl_events, p->ring_total);
+    if (p->ring_total > p->ring_cap)
+        POOL_ST(p->live.tl_dropped, p->ring_total - p->ring_cap);
+}
+
+/* ---- internal functions (pool.c) ----------------------------------------------- */
+
+void pool_tree_insert(pool *p, pool_block *b); /* a free block: tree, idle list, split stats */
+void pool_tree_remove(pool *p, pool_block *b);
+pool_block *pool_blk_new(pool *p); /* NULL only when the host is out of memory */
+void pool_blk_put(pool *p, pool_block *b);
+bool pool_blk_reserve(pool *p, size_t n);
+void pool_seg_link(pool *p, pool_segment *s); /* into its sub-pool's list */
+void pool_seg_unlink(pool *p, pool_segment *s);
+/* Release a wholly free segment to the device (unmap it when expandable). */
+void pool_seg_release(pool *p, pool_segment *s);
+/* Expandable: unmap the whole granularity chunks inside free block b,
+ * splitting its run around the hole.  Returns the bytes unmapped: 0 when b
+ * spans no whole chunk or the host is out of memory for the split. */
+size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job);
+void pool_job_release_slot(pool *p, int slot);
+
+/* pool_trim.c: with the mutex held and no section open. */
+pool_trim_result pool_trim_locked(pool *p, pool_trim_reason why, size_t target_bytes);
+/* Release LRU idle segments until reserved + extra <= limit. */
+void pool_gc_locked(pool *p, size_t limit, size_t extra);
+
+/* pool.c: human sizes ("1.5G") for messages. */
+const char *pool_fmt_size(uint64_t bytes, char *buf, size_t len);
+
+#endif

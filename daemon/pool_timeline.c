@@ -1,0 +1,253 @@
+/* pool_timeline.c — the event ring and its Chrome/Perfetto trace export.
+ *
+ * Events are recorded under the pool mutex (pool_tl_record in
+ * pool_internal.h) into a fixed ring that overwrites its oldest entries.
+ * The export copies the ring under the mutex and formats outside it.
+ *
+ * Counter tracks are rebuilt, not stored: every alloc/free and segment event
+ * carries its size, and the ring always holds the newest events without
+ * gaps, so the figures before the oldest event held are today's figures
+ * minus the sum of the held events' changes.
+ */
+#include "pool_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+/* ==== names and marks ================================================================= */
+
+const char *pool_event_kind_name(pool_event_kind k)
+{
+    static const char *const names[POOL_EV_COUNT] = {
+        "alloc", "free", "segment_map", "segment_unmap", "trim", "oom", "batch_change",
+    };
+    return (unsigned)k < POOL_EV_COUNT ? names[k] : "?";
+}
+
+void pool_timeline_mark(pool *p, pool_event_kind kind, uint32_t job, size_t bytes, const char *note)
+{
+    if ((unsigned)kind >= POOL_EV_COUNT)
+        return;
+    pthread_mutex_lock(&p->lock);
+    if (p->ring_cap) {
+        pool_event *e = &p->ring[p->ring_next];
+        pool_stats_begin(p);
+        pool_tl_record(p, kind, job, POOL_TAG_OTHER, false, bytes, 0, 0);
+        pool_stats_end(p);
+        e->external = 1;
+        if (note)
+            snprintf(e->note, sizeof e->note, "%s", note);
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ==== copying the ring ===================================================================== */
+
+/* The newest min(max, held) events, oldest first.  Mutex held. */
+static size_t ring_copy(pool *p, pool_event *out, size_t max)
+{
+    size_t held = p->ring_total < p->ring_cap ? (size_t)p->ring_total : p->ring_cap;
+    size_t n = held < max ? held : max;
+    /* ring_next is one past the newest event. */
+    size_t start = (p->ring_next + p->ring_cap - n) % (p->ring_cap ? p->ring_cap : 1);
+    for (size_t i = 0; i < n; i++)
+        out[i] = p->ring[(start + i) % p->ring_cap];
+    return n;
+}
+
+size_t pool_timeline_snapshot(pool *p, pool_event *out, size_t max)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t n = p->ring_cap ? ring_copy(p, out, max) : 0;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
+/* ==== JSON ======================================================================================== */
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c >= 0x7f)
+            fprintf(f, "\\u%04x", c); /* notes are ASCII; anything else is escaped, not trusted */
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static double ts_us(uint64_t ns, uint64_t t0) { return ns >= t0 ? (double)(ns - t0) / 1e3 : 0.0; }
+
+/* Track ids: 0 is the pool itself, job j is j + 1. */
+static uint64_t event_tid(const pool_event *e)
+{
+    switch (e->kind) {
+    case POOL_EV_ALLOC:
+    case POOL_EV_FREE:
+    case POOL_EV_OOM:
+    case POOL_EV_BATCH_CHANGE:
+        return (uint64_t)e->job + 1;
+    default:
+        return 0;
+    }
+}
+
+static void counter_allocated(FILE *f, double ts, const int64_t tags[POOL_TAG_COUNT])
+{
+    fprintf(f, ",\n{\"name\":\"allocated\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,\"args\":{", ts);
+    for (int t = 0; t < POOL_TAG_COUNT; t++)
+        fprintf(f, "%s\"%s\":%lld", t ? "," : "", pool_tag_name((pool_tag)t), (long long)tags[t]);
+    fputs("}}", f);
+}
+
+static void counter_reserved(FILE *f, double ts, const int64_t res[2])
+{
+    fprintf(f,
+            ",\n{\"name\":\"reserved\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,"
+            "\"args\":{\"small\":%lld,\"large\":%lld}}",
+            ts, (long long)res[0], (long long)res[1]);
+}
+
+static void instant(FILE *f, const pool_event *e, double ts)
+{
+    fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"pool\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,"
+               "\"pid\":1,\"tid\":%llu,\"args\":{\"bytes\":%llu",
+            pool_event_kind_name((pool_event_kind)e->kind), ts,
+            (unsigned long long)event_tid(e), (unsigned long long)e->bytes);
+    switch (e->kind) {
+    case POOL_EV_ALLOC:
+    case POOL_EV_FREE:
+        fprintf(f, ",\"tag\":\"%s\",\"job\":%u,\"pool\":\"%s\",\"addr\":\"0x%llx\"",
+                pool_tag_name((pool_tag)e->tag), e->job, e->small ? "small" : "large",
+                (unsigned long long)e->addr);
+        if (e->kind == POOL_EV_ALLOC && !e->external)
+            fprintf(f, ",\"requested\":%llu", (unsigned long long)e->aux);
+        break;
+    case POOL_EV_SEGMENT_MAP:
+    case POOL_EV_SEGMENT_UNMAP:
+        fprintf(f, ",\"pool\":\"%s\",\"addr\":\"0x%llx\"", e->small ? "small" : "large",
+                (unsigned long long)e->addr);
+        break;
+    case POOL_EV_TRIM:
+        if (!e->external)
+            fprintf(f, ",\"reason\":\"%s\"", pool_trim_reason_name((pool_trim_reason)e->aux));
+        break;
+    case POOL_EV_OOM:
+        fprintf(f, ",\"tag\":\"%s\",\"job\":%u,\"job_limit_hit\":%s",
+                pool_tag_name((pool_tag)e->tag), e->job, e->aux ? "true" : "false");
+        break;
+    default:
+        fprintf(f, ",\"job\":%u", e->job);
+        break;
+    }
+    if (e->external) {
+        fputs(",\"note\":", f);
+        json_string(f, e->note);
+    }
+    fputs("}}", f);
+}
+
+int pool_timeline_write_json(pool *p, FILE *f)
+{
+    if (!f) {
+        errno = EINVAL;
+        return -1;
+    }
+    pthread_mutex_lock(&p->lock);
+    size_t held = p->ring_total < p->ring_cap ? (size_t)p->ring_total : p->ring_cap;
+    pool_event *ev = held ? malloc(held * sizeof *ev) : NULL;
+    if (held && !ev) {
+        pthread_mutex_unlock(&p->lock);
+        errno = ENOMEM;
+        return -1;
+    }
+    size_t n = held ? ring_copy(p, ev, held) : 0;
+    int64_t tags[POOL_TAG_COUNT], res[2];
+    for (int t = 0; t < POOL_TAG_COUNT; t++)
+        tags[t] = POOL_LD(p->live.tag_current[t]);
+    res[0] = pool_stat_current(p, POOL_ST_RESERVED, POOL_SMALL);
+    res[1] = pool_stat_current(p, POOL_ST_RESERVED, POOL_LARGE);
+    uint64_t total = p->ring_total, t0 = p->t0_ns;
+    pthread_mutex_unlock(&p->lock);
+
+    /* Wind the counters back to just before the oldest held event. */
+    for (size_t i = 0; i < n; i++) {
+        const pool_event *e = &ev[i];
+        if (e->external)
+            continue;
+        if (e->kind == POOL_EV_ALLOC)
+            tags[e->tag % POOL_TAG_COUNT] -= (int64_t)e->bytes;
+        else if (e->kind == POOL_EV_FREE)
+            tags[e->tag % POOL_TAG_COUNT] += (int64_t)e->bytes;
+        else if (e->kind == POOL_EV_SEGMENT_MAP)
+            res[e->small ? 0 : 1] -= (int64_t)e->bytes;
+        else if (e->kind == POOL_EV_SEGMENT_UNMAP)
+            res[e->small ? 0 : 1] += (int64_t)e->bytes;
+    }
+
+    errno = 0;
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"device\":");
+    json_string(f, p->d->id);
+    fprintf(f, ",\"events_recorded\":%llu,\"events_dropped\":%llu},\n\"traceEvents\":[\n",
+            (unsigned long long)total, (unsigned long long)(total - n));
+    fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":", f);
+    char pname[96];
+    snprintf(pname, sizeof pname, "gradd pool %s", p->d->id);
+    json_string(f, pname);
+    fputs("}},\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"pool\"}}", f);
+
+    /* Name each job's track once.  Jobs are few; a short list is enough. */
+    uint32_t named[POOL_MAX_JOBS];
+    size_t nnamed = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t tid = event_tid(&ev[i]);
+        if (!tid)
+            continue;
+        bool seen = false;
+        for (size_t k = 0; k < nnamed && !seen; k++)
+            seen = named[k] == ev[i].job;
+        if (seen || nnamed == POOL_MAX_JOBS)
+            continue;
+        named[nnamed++] = ev[i].job;
+        fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%llu,"
+                   "\"args\":{\"name\":\"job %u\"}}",
+                (unsigned long long)tid, ev[i].job);
+    }
+
+    double first = n ? ts_us(ev[0].ns, t0) : 0.0;
+    counter_allocated(f, first, tags);
+    counter_reserved(f, first, res);
+    for (size_t i = 0; i < n; i++) {
+        const pool_event *e = &ev[i];
+        double ts = ts_us(e->ns, t0);
+        instant(f, e, ts);
+        if (e->external)
+            continue;
+        switch (e->kind) {
+        case POOL_EV_ALLOC:
+        case POOL_EV_FREE:
+            tags[e->tag % POOL_TAG_COUNT] += e->kind == POOL_EV_ALLOC ? (int64_t)e->bytes : -(int64_t)e->bytes;
+            counter_allocated(f, ts, tags);
+            break;
+        case POOL_EV_SEGMENT_MAP:
+        case POOL_EV_SEGMENT_UNMAP:
+            res[e->small ? 0 : 1] += e->kind == POOL_EV_SEGMENT_MAP ? (int64_t)e->bytes : -(int64_t)e->bytes;
+            counter_reserved(f, ts, res);
+            break;
+        default:
+            break;
+        }
+    }
+    fputs("\n]}\n", f);
+    free(ev);
+    if (fflush(f) != 0 || ferror(f)) {
+        if (!errno)
+            errno = EIO;
+        return -1;
+    }
+    return 0;
+}

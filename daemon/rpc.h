@@ -1,0 +1,26 @@
+/* rpc.h — one handler per request body.  The server (server.c) owns the
+ * connections and framing; handlers here only read the request, consult
+ * the daemon's state and send one or more responses through `send`. */
+#ifndef GRADD_RPC_H
+#define GRADD_RPC_H
+
+#include <sys/types.h>
+
+#include "ctx.h"
+#include "wire.h"
+
+typedef struct {
+    uid_t uid;
+    gid_t gid;
+    pid_t pid;
+} rpc_peer;
+
+/* Queue one response on the connection `conn`; returns 0 or -1 when the
+ * connection is gone or over its output limit. */
+typedef int (*rpc_send_fn)(void *conn, const Gradd__Response *resp);
+
+/* Answer a request whose version has already been checked. */
+void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *req,
+                  rpc_send_fn send, void *conn);
+
+#endif

@@ -1,0 +1,467 @@
+/* server.c — listening, accepting, framing and connection lifetimes. */
+#include "server.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rpc.h"
+#include "wire.h"
+
+/* A client that stops reading gets cut off here rather than making the
+ * daemon buffer its responses without bound. */
+#define CONN_MAX_QUEUED ((size_t)16 << 20)
+#define CONN_READ_BUF 16384
+
+struct server_conn {
+    uv_pipe_t pipe; /* first: handle->data is unused, casts are safe */
+    uv_timer_t idle;
+    server *srv;
+    wire_reader rd;
+    rpc_peer peer;
+    uint64_t id;
+    int open_handles;
+    bool closing;
+    bool close_after_write;
+    size_t writes_pending;
+    server_conn *prev, *next;
+    char rbuf[CONN_READ_BUF];
+};
+
+typedef struct {
+    uv_write_t req;
+    server_conn *conn;
+    size_t len;
+    uint8_t *data;
+} write_op;
+
+/* ---- connection lifetime ----------------------------------------------------- */
+
+static void conn_handle_closed(uv_handle_t *h)
+{
+    server_conn *c = h->data;
+    if (--c->open_handles > 0)
+        return;
+    server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+    wire_reader_free(&c->rd);
+    free(c);
+}
+
+static void conn_close(server_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    uv_timer_stop(&c->idle);
+    uv_close((uv_handle_t *)&c->pipe, conn_handle_closed);
+    uv_close((uv_handle_t *)&c->idle, conn_handle_closed);
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    write_op *op = (write_op *)req;
+    server_conn *c = op->conn;
+    c->writes_pending--;
+    free(op->data);
+    free(op);
+    if (status < 0) {
+        if (status != UV_ECANCELED)
+            log_debug("conn %llu: write failed: %s", (unsigned long long)c->id, uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    if (c->close_after_write && c->writes_pending == 0)
+        conn_close(c);
+}
+
+static int conn_send(void *conn, const Gradd__Response *resp)
+{
+    server_conn *c = conn;
+    if (c->closing)
+        return -1;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > CONN_MAX_QUEUED) {
+        log_warn("conn %llu (uid %u): client is not reading its responses; closing",
+                 (unsigned long long)c->id, (unsigned)c->peer.uid);
+        conn_close(c);
+        return -1;
+    }
+    size_t len;
+    uint8_t *buf = wire_pack_response(resp, &len);
+    write_op *op = malloc(sizeof *op);
+    if (!buf || !op) {
+        free(buf);
+        free(op);
+        conn_close(c);
+        return -1;
+    }
+    op->conn = c;
+    op->len = len;
+    op->data = buf;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    /* uv_write copies the uv_buf_t array but not the bytes, so data lives
+     * in the op until on_write. */
+    int rc = uv_write(&op->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
+    if (rc < 0) {
+        free(buf);
+        free(op);
+        conn_close(c);
+        return -1;
+    }
+    c->writes_pending++;
+    return 0;
+}
+
+/* Send an error, then close once it is written: the stream is no longer in
+ * step with frame boundaries, or the peer is not speaking our protocol. */
+static void conn_fail(server_conn *c, Gradd__Error__Code code, const char *msg)
+{
+    Gradd__Response resp;
+    Gradd__Error err;
+    log_info("conn %llu (uid %u, pid %d): %s; closing", (unsigned long long)c->id, (unsigned)c->peer.uid,
+             (int)c->peer.pid, msg);
+    wire_error_response(&resp, &err, code, msg);
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->close_after_write = true;
+    if (conn_send(c, &resp) != 0 || c->writes_pending == 0)
+        conn_close(c);
+}
+
+/* ---- reading ----------------------------------------------------------------- */
+
+static void on_idle(uv_timer_t *t)
+{
+    server_conn *c = t->data;
+    log_info("conn %llu (uid %u): no complete request for %llums; closing", (unsigned long long)c->id,
+             (unsigned)c->peer.uid, (unsigned long long)c->srv->ctx->cfg.client_timeout_ms);
+    conn_close(c);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    server_conn *c = h->data;
+    buf->base = c->rbuf;
+    buf->len = sizeof c->rbuf;
+}
+
+static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
+{
+    char err[256];
+    Gradd__Request *req = wire_unpack_request(body, len, err, sizeof err);
+    if (!req) {
+        conn_fail(c, GRADD__ERROR__CODE__BAD_REQUEST, err);
+        return;
+    }
+    if (!wire_version_ok(req, err, sizeof err)) {
+        /* A well-framed request from another release: answer and stay open,
+         * the stream is still in step. */
+        Gradd__Response resp;
+        Gradd__Error e;
+        wire_error_response(&resp, &e, GRADD__ERROR__CODE__VERSION_MISMATCH, err);
+        conn_send(c, &resp);
+    } else {
+        rpc_dispatch(c->srv->ctx, &c->peer, req, conn_send, c);
+    }
+    gradd__request__free_unpacked(req, NULL);
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    server_conn *c = st->data;
+    (void)buf;
+    if (n == 0)
+        return;
+    if (n < 0) {
+        if (n != UV_EOF)
+            log_debug("conn %llu: read: %s", (unsigned long long)c->id, uv_strerror((int)n));
+        else if (wire_reader_pending(&c->rd) > 0)
+            log_info("conn %llu (uid %u): closed mid-frame with %zu bytes unread", (unsigned long long)c->id,
+                     (unsigned)c->peer.uid, wire_reader_pending(&c->rd));
+        conn_close(c);
+        return;
+    }
+    char msg[160];
+    wire_status ws = wire_reader_feed(&c->rd, c->rbuf, (size_t)n);
+    while (ws == WIRE_OK && !c->closing && !c->close_after_write) {
+        const uint8_t *body;
+        size_t len;
+        ws = wire_reader_next(&c->rd, &body, &len);
+        if (ws == WIRE_OK) {
+            uv_timer_again(&c->idle);
+            handle_frame(c, body, len);
+        }
+        if (ws == WIRE_NEED_MORE)
+            return;
+    }
+    if (ws == WIRE_TOO_BIG) {
+        snprintf(msg, sizeof msg, "frame length exceeds the cap of %zu bytes (daemon max_frame)",
+                 c->rd.max_frame);
+        conn_fail(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+    } else if (ws == WIRE_NOMEM) {
+        conn_fail(c, GRADD__ERROR__CODE__INTERNAL, "out of memory reading the request");
+    }
+}
+
+/* ---- accepting --------------------------------------------------------------- */
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    server *s = l->data;
+    if (status < 0) {
+        log_warn("accept: %s", uv_strerror(status));
+        return;
+    }
+    server_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = s;
+    c->id = ++s->accepted;
+    uv_pipe_init(&s->loop, &c->pipe, 0);
+    uv_timer_init(&s->loop, &c->idle);
+    c->pipe.data = c;
+    c->idle.data = c;
+    c->open_handles = 2;
+    wire_reader_init(&c->rd, s->ctx->cfg.max_frame);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+
+    if (uv_accept(l, (uv_stream_t *)&c->pipe) != 0) {
+        conn_close(c);
+        return;
+    }
+    if (s->nconns > s->ctx->cfg.max_clients) {
+        if (s->refused++ % 100 == 0)
+            log_warn("refusing connection: %zu clients already (daemon max_clients)", s->nconns - 1);
+        conn_close(c);
+        return;
+    }
+    uv_os_fd_t fd;
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+        log_warn("conn %llu: cannot read peer credentials; closing", (unsigned long long)c->id);
+        conn_close(c);
+        return;
+    }
+    c->peer.uid = cred.uid;
+    c->peer.gid = cred.gid;
+    c->peer.pid = cred.pid;
+    log_debug("conn %llu: uid %u gid %u pid %d", (unsigned long long)c->id, (unsigned)cred.uid,
+              (unsigned)cred.gid, (int)cred.pid);
+    uint64_t t = s->ctx->cfg.client_timeout_ms;
+    uv_timer_start(&c->idle, on_idle, t, t);
+    uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+}
+
+/* ---- the socket file ------------------------------------------------------- */
+
+int server_probe_path(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, err_len, "cannot inspect %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        snprintf(err, err_len, "%s exists and is not a socket; refusing to replace it", path);
+        return -1;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, err_len, "socket: %s", strerror(errno));
+        return -1;
+    }
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    int e = errno;
+    close(fd);
+    if (rc == 0) {
+        snprintf(err, err_len, "another gradd is already serving on %s (stop it, or use -s PATH)", path);
+        return -1;
+    }
+    if (e == ECONNREFUSED) {
+        /* Nobody listens: a crashed daemon's leftover.  Replace it. */
+        if (unlink(path) != 0 && errno != ENOENT) {
+            snprintf(err, err_len, "cannot remove stale socket %s: %s", path, strerror(errno));
+            return -1;
+        }
+        log_info("removed stale socket %s", path);
+        return 0;
+    }
+    snprintf(err, err_len, "cannot tell whether %s is in use: %s", path, strerror(e));
+    return -1;
+}
+
+/* Create the socket's directory if needed, and refuse one that someone else
+ * could swap the socket in. */
+static int prepare_dir(const char *path, char *err, size_t err_len)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT || mkdir(dir, geteuid() == 0 ? 0755 : 0700) != 0) {
+            snprintf(err, err_len, "cannot create socket directory %s: %s", dir, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "socket directory %s is not a directory", dir);
+        return -1;
+    }
+    if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+        snprintf(err, err_len, "socket directory %s is world-writable without the sticky bit", dir);
+        return -1;
+    }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        snprintf(err, err_len, "socket directory %s belongs to uid %u, not to this user", dir,
+                 (unsigned)st.st_uid);
+        return -1;
+    }
+    return 0;
+}
+
+static int bind_socket(server *s, const char *path, char *err, size_t err_len)
+{
+    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+        snprintf(err, err_len, "socket path %s is too long (at most %zu bytes)", path,
+                 sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+        return -1;
+    }
+    if (prepare_dir(path, err, err_len) != 0 || server_probe_path(path, err, err_len) != 0)
+        return -1;
+    uv_pipe_init(&s->loop, &s->listener, 0);
+    s->listener.data = s;
+    /* Created 0660 from the start: no window where others could connect. */
+    mode_t old = umask(0117);
+    int rc = uv_pipe_bind(&s->listener, path);
+    umask(old);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+    if (rc != 0) {
+        snprintf(err, err_len, "cannot listen on %s: %s", path, uv_strerror(rc));
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        return -1;
+    }
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        s->sock_dev = st.st_dev;
+        s->sock_ino = st.st_ino;
+    }
+    /* Hand the socket to the admin group when we may. */
+    struct group *g = s->ctx->cfg.admin_group[0] ? getgrnam(s->ctx->cfg.admin_group) : NULL;
+    if (g && chown(path, (uid_t)-1, g->gr_gid) != 0)
+        log_debug("socket %s stays in its current group: %s", path, strerror(errno));
+    snprintf(s->path, sizeof s->path, "%s", path);
+    return 0;
+}
+
+/* ---- signals, timers, run ------------------------------------------------ */
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    server *s = h->data;
+    log_info("%s: shutting down", strsignal(signum));
+    server_stop(s);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    server *s = t->data;
+    /* Time-based pool policies (periodic trim, low watermark, gc threshold)
+     * also run on idle devices, where no worker calls pool_tick. */
+    for (int i = 0; i < s->ctx->ndev; i++)
+        pool_tick(s->ctx->pools[i], 0);
+}
+
+int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t err_len)
+{
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    int rc = uv_loop_init(&s->loop);
+    if (rc != 0) {
+        snprintf(err, err_len, "uv_loop_init: %s", uv_strerror(rc));
+        return -1;
+    }
+    if (bind_socket(s, path, err, err_len) != 0) {
+        uv_run(&s->loop, UV_RUN_NOWAIT);
+        uv_loop_close(&s->loop);
+        return -1;
+    }
+    uv_signal_init(&s->loop, &s->sig_term);
+    uv_signal_init(&s->loop, &s->sig_int);
+    s->sig_term.data = s->sig_int.data = s;
+    uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&s->sig_int, on_signal, SIGINT);
+    uv_timer_init(&s->loop, &s->tick);
+    s->tick.data = s;
+    uv_timer_start(&s->tick, on_tick, 1000, 1000);
+    return 0;
+}
+
+int server_run(server *s)
+{
+    log_info("listening on %s (protocol %u, pid %d)", s->path, WIRE_PROTOCOL_VERSION, (int)getpid());
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    return 0;
+}
+
+static void unlink_ours(server *s)
+{
+    struct stat st;
+    if (s->path[0] && stat(s->path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino)
+        unlink(s->path);
+}
+
+void server_stop(server *s)
+{
+    if (s->stopping)
+        return;
+    s->stopping = true;
+    /* Unlink first so that a new daemon can bind as soon as we stop
+     * accepting, and never removes a socket that is not ours. */
+    unlink_ours(s);
+    uv_close((uv_handle_t *)&s->listener, NULL);
+    uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->tick, NULL);
+    for (server_conn *c = s->conns; c; c = c->next)
+        conn_close(c);
+}
+
+void server_free(server *s)
+{
+    if (!s->stopping)
+        server_stop(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT); /* let the close callbacks run */
+    if (uv_loop_close(&s->loop) != 0)
+        log_warn("event loop closed with handles still open");
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# test.sh [--sanitize] — install missing packages, build, run the whole suite.
+#   (default)    build/test with -Werror
+#   --sanitize   build/asan with AddressSanitizer + UndefinedBehaviorSanitizer
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+if [ "${1:-}" = "--sanitize" ]; then
+  dir=build/asan
+  opts=(-Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug)
+  # Fail on the first report; LSan checks every process at exit.
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+else
+  dir=build/test
+  opts=(-Dwerror=true)
+fi
+scripts/build.sh "$dir" "${opts[@]}"
+meson test -C "$dir" --print-errorlogs --num-processes 2

@@ -1,0 +1,171 @@
+"""gradd and gradctl end to end: status, exit codes, socket lifecycle, config errors."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+from harness import GRADCTL, GRADD, Daemon, DaemonTest
+
+
+class Status(DaemonTest):
+    def test_text(self):
+        r = self.d.ctl("status")
+        out = r.stdout
+        self.assertRegex(out, r"^gradd \d+\.\d+\.\d+  protocol 1  pid %d  up \d+s" % self.d.proc.pid)
+        self.assertIn("DEVICE", out)
+        line = [l for l in out.splitlines() if l.startswith("cpu0")]
+        self.assertEqual(len(line), 1, out)
+        self.assertIn("cpu (sim)", line[0])
+        self.assertIn("0/4.00G", line[0])
+        self.assertIn("no CUDA devices", out)
+
+    def test_json(self):
+        st = self.d.ctl_json("status")
+        self.assertEqual(st["protocol_version"], 1)
+        self.assertEqual(st["pid"], self.d.proc.pid)
+        self.assertEqual(st["peer_uid"], os.getuid())
+        self.assertGreaterEqual(st["uptime_s"], 0)
+        cpu = [d for d in st["devices"] if d["id"] == "cpu0"]
+        self.assertEqual(len(cpu), 1)
+        self.assertEqual(cpu[0]["kind"], "cpu")
+        self.assertEqual(cpu[0]["mem_total"], 4 << 30)
+        self.assertEqual(cpu[0]["mem_free"], 4 << 30)
+        # No GPU on CI: the CUDA probe says why instead of failing.
+        if not [d for d in st["devices"] if d["kind"] == "cuda"]:
+            self.assertIn("no CUDA devices", st["cuda_note"])
+        # --json after the command name works too.
+        self.assertEqual(json.loads(self.d.ctl("status", "--json").stdout)["pid"], self.d.proc.pid)
+
+    def test_gradd_socket_env(self):
+        env = dict(os.environ, GRADD_SOCKET=self.d.sock)
+        r = subprocess.run([GRADCTL, "--json", "status"], capture_output=True, text=True, env=env, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["pid"], self.d.proc.pid)
+
+    def test_usage_errors_exit_2(self):
+        for args in (["frobnicate"], ["status", "extra"], ["stats", "--bogus"], []):
+            r = self.d.ctl(*args, check=False)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn("usage", r.stderr + r.stdout)
+
+    def test_daemon_error_exit_1(self):
+        r = self.d.ctl("stats", "-d", "cuda9", check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no device 'cuda9'", r.stderr)
+        self.assertIn("cpu0", r.stderr)
+
+    def test_devices_from_config(self):
+        d = Daemon("[cpu]\ncapacity = 512M\ndevices = 2\n")
+        try:
+            st = d.ctl_json("status")
+            ids = [x["id"] for x in st["devices"] if x["kind"] == "cpu"]
+            self.assertEqual(ids, ["cpu0", "cpu1"])
+            self.assertEqual(st["devices"][0]["mem_total"], 512 << 20)
+        finally:
+            d.cleanup()
+
+
+class Unreachable(unittest.TestCase):
+    def test_exit_3_names_socket(self):
+        path = "/tmp/gradd-no-such-daemon-%d.sock" % os.getpid()
+        r = subprocess.run([GRADCTL, "-s", path, "status"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn(path, r.stderr)
+        self.assertIn("gradd -s", r.stderr)
+
+    def test_gradd_socket_env_unreachable(self):
+        path = "/tmp/gradd-env-nothing-%d.sock" % os.getpid()
+        env = dict(os.environ, GRADD_SOCKET=path)
+        r = subprocess.run([GRADCTL, "status"], capture_output=True, text=True, env=env, timeout=30)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn(path, r.stderr)
+
+
+class Lifecycle(unittest.TestCase):
+    def test_sigterm_and_sigint_unlink_socket(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            d = Daemon()
+            try:
+                # An idle client must not hold the shutdown up.
+                idle = harness.connect(d.sock)
+                self.assertTrue(os.path.exists(d.sock))
+                self.assertEqual(d.stop(sig), 0, d.read_log())
+                self.assertFalse(os.path.exists(d.sock))
+                self.assertIn("shutting down", d.read_log())
+                idle.close()
+            finally:
+                d.cleanup()
+
+    def test_stale_socket_replaced(self):
+        d = Daemon()
+        try:
+            # kill -9 leaves the socket file behind, with nobody listening.
+            d.proc.kill()
+            d.proc.wait()
+            self.assertTrue(os.path.exists(d.sock))
+            log = os.path.join(d.dir, "second.log")
+            with open(log, "w") as lf:
+                p = subprocess.Popen([GRADD, "-c", d.conf, "-s", d.sock, "--state-dir", d.dir + "/state"],
+                                     stdout=lf, stderr=subprocess.STDOUT)
+            try:
+                d.proc = p
+                d.wait_ready()
+                self.assertEqual(d.ctl_json("status")["pid"], p.pid)
+                with open(log) as f:
+                    self.assertIn("removed stale socket", f.read())
+            finally:
+                p.terminate()
+                p.wait(timeout=30)
+        finally:
+            d.cleanup()
+
+    def test_live_daemon_refused(self):
+        d = Daemon()
+        try:
+            r = subprocess.run([GRADD, "-c", d.conf, "-s", d.sock, "--state-dir", d.dir + "/state2"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("another gradd is already serving on " + d.sock, r.stderr)
+            # The first daemon is untouched and its socket still there.
+            self.assertEqual(d.ctl_json("status")["pid"], d.proc.pid)
+        finally:
+            d.cleanup()
+
+    def test_not_a_socket_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "regular-file")
+            with open(path, "w") as f:
+                f.write("precious")
+            r = subprocess.run([GRADD, "-s", path, "--state-dir", tmp + "/state"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("is not a socket", r.stderr)
+            with open(path) as f:
+                self.assertEqual(f.read(), "precious")
+
+    def test_bad_config_names_file_line_key(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            conf = os.path.join(tmp, "bad.conf")
+            with open(conf, "w") as f:
+                f.write("[daemon]\nmax_frame = 1M\n\n[cpu]\ncapacity = four gigs\n")
+            sock = os.path.join(tmp, "s.sock")
+            r = subprocess.run([GRADD, "-c", conf, "-s", sock], capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("%s:5: [cpu] capacity: 'four gigs' is not a size" % conf, r.stderr)
+            self.assertFalse(os.path.exists(sock))
+
+    def test_check_config(self):
+        root = os.environ["GRADD_SOURCE_ROOT"]
+        r = subprocess.run([GRADD, "-c", os.path.join(root, "etc/gradd.conf"), "--check-config"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ok", r.stdout)
+
+
+if __name__ == "__main__":
+    harness.main()
