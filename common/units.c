@@ -25,13 +25,10 @@ static int number_and_suffix(const char *text, double *v, const char **suffix)
     }
     if (digits == 0 || dots > 1)
         return -1;
-    char num[64];
-    if ((size_t)(p - text) >= sizeof num)
-        return -1;
-    memcpy(num, text, (size_t)(p - text));
-    num[p - text] = '\0';
+    /* strtod may read further than the scan ("1e3", "0x10"), but whatever
+     * it reads past p is rejected below as an unknown unit. */
     errno = 0;
-    *v = strtod(num, NULL);
+    *v = strtod(text, NULL);
     if (errno || !isfinite(*v))
         return -1;
     while (isspace((unsigned char)*p))

@@ -14,6 +14,9 @@
  *     to the granularity, in address order, never touching (touching runs
  *     are merged when the hole between them is mapped).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* for clock_gettime etc. under -std=c11 */
+#endif
 #include "pool_internal.h"
 
 #include <errno.h>
@@ -188,48 +191,70 @@ static pool_block *avl_balance(pool_block *n)
     return n;
 }
 
-static pool_block *avl_insert(pool_block *root, pool_block *n)
+/* Insert and remove walk down recording the links they passed, then
+ * rebalance upward only until a subtree keeps its height: above that point
+ * nothing changed.  Most updates stop within a level or two, which is what
+ * makes the hit path cheap. */
+#define AVL_MAX_DEPTH 96 /* AVL height <= 1.44 log2(n + 2): enough for any n */
+
+static void avl_rebalance_up(pool_block **path[], int d)
 {
-    if (!root) {
-        n->left = n->right = NULL;
-        n->height = 1;
-        return n;
+    while (d > 0) {
+        pool_block **link = path[--d];
+        int32_t old = (*link)->height;
+        *link = avl_balance(*link);
+        if ((*link)->height == old)
+            break;
     }
-    if (blk_less(n, root))
-        root->left = avl_insert(root->left, n);
-    else
-        root->right = avl_insert(root->right, n);
-    return avl_balance(root);
 }
 
-static pool_block *avl_take_min(pool_block *n, pool_block **min)
+static void avl_insert(pool_block **root, pool_block *n)
 {
-    if (!n->left) {
-        *min = n;
-        return n->right;
+    pool_block **path[AVL_MAX_DEPTH];
+    int d = 0;
+    pool_block **link = root;
+    while (*link) {
+        path[d++] = link;
+        link = blk_less(n, *link) ? &(*link)->left : &(*link)->right;
     }
-    n->left = avl_take_min(n->left, min);
-    return avl_balance(n);
+    n->left = n->right = NULL;
+    n->height = 1;
+    *link = n;
+    avl_rebalance_up(path, d);
 }
 
-static pool_block *avl_remove(pool_block *root, pool_block *n)
+/* n must still carry the key it was inserted with. */
+static void avl_remove(pool_block **root, pool_block *n)
 {
-    if (!root)
-        return NULL; /* not reached while the tree is consistent */
-    if (root == n) {
-        pool_block *l = n->left, *r = n->right, *m;
-        if (!r)
-            return l;
-        r = avl_take_min(r, &m);
-        m->left = l;
-        m->right = r;
-        return avl_balance(m);
+    pool_block **path[AVL_MAX_DEPTH];
+    int d = 0;
+    pool_block **link = root;
+    while (*link != n) {
+        path[d++] = link;
+        link = blk_less(n, *link) ? &(*link)->left : &(*link)->right;
     }
-    if (blk_less(n, root))
-        root->left = avl_remove(root->left, n);
-    else
-        root->right = avl_remove(root->right, n);
-    return avl_balance(root);
+    if (!n->left || !n->right) {
+        *link = n->left ? n->left : n->right;
+    } else {
+        /* Put n's successor (the leftmost of its right subtree) in its place. */
+        int at = d;
+        path[d++] = link;
+        pool_block **ml = &n->right;
+        while ((*ml)->left) {
+            path[d++] = ml;
+            ml = &(*ml)->left;
+        }
+        pool_block *m = *ml;
+        *ml = m->right;
+        m->left = n->left;
+        m->right = n->right;
+        m->height = n->height;
+        *link = m;
+        /* The link recorded as n->right now lives in m. */
+        if (d > at + 1)
+            path[at + 1] = &m->right;
+    }
+    avl_rebalance_up(path, d);
 }
 
 static pool_block *avl_rightmost(pool_block *n)
@@ -274,8 +299,8 @@ static void idle_unlink(pool *p, pool_segment *s)
 void pool_tree_insert(pool *p, pool_block *b)
 {
     bool small = b->seg->small;
-    pool_sub *sp = pool_sub_of(p, small);
-    sp->root = avl_insert(sp->root, b);
+    pool_sub *sp = pool_sub_of(p, b->seg);
+    avl_insert(&sp->root, b);
     sp->nfree++;
     if (!sp->max || blk_less(sp->max, b))
         sp->max = b;
@@ -291,8 +316,8 @@ void pool_tree_insert(pool *p, pool_block *b)
 void pool_tree_remove(pool *p, pool_block *b)
 {
     bool small = b->seg->small;
-    pool_sub *sp = pool_sub_of(p, small);
-    sp->root = avl_remove(sp->root, b);
+    pool_sub *sp = pool_sub_of(p, b->seg);
+    avl_remove(&sp->root, b);
     b->left = b->right = NULL;
     b->height = 0;
     sp->nfree--;
@@ -395,7 +420,7 @@ static void map_delete_at(pool *p, size_t i)
  * them once for overlaps, and expandable growth walks the holes between. */
 void pool_seg_link(pool *p, pool_segment *s)
 {
-    pool_sub *sp = pool_sub_of(p, s->small);
+    pool_sub *sp = pool_sub_of(p, s);
     pool_segment *after = sp->segs_tail;
     while (after && after->addr > s->addr)
         after = after->prev;
@@ -414,7 +439,7 @@ void pool_seg_link(pool *p, pool_segment *s)
 
 void pool_seg_unlink(pool *p, pool_segment *s)
 {
-    pool_sub *sp = pool_sub_of(p, s->small);
+    pool_sub *sp = pool_sub_of(p, s);
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -543,8 +568,10 @@ int pool_create(dev *d, const pool_config *c, pool **out)
     p->cfg = cfg;
     p->device_total = total;
     p->cap = pool_round_down((size_t)((double)total * cfg.memory_fraction), POOL_ROUND);
-    p->sub[0].small = 1;
-    p->sub[1].small = 0;
+    for (int i = 0; i < POOL_NSUB; i++) {
+        p->sub[i].small = i % 2 == 0;
+        p->sub[i].persistent = i >= 2;
+    }
     if (pthread_mutex_init(&p->lock, NULL) != 0) {
         free(p);
         return -1;
@@ -565,7 +592,7 @@ int pool_create(dev *d, const pool_config *c, pool **out)
         /* Twice the cap: the holes trims punch can push a run's end above
          * the cap, and reserving address space costs nothing. */
         size_t va = pool_round_up(p->cap, g) * 2;
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < POOL_NSUB; i++) {
             void *base = NULL;
             if (dev_va_reserve(d, va, &base) != DEV_OK)
                 goto fail;
@@ -589,7 +616,7 @@ void pool_destroy(pool *p)
 {
     if (!p)
         return;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < POOL_NSUB; i++) {
         pool_sub *sp = &p->sub[i];
         pool_segment *s = sp->segs;
         while (s) {
@@ -713,9 +740,10 @@ static void gc_before_growth(pool *p, size_t extra)
         pool_gc_locked(p, (size_t)(p->cfg.gc_threshold * (double)p->cap), extra);
 }
 
-static pool_block *grow_fixed(pool *p, bool small, size_t size, uint32_t job,
+static pool_block *grow_fixed(pool *p, pool_sub *sp, size_t size, uint32_t job,
                               enum grow_fail *why, char *detail, size_t detail_len)
 {
+    bool small = sp->small;
     size_t least = small ? POOL_SMALL_SEGMENT : pool_round_up(size, POOL_LARGE_ROUND);
     size_t want = least;
     /* Mid-sized requests share 20 MiB segments, so a run of them costs one
@@ -730,6 +758,11 @@ static pool_block *grow_fixed(pool *p, bool small, size_t size, uint32_t job,
         return NULL;
     }
     gc_before_growth(p, want);
+    if (!pool_blk_reserve(p, 2)) { /* the GC's trim may have used them */
+        free(seg);
+        *why = GROW_HOST;
+        return NULL;
+    }
     void *ptr = NULL;
     size_t got = 0;
     for (int attempt = 0; attempt < 2 && !got; attempt++) {
@@ -757,6 +790,7 @@ static pool_block *grow_fixed(pool *p, bool small, size_t size, uint32_t job,
     seg->addr = (uintptr_t)ptr;
     seg->size = got;
     seg->small = small;
+    seg->sub = (uint8_t)(sp - p->sub);
     seg->head = seg->tail = b;
     seg->nblocks = 1;
     b->addr = seg->addr;
@@ -768,7 +802,7 @@ static pool_block *grow_fixed(pool *p, bool small, size_t size, uint32_t job,
     pool_stat_inc(p, POOL_ST_RESERVED, small, got);
     pool_stat_inc(p, POOL_ST_SEGMENTS, small, 1);
     pool_ctr_add(p, POOL_CTR_DEVICE_ALLOCS, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, small, got, seg->addr, 0);
+    pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, seg->sub, got, seg->addr, 0);
     pool_tree_insert(p, b);
     pool_stats_end(p);
     return b;
@@ -824,16 +858,20 @@ static void adopt_blocks(pool_segment *to, pool_segment *from)
     to->nblocks += from->nblocks;
 }
 
-static pool_block *grow_expandable(pool *p, bool small, size_t size, uint32_t job,
+static pool_block *grow_expandable(pool *p, pool_sub *sp, size_t size, uint32_t job,
                                    enum grow_fail *why, char *detail, size_t detail_len)
 {
-    pool_sub *sp = pool_sub_of(p, small);
+    bool small = sp->small;
     grow_site site;
     if (!find_site(p, sp, size, &site)) {
         *why = GROW_VA;
         return NULL;
     }
     gc_before_growth(p, site.len);
+    if (!pool_blk_reserve(p, 2)) { /* the GC's trim may have used them */
+        *why = GROW_HOST;
+        return NULL;
+    }
     /* The GC may have unmapped the neighbours the site leaned on. */
     if (!find_site(p, sp, size, &site)) {
         *why = GROW_VA;
@@ -865,7 +903,8 @@ static pool_block *grow_expandable(pool *p, bool small, size_t size, uint32_t jo
     pool_stats_begin(p);
     pool_stat_inc(p, POOL_ST_RESERVED, small, site.len);
     pool_ctr_add(p, POOL_CTR_DEVICE_ALLOCS, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, small, site.len, site.at, 0);
+    pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, (int)(sp - p->sub), site.len,
+                   site.at, 0);
 
     /* Take the free neighbours out while their runs are still as they were
      * (the idle list is keyed by run). */
@@ -914,6 +953,7 @@ static pool_block *grow_expandable(pool *p, bool small, size_t size, uint32_t jo
         fresh->addr = site.at;
         fresh->size = site.len;
         fresh->small = small;
+        fresh->sub = (uint8_t)(sp - p->sub);
         fresh->head = fresh->tail = nb;
         pool_seg_link(p, fresh);
         pool_stat_inc(p, POOL_ST_SEGMENTS, small, 1);
@@ -963,6 +1003,7 @@ size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
     bool has_left = left > 0 || b->prev;
     bool has_right = right > 0 || b->next;
     bool small = run->small;
+    int sub = run->sub;
     uintptr_t run_end = run->addr + run->size;
 
     pool_segment *split = NULL;
@@ -1007,6 +1048,7 @@ size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
         split->addr = a1;
         split->size = run_end - a1;
         split->small = small;
+        split->sub = run->sub;
         split->head = rhead;
         split->tail = rtail;
         size_t moved = 0;
@@ -1039,7 +1081,7 @@ size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
 
     pool_stat_dec(p, POOL_ST_RESERVED, small, len);
     pool_ctr_add(p, POOL_CTR_DEVICE_FREES, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, job, POOL_TAG_OTHER, small, len, a0, 0);
+    pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, job, POOL_TAG_OTHER, sub, len, a0, 0);
     if (keep_b)
         pool_tree_insert(p, b);
     if (rb)
@@ -1070,7 +1112,7 @@ void pool_seg_release(pool *p, pool_segment *s)
     pool_stat_dec(p, POOL_ST_RESERVED, small, s->size);
     pool_stat_dec(p, POOL_ST_SEGMENTS, small, 1);
     pool_ctr_add(p, POOL_CTR_DEVICE_FREES, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, 0, POOL_TAG_OTHER, small, s->size, s->addr, 0);
+    pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, 0, POOL_TAG_OTHER, s->sub, s->size, s->addr, 0);
     pool_stats_end(p);
     dev_free(p->d, (void *)s->addr, s->size);
     pool_blk_put(p, b);
@@ -1079,16 +1121,12 @@ void pool_seg_release(pool *p, pool_segment *s)
 
 /* ==== allocation ============================================================================================= */
 
-static pool_block *grow(pool *p, bool small, size_t size, uint32_t job, enum grow_fail *why,
+static pool_block *grow(pool *p, pool_sub *sp, size_t size, uint32_t job, enum grow_fail *why,
                         char *detail, size_t detail_len)
 {
-    if (!pool_blk_reserve(p, 2)) {
-        *why = GROW_HOST;
-        return NULL;
-    }
     if (p->expandable)
-        return grow_expandable(p, small, size, job, why, detail, detail_len);
-    return grow_fixed(p, small, size, job, why, detail, detail_len);
+        return grow_expandable(p, sp, size, job, why, detail, detail_len);
+    return grow_fixed(p, sp, size, job, why, detail, detail_len);
 }
 
 /* Whether releasing the cache could make room: something must be cached,
@@ -1112,9 +1150,7 @@ static void fill_oom(pool *p, pool_oom_report *r, size_t bytes, pool_tag tag, ui
     r->reserved = reserved_now(p);
     r->cap = p->cap;
     dev_mem_info(p->d, &r->device_free, &r->device_total);
-    size_t a = p->sub[0].max ? p->sub[0].max->size : 0;
-    size_t b = p->sub[1].max ? p->sub[1].max->size : 0;
-    r->largest_free_block = a > b ? a : b;
+    r->largest_free_block = pool_largest_free(p);
     if (slot >= 0) {
         r->job_allocated = (size_t)POOL_LD(p->live.jobs[slot].current);
         r->job_limit = (size_t)POOL_LD(p->live.jobs[slot].limit);
@@ -1170,11 +1206,13 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
         tag = POOL_TAG_OTHER;
     size_t size = bytes > SIZE_MAX - POOL_ROUND ? SIZE_MAX : pool_round_up(bytes ? bytes : 1, POOL_ROUND);
     bool small = size <= POOL_SMALL_MAX;
-    pool_sub *sp = pool_sub_of(p, small);
+    bool persistent = pool_tag_persistent(tag);
+    pool_sub *sp = &p->sub[pool_sub_index(small, persistent)];
 
     pthread_mutex_lock(&p->lock);
     enum grow_fail why = GROW_OK;
-    char detail[160] = "";
+    char detail[160];
+    detail[0] = 0;
     bool limit_hit = false;
     pool_block *b = NULL;
     bool hit = false;
@@ -1198,7 +1236,9 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
         limit_hit = true;
         goto fail;
     }
-    if (size == SIZE_MAX) {
+    /* Past the cap nothing can help, and the segment arithmetic below
+     * may assume sizes far from SIZE_MAX. */
+    if (size > p->cap) {
         why = GROW_CAP;
         goto fail;
     }
@@ -1206,7 +1246,7 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     b = find_fit(p, sp, size);
     hit = b != NULL;
     if (!b)
-        b = grow(p, small, size, job, &why, detail, sizeof detail);
+        b = grow(p, sp, size, job, &why, detail, sizeof detail);
     if (!b && why != GROW_HOST && trim_could_help(p, size)) {
         pool_trim_locked(p, POOL_TRIM_OOM, 0);
         pool_stats_begin(p);
@@ -1214,7 +1254,12 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
         pool_stats_end(p);
         b = find_fit(p, sp, size);
         if (!b)
-            b = grow(p, small, size, job, &why, detail, sizeof detail);
+            b = grow(p, sp, size, job, &why, detail, sizeof detail);
+    }
+    /* Last resort before OOM: the other lifetime's cached blocks. */
+    if (!b && why != GROW_HOST) {
+        b = find_fit(p, &p->sub[pool_sub_index(small, !persistent)], size);
+        hit = b != NULL;
     }
     /* A trim on the way may have used the structs reserved above. */
     if (b && !pool_blk_reserve(p, 1)) {
@@ -1228,7 +1273,7 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     take_block(p, b, size, bytes, tag, slot);
     if (hit)
         pool_ctr_add(p, POOL_CTR_CACHE_HITS, 1);
-    pool_tl_record(p, POOL_EV_ALLOC, job, tag, small, size, b->addr, bytes);
+    pool_tl_record(p, POOL_EV_ALLOC, job, tag, b->seg->sub, size, b->addr, bytes);
     pool_stats_end(p);
     pthread_mutex_unlock(&p->lock);
     return (void *)b->addr;
@@ -1238,7 +1283,7 @@ fail_unslotted:
 fail:
     pool_stats_begin(p);
     pool_ctr_add(p, POOL_CTR_OOMS, 1);
-    pool_tl_record(p, POOL_EV_OOM, job, tag, small, bytes, 0, limit_hit);
+    pool_tl_record(p, POOL_EV_OOM, job, tag, (int)(sp - p->sub), bytes, 0, limit_hit);
     pool_stats_end(p);
     if (oom)
         fill_oom(p, oom, bytes, tag, job, slot, limit_hit, why, detail);
@@ -1275,7 +1320,7 @@ void pool_free(pool *p, void *ptr)
     POOL_ST(p->live.tag_current[tag], POOL_LD(p->live.tag_current[tag]) - (int64_t)sz);
     POOL_ST(j->current, POOL_LD(j->current) - (int64_t)sz);
     POOL_ST(j->tag_current[tag], POOL_LD(j->tag_current[tag]) - (int64_t)sz);
-    pool_tl_record(p, POOL_EV_FREE, POOL_LD(j->job), tag, small, sz, b->addr, 0);
+    pool_tl_record(p, POOL_EV_FREE, POOL_LD(j->job), tag, seg->sub, sz, b->addr, 0);
     b->live = 0;
 
     pool_block *prev = b->prev, *next = b->next;

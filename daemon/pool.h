@@ -5,11 +5,12 @@
  * Requests are rounded to 512 B and served by best fit from cached free
  * blocks, split and coalesced, out of segments obtained from the device:
  * 2 MiB segments for requests up to 1 MiB (the small pool), larger ones for
- * the rest (the large pool), or — with expandable segments — from one
- * reserved address range per pool that is mapped and unmapped in
- * device-granularity chunks.  Cached memory goes back to the device on
- * trims: on request, periodically, past a GC threshold, under external
- * pressure and on OOM.
+ * the rest (the large pool), or — with expandable segments — from reserved
+ * address ranges mapped and unmapped in device-granularity chunks.  Tags
+ * params/grads/optimizer (persistent) and the rest (transient) use separate
+ * segments, which keeps long-lived state out of freed activations' holes.
+ * Cached memory goes back to the device on trims: on request, periodically,
+ * past a GC threshold, under external pressure and on OOM.
  *
  * Threads: every function may be called from any thread.  Allocation, free
  * and trim serialise on one pool mutex; pool_stats_read never takes it.
@@ -49,7 +50,8 @@ int pool_tag_parse(const char *name, pool_tag *out); /* 0, or -1 for an unknown 
 
 typedef struct pool_config {
     double memory_fraction;   /* cap = fraction × device total; default 1.0 */
-    size_t max_split_size;    /* large-pool blocks >= this are never split; default SIZE_MAX */
+    size_t max_split_size;    /* large-pool blocks >= this are never split (fixed segments
+                                 only); default SIZE_MAX; 0 means the same */
     bool expandable_segments; /* default false; ignored where the device has no VA support */
     double gc_threshold;      /* 0 = off; trim LRU segments when reserved > gc_threshold × cap */
     size_t low_watermark;     /* 0 = off; trim when device free < this */
@@ -183,9 +185,10 @@ typedef struct pool_event {
     uint32_t job;
     uint8_t kind;      /* pool_event_kind */
     uint8_t tag;       /* pool_tag (alloc, free, oom) */
-    uint8_t small;     /* 1: small pool */
-    uint8_t external;  /* 1: recorded by pool_timeline_mark */
-    char note[24];     /* marks only; NUL-terminated */
+    uint8_t small;      /* 1: small pool (alloc, free, segment events) */
+    uint8_t persistent; /* 1: the params/grads/optimizer class (POOL.md) */
+    uint8_t external;   /* 1: recorded by pool_timeline_mark */
+    char note[23];      /* marks only; NUL-terminated */
 } pool_event;
 
 /* Record an event from outside the pool (the batch controller records

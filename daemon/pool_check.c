@@ -5,6 +5,9 @@
  * compares.  O(n log n) in blocks; meant to run after every operation in
  * randomised tests, never on a production path.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* for clock_gettime etc. under -std=c11 */
+#endif
 #include "pool_internal.h"
 
 #include <inttypes.h>
@@ -34,23 +37,23 @@ static bool key_less(const pool_block *a, const pool_block *b)
 }
 
 /* Returns the height, or -1 after filling err. */
-static int check_tree(check_ctx *c, const pool_sub *sp, const pool_block *n, const pool_block **last,
-                      size_t *count)
+static int check_tree(check_ctx *c, const pool *p, const pool_sub *sp, const pool_block *n,
+                      const pool_block **last, size_t *count)
 {
     if (!n)
         return 0;
-    int hl = check_tree(c, sp, n->left, last, count);
+    int hl = check_tree(c, p, sp, n->left, last, count);
     if (hl < 0)
         return -1;
     if (n->live)
         return fail(c, "live block %#" PRIxPTR " is in the free tree", n->addr);
-    if (n->seg->small != sp->small)
+    if (&p->sub[n->seg->sub] != sp)
         return fail(c, "free block %#" PRIxPTR " is in the wrong pool's tree", n->addr);
     if (*last && !key_less(*last, n))
         return fail(c, "free tree out of order at %#" PRIxPTR, n->addr);
     *last = n;
     (*count)++;
-    int hr = check_tree(c, sp, n->right, last, count);
+    int hr = check_tree(c, p, sp, n->right, last, count);
     if (hr < 0)
         return -1;
     int h = 1 + (hl > hr ? hl : hr);
@@ -95,7 +98,7 @@ static const pool_block *map_lookup(const pool *p, uintptr_t key)
 static int check_segment(check_ctx *c, pool *p, const pool_sub *sp, const pool_segment *s, sums *t)
 {
     int k = sp->small ? 0 : 1;
-    if (s->small != sp->small)
+    if (s->small != sp->small || &p->sub[s->sub] != sp)
         return fail(c, "segment %#" PRIxPTR " is on the wrong pool's list", s->addr);
     if (s->size == 0 || s->size % POOL_ROUND)
         return fail(c, "segment %#" PRIxPTR " has size %zu", s->addr, s->size);
@@ -189,6 +192,8 @@ static int check_stat(check_ctx *c, pool *p, int st, const char *name, const uin
     return 0;
 }
 
+static const char *const sub_name[POOL_NSUB] = {"small", "large", "small persistent", "large persistent"};
+
 static int check_locked(check_ctx *c, pool *p)
 {
     sums *t = calloc(1, sizeof *t);
@@ -196,7 +201,7 @@ static int check_locked(check_ctx *c, pool *p)
         return fail(c, "out of host memory for the check");
     int rc = -1;
 
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < POOL_NSUB; i++) {
         pool_sub *sp = &p->sub[i];
         const pool_segment *prev = NULL;
         size_t n = 0;
@@ -219,32 +224,33 @@ static int check_locked(check_ctx *c, pool *p)
                 goto out;
         }
         if (prev != sp->segs_tail || n != sp->nsegs) {
-            fail(c, "%s segment list tail or count is wrong", i ? "large" : "small");
+            fail(c, "%s segment list tail or count is wrong", sub_name[i]);
             goto out;
         }
         const pool_block *last = NULL;
         size_t nfree = 0;
-        if (check_tree(c, sp, sp->root, &last, &nfree) < 0)
+        if (check_tree(c, p, sp, sp->root, &last, &nfree) < 0)
             goto out;
         if (nfree != sp->nfree) {
-            fail(c, "%s free tree holds %zu blocks, counted %zu", i ? "large" : "small", nfree, sp->nfree);
+            fail(c, "%s free tree holds %zu blocks, counted %zu", sub_name[i], nfree, sp->nfree);
             goto out;
         }
         if (sp->max != last) {
-            fail(c, "%s pool's cached largest free block is stale", i ? "large" : "small");
+            fail(c, "%s pool's cached largest free block is stale", sub_name[i]);
             goto out;
         }
     }
     /* Every free block found in a segment is in its tree and the tree
      * counts match, so the trees hold exactly the free blocks. */
-    size_t free_blocks = 0;
-    for (int i = 0; i < 2; i++)
+    size_t free_blocks = 0, in_trees = 0;
+    for (int i = 0; i < POOL_NSUB; i++) {
+        in_trees += p->sub[i].nfree;
         for (const pool_segment *s = p->sub[i].segs; s; s = s->next)
             for (const pool_block *b = s->head; b; b = b->next)
                 free_blocks += !b->live;
-    if (free_blocks != p->sub[0].nfree + p->sub[1].nfree) {
-        fail(c, "the free trees hold %zu blocks but the segments have %zu free",
-             p->sub[0].nfree + p->sub[1].nfree, free_blocks);
+    }
+    if (free_blocks != in_trees) {
+        fail(c, "the free trees hold %zu blocks but the segments have %zu free", in_trees, free_blocks);
         goto out;
     }
     if (p->map_count != t->live_blocks) {

@@ -63,10 +63,13 @@ struct pool_segment {
     pool_segment *prev, *next;         /* the sub-pool's list; address order when expandable */
     pool_segment *lru_prev, *lru_next; /* the idle list while wholly free */
     uint8_t small;
+    uint8_t sub; /* index into pool.sub */
     uint8_t idle;
 };
 
-/* One of the two pools of blocks (small, large). */
+/* One of the four pools of blocks: small or large requests, each split by
+ * the expected lifetime its tag implies (see pool_tag_persistent).  Blocks and
+ * segments never move between them. */
 typedef struct {
     pool_block *root;      /* free blocks */
     pool_block *max;       /* the largest free block, kept for stats */
@@ -76,7 +79,12 @@ typedef struct {
     uintptr_t va_base;     /* expandable: the reserved range */
     size_t va_size;
     uint8_t small;
+    uint8_t persistent;
 } pool_sub;
+
+#define POOL_NSUB 4
+
+static inline int pool_sub_index(bool small, bool persistent) { return (small ? 0 : 1) + (persistent ? 2 : 0); }
 
 typedef struct {
     uintptr_t key;
@@ -148,7 +156,7 @@ struct pool {
     bool expandable;
     pthread_mutex_t lock;
 
-    pool_sub sub[2]; /* [0] small, [1] large */
+    pool_sub sub[POOL_NSUB]; /* by pool_sub_index */
     /* Wholly free segments, least recently used first: a segment joins the
      * tail when its last block is freed, so list order is last-use order. */
     pool_segment *lru_head, *lru_tail;
@@ -199,7 +207,26 @@ static inline uint64_t pool_now_ns(void)
 
 static inline size_t pool_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 static inline size_t pool_round_down(size_t v, size_t to) { return v / to * to; }
-static inline pool_sub *pool_sub_of(pool *p, bool small) { return &p->sub[small ? 0 : 1]; }
+static inline pool_sub *pool_sub_of(pool *p, const pool_segment *s) { return &p->sub[s->sub]; }
+
+/* Parameters, gradients and optimizer state live for the whole job;
+ * activations, workspace and data for a step at most.  Keeping the two
+ * apart stops state allocated lazily during the first step (as PyTorch
+ * does with gradients and AdamW moments) from landing in the holes freed
+ * activations leave, where it would pin them for good. */
+static inline bool pool_tag_persistent(int tag)
+{
+    return tag == POOL_TAG_PARAMS || tag == POOL_TAG_GRADS || tag == POOL_TAG_OPTIMIZER;
+}
+
+static inline size_t pool_largest_free(const pool *p)
+{
+    size_t m = 0;
+    for (int i = 0; i < POOL_NSUB; i++)
+        if (p->sub[i].max && p->sub[i].max->size > m)
+            m = p->sub[i].max->size;
+    return m;
+}
 
 /* Statistics updates: only under the mutex, only inside a section. */
 static inline void pool_stat_inc(pool *p, int s, bool small, uint64_t d)
@@ -251,9 +278,7 @@ static inline void pool_stats_begin(pool *p)
 static inline void pool_stats_end(pool *p)
 {
     if (--p->stats_depth == 0) {
-        size_t a = p->sub[0].max ? p->sub[0].max->size : 0;
-        size_t b = p->sub[1].max ? p->sub[1].max->size : 0;
-        POOL_ST(p->live.largest_free, a > b ? a : b);
+        POOL_ST(p->live.largest_free, pool_largest_free(p));
         atomic_store_explicit(&p->live.seq, POOL_LD(p->live.seq) + 1, memory_order_release);
         if (POOL_LD(p->snap_requests) != p->snap_served)
             pool_stats_serve(p);
@@ -261,7 +286,7 @@ static inline void pool_stats_end(pool *p)
 }
 
 /* Timeline: under the mutex, inside a section (it moves two counters). */
-static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, int tag, bool small,
+static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, int tag, int sub,
                                   uint64_t bytes, uint64_t addr, uint64_t aux)
 {
     if (!p->ring_cap)
@@ -276,7 +301,8 @@ static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, i
     e->job = job;
     e->kind = (uint8_t)kind;
     e->tag = (uint8_t)tag;
-    e->small = small;
+    e->small = sub % 2 == 0;
+    e->persistent = sub >= 2;
     e->external = 0;
     e->note[0] = 0;
     p->ring_total++;

@@ -14,6 +14,9 @@
  * plus one copy per starving read; an idle allocator pays nothing, and then
  * the reader's next try on live succeeds anyway.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* for clock_gettime etc. under -std=c11 */
+#endif
 #include "pool_internal.h"
 
 #include <sched.h>

@@ -9,6 +9,9 @@
  * gaps, so the figures before the oldest event held are today's figures
  * minus the sum of the held events' changes.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* for clock_gettime etc. under -std=c11 */
+#endif
 #include "pool_internal.h"
 
 #include <errno.h>
@@ -32,7 +35,7 @@ void pool_timeline_mark(pool *p, pool_event_kind kind, uint32_t job, size_t byte
     if (p->ring_cap) {
         pool_event *e = &p->ring[p->ring_next];
         pool_stats_begin(p);
-        pool_tl_record(p, kind, job, POOL_TAG_OTHER, false, bytes, 0, 0);
+        pool_tl_record(p, kind, job, POOL_TAG_OTHER, 0, bytes, 0, 0);
         pool_stats_end(p);
         e->external = 1;
         if (note)
@@ -104,12 +107,17 @@ static void counter_allocated(FILE *f, double ts, const int64_t tags[POOL_TAG_CO
     fputs("}}", f);
 }
 
-static void counter_reserved(FILE *f, double ts, const int64_t res[2])
+/* Reserved bytes by pool: small/large, and within each the persistent
+ * class (params, grads, optimizer) apart from the transient rest. */
+static int res_index(const pool_event *e) { return (e->small ? 0 : 1) + (e->persistent ? 2 : 0); }
+
+static void counter_reserved(FILE *f, double ts, const int64_t res[4])
 {
     fprintf(f,
             ",\n{\"name\":\"reserved\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,"
-            "\"args\":{\"small\":%lld,\"large\":%lld}}",
-            ts, (long long)res[0], (long long)res[1]);
+            "\"args\":{\"small transient\":%lld,\"large transient\":%lld,"
+            "\"small persistent\":%lld,\"large persistent\":%lld}}",
+            ts, (long long)res[0], (long long)res[1], (long long)res[2], (long long)res[3]);
 }
 
 static void instant(FILE *f, const pool_event *e, double ts)
@@ -129,8 +137,8 @@ static void instant(FILE *f, const pool_event *e, double ts)
         break;
     case POOL_EV_SEGMENT_MAP:
     case POOL_EV_SEGMENT_UNMAP:
-        fprintf(f, ",\"pool\":\"%s\",\"addr\":\"0x%llx\"", e->small ? "small" : "large",
-                (unsigned long long)e->addr);
+        fprintf(f, ",\"pool\":\"%s %s\",\"addr\":\"0x%llx\"", e->small ? "small" : "large",
+                e->persistent ? "persistent" : "transient", (unsigned long long)e->addr);
         break;
     case POOL_EV_TRIM:
         if (!e->external)
@@ -166,11 +174,12 @@ int pool_timeline_write_json(pool *p, FILE *f)
         return -1;
     }
     size_t n = held ? ring_copy(p, ev, held) : 0;
-    int64_t tags[POOL_TAG_COUNT], res[2];
+    int64_t tags[POOL_TAG_COUNT], res[POOL_NSUB] = {0};
     for (int t = 0; t < POOL_TAG_COUNT; t++)
         tags[t] = POOL_LD(p->live.tag_current[t]);
-    res[0] = pool_stat_current(p, POOL_ST_RESERVED, POOL_SMALL);
-    res[1] = pool_stat_current(p, POOL_ST_RESERVED, POOL_LARGE);
+    for (int i = 0; i < POOL_NSUB; i++)
+        for (const pool_segment *s = p->sub[i].segs; s; s = s->next)
+            res[i] += (int64_t)s->size;
     uint64_t total = p->ring_total, t0 = p->t0_ns;
     pthread_mutex_unlock(&p->lock);
 
@@ -184,9 +193,9 @@ int pool_timeline_write_json(pool *p, FILE *f)
         else if (e->kind == POOL_EV_FREE)
             tags[e->tag % POOL_TAG_COUNT] += (int64_t)e->bytes;
         else if (e->kind == POOL_EV_SEGMENT_MAP)
-            res[e->small ? 0 : 1] -= (int64_t)e->bytes;
+            res[res_index(e)] -= (int64_t)e->bytes;
         else if (e->kind == POOL_EV_SEGMENT_UNMAP)
-            res[e->small ? 0 : 1] += (int64_t)e->bytes;
+            res[res_index(e)] += (int64_t)e->bytes;
     }
 
     errno = 0;
@@ -235,7 +244,7 @@ int pool_timeline_write_json(pool *p, FILE *f)
             break;
         case POOL_EV_SEGMENT_MAP:
         case POOL_EV_SEGMENT_UNMAP:
-            res[e->small ? 0 : 1] += e->kind == POOL_EV_SEGMENT_MAP ? (int64_t)e->bytes : -(int64_t)e->bytes;
+            res[res_index(e)] += e->kind == POOL_EV_SEGMENT_MAP ? (int64_t)e->bytes : -(int64_t)e->bytes;
             counter_reserved(f, ts, res);
             break;
         default:

@@ -8,6 +8,9 @@
  *      blocks, highest addresses first, so live memory stays packed low.
  * Fixed segments cannot be given back in part, so step 2 is expandable only.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* for clock_gettime etc. under -std=c11 */
+#endif
 #include "pool_internal.h"
 
 /* ==== names ====================================================================== */
@@ -24,7 +27,7 @@ static bool target_met(size_t target, size_t released) { return target && releas
 
 static void trim_chunks(pool *p, size_t target, size_t *released, size_t *pieces)
 {
-    for (int i = 1; i >= 0 && !target_met(target, *released); i--) {
+    for (int i = POOL_NSUB - 1; i >= 0 && !target_met(target, *released); i--) {
         pool_segment *run = p->sub[i].segs_tail;
         while (run && !target_met(target, *released)) {
             /* Unmapping may split or free this run; what lies below b

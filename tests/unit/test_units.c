@@ -17,7 +17,10 @@ static void test_sizes(void **state)
     } ok[] = {
         {"0", 0}, {"4096", 4096}, {"512K", 512ull << 10}, {"512M", 512ull << 20}, {"4G", 4ull << 30},
         {"4g", 4ull << 30}, {"1.5G", 3ull << 29}, {"2T", 2ull << 40}, {"4GiB", 4ull << 30}, {"4GB", 4ull << 30},
-        {"100B", 100}, {" 8M ", 8ull << 20},
+        {"100B", 100}, {" 8M ", 8ull << 20}, {"18446744073709551615", UINT64_MAX},
+        /* Found by fuzzing: leading zeros beyond any fixed buffer. */
+        {"00000000000000000000000000000000000000000000000000000000000000000000000000000000004555555555555",
+         4555555555555ull},
     };
     char err[128];
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -25,7 +28,7 @@ static void test_sizes(void **state)
         assert_int_equal(units_parse_size(ok[i].in, &v, err, sizeof err), 0);
         assert_int_equal(v, ok[i].want);
     }
-    static const char *bad[] = {"", "G", "-1G", "4X", "4 GG", "1.3B", "inf", "nan", "4Gx", "99999999999P", "0x10"};
+    static const char *bad[] = {"", "G", "-1G", "4X", "4 GG", "1.3B", "inf", "nan", "4Gx", "99999999999P", "0x10", "1e3", "18446744073709551616", "16384P"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint64_t v = 7;
         err[0] = 0;

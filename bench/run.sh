@@ -1,0 +1,41 @@
+#!/bin/sh
+# bench/run.sh [BUILD_DIR] — build, generate the trace, run the pool benchmark.
+#
+# JSON lines (one per figure) go to stdout, a human summary to stderr.
+# BUILD_DIR (default: build/bench under the source root) is set up as a
+# release build when it does not exist yet.  Extra arguments after BUILD_DIR go to bench_pool
+# (e.g. --repeat 5, --no-timeline, --only pool,jemalloc).
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+if [ $# -gt 0 ]; then
+    build=$1
+    shift
+    case $build in
+        /*) ;;
+        *) build=$PWD/$build ;;
+    esac
+else
+    build=$root/build/bench
+fi
+
+if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$root" -Dbuildtype=release >&2
+fi
+if ! ninja -C "$build" -t query bench/bench_pool >/dev/null 2>&1; then
+    echo "bench/run.sh: $build has no bench/bench_pool target;" \
+         "is subdir('bench') in the top-level meson.build?" >&2
+    exit 1
+fi
+ninja -C "$build" bench/bench_pool >&2
+
+trace=$build/bench/trace.txt
+if [ ! -s "$trace" ]; then
+    # The build's own rule (bench/meson.build: pool_trace_txt) when it can,
+    # the script directly otherwise; the trace is the same either way.
+    ninja -C "$build" bench/trace.txt >&2 ||
+        python3 "$here/gen_trace.py" -o "$trace"
+fi
+
+exec "$build/bench/bench_pool" "$trace" "$@"
