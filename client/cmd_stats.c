@@ -204,10 +204,16 @@ static void print_pool(const Gradd__PoolStats *p)
            sz(p->largest_free_block, a), p->fragmentation * 100, (unsigned long long)p->timeline_events,
            (unsigned long long)p->timeline_dropped);
 
+    /* Only tags that hold or held memory: seven zero columns say nothing. */
+    int shown = 0;
     printf("\nBy tag:");
-    for (size_t i = 0; i < p->n_tags; i++)
-        printf("  %s %s (peak %s)", p->tags[i]->tag, sz(p->tags[i]->allocated, a), sz(p->tags[i]->peak, b));
-    printf("\n");
+    for (size_t i = 0; i < p->n_tags; i++) {
+        if (!p->tags[i]->allocated && !p->tags[i]->peak)
+            continue;
+        printf("%s %s %s (peak %s)", shown++ ? "," : "", p->tags[i]->tag, sz(p->tags[i]->allocated, a),
+               sz(p->tags[i]->peak, b));
+    }
+    printf("%s\n", shown ? "" : " nothing allocated yet");
     if (p->n_jobs) {
         static const char *const jhead[] = {"JOB", ">ALLOCATED", ">PEAK", ">LIMIT", "BY TAG"};
         table j;
