@@ -1,10 +1,30 @@
-/* kernels.h — the compute interface.  Every op has a CPU implementation
- * (kern_cpu_*, in kernels/cpu) and, where CUDA is built, a CUDA one
- * (kern_cuda_*, the .cu files in kernels/cuda, inside the gradd-cuda module) that is
- * tested against the CPU reference in tests/gpu/. */
+/* kernels.h — the compute interface.
+ *
+ * Every op the models need, forward and backward side by side, behind one
+ * table of functions (kern_ops).  Two implementations:
+ *   cpu  — the files in kernels/cpu: OpenBLAS sgemm for every GEMM, OpenMP loops;
+ *          the reference every other backend is tested against.
+ *   cuda — the .cu files in kernels/cuda, inside the gradd-cuda module: cuBLASLt for GEMM
+ *          (bf16 or fp16 inputs with fp32 accumulation when the context asks
+ *          for mixed precision), own kernels for the rest.
+ * The training engine calls only through a kern_ops table, so one model
+ * runs on either backend.
+ *
+ * Conventions (as in llm.c):
+ *   - shapes are written at the top of each op: inp (B,T,C), weight (OC,C);
+ *   - tensors are row-major float32 in device memory of the backend;
+ *   - forward functions overwrite their outputs;
+ *   - backward functions ACCUMULATE (+=) into every gradient they produce
+ *     (dinp, dweight, dbias), so that residual branches and gradient
+ *     accumulation over micro-batches need no extra adds.  Callers zero
+ *     gradients at the start of an optimizer step.
+ *   - CPU results are bitwise reproducible for a fixed thread count: no
+ *     atomics in reductions, static work partitioning.
+ */
 #ifndef GRADD_KERNELS_H
 #define GRADD_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,11 +38,154 @@ extern "C" {
 #define KERN_HD
 #endif
 
+typedef enum {
+    KERN_FP32 = 0, /* everything in fp32 */
+    KERN_BF16 = 1, /* GEMM inputs cast to bf16, fp32 accumulate and output */
+    KERN_FP16 = 2, /* GEMM inputs cast to fp16, fp32 accumulate and output */
+} kern_precision;
+
+/* A backend's execution context: thread count (cpu), stream and cuBLASLt
+ * handle (cuda), GEMM precision, and scratch memory.  Created and destroyed
+ * through the backend's table. */
+typedef struct kern_ctx kern_ctx;
+
+/* Scratch memory is the caller's (it comes from the memory pool, tagged
+ * workspace): a backend asks for it through this callback and gives it back
+ * with `release`.  May be NULL for backends that need none. */
+typedef struct {
+    void *(*acquire)(void *user, size_t bytes);
+    void (*release)(void *user, void *ptr);
+    void *user;
+} kern_scratch;
+
+typedef struct kern_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- context ---------------------------------------------------------- */
+    /* threads: cpu worker threads (0 = all cores); device: cuda ordinal. */
+    kern_ctx *(*ctx_create)(int threads, int device, kern_precision prec, const kern_scratch *scratch);
+    void (*ctx_destroy)(kern_ctx *k);
+    /* Wait for queued work (no-op on cpu). */
+    int (*sync)(kern_ctx *k);
+
+    /* ---- memory helpers (device pointers) ---------------------------------- */
+    void (*zero)(kern_ctx *k, float *p, size_t n);
+    void (*copy_h2d)(kern_ctx *k, void *dst, const void *src, size_t bytes);
+    void (*copy_d2h)(kern_ctx *k, void *dst, const void *src, size_t bytes);
+    /* p (n) *= s */
+    void (*scale)(kern_ctx *k, float *p, size_t n, float s);
+
+    /* ---- encoder: token + position embedding -------------------------------
+     * out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (maxT,C); inp (B,T) int32 */
+    void (*encoder_forward)(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    void (*encoder_backward)(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp,
+                             int B, int T, int C);
+
+    /* ---- layernorm -----------------------------------------------------------
+     * inp, out (N,C); weight, bias (C); mean, rstd (N) saved for backward */
+    void (*layernorm_forward)(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+    void (*layernorm_backward)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean, const float *rstd,
+                               int N, int C);
+
+    /* ---- matmul with bias -----------------------------------------------------
+     * out (N,OC) = inp (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
+    void (*matmul_forward)(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC);
+    /* dinp (N,C) += dout·weight; dweight (OC,C) += dout^T·inp; dbias (OC) += Σ dout.
+     * dinp or dbias may be NULL (not needed / no bias). */
+    void (*matmul_backward)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
+
+    /* ---- causal multi-head self-attention -----------------------------------------
+     * inp (B,T,3C): q,k,v concatenated; out (B,T,C); NH heads of C/NH.
+     * preatt, att (B,NH,T,T): scores before and after the causal softmax,
+     * saved for backward (entries above the diagonal are unspecified). */
+    void (*attention_forward)(kern_ctx *k, float *out, float *preatt, float *att, const float *inp,
+                              int B, int T, int C, int NH);
+    /* dinp (B,T,3C) +=; dpreatt, datt (B,NH,T,T) are scratch the caller
+     * provides (overwritten). */
+    void (*attention_backward)(kern_ctx *k, float *dinp, float *dpreatt, float *datt, const float *dout,
+                               const float *inp, const float *att, int B, int T, int C, int NH);
+
+    /* ---- pointwise ------------------------------------------------------------------- */
+    /* GELU, tanh approximation: out (N) = gelu(inp) */
+    void (*gelu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);
+    void (*gelu_backward)(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
+    /* ReLU: out = max(inp, 0); backward: dinp += dout where inp > 0 */
+    void (*relu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);
+    void (*relu_backward)(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
+    /* residual: out (N) = a + b.  Its backward is accumulate: dst += src. */
+    void (*residual_forward)(kern_ctx *k, float *out, const float *a, const float *b, size_t N);
+    void (*accumulate)(kern_ctx *k, float *dst, const float *src, size_t N);
+
+    /* ---- fused softmax + cross-entropy ------------------------------------------------
+     * logits (N,Vp) of which the first V columns are real (Vp >= V pads for
+     * alignment, padded columns are ignored); targets (N) int32 in [0,V);
+     * losses (N) = -log softmax(logits)[target]; probs (N,Vp) saved. */
+    void (*crossentropy_forward)(kern_ctx *k, float *losses, float *probs, const float *logits,
+                                 const int32_t *targets, int N, int V, int Vp);
+    /* dlogits (N,Vp) += dloss[i] · (probs - onehot(target)), for the first V
+     * columns; dloss (N) is the gradient of the total loss w.r.t. each row's
+     * loss (e.g. 1/total_rows of the optimizer step for a mean). */
+    void (*crossentropy_backward)(kern_ctx *k, float *dlogits, const float *probs, const int32_t *targets,
+                                  const float *dloss, int N, int V, int Vp);
+
+    /* ---- optimizer and norms ----------------------------------------------------------- */
+    /* Sum of squares of g (n) in double, written to *out on the host. */
+    void (*sumsq)(kern_ctx *k, double *out, const float *g, size_t n);
+    /* AdamW for one tensor: m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
+     * p -= lr·( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd·p ).
+     * g is read as grad_scale·g (clipping and loss scaling fold in here). */
+    void (*adamw)(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float grad_scale, int t);
+
+    /* ---- casts (device memory; bf16/fp16 as raw uint16) ------------------------------- */
+    void (*cast_f32_to_bf16)(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
+    void (*cast_bf16_to_f32)(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
+    void (*cast_f32_to_f16)(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
+    void (*cast_f16_to_f32)(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
+    /* Count of non-finite values in p (n), for fp16 loss-scale overflow checks. */
+    size_t (*count_nonfinite)(kern_ctx *k, const float *p, size_t n);
+} kern_ops;
+
+/* The CPU backend (always present). */
+const kern_ops *kern_cpu_ops(void);
+
+/* The CUDA backend's table lives in the gradd-cuda module and is exported
+ * under this symbol name (a `const kern_ops`), found with dlsym. */
+#define KERN_CUDA_OPS_SYMBOL "gradd_kern_cuda_ops"
+
+/* ---- host-side scalar helpers shared by both backends ------------------------- */
+
+/* Round-to-nearest-even fp32 -> bf16, NaN kept quiet. */
+static inline KERN_HD uint16_t kern_f32_to_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } x = {f};
+    if ((x.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x.u >> 16) | 0x40u);
+    uint32_t rounding = 0x7fffu + ((x.u >> 16) & 1u);
+    return (uint16_t)((x.u + rounding) >> 16);
+}
+
+static inline KERN_HD float kern_bf16_to_f32(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } x = {(uint32_t)h << 16};
+    return x.f;
+}
+
 /* ---- fill_pattern --------------------------------------------------------- */
 /* p (n,) uint32: p[i] = kern_pattern(seed, i).  Used to prove that memory the
  * pool hands out is really there and writable (every page of a mapped
- * expandable segment, every byte of a raw allocation), and that a trimmed
- * range did not keep anyone's data. */
+ * expandable segment, every byte of a raw allocation). */
 static inline KERN_HD uint32_t kern_pattern(uint32_t seed, uint64_t i)
 {
     uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)seed << 32 | seed);

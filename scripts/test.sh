@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+py=$(scripts/pyenv.sh)
 if [ "${1:-}" = "--sanitize" ]; then
   dir=build/asan
   opts=(-Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug)
@@ -15,5 +16,5 @@ else
   dir=build/test
   opts=(-Dwerror=true)
 fi
-scripts/build.sh "$dir" "${opts[@]}"
+scripts/build.sh "$dir" "${opts[@]}" -Dpython_venv="$py"
 meson test -C "$dir" --print-errorlogs --num-processes 2
