@@ -5,6 +5,7 @@
  * machine with no driver and simply reports "no CUDA devices" there.
  */
 #include "dev.h"
+#include "kernels.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -71,23 +72,36 @@ static int exe_dir(char *buf, size_t len)
     return 0;
 }
 
-int dev_cuda_probe(const char *module_dir, dev **out, int max, char *why, size_t why_len)
+/* The module from `module_dir`, or beside the executable, then the install
+ * directory; NULL with the most useful reason in `why`. */
+static void *load_module(const char *module_dir, char *why, size_t why_len)
 {
     char dir[PATH_MAX];
+    if (module_dir)
+        return open_module(module_dir, why, why_len);
     void *h = NULL;
-    if (module_dir) {
-        h = open_module(module_dir, why, why_len);
-    } else {
-        if (exe_dir(dir, sizeof dir) == 0)
-            h = open_module(dir, why, why_len);
-        if (!h) {
-            char first[256];
-            snprintf(first, sizeof first, "%s", why);
-            h = open_module(GRADD_MODULE_DIR, why, why_len);
-            if (!h && strstr(first, "cannot load"))
-                snprintf(why, why_len, "%s", first); /* the more useful reason */
-        }
+    if (exe_dir(dir, sizeof dir) == 0)
+        h = open_module(dir, why, why_len);
+    if (!h) {
+        char first[256];
+        snprintf(first, sizeof first, "%s", why);
+        h = open_module(GRADD_MODULE_DIR, why, why_len);
+        if (!h && strstr(first, "cannot load"))
+            snprintf(why, why_len, "%s", first);
     }
+    return h;
+}
+
+const void *dev_cuda_kern_ops(const char *module_dir)
+{
+    char why[256];
+    void *h = load_module(module_dir, why, sizeof why);
+    return h ? dlsym(h, KERN_CUDA_OPS_SYMBOL) : NULL;
+}
+
+int dev_cuda_probe(const char *module_dir, dev **out, int max, char *why, size_t why_len)
+{
+    void *h = load_module(module_dir, why, why_len);
     if (!h)
         return 0;
 

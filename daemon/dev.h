@@ -111,4 +111,10 @@ typedef struct dev_cuda_module {
  * with no module, driver or GPU it returns 0 devices and says why in `why`. */
 int dev_cuda_probe(const char *module_dir, dev **out, int max, char *why, size_t why_len);
 
+/* The CUDA kernels (a `const kern_ops *`, see kernels.h) exported by the
+ * module in `module_dir` (NULL: as dev_cuda_probe finds it).  dlopen hands
+ * back the handle dev_cuda_probe already holds, so this is the same code the
+ * devices run on.  NULL when there is no module. */
+const void *dev_cuda_kern_ops(const char *module_dir);
+
 #endif

@@ -19,6 +19,7 @@
 #include "gradd-config.h"
 #include "log.h"
 #include "paths.h"
+#include "runjob.h"
 #include "server.h"
 #include "wire.h"
 
@@ -26,9 +27,12 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: gradd [-c FILE] [-s PATH] [--state-dir DIR] [options]\n"
+            "       gradd [-c FILE] run JOB.cfg\n"
             "\n"
             "Resident training daemon: owns the devices and their memory pools and\n"
             "serves gradctl over a Unix socket.  Runs in the foreground.\n"
+            "`gradd run JOB.cfg` trains one job in the foreground and exits (no socket);\n"
+            "run it again after an interruption to resume from the job's checkpoint.\n"
             "\n"
             "  -c, --config FILE     gradd.conf to read (default: %s/gradd/gradd.conf if it exists)\n"
             "  -s, --socket PATH     control socket (overrides [daemon] socket)\n"
@@ -119,7 +123,15 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
+    const char *run_job = NULL;
+    if (optind < argc && strcmp(argv[optind], "run") == 0) {
+        if (optind + 2 != argc) {
+            fprintf(stderr, "gradd run: expected one job file\n");
+            usage(stderr);
+            return 2;
+        }
+        run_job = argv[optind + 1];
+    } else if (optind < argc) {
         fprintf(stderr, "gradd: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         return 2;
@@ -165,6 +177,16 @@ int main(int argc, char **argv)
     if (check_only) {
         printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source, socket_path, state_dir);
         return 0;
+    }
+
+    if (run_job) {
+        if (ctx_open(&ctx, err, sizeof err) != 0) {
+            log_error("%s", err);
+            return 1;
+        }
+        int rc = runjob_main(&ctx, run_job, false);
+        ctx_close(&ctx);
+        return rc;
     }
 
     /* ---- devices, then the socket ---- */

@@ -1,0 +1,253 @@
+/* jobcfg.c — the job file's option table, parsing and validation. */
+#include "jobcfg.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "opts.h"
+
+/* ---- the option table ---------------------------------------------------- */
+
+#define J(field) OPTS_FIELD(job_config, field)
+#define PATHS 0, 0, false
+
+static const opts_def opts[] = {
+    {"job", "name", OPTS_STRING, J(name), 0, 0, false, "", "shown in gradctl list (default: the file name)", NULL},
+    {"job", "device", OPTS_STRING, J(device), 0, 0, false, "auto", "auto, cpu, cpuN or cuda:N", NULL},
+    {"job", "priority", OPTS_COUNT, J(priority), 0, 1000, false, "0", "higher runs first", NULL},
+
+    {"model", "type", OPTS_CHOICE, J(model), 0, 0, false, "gpt", "mlp or gpt", "mlp|gpt"},
+    {"model", "layers", OPTS_COUNT, J(layers), 1, 96, false, "2", "gpt: transformer blocks", NULL},
+    {"model", "heads", OPTS_COUNT, J(heads), 1, 128, false, "4", "gpt: attention heads (divide width)", NULL},
+    {"model", "width", OPTS_COUNT, J(width), 1, 16384, false, "64", "gpt: channels", NULL},
+    {"model", "context", OPTS_COUNT, J(context), 2, 65536, false, "64", "gpt: tokens per sequence", NULL},
+    {"model", "vocab", OPTS_COUNT, J(vocab), 2, 1 << 20, false, "256", "gpt: vocabulary (256 for raw bytes)", NULL},
+    {"model", "hidden", OPTS_STRING, J(hidden_text), 0, 0, false, "256", "mlp: hidden sizes, e.g. 256,128", NULL},
+
+    {"data", "format", OPTS_CHOICE, J(format), 0, 0, false, "auto", "auto, text, tokens (llm.c .bin), idx or npy",
+     "auto|text|tokens|idx|npy"},
+    {"data", "train", OPTS_STRING, J(train), PATHS, "", "training data: a file or a directory of text files", NULL},
+    {"data", "train_labels", OPTS_STRING, J(train_labels), PATHS, "", "idx/npy: labels of the training images", NULL},
+    {"data", "val", OPTS_STRING, J(val), PATHS, "", "validation data (empty: hold out val_fraction of train)", NULL},
+    {"data", "val_labels", OPTS_STRING, J(val_labels), PATHS, "", "idx/npy: labels of the validation images", NULL},
+    {"data", "val_fraction", OPTS_DOUBLE, J(val_fraction), 0, 0.5, false, "0.05", "held out when val is empty", NULL},
+    {"data", "subset", OPTS_COUNT, J(subset), 0, 1e12, false, "0", "use only the first N training samples (0: all)", NULL},
+    {"data", "val_subset", OPTS_COUNT, J(val_subset), 0, 1e12, false, "0", "likewise for validation", NULL},
+
+    {"train", "steps", OPTS_COUNT, J(steps), 1, 1e12, false, "100", "optimizer steps", NULL},
+    {"train", "batch", OPTS_COUNT, J(batch), 1, 1 << 20, false, "16", "effective batch: samples per optimizer step", NULL},
+    {"train", "micro_batch", OPTS_STRING, J(micro_text), 0, 0, false, "auto", "auto, or samples per forward/backward", NULL},
+    {"train", "lr", OPTS_DOUBLE, J(lr), 0, 10, false, "1e-3", "peak learning rate", NULL},
+    {"train", "min_lr", OPTS_DOUBLE, J(min_lr), 0, 10, false, "0", "learning rate at the end of the cosine decay", NULL},
+    {"train", "warmup", OPTS_COUNT, J(warmup), 0, 1e12, false, "0", "linear warmup steps", NULL},
+    {"train", "weight_decay", OPTS_DOUBLE, J(weight_decay), 0, 10, false, "0.0", "AdamW decay (matrices only)", NULL},
+    {"train", "grad_clip", OPTS_DOUBLE, J(grad_clip), 0, 1e9, false, "1.0", "global gradient norm clip (0: off)", NULL},
+    {"train", "beta1", OPTS_DOUBLE, J(beta1), 0, 0.999999, false, "0.9", "AdamW beta1", NULL},
+    {"train", "beta2", OPTS_DOUBLE, J(beta2), 0, 0.999999, false, "0.95", "AdamW beta2", NULL},
+    {"train", "eps", OPTS_DOUBLE, J(eps), 1e-12, 1, false, "1e-8", "AdamW epsilon", NULL},
+    {"train", "seed", OPTS_COUNT, J(seed), 0, 1.8e19, false, "1337", "fixes initialisation and data order", NULL},
+    {"train", "precision", OPTS_CHOICE, J(precision), 0, 0, false, "fp32", "fp32; on GPU also bf16 or fp16",
+     "fp32|bf16|fp16"},
+    {"train", "eval_every", OPTS_COUNT, J(eval_every), 0, 1e12, false, "0", "validate every N steps (0: at the end)", NULL},
+    {"train", "eval_batches", OPTS_COUNT, J(eval_batches), 0, 1 << 20, false, "0",
+     "batches per validation (0: the whole validation set)", NULL},
+    {"train", "threads", OPTS_COUNT, J(threads), 0, 1024, false, "0", "cpu threads (0: all cores)", NULL},
+
+    {"memory", "limit", OPTS_SIZE, J(mem_limit), 0, 1.8e19, false, "0", "the job's memory budget on its device (0: none)", NULL},
+    {"memory", "margin", OPTS_DOUBLE, J(margin), 0, 0.9, false, "0.05", "headroom kept free inside the budget", NULL},
+
+    {"output", "dir", OPTS_STRING, J(out_dir), PATHS, "", "where model.safetensors, metrics and checkpoints go", NULL},
+    {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",
+     "write the resume state every N steps (0: only at the end)", NULL},
+    {"output", "log_every", OPTS_COUNT, J(log_every), 1, 1e12, false, "1", "metrics.jsonl line every N steps", NULL},
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+void jobcfg_defaults(job_config *j)
+{
+    memset(j, 0, sizeof *j);
+    opts_defaults(opts, NOPTS, NULL, j);
+}
+
+void jobcfg_print_defaults(FILE *f)
+{
+    opts_print(opts, NOPTS, f);
+}
+
+/* ---- parsing ------------------------------------------------------------------ */
+
+typedef struct {
+    job_config *j;
+    int line[NOPTS]; /* where each key was set, for errors found after parsing */
+} parse_ctx;
+
+static int on_entry(void *user, const char *section, const char *key, const char *value, int line, char *why,
+                    size_t why_len, bool *name_key)
+{
+    parse_ctx *p = user;
+    opts_simple s = {opts, NOPTS, p->j};
+    if (opts_simple_entry(&s, section, key, value, line, why, why_len, name_key) != 0)
+        return -1;
+    p->line[opts_find(opts, NOPTS, section, key) - opts] = line;
+    return 0;
+}
+
+/* ---- validation after parsing ------------------------------------------------ */
+
+static int line_of(const parse_ctx *p, const char *section, const char *key)
+{
+    const opts_def *o = opts_find(opts, NOPTS, section, key);
+    return o ? p->line[o - opts] : 0;
+}
+
+/* "FILE:LINE: [section] key: why", or "FILE: [section] key: why" when the
+ * key was not in the file (a missing required key). */
+static int complain(const parse_ctx *p, const char *path, const char *section, const char *key, char *err,
+                    size_t err_len, const char *why)
+{
+    int line = line_of(p, section, key);
+    if (line)
+        snprintf(err, err_len, "%s:%d: [%s] %s: %s", path, line, section, key, why);
+    else
+        snprintf(err, err_len, "%s: [%s] %s: %s", path, section, key, why);
+    return -1;
+}
+
+/* Make a relative path absolute against the job file's directory. */
+static int resolve(char *path, size_t len, const char *base_dir)
+{
+    if (!path[0] || path[0] == '/')
+        return 0;
+    char tmp[PATH_MAX];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s/%s", base_dir, path) >= sizeof tmp || strlen(tmp) >= len)
+        return -1;
+    memcpy(path, tmp, strlen(tmp) + 1);
+    return 0;
+}
+
+static int parse_hidden(job_config *j)
+{
+    j->nhidden = 0;
+    const char *s = j->hidden_text;
+    while (*s) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || errno || v == 0 || v > 65536 || j->nhidden == JOBCFG_MAX_HIDDEN)
+            return -1;
+        j->hidden[j->nhidden++] = (uint32_t)v;
+        while (*end == ' ')
+            end++;
+        if (*end == ',')
+            end++;
+        else if (*end)
+            return -1;
+        while (*end == ' ')
+            end++;
+        s = end;
+    }
+    return 0;
+}
+
+static int check_readable(const parse_ctx *p, const char *path, const char *key, const char *file, char *err,
+                          size_t err_len)
+{
+    if (!file[0] || access(file, R_OK) == 0)
+        return 0;
+    char why[PATH_MAX + 64];
+    snprintf(why, sizeof why, "cannot read %s: %s", file, strerror(errno));
+    return complain(p, path, "data", key, err, err_len, why);
+}
+
+static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
+{
+    job_config *j = p->j;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+
+    if (!j->name[0]) {
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        snprintf(j->name, sizeof j->name, "%.*s", (int)strcspn(base, "."), base);
+    }
+    const char *d = j->device;
+    if (strcmp(d, "auto") && strncmp(d, "cpu", 3) && strncmp(d, "cuda:", 5))
+        return complain(p, path, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
+
+    if (strcmp(j->micro_text, "auto") == 0) {
+        j->micro_batch = 0;
+    } else {
+        char *end;
+        unsigned long v = strtoul(j->micro_text, &end, 10);
+        if (end == j->micro_text || *end || v == 0 || v > j->batch)
+            return complain(p, path, "train", "micro_batch", err, err_len,
+                            "expected auto or a whole number from 1 to [train] batch");
+        j->micro_batch = (uint32_t)v;
+    }
+    if (j->min_lr > j->lr)
+        return complain(p, path, "train", "min_lr", err, err_len, "is above [train] lr");
+    if (j->warmup > j->steps)
+        return complain(p, path, "train", "warmup", err, err_len, "is longer than [train] steps");
+
+    if (j->model == JOBCFG_GPT) {
+        if (j->width % j->heads)
+            return complain(p, path, "model", "heads", err, err_len, "must divide [model] width");
+        if (j->format == JOBCFG_DATA_IDX)
+            return complain(p, path, "data", "format", err, err_len, "idx images train an mlp, not a gpt");
+    } else {
+        if (parse_hidden(j) != 0)
+            return complain(p, path, "model", "hidden", err, err_len,
+                            "expected up to 8 comma-separated sizes from 1 to 65536, e.g. 256,128");
+        if (j->format == JOBCFG_DATA_TEXT || j->format == JOBCFG_DATA_TOKENS)
+            return complain(p, path, "data", "format", err, err_len, "an mlp trains on idx or npy images");
+    }
+
+    if (!j->train[0])
+        return complain(p, path, "data", "train", err, err_len, "is required");
+    if (!j->out_dir[0])
+        return complain(p, path, "output", "dir", err, err_len, "is required");
+    static const char *const path_keys[] = {"train", "train_labels", "val", "val_labels"};
+    char *paths[] = {j->train, j->train_labels, j->val, j->val_labels};
+    for (size_t i = 0; i < 4; i++) {
+        if (resolve(paths[i], PATH_MAX, dir) != 0)
+            return complain(p, path, "data", path_keys[i], err, err_len, "path is too long");
+        if (check_readable(p, path, path_keys[i], paths[i], err, err_len) != 0)
+            return -1;
+    }
+    if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
+        return complain(p, path, "output", "dir", err, err_len, "path is too long");
+    if (j->model == JOBCFG_MLP && j->format != JOBCFG_DATA_NPY && !j->train_labels[0])
+        return complain(p, path, "data", "train_labels", err, err_len, "is required for an mlp");
+    if (j->val_labels[0] && !j->val[0])
+        return complain(p, path, "data", "val", err, err_len, "is required when val_labels is set");
+    return 0;
+}
+
+int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
+{
+    parse_ctx *p = calloc(1, sizeof *p);
+    job_config *j = malloc(sizeof *j);
+    if (!p || !j) {
+        free(p);
+        free(j);
+        snprintf(err, err_len, "%s: out of memory", path);
+        return -1;
+    }
+    jobcfg_defaults(j);
+    snprintf(j->source, sizeof j->source, "%s", path);
+    p->j = j;
+    int rc = opts_parse_file(path, on_entry, p, err, err_len);
+    if (rc == 0)
+        rc = validate(p, path, err, err_len);
+    if (rc == 0)
+        *out = *j;
+    free(p);
+    free(j);
+    return rc;
+}

@@ -1,0 +1,74 @@
+/* jobcfg.h — job.cfg: what to train, on what data, how, and where the
+ * results go.  An INI file (sections [job] [model] [data] [train] [memory]
+ * [output]); every error names FILE:LINE: [section] key, and a bad file
+ * yields nothing.  Relative paths resolve against the file's directory. */
+#ifndef GRADD_JOBCFG_H
+#define GRADD_JOBCFG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define JOBCFG_MAX_HIDDEN 8
+
+typedef enum { JOBCFG_MLP = 0, JOBCFG_GPT = 1 } jobcfg_model;
+typedef enum { JOBCFG_DATA_AUTO = 0, JOBCFG_DATA_TEXT, JOBCFG_DATA_TOKENS, JOBCFG_DATA_IDX, JOBCFG_DATA_NPY } jobcfg_format;
+typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precision;
+
+typedef struct job_config {
+    char source[PATH_MAX]; /* the file, as given */
+
+    /* [job] */
+    char name[64];
+    char device[16]; /* auto | cpu | cpuN | cuda:N */
+    int64_t priority;
+
+    /* [model] */
+    int model; /* jobcfg_model */
+    uint32_t layers, heads, width, context, vocab;
+    char hidden_text[128]; /* "256,128" */
+    int nhidden;
+    uint32_t hidden[JOBCFG_MAX_HIDDEN];
+
+    /* [data] */
+    int format; /* jobcfg_format; auto: by model and file contents */
+    char train[PATH_MAX], train_labels[PATH_MAX];
+    char val[PATH_MAX], val_labels[PATH_MAX];
+    double val_fraction;  /* held out from train when val is empty */
+    uint64_t subset;      /* use only the first N training samples (0: all) */
+    uint64_t val_subset;  /* likewise for validation */
+
+    /* [train] */
+    uint64_t steps;
+    uint32_t batch;          /* effective: samples per optimizer step; never changes */
+    char micro_text[16];     /* "auto" or N */
+    uint32_t micro_batch;    /* 0: auto */
+    double lr, min_lr;
+    uint64_t warmup;
+    double weight_decay, grad_clip, beta1, beta2, eps;
+    uint64_t seed;
+    int precision; /* jobcfg_precision */
+    uint64_t eval_every;
+    uint32_t eval_batches;
+    uint32_t threads; /* cpu threads; 0: all cores */
+
+    /* [memory] */
+    uint64_t mem_limit; /* the job's pool budget; 0: none */
+    double margin;
+
+    /* [output] */
+    char out_dir[PATH_MAX];
+    uint64_t checkpoint_every; /* 0: only at the end */
+    uint64_t log_every;
+} job_config;
+
+void jobcfg_defaults(job_config *j);
+/* Parse and validate.  0, or -1 with "FILE:LINE: [section] key: why" in err
+ * (and *out untouched). */
+int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len);
+/* Every key with its default, as a commented job file. */
+void jobcfg_print_defaults(FILE *f);
+
+#endif

@@ -1,0 +1,72 @@
+/* model.c — model creation, the tensor table, deterministic random numbers. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int model_create(const job_config *j, uint32_t input_dim, uint32_t classes, const kern_ops *k, kern_ctx *kc,
+                 model **out, char *err, size_t err_len)
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    m->k = k;
+    m->kc = kc;
+    int rc = j->model == JOBCFG_GPT ? model_gpt_create(j, m, err, err_len)
+                                    : model_mlp_create(j, input_dim, classes, m, err, err_len);
+    if (rc != 0) {
+        free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+void model_destroy(model *m)
+{
+    if (!m)
+        return;
+    if (m->ops && m->ops->destroy)
+        m->ops->destroy(m);
+    free(m);
+}
+
+void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export)
+{
+    if (m->ntensors == MODEL_MAX_TENSORS)
+        return; /* constructors size their tables well below this */
+    model_tensor *t = &m->tensors[m->ntensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->numel *= shape[i];
+    }
+    t->offset = m->num_params;
+    t->decay = decay;
+    t->transpose_export = transpose_export;
+    m->num_params += t->numel;
+}
+
+/* splitmix64 of (seed, index): stateless, so any element can be drawn
+ * independently and in parallel with the same result. */
+uint64_t model_rand_u64(uint64_t seed, uint64_t i)
+{
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull + 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Box-Muller over two counter draws. */
+float model_rand_normal(uint64_t seed, uint64_t i)
+{
+    double u1 = ((double)(model_rand_u64(seed, 2 * i) >> 11) + 0.5) * 0x1.0p-53;
+    double u2 = (double)(model_rand_u64(seed, 2 * i + 1) >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}

@@ -1,0 +1,97 @@
+/* model.h — the models gradd trains, behind one small table of functions.
+ *
+ * A model owns no memory: the trainer asks it for sizes, allocates
+ * parameters, gradients, optimizer state and activations from the memory
+ * pool (each with its tag), and hands the buffers in.  Parameters and
+ * activations are each one contiguous buffer carved into named tensors by a
+ * table of sizes, so they are easy to count, checkpoint and report.
+ */
+#ifndef GRADD_MODEL_H
+#define GRADD_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jobcfg.h"
+#include "kernels.h"
+
+#define MODEL_MAX_DIMS 4
+#define MODEL_MAX_TENSORS 1024
+
+/* One parameter tensor: a view into the parameter buffer (and, at the same
+ * offset, into the gradient and optimizer buffers). */
+typedef struct {
+    char name[64];          /* GPT-2 style: "h.3.attn.c_attn.weight" */
+    size_t offset, numel;   /* in floats */
+    int ndim;
+    size_t shape[MODEL_MAX_DIMS];
+    bool decay;             /* AdamW weight decay applies (matrices only) */
+    bool transpose_export;  /* stored (out,in), exported (in,out) like GPT-2's Conv1D */
+} model_tensor;
+
+/* One micro-batch of samples.  x: gpt int32 tokens (n,T); mlp float pixels
+ * (n,D).  y: gpt int32 targets (n,T); mlp int32 labels (n). */
+typedef struct {
+    const void *x;
+    const int32_t *y;
+    uint32_t n;
+} model_batch;
+
+typedef struct model model;
+
+typedef struct model_ops {
+    const char *type; /* "gpt", "mlp" */
+    /* Samples are sequences (gpt) or images (mlp); units per sample for
+     * throughput and loss averaging: T tokens, or 1 image. */
+    uint32_t (*units_per_sample)(const model *m);
+    /* Bytes of activations (and their gradients) for a micro-batch of n:
+     * fixed + per_sample × n.  Exact: bind_activations uses no more. */
+    void (*activation_bytes)(const model *m, size_t *fixed, size_t *per_sample);
+    /* Point the model at an activation buffer sized for up to n samples. */
+    void (*bind_activations)(model *m, void *mem, uint32_t n);
+    /* Fill host memory params (num_params floats) from the seed. */
+    void (*init_params)(const model *m, float *params, uint64_t seed);
+    /* Forward a micro-batch; returns Σ per-unit losses (double on host) and
+     * counts correct top-1 predictions in *correct (may be NULL). */
+    double (*forward)(model *m, const model_batch *b, uint64_t *correct);
+    /* Backward of the last forward; accumulates into the gradient buffer
+     * with each unit's loss weighted by `dloss` (1 / units in the whole
+     * optimizer step, so any split into micro-batches gives the same step). */
+    void (*backward)(model *m, const model_batch *b, float dloss);
+    void (*destroy)(model *m);
+} model_ops;
+
+struct model {
+    const model_ops *ops;
+    const kern_ops *k;
+    kern_ctx *kc;
+    size_t num_params;
+    int ntensors;
+    model_tensor tensors[MODEL_MAX_TENSORS];
+    float *params, *grads; /* device memory, num_params floats each */
+    uint32_t max_n;        /* activations bound for this many samples */
+    void *impl;
+};
+
+/* Create the model the job describes (shapes only; no device memory).
+ * input_dim and classes come from the data (mlp; ignored by gpt, whose
+ * vocabulary is in the job).  -1 with a message in err on a bad shape. */
+int model_create(const job_config *j, uint32_t input_dim, uint32_t classes, const kern_ops *k, kern_ctx *kc,
+                 model **out, char *err, size_t err_len);
+void model_destroy(model *m);
+
+/* ---- per-model constructors (model_gpt.c, model_mlp.c) ----------------------- */
+int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len);
+int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
+                     size_t err_len);
+
+/* Add a tensor to m's table (constructors use this). */
+void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export);
+
+/* A counter-based generator: deterministic, seekable, identical on every
+ * machine (init must not depend on thread count or backend). */
+uint64_t model_rand_u64(uint64_t seed, uint64_t i);
+float model_rand_normal(uint64_t seed, uint64_t i);
+
+#endif

@@ -1,0 +1,372 @@
+/* model_gpt.c — GPT-2: learned positions, pre-norm blocks, tied output
+ * embedding.
+ *
+ * Parameters, per layer contiguous, GPT-2 names (matrices stored (out,in)
+ * like nn.Linear; exported transposed to GPT-2's Conv1D (in,out)):
+ *   wte (V,C), wpe (T,C),
+ *   h.l.{ln_1.weight (C), ln_1.bias (C), attn.c_attn.weight (3C,C), attn.c_attn.bias (3C),
+ *        attn.c_proj.weight (C,C), attn.c_proj.bias (C), ln_2.weight (C), ln_2.bias (C),
+ *        mlp.c_fc.weight (4C,C), mlp.c_fc.bias (4C), mlp.c_proj.weight (C,4C), mlp.c_proj.bias (C)},
+ *   ln_f.weight (C), ln_f.bias (C).
+ *
+ * Activations keep only what backward reads (per layer: ln1, its mean and
+ * rstd, qkv, att, atty, residual2, ln2, its mean and rstd, fch, fch_gelu,
+ * residual3); everything else is one layer's worth of scratch reused by all
+ * layers.  The gradient of the residual stream is a single (B,T,C) buffer:
+ * every layer's backward reads it as dout and its layernorms add into it in
+ * place, which is exactly the sum the residual connections call for.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define ALIGN 64
+
+/* One block's parameter offsets (in floats, into m->params / m->grads). */
+typedef struct {
+    size_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+} gpt_layer;
+
+typedef struct {
+    uint32_t L, C, NH, T, V;
+    gpt_layer *layer;
+    size_t wte, wpe, lnfw, lnfb;
+
+    /* Activations for up to max_n samples. */
+    uint32_t n; /* bound size */
+    float *encoded;                                   /* (B,T,C) */
+    float *ln1, *ln1_mean, *ln1_rstd;                 /* (L,B,T,C), (L,B,T) */
+    float *qkv;                                       /* (L,B,T,3C) */
+    float *att;                                       /* (L,B,NH,T,T) */
+    float *atty;                                      /* (L,B,T,C) */
+    float *residual2;                                 /* (L,B,T,C) */
+    float *ln2, *ln2_mean, *ln2_rstd;                 /* (L,B,T,C), (L,B,T) */
+    float *fch, *fch_gelu;                            /* (L,B,T,4C) */
+    float *residual3;                                 /* (L,B,T,C) */
+    float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
+    float *logits, *probs, *losses;                   /* (B,T,V), (B,T,V), (B,T) */
+    /* One layer of scratch, forward and backward. */
+    float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
+    float *proj;                                      /* (B,T,C) attproj/fcproj outputs */
+    float *dres;                                      /* (B,T,C) residual-stream gradient */
+    float *dbig1, *dbig2;                             /* (B,T,4C) dfch_gelu, dfch */
+    float *dqkv;                                      /* (B,T,3C) */
+    float *dsmall;                                    /* (B,T,C) dln, datty */
+    float *datt;                                      /* (B,NH,T,T) */
+    float *dlosses;                                   /* (B,T) */
+    float *dloss_host;                                /* host copy, (B,T) */
+} gpt;
+
+static gpt *G(const model *m) { return (gpt *)m->impl; }
+
+/* ---- activation layout ------------------------------------------------------------ */
+
+/* Walk the activation buffers for n samples: with base != NULL assign the
+ * pointers, always return the bytes used (each buffer 64-byte aligned). */
+static size_t carve(gpt *g, char *base, uint32_t n)
+{
+    size_t BT = (size_t)n * g->T, C = g->C, L = g->L, NH = g->NH, T = g->T, V = g->V;
+    size_t off = 0;
+#define TAKE(ptr, count)                                          \
+    do {                                                          \
+        if (base)                                                 \
+            g->ptr = (float *)(base + off);                       \
+        off += ((count) * sizeof(float) + ALIGN - 1) / ALIGN * ALIGN; \
+    } while (0)
+    TAKE(encoded, BT * C);
+    TAKE(ln1, L * BT * C);
+    TAKE(ln1_mean, L * BT);
+    TAKE(ln1_rstd, L * BT);
+    TAKE(qkv, L * BT * 3 * C);
+    TAKE(att, L * n * NH * T * T);
+    TAKE(atty, L * BT * C);
+    TAKE(residual2, L * BT * C);
+    TAKE(ln2, L * BT * C);
+    TAKE(ln2_mean, L * BT);
+    TAKE(ln2_rstd, L * BT);
+    TAKE(fch, L * BT * 4 * C);
+    TAKE(fch_gelu, L * BT * 4 * C);
+    TAKE(residual3, L * BT * C);
+    TAKE(lnf, BT * C);
+    TAKE(lnf_mean, BT);
+    TAKE(lnf_rstd, BT);
+    TAKE(logits, BT * V);
+    TAKE(probs, BT * V);
+    TAKE(losses, BT);
+    TAKE(preatt, n * NH * T * T);
+    TAKE(proj, BT * C);
+    TAKE(dres, BT * C);
+    TAKE(dbig1, BT * 4 * C);
+    TAKE(dbig2, BT * 4 * C);
+    TAKE(dqkv, BT * 3 * C);
+    TAKE(dsmall, BT * C);
+    TAKE(datt, n * NH * T * T);
+    TAKE(dlosses, BT);
+#undef TAKE
+    return off;
+}
+
+static uint32_t gpt_units(const model *m)
+{
+    return G(m)->T;
+}
+
+static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
+{
+    gpt *g = G(m);
+    /* carve() is affine in n apart from alignment, which adds at most ALIGN
+     * per buffer: bound it by the 29 buffers' worth. */
+    size_t one = carve(g, NULL, 1), two = carve(g, NULL, 2);
+    *per_sample = two - one;
+    *fixed = 29 * ALIGN;
+    size_t slack = one > *per_sample ? one - *per_sample : 0;
+    if (slack > *fixed)
+        *fixed = slack;
+}
+
+static void gpt_bind(model *m, void *mem, uint32_t n)
+{
+    gpt *g = G(m);
+    carve(g, mem, n);
+    g->n = n;
+    m->max_n = n;
+    free(g->dloss_host);
+    g->dloss_host = malloc((size_t)n * g->T * sizeof(float));
+}
+
+/* ---- parameters ---------------------------------------------------------------------- */
+
+static void gpt_init(const model *m, float *params, uint64_t seed)
+{
+    const gpt *g = G(m);
+    /* GPT-2: N(0, 0.02) for matrices and embeddings, residual projections
+     * scaled by 1/sqrt(2L), zero biases, unit layernorm gains. */
+    float resid_std = 0.02f / sqrtf(2.0f * (float)g->L);
+    for (int t = 0; t < m->ntensors; t++) {
+        const model_tensor *mt = &m->tensors[t];
+        float *p = params + mt->offset;
+        const char *name = mt->name;
+        size_t len = strlen(name);
+        bool is_bias = len > 5 && strcmp(name + len - 5, ".bias") == 0;
+        bool is_ln = strstr(name, "ln_") != NULL;
+        if (is_bias) {
+            memset(p, 0, mt->numel * sizeof *p);
+        } else if (is_ln) {
+            for (size_t i = 0; i < mt->numel; i++)
+                p[i] = 1.0f;
+        } else {
+            float std = strstr(name, "c_proj.weight") ? resid_std : 0.02f;
+            for (size_t i = 0; i < mt->numel; i++)
+                p[i] = std * model_rand_normal(seed, mt->offset + i);
+        }
+    }
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
+    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * T;
+    const float *P = m->params;
+    const int32_t *inp = b->x;
+
+    k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
+    for (uint32_t l = 0; l < g->L; l++) {
+        const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
+        float *ln1 = g->ln1 + l * BTC, *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
+        float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
+        float *res2 = g->residual2 + l * BTC, *ln2 = g->ln2 + l * BTC;
+        float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
+        float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4, *res3 = g->residual3 + l * BTC;
+        gpt_layer *w = &g->layer[l];
+
+        k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+        k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
+        k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+        k->residual_forward(kc, res2, residual, g->proj, BTC);
+        k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
+        k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+        k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
+        k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+        k->residual_forward(kc, res3, res2, g->proj, BTC);
+    }
+    const float *last = g->residual3 + (g->L - 1) * BTC;
+    k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
+    k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
+    k->crossentropy_forward(kc, g->losses, g->probs, g->logits, b->y, (int)BT, V, V);
+
+    /* Sum on the host in a fixed order: deterministic whatever the backend. */
+    k->copy_d2h(kc, g->dloss_host, g->losses, BT * sizeof(float));
+    double sum = 0;
+    for (size_t i = 0; i < BT; i++)
+        sum += g->dloss_host[i];
+    if (correct)
+        *correct = 0;
+    return sum;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+static void gpt_backward(model *m, const model_batch *b, float dloss)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
+    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * T;
+    const float *P = m->params;
+    float *D = m->grads;
+
+    for (size_t i = 0; i < BT; i++)
+        g->dloss_host[i] = dloss;
+    k->copy_h2d(kc, g->dlosses, g->dloss_host, BT * sizeof(float));
+
+    /* dlogits reuse the logits buffer: logits are dead after forward. */
+    float *dlogits = g->logits;
+    k->zero(kc, dlogits, BT * V);
+    k->crossentropy_backward(kc, dlogits, g->probs, b->y, g->dlosses, (int)BT, V, V);
+    float *dlnf = g->dsmall;
+    k->zero(kc, dlnf, BTC);
+    k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
+    k->zero(kc, g->dres, BTC);
+    const float *last = g->residual3 + (g->L - 1) * BTC;
+    k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
+                          g->lnf_rstd, (int)BT, C);
+
+    for (int l = (int)g->L - 1; l >= 0; l--) {
+        const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
+        const float *ln1 = g->ln1 + l * BTC, *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
+        const float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
+        const float *res2 = g->residual2 + l * BTC, *ln2 = g->ln2 + l * BTC;
+        const float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
+        const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
+        gpt_layer *w = &g->layer[l];
+
+        /* residual3 = residual2 + fcproj: dfcproj is the stream gradient. */
+        float *dfch_gelu = g->dbig1, *dfch = g->dbig2, *dln2 = g->dsmall;
+        k->zero(kc, dfch_gelu, BTC * 4);
+        k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
+                           (int)BT, 4 * C, C);
+        k->zero(kc, dfch, BTC * 4);
+        k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
+        k->zero(kc, dln2, BTC);
+        k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
+        k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean, ln2_rstd,
+                              (int)BT, C);
+
+        /* residual2 = residual + attproj: dattproj is the stream gradient. */
+        float *datty = g->dsmall, *dln1 = g->dsmall;
+        k->zero(kc, datty, BTC);
+        k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT, C,
+                           C);
+        k->zero(kc, g->dqkv, BTC * 3);
+        k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
+        k->zero(kc, dln1, BTC);
+        k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, ln1, P + w->qkvw, (int)BT, C, 3 * C);
+        /* The key bias adds q·b to every score of a row, which softmax
+         * ignores: its true gradient is exactly zero.  What the sum above
+         * leaves there is rounding noise, and Adam would turn that noise
+         * into full-size steps of a parameter that never changes the loss
+         * (and make runs differ with the micro-batch split).  Clear it. */
+        k->zero(kc, D + w->qkvb + C, (size_t)C);
+        k->layernorm_backward(kc, g->dres, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w, ln1_mean,
+                              ln1_rstd, (int)BT, C);
+    }
+    k->encoder_backward(kc, D + g->wte, D + g->wpe, g->dres, b->x, B, T, C);
+}
+
+static void gpt_destroy(model *m)
+{
+    gpt *g = G(m);
+    if (!g)
+        return;
+    free(g->layer);
+    free(g->dloss_host);
+    free(g);
+    m->impl = NULL;
+}
+
+static const model_ops gpt_ops = {
+    .type = "gpt",
+    .units_per_sample = gpt_units,
+    .activation_bytes = gpt_activation_bytes,
+    .bind_activations = gpt_bind,
+    .init_params = gpt_init,
+    .forward = gpt_forward,
+    .backward = gpt_backward,
+    .destroy = gpt_destroy,
+};
+
+int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
+{
+    if (j->heads == 0 || j->width % j->heads) {
+        snprintf(err, err_len, "gpt: heads (%u) must divide width (%u)", j->heads, j->width);
+        return -1;
+    }
+    if (12 * (size_t)j->layers + 4 > MODEL_MAX_TENSORS) {
+        snprintf(err, err_len, "gpt: %u layers are more than this build supports", j->layers);
+        return -1;
+    }
+    gpt *g = calloc(1, sizeof *g);
+    if (g)
+        g->layer = calloc(j->layers, sizeof *g->layer);
+    if (!g || !g->layer) {
+        free(g);
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    g->L = j->layers;
+    g->C = j->width;
+    g->NH = j->heads;
+    g->T = j->context;
+    g->V = j->vocab;
+    m->impl = g;
+    m->ops = &gpt_ops;
+
+    size_t C = g->C;
+    char name[64];
+#define ADD1(field, nm, d0, decay)                                   \
+    do {                                                             \
+        size_t shape[1] = {(d0)};                                    \
+        field = m->num_params;                                       \
+        model_add_tensor(m, nm, 1, shape, decay, false);             \
+    } while (0)
+#define ADD2(field, nm, d0, d1, tr)                                  \
+    do {                                                             \
+        size_t shape[2] = {(d0), (d1)};                              \
+        field = m->num_params;                                       \
+        model_add_tensor(m, nm, 2, shape, true, tr);                 \
+    } while (0)
+    ADD2(g->wte, "wte.weight", g->V, C, false);
+    ADD2(g->wpe, "wpe.weight", g->T, C, false);
+    for (uint32_t l = 0; l < g->L; l++) {
+        gpt_layer *w = &g->layer[l];
+#define NAME(suffix) (snprintf(name, sizeof name, "h.%u." suffix, l), name)
+        ADD1(w->ln1w, NAME("ln_1.weight"), C, false);
+        ADD1(w->ln1b, NAME("ln_1.bias"), C, false);
+        ADD2(w->qkvw, NAME("attn.c_attn.weight"), 3 * C, C, true);
+        ADD1(w->qkvb, NAME("attn.c_attn.bias"), 3 * C, false);
+        ADD2(w->attprojw, NAME("attn.c_proj.weight"), C, C, true);
+        ADD1(w->attprojb, NAME("attn.c_proj.bias"), C, false);
+        ADD1(w->ln2w, NAME("ln_2.weight"), C, false);
+        ADD1(w->ln2b, NAME("ln_2.bias"), C, false);
+        ADD2(w->fcw, NAME("mlp.c_fc.weight"), 4 * C, C, true);
+        ADD1(w->fcb, NAME("mlp.c_fc.bias"), 4 * C, false);
+        ADD2(w->fcprojw, NAME("mlp.c_proj.weight"), C, 4 * C, true);
+        ADD1(w->fcprojb, NAME("mlp.c_proj.bias"), C, false);
+#undef NAME
+    }
+    ADD1(g->lnfw, "ln_f.weight", C, false);
+    ADD1(g->lnfb, "ln_f.bias", C, false);
+#undef ADD1
+#undef ADD2
+    return 0;
+}

@@ -1,0 +1,233 @@
+/* model_mlp.c — a multi-layer perceptron classifier: inputs (D) through
+ * ReLU hidden layers to class logits (K), softmax cross-entropy.
+ *
+ * Parameters: layers.i.weight (out,in), layers.i.bias (out), i = 0..nh,
+ * the last layer mapping to K classes.  Activations keep each layer's
+ * pre-activation and ReLU output; backward uses two scratch buffers of the
+ * widest layer, ping-ponged from the top down.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define ALIGN 64
+#define MLP_MAX_LAYERS (JOBCFG_MAX_HIDDEN + 1)
+
+typedef struct {
+    uint32_t D, K, nl;              /* inputs, classes, linear layers */
+    uint32_t in[MLP_MAX_LAYERS], out[MLP_MAX_LAYERS];
+    size_t w[MLP_MAX_LAYERS], b[MLP_MAX_LAYERS]; /* parameter offsets */
+    uint32_t widest;
+
+    uint32_t n;
+    float *pre[MLP_MAX_LAYERS];     /* (B,out_i): linear outputs; the last is the logits */
+    float *act[MLP_MAX_LAYERS];     /* (B,out_i): ReLU outputs of hidden layers */
+    float *probs, *losses;          /* (B,K), (B) */
+    float *d1, *d2;                 /* (B,widest) backward scratch */
+    float *dlosses;                 /* (B) */
+    float *host;                    /* host copy of losses/probs, (B,K) */
+    int32_t *pred;
+} mlp;
+
+static mlp *M(const model *m) { return (mlp *)m->impl; }
+
+static size_t carve(mlp *g, char *base, uint32_t n)
+{
+    size_t off = 0;
+#define TAKE(ptr, count)                                              \
+    do {                                                              \
+        if (base)                                                     \
+            ptr = (float *)(base + off);                              \
+        off += ((count) * sizeof(float) + ALIGN - 1) / ALIGN * ALIGN; \
+    } while (0)
+    for (uint32_t i = 0; i < g->nl; i++) {
+        TAKE(g->pre[i], (size_t)n * g->out[i]);
+        if (i + 1 < g->nl)
+            TAKE(g->act[i], (size_t)n * g->out[i]);
+    }
+    TAKE(g->probs, (size_t)n * g->K);
+    TAKE(g->losses, (size_t)n);
+    TAKE(g->d1, (size_t)n * g->widest);
+    TAKE(g->d2, (size_t)n * g->widest);
+    TAKE(g->dlosses, (size_t)n);
+#undef TAKE
+    return off;
+}
+
+static uint32_t mlp_units(const model *m)
+{
+    (void)m;
+    return 1;
+}
+
+static void mlp_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
+{
+    mlp *g = M(m);
+    size_t one = carve(g, NULL, 1), two = carve(g, NULL, 2);
+    *per_sample = two - one;
+    *fixed = (2 * MLP_MAX_LAYERS + 5) * ALIGN;
+}
+
+static void mlp_bind(model *m, void *mem, uint32_t n)
+{
+    mlp *g = M(m);
+    carve(g, mem, n);
+    g->n = n;
+    m->max_n = n;
+    free(g->host);
+    g->host = malloc((size_t)n * (g->K + 1) * sizeof(float));
+}
+
+static void mlp_init(const model *m, float *params, uint64_t seed)
+{
+    const mlp *g = M(m);
+    /* He initialisation for ReLU layers: N(0, 2/fan_in); zero biases. */
+    for (uint32_t i = 0; i < g->nl; i++) {
+        float std = sqrtf(2.0f / (float)g->in[i]);
+        size_t nw = (size_t)g->in[i] * g->out[i];
+        for (size_t e = 0; e < nw; e++)
+            params[g->w[i] + e] = std * model_rand_normal(seed, g->w[i] + e);
+        memset(params + g->b[i], 0, g->out[i] * sizeof(float));
+    }
+}
+
+static double mlp_forward(model *m, const model_batch *b, uint64_t *correct)
+{
+    mlp *g = M(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n;
+    const float *x = b->x;
+    const float *P = m->params;
+    for (uint32_t i = 0; i < g->nl; i++) {
+        k->matmul_forward(kc, g->pre[i], x, P + g->w[i], P + g->b[i], B, (int)g->in[i], (int)g->out[i]);
+        if (i + 1 < g->nl) {
+            k->relu_forward(kc, g->act[i], g->pre[i], (size_t)B * g->out[i]);
+            x = g->act[i];
+        }
+    }
+    const float *logits = g->pre[g->nl - 1];
+    k->crossentropy_forward(kc, g->losses, g->probs, logits, b->y, B, (int)g->K, (int)g->K);
+    k->copy_d2h(kc, g->host, g->losses, (size_t)B * sizeof(float));
+    double sum = 0;
+    for (int i = 0; i < B; i++)
+        sum += g->host[i];
+    if (correct) {
+        /* Top-1 from the probabilities (monotone in the logits). */
+        float *probs = g->host + B;
+        k->copy_d2h(kc, probs, g->probs, (size_t)B * g->K * sizeof(float));
+        int32_t *labels = malloc((size_t)B * sizeof *labels);
+        uint64_t ok = 0;
+        if (labels) {
+            k->copy_d2h(kc, labels, b->y, (size_t)B * sizeof *labels);
+            for (int i = 0; i < B; i++) {
+                uint32_t best = 0;
+                for (uint32_t c = 1; c < g->K; c++)
+                    if (probs[(size_t)i * g->K + c] > probs[(size_t)i * g->K + best])
+                        best = c;
+                ok += (int32_t)best == labels[i];
+            }
+            free(labels);
+        }
+        *correct = ok;
+    }
+    return sum;
+}
+
+static void mlp_backward(model *m, const model_batch *b, float dloss)
+{
+    mlp *g = M(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n;
+    const float *P = m->params;
+    float *D = m->grads;
+    for (int i = 0; i < B; i++)
+        g->host[i] = dloss;
+    k->copy_h2d(kc, g->dlosses, g->host, (size_t)B * sizeof(float));
+
+    float *dout = g->d1, *dnext = g->d2;
+    k->zero(kc, dout, (size_t)B * g->K);
+    k->crossentropy_backward(kc, dout, g->probs, b->y, g->dlosses, B, (int)g->K, (int)g->K);
+    for (int i = (int)g->nl - 1; i >= 0; i--) {
+        const float *x = i == 0 ? (const float *)b->x : g->act[i - 1];
+        float *dx = NULL;
+        if (i > 0) {
+            dx = dnext;
+            k->zero(kc, dx, (size_t)B * g->in[i]);
+        }
+        k->matmul_backward(kc, dx, D + g->w[i], D + g->b[i], dout, x, P + g->w[i], B, (int)g->in[i],
+                           (int)g->out[i]);
+        if (i > 0) {
+            /* Through the ReLU of layer i-1, into the other scratch buffer. */
+            k->zero(kc, dout, (size_t)B * g->in[i]);
+            k->relu_backward(kc, dout, g->pre[i - 1], dx, (size_t)B * g->in[i]);
+        }
+    }
+}
+
+static void mlp_destroy(model *m)
+{
+    mlp *g = M(m);
+    if (!g)
+        return;
+    free(g->host);
+    free(g);
+    m->impl = NULL;
+}
+
+static const model_ops mlp_ops = {
+    .type = "mlp",
+    .units_per_sample = mlp_units,
+    .activation_bytes = mlp_activation_bytes,
+    .bind_activations = mlp_bind,
+    .init_params = mlp_init,
+    .forward = mlp_forward,
+    .backward = mlp_backward,
+    .destroy = mlp_destroy,
+};
+
+int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
+                     size_t err_len)
+{
+    if (input_dim == 0 || classes < 2) {
+        snprintf(err, err_len, "mlp: need inputs and at least 2 classes (got %u inputs, %u classes)", input_dim,
+                 classes);
+        return -1;
+    }
+    mlp *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    g->D = input_dim;
+    g->K = classes;
+    g->nl = (uint32_t)j->nhidden + 1;
+    uint32_t prev = input_dim;
+    g->widest = classes;
+    for (uint32_t i = 0; i < g->nl; i++) {
+        g->in[i] = prev;
+        g->out[i] = i + 1 < g->nl ? j->hidden[i] : classes;
+        prev = g->out[i];
+        if (g->in[i] > g->widest)
+            g->widest = g->in[i];
+        if (g->out[i] > g->widest)
+            g->widest = g->out[i];
+    }
+    m->impl = g;
+    m->ops = &mlp_ops;
+    char name[64];
+    for (uint32_t i = 0; i < g->nl; i++) {
+        size_t ws[2] = {g->out[i], g->in[i]}, bs[1] = {g->out[i]};
+        snprintf(name, sizeof name, "layers.%u.weight", i);
+        g->w[i] = m->num_params;
+        model_add_tensor(m, name, 2, ws, true, false);
+        snprintf(name, sizeof name, "layers.%u.bias", i);
+        g->b[i] = m->num_params;
+        model_add_tensor(m, name, 1, bs, false, false);
+    }
+    return 0;
+}

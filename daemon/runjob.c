@@ -1,0 +1,130 @@
+/* runjob.c — the foreground runner behind `gradd run`. */
+#include "runjob.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "jobcfg.h"
+#include "kernels.h"
+#include "log.h"
+#include "train.h"
+#include "units.h"
+
+typedef struct {
+    volatile sig_atomic_t *stop;
+    bool quiet;
+    uint64_t log_every;
+    const char *unit;
+} runjob_view;
+
+/* Set by the signal handler, read at micro-step boundaries. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static bool should_stop(void *user)
+{
+    runjob_view *v = user;
+    return *v->stop != 0;
+}
+
+static void on_step(void *user, const train_progress *p)
+{
+    runjob_view *v = user;
+    if (v->quiet || (p->step % v->log_every != 0 && p->step != p->steps && p->step != 1))
+        return;
+    char a[16], r[16], val[48] = "";
+    if (!isnan(p->val_loss))
+        snprintf(val, sizeof val, "  val %.4f", p->val_loss);
+    if (!isnan(p->val_accuracy))
+        snprintf(val + strlen(val), sizeof val - strlen(val), " acc %.2f%%", p->val_accuracy * 100);
+    fprintf(stderr, "step %6llu/%llu  loss %.4f%s  lr %.2e  norm %.3f  %.0f %s/s  micro %u×%u  mem %s/%s\n",
+            (unsigned long long)p->step, (unsigned long long)p->steps, p->loss, val, p->lr, p->grad_norm,
+            p->units_per_s, v->unit, p->micro, p->accum, units_format_size(p->allocated, a, sizeof a),
+            units_format_size(p->reserved, r, sizeof r));
+}
+
+/* auto: the first CUDA device, else cpu0; cpu/cpuN; cuda:N. */
+static int pick_device(const gradd_ctx *ctx, const char *want, char *err, size_t err_len)
+{
+    char id[32];
+    if (strcmp(want, "auto") == 0) {
+        int i = ctx_find_device(ctx, "cuda0");
+        if (i >= 0)
+            return i;
+        snprintf(id, sizeof id, "cpu0");
+    } else if (strcmp(want, "cpu") == 0) {
+        snprintf(id, sizeof id, "cpu0");
+    } else if (strncmp(want, "cuda:", 5) == 0) {
+        snprintf(id, sizeof id, "cuda%s", want + 5);
+    } else {
+        snprintf(id, sizeof id, "%s", want);
+    }
+    int i = ctx_find_device(ctx, id);
+    if (i < 0)
+        snprintf(err, err_len, "no device %s here%s%s", id, ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
+    return i;
+}
+
+int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
+{
+    static job_config j;
+    char err[1024];
+    if (jobcfg_load(path, &j, err, sizeof err) != 0) {
+        fprintf(stderr, "gradd: %s\n", err);
+        return 2;
+    }
+    int di = pick_device(ctx, j.device, err, sizeof err);
+    if (di < 0) {
+        fprintf(stderr, "gradd: %s: [job] device: %s\n", path, err);
+        return 2;
+    }
+    dev *d = ctx->devs[di];
+    const kern_ops *k = d->kind == DEV_KIND_CPU
+                            ? kern_cpu_ops()
+                            : dev_cuda_kern_ops(ctx->cfg.cuda_module_dir[0] ? ctx->cfg.cuda_module_dir : NULL);
+    if (!k) {
+        fprintf(stderr, "gradd: no kernels for %s\n", d->id);
+        return 1;
+    }
+    runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
+    stop_requested = 0;
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
+             d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
+    train_hooks h = {on_step, should_stop, &v};
+    static train_result res;
+    train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+
+    switch (o) {
+    case TRAIN_DONE:
+        printf("done: %llu steps, final loss %.4f", (unsigned long long)res.steps_done, res.final_loss);
+        if (!isnan(res.val_loss))
+            printf(", val loss %.4f", res.val_loss);
+        if (!isnan(res.val_accuracy))
+            printf(", val accuracy %.2f%%", res.val_accuracy * 100);
+        printf("\noutputs in %s (model.safetensors, metrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir);
+        return 0;
+    case TRAIN_STOPPED:
+        printf("stopped at step %llu; run the same command again to resume from %s/resume.safetensors\n",
+               (unsigned long long)res.steps_done, j.out_dir);
+        return 130;
+    case TRAIN_FAILED:
+    default:
+        fprintf(stderr, "gradd: job %s failed: %s\n", j.name, res.message);
+        return 1;
+    }
+}

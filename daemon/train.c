@@ -1,0 +1,824 @@
+/* train.c — the training loop, its memory, checkpoints and outputs. */
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "dev.h"
+#include "model.h"
+#include "safetensors.h"
+#include "tboard.h"
+
+#define RESUME_FORMAT "gradd-resume-1"
+
+/* ---- run state ---------------------------------------------------------------------- */
+
+typedef struct {
+    const job_config *j;
+    pool *p;
+    const kern_ops *k;
+    kern_ctx *kc;
+    uint32_t job;
+    bool host_visible; /* device memory is host memory (the cpu backend) */
+    model *m;
+
+    /* data */
+    data_tokens tok_train, tok_val;
+    data_images img_train, img_val;
+    data_images img_val_view; /* a held-out tail of img_train (not owned) */
+    const data_images *val_images;
+    bool have_val;
+    data_stream stream;
+    data_eval eval;
+    uint32_t input_dim, classes;
+
+    /* device memory, all from the pool */
+    float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
+    void *acts, *x, *y;
+    size_t act_bytes, x_bytes, y_bytes;
+    uint32_t micro;
+    void *x_host, *y_host; /* staging when device memory is not host memory */
+
+    /* outputs */
+    FILE *metrics;
+    tb_writer *tb;
+    char path_resume[4096], path_model[4096], path_metrics[4096];
+
+    /* progress */
+    uint64_t step;
+    double loss_scale;
+    train_progress prog;
+    train_result *res;
+} run;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static train_outcome fail(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static train_outcome fail(run *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->res->message, sizeof r->res->message, fmt, ap);
+    va_end(ap);
+    r->res->outcome = TRAIN_FAILED;
+    return TRAIN_FAILED;
+}
+
+/* Workspace for the kernels comes from the pool too, tagged as such. */
+static void *scratch_acquire(void *user, size_t bytes)
+{
+    run *r = user;
+    return pool_alloc(r->p, bytes, POOL_TAG_WORKSPACE, r->job, NULL);
+}
+
+static void scratch_release(void *user, void *ptr)
+{
+    run *r = user;
+    pool_free(r->p, ptr);
+}
+
+static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
+{
+    pool_oom_report oom;
+    void *ptr = pool_alloc(r->p, bytes ? bytes : 1, tag, r->job, &oom);
+    if (!ptr)
+        fail(r, "out of memory for the %s: %s", what, oom.message);
+    return ptr;
+}
+
+double train_lr(const job_config *j, uint64_t step)
+{
+    if (j->warmup && step < j->warmup)
+        return j->lr * (double)(step + 1) / (double)j->warmup;
+    if (j->steps <= j->warmup + 1)
+        return j->lr;
+    double progress = (double)(step - j->warmup) / (double)(j->steps - j->warmup - 1);
+    if (progress > 1)
+        progress = 1;
+    return j->min_lr + 0.5 * (j->lr - j->min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+/* ---- data ------------------------------------------------------------------------------ */
+
+static train_outcome load_data(run *r)
+{
+    const job_config *j = r->j;
+    char err[1024];
+    if (j->model == JOBCFG_GPT) {
+        data_format fmt = j->format == JOBCFG_DATA_TEXT     ? DATA_FMT_TEXT
+                          : j->format == JOBCFG_DATA_TOKENS ? DATA_FMT_LLMC
+                          : j->format == JOBCFG_DATA_NPY    ? DATA_FMT_NPY
+                                                            : DATA_FMT_AUTO;
+        if (data_tokens_load(&r->tok_train, j->train, fmt, j->vocab, err, sizeof err) != 0)
+            return fail(r, "%s", err);
+        if (j->val[0]) {
+            if (data_tokens_load(&r->tok_val, j->val, fmt, j->vocab, err, sizeof err) != 0)
+                return fail(r, "%s", err);
+            r->have_val = true;
+        } else if (j->val_fraction > 0) {
+            if (data_tokens_split(&r->tok_train, &r->tok_val, j->val_fraction, err, sizeof err) != 0)
+                return fail(r, "%s", err);
+            r->have_val = true;
+        }
+        if (r->tok_train.n < (size_t)j->context + 1)
+            return fail(r, "%s: %zu tokens is less than one window of context %u + 1", j->train,
+                        r->tok_train.n, j->context);
+        if (data_stream_tokens(&r->stream, &r->tok_train, j->context, j->seed, err, sizeof err) != 0)
+            return fail(r, "%s", err);
+        if (r->have_val && data_eval_tokens(&r->eval, &r->tok_val, j->context, err, sizeof err) != 0)
+            return fail(r, "%s", err);
+        r->x_bytes = r->y_bytes = (size_t)j->context * sizeof(int32_t);
+        return TRAIN_DONE;
+    }
+    if (data_images_load(&r->img_train, j->train, j->train_labels, 0, j->subset, err, sizeof err) != 0)
+        return fail(r, "%s", err);
+    r->input_dim = (uint32_t)r->img_train.dim;
+    r->classes = r->img_train.classes;
+    if (j->val[0]) {
+        if (data_images_load(&r->img_val, j->val, j->val_labels, r->classes, j->val_subset, err, sizeof err) != 0)
+            return fail(r, "%s", err);
+        if (r->img_val.dim != r->img_train.dim)
+            return fail(r, "%s: images of %zu pixels, but the training images have %zu", j->val, r->img_val.dim,
+                        r->img_train.dim);
+        r->val_images = &r->img_val;
+        r->have_val = true;
+    } else if (j->val_fraction > 0) {
+        /* Hold out the tail: a view into the training arrays, which then
+         * stop short of it. */
+        size_t nval = (size_t)((double)r->img_train.n * j->val_fraction);
+        if (nval == 0 || nval >= r->img_train.n)
+            return fail(r, "%s: val_fraction %.3f of %zu images leaves no validation or no training set", j->train,
+                        j->val_fraction, r->img_train.n);
+        size_t ntrain = r->img_train.n - nval;
+        r->img_val_view = r->img_train;
+        r->img_val_view.n = nval;
+        r->img_val_view.labels = r->img_train.labels + ntrain;
+        if (r->img_train.u8)
+            r->img_val_view.u8 = r->img_train.u8 + ntrain * r->img_train.dim;
+        if (r->img_train.f32)
+            r->img_val_view.f32 = r->img_train.f32 + ntrain * r->img_train.dim;
+        r->img_train.n = ntrain;
+        r->val_images = &r->img_val_view;
+        r->have_val = true;
+    }
+    if (data_stream_images(&r->stream, &r->img_train, j->seed, err, sizeof err) != 0)
+        return fail(r, "%s", err);
+    if (r->have_val)
+        data_eval_images(&r->eval, r->val_images);
+    r->x_bytes = (size_t)r->input_dim * sizeof(float);
+    r->y_bytes = sizeof(int32_t);
+    return TRAIN_DONE;
+}
+
+static void free_data(run *r)
+{
+    data_stream_free(&r->stream);
+    data_tokens_free(&r->tok_train);
+    data_tokens_free(&r->tok_val);
+    /* The held-out view shares img_train's arrays: restore n before freeing
+     * is unnecessary, free releases the arrays whatever n says. */
+    data_images_free(&r->img_train);
+    data_images_free(&r->img_val);
+}
+
+/* Stage n samples from the stream (or the eval set) into device memory. */
+static size_t next_batch(run *r, size_t n, bool eval)
+{
+    void *x = r->host_visible ? r->x : r->x_host;
+    void *y = r->host_visible ? r->y : r->y_host;
+    size_t got = n;
+    if (r->j->model == JOBCFG_GPT) {
+        if (eval)
+            got = data_eval_next_tokens(&r->eval, n, x, y);
+        else
+            data_stream_next_tokens(&r->stream, n, x, y);
+    } else {
+        if (eval)
+            got = data_eval_next_images(&r->eval, n, x, y);
+        else
+            data_stream_next_images(&r->stream, n, x, y);
+    }
+    if (!r->host_visible && got) {
+        r->k->copy_h2d(r->kc, r->x, x, got * r->x_bytes);
+        r->k->copy_h2d(r->kc, r->y, y, got * r->y_bytes);
+    }
+    return got;
+}
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+/* The micro-batch: as configured, or the largest that the activation
+ * estimate says fits the job's budget (the batch controller refines this). */
+static uint32_t choose_micro(run *r, size_t fixed, size_t per_sample)
+{
+    const job_config *j = r->j;
+    if (j->micro_batch)
+        return j->micro_batch;
+    pool_stats *ps = malloc(sizeof *ps);
+    size_t budget = SIZE_MAX;
+    if (ps) {
+        pool_stats_read(r->p, ps);
+        budget = ps->cap - (size_t)ps->allocated_bytes[POOL_ALL].current;
+        free(ps);
+    }
+    if (j->mem_limit && j->mem_limit < budget)
+        budget = j->mem_limit;
+    budget = (size_t)((double)budget * (1.0 - j->margin));
+    size_t fixed_all = fixed + 4 * r->m->num_params * sizeof(float);
+    size_t per_all = per_sample + r->x_bytes + r->y_bytes;
+    if (budget <= fixed_all + per_all)
+        return 1;
+    size_t n = (budget - fixed_all) / per_all;
+    return n >= j->batch ? j->batch : (uint32_t)n;
+}
+
+static train_outcome alloc_memory(run *r)
+{
+    size_t P = r->m->num_params;
+    r->params = alloc_tagged(r, P * sizeof(float), POOL_TAG_PARAMS, "parameters");
+    if (!r->params)
+        return TRAIN_FAILED;
+    r->grads = alloc_tagged(r, P * sizeof(float), POOL_TAG_GRADS, "gradients");
+    if (!r->grads)
+        return TRAIN_FAILED;
+    r->opt = alloc_tagged(r, 2 * P * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
+    if (!r->opt)
+        return TRAIN_FAILED;
+    r->m->params = r->params;
+    r->m->grads = r->grads;
+
+    size_t fixed, per;
+    r->m->ops->activation_bytes(r->m, &fixed, &per);
+    r->res->act_fixed = fixed;
+    r->res->act_per_sample = per;
+    r->micro = choose_micro(r, fixed, per);
+    r->res->micro = r->micro;
+    r->act_bytes = fixed + per * r->micro;
+    r->acts = alloc_tagged(r, r->act_bytes, POOL_TAG_ACTIVATIONS, "activations");
+    if (!r->acts)
+        return TRAIN_FAILED;
+    r->m->ops->bind_activations(r->m, r->acts, r->micro);
+    r->x = alloc_tagged(r, r->micro * r->x_bytes, POOL_TAG_DATA, "input batch");
+    r->y = r->x ? alloc_tagged(r, r->micro * r->y_bytes, POOL_TAG_DATA, "target batch") : NULL;
+    if (!r->y)
+        return TRAIN_FAILED;
+    if (!r->host_visible) {
+        r->x_host = malloc(r->micro * r->x_bytes);
+        r->y_host = malloc(r->micro * r->y_bytes);
+        if (!r->x_host || !r->y_host)
+            return fail(r, "out of host memory for the batch staging buffers");
+    }
+    return TRAIN_DONE;
+}
+
+static void free_memory(run *r)
+{
+    void *bufs[] = {r->y, r->x, r->acts, r->opt, r->grads, r->params};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        pool_free(r->p, bufs[i]);
+    free(r->x_host);
+    free(r->y_host);
+}
+
+/* Host view of `count` floats of device memory: the memory itself on the
+ * cpu backend, else a malloc'd copy (*owned set). */
+static float *host_view(run *r, const float *dev_ptr, size_t count, float **owned)
+{
+    *owned = NULL;
+    if (r->host_visible)
+        return (float *)dev_ptr;
+    *owned = malloc(count * sizeof(float));
+    if (*owned)
+        r->k->copy_d2h(r->kc, *owned, dev_ptr, count * sizeof(float));
+    return *owned;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+/* A string that changes whenever the parameter layout would. */
+static void model_signature(const run *r, char *buf, size_t len)
+{
+    const job_config *j = r->j;
+    if (j->model == JOBCFG_GPT)
+        snprintf(buf, len, "gpt layers=%u heads=%u width=%u context=%u vocab=%u", j->layers, j->heads, j->width,
+                 j->context, j->vocab);
+    else
+        snprintf(buf, len, "mlp inputs=%u hidden=%s classes=%u", r->input_dim, j->hidden_text, r->classes);
+}
+
+static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_t err_len)
+{
+    size_t P = r->m->num_params;
+    float *own_p, *own_o;
+    const float *hp = host_view(r, r->params, P, &own_p);
+    const float *ho = host_view(r, r->opt, 2 * P, &own_o);
+    int rc = -1;
+    st_writer *w = st_writer_new();
+    if (!hp || !ho || !w) {
+        snprintf(err, err_len, "%s: out of memory", r->path_resume);
+        goto out;
+    }
+    uint64_t shape[1] = {P};
+    char sig[256], v[64];
+    model_signature(r, sig, sizeof sig);
+    st_writer_add(w, "params", ST_F32, 1, shape, hp, P * sizeof(float), err, err_len);
+    st_writer_add(w, "adam_m", ST_F32, 1, shape, ho, P * sizeof(float), err, err_len);
+    st_writer_add(w, "adam_v", ST_F32, 1, shape, ho + P, P * sizeof(float), err, err_len);
+    st_writer_meta(w, "format", RESUME_FORMAT, err, err_len);
+    st_writer_meta(w, "model", sig, err, err_len);
+#define META(key, fmt, val) (snprintf(v, sizeof v, fmt, val), st_writer_meta(w, key, v, err, err_len))
+    META("step", "%llu", (unsigned long long)r->step);
+    META("data_epoch", "%llu", (unsigned long long)epoch);
+    META("data_index", "%llu", (unsigned long long)index);
+    META("seed", "%llu", (unsigned long long)r->j->seed);
+    META("batch", "%u", r->j->batch);
+    META("loss_scale", "%.17g", r->loss_scale);
+#undef META
+    rc = st_write_atomic(w, r->path_resume, err, err_len);
+out:
+    st_writer_free(w);
+    free(own_p);
+    free(own_o);
+    return rc;
+}
+
+static uint64_t meta_u64(const st_file *f, const char *key, bool *ok)
+{
+    const char *s = st_meta(f, key);
+    char *end;
+    if (!s || !*s) {
+        *ok = false;
+        return 0;
+    }
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno)
+        *ok = false;
+    return v;
+}
+
+/* Load out_dir/resume.safetensors if present.  Returns 1 when resumed, 0
+ * when there is none, -1 (with res->message) when it is unusable. */
+static int load_resume(run *r)
+{
+    if (access(r->path_resume, F_OK) != 0)
+        return 0;
+    char err[1024];
+    st_file *f;
+    if (st_open(r->path_resume, &f, err, sizeof err) != 0) {
+        fail(r, "cannot resume: %s", err);
+        return -1;
+    }
+    int rc = -1;
+    size_t P = r->m->num_params;
+    char sig[256];
+    model_signature(r, sig, sizeof sig);
+    const char *fmt = st_meta(f, "format"), *msig = st_meta(f, "model");
+    bool ok = true;
+    uint64_t step = meta_u64(f, "step", &ok), epoch = meta_u64(f, "data_epoch", &ok),
+             index = meta_u64(f, "data_index", &ok), batch = meta_u64(f, "batch", &ok);
+    const char *ls = st_meta(f, "loss_scale");
+    uint64_t shape[1] = {P};
+    if (!fmt || strcmp(fmt, RESUME_FORMAT) != 0) {
+        fail(r, "cannot resume: %s: metadata format is '%s', expected '%s'", r->path_resume, fmt ? fmt : "(none)",
+             RESUME_FORMAT);
+    } else if (!msig || strcmp(msig, sig) != 0) {
+        fail(r, "cannot resume: %s was written for '%s' but the job is '%s'; use another [output] dir",
+             r->path_resume, msig ? msig : "(none)", sig);
+    } else if (!ok || batch != r->j->batch || step > r->j->steps) {
+        fail(r, "cannot resume: %s: bad or mismatching step/data/batch metadata (step %llu of %llu, batch %llu vs %u)",
+             r->path_resume, (unsigned long long)step, (unsigned long long)r->j->steps, (unsigned long long)batch,
+             r->j->batch);
+    } else if (!st_expect(f, "params", ST_F32, 1, shape, err, sizeof err) ||
+               !st_expect(f, "adam_m", ST_F32, 1, shape, err, sizeof err) ||
+               !st_expect(f, "adam_v", ST_F32, 1, shape, err, sizeof err)) {
+        fail(r, "cannot resume: %s", err);
+    } else {
+        float *stage = r->host_visible ? NULL : malloc(P * sizeof(float));
+        float *dst[3] = {r->params, r->opt, r->opt + P};
+        const char *names[3] = {"params", "adam_m", "adam_v"};
+        rc = 0;
+        for (int i = 0; i < 3 && rc == 0; i++) {
+            float *into = r->host_visible ? dst[i] : stage;
+            if (!into || st_read(f, names[i], into, P * sizeof(float), err, sizeof err) != 0) {
+                fail(r, "cannot resume: %s", into ? err : "out of host memory");
+                rc = -1;
+            } else if (!r->host_visible) {
+                r->k->copy_h2d(r->kc, dst[i], stage, P * sizeof(float));
+            }
+        }
+        free(stage);
+        if (rc == 0 && data_stream_set_state(&r->stream, epoch, index, err, sizeof err) != 0) {
+            fail(r, "cannot resume: %s: %s", r->path_resume, err);
+            rc = -1;
+        }
+        if (rc == 0) {
+            r->step = step;
+            r->loss_scale = ls ? strtod(ls, NULL) : 1.0;
+            rc = 1;
+        }
+    }
+    st_close(f);
+    return rc;
+}
+
+/* model.safetensors: named tensors as the Python ecosystem expects them
+ * (GPT-2's Conv1D matrices are (in,out), so those are transposed). */
+static int export_model(run *r, char *err, size_t err_len)
+{
+    float *own;
+    const float *hp = host_view(r, r->params, r->m->num_params, &own);
+    st_writer *w = st_writer_new();
+    float **tmp = calloc((size_t)r->m->ntensors, sizeof *tmp);
+    int rc = -1;
+    if (!hp || !w || !tmp) {
+        snprintf(err, err_len, "%s: out of memory", r->path_model);
+        goto out;
+    }
+    for (int i = 0; i < r->m->ntensors; i++) {
+        const model_tensor *t = &r->m->tensors[i];
+        uint64_t shape[MODEL_MAX_DIMS];
+        const float *src = hp + t->offset;
+        for (int d = 0; d < t->ndim; d++)
+            shape[d] = t->shape[d];
+        if (t->transpose_export && t->ndim == 2) {
+            size_t rows = t->shape[0], cols = t->shape[1];
+            tmp[i] = malloc(t->numel * sizeof(float));
+            if (!tmp[i]) {
+                snprintf(err, err_len, "%s: out of memory", r->path_model);
+                goto out;
+            }
+            for (size_t a = 0; a < rows; a++)
+                for (size_t b = 0; b < cols; b++)
+                    tmp[i][b * rows + a] = src[a * cols + b];
+            shape[0] = cols;
+            shape[1] = rows;
+            src = tmp[i];
+        }
+        st_writer_add(w, t->name, ST_F32, t->ndim, shape, src, t->numel * sizeof(float), err, err_len);
+    }
+    char sig[256], v[32];
+    model_signature(r, sig, sizeof sig);
+    st_writer_meta(w, "format", "pt", err, err_len);
+    st_writer_meta(w, "gradd_model", sig, err, err_len);
+    snprintf(v, sizeof v, "%llu", (unsigned long long)r->step);
+    st_writer_meta(w, "step", v, err, err_len);
+    rc = st_write_atomic(w, r->path_model, err, err_len);
+out:
+    if (tmp)
+        for (int i = 0; i < r->m->ntensors; i++)
+            free(tmp[i]);
+    free(tmp);
+    st_writer_free(w);
+    free(own);
+    return rc;
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+/* On resume keep the lines of steps the checkpoint covers and drop the
+ * rest: they belong to work that is about to be redone. */
+static void trim_metrics(const char *path, uint64_t upto)
+{
+    FILE *in = fopen(path, "r");
+    if (!in)
+        return;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fclose(in);
+        return;
+    }
+    char line[4096];
+    while (fgets(line, sizeof line, in)) {
+        const char *s = strstr(line, "\"step\":");
+        unsigned long long st = s ? strtoull(s + 7, NULL, 10) : 0;
+        if (st <= upto)
+            fputs(line, out);
+    }
+    fclose(in);
+    fflush(out);
+    fsync(fileno(out));
+    fclose(out);
+    rename(tmp, path);
+}
+
+static void log_step(run *r, double loss, double lr, double norm, double ups, double dt)
+{
+    train_progress *pr = &r->prog;
+    pool_stats *ps = malloc(sizeof *ps);
+    if (ps) {
+        pool_stats_read(r->p, ps);
+        pr->allocated = (size_t)ps->allocated_bytes[POOL_ALL].current;
+        pr->reserved = (size_t)ps->reserved_bytes[POOL_ALL].current;
+        free(ps);
+    }
+    pr->step = r->step;
+    pr->loss = loss;
+    pr->lr = lr;
+    pr->grad_norm = norm;
+    pr->units_per_s = ups;
+    if (r->metrics && (r->step % r->j->log_every == 0 || r->step == r->j->steps)) {
+        fprintf(r->metrics,
+                "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"%s\":%.6g,\"step_ms\":%.3f,"
+                "\"micro\":%u,\"accum\":%u,\"allocated\":%zu,\"reserved\":%zu}\n",
+                (unsigned long long)r->step, loss, lr, norm, r->j->model == JOBCFG_GPT ? "tokens_per_s" : "samples_per_s",
+                ups, dt * 1e3, pr->micro, pr->accum, pr->allocated, pr->reserved);
+        fflush(r->metrics);
+    }
+    if (r->tb) {
+        const char *tags[] = {"train/loss", "train/lr", "train/grad_norm"};
+        const float vals[] = {(float)loss, (float)lr, (float)norm};
+        tb_scalars(r->tb, (int64_t)r->step, wall_s(), 3, tags, vals);
+    }
+}
+
+/* ---- evaluation -------------------------------------------------------------------------- */
+
+static void evaluate(run *r)
+{
+    if (!r->have_val)
+        return;
+    data_eval_reset(&r->eval);
+    double loss = 0;
+    uint64_t units = 0, correct = 0, samples = 0;
+    uint32_t upb = r->m->ops->units_per_sample(r->m);
+    for (uint32_t b = 0; r->j->eval_batches == 0 || b < r->j->eval_batches; b++) {
+        size_t n = next_batch(r, r->micro, true);
+        if (n == 0)
+            break;
+        model_batch mb = {r->x, r->y, (uint32_t)n};
+        uint64_t c = 0;
+        loss += r->m->ops->forward(r->m, &mb, r->j->model == JOBCFG_MLP ? &c : NULL);
+        correct += c;
+        units += n * upb;
+        samples += n;
+    }
+    if (!units)
+        return;
+    r->prog.val_loss = loss / (double)units;
+    r->prog.val_accuracy = r->j->model == JOBCFG_MLP ? (double)correct / (double)samples : NAN;
+    if (r->metrics) {
+        if (r->j->model == JOBCFG_MLP)
+            fprintf(r->metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_accuracy\":%.6f,\"val_samples\":%llu}\n",
+                    (unsigned long long)r->step, r->prog.val_loss, r->prog.val_accuracy, (unsigned long long)samples);
+        else
+            fprintf(r->metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_tokens\":%llu}\n", (unsigned long long)r->step,
+                    r->prog.val_loss, (unsigned long long)units);
+        fflush(r->metrics);
+    }
+    if (r->tb) {
+        tb_scalar(r->tb, "val/loss", (int64_t)r->step, (float)r->prog.val_loss, wall_s());
+        if (r->j->model == JOBCFG_MLP)
+            tb_scalar(r->tb, "val/accuracy", (int64_t)r->step, (float)r->prog.val_accuracy, wall_s());
+    }
+}
+
+/* ---- one optimizer step -------------------------------------------------------------------- */
+
+/* Returns TRAIN_DONE after an applied step, TRAIN_STOPPED if asked to stop
+ * before it was applied (nothing changed but the data position, which the
+ * caller restores), TRAIN_FAILED on a non-finite loss. */
+static train_outcome train_step(run *r, const train_hooks *h)
+{
+    const job_config *j = r->j;
+    const kern_ops *k = r->k;
+    model *m = r->m;
+    double t0 = now_s();
+    uint32_t upb = m->ops->units_per_sample(m);
+    double units = (double)j->batch * upb;
+    float dloss = (float)(r->loss_scale / units);
+
+    k->zero(r->kc, r->grads, m->num_params);
+    double loss_sum = 0;
+    uint32_t accum = 0;
+    for (uint32_t done = 0; done < j->batch;) {
+        if (h && h->should_stop && h->should_stop(h->user))
+            return TRAIN_STOPPED;
+        uint32_t n = j->batch - done < r->micro ? j->batch - done : r->micro;
+        next_batch(r, n, false);
+        model_batch mb = {r->x, r->y, n};
+        loss_sum += m->ops->forward(m, &mb, NULL);
+        m->ops->backward(m, &mb, dloss);
+        done += n;
+        accum++;
+    }
+    double loss = loss_sum / units;
+    if (!isfinite(loss))
+        return fail(r, "the training loss became %g at step %llu; lower [train] lr or raise [train] warmup", loss,
+                    (unsigned long long)r->step + 1);
+
+    double sumsq = 0;
+    k->sumsq(r->kc, &sumsq, r->grads, m->num_params);
+    double norm = sqrt(sumsq) / r->loss_scale;
+    double scale = 1.0 / r->loss_scale;
+    if (j->grad_clip > 0 && norm > j->grad_clip)
+        scale *= j->grad_clip / norm;
+    double lr = train_lr(j, r->step);
+    size_t P = m->num_params;
+    for (int i = 0; i < m->ntensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        k->adamw(r->kc, r->params + t->offset, r->grads + t->offset, r->opt + t->offset, r->opt + P + t->offset,
+                 t->numel, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps,
+                 t->decay ? (float)j->weight_decay : 0.0f, (float)scale, (int)(r->step + 1));
+    }
+    k->sync(r->kc);
+    r->step++;
+    double dt = now_s() - t0;
+    r->prog.micro = r->micro;
+    r->prog.accum = accum;
+    log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
+    r->res->final_loss = loss;
+    return TRAIN_DONE;
+}
+
+/* ---- the run -------------------------------------------------------------------------------- */
+
+static int make_dir(const char *path, char *err, size_t err_len)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *s = tmp + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
+            return -1;
+        }
+        *s = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot create output directory %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static train_outcome setup_outputs(run *r, bool resumed)
+{
+    char err[1024];
+    if (resumed)
+        trim_metrics(r->path_metrics, r->step);
+    r->metrics = fopen(r->path_metrics, resumed ? "a" : "w");
+    if (!r->metrics)
+        return fail(r, "cannot write %s: %s", r->path_metrics, strerror(errno));
+    char tbdir[4200];
+    snprintf(tbdir, sizeof tbdir, "%s/tensorboard", r->j->out_dir);
+    if (make_dir(tbdir, err, sizeof err) != 0 || tb_open(tbdir, &r->tb, err, sizeof err) != 0)
+        return fail(r, "%s", err);
+    return TRAIN_DONE;
+}
+
+static train_outcome checkpoint(run *r, uint64_t epoch, uint64_t index)
+{
+    char err[1024];
+    if (write_resume(r, epoch, index, err, sizeof err) != 0)
+        return fail(r, "checkpoint failed (the previous one is intact): %s", err);
+    return TRAIN_DONE;
+}
+
+static train_outcome run_job(run *r, const train_hooks *h)
+{
+    const job_config *j = r->j;
+    char err[1024];
+    if (make_dir(j->out_dir, err, sizeof err) != 0)
+        return fail(r, "%s", err);
+    snprintf(r->path_resume, sizeof r->path_resume, "%s/resume.safetensors", j->out_dir);
+    snprintf(r->path_model, sizeof r->path_model, "%s/model.safetensors", j->out_dir);
+    snprintf(r->path_metrics, sizeof r->path_metrics, "%s/metrics.jsonl", j->out_dir);
+
+    if (load_data(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
+    if (model_create(j, r->input_dim, r->classes, r->k, r->kc, &r->m, err, sizeof err) != 0)
+        return fail(r, "%s: %s", j->source, err);
+    if (alloc_memory(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
+
+    /* Fresh parameters, zero optimizer state; a checkpoint overrides both. */
+    size_t P = r->m->num_params;
+    float *init = r->host_visible ? r->params : malloc(P * sizeof(float));
+    if (!init)
+        return fail(r, "out of host memory initialising %zu parameters", P);
+    r->m->ops->init_params(r->m, init, j->seed);
+    if (!r->host_visible) {
+        r->k->copy_h2d(r->kc, r->params, init, P * sizeof(float));
+        free(init);
+    }
+    r->k->zero(r->kc, r->opt, 2 * P);
+    r->loss_scale = j->precision == JOBCFG_FP16 ? 65536.0 : 1.0;
+    int resumed = load_resume(r);
+    if (resumed < 0)
+        return TRAIN_FAILED;
+    r->prog.resumed = resumed == 1;
+    if (setup_outputs(r, resumed == 1) != TRAIN_DONE)
+        return TRAIN_FAILED;
+
+    r->prog.steps = j->steps;
+    r->prog.val_loss = NAN;
+    r->prog.val_accuracy = NAN;
+    r->prog.micro = r->micro;
+    double start = now_s();
+    while (r->step < j->steps) {
+        uint64_t epoch, index;
+        data_stream_state(&r->stream, &epoch, &index);
+        train_outcome o = train_step(r, h);
+        if (o == TRAIN_STOPPED) {
+            /* The step was not applied: checkpoint the state before it. */
+            if (checkpoint(r, epoch, index) != TRAIN_DONE)
+                return TRAIN_FAILED;
+            r->res->outcome = TRAIN_STOPPED;
+            r->res->steps_done = r->step;
+            return TRAIN_STOPPED;
+        }
+        if (o != TRAIN_DONE)
+            return o;
+        bool last = r->step == j->steps;
+        if ((j->eval_every && r->step % j->eval_every == 0) || last)
+            evaluate(r);
+        r->prog.elapsed_s = now_s() - start;
+        if (h && h->on_step)
+            h->on_step(h->user, &r->prog);
+        if ((j->checkpoint_every && r->step % j->checkpoint_every == 0) || last) {
+            data_stream_state(&r->stream, &epoch, &index);
+            if (checkpoint(r, epoch, index) != TRAIN_DONE)
+                return TRAIN_FAILED;
+        }
+    }
+    if (export_model(r, err, sizeof err) != 0)
+        return fail(r, "%s", err);
+    r->res->steps_done = r->step;
+    r->res->val_loss = r->prog.val_loss;
+    r->res->val_accuracy = r->prog.val_accuracy;
+    r->res->outcome = TRAIN_DONE;
+    return TRAIN_DONE;
+}
+
+train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_t job_id, const train_hooks *h,
+                        train_result *res)
+{
+    memset(res, 0, sizeof *res);
+    run *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(res->message, sizeof res->message, "out of host memory");
+        res->outcome = TRAIN_FAILED;
+        return TRAIN_FAILED;
+    }
+    r->j = j;
+    r->p = p;
+    r->k = k;
+    r->job = job_id;
+    r->res = res;
+    dev *d = pool_device(p);
+    r->host_visible = d->kind == DEV_KIND_CPU;
+    train_outcome o;
+    if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
+        o = fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
+    } else if (r->host_visible && j->precision != JOBCFG_FP32) {
+        o = fail(r, "%s: [train] precision: %s needs a CUDA device; use fp32 on %s", j->source,
+                 j->precision == JOBCFG_BF16 ? "bf16" : "fp16", d->id);
+    } else {
+        kern_scratch scratch = {scratch_acquire, scratch_release, r};
+        kern_precision prec = j->precision == JOBCFG_BF16   ? KERN_BF16
+                              : j->precision == JOBCFG_FP16 ? KERN_FP16
+                                                            : KERN_FP32;
+        r->kc = k->ctx_create((int)j->threads, d->index, prec, &scratch);
+        o = r->kc ? run_job(r, h) : fail(r, "cannot create the %s kernel context on %s", k->name, d->id);
+    }
+    if (r->metrics)
+        fclose(r->metrics);
+    if (r->tb) {
+        char err[256];
+        tb_close(r->tb, err, sizeof err);
+    }
+    if (r->m)
+        free_memory(r);
+    model_destroy(r->m);
+    if (r->kc)
+        k->ctx_destroy(r->kc);
+    free_data(r);
+    res->outcome = o;
+    free(r);
+    return o;
+}

@@ -1,0 +1,67 @@
+/* train.h — the training engine: one job, start to finish, on one device.
+ *
+ * The same entry point serves `gradd run job.cfg` in the foreground and the
+ * daemon's workers.  Every tensor comes from the device's memory pool with
+ * its tag (params, grads, optimizer, activations, data, workspace) and the
+ * job's id, so the pool's breakdowns show where a running job's memory is.
+ *
+ * One optimizer step = `batch` samples, split into micro-batches of at most
+ * `micro` samples (the last may be smaller).  Gradients accumulate across
+ * the micro-batches with each unit's loss weighted by 1/(units in the step),
+ * so any split yields the same update up to floating-point reassociation.
+ */
+#ifndef GRADD_TRAIN_H
+#define GRADD_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jobcfg.h"
+#include "kernels.h"
+#include "pool.h"
+
+/* What a run reports after every optimizer step (and after validations). */
+typedef struct {
+    uint64_t step, steps;       /* step just finished (1-based), total */
+    double loss;                /* mean training loss of the step */
+    double lr, grad_norm;
+    double units_per_s;         /* tokens/s (gpt) or samples/s (mlp) over the step */
+    double elapsed_s;
+    uint32_t micro, accum;      /* micro-batch size and micro-batches per step */
+    double val_loss;            /* latest validation (NaN until the first) */
+    double val_accuracy;        /* mlp only (NaN otherwise) */
+    size_t allocated, reserved; /* the pool's, after the step */
+    bool resumed;               /* this run started from a checkpoint */
+} train_progress;
+
+typedef struct {
+    /* After every step; may be NULL. */
+    void (*on_step)(void *user, const train_progress *p);
+    /* Polled at micro-step boundaries; true stops the run cleanly (final
+     * checkpoint written, result cancelled).  May be NULL. */
+    bool (*should_stop)(void *user);
+    void *user;
+} train_hooks;
+
+typedef enum { TRAIN_DONE = 0, TRAIN_STOPPED = 1, TRAIN_FAILED = 2 } train_outcome;
+
+typedef struct {
+    train_outcome outcome;
+    uint64_t steps_done;
+    double final_loss, val_loss, val_accuracy;
+    uint32_t micro;
+    size_t act_fixed, act_per_sample; /* the model's activation estimate */
+    char message[1024];               /* why it failed, a person can act on it */
+} train_result;
+
+/* Run the job on the device behind `p` with kernels `k`.  Returns the
+ * outcome (also in res->outcome); on TRAIN_FAILED res->message says why. */
+train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_t job_id, const train_hooks *h,
+                        train_result *res);
+
+/* The learning rate at 0-based step `step`: linear warmup, then cosine decay
+ * from lr to min_lr. */
+double train_lr(const job_config *j, uint64_t step);
+
+#endif

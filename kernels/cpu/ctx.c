@@ -1,0 +1,149 @@
+/* ctx.c — the CPU backend's table, its context, and the memory helpers. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+/* ---- context ----------------------------------------------------------------------- */
+
+static kern_ctx *cpu_ctx_create(int threads, int device, kern_precision prec, const kern_scratch *scratch)
+{
+    (void)device;
+    kern_ctx *k = calloc(1, sizeof *k);
+    if (!k)
+        return NULL;
+    k->threads = threads > 0 ? threads : omp_get_max_threads();
+    if (k->threads < 1)
+        k->threads = 1;
+    k->prec = prec;
+    if (scratch)
+        k->scratch = *scratch;
+    kcpu_blas_single();
+    return k;
+}
+
+static void cpu_ctx_destroy(kern_ctx *k)
+{
+    if (!k)
+        return;
+    free(k->work);
+    free(k);
+}
+
+static int cpu_sync(kern_ctx *k)
+{
+    (void)k;
+    return 0;
+}
+
+void *kcpu_work(kern_ctx *k, size_t bytes)
+{
+    if (bytes <= k->work_bytes)
+        return k->work;
+    size_t want = (bytes + 4095) & ~(size_t)4095;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want) != 0)
+        return NULL;
+    free(k->work);
+    k->work = p;
+    k->work_bytes = want;
+    return p;
+}
+
+void kcpu_blas_single(void)
+{
+    /* Process-wide in OpenBLAS; nothing else in gradd calls BLAS. */
+    if (openblas_get_num_threads() != 1)
+        openblas_set_num_threads(1);
+}
+
+/* ---- memory helpers --------------------------------------------------------------- */
+/* Large fills and copies are split over threads: one core does not saturate
+ * the memory bandwidth of a server socket. */
+
+#define KCPU_COPY_PAR_MIN ((size_t)1 << 22) /* bytes */
+
+static void cpu_zero(kern_ctx *k, float *p, size_t n)
+{
+    int nt = k->threads;
+#pragma omp parallel num_threads(nt) if (n * 4 >= KCPU_COPY_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split(n, omp_get_thread_num(), omp_get_num_threads(), 1024, &lo, &hi);
+        if (hi > lo)
+            memset(p + lo, 0, (hi - lo) * sizeof *p);
+    }
+}
+
+static void cpu_copy(kern_ctx *k, void *dst, const void *src, size_t bytes)
+{
+    int nt = k->threads;
+#pragma omp parallel num_threads(nt) if (bytes >= KCPU_COPY_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split(bytes, omp_get_thread_num(), omp_get_num_threads(), 4096, &lo, &hi);
+        if (hi > lo)
+            memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
+    }
+}
+
+KCPU_CLONES static void scale_span(float *restrict p, size_t n, float s)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        p[i] *= s;
+}
+
+static void cpu_scale(kern_ctx *k, float *p, size_t n, float s)
+{
+    int nt = k->threads;
+#pragma omp parallel num_threads(nt) if (n >= KCPU_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
+        scale_span(p + lo, hi - lo, s);
+    }
+}
+
+/* ---- the table -------------------------------------------------------------------- */
+
+static const kern_ops cpu_ops = {
+    .name = "cpu",
+    .ctx_create = cpu_ctx_create,
+    .ctx_destroy = cpu_ctx_destroy,
+    .sync = cpu_sync,
+    .zero = cpu_zero,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .scale = cpu_scale,
+    .encoder_forward = kcpu_encoder_forward,
+    .encoder_backward = kcpu_encoder_backward,
+    .layernorm_forward = kcpu_layernorm_forward,
+    .layernorm_backward = kcpu_layernorm_backward,
+    .matmul_forward = kcpu_matmul_forward,
+    .matmul_backward = kcpu_matmul_backward,
+    .attention_forward = kcpu_attention_forward,
+    .attention_backward = kcpu_attention_backward,
+    .gelu_forward = kcpu_gelu_forward,
+    .gelu_backward = kcpu_gelu_backward,
+    .relu_forward = kcpu_relu_forward,
+    .relu_backward = kcpu_relu_backward,
+    .residual_forward = kcpu_residual_forward,
+    .accumulate = kcpu_accumulate,
+    .crossentropy_forward = kcpu_crossentropy_forward,
+    .crossentropy_backward = kcpu_crossentropy_backward,
+    .sumsq = kcpu_sumsq,
+    .adamw = kcpu_adamw,
+    .cast_f32_to_bf16 = kcpu_cast_f32_to_bf16,
+    .cast_bf16_to_f32 = kcpu_cast_bf16_to_f32,
+    .cast_f32_to_f16 = kcpu_cast_f32_to_f16,
+    .cast_f16_to_f32 = kcpu_cast_f16_to_f32,
+    .count_nonfinite = kcpu_count_nonfinite,
+};
+
+const kern_ops *kern_cpu_ops(void)
+{
+    return &cpu_ops;
+}

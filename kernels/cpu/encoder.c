@@ -1,0 +1,53 @@
+/* encoder.c — token + position embedding. */
+#include <omp.h>
+
+#include "cpu_kernels.h"
+
+/* ---- forward ----------------------------------------------------------------------
+ * inp (B,T) int32, wte (V,C), wpe (maxT,C) -> out (B,T,C) */
+void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                          int T, int C)
+{
+    int nt = k->threads;
+    size_t rows = (size_t)B * T;
+#pragma omp parallel num_threads(nt) if (rows * C >= KCPU_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split(rows, omp_get_thread_num(), omp_get_num_threads(), 1, &lo, &hi);
+        for (size_t bt = lo; bt < hi; bt++) {
+            float *restrict o = out + bt * C;
+            const float *restrict we = wte + (size_t)inp[bt] * C;
+            const float *restrict wp = wpe + (bt % (size_t)T) * C;
+#pragma omp simd
+            for (int i = 0; i < C; i++)
+                o[i] = we[i] + wp[i];
+        }
+    }
+}
+
+/* ---- backward ---------------------------------------------------------------------
+ * dout (B,T,C), inp (B,T) -> dwte (V,C) +=, dwpe (maxT,C) +=.
+ * A token may repeat, so rows of dwte collide: threads split the channels
+ * instead, and each walks all positions in order — no races, and the sums
+ * do not depend on the thread count. */
+void kcpu_encoder_backward(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                           int T, int C)
+{
+    int nt = k->threads;
+    size_t rows = (size_t)B * T;
+#pragma omp parallel num_threads(nt) if (rows * C >= KCPU_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split((size_t)C, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
+        for (size_t bt = 0; bt < rows && hi > lo; bt++) {
+            const float *restrict g = dout + bt * C;
+            float *restrict we = dwte + (size_t)inp[bt] * C;
+            float *restrict wp = dwpe + (bt % (size_t)T) * C;
+#pragma omp simd
+            for (size_t i = lo; i < hi; i++) {
+                we[i] += g[i];
+                wp[i] += g[i];
+            }
+        }
+    }
+}

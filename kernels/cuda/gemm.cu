@@ -1,0 +1,417 @@
+// gemm.cu — cuBLASLt GEMMs: a plan cache, matmul forward and backward.
+//
+// Row-major to cuBLASLt's column-major: a row-major (R, C) matrix is a
+// column-major (C, R) one with the same leading dimension (its transpose),
+// so out (N,OC) = inp (N,C) · W (OC,C)^T becomes out^T = W · inp^T:
+//   D (OC×N) = op_T(Wc: C×OC) · Ic (C×N)                      (forward)
+//   dinp^T (C×N) += Wc (C×OC) · Dc (OC×N)                        (backward, dinp)
+//   dW^T (C×OC)  += Ic (C×N) · op_T(Dc: OC×N)                    (backward, dweight)
+// where Xc is the row-major X read as column-major.
+//
+// Precision: KERN_FP32 runs fp32 inputs with CUBLAS_COMPUTE_32F (true fp32,
+// no TF32), so it matches the CPU to ~1e-5.  KERN_BF16 / KERN_FP16 cast both
+// inputs into scratch (round to nearest even) and run 16-bit × 16-bit → fp32
+// with CUBLAS_COMPUTE_32F.  Outputs and accumulation are always fp32.  Should
+// cuBLASLt offer no algorithm for the 16-bit case, the fp32 path runs instead.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_cuda.cuh"
+
+#define KC_MAX_PLANS 96
+
+// Everything that decides the algorithm; pointers only through their
+// alignment.  memset before filling: it is compared with memcmp.
+struct kc_gemm_key {
+    int ta, tb, m, n, k, lda, ldb, ldd, batch;
+    long long sA, sB, sD;
+    int ab, compute, epilogue;
+    unsigned align_a, align_b, align_d, align_bias;
+};
+
+struct kc_plan {
+    kc_gemm_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+    bool has_algo;
+};
+
+static unsigned kc_alignment(const void *p)
+{
+    unsigned a = 256;
+    while (a > 1 && ((uintptr_t)p % a))
+        a >>= 1;
+    return a;
+}
+
+static void plan_release(kc_plan *p)
+{
+    if (p->op)
+        cublasLtMatmulDescDestroy(p->op);
+    if (p->a)
+        cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b)
+        cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d)
+        cublasLtMatrixLayoutDestroy(p->d);
+    memset(p, 0, sizeof *p);
+}
+
+void kc_plans_destroy(kern_ctx *k)
+{
+    for (int i = 0; i < k->nplans; i++)
+        plan_release(&k->plans[i]);
+    free(k->plans);
+    k->plans = NULL;
+    k->nplans = 0;
+    k->plan_next = 0;
+}
+
+static cublasStatus_t layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int rows, int cols, int ld, int batch,
+                             long long stride)
+{
+    cublasStatus_t s = cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, (int64_t)ld);
+    if (s != CUBLAS_STATUS_SUCCESS || batch <= 1)
+        return s;
+    int32_t bc = batch;
+    int64_t st = stride;
+    s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st, sizeof st);
+    return s;
+}
+
+// Build descriptors and ask the heuristic for the best algorithm.
+static cublasStatus_t plan_build(kern_ctx *k, kc_plan *p, const kc_gemm_args *g)
+{
+    const kc_gemm_key *y = &p->key;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&p->op, (cublasComputeType_t)y->compute, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return s;
+    int32_t ta = y->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = y->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint32_t epi = (uint32_t)y->epilogue;
+    if ((s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
+        (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)))
+        return s;
+    if (g->bias) { // its alignment steers the heuristic
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            return s;
+    }
+    cudaDataType_t ab = (cudaDataType_t)y->ab;
+    // Stored shapes: op(A) is m×k, op(B) is k×n.
+    if ((s = layout(&p->a, ab, y->ta ? y->k : y->m, y->ta ? y->m : y->k, y->lda, y->batch, y->sA)) ||
+        (s = layout(&p->b, ab, y->tb ? y->n : y->k, y->tb ? y->k : y->n, y->ldb, y->batch, y->sB)) ||
+        (s = layout(&p->d, CUDA_R_32F, y->m, y->n, y->ldd, y->batch, y->sD)))
+        return s;
+
+    cublasLtMatmulPreference_t pref;
+    if ((s = cublasLtMatmulPreferenceCreate(&pref)))
+        return s;
+    uint64_t ws = k->workspace_bytes;
+    uint32_t al_a = y->align_a, al_b = y->align_b, al_d = y->align_d;
+    if (!(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                   sizeof al_a)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                   sizeof al_b)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                                   sizeof al_d)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                   sizeof al_d))) {
+        cublasLtMatmulHeuristicResult_t res;
+        int count = 0;
+        memset(&res, 0, sizeof res);
+        // Any failure of the heuristic (NOT_SUPPORTED, INVALID_VALUE for a
+        // type/epilogue combination) means "no algorithm": the caller falls
+        // back, and reports it only when no fallback is left.
+        cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &count);
+        if (h == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+            p->algo = res.algo;
+            p->has_algo = true;
+        }
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return s;
+}
+
+static kc_plan *plan_get(kern_ctx *k, const kc_gemm_args *g, int *err)
+{
+    kc_gemm_key y;
+    memset(&y, 0, sizeof y);
+    y.ta = g->ta;
+    y.tb = g->tb;
+    y.m = g->m;
+    y.n = g->n;
+    y.k = g->k;
+    y.lda = g->lda;
+    y.ldb = g->ldb;
+    y.ldd = g->ldd;
+    y.batch = g->batch > 1 ? g->batch : 1;
+    if (y.batch > 1) {
+        y.sA = g->sA;
+        y.sB = g->sB;
+        y.sD = g->sD;
+    }
+    y.ab = (int)g->ab;
+    y.compute = (int)g->compute;
+    y.epilogue = g->bias ? (int)CUBLASLT_EPILOGUE_BIAS : (int)CUBLASLT_EPILOGUE_DEFAULT;
+    y.align_a = kc_alignment(g->A);
+    y.align_b = kc_alignment(g->B);
+    y.align_d = kc_alignment(g->D);
+    y.align_bias = g->bias ? kc_alignment(g->bias) : 0;
+    for (int i = 0; i < k->nplans; i++)
+        if (!memcmp(&k->plans[i].key, &y, sizeof y))
+            return &k->plans[i];
+    if (!k->plans) {
+        k->plans = (kc_plan *)calloc(KC_MAX_PLANS, sizeof(kc_plan));
+        if (!k->plans) {
+            kc_ok(k, cudaErrorMemoryAllocation, "gemm plan cache");
+            *err = -1;
+            return NULL;
+        }
+    }
+    kc_plan *p;
+    if (k->nplans < KC_MAX_PLANS) {
+        p = &k->plans[k->nplans++];
+    } else { // full: evict round robin
+        p = &k->plans[k->plan_next];
+        k->plan_next = (k->plan_next + 1) % KC_MAX_PLANS;
+        plan_release(p);
+    }
+    p->key = y;
+    cublasStatus_t s = plan_build(k, p, g);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        kc_blas_ok(k, s, "cuBLASLt plan");
+        plan_release(p);
+        *err = -1;
+        return NULL;
+    }
+    return p; // possibly without an algorithm: cached as such
+}
+
+int kc_gemm(kern_ctx *k, const kc_gemm_args *g)
+{
+    if (g->m <= 0 || g->n <= 0)
+        return 0;
+    if (g->k <= 0) // an empty sum: gemm_run handles it without cuBLASLt
+        return 1;
+    int err = 0;
+    kc_plan *p = plan_get(k, g, &err);
+    if (!p)
+        return err;
+    if (!p->has_algo)
+        return 1;
+    if (g->bias) {
+        cublasStatus_t s =
+            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
+        if (!kc_blas_ok(k, s, "cuBLASLt bias"))
+            return -1;
+    }
+    cublasStatus_t s = cublasLtMatmul(k->lt, p->op, &g->alpha, g->A, p->a, g->B, p->b, &g->beta, g->D, p->d, g->D,
+                                      p->d, &p->algo, k->workspace, k->workspace_bytes, k->stream);
+    return kc_blas_ok(k, s, "cublasLtMatmul") ? 0 : -1;
+}
+
+// ---- fallbacks for what cuBLASLt declines ------------------------------------------------
+
+// out (N, OC) += bias (OC)  — after a GEMM without the bias epilogue.
+__global__ static void add_bias_kernel(float *out, const float *bias, size_t N, int OC)
+{
+    size_t total = N * (size_t)OC;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        out[i] += bias[i % OC];
+}
+
+// D (m×n, ld) = beta·D: the k = 0 case.
+__global__ static void scale_matrix_kernel(float *d, int m, int n, int ld, float beta)
+{
+    size_t total = (size_t)m * n;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t col = i / m, row = i % m;
+        float *p = d + col * ld + row;
+        *p = beta == 0.0f ? 0.0f : *p * beta;
+    }
+}
+
+// One GEMM with its fallbacks: 16-bit inputs → fp32 inputs; bias epilogue →
+// plain GEMM + bias kernel.  g16 (or NULL) is the 16-bit form of g32.
+static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g32, int N_rows_for_bias)
+{
+    const kc_gemm_args *g = g16 ? g16 : g32;
+    if (g->k <= 0) {
+        if (g->beta != 1.0f) {
+            scale_matrix_kernel<<<kc_grid(k, (size_t)g->m * g->n, 256), 256, 0, k->stream>>>(g->D, g->m, g->n,
+                                                                                            g->ldd, g->beta);
+            kc_launched(k, "gemm(k=0)");
+        }
+        if (g->bias) {
+            add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
+                g->D, g->bias, (size_t)N_rows_for_bias, g->m);
+            kc_launched(k, "gemm(bias)");
+        }
+        return;
+    }
+    int r = g16 ? kc_gemm(k, g16) : 1;
+    if (r == 1)
+        r = kc_gemm(k, g32);
+    if (r == 1 && g32->bias) {
+        kc_gemm_args nb = *g32;
+        nb.bias = NULL;
+        r = kc_gemm(k, &nb);
+        if (r == 0) {
+            add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
+                g->D, g32->bias, (size_t)N_rows_for_bias, g->m);
+            kc_launched(k, "gemm(bias)");
+        }
+    }
+    if (r == 1) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no cuBLASLt algorithm for m=%d n=%d k=%d lda=%d ldb=%d ldd=%d batch=%d", g->m,
+                 g->n, g->k, g->lda, g->ldb, g->ldd, g->batch);
+        kc_blas_ok(k, CUBLAS_STATUS_NOT_SUPPORTED, msg);
+    }
+}
+
+// ---- matmul ---------------------------------------------------------------------------------
+
+static inline bool lowp(const kern_ctx *k) { return k->prec == KERN_BF16 || k->prec == KERN_FP16; }
+static inline cudaDataType_t lowp_type(const kern_ctx *k) { return k->prec == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+void kc_matmul_forward(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias, int N,
+                       int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    kc_enter(k);
+    kc_gemm_args g32;
+    memset(&g32, 0, sizeof g32);
+    g32.ta = true;
+    g32.tb = false;
+    g32.m = OC;
+    g32.n = N;
+    g32.k = C;
+    g32.A = weight;
+    g32.lda = C;
+    g32.B = inp;
+    g32.ldb = C;
+    g32.D = out;
+    g32.ldd = OC;
+    g32.batch = 1;
+    g32.alpha = 1.0f;
+    g32.beta = 0.0f;
+    g32.bias = bias;
+    g32.ab = CUDA_R_32F;
+    g32.compute = CUBLAS_COMPUTE_32F;
+    if (!lowp(k) || C <= 0) {
+        gemm_run(k, NULL, &g32, N);
+        return;
+    }
+    size_t nw = (size_t)OC * C, ni = (size_t)N * C;
+    size_t ow = 0, oi = kc_round(nw * 2, 256);
+    char *buf = (char *)kc_scratch(k, oi + ni * 2);
+    if (!buf)
+        return;
+    uint16_t *w16 = (uint16_t *)(buf + ow), *i16 = (uint16_t *)(buf + oi);
+    bool bf = k->prec == KERN_BF16;
+    kc_cast_lowp(k, w16, weight, nw, bf);
+    kc_cast_lowp(k, i16, inp, ni, bf);
+    kc_gemm_args g16 = g32;
+    g16.A = w16;
+    g16.B = i16;
+    g16.ab = lowp_type(k);
+    gemm_run(k, &g16, &g32, N);
+}
+
+void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0 || C < 0)
+        return;
+    kc_enter(k);
+    bool lp = lowp(k) && C > 0;
+    // One scratch request for everything: 16-bit copies, then dbias partials.
+    size_t nd = (size_t)N * OC, nw = (size_t)OC * C, ni = (size_t)N * C;
+    size_t od = 0, ow = 0, oi = 0, op = 0, end = 0;
+    if (lp) {
+        ow = kc_round(nd * 2, 256);
+        oi = ow + (dinp ? kc_round(nw * 2, 256) : 0);
+        end = oi + (dweight ? kc_round(ni * 2, 256) : 0);
+    }
+    op = end;
+    if (dbias)
+        end += kc_colsum_scratch(k, N, OC, false) * sizeof(float);
+    char *buf = end ? (char *)kc_scratch(k, end) : NULL;
+    if (end && !buf)
+        return;
+
+    uint16_t *d16 = NULL, *w16 = NULL, *i16 = NULL;
+    if (lp) {
+        bool bf = k->prec == KERN_BF16;
+        d16 = (uint16_t *)(buf + od);
+        kc_cast_lowp(k, d16, dout, nd, bf);
+        if (dinp) {
+            w16 = (uint16_t *)(buf + ow);
+            kc_cast_lowp(k, w16, weight, nw, bf);
+        }
+        if (dweight) {
+            i16 = (uint16_t *)(buf + oi);
+            kc_cast_lowp(k, i16, inp, ni, bf);
+        }
+    }
+    if (dinp && C > 0) {
+        kc_gemm_args g32;
+        memset(&g32, 0, sizeof g32);
+        g32.ta = false;
+        g32.tb = false;
+        g32.m = C;
+        g32.n = N;
+        g32.k = OC;
+        g32.A = weight;
+        g32.lda = C;
+        g32.B = dout;
+        g32.ldb = OC;
+        g32.D = dinp;
+        g32.ldd = C;
+        g32.batch = 1;
+        g32.alpha = 1.0f;
+        g32.beta = 1.0f;
+        g32.ab = CUDA_R_32F;
+        g32.compute = CUBLAS_COMPUTE_32F;
+        kc_gemm_args g16 = g32;
+        g16.A = w16;
+        g16.B = d16;
+        g16.ab = lowp_type(k);
+        gemm_run(k, lp ? &g16 : NULL, &g32, 0);
+    }
+    if (dweight && C > 0) {
+        kc_gemm_args g32;
+        memset(&g32, 0, sizeof g32);
+        g32.ta = false;
+        g32.tb = true;
+        g32.m = C;
+        g32.n = OC;
+        g32.k = N;
+        g32.A = inp;
+        g32.lda = C;
+        g32.B = dout;
+        g32.ldb = OC;
+        g32.D = dweight;
+        g32.ldd = C;
+        g32.batch = 1;
+        g32.alpha = 1.0f;
+        g32.beta = 1.0f;
+        g32.ab = CUDA_R_32F;
+        g32.compute = CUBLAS_COMPUTE_32F;
+        kc_gemm_args g16 = g32;
+        g16.A = i16;
+        g16.B = d16;
+        g16.ab = lowp_type(k);
+        gemm_run(k, lp ? &g16 : NULL, &g32, 0);
+    }
+    if (dbias)
+        kc_colsum(k, dbias, NULL, dout, NULL, NULL, NULL, N, OC, (float *)(buf + op));
+}

@@ -1,0 +1,317 @@
+// kern_cuda.cuh — internals shared by the CUDA kernels (kernels/cuda/*.cu).
+//
+// Nothing here is visible outside the gradd-cuda module: the .cu files are
+// compiled with -fvisibility=hidden and the only exported symbol is the ops
+// table, gradd_kern_cuda_ops (ctx.cu).
+//
+// Error handling: kern_ops functions return void, so every CUDA/cuBLASLt
+// failure is recorded in the context (the first one wins, with a message on
+// stderr) and reported by sync(), which then clears it so that the caller can
+// recover from an out-of-memory on scratch and carry on.
+#ifndef GRADD_KERN_CUDA_CUH
+#define GRADD_KERN_CUDA_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+struct kc_plan; // a cached cuBLASLt plan (gemm.cu)
+
+// Pinned staging slots for copy_h2d: the caller may reuse its buffer as soon
+// as copy_h2d returns, yet the copy stays asynchronous.
+#define KC_STAGING_SLOTS 4
+#define KC_STAGING_MAX ((size_t)16 << 20) // bigger copies go direct + sync
+
+struct kc_staging {
+    void *host;
+    size_t cap;
+    cudaEvent_t done;
+    bool busy;
+};
+
+// Fixed-size device scratch owned by the context: sumsq partials and the
+// small results the host reads back.
+#define KC_SUMSQ_BLOCKS 1024
+struct kc_small {
+    double partial[KC_SUMSQ_BLOCKS];
+    double sumsq;
+    unsigned long long count;
+};
+
+struct kern_ctx {
+    int device;
+    int sm_count;
+    kern_precision prec;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+
+    kern_scratch scratch; // acquire == NULL: cudaMalloc/cudaFree
+    // cuBLASLt workspace, held for the context's lifetime.
+    void *workspace;
+    size_t workspace_bytes;
+    // Per-op scratch (GEMM input casts, reduction partials, sort buffers):
+    // grown on demand, given back to the pool at sync().
+    void *buf;
+    size_t buf_bytes;
+
+    kc_small *d_small;  // device
+    kc_small *h_small;  // pinned host mirror
+
+    kc_staging staging[KC_STAGING_SLOTS];
+    int staging_next;
+
+    kc_plan *plans; // GEMM plan cache (gemm.cu)
+    int nplans, plan_next;
+
+    int err; // first error since the last sync(): a cudaError_t value, or 1000 + cublasStatus_t
+    char errmsg[200];
+};
+
+// ---- errors and helpers (ctx.cu) ----------------------------------------------
+
+// Record e (if it is an error and the first one); returns true when e is fine.
+bool kc_ok(kern_ctx *k, cudaError_t e, const char *what);
+bool kc_blas_ok(kern_ctx *k, cublasStatus_t s, const char *what);
+// After a kernel launch.
+static inline void kc_launched(kern_ctx *k, const char *what) { kc_ok(k, cudaGetLastError(), what); }
+// Make k's device current for this thread.
+void kc_enter(kern_ctx *k);
+// Scratch of at least `bytes` (256-byte aligned), valid until the next call
+// of kc_scratch on this context or sync(); NULL (error recorded) on OOM.
+// Every op asks at most once, for all it needs.
+void *kc_scratch(kern_ctx *k, size_t bytes);
+// Allocation and release of device memory through the caller's scratch
+// callback (or cudaMalloc).
+void *kc_dev_alloc(kern_ctx *k, size_t bytes);
+void kc_dev_free(kern_ctx *k, void *p);
+
+static inline size_t kc_round(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// Grid for a grid-stride loop over `work` items with `threads` per block.
+static inline unsigned kc_grid(const kern_ctx *k, size_t work, unsigned threads)
+{
+    size_t blocks = (work + threads - 1) / threads;
+    size_t cap = (size_t)(k->sm_count > 0 ? k->sm_count : 16) * 32;
+    if (blocks > cap)
+        blocks = cap;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+template <class... P> static inline bool kc_aligned(size_t to, const P *...p)
+{
+    return ((((uintptr_t)p % to) == 0) && ...);
+}
+
+// ---- device helpers ----------------------------------------------------------------
+
+__device__ __forceinline__ float kc_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double kc_warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float kc_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Online softmax state (running max m, sum s of exp(x - m)).
+struct kc_ms {
+    float m, s;
+};
+
+__device__ __forceinline__ kc_ms kc_ms_add(kc_ms a, float x)
+{
+    if (x == -INFINITY)
+        return a;
+    if (x > a.m) {
+        a.s = a.s * expf(a.m - x) + 1.0f; // exp(-inf) = 0 for the first element
+        a.m = x;
+    } else {
+        a.s += expf(x - a.m);
+    }
+    return a;
+}
+
+__device__ __forceinline__ kc_ms kc_ms_merge(kc_ms a, kc_ms b)
+{
+    float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY)
+        return a;
+    kc_ms r;
+    r.m = m;
+    r.s = a.s * expf(a.m - m) + b.s * expf(b.m - m);
+    return r;
+}
+
+__device__ __forceinline__ kc_ms kc_warp_ms(kc_ms v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        kc_ms w;
+        w.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+        w.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+        v = kc_ms_merge(v, w);
+    }
+    return v;
+}
+
+// W consecutive floats, loaded and stored as one float4 when W == 4.
+template <int W> struct kc_fv {
+    float v[W];
+};
+
+template <int W> __device__ __forceinline__ kc_fv<W> kc_ld(const float *p)
+{
+    kc_fv<W> r;
+    if constexpr (W == 4) {
+        float4 t = *reinterpret_cast<const float4 *>(p);
+        r.v[0] = t.x;
+        r.v[1] = t.y;
+        r.v[2] = t.z;
+        r.v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            r.v[j] = p[j];
+    }
+    return r;
+}
+
+template <int W> __device__ __forceinline__ void kc_st(float *p, const kc_fv<W> &r)
+{
+    if constexpr (W == 4) {
+        *reinterpret_cast<float4 *>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            p[j] = r.v[j];
+    }
+}
+
+// Elementwise launcher: f.template run<W>(i) handles elements [i, i+W).
+// With vec, the first n/4*4 elements go four at a time (every pointer f
+// touches must then be 16-byte aligned), the tail one at a time.
+template <int W, class F> __global__ void kc_ew_kernel(size_t base, size_t count, F f)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        f.template run<W>(base + i * W);
+}
+
+template <class F> static inline void kc_ew(kern_ctx *k, size_t n, bool vec, const F &f, const char *what)
+{
+    size_t head = 0;
+    if (vec && n >= 4) {
+        size_t nv = n / 4;
+        kc_ew_kernel<4, F><<<kc_grid(k, nv, 256), 256, 0, k->stream>>>(0, nv, f);
+        head = nv * 4;
+    }
+    if (head < n)
+        kc_ew_kernel<1, F><<<kc_grid(k, n - head, 256), 256, 0, k->stream>>>(head, n - head, f);
+    kc_launched(k, what);
+}
+
+// ---- GEMM (gemm.cu) --------------------------------------------------------------------
+
+// Column-major cuBLASLt call D = alpha·op(A)·op(B) + beta·D (+ bias), strided
+// batched when batch > 1.  A, B are of type ab (fp32, bf16 or fp16), D fp32.
+struct kc_gemm_args {
+    bool ta, tb;
+    int m, n, k;
+    const void *A;
+    int lda;
+    long long sA;
+    const void *B;
+    int ldb;
+    long long sB;
+    float *D;
+    int ldd;
+    long long sD;
+    int batch;
+    float alpha, beta;
+    const float *bias; // CUBLASLT_EPILOGUE_BIAS (length m), or NULL
+    cudaDataType_t ab;
+    cublasComputeType_t compute;
+};
+// 0: done.  1: no algorithm for this configuration (nothing recorded; the
+// caller may fall back).  -1: error recorded.
+int kc_gemm(kern_ctx *k, const kc_gemm_args *g);
+void kc_plans_destroy(kern_ctx *k);
+
+// Deterministic column sums (reduce.cu): dst_a[c] += Σ_r f(r, c) over the rows of
+// the (N, C) matrix dout; with LN, dst_a = dweight (Σ dout·norm) and dst_b =
+// dbias (Σ dout); without, dst_a += Σ dout.  part: scratch of kc_colsum_scratch floats.
+size_t kc_colsum_scratch(const kern_ctx *k, int N, int C, bool ln);
+void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
+               const float *rstd, int N, int C, float *part);
+
+// Cast fp32 to bf16 (bf16 = true) or fp16, round to nearest even (pointwise.cu).
+void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16);
+
+// ---- the ops (one .cu file per family) -----------------------------------------------
+
+kern_ctx *kc_ctx_create(int threads, int device, kern_precision prec, const kern_scratch *scratch);
+void kc_ctx_destroy(kern_ctx *k);
+int kc_sync(kern_ctx *k);
+void kc_zero(kern_ctx *k, float *p, size_t n);
+void kc_copy_h2d(kern_ctx *k, void *dst, const void *src, size_t bytes);
+void kc_copy_d2h(kern_ctx *k, void *dst, const void *src, size_t bytes);
+
+void kc_scale(kern_ctx *k, float *p, size_t n, float s);
+void kc_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
+void kc_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
+void kc_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
+void kc_relu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
+void kc_residual_forward(kern_ctx *k, float *out, const float *a, const float *b, size_t N);
+void kc_accumulate(kern_ctx *k, float *dst, const float *src, size_t N);
+void kc_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
+void kc_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
+void kc_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
+void kc_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
+size_t kc_count_nonfinite(kern_ctx *k, const float *p, size_t n);
+
+void kc_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                        int T, int C);
+void kc_encoder_backward(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
+                         int T, int C);
+
+void kc_layernorm_forward(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int N, int C);
+void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean, const float *rstd, int N,
+                           int C);
+
+void kc_matmul_forward(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias, int N,
+                       int C, int OC);
+void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int C, int OC);
+
+void kc_attention_forward(kern_ctx *k, float *out, float *preatt, float *att, const float *inp, int B, int T,
+                          int C, int NH);
+void kc_attention_backward(kern_ctx *k, float *dinp, float *dpreatt, float *datt, const float *dout,
+                           const float *inp, const float *att, int B, int T, int C, int NH);
+
+void kc_crossentropy_forward(kern_ctx *k, float *losses, float *probs, const float *logits,
+                             const int32_t *targets, int N, int V, int Vp);
+void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *probs, const int32_t *targets,
+                              const float *dloss, int N, int V, int Vp);
+
+void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
+void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+              float beta2, float eps, float weight_decay, float grad_scale, int t);
+
+#endif

@@ -1,0 +1,125 @@
+// layernorm.cu — layernorm forward and backward, one warp per row.
+//
+// Forward: mean, then the variance about it (two passes over the row, which
+// stays in L1), then the output; mean and rstd saved.  Backward: the row's
+// dinp in one warp (two passes), and dweight/dbias by the deterministic
+// column sums of reduce.cu.  eps = 1e-5 as in GPT-2 and the CPU reference.
+#include "kern_cuda.cuh"
+
+#define LN_EPS 1e-5f
+#define LN_WARPS 8
+
+template <int W>
+__global__ static void ln_forward_kernel(float *__restrict__ out, float *__restrict__ mean, float *__restrict__ rstd,
+                                         const float *__restrict__ inp, const float *__restrict__ weight,
+                                         const float *__restrict__ bias, int N, int C)
+{
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    if (row >= N)
+        return;
+    const float *x = inp + (size_t)row * C;
+    float *o = out + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        kc_fv<W> v = kc_ld<W>(x + c);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            sum += v.v[j];
+    }
+    float m = kc_warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        kc_fv<W> v = kc_ld<W>(x + c);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float d = v.v[j] - m;
+            var += d * d;
+        }
+    }
+    float s = 1.0f / sqrtf(kc_warp_sum(var) / (float)C + LN_EPS);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        kc_fv<W> v = kc_ld<W>(x + c), w = kc_ld<W>(weight + c), b = kc_ld<W>(bias + c);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            v.v[j] = (v.v[j] - m) * s * w.v[j] + b.v[j];
+        kc_st<W>(o + c, v);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+template <int W>
+__global__ static void ln_backward_kernel(float *__restrict__ dinp, const float *__restrict__ dout,
+                                          const float *__restrict__ inp, const float *__restrict__ weight,
+                                          const float *__restrict__ mean, const float *__restrict__ rstd, int N,
+                                          int C)
+{
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    if (row >= N)
+        return;
+    size_t off = (size_t)row * C;
+    const float *x = inp + off, *d = dout + off;
+    float *g = dinp + off;
+    float m = mean[row], s = rstd[row];
+    float dn_mean = 0.0f, dnn_mean = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        kc_fv<W> xv = kc_ld<W>(x + c), dv = kc_ld<W>(d + c), wv = kc_ld<W>(weight + c);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float dn = wv.v[j] * dv.v[j];
+            dn_mean += dn;
+            dnn_mean += dn * (xv.v[j] - m) * s;
+        }
+    }
+    dn_mean = kc_warp_sum(dn_mean) / (float)C;
+    dnn_mean = kc_warp_sum(dnn_mean) / (float)C;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        kc_fv<W> xv = kc_ld<W>(x + c), dv = kc_ld<W>(d + c), wv = kc_ld<W>(weight + c), gv = kc_ld<W>(g + c);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float norm = (xv.v[j] - m) * s;
+            gv.v[j] += (wv.v[j] * dv.v[j] - dn_mean - norm * dnn_mean) * s;
+        }
+        kc_st<W>(g + c, gv);
+    }
+}
+
+void kc_layernorm_forward(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    kc_enter(k);
+    unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
+    if (C % 4 == 0 && kc_aligned(16, out, inp, weight, bias))
+        ln_forward_kernel<4><<<grid, 32 * LN_WARPS, 0, k->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    else
+        ln_forward_kernel<1><<<grid, 32 * LN_WARPS, 0, k->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    kc_launched(k, "layernorm_forward");
+}
+
+void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean, const float *rstd, int N,
+                           int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    kc_enter(k);
+    if (dweight && dbias) {
+        float *part = (float *)kc_scratch(k, kc_colsum_scratch(k, N, C, true) * sizeof(float));
+        if (part)
+            kc_colsum(k, dweight, dbias, dout, inp, mean, rstd, N, C, part);
+    }
+    if (dinp) {
+        unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
+        if (C % 4 == 0 && kc_aligned(16, dinp, dout, inp, weight))
+            ln_backward_kernel<4><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+        else
+            ln_backward_kernel<1><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+        kc_launched(k, "layernorm_backward");
+    }
+}

@@ -1,0 +1,129 @@
+// optim.cu — AdamW and the sum of squares for the global gradient norm.
+#include <math.h>
+
+#include "kern_cuda.cuh"
+
+namespace {
+
+struct adamw_f {
+    float *p, *m, *v;
+    const float *g;
+    float lr, b1, b2, eps, wd, gs, bc1, bc2;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> pv = kc_ld<W>(p + i), mv = kc_ld<W>(m + i), vv = kc_ld<W>(v + i), gv = kc_ld<W>(g + i);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float grad = gs * gv.v[j];
+            float mj = b1 * mv.v[j] + (1.0f - b1) * grad;
+            float vj = b2 * vv.v[j] + (1.0f - b2) * grad * grad;
+            float mhat = mj / bc1, vhat = vj / bc2;
+            pv.v[j] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * pv.v[j]);
+            mv.v[j] = mj;
+            vv.v[j] = vj;
+        }
+        kc_st<W>(p + i, pv);
+        kc_st<W>(m + i, mv);
+        kc_st<W>(v + i, vv);
+    }
+};
+
+} // namespace
+
+void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+              float beta2, float eps, float weight_decay, float grad_scale, int t)
+{
+    kc_enter(k);
+    adamw_f f;
+    f.p = p;
+    f.m = m;
+    f.v = v;
+    f.g = g;
+    f.lr = lr;
+    f.b1 = beta1;
+    f.b2 = beta2;
+    f.eps = eps;
+    f.wd = weight_decay;
+    f.gs = grad_scale;
+    f.bc1 = 1.0f - powf(beta1, (float)t);
+    f.bc2 = 1.0f - powf(beta2, (float)t);
+    kc_ew(k, n, kc_aligned(16, p, g, m, v), f, "adamw");
+}
+
+// ---- sumsq: fixed grid (depends on n only), double partials, ordered final sum ----
+
+#define SQ_THREADS 256
+
+__device__ static double block_sum_d(double x)
+{
+    __shared__ double w[SQ_THREADS / 32];
+    x = kc_warp_sum(x);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        w[warp] = x;
+    __syncthreads();
+    x = 0.0;
+    if (warp == 0) {
+        x = lane < SQ_THREADS / 32 ? w[lane] : 0.0;
+        x = kc_warp_sum(x);
+    }
+    return x; // valid in thread 0
+}
+
+template <int W> __global__ static void sumsq_partial(const float *__restrict__ g, size_t n, double *partial)
+{
+    double acc = 0.0;
+    size_t nw = n / W;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nw; i += (size_t)gridDim.x * blockDim.x) {
+        kc_fv<W> x = kc_ld<W>(g + i * W);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            acc += (double)x.v[j] * (double)x.v[j];
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - nw * W) {
+        double x = g[nw * W + threadIdx.x];
+        acc += x * x;
+    }
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = acc;
+}
+
+__global__ static void sumsq_final(const double *partial, int nblocks, double *out)
+{
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nblocks; i += SQ_THREADS)
+        acc += partial[i];
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0)
+        *out = acc;
+}
+
+void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
+{
+    *out = 0.0;
+    if (n == 0)
+        return;
+    kc_enter(k);
+    bool vec = kc_aligned(16, g);
+    size_t work = vec ? n / 4 : n;
+    size_t blocks = (work + SQ_THREADS - 1) / SQ_THREADS;
+    if (blocks > KC_SUMSQ_BLOCKS)
+        blocks = KC_SUMSQ_BLOCKS;
+    if (blocks == 0)
+        blocks = 1;
+    if (vec)
+        sumsq_partial<4><<<(unsigned)blocks, SQ_THREADS, 0, k->stream>>>(g, n, k->d_small->partial);
+    else
+        sumsq_partial<1><<<(unsigned)blocks, SQ_THREADS, 0, k->stream>>>(g, n, k->d_small->partial);
+    kc_launched(k, "sumsq");
+    sumsq_final<<<1, SQ_THREADS, 0, k->stream>>>(k->d_small->partial, (int)blocks, &k->d_small->sumsq);
+    kc_launched(k, "sumsq(final)");
+    kc_ok(k, cudaMemcpyAsync(&k->h_small->sumsq, &k->d_small->sumsq, sizeof(double), cudaMemcpyDeviceToHost,
+                             k->stream),
+          "sumsq(copy)");
+    if (kc_ok(k, cudaStreamSynchronize(k->stream), "sumsq(sync)"))
+        *out = k->h_small->sumsq;
+    else
+        *out = NAN;
+}

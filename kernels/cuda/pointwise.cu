@@ -1,0 +1,273 @@
+// pointwise.cu — elementwise ops: GELU, ReLU, residual, accumulate, scale,
+// casts and the non-finite count.  Every op runs four elements per thread
+// (float4) where the pointers allow it, through kc_ew.
+#include "kern_cuda.cuh"
+
+// ---- GELU (tanh approximation), as the CPU reference -------------------------------------
+
+#define KC_GELU_K 0.7978845608028654f // sqrt(2/pi)
+
+__device__ __forceinline__ float kc_gelu(float x)
+{
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(KC_GELU_K * (x + cube)));
+}
+
+__device__ __forceinline__ float kc_gelu_grad(float x)
+{
+    float cube = 0.044715f * x * x * x;
+    float th = tanhf(KC_GELU_K * (x + cube));
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + x * 0.5f * sech2 * KC_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+namespace {
+
+struct gelu_fwd_f {
+    float *out;
+    const float *inp;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(inp + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            x.v[j] = kc_gelu(x.v[j]);
+        kc_st<W>(out + i, x);
+    }
+};
+
+struct gelu_bwd_f {
+    float *dinp;
+    const float *inp, *dout;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i), g = kc_ld<W>(dinp + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            g.v[j] += kc_gelu_grad(x.v[j]) * d.v[j];
+        kc_st<W>(dinp + i, g);
+    }
+};
+
+struct relu_fwd_f {
+    float *out;
+    const float *inp;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(inp + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            x.v[j] = x.v[j] > 0.0f ? x.v[j] : 0.0f;
+        kc_st<W>(out + i, x);
+    }
+};
+
+struct relu_bwd_f {
+    float *dinp;
+    const float *inp, *dout;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i), g = kc_ld<W>(dinp + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            if (x.v[j] > 0.0f)
+                g.v[j] += d.v[j];
+        kc_st<W>(dinp + i, g);
+    }
+};
+
+struct add_f { // out = a + b (out may be a: accumulate)
+    float *out;
+    const float *a, *b;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(a + i), y = kc_ld<W>(b + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            x.v[j] += y.v[j];
+        kc_st<W>(out + i, x);
+    }
+};
+
+struct scale_f {
+    float *p;
+    float s;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(p + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            x.v[j] *= s;
+        kc_st<W>(p + i, x);
+    }
+};
+
+// fp32 -> 16-bit, four at a time as one 8-byte store.
+template <bool BF16> struct to16_f {
+    uint16_t *dst;
+    const float *src;
+    __device__ static uint16_t conv(float f)
+    {
+        if constexpr (BF16)
+            return kern_f32_to_bf16(f); // the very function the CPU uses: bitwise equal
+        else
+            return __half_as_ushort(__float2half_rn(f));
+    }
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(src + i);
+        if constexpr (W == 4) {
+            ushort4 o = make_ushort4(conv(x.v[0]), conv(x.v[1]), conv(x.v[2]), conv(x.v[3]));
+            *reinterpret_cast<ushort4 *>(dst + i) = o;
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                dst[i + j] = conv(x.v[j]);
+        }
+    }
+};
+
+template <bool BF16> struct from16_f {
+    float *dst;
+    const uint16_t *src;
+    __device__ static float conv(uint16_t h)
+    {
+        if constexpr (BF16)
+            return kern_bf16_to_f32(h);
+        else
+            return __half2float(__ushort_as_half(h));
+    }
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x;
+        if constexpr (W == 4) {
+            ushort4 h = *reinterpret_cast<const ushort4 *>(src + i);
+            x.v[0] = conv(h.x);
+            x.v[1] = conv(h.y);
+            x.v[2] = conv(h.z);
+            x.v[3] = conv(h.w);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                x.v[j] = conv(src[i + j]);
+        }
+        kc_st<W>(dst + i, x);
+    }
+};
+
+} // namespace
+
+void kc_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N)
+{
+    kc_enter(k);
+    kc_ew(k, N, kc_aligned(16, out, inp), gelu_fwd_f{out, inp}, "gelu_forward");
+}
+
+void kc_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N)
+{
+    kc_enter(k);
+    kc_ew(k, N, kc_aligned(16, dinp, inp, dout), gelu_bwd_f{dinp, inp, dout}, "gelu_backward");
+}
+
+void kc_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N)
+{
+    kc_enter(k);
+    kc_ew(k, N, kc_aligned(16, out, inp), relu_fwd_f{out, inp}, "relu_forward");
+}
+
+void kc_relu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N)
+{
+    kc_enter(k);
+    kc_ew(k, N, kc_aligned(16, dinp, inp, dout), relu_bwd_f{dinp, inp, dout}, "relu_backward");
+}
+
+void kc_residual_forward(kern_ctx *k, float *out, const float *a, const float *b, size_t N)
+{
+    kc_enter(k);
+    kc_ew(k, N, kc_aligned(16, out, a, b), add_f{out, a, b}, "residual_forward");
+}
+
+void kc_accumulate(kern_ctx *k, float *dst, const float *src, size_t N)
+{
+    kc_enter(k);
+    kc_ew(k, N, kc_aligned(16, dst, src), add_f{dst, dst, src}, "accumulate");
+}
+
+void kc_scale(kern_ctx *k, float *p, size_t n, float s)
+{
+    kc_enter(k);
+    kc_ew(k, n, kc_aligned(16, p), scale_f{p, s}, "scale");
+}
+
+void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16)
+{
+    bool vec = kc_aligned(16, src) && kc_aligned(8, dst);
+    if (bf16)
+        kc_ew(k, n, vec, to16_f<true>{dst, src}, "cast_f32_to_bf16");
+    else
+        kc_ew(k, n, vec, to16_f<false>{dst, src}, "cast_f32_to_f16");
+}
+
+void kc_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t n)
+{
+    kc_enter(k);
+    kc_cast_lowp(k, dst, src, n, true);
+}
+
+void kc_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n)
+{
+    kc_enter(k);
+    kc_cast_lowp(k, dst, src, n, false);
+}
+
+void kc_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
+{
+    kc_enter(k);
+    kc_ew(k, n, kc_aligned(16, dst) && kc_aligned(8, src), from16_f<true>{dst, src}, "cast_bf16_to_f32");
+}
+
+void kc_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
+{
+    kc_enter(k);
+    kc_ew(k, n, kc_aligned(16, dst) && kc_aligned(8, src), from16_f<false>{dst, src}, "cast_f16_to_f32");
+}
+
+// ---- count_nonfinite ------------------------------------------------------------------
+
+template <int W>
+__global__ static void nonfinite_kernel(const float *p, size_t n, unsigned long long *count)
+{
+    unsigned long long c = 0;
+    size_t nw = n / W;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nw; i += (size_t)gridDim.x * blockDim.x) {
+        kc_fv<W> x = kc_ld<W>(p + i * W);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            c += !isfinite(x.v[j]);
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - nw * W)
+        c += !isfinite(p[nw * W + threadIdx.x]);
+    for (int o = 16; o > 0; o >>= 1)
+        c += __shfl_xor_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0 && c)
+        atomicAdd(count, c); // integer: exact in any order
+}
+
+size_t kc_count_nonfinite(kern_ctx *k, const float *p, size_t n)
+{
+    if (n == 0)
+        return 0;
+    kc_enter(k);
+    unsigned long long *dc = &k->d_small->count;
+    kc_ok(k, cudaMemsetAsync(dc, 0, sizeof *dc, k->stream), "count_nonfinite");
+    if (kc_aligned(16, p))
+        nonfinite_kernel<4><<<kc_grid(k, n / 4 + 1, 256), 256, 0, k->stream>>>(p, n, dc);
+    else
+        nonfinite_kernel<1><<<kc_grid(k, n, 256), 256, 0, k->stream>>>(p, n, dc);
+    kc_launched(k, "count_nonfinite");
+    kc_ok(k, cudaMemcpyAsync(&k->h_small->count, dc, sizeof *dc, cudaMemcpyDeviceToHost, k->stream),
+          "count_nonfinite(copy)");
+    if (!kc_ok(k, cudaStreamSynchronize(k->stream), "count_nonfinite(sync)"))
+        return n; // unknown: say everything is bad rather than nothing
+    return (size_t)k->h_small->count;
+}

@@ -1,0 +1,114 @@
+// reduce.cu — deterministic column sums over an (N, C) matrix, for the
+// matmul bias gradient and the layernorm weight/bias gradients.
+//
+// Pass 1: a grid of (C/32) × S blocks; block (x, s) owns 32 columns and a
+// contiguous slice of rows, its 8 warps stride the slice, and the 8 partial
+// sums meet in shared memory in a fixed order.  Pass 2: one thread per
+// column adds the S partials in order and accumulates into the gradient.
+// No atomics: the result depends only on N, C (and so S), never on timing.
+#include "kern_cuda.cuh"
+
+#define CS_COLS 32
+#define CS_ROWS 8
+#define CS_TARGET_BLOCKS 1024 // fixed, so S (and the bits) do not depend on the GPU model
+
+static int cs_splits(int N, int C)
+{
+    int xb = (C + CS_COLS - 1) / CS_COLS;
+    int s = (CS_TARGET_BLOCKS + xb - 1) / xb;
+    int max_s = (N + CS_ROWS - 1) / CS_ROWS; // at least 8 rows per split
+    if (s > max_s)
+        s = max_s;
+    if (s < 1)
+        s = 1;
+    int rows = (N + s - 1) / s;
+    return rows ? (N + rows - 1) / rows : 1;
+}
+
+size_t kc_colsum_scratch(const kern_ctx *k, int N, int C, bool ln)
+{
+    (void)k;
+    return (size_t)cs_splits(N, C) * (size_t)C * (ln ? 2 : 1);
+}
+
+template <bool LN>
+__global__ static void colsum_partial(const float *__restrict__ dout, const float *__restrict__ inp,
+                                      const float *__restrict__ mean, const float *__restrict__ rstd,
+                                      float *__restrict__ part_a, float *__restrict__ part_b, int N, int C,
+                                      int rows_per_split)
+{
+    __shared__ float sa[CS_ROWS][CS_COLS + 1];
+    __shared__ float sb[LN ? CS_ROWS : 1][CS_COLS + 1];
+    int c = blockIdx.x * CS_COLS + threadIdx.x;
+    int s = blockIdx.y;
+    int r0 = s * rows_per_split;
+    int r1 = min(N, r0 + rows_per_split);
+    float a = 0.0f, b = 0.0f;
+    if (c < C) {
+        for (int r = r0 + threadIdx.y; r < r1; r += CS_ROWS) {
+            size_t i = (size_t)r * C + c;
+            float d = dout[i];
+            if constexpr (LN) {
+                a += d * ((inp[i] - mean[r]) * rstd[r]);
+                b += d;
+            } else {
+                a += d;
+            }
+        }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    if constexpr (LN)
+        sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float ta = 0.0f, tb = 0.0f;
+#pragma unroll
+        for (int y = 0; y < CS_ROWS; y++) {
+            ta += sa[y][threadIdx.x];
+            if constexpr (LN)
+                tb += sb[y][threadIdx.x];
+        }
+        part_a[(size_t)s * C + c] = ta;
+        if constexpr (LN)
+            part_b[(size_t)s * C + c] = tb;
+    }
+}
+
+__global__ static void colsum_final(float *__restrict__ dst_a, float *__restrict__ dst_b,
+                                    const float *__restrict__ part_a, const float *__restrict__ part_b, int S,
+                                    int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float a = 0.0f, b = 0.0f;
+    for (int s = 0; s < S; s++) {
+        a += part_a[(size_t)s * C + c];
+        if (dst_b)
+            b += part_b[(size_t)s * C + c];
+    }
+    dst_a[c] += a;
+    if (dst_b)
+        dst_b[c] += b;
+}
+
+void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
+               const float *rstd, int N, int C, float *part)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    bool ln = inp != NULL;
+    int S = cs_splits(N, C);
+    int rows = (N + S - 1) / S;
+    float *part_a = part, *part_b = ln ? part + (size_t)S * C : NULL;
+    dim3 grid((unsigned)((C + CS_COLS - 1) / CS_COLS), (unsigned)S);
+    dim3 block(CS_COLS, CS_ROWS);
+    if (ln)
+        colsum_partial<true><<<grid, block, 0, k->stream>>>(dout, inp, mean, rstd, part_a, part_b, N, C, rows);
+    else
+        colsum_partial<false><<<grid, block, 0, k->stream>>>(dout, NULL, NULL, NULL, part_a, NULL, N, C, rows);
+    kc_launched(k, "colsum_partial");
+    colsum_final<<<(unsigned)((C + 255) / 256), 256, 0, k->stream>>>(dst_a, ln ? dst_b : NULL, part_a, part_b, S,
+                                                                     C);
+    kc_launched(k, "colsum_final");
+}

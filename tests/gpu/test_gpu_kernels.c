@@ -1,0 +1,683 @@
+/* test_gpu_kernels.c — every CUDA kernel against its CPU reference.
+ *
+ * Exit 0: passed.  Exit 77: no usable GPU here (meson reports "skipped").
+ * Anything else: failed, with the reason on stderr.  Takes the path of
+ * gradd-cuda.so (or its directory) as its argument: the CUDA ops table is
+ * the one that module exports (dlsym KERN_CUDA_OPS_SYMBOL), the CPU one is
+ * kern_cpu_ops().  For every op: the same random inputs on both, both run,
+ * the results compared element by element, |gpu − cpu| ≤ rtol·|cpu| +
+ * atol·max|cpu|, with the maximum errors printed.  Gradient buffers start
+ * random (not zero), so the "+=" of every backward is checked too.
+ *
+ * Tolerances: fp32 context: 1e-5 (pointwise) to 1e-4 (GEMMs, reductions);
+ * bf16/fp16 contexts (GEMM inputs in 16 bits, fp32 accumulate): 2e-2 of
+ * the largest value; casts and counts: exact.
+ */
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dev.h"
+#include "kernels.h"
+
+static const kern_ops *G; /* cuda */
+static const kern_ops *H; /* cpu */
+static kern_ctx *hk;      /* cpu context */
+static kern_ctx *gk;      /* the cuda context under test (switched per precision) */
+static int failures;
+
+#define FAIL(...)                                                                                               \
+    do {                                                                                                        \
+        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                    \
+        fprintf(stderr, __VA_ARGS__);                                                                           \
+        fputc('\n', stderr);                                                                                    \
+        failures++;                                                                                             \
+    } while (0)
+
+/* ---- random numbers ------------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+/* Uniform in [-1, 1). */
+static float rnd(void) { return (float)((double)rnd_u32() / 2147483648.0 - 1.0); }
+
+/* ---- paired buffers: the same contents on the host (cpu) and the device (cuda) ------ */
+
+typedef struct {
+    float *h, *d;
+    size_t n;
+} buf;
+
+typedef struct {
+    int32_t *h, *d;
+    size_t n;
+} ibuf;
+
+#define MAX_ALLOCS 256
+static void *dev_allocs[MAX_ALLOCS];
+static int ndev_allocs;
+
+static void *dmalloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess || ndev_allocs == MAX_ALLOCS) {
+        fprintf(stderr, "cudaMalloc(%zu) failed\n", bytes);
+        exit(1);
+    }
+    dev_allocs[ndev_allocs++] = p;
+    return p;
+}
+
+static void *hmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 4);
+    if (!p) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static void free_all(void)
+{
+    for (int i = 0; i < ndev_allocs; i++)
+        cudaFree(dev_allocs[i]);
+    ndev_allocs = 0;
+}
+
+/* scale·uniform[-1,1), or zeros when scale is 0. */
+static buf mk(size_t n, float scale)
+{
+    buf b = {hmalloc(n * sizeof(float)), dmalloc(n * sizeof(float)), n};
+    for (size_t i = 0; i < n; i++)
+        b.h[i] = scale == 0.0f ? 0.0f : scale * rnd();
+    G->copy_h2d(gk, b.d, b.h, n * sizeof(float));
+    return b;
+}
+
+static ibuf mki(size_t n, int lo, int hi)
+{
+    ibuf b = {hmalloc(n * sizeof(int32_t)), dmalloc(n * sizeof(int32_t)), n};
+    for (size_t i = 0; i < n; i++)
+        b.h[i] = lo + (int32_t)(rnd_u32() % (uint32_t)(hi - lo));
+    G->copy_h2d(gk, b.d, b.h, n * sizeof(int32_t));
+    return b;
+}
+
+static void bfree(buf *b) { free(b->h); }
+static void ibfree(ibuf *b) { free(b->h); }
+
+static void gsync(const char *op)
+{
+    int e = G->sync(gk);
+    if (e)
+        FAIL("%s: cuda sync returned %d", op, e);
+}
+
+/* ---- comparison ----------------------------------------------------------------------- */
+
+/* got (device, n with row stride ld, the first `cols` of each row compared)
+ * against ref (host); `lower` (T) compares only the causal lower triangle of
+ * T×T blocks. */
+typedef struct {
+    size_t rows, cols, ld; /* rows × cols of ld; 0 rows: one flat row of n */
+    int tri_T;             /* > 0: (.., T, T) blocks, compare j <= t only */
+} layout;
+
+static void cmp_l(const char *op, const char *what, const float *dgot, const float *ref, size_t n, layout L,
+                  double rtol, double atol)
+{
+    float *got = hmalloc(n * sizeof(float));
+    G->copy_d2h(gk, got, dgot, n * sizeof(float));
+    size_t rows = L.rows ? L.rows : 1, cols = L.rows ? L.cols : n, ld = L.rows ? L.ld : n;
+    double maxref = 0.0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            if (L.tri_T && (int)c > (int)(r % (size_t)L.tri_T))
+                continue;
+            double a = fabs((double)ref[r * ld + c]);
+            if (isfinite(a) && a > maxref)
+                maxref = a;
+        }
+    double max_abs = 0.0, max_rel = 0.0;
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            if (L.tri_T && (int)c > (int)(r % (size_t)L.tri_T))
+                continue;
+            size_t i = r * ld + c;
+            double x = got[i], y = ref[i];
+            if (isnan(x) && isnan(y))
+                continue;
+            if (isinf(y) && x == y)
+                continue;
+            double e = fabs(x - y);
+            double rel = e / fmax(fabs(y), 1e-3 * maxref + 1e-30);
+            if (!(e <= rtol * fabs(y) + atol * maxref)) {
+                if (first == (size_t)-1)
+                    first = i;
+                bad++;
+            }
+            if (e > max_abs || isnan(e))
+                max_abs = e;
+            if (rel > max_rel || isnan(rel))
+                max_rel = rel;
+        }
+    printf("  %-22s %-9s max|ref| %-9.3g max abs err %-9.3g max rel err %-9.3g %s\n", op, what, maxref, max_abs,
+           max_rel, bad ? "FAIL" : "ok");
+    if (bad)
+        FAIL("%s %s: %zu of %zu elements out of tolerance (rtol %g, atol %g·max); first at %zu: gpu %.9g cpu %.9g",
+             op, what, bad, n, rtol, atol, first, got[first], ref[first]);
+    free(got);
+}
+
+static void cmp(const char *op, const char *what, const buf *b, double rtol, double atol)
+{
+    cmp_l(op, what, b->d, b->h, b->n, (layout){0, 0, 0, 0}, rtol, atol);
+}
+
+/* ---- the ops ------------------------------------------------------------------------------ */
+
+static void test_memory(void)
+{
+    size_t n = 10007;
+    buf a = mk(n, 1.0f);
+    H->zero(hk, a.h, 5000);
+    G->zero(gk, a.d, 5000);
+    H->scale(hk, a.h + 1, n - 1, -0.37f); /* +1: unaligned path */
+    G->scale(gk, a.d + 1, n - 1, -0.37f);
+    gsync("memory");
+    cmp("zero+scale", "p", &a, 0, 0);
+    bfree(&a);
+}
+
+static void test_encoder(int B, int T, int C, int V)
+{
+    char name[64];
+    snprintf(name, sizeof name, "encoder C=%d", C);
+    buf out = mk((size_t)B * T * C, 0), wte = mk((size_t)V * C, 1), wpe = mk((size_t)T * C, 1);
+    ibuf inp = mki((size_t)B * T, 0, V);
+    H->encoder_forward(hk, out.h, inp.h, wte.h, wpe.h, B, T, C);
+    G->encoder_forward(gk, out.d, inp.d, wte.d, wpe.d, B, T, C);
+    gsync(name);
+    cmp(name, "out", &out, 0, 0);
+    buf dout = mk((size_t)B * T * C, 1), dwte = mk((size_t)V * C, 1), dwpe = mk((size_t)T * C, 1);
+    H->encoder_backward(hk, dwte.h, dwpe.h, dout.h, inp.h, B, T, C);
+    G->encoder_backward(gk, dwte.d, dwpe.d, dout.d, inp.d, B, T, C);
+    gsync(name);
+    cmp(name, "dwte", &dwte, 1e-5, 1e-6);
+    cmp(name, "dwpe", &dwpe, 1e-5, 1e-6);
+    bfree(&out), bfree(&wte), bfree(&wpe), ibfree(&inp), bfree(&dout), bfree(&dwte), bfree(&dwpe);
+}
+
+static void test_layernorm(int N, int C)
+{
+    char name[64];
+    snprintf(name, sizeof name, "layernorm C=%d", C);
+    buf inp = mk((size_t)N * C, 2), w = mk(C, 1), b = mk(C, 1);
+    for (size_t i = 0; i < inp.n; i++) /* an offset, so the mean matters */
+        inp.h[i] += 3.0f;
+    G->copy_h2d(gk, inp.d, inp.h, inp.n * sizeof(float));
+    buf out = mk((size_t)N * C, 0), mean = mk(N, 0), rstd = mk(N, 0);
+    H->layernorm_forward(hk, out.h, mean.h, rstd.h, inp.h, w.h, b.h, N, C);
+    G->layernorm_forward(gk, out.d, mean.d, rstd.d, inp.d, w.d, b.d, N, C);
+    gsync(name);
+    cmp(name, "out", &out, 1e-4, 1e-5);
+    cmp(name, "mean", &mean, 1e-5, 1e-6);
+    cmp(name, "rstd", &rstd, 1e-4, 1e-6);
+    buf dout = mk((size_t)N * C, 1), dinp = mk((size_t)N * C, 1), dw = mk(C, 1), db = mk(C, 1);
+    /* Both backwards from the cpu's saved statistics: tests backward alone. */
+    G->copy_h2d(gk, mean.d, mean.h, N * sizeof(float));
+    G->copy_h2d(gk, rstd.d, rstd.h, N * sizeof(float));
+    H->layernorm_backward(hk, dinp.h, dw.h, db.h, dout.h, inp.h, w.h, mean.h, rstd.h, N, C);
+    G->layernorm_backward(gk, dinp.d, dw.d, db.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    gsync(name);
+    cmp(name, "dinp", &dinp, 1e-4, 1e-5);
+    cmp(name, "dweight", &dw, 1e-4, 1e-5);
+    cmp(name, "dbias", &db, 1e-4, 1e-5);
+    bfree(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&mean), bfree(&rstd);
+    bfree(&dout), bfree(&dinp), bfree(&dw), bfree(&db);
+}
+
+/* offset: floats added to every pointer (1 = 4-byte aligned only). */
+static void test_matmul(const char *prec, int N, int C, int OC, bool bias, bool want_dinp, int offset, double rtol,
+                        double atol)
+{
+    char name[64];
+    snprintf(name, sizeof name, "matmul %s %dx%dx%d%s%s", prec, N, C, OC, bias ? "" : " nobias",
+             offset ? " unal" : "");
+    size_t o = (size_t)offset;
+    buf inp = mk((size_t)N * C + o, 1), w = mk((size_t)OC * C + o, 1), b = mk((size_t)OC + o, 1);
+    buf out = mk((size_t)N * OC + o, 0);
+    const float *bh = bias ? b.h + o : NULL, *bd = bias ? b.d + o : NULL;
+    H->matmul_forward(hk, out.h + o, inp.h + o, w.h + o, bh, N, C, OC);
+    G->matmul_forward(gk, out.d + o, inp.d + o, w.d + o, bd, N, C, OC);
+    gsync(name);
+    cmp(name, "out", &out, rtol, atol);
+    buf dout = mk((size_t)N * OC + o, 1), dinp = mk((size_t)N * C + o, 1), dw = mk((size_t)OC * C + o, 1),
+        db = mk((size_t)OC + o, 1);
+    H->matmul_backward(hk, want_dinp ? dinp.h + o : NULL, dw.h + o, bias ? db.h + o : NULL, dout.h + o, inp.h + o,
+                       w.h + o, N, C, OC);
+    G->matmul_backward(gk, want_dinp ? dinp.d + o : NULL, dw.d + o, bias ? db.d + o : NULL, dout.d + o, inp.d + o,
+                       w.d + o, N, C, OC);
+    gsync(name);
+    cmp(name, "dinp", &dinp, rtol, atol);
+    cmp(name, "dweight", &dw, rtol, atol);
+    cmp(name, "dbias", &db, 1e-4, 1e-5); /* an fp32 reduction in every precision */
+    bfree(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&dout), bfree(&dinp), bfree(&dw), bfree(&db);
+}
+
+static void test_attention(const char *prec, int B, int T, int C, int NH, double rtol, double atol)
+{
+    char name[64];
+    snprintf(name, sizeof name, "attention %s T=%d C=%d NH=%d", prec, T, C, NH);
+    size_t BTC = (size_t)B * T * C, TT = (size_t)B * NH * T * T;
+    buf inp = mk(3 * BTC, 1), out = mk(BTC, 0), pre = mk(TT, 0), att = mk(TT, 0);
+    H->attention_forward(hk, out.h, pre.h, att.h, inp.h, B, T, C, NH);
+    G->attention_forward(gk, out.d, pre.d, att.d, inp.d, B, T, C, NH);
+    gsync(name);
+    layout tri = {(size_t)B * NH * T, (size_t)T, (size_t)T, T};
+    cmp_l(name, "preatt", pre.d, pre.h, TT, tri, rtol, atol);
+    cmp_l(name, "att", att.d, att.h, TT, tri, rtol, atol);
+    cmp(name, "out", &out, rtol, atol);
+    buf dout = mk(BTC, 1), dinp = mk(3 * BTC, 1), dpre = mk(TT, 0), datt = mk(TT, 0);
+    /* Each backend from its own att. */
+    H->attention_backward(hk, dinp.h, dpre.h, datt.h, dout.h, inp.h, att.h, B, T, C, NH);
+    G->attention_backward(gk, dinp.d, dpre.d, datt.d, dout.d, inp.d, att.d, B, T, C, NH);
+    gsync(name);
+    cmp(name, "dinp", &dinp, rtol, atol);
+    bfree(&inp), bfree(&out), bfree(&pre), bfree(&att), bfree(&dout), bfree(&dinp), bfree(&dpre), bfree(&datt);
+}
+
+static void test_pointwise(size_t n, int offset)
+{
+    char name[64];
+    size_t o = (size_t)offset;
+    buf x = mk(n + o, 4), y = mk(n + o, 1), out = mk(n + o, 0), dinp = mk(n + o, 1);
+    snprintf(name, sizeof name, "gelu n=%zu%s", n, o ? " unal" : "");
+    H->gelu_forward(hk, out.h + o, x.h + o, n);
+    G->gelu_forward(gk, out.d + o, x.d + o, n);
+    H->gelu_backward(hk, dinp.h + o, x.h + o, y.h + o, n);
+    G->gelu_backward(gk, dinp.d + o, x.d + o, y.d + o, n);
+    gsync(name);
+    cmp(name, "out", &out, 1e-5, 1e-6);
+    cmp(name, "dinp", &dinp, 1e-5, 1e-6);
+    snprintf(name, sizeof name, "relu n=%zu%s", n, o ? " unal" : "");
+    H->relu_forward(hk, out.h + o, x.h + o, n);
+    G->relu_forward(gk, out.d + o, x.d + o, n);
+    H->relu_backward(hk, dinp.h + o, x.h + o, y.h + o, n);
+    G->relu_backward(gk, dinp.d + o, x.d + o, y.d + o, n);
+    gsync(name);
+    cmp(name, "out", &out, 0, 0);
+    cmp(name, "dinp", &dinp, 1e-6, 1e-7);
+    snprintf(name, sizeof name, "residual n=%zu%s", n, o ? " unal" : "");
+    H->residual_forward(hk, out.h + o, x.h + o, y.h + o, n);
+    G->residual_forward(gk, out.d + o, x.d + o, y.d + o, n);
+    H->accumulate(hk, dinp.h + o, y.h + o, n);
+    G->accumulate(gk, dinp.d + o, y.d + o, n);
+    gsync(name);
+    cmp(name, "out", &out, 0, 0);
+    cmp(name, "accumulate", &dinp, 0, 0);
+    bfree(&x), bfree(&y), bfree(&out), bfree(&dinp);
+}
+
+static void test_crossentropy(int N, int V, int Vp)
+{
+    char name[64];
+    snprintf(name, sizeof name, "crossentropy V=%d Vp=%d", V, Vp);
+    buf logits = mk((size_t)N * Vp, 8), probs = mk((size_t)N * Vp, 0), losses = mk(N, 0);
+    ibuf tg = mki(N, 0, V);
+    H->crossentropy_forward(hk, losses.h, probs.h, logits.h, tg.h, N, V, Vp);
+    G->crossentropy_forward(gk, losses.d, probs.d, logits.d, tg.d, N, V, Vp);
+    gsync(name);
+    cmp(name, "losses", &losses, 1e-5, 1e-6);
+    cmp_l(name, "probs", probs.d, probs.h, probs.n, (layout){(size_t)N, (size_t)V, (size_t)Vp, 0}, 1e-4, 1e-6);
+    buf dlogits = mk((size_t)N * Vp, 1), dloss = mk(N, 1);
+    H->crossentropy_backward(hk, dlogits.h, probs.h, tg.h, dloss.h, N, V, Vp);
+    G->crossentropy_backward(gk, dlogits.d, probs.d, tg.d, dloss.d, N, V, Vp);
+    gsync(name);
+    cmp(name, "dlogits", &dlogits, 1e-4, 1e-6); /* all Vp columns: padding untouched */
+    bfree(&logits), bfree(&probs), bfree(&losses), ibfree(&tg), bfree(&dlogits), bfree(&dloss);
+}
+
+static void test_sumsq(size_t n, int offset)
+{
+    size_t o = (size_t)offset;
+    buf g = mk(n + o, 3);
+    double hs = 0, gs = 0;
+    H->sumsq(hk, &hs, g.h + o, n);
+    G->sumsq(gk, &gs, g.d + o, n);
+    gsync("sumsq");
+    double e = fabs(gs - hs), rel = e / fmax(fabs(hs), 1e-300);
+    printf("  %-22s %-9s ref %-12.9g abs err %-9.3g rel err %-9.3g %s\n", "sumsq", o ? "unal" : "", hs, e, rel,
+           rel <= 1e-10 ? "ok" : "FAIL");
+    if (!(rel <= 1e-10))
+        FAIL("sumsq n=%zu: gpu %.17g cpu %.17g", n, gs, hs);
+    bfree(&g);
+}
+
+static void test_adamw(size_t n)
+{
+    buf p = mk(n, 1), g = mk(n, 1), m = mk(n, 0.1f), v = mk(n, 0);
+    for (size_t i = 0; i < n; i++)
+        v.h[i] = 0.01f * fabsf(rnd());
+    G->copy_h2d(gk, v.d, v.h, n * sizeof(float));
+    for (int t = 1; t <= 3; t++) {
+        H->adamw(hk, p.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        G->adamw(gk, p.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+    }
+    gsync("adamw");
+    cmp("adamw", "p", &p, 1e-6, 1e-6);
+    cmp("adamw", "m", &m, 1e-6, 1e-7);
+    cmp("adamw", "v", &v, 1e-6, 1e-7);
+    bfree(&p), bfree(&g), bfree(&m), bfree(&v);
+}
+
+static bool same16(uint16_t a, uint16_t b, bool bf16)
+{
+    if (a == b)
+        return true;
+    /* NaN: any quiet NaN will do (the payload may differ). */
+    uint16_t expm = bf16 ? 0x7f80u : 0x7c00u, manm = bf16 ? 0x007fu : 0x03ffu;
+    bool na = (a & expm) == expm && (a & manm), nb = (b & expm) == expm && (b & manm);
+    return na && nb;
+}
+
+static void test_casts(size_t n)
+{
+    float *src = hmalloc(n * sizeof(float));
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 6e-8f, 3e-8f,
+                                    1e-40f, 3.4e38f, INFINITY, -INFINITY, NAN, 1.00390625f, 1.0009765625f};
+    size_t ns = sizeof special / sizeof special[0];
+    for (size_t i = 0; i < n; i++) {
+        if (i < ns) {
+            src[i] = special[i];
+        } else {
+            /* Random bit patterns: every exponent, rounding ties included. */
+            uint32_t u = rnd_u32() ^ (rnd_u32() << 16);
+            memcpy(&src[i], &u, 4);
+        }
+    }
+    float *dsrc = dmalloc(n * sizeof(float));
+    uint16_t *d16 = dmalloc(n * 2), *h16 = hmalloc(n * 2), *g16 = hmalloc(n * 2);
+    float *dback = dmalloc(n * sizeof(float)), *hback = hmalloc(n * sizeof(float)), *gback = hmalloc(n * sizeof(float));
+    G->copy_h2d(gk, dsrc, src, n * sizeof(float));
+    for (int bf = 1; bf >= 0; bf--) {
+        const char *name = bf ? "cast bf16" : "cast f16";
+        if (bf) {
+            H->cast_f32_to_bf16(hk, h16, src, n);
+            G->cast_f32_to_bf16(gk, d16, dsrc, n);
+        } else {
+            H->cast_f32_to_f16(hk, h16, src, n);
+            G->cast_f32_to_f16(gk, d16, dsrc, n);
+        }
+        G->copy_d2h(gk, g16, d16, n * 2);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!same16(g16[i], h16[i], bf)) {
+                if (!bad)
+                    first = i;
+                bad++;
+            }
+        /* Back to fp32 from the same 16-bit values. */
+        G->copy_h2d(gk, d16, h16, n * 2);
+        if (bf) {
+            H->cast_bf16_to_f32(hk, hback, h16, n);
+            G->cast_bf16_to_f32(gk, dback, d16, n);
+        } else {
+            H->cast_f16_to_f32(hk, hback, h16, n);
+            G->cast_f16_to_f32(gk, dback, d16, n);
+        }
+        G->copy_d2h(gk, gback, dback, n * sizeof(float));
+        gsync(name);
+        size_t bad2 = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&gback[i], &hback[i], 4) && !(isnan(gback[i]) && isnan(hback[i])))
+                bad2++;
+        printf("  %-22s %-9s %zu values, %zu differ to 16 bits, %zu differ back to fp32 %s\n", name, "", n, bad,
+               bad2, bad || bad2 ? "FAIL" : "ok");
+        if (bad)
+            FAIL("%s: %zu mismatches, first at %zu: %.9g -> gpu 0x%04x cpu 0x%04x", name, bad, first,
+                 (double)src[first], g16[first], h16[first]);
+        if (bad2)
+            FAIL("%s: %zu mismatches back to fp32", name, bad2);
+    }
+    free(src), free(h16), free(g16), free(hback), free(gback);
+}
+
+static void test_nonfinite(size_t n, int offset)
+{
+    size_t o = (size_t)offset;
+    buf p = mk(n + o, 1);
+    size_t put = 0;
+    for (size_t i = o; i < n + o; i += 997, put++)
+        p.h[i] = put % 3 == 0 ? NAN : put % 3 == 1 ? INFINITY : -INFINITY;
+    p.h[n + o - 1] = NAN; /* the tail */
+    G->copy_h2d(gk, p.d, p.h, (n + o) * sizeof(float));
+    size_t hc = H->count_nonfinite(hk, p.h + o, n), gc = G->count_nonfinite(gk, p.d + o, n);
+    gsync("count_nonfinite");
+    printf("  %-22s %-9s cpu %zu gpu %zu %s\n", "count_nonfinite", o ? "unal" : "", hc, gc, hc == gc ? "ok" : "FAIL");
+    if (hc != gc)
+        FAIL("count_nonfinite: gpu %zu cpu %zu", gc, hc);
+    bfree(&p);
+}
+
+/* The reductions that the CUDA side promises to keep deterministic (no
+ * float atomics): the same inputs twice give the same bits. */
+static bool same_bits(const float *d1, const float *d2, size_t n)
+{
+    float *a = hmalloc(n * sizeof(float)), *b = hmalloc(n * sizeof(float));
+    G->copy_d2h(gk, a, d1, n * sizeof(float));
+    G->copy_d2h(gk, b, d2, n * sizeof(float));
+    bool same = !memcmp(a, b, n * sizeof(float));
+    free(a), free(b);
+    return same;
+}
+
+static void test_determinism(void)
+{
+    int B = 8, T = 64, C = 128, V = 7, N = B * T;
+    buf dout = mk((size_t)N * C, 1), inp = mk((size_t)N * C, 1), w = mk(C, 1), mean = mk(N, 0), rstd = mk(N, 0);
+    ibuf tok = mki((size_t)N, 0, V);
+    buf g1 = mk((size_t)V * C, 0), g2 = mk((size_t)V * C, 0), p1 = mk((size_t)T * C, 0), p2 = mk((size_t)T * C, 0);
+    G->encoder_backward(gk, g1.d, p1.d, dout.d, tok.d, B, T, C);
+    G->encoder_backward(gk, g2.d, p2.d, dout.d, tok.d, B, T, C);
+    bool enc = same_bits(g1.d, g2.d, g1.n) && same_bits(p1.d, p2.d, p1.n);
+    buf o = mk((size_t)N * C, 0), bb = mk(C, 0);
+    G->layernorm_forward(gk, o.d, mean.d, rstd.d, inp.d, w.d, bb.d, N, C);
+    buf w1 = mk(C, 0), w2 = mk(C, 0), b1 = mk(C, 0), b2 = mk(C, 0);
+    G->layernorm_backward(gk, NULL, w1.d, b1.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    G->layernorm_backward(gk, NULL, w2.d, b2.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    bool ln = same_bits(w1.d, w2.d, C) && same_bits(b1.d, b2.d, C);
+    double s1 = 0, s2 = 0;
+    G->sumsq(gk, &s1, dout.d, dout.n);
+    G->sumsq(gk, &s2, dout.d, dout.n);
+    gsync("determinism");
+    printf("  %-22s encoder_backward %s, layernorm_backward %s, sumsq %s\n", "determinism", enc ? "ok" : "FAIL",
+           ln ? "ok" : "FAIL", s1 == s2 ? "ok" : "FAIL");
+    if (!enc || !ln || s1 != s2)
+        FAIL("a deterministic reduction gave different bits on a second run");
+    bfree(&dout), bfree(&inp), bfree(&w), bfree(&mean), bfree(&rstd), ibfree(&tok), bfree(&g1), bfree(&g2);
+    bfree(&p1), bfree(&p2), bfree(&o), bfree(&bb), bfree(&w1), bfree(&w2), bfree(&b1), bfree(&b2);
+}
+
+/* ---- scratch through a callback, as the pool provides it ----------------------------------- */
+
+typedef struct {
+    int live, acquired;
+    size_t peak_bytes;
+} scratch_stats;
+
+static void *scratch_acquire(void *user, size_t bytes)
+{
+    scratch_stats *s = user;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess)
+        return NULL;
+    s->live++;
+    s->acquired++;
+    if (bytes > s->peak_bytes)
+        s->peak_bytes = bytes;
+    return p;
+}
+
+static void scratch_release(void *user, void *p)
+{
+    scratch_stats *s = user;
+    s->live--;
+    cudaFree(p);
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static void run_fp32(void)
+{
+    printf("fp32 context\n");
+    test_memory();
+    test_encoder(4, 32, 96, 17);
+    test_encoder(3, 17, 30, 5);
+    test_layernorm(257, 96);
+    test_layernorm(100, 63);
+    test_layernorm(64, 768);
+    test_matmul("fp32", 256, 96, 288, true, true, 0, 1e-4, 1e-5);
+    test_matmul("fp32", 33, 17, 29, true, true, 0, 1e-4, 1e-5);
+    test_matmul("fp32", 64, 32, 48, false, false, 0, 1e-4, 1e-5);
+    test_matmul("fp32", 48, 40, 24, true, true, 1, 1e-4, 1e-5);
+    test_matmul("fp32", 512, 768, 2304, true, true, 0, 1e-4, 1e-5);
+    test_attention("fp32", 2, 64, 96, 4, 1e-4, 1e-5);
+    test_attention("fp32", 3, 37, 48, 3, 1e-4, 1e-5);
+    test_attention("fp32", 1, 256, 768, 12, 1e-4, 1e-5);
+    test_pointwise(10007, 0);
+    test_pointwise(4099, 1);
+    test_crossentropy(64, 1000, 1024);
+    test_crossentropy(33, 37, 37);
+    test_crossentropy(8, 50257, 50304);
+    test_sumsq(1000003, 0);
+    test_sumsq(12345, 1);
+    test_adamw(10007);
+    test_casts(100003);
+    test_nonfinite(1000003, 0);
+    test_nonfinite(5003, 1);
+    test_determinism();
+}
+
+static void run_lowp(const char *prec)
+{
+    printf("%s context (GEMM inputs in 16 bits)\n", prec);
+    test_matmul(prec, 256, 96, 288, true, true, 0, 2e-2, 2e-2);
+    test_matmul(prec, 33, 17, 29, true, true, 0, 2e-2, 2e-2);
+    test_matmul(prec, 48, 40, 24, false, true, 1, 2e-2, 2e-2);
+    test_matmul(prec, 512, 768, 3072, true, true, 0, 2e-2, 2e-2);
+    test_attention(prec, 2, 64, 96, 4, 2e-2, 2e-2);
+    test_attention(prec, 1, 128, 768, 12, 2e-2, 2e-2);
+}
+
+int main(int argc, char **argv)
+{
+    char dir[4096] = "", path[4200] = "";
+    if (argc > 1) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", argv[1]);
+        if (strstr(tmp, ".so")) {
+            snprintf(path, sizeof path, "%s", argv[1]);
+            snprintf(dir, sizeof dir, "%s", dirname(tmp));
+        } else {
+            snprintf(dir, sizeof dir, "%s", argv[1]);
+            snprintf(path, sizeof path, "%s/gradd-cuda.so", argv[1]);
+        }
+    }
+    dev *devs[16];
+    char why[256] = "";
+    int n = dev_cuda_probe(dir[0] ? dir : NULL, devs, 16, why, sizeof why);
+    if (n == 0) {
+        printf("SKIP: %s\n", why);
+        return 77;
+    }
+    int ordinal = devs[0]->index;
+    printf("%s: %s\n", devs[0]->id, devs[0]->name);
+    for (int i = 0; i < n; i++)
+        dev_destroy(devs[i]);
+    if (!path[0]) {
+        fprintf(stderr, "usage: %s path/to/gradd-cuda.so\n", argv[0]);
+        return 2;
+    }
+    void *mod = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!mod) {
+        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+        return 1;
+    }
+    G = dlsym(mod, KERN_CUDA_OPS_SYMBOL);
+    H = kern_cpu_ops();
+    if (!G || !H) {
+        fprintf(stderr, "no %s in %s\n", G ? "cpu table" : KERN_CUDA_OPS_SYMBOL, path);
+        return 1;
+    }
+    /* Every entry of the table is filled. */
+    const void *const *slots = (const void *const *)((const char *)G + sizeof(const char *));
+    size_t nslots = (sizeof(kern_ops) - sizeof(const char *)) / sizeof(void *);
+    for (size_t i = 0; i < nslots; i++)
+        if (!slots[i])
+            FAIL("kern_ops slot %zu of the cuda table is NULL", i);
+    if (strcmp(G->name, "cuda"))
+        FAIL("table name '%s'", G->name);
+    cudaSetDevice(ordinal);
+
+    hk = H->ctx_create(0, 0, KERN_FP32, NULL);
+    gk = G->ctx_create(0, ordinal, KERN_FP32, NULL);
+    if (!hk || !gk) {
+        fprintf(stderr, "ctx_create failed (cpu %p, cuda %p)\n", (void *)hk, (void *)gk);
+        return 1;
+    }
+    run_fp32();
+    G->ctx_destroy(gk);
+    free_all();
+
+    /* bf16 with scratch from a callback: after sync only the cuBLASLt
+     * workspace is still held. */
+    scratch_stats ss = {0, 0, 0};
+    kern_scratch cb = {scratch_acquire, scratch_release, &ss};
+    gk = G->ctx_create(0, ordinal, KERN_BF16, &cb);
+    if (!gk) {
+        FAIL("bf16 ctx_create failed");
+    } else {
+        run_lowp("bf16");
+        gsync("bf16");
+        printf("  scratch callback: %d acquisitions, peak %zu KiB, %d live after sync\n", ss.acquired,
+               ss.peak_bytes >> 10, ss.live);
+        if (ss.acquired < 2 || ss.live != 1)
+            FAIL("scratch callback: %d acquired, %d live after sync (want >= 2, 1)", ss.acquired, ss.live);
+        G->ctx_destroy(gk);
+        if (ss.live != 0)
+            FAIL("scratch callback: %d buffers live after ctx_destroy", ss.live);
+    }
+    free_all();
+
+    gk = G->ctx_create(0, ordinal, KERN_FP16, NULL);
+    if (!gk) {
+        FAIL("fp16 ctx_create failed");
+    } else {
+        run_lowp("fp16");
+        G->ctx_destroy(gk);
+    }
+    free_all();
+    H->ctx_destroy(hk);
+
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("PASS\n");
+    return 0;
+}

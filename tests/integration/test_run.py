@@ -1,0 +1,182 @@
+"""`gradd run JOB.cfg` end to end, its outputs read by their real consumers:
+safetensors (numpy), TensorBoard's EventAccumulator, and json for metrics."""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+
+try:
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    HAVE_READERS = True
+except ImportError:  # the plain python3 of a build without the venv
+    HAVE_READERS = False
+
+GRADD = harness.GRADD
+
+JOB = """
+[model]
+type = gpt
+layers = 2
+heads = 2
+width = 32
+context = 16
+vocab = 256
+[data]
+format = {fmt}
+train = {train}
+val_fraction = 0.1
+[train]
+steps = {steps}
+batch = 8
+micro_batch = 4
+lr = 3e-3
+warmup = 2
+threads = 2
+eval_every = 5
+eval_batches = 2
+[output]
+dir = {out}
+checkpoint_every = 3
+log_every = 1
+"""
+
+
+def corpus(path):
+    with open(path, "w") as f:
+        for i in range(300):
+            f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
+
+
+@unittest.skipUnless(HAVE_READERS, "needs numpy, safetensors and tensorboard (scripts/pyenv.sh)")
+class Run(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="gradd-run-")
+        self.train = os.path.join(self.dir, "corpus.txt")
+        corpus(self.train)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def job(self, name, steps=10, fmt="text", train=None):
+        out = os.path.join(self.dir, name)
+        cfg = os.path.join(self.dir, name + ".cfg")
+        with open(cfg, "w") as f:
+            f.write(JOB.format(fmt=fmt, train=train or self.train, steps=steps, out=out))
+        return cfg, out
+
+    def run_gradd(self, cfg, check=True):
+        r = subprocess.run([GRADD, "run", cfg], capture_output=True, text=True, timeout=300)
+        if check and r.returncode != 0:
+            raise AssertionError("gradd run -> %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr))
+        return r
+
+    def test_outputs_read_by_their_consumers(self):
+        cfg, out = self.job("outputs")
+        r = self.run_gradd(cfg)
+        self.assertIn("done: 10 steps", r.stdout)
+        # model.safetensors: GPT-2 names and layouts (Conv1D matrices are (in, out)).
+        t = load_file(os.path.join(out, "model.safetensors"))
+        self.assertEqual(t["wte.weight"].shape, (256, 32))
+        self.assertEqual(t["wpe.weight"].shape, (16, 32))
+        self.assertEqual(t["h.0.attn.c_attn.weight"].shape, (32, 96))
+        self.assertEqual(t["h.1.mlp.c_fc.weight"].shape, (32, 128))
+        self.assertEqual(t["h.1.mlp.c_proj.weight"].shape, (128, 32))
+        self.assertEqual(t["ln_f.bias"].shape, (32,))
+        self.assertEqual(len(t), 2 + 2 * 12 + 2)
+        for name, v in t.items():
+            self.assertEqual(v.dtype, np.float32, name)
+            self.assertTrue(np.isfinite(v).all(), name)
+        with safe_open(os.path.join(out, "model.safetensors"), "np") as f:
+            meta = f.metadata()
+        self.assertEqual(meta["format"], "pt")
+        self.assertEqual(meta["step"], "10")
+        # The resume state holds params and both Adam moments.
+        rs = load_file(os.path.join(out, "resume.safetensors"))
+        n = sum(v.size for v in t.values())
+        self.assertEqual({k: v.shape for k, v in rs.items()}, {"params": (n,), "adam_m": (n,), "adam_v": (n,)})
+        # metrics.jsonl: one line per step, then validations.
+        lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+        steps = [l["step"] for l in lines if "loss" in l]
+        self.assertEqual(steps, list(range(1, 11)))
+        first = lines[0]
+        for key in ("loss", "lr", "grad_norm", "tokens_per_s", "micro", "accum", "allocated", "reserved"):
+            self.assertIn(key, first)
+        self.assertEqual((first["micro"], first["accum"]), (4, 2))
+        self.assertEqual([l["step"] for l in lines if "val_loss" in l], [5, 10])
+        # TensorBoard sees the loss curve.
+        ea = EventAccumulator(os.path.join(out, "tensorboard"))
+        ea.Reload()
+        loss = ea.Scalars("train/loss")
+        self.assertEqual([e.step for e in loss], list(range(1, 11)))
+        self.assertAlmostEqual(loss[-1].value, [l["loss"] for l in lines if "loss" in l][-1], places=5)
+        self.assertEqual([e.step for e in ea.Scalars("val/loss")], [5, 10])
+
+    def test_interrupt_and_resume_is_bitwise(self):
+        cfg_a, out_a = self.job("straight", steps=12)
+        self.run_gradd(cfg_a)
+        cfg_b, out_b = self.job("interrupted", steps=12)
+        p = subprocess.Popen([GRADD, "run", cfg_b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Interrupt once a few steps are logged.
+        metrics = os.path.join(out_b, "metrics.jsonl")
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if os.path.exists(metrics) and sum(1 for l in open(metrics) if '"loss"' in l) >= 4:
+                break
+            time.sleep(0.01)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        if p.returncode == 0:
+            self.skipTest("the run finished before the interrupt arrived")
+        self.assertEqual(p.returncode, 130, err)
+        self.assertIn("run the same command again to resume", out)
+        r = self.run_gradd(cfg_b)
+        self.assertIn("done: 12 steps", r.stdout)
+        with open(os.path.join(out_a, "model.safetensors"), "rb") as a, \
+                open(os.path.join(out_b, "model.safetensors"), "rb") as b:
+            self.assertEqual(a.read(), b.read(), "resumed model differs from the uninterrupted one")
+        la = [l for l in open(os.path.join(out_a, "metrics.jsonl")) if '"loss"' in l]
+        lb = [l for l in open(os.path.join(out_b, "metrics.jsonl")) if '"loss"' in l]
+        strip = lambda l: {k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "step_ms")}
+        self.assertEqual([strip(l) for l in la], [strip(l) for l in lb])
+
+    def test_bad_job_file(self):
+        cfg = os.path.join(self.dir, "bad.cfg")
+        with open(cfg, "w") as f:
+            f.write("[model]\ntype = gpt\nlayers = many\n")
+        r = self.run_gradd(cfg, check=False)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("%s:3: [model] layers: 'many' is not a whole number" % cfg, r.stderr)
+
+    def test_bad_token_file(self):
+        bad = os.path.join(self.dir, "bad.bin")
+        with open(bad, "wb") as f:
+            f.write(struct.pack("<256i", 12345, 1, 10, *([0] * 253)) + b"\0" * 20)
+        cfg, out = self.job("badtokens", fmt="tokens", train=bad)
+        r = self.run_gradd(cfg, check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(bad, r.stderr)
+        self.assertIn("magic", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
+
+    def test_token_file_trains(self):
+        tok = os.path.join(self.dir, "tokens.bin")
+        data = open(self.train, "rb").read()
+        with open(tok, "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, len(data), *([0] * 253)))
+            f.write(struct.pack("<%dH" % len(data), *data))
+        cfg, out = self.job("tokens", steps=3, fmt="tokens", train=tok)
+        self.assertIn("done: 3 steps", self.run_gradd(cfg).stdout)
+
+
+if __name__ == "__main__":
+    harness.main()

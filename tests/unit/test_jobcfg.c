@@ -1,0 +1,136 @@
+/* test_jobcfg.c — job files: values, relative paths, and errors that name
+ * file, line, section and key. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "jobcfg.h"
+
+static char dir[64], path[128];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/gradd-jobcfg-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    char data[128];
+    snprintf(data, sizeof data, "%s/corpus.txt", dir);
+    FILE *f = fopen(data, "w");
+    fputs("hello world\n", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/job.cfg", dir);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd);
+}
+
+static void write_job(const char *text)
+{
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+static void expect_error(const char *text, const char *want)
+{
+    write_job(text);
+    job_config j;
+    memset(&j, 0x5A, sizeof j);
+    char err[1024];
+    assert_int_equal(jobcfg_load(path, &j, err, sizeof err), -1);
+    char full[1200];
+    snprintf(full, sizeof full, "%s%s", path, want);
+    if (strncmp(err, full, strlen(full)) != 0)
+        fail_msg("got '%s', want prefix '%s'", err, full);
+    unsigned char *b = (unsigned char *)&j;
+    for (size_t i = 0; i < sizeof j; i++)
+        if (b[i] != 0x5A)
+            fail_msg("job_config changed at byte %zu on a failed load", i);
+}
+
+#define GPT_HEAD "[model]\ntype = gpt\n[data]\ntrain = corpus.txt\n[output]\ndir = out\n"
+
+static void test_values_and_relative_paths(void **state)
+{
+    (void)state;
+    write_job("[job]\nname = tiny\npriority = 5\n"
+              "[model]\ntype = gpt\nlayers = 3\nheads = 2\nwidth = 48\ncontext = 32\n"
+              "[data]\nformat = text\ntrain = corpus.txt\nval_fraction = 0.1\n"
+              "[train]\nsteps = 10\nbatch = 16\nmicro_batch = 5\nlr = 6e-4\nwarmup = 2\nprecision = fp32\n"
+              "[memory]\nlimit = 512M\n"
+              "[output]\ndir = runs/tiny\ncheckpoint_every = 5\n");
+    job_config j;
+    char err[1024];
+    if (jobcfg_load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_string_equal(j.name, "tiny");
+    assert_int_equal(j.priority, 5);
+    assert_int_equal(j.model, JOBCFG_GPT);
+    assert_int_equal(j.layers, 3);
+    assert_int_equal(j.micro_batch, 5);
+    assert_int_equal(j.mem_limit, 512u << 20);
+    assert_true(j.lr == 6e-4);
+    char want[256];
+    snprintf(want, sizeof want, "%s/corpus.txt", dir);
+    assert_string_equal(j.train, want);
+    snprintf(want, sizeof want, "%s/runs/tiny", dir);
+    assert_string_equal(j.out_dir, want);
+
+    write_job("[model]\ntype = mlp\nhidden = 256, 128\n[data]\nformat = idx\ntrain = corpus.txt\n"
+              "train_labels = corpus.txt\n[output]\ndir = /tmp/x\n");
+    if (jobcfg_load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.nhidden, 2);
+    assert_int_equal(j.hidden[0], 256);
+    assert_int_equal(j.hidden[1], 128);
+    assert_int_equal(j.micro_batch, 0); /* auto */
+    assert_string_equal(j.out_dir, "/tmp/x");
+    assert_string_equal(j.name, "job"); /* from the file name */
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    expect_error(GPT_HEAD "[train]\nsteps = 10\nlearning_rate = 1\n", ":9: [train] learning_rate: unknown key");
+    expect_error(GPT_HEAD "[optimizer]\nlr = 1\n", ":8: [optimizer]: unknown section");
+    expect_error(GPT_HEAD "[train]\nbatch = sixteen\n", ":8: [train] batch: 'sixteen' is not a whole number");
+    expect_error(GPT_HEAD "[train]\nprecision = fp8\n", ":8: [train] precision: 'fp8' is not one of fp32|bf16|fp16");
+    expect_error(GPT_HEAD "[train]\nbatch = 8\nmicro_batch = 9\n", ":9: [train] micro_batch: expected auto or");
+    expect_error(GPT_HEAD "[train]\nsteps = 10\nwarmup = 20\n", ":9: [train] warmup: is longer than");
+    expect_error("[model]\ntype = gpt\nwidth = 64\nheads = 5\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
+                 ":4: [model] heads: must divide [model] width");
+    expect_error("[model]\ntype = gpt\n[data]\ntrain = missing.txt\n[output]\ndir = o\n",
+                 ":4: [data] train: cannot read");
+    expect_error("[model]\ntype = gpt\n[output]\ndir = o\n", ": [data] train: is required");
+    expect_error("[model]\ntype = gpt\n[data]\ntrain = corpus.txt\n", ": [output] dir: is required");
+    expect_error("[model]\ntype = mlp\nhidden = 128,,64\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
+                 ":3: [model] hidden: expected up to 8");
+    expect_error("[model]\ntype = mlp\n[data]\nformat = text\ntrain = corpus.txt\n[output]\ndir = o\n",
+                 ":4: [data] format: an mlp trains on idx or npy images");
+    expect_error("[model]\ntype = mlp\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
+                 ": [data] train_labels: is required for an mlp");
+    expect_error("[job]\ndevice = gpu0\n" GPT_HEAD, ":2: [job] device: expected auto, cpu, cpuN or cuda:N");
+    expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_values_and_relative_paths),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,372 @@
+/* test_train.c — the training engine on the simulated cpu device:
+ * accumulation equivalence, bitwise resume, memory tags, and learning. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "dev.h"
+#include "jobcfg.h"
+#include "kernels.h"
+#include "pool.h"
+#include "safetensors.h"
+#include "train.h"
+
+static char tmpdir[64];
+static dev *d;
+static pool *p;
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-train-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    /* A small text corpus: every run below reads the same bytes. */
+    char path[128];
+    snprintf(path, sizeof path, "%s/corpus.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 400; i++)
+        fprintf(f, "the quick brown fox %d jumps over the lazy dog; pack my box with five dozen jugs.\n", i % 17);
+    fclose(f);
+    pool_config pc;
+    pool_config_default(&pc);
+    if (dev_cpu_create((size_t)1 << 30, 0, &d) != DEV_OK || pool_create(d, &pc, &p) != 0)
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    pool_destroy(p);
+    dev_destroy(d);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A tiny GPT job over the corpus, writing to tmpdir/NAME. */
+static void tiny_gpt(job_config *j, const char *name, uint32_t micro, uint64_t steps)
+{
+    jobcfg_defaults(j);
+    j->model = JOBCFG_GPT;
+    j->layers = 2;
+    j->heads = 2;
+    j->width = 32;
+    j->context = 16;
+    j->vocab = 256;
+    j->format = JOBCFG_DATA_TEXT;
+    snprintf(j->train, sizeof j->train, "%s/corpus.txt", tmpdir);
+    j->val_fraction = 0.1;
+    j->steps = steps;
+    j->batch = 16;
+    j->micro_batch = micro;
+    j->lr = 3e-3;
+    j->warmup = 2;
+    j->weight_decay = 0.1;
+    j->threads = 2;
+    j->eval_batches = 2;
+    snprintf(j->out_dir, sizeof j->out_dir, "%s/%s", tmpdir, name);
+    snprintf(j->name, sizeof j->name, "%s", name);
+    snprintf(j->source, sizeof j->source, "test");
+}
+
+static float *read_params(const char *dir, size_t *n)
+{
+    char path[256], err[512];
+    snprintf(path, sizeof path, "%s/resume.safetensors", dir);
+    st_file *f;
+    if (st_open(path, &f, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    const st_tensor *t = st_find(f, "params");
+    assert_non_null(t);
+    float *v = malloc(t->bytes);
+    assert_int_equal(st_read(f, "params", v, t->bytes, err, sizeof err), 0);
+    *n = t->bytes / sizeof(float);
+    st_close(f);
+    return v;
+}
+
+static void run_ok(const job_config *j, train_result *res, const train_hooks *h)
+{
+    if (train_run(j, p, kern_cpu_ops(), 1, h, res) != TRAIN_DONE)
+        fail_msg("train_run: %s", res->message);
+}
+
+/* ---- accumulation: 16×1 = 4×4 = 5+5+5+1 ---------------------------------------- */
+
+/* Largest per-tensor relative difference ||a - b|| / ||b|| between the
+ * tensors of two model.safetensors files. */
+static double worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len)
+{
+    char pa[256], pb[256], err[512];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    st_file *fa, *fb;
+    if (st_open(pa, &fa, err, sizeof err) != 0 || st_open(pb, &fb, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(st_count(fa), st_count(fb));
+    double worst = 0;
+    for (size_t i = 0; i < st_count(fa); i++) {
+        const st_tensor *ta = st_tensor_at(fa, i);
+        const float *a = st_data(fa, ta, err, sizeof err);
+        const float *b = st_data(fb, st_find(fb, ta->name), err, sizeof err);
+        assert_non_null(a);
+        assert_non_null(b);
+        double num = 0, den = 0;
+        for (uint64_t e = 0; e < ta->nelem; e++) {
+            num += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
+            den += (double)b[e] * b[e];
+        }
+        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (rel > worst) {
+            worst = rel;
+            snprintf(which, which_len, "%s", ta->name);
+        }
+    }
+    st_close(fa);
+    st_close(fb);
+    return worst;
+}
+
+static void test_accumulation_equivalence(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    static const uint32_t micros[] = {16, 4, 5};
+    char ref_dir[128] = "";
+    for (size_t i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "accum%u", micros[i]);
+        tiny_gpt(&j, name, micros[i], 5);
+        run_ok(&j, &res, NULL);
+        assert_int_equal(res.micro, micros[i]);
+        if (!ref_dir[0]) {
+            snprintf(ref_dir, sizeof ref_dir, "%s", j.out_dir);
+            continue;
+        }
+        /* The same update up to reassociation of the gradient sums over
+         * the batch: per tensor, ||Δ|| / ||p|| <= 1e-5 (issue 4's
+         * tolerance).  Element-wise it is looser: Adam divides by sqrt(v),
+         * so a near-zero gradient's rounding noise moves its parameter by a
+         * visible fraction of lr. */
+        char which[64] = "";
+        double worst = worst_tensor_diff(j.out_dir, ref_dir, which, sizeof which);
+        if (worst > 1e-5)
+            fail_msg("micro %u differs from micro 16 by relative %.3g in %s", micros[i], worst, which);
+    }
+}
+
+/* ---- resume: bitwise equal to an uninterrupted run ---------------------------- */
+
+typedef struct {
+    uint64_t stop_after;
+    uint64_t seen;
+    double losses[64];
+} stopper;
+
+static void record(void *user, const train_progress *pr)
+{
+    stopper *s = user;
+    s->seen = pr->step;
+    if (pr->step < 64)
+        s->losses[pr->step] = pr->loss;
+}
+
+static bool stop_now(void *user)
+{
+    stopper *s = user;
+    return s->stop_after && s->seen >= s->stop_after;
+}
+
+static void test_resume_bitwise(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    stopper full = {0}, part = {.stop_after = 4};
+    train_hooks hf = {record, NULL, &full}, hp = {record, stop_now, &part};
+
+    tiny_gpt(&j, "full", 5, 9);
+    j.checkpoint_every = 3;
+    run_ok(&j, &res, &hf);
+
+    tiny_gpt(&j, "parts", 5, 9);
+    j.checkpoint_every = 3;
+    assert_int_equal(train_run(&j, p, kern_cpu_ops(), 1, &hp, &res), TRAIN_STOPPED);
+    assert_int_equal(res.steps_done, 4);
+    /* The stop checkpoint holds step 4; the second run picks it up. */
+    part.stop_after = 0;
+    run_ok(&j, &res, &hp);
+    assert_int_equal(res.steps_done, 9);
+    for (int s = 1; s <= 9; s++)
+        if (memcmp(&full.losses[s], &part.losses[s], sizeof(double)) != 0)
+            fail_msg("step %d: loss %.17g uninterrupted, %.17g resumed", s, full.losses[s], part.losses[s]);
+
+    size_t n1, n2;
+    char d1[128], d2[128];
+    snprintf(d1, sizeof d1, "%s/full", tmpdir);
+    snprintf(d2, sizeof d2, "%s/parts", tmpdir);
+    float *a = read_params(d1, &n1), *b = read_params(d2, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1 * sizeof(float));
+    free(a);
+    free(b);
+
+    /* metrics.jsonl has each step once, in order, after the resume. */
+    char path[160], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", d2);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    unsigned long long last = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "val_loss"))
+            continue;
+        unsigned long long st = strtoull(strstr(line, "\"step\":") + 7, NULL, 10);
+        assert_int_equal(st, last + 1);
+        last = st;
+    }
+    fclose(f);
+    assert_int_equal(last, 9);
+}
+
+/* ---- a checkpoint for another model is refused --------------------------------- */
+
+static void test_resume_mismatch_refused(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "mismatch", 8, 2);
+    run_ok(&j, &res, NULL);
+    j.width = 64;
+    j.steps = 4;
+    assert_int_equal(train_run(&j, p, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    assert_non_null(strstr(res.message, "was written for 'gpt layers=2 heads=2 width=32"));
+    assert_non_null(strstr(res.message, "use another [output] dir"));
+}
+
+/* ---- the pool sees the job's memory by tag ----------------------------------- */
+
+typedef struct {
+    pool_stats st;
+    bool taken;
+} snap;
+
+static void take_stats(void *user, const train_progress *pr)
+{
+    (void)pr;
+    snap *s = user;
+    if (!s->taken)
+        pool_stats_read(p, &s->st);
+    s->taken = true;
+}
+
+static void test_memory_tags(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    static snap s;
+    memset(&s, 0, sizeof s);
+    train_hooks h = {take_stats, NULL, &s};
+    tiny_gpt(&j, "tags", 8, 1);
+    run_ok(&j, &res, &h);
+    assert_true(s.taken);
+    int64_t params = s.st.tag_current[POOL_TAG_PARAMS];
+    assert_true(params > 0);
+    assert_int_equal(s.st.tag_current[POOL_TAG_GRADS], params);
+    assert_int_equal(s.st.tag_current[POOL_TAG_OPTIMIZER], 2 * params);
+    /* Activations: within the model's estimate for micro 8 (rounded to 512). */
+    int64_t acts = s.st.tag_current[POOL_TAG_ACTIVATIONS];
+    assert_true(acts >= (int64_t)(res.act_fixed / 2 + res.act_per_sample * 8));
+    assert_true(acts <= (int64_t)(res.act_fixed + res.act_per_sample * 8 + 512));
+    assert_true(s.st.tag_current[POOL_TAG_DATA] > 0);
+    /* And everything went back when the job ended. */
+    pool_stats after;
+    pool_stats_read(p, &after);
+    assert_int_equal(after.allocated_bytes[POOL_ALL].current, 0);
+}
+
+/* ---- learning, sized for CI ---------------------------------------------------- */
+
+static void test_gpt_learns_fortunes(void **state)
+{
+    (void)state;
+    if (access("/usr/share/games/fortunes", R_OK) != 0)
+        skip();
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "fortunes", 16, 150);
+    snprintf(j.train, sizeof j.train, "/usr/share/games/fortunes");
+    j.layers = 2;
+    j.width = 64;
+    j.heads = 4;
+    j.context = 64;
+    j.lr = 3e-3;
+    j.warmup = 10;
+    j.val_fraction = 0.02;
+    j.eval_batches = 8;
+    run_ok(&j, &res, NULL);
+    /* ln(256) = 5.55 is a uniform guess; byte-level text is ~2.5 after a
+     * short run.  Well below: 3.0. */
+    printf("fortunes: final loss %.3f, val loss %.3f\n", res.final_loss, res.val_loss);
+    assert_true(res.val_loss < 3.0);
+}
+
+static void test_mlp_learns_fashion(void **state)
+{
+    (void)state;
+    const char *dir = "/usr/share/datasets/fashion-mnist";
+    char imgs[256];
+    snprintf(imgs, sizeof imgs, "%s/train-images-idx3-ubyte.gz", dir);
+    if (access(imgs, R_OK) != 0)
+        skip();
+    job_config j;
+    train_result res;
+    jobcfg_defaults(&j);
+    j.model = JOBCFG_MLP;
+    j.nhidden = 1;
+    j.hidden[0] = 128;
+    snprintf(j.hidden_text, sizeof j.hidden_text, "128");
+    j.format = JOBCFG_DATA_IDX;
+    snprintf(j.train, sizeof j.train, "%s", imgs);
+    snprintf(j.train_labels, sizeof j.train_labels, "%s/train-labels-idx1-ubyte.gz", dir);
+    snprintf(j.val, sizeof j.val, "%s/t10k-images-idx3-ubyte.gz", dir);
+    snprintf(j.val_labels, sizeof j.val_labels, "%s/t10k-labels-idx1-ubyte.gz", dir);
+    j.subset = 12000;
+    j.val_subset = 2000;
+    j.steps = 300;
+    j.batch = 64;
+    j.micro_batch = 64;
+    j.lr = 2e-3;
+    j.threads = 2;
+    snprintf(j.out_dir, sizeof j.out_dir, "%s/fashion", tmpdir);
+    snprintf(j.source, sizeof j.source, "test");
+    run_ok(&j, &res, NULL);
+    printf("fashion-mnist: final loss %.3f, test accuracy %.2f%%\n", res.final_loss, res.val_accuracy * 100);
+    assert_true(res.val_accuracy >= 0.80);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accumulation_equivalence),
+        cmocka_unit_test(test_resume_bitwise),
+        cmocka_unit_test(test_resume_mismatch_refused),
+        cmocka_unit_test(test_memory_tags),
+        cmocka_unit_test(test_gpt_learns_fortunes),
+        cmocka_unit_test(test_mlp_learns_fashion),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
