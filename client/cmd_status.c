@@ -1,9 +1,11 @@
-/* cmd_status.c — gradctl status: the daemon and its devices. */
+/* cmd_status.c — gradctl status: the daemon and its devices, or with a job
+ * id, everything about that job. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ctl.h"
+#include "jobfmt.h"
 #include "table.h"
 #include "units.h"
 
@@ -11,8 +13,8 @@ static int run(ctl *c, int argc, char **argv);
 
 const ctl_cmd cmd_status = {
     .name = "status",
-    .args = "",
-    .summary = "show the daemon's version, uptime and devices",
+    .args = "[ID]",
+    .summary = "show the daemon's version, uptime and devices, or one job in detail",
     .run = run,
 };
 
@@ -87,10 +89,43 @@ static void print_text(const Gradd__StatusResponse *st)
         printf("\n%s\n", st->cuda_note);
 }
 
+/* gradctl status ID: one job, in full. */
+static int job_status(ctl *c, int argc, char **argv)
+{
+    Gradd__JobRequest jr;
+    gradd__job_request__init(&jr);
+    int rc = jobfmt_id_arg(&cmd_status, argc, argv, &jr.id);
+    if (rc != CTL_OK)
+        return rc;
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_JOB;
+    req.job = &jr;
+    Gradd__Response *resp;
+    rc = ctl_call(c, &req, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    if (resp->body_case != GRADD__RESPONSE__BODY_JOB || !resp->job) {
+        fprintf(stderr, "gradctl: unexpected reply to status\n");
+        gradd__response__free_unpacked(resp, NULL);
+        return CTL_ERR_DAEMON;
+    }
+    if (c->json) {
+        json_writer w;
+        json_init(&w, stdout);
+        jobfmt_json(&w, resp->job);
+        json_end(&w);
+    } else {
+        jobfmt_detail(stdout, resp->job, jobfmt_now());
+    }
+    gradd__response__free_unpacked(resp, NULL);
+    return CTL_OK;
+}
+
 static int run(ctl *c, int argc, char **argv)
 {
     if (argc > 1)
-        return ctl_usage(&cmd_status, "unexpected argument '%s'", argv[1]);
+        return job_status(c, argc, argv);
     Gradd__StatusRequest sr;
     gradd__status_request__init(&sr);
     Gradd__Request req;

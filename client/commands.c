@@ -3,10 +3,16 @@
 #include "ctl.h"
 
 extern const ctl_cmd cmd_status, cmd_stats, cmd_trim, cmd_timeline, cmd_test_pressure,
-    cmd_test_alloc;
+    cmd_test_alloc, cmd_submit, cmd_list, cmd_cancel, cmd_watch, cmd_logs, cmd_metrics;
 
 const ctl_cmd *const ctl_commands[] = {
+    &cmd_submit,
+    &cmd_list,
     &cmd_status,
+    &cmd_watch,
+    &cmd_cancel,
+    &cmd_logs,
+    &cmd_metrics,
     &cmd_stats,
     &cmd_trim,
     &cmd_timeline,

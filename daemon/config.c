@@ -28,6 +28,12 @@ static const opts_def opts[] = {
      "connections served at once; more are closed on accept", NULL},
     {"daemon", "admin_group", OPTS_STRING, D(admin_group), 0, 0, false, "gradd",
      "members may act on every job; the socket's group", NULL},
+    {"daemon", "max_jobs_per_device", OPTS_COUNT, D(max_jobs_per_device), 1, 64, false, "1",
+     "jobs that run at once on one device", NULL},
+    {"daemon", "max_queued_per_user", OPTS_COUNT, D(max_queued_per_user), 1, 1e6, false, "100",
+     "queued and running jobs one user may have", NULL},
+    {"daemon", "max_job_file", OPTS_SIZE, D(max_job_file), 1024, 64 << 20, false, "1M",
+     "largest job file accepted by submit", NULL},
     {"daemon", "log_level", OPTS_STRING, D(log_level), 0, 0, false, "info", "error, warning, info or debug", NULL},
 
     {"cpu", "capacity", OPTS_SIZE, D(cpu_capacity), 1 << 20, SZ_MAX, false, "4G",

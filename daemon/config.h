@@ -41,6 +41,9 @@ typedef struct gradd_config {
     uint64_t max_clients;
     char admin_group[64];
     char log_level[16];
+    uint64_t max_jobs_per_device;
+    uint64_t max_queued_per_user;
+    uint64_t max_job_file;
 
     /* [cpu] */
     uint64_t cpu_capacity;

@@ -18,6 +18,8 @@ typedef struct {
     size_t n, cap;
 } ctx_held;
 
+struct queue;
+
 typedef struct gradd_ctx {
     gradd_config cfg;
     int ndev;
@@ -27,6 +29,7 @@ typedef struct gradd_ctx {
     uint64_t start_ns;   /* CLOCK_MONOTONIC at start */
     bool test_hooks;     /* --test-hooks: simulated device pressure over the socket */
     ctx_held test_held[CTX_MAX_DEVICES]; /* blocks held by the test_alloc hook */
+    struct queue *q;     /* the job queue (NULL in `gradd run`) */
 } gradd_ctx;
 
 /* Open the cpu devices and probe CUDA, creating a pool on each.  Returns 0,

@@ -229,7 +229,8 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     return 0;
 }
 
-int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
+/* Parse the stream f (standing for `path`) and validate. */
+static int load_stream(FILE *f, const char *path, job_config *out, char *err, size_t err_len)
 {
     parse_ctx *p = calloc(1, sizeof *p);
     job_config *j = malloc(sizeof *j);
@@ -242,12 +243,39 @@ int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
     jobcfg_defaults(j);
     snprintf(j->source, sizeof j->source, "%s", path);
     p->j = j;
-    int rc = opts_parse_file(path, on_entry, p, err, err_len);
+    int rc = opts_parse_stream(f, path, on_entry, p, err, err_len);
     if (rc == 0)
         rc = validate(p, path, err, err_len);
     if (rc == 0)
         *out = *j;
     free(p);
     free(j);
+    return rc;
+}
+
+int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc = load_stream(f, path, out, err, err_len);
+    fclose(f);
+    return rc;
+}
+
+int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                    size_t err_len)
+{
+    FILE *f = fmemopen((void *)contents, len ? len : 1, "r");
+    if (!f) {
+        snprintf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+        return -1;
+    }
+    if (len == 0)
+        fgetc(f); /* fmemopen needs a size of at least 1: consume it, parse nothing */
+    int rc = load_stream(f, path, out, err, err_len);
+    fclose(f);
     return rc;
 }

@@ -68,6 +68,10 @@ void jobcfg_defaults(job_config *j);
 /* Parse and validate.  0, or -1 with "FILE:LINE: [section] key: why" in err
  * (and *out untouched). */
 int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len);
+/* The same for a job file's contents; `path` is where they came from: it
+ * names the file in errors and anchors relative paths. */
+int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                    size_t err_len);
 /* Every key with its default, as a commented job file. */
 void jobcfg_print_defaults(FILE *f);
 

@@ -19,6 +19,8 @@
 #include "gradd-config.h"
 #include "log.h"
 #include "paths.h"
+#include "queue.h"
+#include "worker.h"
 #include "runjob.h"
 #include "server.h"
 #include "wire.h"
@@ -203,15 +205,34 @@ int main(int argc, char **argv)
         log_error("%s", err);
         return 1;
     }
+    static queue q;
+    static workers ws;
+    if (queue_open(&q, state_dir, err, sizeof err) != 0) {
+        log_error("%s", err);
+        ctx_close(&ctx);
+        return 1;
+    }
+    ctx.q = &q;
     static server srv;
     if (server_init(&srv, &ctx, socket_path, err, sizeof err) != 0) {
         log_error("%s", err);
+        queue_close(&q);
+        ctx_close(&ctx);
+        return 1;
+    }
+    if (workers_start(&ws, &ctx, &q, (int)ctx.cfg.max_jobs_per_device, err, sizeof err) != 0) {
+        log_error("%s", err);
+        server_free(&srv);
+        queue_close(&q);
         ctx_close(&ctx);
         return 1;
     }
     log_info("gradd %s started (config %s, state %s)", GRADD_VERSION, ctx.cfg.source, state_dir);
     server_run(&srv);
+    /* Running jobs checkpoint and go back to the queue before we exit. */
+    workers_stop(&ws);
     server_free(&srv);
+    queue_close(&q);
     ctx_close(&ctx);
     log_info("stopped");
     return 0;

@@ -271,17 +271,24 @@ static char *read_line(char *str, int num, void *stream)
 
 int opts_parse_file(const char *path, opts_entry_fn fn, void *user, char *err, size_t err_len)
 {
-    parse_ctx p = {.path = path, .fn = fn, .user = user};
-    p.f = fopen(path, "r");
-    if (!p.f) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
         snprintf(err, err_len, "%s: cannot open: %m", path);
         return -1;
     }
+    int rc = opts_parse_stream(f, path, fn, user, err, err_len);
+    fclose(f);
+    return rc;
+}
+
+int opts_parse_stream(FILE *f, const char *name, opts_entry_fn fn, void *user, char *err, size_t err_len)
+{
+    const char *path = name;
+    parse_ctx p = {.path = path, .fn = fn, .user = user, .f = f};
     /* Continuation lines would turn an indented "key = value" into part of
      * the previous value; our files have no multi-line values. */
     ini_allow_multiline = false;
     int rc = ini_parse_stream(read_line, &p, on_entry, &p);
-    fclose(p.f);
     while (p.seen) {
         seen_key *next = p.seen->next;
         free(p.seen->name);

@@ -2,13 +2,18 @@
  * (protobuf-c messages point into caller-owned storage) and sends it. */
 #include "rpc.h"
 
+#include <math.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "gradd-config.h"
 #include "log.h"
+#include "queue.h"
 
 #define TIMELINE_CHUNK ((size_t)256 << 10)
 
@@ -409,6 +414,448 @@ static void do_test_alloc(gradd_ctx *ctx, const Gradd__TestAllocRequest *rq, rpc
     send(conn, &resp);
 }
 
+/* ---- jobs ----------------------------------------------------------------------- */
+
+int rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
+{
+    Gradd__JobInfo *m = &st->msg;
+    gradd__job_info__init(m);
+    snprintf(st->name, sizeof st->name, "%s", j->name);
+    snprintf(st->user, sizeof st->user, "%s", j->user);
+    snprintf(st->device, sizeof st->device, "%s", j->device[0] ? j->device : j->cfg.device);
+    snprintf(st->reason, sizeof st->reason, "%s", j->reason);
+    snprintf(st->out_dir, sizeof st->out_dir, "%s", j->cfg.out_dir);
+    snprintf(st->job_file, sizeof st->job_file, "%s", j->source);
+    m->id = j->id;
+    m->name = st->name;
+    m->uid = (uint32_t)j->uid;
+    m->user = st->user;
+    m->state = (char *)job_state_name(j->state);
+    m->device = st->device;
+    m->priority = j->priority;
+    m->steps = j->cfg.steps;
+    m->val_loss = NAN;
+    m->val_accuracy = NAN;
+    m->loss = NAN;
+    m->unit = j->cfg.model == JOBCFG_GPT ? "tok" : "samples";
+    if (j->have_progress) {
+        m->step = j->prog.step;
+        m->loss = j->prog.loss;
+        m->val_loss = j->prog.val_loss;
+        m->val_accuracy = j->prog.val_accuracy;
+        m->micro = j->prog.micro;
+        m->accum = j->prog.accum;
+        m->units_per_s = j->prog.units_per_s;
+        m->elapsed_s = j->prog.elapsed_s;
+    }
+    m->submitted_at = j->submitted_at;
+    m->started_at = j->started_at;
+    m->finished_at = j->finished_at;
+    m->reason = st->reason;
+    m->out_dir = st->out_dir;
+    m->job_file = st->job_file;
+    m->resumes = j->resumes;
+    /* Memory by tag from the pool the job runs in. */
+    m->n_mem_tags = 0;
+    m->mem_tags = st->tag_ptrs;
+    int di = j->state == JOB_RUNNING ? ctx_find_device(ctx, j->device) : -1;
+    if (di >= 0) {
+        pool_stats *ps = malloc(sizeof *ps);
+        if (ps) {
+            pool_stats_read(ctx->pools[di], ps);
+            for (size_t r = 0; r < ps->njobs; r++) {
+                if (ps->jobs[r].job != j->id)
+                    continue;
+                m->mem_allocated = (uint64_t)ps->jobs[r].current;
+                for (int t = 0; t < POOL_TAG_COUNT; t++) {
+                    if (!ps->jobs[r].tag_current[t])
+                        continue;
+                    Gradd__TagUsage *u = &st->tags[m->n_mem_tags];
+                    gradd__tag_usage__init(u);
+                    u->tag = (char *)pool_tag_name((pool_tag)t);
+                    u->allocated = (uint64_t)ps->jobs[r].tag_current[t];
+                    st->tag_ptrs[m->n_mem_tags++] = u;
+                }
+            }
+            free(ps);
+        }
+    }
+    return 0;
+}
+
+static void send_job(gradd_ctx *ctx, job *j, rpc_send_fn send, void *conn, bool cancel_reply)
+{
+    rpc_job_store *st = malloc(sizeof *st);
+    if (!st) {
+        pthread_mutex_unlock(&ctx->q->lock);
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    rpc_job_info(ctx, j, st);
+    pthread_mutex_unlock(&ctx->q->lock);
+    Gradd__Response resp;
+    response_init(&resp);
+    Gradd__CancelResponse cr;
+    if (cancel_reply) {
+        gradd__cancel_response__init(&cr);
+        cr.job = &st->msg;
+        resp.body_case = GRADD__RESPONSE__BODY_CANCEL;
+        resp.cancel = &cr;
+    } else {
+        resp.body_case = GRADD__RESPONSE__BODY_JOB;
+        resp.job = &st->msg;
+    }
+    send(conn, &resp);
+    free(st);
+}
+
+/* Look a job up with the queue locked; on failure the lock is released and
+ * an error sent. */
+static job *locked_job(gradd_ctx *ctx, uint32_t id, rpc_send_fn send, void *conn)
+{
+    if (!ctx->q) {
+        send_error(send, conn, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return NULL;
+    }
+    pthread_mutex_lock(&ctx->q->lock);
+    job *j = queue_find(ctx->q, id);
+    if (!j) {
+        pthread_mutex_unlock(&ctx->q->lock);
+        char msg[64];
+        snprintf(msg, sizeof msg, "no job %u", id);
+        send_error(send, conn, GRADD__ERROR__CODE__NOT_FOUND, msg);
+    }
+    return j;
+}
+
+static void user_name(uid_t uid, char *buf, size_t len)
+{
+    struct passwd pw, *res = NULL;
+    char tmp[4096];
+    if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
+        snprintf(buf, len, "%s", pw.pw_name);
+    else
+        snprintf(buf, len, "%u", (unsigned)uid);
+}
+
+static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitRequest *rq, rpc_send_fn send,
+                      void *conn)
+{
+    char msg[1400];
+    if (!ctx->q) {
+        send_error(send, conn, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return;
+    }
+    const char *path = rq->path && *rq->path ? rq->path : "";
+    if (path[0] != '/') {
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, "submit: the job file path must be absolute");
+        return;
+    }
+    if (rq->contents.len > ctx->cfg.max_job_file) {
+        snprintf(msg, sizeof msg, "%s: %zu bytes is more than this daemon accepts ([daemon] max_job_file = %llu)",
+                 path, rq->contents.len, (unsigned long long)ctx->cfg.max_job_file);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        return;
+    }
+    job_config *cfg = malloc(sizeof *cfg);
+    if (!cfg) {
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    char err[1024];
+    if (jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err) != 0) {
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, err);
+        goto out;
+    }
+    if (rq->name && *rq->name)
+        snprintf(cfg->name, sizeof cfg->name, "%s", rq->name);
+    if (rq->has_priority)
+        cfg->priority = rq->priority;
+    bool have_cuda = false, found = false;
+    for (int i = 0; i < ctx->ndev; i++)
+        have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;
+    for (int i = 0; i < ctx->ndev && !found; i++)
+        found = queue_device_matches(cfg->device, ctx->devs[i]->id, ctx->devs[i]->kind == DEV_KIND_CUDA, have_cuda);
+    if (!found) {
+        snprintf(msg, sizeof msg, "%s: [job] device: no device '%s' on this daemon%s%s", path, cfg->device,
+                 ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        goto out;
+    }
+    pthread_mutex_lock(&ctx->q->lock);
+    size_t active = queue_active_for(ctx->q, peer->uid);
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (active >= ctx->cfg.max_queued_per_user) {
+        snprintf(msg, sizeof msg, "uid %u already has %zu queued or running jobs ([daemon] max_queued_per_user)",
+                 (unsigned)peer->uid, active);
+        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        goto out;
+    }
+    /* Everything the job will read or write, checked as its owner. */
+    if (access_check_job(peer->uid, peer->gid, cfg, err, sizeof err) != 0) {
+        snprintf(msg, sizeof msg, "%s: %s", path, err);
+        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        goto out;
+    }
+    char user[64];
+    user_name(peer->uid, user, sizeof user);
+    uint32_t id;
+    if (queue_submit(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, user, &id, err,
+                     sizeof err) != 0) {
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, err);
+        goto out;
+    }
+    log_info("job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
+    Gradd__SubmitResponse sr;
+    gradd__submit_response__init(&sr);
+    sr.id = id;
+    sr.name = cfg->name;
+    Gradd__Response resp;
+    response_init(&resp);
+    resp.body_case = GRADD__RESPONSE__BODY_SUBMIT;
+    resp.submit = &sr;
+    send(conn, &resp);
+out:
+    free(cfg);
+}
+
+static void do_list(gradd_ctx *ctx, const Gradd__ListRequest *rq, rpc_send_fn send, void *conn)
+{
+    if (!ctx->q) {
+        send_error(send, conn, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return;
+    }
+    job_state want_state = JOB_STATE_COUNT;
+    if (rq->state && *rq->state && job_state_parse(rq->state, &want_state) != 0) {
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST,
+                   "unknown state; use queued, running, completed, failed or cancelled");
+        return;
+    }
+    pthread_mutex_lock(&ctx->q->lock);
+    size_t n = ctx->q->n;
+    rpc_job_store *st = calloc(n ? n : 1, sizeof *st);
+    Gradd__JobInfo **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+    size_t k = 0;
+    for (size_t i = 0; st && ptrs && i < n; i++) {
+        job *j = ctx->q->jobs[i];
+        if (want_state != JOB_STATE_COUNT && j->state != want_state)
+            continue;
+        if (rq->user && *rq->user) {
+            char uid[16];
+            snprintf(uid, sizeof uid, "%u", (unsigned)j->uid);
+            if (strcmp(rq->user, j->user) != 0 && strcmp(rq->user, uid) != 0)
+                continue;
+        }
+        rpc_job_info(ctx, j, &st[k]);
+        ptrs[k] = &st[k].msg;
+        k++;
+    }
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (!st || !ptrs) {
+        free(st);
+        free(ptrs);
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    Gradd__ListResponse lr;
+    gradd__list_response__init(&lr);
+    lr.n_jobs = k;
+    lr.jobs = ptrs;
+    Gradd__Response resp;
+    response_init(&resp);
+    resp.body_case = GRADD__RESPONSE__BODY_LIST;
+    resp.list = &lr;
+    send(conn, &resp);
+    free(st);
+    free(ptrs);
+}
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
+{
+    job *j = locked_job(ctx, id, send, conn);
+    if (!j)
+        return;
+    char msg[256];
+    if (j->uid != peer->uid && !access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group)) {
+        pthread_mutex_unlock(&ctx->q->lock);
+        snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may cancel it", id,
+                 j->user, ctx->cfg.admin_group);
+        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        return;
+    }
+    if (j->state == JOB_QUEUED) {
+        j->state = JOB_CANCELLED;
+        j->finished_at = now_unix();
+        snprintf(j->reason, sizeof j->reason, "cancelled by uid %u before it started", (unsigned)peer->uid);
+        char err[512];
+        if (queue_persist(ctx->q, j, err, sizeof err) != 0)
+            log_error("job %u: %s", id, err);
+    } else if (j->state == JOB_RUNNING) {
+        /* The worker stops at the next micro-step and checkpoints. */
+        j->cancel_requested = true;
+    } else {
+        pthread_mutex_unlock(&ctx->q->lock);
+        snprintf(msg, sizeof msg, "job %u is already %s", id, job_state_name(j->state));
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        return;
+    }
+    queue_touch(ctx->q, j);
+    log_info("job %u cancel requested by uid %u", id, (unsigned)peer->uid);
+    send_job(ctx, j, send, conn, true); /* unlocks */
+    queue_notify(ctx->q);
+}
+
+static void do_logs(gradd_ctx *ctx, uint32_t id, rpc_send_fn send, void *conn)
+{
+    job *j = locked_job(ctx, id, send, conn);
+    if (!j)
+        return;
+    char path[PATH_MAX + 32];
+    queue_log_path(ctx->q, id, path, sizeof path);
+    pthread_mutex_unlock(&ctx->q->lock);
+    FILE *f = fopen(path, "r");
+    char *buf = malloc(TIMELINE_CHUNK);
+    if (!buf) {
+        if (f)
+            fclose(f);
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    bool last = false;
+    while (!last) {
+        size_t n = f ? fread(buf, 1, TIMELINE_CHUNK, f) : 0;
+        last = n < TIMELINE_CHUNK;
+        Gradd__LogsResponse lr;
+        gradd__logs_response__init(&lr);
+        lr.chunk.data = (uint8_t *)buf;
+        lr.chunk.len = n;
+        lr.last = last;
+        Gradd__Response resp;
+        response_init(&resp);
+        resp.body_case = GRADD__RESPONSE__BODY_LOGS;
+        resp.logs = &lr;
+        if (send(conn, &resp) != 0)
+            break;
+    }
+    free(buf);
+    if (f)
+        fclose(f);
+}
+
+/* Prometheus text exposition (0.0.4): the daemon, devices, pools, jobs. */
+static void do_metrics(gradd_ctx *ctx, rpc_send_fn send, void *conn)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    pool_stats *ps = malloc(sizeof *ps);
+    if (!f || !ps) {
+        if (f)
+            fclose(f);
+        free(text);
+        free(ps);
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    fprintf(f, "# HELP gradd_up Whether gradd is serving.\n# TYPE gradd_up gauge\ngradd_up 1\n");
+    fprintf(f, "# HELP gradd_uptime_seconds Seconds since gradd started.\n# TYPE gradd_uptime_seconds gauge\n");
+    fprintf(f, "gradd_uptime_seconds %.3f\n", (double)(ctx_now_ns() - ctx->start_ns) / 1e9);
+    static const struct {
+        const char *name, *help;
+    } dm[] = {
+        {"gradd_device_memory_total_bytes", "Device memory as the device reports it."},
+        {"gradd_device_memory_free_bytes", "Free device memory, other processes included."},
+        {"gradd_pool_allocated_bytes", "Bytes in live blocks of the pool."},
+        {"gradd_pool_reserved_bytes", "Bytes the pool holds from the device."},
+        {"gradd_pool_cap_bytes", "The pool's cap (memory_fraction of the device)."},
+        {"gradd_pool_largest_free_block_bytes", "Largest cached free block."},
+        {"gradd_pool_fragmentation_ratio", "1 - largest free block / cached bytes."},
+        {"gradd_pool_device_allocs_total", "Device allocations made by the pool."},
+        {"gradd_pool_cache_hits_total", "Allocations served from the cache."},
+        {"gradd_pool_ooms_total", "Allocations that failed."},
+        {"gradd_pool_trims_total", "Cache trims."},
+        {"gradd_pool_trimmed_bytes_total", "Bytes returned to the device by trims."},
+    };
+    for (size_t m = 0; m < sizeof dm / sizeof dm[0]; m++) {
+        bool counter = strstr(dm[m].name, "_total") != NULL;
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", dm[m].name, dm[m].help, dm[m].name, counter ? "counter" : "gauge");
+        for (int i = 0; i < ctx->ndev; i++) {
+            size_t fr = 0, tot = 0;
+            dev_mem_info(ctx->devs[i], &fr, &tot);
+            pool_stats_read(ctx->pools[i], ps);
+            double v[] = {(double)tot, (double)fr, (double)ps->allocated_bytes[POOL_ALL].current,
+                          (double)ps->reserved_bytes[POOL_ALL].current, (double)ps->cap,
+                          (double)ps->largest_free_block, ps->fragmentation, (double)ps->device_allocs,
+                          (double)ps->cache_hits, (double)ps->ooms, (double)ps->trims, (double)ps->trimmed_bytes};
+            fprintf(f, "%s{device=\"%s\",kind=\"%s\"} %.17g\n", dm[m].name, ctx->devs[i]->id,
+                    dev_kind_str(ctx->devs[i]->kind), v[m]);
+        }
+    }
+    fprintf(f, "# HELP gradd_pool_tag_allocated_bytes Live bytes by tag.\n# TYPE gradd_pool_tag_allocated_bytes gauge\n");
+    for (int i = 0; i < ctx->ndev; i++) {
+        pool_stats_read(ctx->pools[i], ps);
+        for (int t = 0; t < POOL_TAG_COUNT; t++)
+            fprintf(f, "gradd_pool_tag_allocated_bytes{device=\"%s\",tag=\"%s\"} %lld\n", ctx->devs[i]->id,
+                    pool_tag_name((pool_tag)t), (long long)ps->tag_current[t]);
+    }
+    if (ctx->q) {
+        pthread_mutex_lock(&ctx->q->lock);
+        size_t counts[JOB_STATE_COUNT] = {0};
+        for (size_t i = 0; i < ctx->q->n; i++)
+            counts[ctx->q->jobs[i]->state]++;
+        fprintf(f, "# HELP gradd_jobs Jobs by state.\n# TYPE gradd_jobs gauge\n");
+        for (int s = 0; s < JOB_STATE_COUNT; s++)
+            fprintf(f, "gradd_jobs{state=\"%s\"} %zu\n", job_state_name((job_state)s), counts[s]);
+        static const char *const jm[][2] = {
+            {"gradd_job_step", "Optimizer steps done."},
+            {"gradd_job_steps", "Optimizer steps in the job."},
+            {"gradd_job_loss", "Training loss of the last step."},
+            {"gradd_job_units_per_second", "Tokens (gpt) or samples (mlp) per second."},
+            {"gradd_job_micro_batch", "Current micro-batch size."},
+        };
+        for (size_t m = 0; m < sizeof jm / sizeof jm[0]; m++) {
+            fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", jm[m][0], jm[m][1], jm[m][0]);
+            for (size_t i = 0; i < ctx->q->n; i++) {
+                job *j = ctx->q->jobs[i];
+                if (j->state != JOB_RUNNING || !j->have_progress)
+                    continue;
+                double v[] = {(double)j->prog.step, (double)j->prog.steps, j->prog.loss, j->prog.units_per_s,
+                              (double)j->prog.micro};
+                /* Names and users are user-controlled: escape for the format. */
+                char name[160];
+                size_t o = 0;
+                for (const char *c = j->name; *c && o < sizeof name - 3; c++) {
+                    if (*c == '"' || *c == '\\')
+                        name[o++] = '\\';
+                    name[o++] = *c == '\n' ? ' ' : *c;
+                }
+                name[o] = '\0';
+                fprintf(f, "%s{job=\"%u\",name=\"%s\",user=\"%s\",device=\"%s\"} %.17g\n", jm[m][0], j->id,
+                        name, j->user, j->device, isfinite(v[m]) ? v[m] : 0.0);
+            }
+        }
+        pthread_mutex_unlock(&ctx->q->lock);
+    }
+    fclose(f);
+    free(ps);
+    Gradd__MetricsResponse mr;
+    gradd__metrics_response__init(&mr);
+    mr.text = text;
+    Gradd__Response resp;
+    response_init(&resp);
+    resp.body_case = GRADD__RESPONSE__BODY_METRICS;
+    resp.metrics = &mr;
+    send(conn, &resp);
+    free(text);
+}
+
 /* ---- dispatch ---------------------------------------------------------------- */
 
 void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *req, rpc_send_fn send,
@@ -432,6 +879,30 @@ void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *re
         return;
     case GRADD__REQUEST__BODY_TEST_ALLOC:
         do_test_alloc(ctx, req->test_alloc, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_SUBMIT:
+        do_submit(ctx, peer, req->submit, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_LIST:
+        do_list(ctx, req->list, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_JOB: {
+        job *j = locked_job(ctx, req->job->id, send, conn);
+        if (j)
+            send_job(ctx, j, send, conn, false); /* unlocks */
+        return;
+    }
+    case GRADD__REQUEST__BODY_CANCEL:
+        do_cancel(ctx, peer, req->cancel->id, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_LOGS:
+        do_logs(ctx, req->logs->id, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_METRICS:
+        do_metrics(ctx, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_WATCH:
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "watch is handled by the server");
         return;
     case GRADD__REQUEST__BODY__NOT_SET:
     default:

@@ -4,6 +4,7 @@
 #ifndef GRADD_RPC_H
 #define GRADD_RPC_H
 
+#include <limits.h>
 #include <sys/types.h>
 
 #include "ctx.h"
@@ -18,6 +19,19 @@ typedef struct {
 /* Queue one response on the connection `conn`; returns 0 or -1 when the
  * connection is gone or over its output limit. */
 typedef int (*rpc_send_fn)(void *conn, const Gradd__Response *resp);
+
+struct job;
+
+/* A JobInfo message and the storage its fields point into. */
+typedef struct {
+    Gradd__JobInfo msg;
+    Gradd__TagUsage tags[POOL_TAG_COUNT];
+    Gradd__TagUsage *tag_ptrs[POOL_TAG_COUNT];
+    char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
+} rpc_job_store;
+
+/* Fill st from j; the caller holds the queue lock. */
+int rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
 
 /* Answer a request whose version has already been checked. */
 void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *req,

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "queue.h"
 #include "rpc.h"
 #include "wire.h"
 
@@ -32,6 +33,9 @@ struct server_conn {
     bool closing;
     bool close_after_write;
     size_t writes_pending;
+    bool watching;         /* streaming WatchEvents of watch_id */
+    uint32_t watch_id;
+    uint64_t watch_version; /* the job version last sent */
     server_conn *prev, *next;
     char rbuf[CONN_READ_BUF];
 };
@@ -160,6 +164,87 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = sizeof c->rbuf;
 }
 
+/* ---- watch streams ---------------------------------------------------------- */
+
+/* Send the watched job if it changed since the last event; the stream ends
+ * (final) once the job is completed, failed or cancelled. */
+static void push_watch(server_conn *c)
+{
+    gradd_ctx *ctx = c->srv->ctx;
+    if (!c->watching || c->closing || !ctx->q)
+        return;
+    rpc_job_store *st = malloc(sizeof *st);
+    if (!st)
+        return;
+    pthread_mutex_lock(&ctx->q->lock);
+    job *j = queue_find(ctx->q, c->watch_id);
+    bool changed = j && j->version != c->watch_version;
+    bool final = !j || (j->state != JOB_QUEUED && j->state != JOB_RUNNING);
+    if (changed) {
+        rpc_job_info(ctx, j, st);
+        c->watch_version = j->version;
+    }
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (changed) {
+        Gradd__WatchEvent ev;
+        gradd__watch_event__init(&ev);
+        ev.job = &st->msg;
+        ev.final = final;
+        Gradd__Response resp;
+        gradd__response__init(&resp);
+        resp.version = WIRE_PROTOCOL_VERSION;
+        resp.body_case = GRADD__RESPONSE__BODY_WATCH;
+        resp.watch = &ev;
+        conn_send(c, &resp);
+    }
+    free(st);
+    if (final && !c->closing) {
+        /* Back to request/response: the idle timeout applies again. */
+        c->watching = false;
+        uv_timer_again(&c->idle);
+    }
+}
+
+static void start_watch(server_conn *c, uint32_t id)
+{
+    gradd_ctx *ctx = c->srv->ctx;
+    bool found = false;
+    if (ctx->q) {
+        pthread_mutex_lock(&ctx->q->lock);
+        found = queue_find(ctx->q, id) != NULL;
+        pthread_mutex_unlock(&ctx->q->lock);
+    }
+    if (!found) {
+        char msg[64];
+        Gradd__Response resp;
+        Gradd__Error e;
+        snprintf(msg, sizeof msg, "no job %u", id);
+        wire_error_response(&resp, &e, GRADD__ERROR__CODE__NOT_FOUND, msg);
+        conn_send(c, &resp);
+        return;
+    }
+    c->watching = true;
+    c->watch_id = id;
+    c->watch_version = UINT64_MAX;
+    /* A watcher may be silent for as long as the job runs. */
+    uv_timer_stop(&c->idle);
+    push_watch(c);
+}
+
+static void on_notify(uv_async_t *a)
+{
+    server *s = a->data;
+    for (server_conn *c = s->conns; c; c = c->next)
+        push_watch(c);
+}
+
+/* Called by workers from their threads. */
+static void notify_loop(void *user)
+{
+    server *s = user;
+    uv_async_send(&s->notify);
+}
+
 static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
 {
     char err[256];
@@ -175,6 +260,8 @@ static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
         Gradd__Error e;
         wire_error_response(&resp, &e, GRADD__ERROR__CODE__VERSION_MISMATCH, err);
         conn_send(c, &resp);
+    } else if (req->body_case == GRADD__REQUEST__BODY_WATCH) {
+        start_watch(c, req->watch->id);
     } else {
         rpc_dispatch(c->srv->ctx, &c->peer, req, conn_send, c);
     }
@@ -203,7 +290,8 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         size_t len;
         ws = wire_reader_next(&c->rd, &body, &len);
         if (ws == WIRE_OK) {
-            uv_timer_again(&c->idle);
+            if (!c->watching)
+                uv_timer_again(&c->idle);
             handle_frame(c, body, len);
         }
         if (ws == WIRE_NEED_MORE)
@@ -424,6 +512,14 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
     uv_timer_start(&s->tick, on_tick, 1000, 1000);
+    uv_async_init(&s->loop, &s->notify, on_notify);
+    s->notify.data = s;
+    if (ctx->q) {
+        pthread_mutex_lock(&ctx->q->lock);
+        ctx->q->notify = notify_loop;
+        ctx->q->notify_user = s;
+        pthread_mutex_unlock(&ctx->q->lock);
+    }
     return 0;
 }
 
@@ -453,6 +549,14 @@ void server_stop(server *s)
     uv_close((uv_handle_t *)&s->sig_term, NULL);
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->tick, NULL);
+    /* Workers may still report while they checkpoint: stop them from
+     * touching the loop before its handle goes away. */
+    if (s->ctx->q) {
+        pthread_mutex_lock(&s->ctx->q->lock);
+        s->ctx->q->notify = NULL;
+        pthread_mutex_unlock(&s->ctx->q->lock);
+    }
+    uv_close((uv_handle_t *)&s->notify, NULL);
     for (server_conn *c = s->conns; c; c = c->next)
         conn_close(c);
 }

@@ -21,6 +21,7 @@ typedef struct server {
     uv_pipe_t listener;
     uv_signal_t sig_term, sig_int;
     uv_timer_t tick;
+    uv_async_t notify; /* workers: a job changed; push to watchers */
     gradd_ctx *ctx;
     char path[PATH_MAX];
     dev_t sock_dev;

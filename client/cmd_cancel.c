@@ -1,0 +1,55 @@
+/* cmd_cancel.c — gradctl cancel: take a queued job off the queue, or stop a
+ * running one at its next micro-step after a final checkpoint. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "jobfmt.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_cancel = {
+    .name = "cancel",
+    .args = "ID",
+    .summary = "cancel a queued job, or stop a running one after a final checkpoint",
+    .run = run,
+};
+
+static int run(ctl *c, int argc, char **argv)
+{
+    Gradd__CancelRequest cr;
+    gradd__cancel_request__init(&cr);
+    int rc = jobfmt_id_arg(&cmd_cancel, argc, argv, &cr.id);
+    if (rc != CTL_OK)
+        return rc;
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_CANCEL;
+    req.cancel = &cr;
+    Gradd__Response *resp;
+    rc = ctl_call(c, &req, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    if (resp->body_case != GRADD__RESPONSE__BODY_CANCEL || !resp->cancel || !resp->cancel->job) {
+        fprintf(stderr, "gradctl: unexpected reply to cancel\n");
+        gradd__response__free_unpacked(resp, NULL);
+        return CTL_ERR_DAEMON;
+    }
+    /* The job as it is after the request: a queued job is cancelled at
+     * once; a running one stays "running" until its worker stops it. */
+    const Gradd__JobInfo *j = resp->cancel->job;
+    if (c->json) {
+        json_writer w;
+        json_init(&w, stdout);
+        jobfmt_json(&w, j);
+        json_end(&w);
+    } else if (strcmp(j->state, "cancelled") == 0) {
+        printf("job %u cancelled\n", j->id);
+    } else if (strcmp(j->state, "running") == 0) {
+        printf("job %u stopping (a final checkpoint is being written)\n", j->id);
+    } else {
+        printf("job %u is %s; nothing to cancel\n", j->id, j->state);
+    }
+    gradd__response__free_unpacked(resp, NULL);
+    return CTL_OK;
+}

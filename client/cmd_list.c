@@ -1,0 +1,84 @@
+/* cmd_list.c — gradctl list: every job, one line each, like squeue. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "jobfmt.h"
+#include "table.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_list = {
+    .name = "list",
+    .args = "[--user USER] [--state queued|running|completed|failed|cancelled]",
+    .summary = "list jobs: state, progress, loss, speed and memory",
+    .run = run,
+};
+
+static int run(ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"user", required_argument, NULL, 'u'},
+        {"state", required_argument, NULL, 'S'},
+        {NULL, 0, NULL, 0},
+    };
+    Gradd__ListRequest lr;
+    gradd__list_request__init(&lr);
+    int ch;
+    while ((ch = getopt_long(argc, argv, "u:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'u':
+            if (!*optarg)
+                return ctl_usage(&cmd_list, "--user needs a user name or uid");
+            lr.user = optarg;
+            break;
+        case 'S':
+            if (!jobfmt_state_valid(optarg))
+                return ctl_usage(&cmd_list, "unknown state '%s' (queued, running, completed, failed or cancelled)",
+                                 optarg);
+            lr.state = optarg;
+            break;
+        default: return ctl_usage(&cmd_list, "bad option");
+        }
+    }
+    if (optind < argc)
+        return ctl_usage(&cmd_list, "unexpected argument '%s'", argv[optind]);
+
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_LIST;
+    req.list = &lr;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, &req, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
+        fprintf(stderr, "gradctl: unexpected reply to list\n");
+        gradd__response__free_unpacked(resp, NULL);
+        return CTL_ERR_DAEMON;
+    }
+    const Gradd__ListResponse *l = resp->list;
+    if (c->json) {
+        json_writer w;
+        json_init(&w, stdout);
+        json_begin_object(&w);
+        json_key(&w, "jobs");
+        json_begin_array(&w);
+        for (size_t i = 0; i < l->n_jobs; i++)
+            jobfmt_json(&w, l->jobs[i]);
+        json_end_array(&w);
+        json_end_object(&w);
+        json_end(&w);
+    } else {
+        double now = jobfmt_now();
+        table t;
+        table_init(&t, JOBFMT_COLS, jobfmt_head);
+        for (size_t i = 0; i < l->n_jobs; i++)
+            jobfmt_row(&t, l->jobs[i], now);
+        table_print(&t, stdout);
+        table_free(&t);
+    }
+    gradd__response__free_unpacked(resp, NULL);
+    return CTL_OK;
+}

@@ -1,0 +1,92 @@
+/* cmd_logs.c — gradctl logs: the job's log, as the daemon streams it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "jobfmt.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_logs = {
+    .name = "logs",
+    .args = "ID",
+    .summary = "print a job's log",
+    .run = run,
+};
+
+/* --json: the whole log as one string, {"id":N,"log":"..."}.  JSON strings
+ * cannot hold NUL, so NUL bytes are dropped. */
+static int append(char **buf, size_t *len, size_t *cap, const uint8_t *data, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t ncap = *cap ? *cap : 4096;
+        while (ncap < *len + n + 1)
+            ncap *= 2;
+        char *nb = realloc(*buf, ncap);
+        if (!nb)
+            return -1;
+        *buf = nb;
+        *cap = ncap;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (data[i])
+            (*buf)[(*len)++] = (char)data[i];
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+static int run(ctl *c, int argc, char **argv)
+{
+    Gradd__LogsRequest lr;
+    gradd__logs_request__init(&lr);
+    int rc = jobfmt_id_arg(&cmd_logs, argc, argv, &lr.id);
+    if (rc != CTL_OK)
+        return rc;
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_LOGS;
+    req.logs = &lr;
+    Gradd__Response *resp;
+    char *all = NULL;
+    size_t len = 0, cap = 0;
+    rc = ctl_call(c, &req, &resp);
+    while (rc == CTL_OK) {
+        if (resp->body_case != GRADD__RESPONSE__BODY_LOGS || !resp->logs) {
+            fprintf(stderr, "gradctl: unexpected reply to logs\n");
+            gradd__response__free_unpacked(resp, NULL);
+            rc = CTL_ERR_DAEMON;
+            break;
+        }
+        const Gradd__LogsResponse *l = resp->logs;
+        if (c->json) {
+            if (append(&all, &len, &cap, l->chunk.data, l->chunk.len) != 0) {
+                fprintf(stderr, "gradctl: out of memory\n");
+                gradd__response__free_unpacked(resp, NULL);
+                rc = CTL_ERR_DAEMON;
+                break;
+            }
+        } else if (l->chunk.len) {
+            fwrite(l->chunk.data, 1, l->chunk.len, stdout);
+        }
+        bool last = l->last;
+        gradd__response__free_unpacked(resp, NULL);
+        if (last)
+            break;
+        rc = ctl_recv(c, &resp);
+    }
+    if (rc == CTL_OK && c->json) {
+        json_writer w;
+        json_init(&w, stdout);
+        json_begin_object(&w);
+        json_key(&w, "id");
+        json_uint(&w, lr.id);
+        json_key(&w, "log");
+        json_string(&w, all ? all : "");
+        json_end_object(&w);
+        json_end(&w);
+    }
+    free(all);
+    fflush(stdout);
+    return rc;
+}

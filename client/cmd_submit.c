@@ -1,0 +1,192 @@
+/* cmd_submit.c — gradctl submit: check a job file here, then queue it.
+ *
+ * The file is read once and those bytes are both validated and sent, so the
+ * daemon queues exactly what passed the check here (it checks again). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "jobcfg.h"
+#include "units.h"
+
+/* The largest job file gradctl sends; the daemon has its own limit. */
+#define SUBMIT_MAX_FILE ((size_t)1 << 20)
+/* [job] priority's bounds in the job file's option table (jobcfg.c). */
+#define SUBMIT_PRIORITY_MIN 0
+#define SUBMIT_PRIORITY_MAX 1000
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_submit = {
+    .name = "submit",
+    .args = "FILE [--name NAME] [--priority P]",
+    .summary = "check a job file and queue it",
+    .run = run,
+};
+
+/* Read the whole file into a malloc'd buffer, refusing more than the cap.
+ * 0, or -1 after printing why. */
+static int read_job_file(const char *path, uint8_t **out, size_t *out_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "gradctl submit: %s: cannot open: %s\n", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "gradctl submit: %s: not a regular file\n", path);
+        close(fd);
+        return -1;
+    }
+    char lim[16];
+    units_format_size(SUBMIT_MAX_FILE, lim, sizeof lim);
+    /* One byte more than the cap tells "too big" from "exactly the cap". */
+    uint8_t *buf = malloc(SUBMIT_MAX_FILE + 1);
+    if (!buf) {
+        fprintf(stderr, "gradctl submit: out of memory\n");
+        close(fd);
+        return -1;
+    }
+    size_t len = 0;
+    while (len < SUBMIT_MAX_FILE + 1) {
+        ssize_t n = read(fd, buf + len, SUBMIT_MAX_FILE + 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            fprintf(stderr, "gradctl submit: %s: cannot read: %s\n", path, strerror(errno));
+            free(buf);
+            close(fd);
+            return -1;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    if (len > SUBMIT_MAX_FILE) {
+        fprintf(stderr, "gradctl submit: %s: larger than %s, the most a job file may be\n", path, lim);
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+static int parse_priority(const char *text, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end || errno || v < SUBMIT_PRIORITY_MIN || v > SUBMIT_PRIORITY_MAX)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int check_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n >= sizeof ((job_config *)0)->name)
+        return -1;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return -1;
+    return 0;
+}
+
+static int run(ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"name", required_argument, NULL, 'n'},
+        {"priority", required_argument, NULL, 'p'},
+        {NULL, 0, NULL, 0},
+    };
+    Gradd__SubmitRequest sr;
+    gradd__submit_request__init(&sr);
+    int ch;
+    while ((ch = getopt_long(argc, argv, "n:p:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'n':
+            if (check_name(optarg) != 0)
+                return ctl_usage(&cmd_submit, "--name must be 1 to %zu printable bytes",
+                                 sizeof ((job_config *)0)->name - 1);
+            sr.name = optarg;
+            break;
+        case 'p':
+            if (parse_priority(optarg, &sr.priority) != 0)
+                return ctl_usage(&cmd_submit, "--priority must be a whole number from %d to %d (higher runs first)",
+                                 SUBMIT_PRIORITY_MIN, SUBMIT_PRIORITY_MAX);
+            sr.has_priority = true;
+            break;
+        default: return ctl_usage(&cmd_submit, "bad option");
+        }
+    }
+    if (optind >= argc)
+        return ctl_usage(&cmd_submit, "a job file is required (see etc/jobs/ for examples)");
+    if (optind + 1 < argc)
+        return ctl_usage(&cmd_submit, "unexpected argument '%s'", argv[optind + 1]);
+    const char *path = argv[optind];
+
+    uint8_t *contents;
+    size_t len;
+    if (read_job_file(path, &contents, &len) != 0)
+        return CTL_ERR_USAGE;
+    /* The message names FILE:LINE: [section] key, as the user wrote FILE. */
+    char err[PATH_MAX + 512];
+    job_config *cfg = malloc(sizeof *cfg);
+    if (!cfg || jobcfg_load_mem(contents, len, path, cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "gradctl submit: %s\n", cfg ? err : "out of memory");
+        free(cfg);
+        free(contents);
+        return CTL_ERR_USAGE;
+    }
+    free(cfg);
+    char abs[PATH_MAX];
+    if (!realpath(path, abs)) {
+        fprintf(stderr, "gradctl submit: %s: %s\n", path, strerror(errno));
+        free(contents);
+        return CTL_ERR_USAGE;
+    }
+    sr.path = abs;
+    sr.contents.data = contents;
+    sr.contents.len = len;
+
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_SUBMIT;
+    req.submit = &sr;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, &req, &resp);
+    free(contents);
+    if (rc != CTL_OK)
+        return rc;
+    if (resp->body_case != GRADD__RESPONSE__BODY_SUBMIT || !resp->submit) {
+        fprintf(stderr, "gradctl: unexpected reply to submit\n");
+        gradd__response__free_unpacked(resp, NULL);
+        return CTL_ERR_DAEMON;
+    }
+    const Gradd__SubmitResponse *s = resp->submit;
+    if (c->json) {
+        json_writer w;
+        json_init(&w, stdout);
+        json_begin_object(&w);
+        json_key(&w, "id");
+        json_uint(&w, s->id);
+        json_key(&w, "name");
+        json_string(&w, s->name);
+        json_end_object(&w);
+        json_end(&w);
+    } else {
+        printf("job %u queued (%s)\n", s->id, s->name);
+    }
+    gradd__response__free_unpacked(resp, NULL);
+    return CTL_OK;
+}

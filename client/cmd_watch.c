@@ -1,0 +1,142 @@
+/* cmd_watch.c — gradctl watch: follow one job until it ends.
+ *
+ * On a terminal, one status line redrawn in place; otherwise one plain line
+ * per event (logs, pipes); with --json, one JSON object per event. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "jobfmt.h"
+#include "units.h"
+
+static int run(ctl *c, int argc, char **argv);
+
+const ctl_cmd cmd_watch = {
+    .name = "watch",
+    .args = "ID",
+    .summary = "follow a job's progress live until it ends",
+    .run = run,
+};
+
+#define BAR_MIN 10
+#define BAR_MAX 30
+
+static int term_columns(void)
+{
+    struct winsize ws;
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        return ws.ws_col;
+    return 80;
+}
+
+/* "[##########----------] 120/600 20% loss 2.134 val 2.301 41.2k tok/s
+ * eta 1m03s mem 1.40G": the bar takes what the figures leave of the
+ * terminal's width, and the line is cut so that it never wraps (a wrapped
+ * line could not be redrawn in place). */
+static void live_line(char *buf, size_t len, const Gradd__JobInfo *j)
+{
+    int cols = term_columns();
+    if (strcmp(j->state, "queued") == 0) {
+        snprintf(buf, len, "job %u queued for %s, waiting for its turn", j->id, *j->device ? j->device : "a device");
+    } else {
+        char loss[32], val[48] = "", speed[48], eta[32], mem[16], figures[256];
+        if (isfinite(j->val_loss))
+            snprintf(val, sizeof val, " val %.3f", j->val_loss);
+        snprintf(figures, sizeof figures, " %llu/%llu %.0f%% loss %s%s %s eta %s mem %s",
+                 (unsigned long long)j->step, (unsigned long long)j->steps,
+                 j->steps ? 100.0 * (double)j->step / (double)j->steps : 0.0,
+                 jobfmt_loss(j->step ? j->loss : NAN, loss, sizeof loss), val, jobfmt_speed(j, speed, sizeof speed),
+                 jobfmt_eta(j, eta, sizeof eta), units_format_size(j->mem_allocated, mem, sizeof mem));
+        /* Room for a val loss from the start, so the bar keeps its width
+         * when the first validation comes in. */
+        int width = cols - 1 - 2 - (int)strlen(figures) - (val[0] ? 0 : (int)strlen(" val 0.000"));
+        width = width < BAR_MIN ? BAR_MIN : width > BAR_MAX ? BAR_MAX : width;
+        char bar[BAR_MAX + 1];
+        int fill = j->steps ? (int)((double)width * (double)j->step / (double)j->steps) : 0;
+        fill = fill > width ? width : fill;
+        memset(bar, '#', (size_t)fill);
+        memset(bar + fill, '-', (size_t)(width - fill));
+        bar[width] = '\0';
+        snprintf(buf, len, "[%s]%s", bar, figures);
+    }
+    if (cols > 1 && strlen(buf) >= (size_t)cols)
+        buf[cols - 1] = '\0';
+}
+
+static void print_json_event(const Gradd__WatchEvent *e)
+{
+    json_writer w;
+    json_init(&w, stdout);
+    json_begin_object(&w);
+    json_key(&w, "final");
+    json_bool(&w, e->final);
+    json_key(&w, "job");
+    jobfmt_json(&w, e->job);
+    json_end_object(&w);
+    json_end(&w);
+}
+
+static int run(ctl *c, int argc, char **argv)
+{
+    Gradd__WatchRequest wr;
+    gradd__watch_request__init(&wr);
+    int rc = jobfmt_id_arg(&cmd_watch, argc, argv, &wr.id);
+    if (rc != CTL_OK)
+        return rc;
+    bool live = !c->json && isatty(STDOUT_FILENO);
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_WATCH;
+    req.watch = &wr;
+    Gradd__Response *resp;
+    /* The live line is printed with its newline and redrawn by moving up
+     * one line: the cursor always rests on an empty line, so an error from
+     * ctl_recv or a ^C never lands in the middle of the bar. */
+    bool drawn = false;
+    char prev[512] = "";
+    rc = ctl_call(c, &req, &resp);
+    while (rc == CTL_OK) {
+        if (resp->body_case != GRADD__RESPONSE__BODY_WATCH || !resp->watch || !resp->watch->job) {
+            fprintf(stderr, "gradctl: unexpected reply to watch\n");
+            gradd__response__free_unpacked(resp, NULL);
+            return CTL_ERR_DAEMON;
+        }
+        const Gradd__WatchEvent *e = resp->watch;
+        const Gradd__JobInfo *j = e->job;
+        char line[512];
+        if (c->json) {
+            print_json_event(e);
+        } else if (live) {
+            if (drawn)
+                fputs("\033[1A\r\033[K", stdout);
+            if (e->final)
+                jobfmt_final(line, sizeof line, j);
+            else
+                live_line(line, sizeof line, j);
+            printf("%s\n", line);
+            drawn = true;
+        } else {
+            jobfmt_progress(line, sizeof line, j);
+            /* The final event repeats the last progress line more often than not. */
+            if (!e->final || strcmp(line, prev) != 0)
+                printf("%s\n", line);
+            snprintf(prev, sizeof prev, "%s", line);
+            if (e->final) {
+                jobfmt_final(line, sizeof line, j);
+                printf("%s\n", line);
+            }
+        }
+        fflush(stdout);
+        if (e->final) {
+            rc = strcmp(j->state, "completed") == 0 ? CTL_OK : CTL_ERR_DAEMON;
+            gradd__response__free_unpacked(resp, NULL);
+            return rc;
+        }
+        gradd__response__free_unpacked(resp, NULL);
+        rc = ctl_recv(c, &resp);
+    }
+    return rc;
+}

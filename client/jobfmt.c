@@ -1,0 +1,359 @@
+/* jobfmt.c — one job, shown the same way by every command. */
+#include "jobfmt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "units.h"
+
+const char *const jobfmt_states[] = {"queued", "running", "completed", "failed", "cancelled", NULL};
+
+bool jobfmt_state_valid(const char *state)
+{
+    for (const char *const *s = jobfmt_states; *s; s++)
+        if (state && strcmp(state, *s) == 0)
+            return true;
+    return false;
+}
+
+bool jobfmt_state_final(const char *state)
+{
+    return state && (strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 ||
+                     strcmp(state, "cancelled") == 0);
+}
+
+static bool is_state(const Gradd__JobInfo *j, const char *state)
+{
+    return j->state && strcmp(j->state, state) == 0;
+}
+
+double jobfmt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- arguments ------------------------------------------------------------ */
+
+int jobfmt_parse_id(const char *text, uint32_t *id)
+{
+    if (!text || *text < '0' || *text > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || *end || v == 0 || v > UINT32_MAX)
+        return -1;
+    *id = (uint32_t)v;
+    return 0;
+}
+
+int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
+{
+    const char *arg = NULL;
+    bool dashdash = false;
+    for (int i = 1; i < argc; i++) {
+        if (!dashdash && strcmp(argv[i], "--") == 0) {
+            dashdash = true;
+            continue;
+        }
+        if (!dashdash && argv[i][0] == '-' && argv[i][1])
+            return ctl_usage(cmd, "unknown option '%s'", argv[i]);
+        if (arg)
+            return ctl_usage(cmd, "unexpected argument '%s'", argv[i]);
+        arg = argv[i];
+    }
+    if (!arg)
+        return ctl_usage(cmd, "a job id is required");
+    if (jobfmt_parse_id(arg, id) != 0)
+        return ctl_usage(cmd, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
+    return CTL_OK;
+}
+
+/* ---- pieces --------------------------------------------------------------- */
+
+const char *jobfmt_loss(double loss, char *buf, size_t len)
+{
+    if (!isfinite(loss))
+        snprintf(buf, len, "-");
+    else
+        snprintf(buf, len, "%.3f", loss);
+    return buf;
+}
+
+/* The loss of the last step, or NaN before there was one: a daemon that
+ * has not trained yet sends 0, which is not a loss. */
+static double step_loss(const Gradd__JobInfo *j)
+{
+    return j->step > 0 ? j->loss : NAN;
+}
+
+const char *jobfmt_speed(const Gradd__JobInfo *j, char *buf, size_t len)
+{
+    double v = j->units_per_s;
+    const char *unit = j->unit && *j->unit ? j->unit : "units";
+    if (!isfinite(v) || v <= 0)
+        snprintf(buf, len, "-");
+    else if (v >= 1e9)
+        snprintf(buf, len, "%.1fG %s/s", v / 1e9, unit);
+    else if (v >= 1e6)
+        snprintf(buf, len, "%.1fM %s/s", v / 1e6, unit);
+    else if (v >= 1e3)
+        snprintf(buf, len, "%.1fk %s/s", v / 1e3, unit);
+    else if (v >= 10)
+        snprintf(buf, len, "%.0f %s/s", v, unit);
+    else
+        snprintf(buf, len, "%.1f %s/s", v, unit);
+    return buf;
+}
+
+const char *jobfmt_eta(const Gradd__JobInfo *j, char *buf, size_t len)
+{
+    if (j->steps > 0 && j->step >= j->steps)
+        return units_format_duration(0, buf, len);
+    if (j->step == 0 || !(j->elapsed_s > 0) || !isfinite(j->elapsed_s)) {
+        snprintf(buf, len, "-");
+        return buf;
+    }
+    double per_step = j->elapsed_s / (double)j->step;
+    return units_format_duration(per_step * (double)(j->steps - j->step), buf, len);
+}
+
+const char *jobfmt_batch(const Gradd__JobInfo *j, char *buf, size_t len)
+{
+    /* Always one "×", so that the table's byte-counted widths stay aligned. */
+    char m[16], a[16];
+    if (j->micro)
+        snprintf(m, sizeof m, "%u", j->micro);
+    else
+        snprintf(m, sizeof m, "auto");
+    if (j->accum)
+        snprintf(a, sizeof a, "%u", j->accum);
+    else
+        snprintf(a, sizeof a, "-");
+    snprintf(buf, len, "%s×%s", m, a);
+    return buf;
+}
+
+static double percent(const Gradd__JobInfo *j)
+{
+    return j->steps ? 100.0 * (double)j->step / (double)j->steps : 0.0;
+}
+
+/* "2024-05-01 12:03:04" in local time, or "-" for a time not yet reached. */
+static const char *local_time(double t, char *buf, size_t len)
+{
+    if (!(t > 0) || !isfinite(t)) {
+        snprintf(buf, len, "-");
+        return buf;
+    }
+    time_t s = (time_t)t;
+    struct tm tm;
+    if (!localtime_r(&s, &tm) || strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm) == 0)
+        snprintf(buf, len, "%.0f", t);
+    return buf;
+}
+
+/* ---- table row ------------------------------------------------------------ */
+
+const char *const jobfmt_head[JOBFMT_COLS] = {
+    ">ID", "USER", "NAME", "STATE", "DEVICE", ">STEP", ">LOSS", ">MICRO×ACC", ">SPEED", ">MEM", ">AGE",
+};
+
+void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
+{
+    char loss[32], batch[48], speed[48], mem[16], age[32];
+    table_cell(t, "%u", j->id);
+    table_cell(t, "%s", j->user && *j->user ? j->user : "-");
+    table_cell(t, "%s", j->name && *j->name ? j->name : "-");
+    table_cell(t, "%s", j->state && *j->state ? j->state : "-");
+    table_cell(t, "%s", j->device && *j->device ? j->device : "-");
+    table_cell(t, "%llu/%llu", (unsigned long long)j->step, (unsigned long long)j->steps);
+    table_cell(t, "%s", jobfmt_loss(step_loss(j), loss, sizeof loss));
+    table_cell(t, "%s", jobfmt_batch(j, batch, sizeof batch));
+    table_cell(t, "%s", jobfmt_speed(j, speed, sizeof speed));
+    table_cell(t, "%s", j->mem_allocated ? units_format_size(j->mem_allocated, mem, sizeof mem) : "-");
+    if (j->submitted_at > 0)
+        table_cell(t, "%s", units_format_duration(now - j->submitted_at, age, sizeof age));
+    else
+        table_cell(t, "-");
+}
+
+/* ---- detail view ---------------------------------------------------------- */
+
+#define LABEL "  %-11s "
+
+/* Print text whose later lines (an OOM report, say) line up under the first. */
+static void indented(FILE *f, const char *label, const char *text)
+{
+    fprintf(f, LABEL, label);
+    for (const char *p = text; *p; p++) {
+        fputc(*p, f);
+        if (*p == '\n' && p[1])
+            fprintf(f, LABEL, "");
+    }
+    if (!*text || text[strlen(text) - 1] != '\n')
+        fputc('\n', f);
+}
+
+void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
+{
+    char a[64], b[64];
+    fprintf(f, "job %u  %s\n", j->id, j->name && *j->name ? j->name : "(unnamed)");
+    fprintf(f, LABEL "%s (uid %u)\n", "user", j->user && *j->user ? j->user : "?", j->uid);
+    fprintf(f, LABEL "%s\n", "state", j->state && *j->state ? j->state : "?");
+    if ((is_state(j, "failed") || is_state(j, "cancelled")) && j->reason && *j->reason)
+        indented(f, "reason", j->reason);
+    fprintf(f, LABEL "%s\n", "device", j->device && *j->device ? j->device : "-");
+    fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
+    fprintf(f, LABEL "%llu/%llu steps (%.1f%%)\n", "progress", (unsigned long long)j->step,
+            (unsigned long long)j->steps, percent(j));
+    if (isfinite(step_loss(j)))
+        fprintf(f, LABEL "%s\n", "loss", jobfmt_loss(j->loss, a, sizeof a));
+    if (isfinite(j->val_loss))
+        fprintf(f, LABEL "%s\n", "val loss", jobfmt_loss(j->val_loss, a, sizeof a));
+    if (isfinite(j->val_accuracy))
+        fprintf(f, LABEL "%.2f%%\n", "val acc", 100.0 * j->val_accuracy);
+    fprintf(f, LABEL "%s (micro-batch × accumulation)\n", "batch", jobfmt_batch(j, a, sizeof a));
+    fprintf(f, LABEL "%s\n", "speed", jobfmt_speed(j, a, sizeof a));
+
+    fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");
+    int w = 0;
+    for (size_t i = 0; i < j->n_mem_tags; i++) {
+        int l = j->mem_tags[i]->tag ? (int)strlen(j->mem_tags[i]->tag) : 0;
+        if (l > w)
+            w = l;
+    }
+    for (size_t i = 0; i < j->n_mem_tags; i++) {
+        const Gradd__TagUsage *u = j->mem_tags[i];
+        if (!u->allocated && !u->peak)
+            continue;
+        fprintf(f, LABEL "  %-*s %8s  (peak %s)\n", "", w, u->tag ? u->tag : "",
+                units_format_size(u->allocated, a, sizeof a), units_format_size(u->peak, b, sizeof b));
+    }
+
+    if (j->submitted_at > 0)
+        fprintf(f, LABEL "%s (%s ago)\n", "submitted", local_time(j->submitted_at, a, sizeof a),
+                units_format_duration(now - j->submitted_at, b, sizeof b));
+    else
+        fprintf(f, LABEL "-\n", "submitted");
+    fprintf(f, LABEL "%s\n", "started", local_time(j->started_at, a, sizeof a));
+    fprintf(f, LABEL "%s\n", "finished", local_time(j->finished_at, a, sizeof a));
+    fprintf(f, LABEL "%s\n", "elapsed", units_format_duration(j->elapsed_s, a, sizeof a));
+    if (is_state(j, "running"))
+        fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
+    fprintf(f, LABEL "%u\n", "resumes", j->resumes);
+    fprintf(f, LABEL "%s\n", "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
+    fprintf(f, LABEL "%s\n", "job file", j->job_file && *j->job_file ? j->job_file : "-");
+}
+
+/* ---- progress and final lines --------------------------------------------- */
+
+void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j)
+{
+    if (is_state(j, "queued") && j->step == 0) {
+        snprintf(buf, len, "queued for %s", j->device && *j->device ? j->device : "a device");
+        return;
+    }
+    char loss[32], val[48] = "", speed[48] = "", eta[48] = "", mem[16];
+    if (isfinite(j->val_loss))
+        snprintf(val, sizeof val, " val %.3f", j->val_loss);
+    char s[48];
+    if (strcmp(jobfmt_speed(j, s, sizeof s), "-") != 0)
+        snprintf(speed, sizeof speed, " %s", s);
+    if (is_state(j, "running"))
+        snprintf(eta, sizeof eta, " eta %s", jobfmt_eta(j, s, sizeof s));
+    snprintf(buf, len, "step %llu/%llu loss %s%s%s%s mem %s", (unsigned long long)j->step,
+             (unsigned long long)j->steps, jobfmt_loss(step_loss(j), loss, sizeof loss), val, speed, eta,
+             units_format_size(j->mem_allocated, mem, sizeof mem));
+}
+
+void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j)
+{
+    const char *state = j->state && *j->state ? j->state : "in an unknown state";
+    if (is_state(j, "completed")) {
+        char d[32], loss[32], val[48] = "";
+        if (isfinite(j->val_loss))
+            snprintf(val, sizeof val, ", val %.3f", j->val_loss);
+        snprintf(buf, len, "job %u completed: %llu steps in %s, loss %s%s", j->id, (unsigned long long)j->step,
+                 units_format_duration(j->elapsed_s, d, sizeof d), jobfmt_loss(step_loss(j), loss, sizeof loss),
+                 val);
+    } else if (is_state(j, "failed") || is_state(j, "cancelled")) {
+        snprintf(buf, len, "job %u %s at step %llu/%llu%s%s", j->id, state, (unsigned long long)j->step,
+                 (unsigned long long)j->steps, j->reason && *j->reason ? ": " : "", j->reason ? j->reason : "");
+    } else {
+        snprintf(buf, len, "job %u %s", j->id, state);
+    }
+}
+
+/* ---- JSON ----------------------------------------------------------------- */
+
+static void key_string(json_writer *w, const char *k, const char *v)
+{
+    json_key(w, k);
+    json_string(w, v ? v : "");
+}
+
+static void key_uint(json_writer *w, const char *k, uint64_t v)
+{
+    json_key(w, k);
+    json_uint(w, v);
+}
+
+static void key_double(json_writer *w, const char *k, double v)
+{
+    json_key(w, k);
+    json_double(w, v); /* null when not finite */
+}
+
+/* A time that has not happened (0) is null. */
+static void key_time(json_writer *w, const char *k, double t)
+{
+    key_double(w, k, t > 0 ? t : NAN);
+}
+
+void jobfmt_json(json_writer *w, const Gradd__JobInfo *j)
+{
+    json_begin_object(w);
+    key_uint(w, "id", j->id);
+    key_string(w, "name", j->name);
+    key_uint(w, "uid", j->uid);
+    key_string(w, "user", j->user);
+    key_string(w, "state", j->state);
+    key_string(w, "device", j->device);
+    json_key(w, "priority");
+    json_int(w, j->priority);
+    key_uint(w, "step", j->step);
+    key_uint(w, "steps", j->steps);
+    key_double(w, "loss", step_loss(j));
+    key_double(w, "val_loss", j->val_loss);
+    key_double(w, "val_accuracy", j->val_accuracy);
+    key_uint(w, "micro", j->micro);
+    key_uint(w, "accum", j->accum);
+    key_double(w, "units_per_s", j->units_per_s);
+    key_string(w, "unit", j->unit);
+    key_uint(w, "mem_allocated", j->mem_allocated);
+    json_key(w, "mem_tags");
+    json_begin_object(w);
+    for (size_t i = 0; i < j->n_mem_tags; i++) {
+        json_key(w, j->mem_tags[i]->tag ? j->mem_tags[i]->tag : "");
+        json_begin_object(w);
+        key_uint(w, "current", j->mem_tags[i]->allocated);
+        key_uint(w, "peak", j->mem_tags[i]->peak);
+        json_end_object(w);
+    }
+    json_end_object(w);
+    key_time(w, "submitted_at", j->submitted_at);
+    key_time(w, "started_at", j->started_at);
+    key_time(w, "finished_at", j->finished_at);
+    key_double(w, "elapsed_s", j->elapsed_s);
+    key_string(w, "reason", j->reason);
+    key_string(w, "out_dir", j->out_dir);
+    key_string(w, "job_file", j->job_file);
+    key_uint(w, "resumes", j->resumes);
+    json_end_object(w);
+}

@@ -1,0 +1,68 @@
+/* jobfmt.h — how gradctl shows a job (gradd.JobInfo): one table row, the
+ * detail view, the progress line and the JSON object, in one place so that
+ * list, status, watch and cancel always agree. */
+#ifndef GRADCTL_JOBFMT_H
+#define GRADCTL_JOBFMT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ctl.h"
+#include "json.h"
+#include "table.h"
+
+/* The five states a job can be in, NULL-terminated. */
+extern const char *const jobfmt_states[];
+bool jobfmt_state_valid(const char *state);
+/* completed, failed or cancelled: nothing more will happen to the job. */
+bool jobfmt_state_final(const char *state);
+
+/* ---- arguments ------------------------------------------------------------ */
+
+/* Parse a job id (a decimal number from 1 to 2^32-1).  0, or -1. */
+int jobfmt_parse_id(const char *text, uint32_t *id);
+/* For commands whose only argument is one job id: reject options and extra
+ * arguments.  CTL_OK with *id set, or the usage error's exit code. */
+int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id);
+
+/* ---- pieces --------------------------------------------------------------- */
+
+/* "2.134", or "-" before the first step or when not a number. */
+const char *jobfmt_loss(double loss, char *buf, size_t len);
+/* "41.2k tok/s", "812 samples/s", or "-" when nothing is measured. */
+const char *jobfmt_speed(const Gradd__JobInfo *j, char *buf, size_t len);
+/* Time left at the pace so far: "1m03s", or "-" when unknown. */
+const char *jobfmt_eta(const Gradd__JobInfo *j, char *buf, size_t len);
+/* "4×4"; "auto×-" while an automatic micro-batch is not yet chosen. */
+const char *jobfmt_batch(const Gradd__JobInfo *j, char *buf, size_t len);
+
+/* ---- views ---------------------------------------------------------------- */
+
+/* The columns of `gradctl list`, for table_init; JOBFMT_COLS of them. */
+#define JOBFMT_COLS 11
+extern const char *const jobfmt_head[JOBFMT_COLS];
+/* One row of that table; `now` in unix seconds gives the AGE. */
+void jobfmt_row(table *t, const Gradd__JobInfo *j, double now);
+
+/* The full detail view of `gradctl status ID`. */
+void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now);
+
+/* One line, no newline: "step 120/500 loss 2.134 val 2.301 42.1k tok/s
+ * eta 1m03s mem 1.40G"; for a queued job "queued for DEVICE". */
+void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j);
+
+/* How the job ended, no newline: "job 7 completed: 500 steps in 12m03s,
+ * loss 1.234, val 1.301" or "job 7 failed: REASON". */
+void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j);
+
+/* The job as one JSON object value (the caller places it).  Doubles that
+ * are not numbers, losses before the first step and times that have not
+ * happened are null. */
+void jobfmt_json(json_writer *w, const Gradd__JobInfo *j);
+
+/* The current time in unix seconds. */
+double jobfmt_now(void);
+
+#endif

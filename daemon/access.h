@@ -1,0 +1,48 @@
+/* access.h — acting on files with the job owner's permissions.
+ *
+ * gradd may run as root or as a service user; either way it must not read a
+ * data file or write an output directory for a user who could not do so
+ * themselves.  Linux keeps the filesystem identity (fsuid, fsgid,
+ * supplementary groups) per thread, so the thread that runs a job takes its
+ * owner's identity for the whole run: every open, mkdir and rename of the
+ * trainer is checked as the owner, and what it creates belongs to them —
+ * also when the job resumes after a daemon restart.  The same switch, done
+ * briefly on the event loop's thread, checks a job's paths at submit.
+ *
+ * Needs CAP_SETUID and CAP_SETGID (root has them) unless the owner is the
+ * daemon's own user, in which case nothing changes.
+ */
+#ifndef GRADD_ACCESS_H
+#define GRADD_ACCESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "jobcfg.h"
+
+#define ACCESS_MAX_GROUPS 256
+
+typedef struct {
+    bool switched;
+    uid_t fsuid;
+    gid_t fsgid;
+    int ngroups;
+    gid_t groups[ACCESS_MAX_GROUPS];
+} access_saved;
+
+/* Take uid/gid (and uid's supplementary groups) as this thread's filesystem
+ * identity.  0, or -1 with err (e.g. the daemon lacks the capability). */
+int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t err_len);
+/* Back to the identity saved by access_become. */
+void access_restore(const access_saved *saved);
+
+/* As the owner: every data file of the job is readable, and the output
+ * directory exists (created if needed) and is writable.  0, or -1 with a
+ * message naming the key and path. */
+int access_check_job(uid_t uid, gid_t gid, const job_config *j, char *err, size_t err_len);
+
+/* Is uid root or a member of `group` (by name)? */
+bool access_is_admin(uid_t uid, gid_t gid, const char *group);
+
+#endif

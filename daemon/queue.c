@@ -1,0 +1,453 @@
+/* queue.c — job records, their files, and scheduling order. */
+#include "queue.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static const char *const state_names[JOB_STATE_COUNT] = {"queued", "running", "completed", "failed", "cancelled"};
+
+const char *job_state_name(job_state s)
+{
+    return s < JOB_STATE_COUNT ? state_names[s] : "?";
+}
+
+int job_state_parse(const char *name, job_state *out)
+{
+    for (int i = 0; i < JOB_STATE_COUNT; i++)
+        if (strcmp(name, state_names[i]) == 0) {
+            *out = (job_state)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* ---- files ------------------------------------------------------------------------- */
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* Write dir/name atomically: temp file, fsync, rename, fsync dir. */
+static int atomic_write(const char *dir, const char *name, const void *data, size_t len, char *err, size_t err_len)
+{
+    char tmp[PATH_MAX + 64], path[PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
+            close(fd);
+            unlink(tmp);
+            return -1;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        snprintf(err, err_len, "cannot sync %s: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, err_len, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (fsync_dir(dir) != 0) {
+        snprintf(err, err_len, "cannot sync directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *s = tmp + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(tmp, mode) != 0 && errno != EEXIST)
+            return -1;
+        *s = '/';
+    }
+    return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Values are one line: escape backslashes and newlines. */
+static void put_escaped(FILE *f, const char *key, const char *v)
+{
+    fprintf(f, "%s=", key);
+    for (; *v; v++) {
+        if (*v == '\\')
+            fputs("\\\\", f);
+        else if (*v == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*v, f);
+    }
+    fputc('\n', f);
+}
+
+static void unescape(char *s)
+{
+    char *o = s;
+    for (; *s; s++) {
+        if (*s == '\\' && s[1]) {
+            s++;
+            *o++ = *s == 'n' ? '\n' : *s;
+        } else {
+            *o++ = *s;
+        }
+    }
+    *o = '\0';
+}
+
+int queue_persist(queue *q, job *j, char *err, size_t err_len)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    fprintf(f, "id=%u\n", j->id);
+    put_escaped(f, "name", j->name);
+    fprintf(f, "uid=%u\ngid=%u\n", (unsigned)j->uid, (unsigned)j->gid);
+    put_escaped(f, "user", j->user);
+    fprintf(f, "state=%s\npriority=%lld\nseq=%llu\n", job_state_name(j->state), (long long)j->priority,
+            (unsigned long long)j->seq);
+    fprintf(f, "submitted_at=%.6f\nstarted_at=%.6f\nfinished_at=%.6f\n", j->submitted_at, j->started_at,
+            j->finished_at);
+    put_escaped(f, "device", j->device);
+    put_escaped(f, "reason", j->reason);
+    put_escaped(f, "source", j->source);
+    fprintf(f, "resumes=%u\n", j->resumes);
+    fclose(f);
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/%u", q->dir, j->id);
+    int rc = atomic_write(dir, "state", buf, len, err, err_len);
+    free(buf);
+    return rc;
+}
+
+void queue_log_path(const queue *q, uint32_t id, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%u/log", q->dir, id);
+}
+
+/* ---- table --------------------------------------------------------------------------- */
+
+static int table_add(queue *q, job *j)
+{
+    if (q->n == q->cap) {
+        size_t ncap = q->cap ? q->cap * 2 : 64;
+        job **nj = realloc(q->jobs, ncap * sizeof *nj);
+        if (!nj)
+            return -1;
+        q->jobs = nj;
+        q->cap = ncap;
+    }
+    /* Keep ascending id order (loading reads directories in any order). */
+    size_t i = q->n;
+    while (i > 0 && q->jobs[i - 1]->id > j->id) {
+        q->jobs[i] = q->jobs[i - 1];
+        i--;
+    }
+    q->jobs[i] = j;
+    q->n++;
+    return 0;
+}
+
+job *queue_find(queue *q, uint32_t id)
+{
+    size_t lo = 0, hi = q->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (q->jobs[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < q->n && q->jobs[lo]->id == id ? q->jobs[lo] : NULL;
+}
+
+void queue_touch(queue *q, job *j)
+{
+    (void)q;
+    j->version++;
+}
+
+void queue_notify(queue *q)
+{
+    if (q->notify)
+        q->notify(q->notify_user);
+}
+
+size_t queue_active_for(queue *q, uid_t uid)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < q->n; i++)
+        n += q->jobs[i]->uid == uid && (q->jobs[i]->state == JOB_QUEUED || q->jobs[i]->state == JOB_RUNNING);
+    return n;
+}
+
+bool queue_device_matches(const char *want, const char *id, bool is_cuda, bool have_cuda)
+{
+    if (strcmp(want, "auto") == 0)
+        return is_cuda == have_cuda; /* the best kind this daemon has */
+    if (strcmp(want, "cpu") == 0)
+        return !is_cuda;
+    if (strncmp(want, "cuda:", 5) == 0)
+        return is_cuda && strcmp(id + 4, want + 5) == 0;
+    return strcmp(want, id) == 0;
+}
+
+job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda)
+{
+    job *best = NULL;
+    for (size_t i = 0; i < q->n; i++) {
+        job *j = q->jobs[i];
+        if (j->state != JOB_QUEUED || !queue_device_matches(j->cfg.device, device_id, is_cuda, have_cuda))
+            continue;
+        if (!best || j->priority > best->priority || (j->priority == best->priority && j->seq < best->seq))
+            best = j;
+    }
+    return best;
+}
+
+/* ---- submit ---------------------------------------------------------------------------- */
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
+                 const char *user, uint32_t *id, char *err, size_t err_len)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    j->cfg = *cfg;
+    snprintf(j->name, sizeof j->name, "%s", cfg->name);
+    j->uid = uid;
+    j->gid = gid;
+    snprintf(j->user, sizeof j->user, "%s", user);
+    j->state = JOB_QUEUED;
+    j->priority = cfg->priority;
+    j->submitted_at = now_unix();
+    snprintf(j->source, sizeof j->source, "%s", cfg->source);
+
+    pthread_mutex_lock(&q->lock);
+    j->id = q->next_id;
+    j->seq = j->id;
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/%u", q->dir, j->id);
+    int rc = -1;
+    /* The next id first: a crash after it only skips an id, never reuses
+     * one that a user was told about. */
+    char idbuf[32];
+    int n = snprintf(idbuf, sizeof idbuf, "%u\n", j->id + 1);
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", q->dir);
+    if (atomic_write(parent, "next_id", idbuf, (size_t)n, err, err_len) == 0) {
+        q->next_id = j->id + 1;
+        if (mkdir(dir, 0750) != 0 && errno != EEXIST)
+            snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
+        else if (atomic_write(dir, "job.cfg", contents, len, err, err_len) == 0 &&
+                 queue_persist(q, j, err, err_len) == 0 && table_add(q, j) == 0)
+            rc = 0;
+    }
+    if (rc == 0) {
+        *id = j->id;
+        queue_touch(q, j);
+        pthread_cond_broadcast(&q->cond);
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (rc != 0) {
+        free(j);
+        return -1;
+    }
+    queue_notify(q);
+    return 0;
+}
+
+/* ---- loading --------------------------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t max, size_t *len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!buf || n > max) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Read one job directory; NULL (logged) if it is unusable. */
+static job *load_job(queue *q, uint32_t id)
+{
+    char path[PATH_MAX + 64];
+    size_t len;
+    snprintf(path, sizeof path, "%s/%u/state", q->dir, id);
+    char *state = read_file(path, 1 << 20, &len);
+    if (!state) {
+        log_warn("queue: %s is missing or unreadable; job %u skipped", path, id);
+        return NULL;
+    }
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(state);
+        return NULL;
+    }
+    j->id = id;
+    bool have_state = false;
+    char *save = NULL;
+    for (char *line = strtok_r(state, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strchr(line, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        char *k = line, *v = eq + 1;
+        unescape(v);
+        if (!strcmp(k, "name")) snprintf(j->name, sizeof j->name, "%s", v);
+        else if (!strcmp(k, "uid")) j->uid = (uid_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "gid")) j->gid = (gid_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "user")) snprintf(j->user, sizeof j->user, "%s", v);
+        else if (!strcmp(k, "state")) have_state = job_state_parse(v, &j->state) == 0;
+        else if (!strcmp(k, "priority")) j->priority = strtoll(v, NULL, 10);
+        else if (!strcmp(k, "seq")) j->seq = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "submitted_at")) j->submitted_at = strtod(v, NULL);
+        else if (!strcmp(k, "started_at")) j->started_at = strtod(v, NULL);
+        else if (!strcmp(k, "finished_at")) j->finished_at = strtod(v, NULL);
+        else if (!strcmp(k, "device")) snprintf(j->device, sizeof j->device, "%s", v);
+        else if (!strcmp(k, "reason")) snprintf(j->reason, sizeof j->reason, "%s", v);
+        else if (!strcmp(k, "source")) snprintf(j->source, sizeof j->source, "%s", v);
+        else if (!strcmp(k, "resumes")) j->resumes = (uint32_t)strtoul(v, NULL, 10);
+    }
+    free(state);
+    if (!have_state) {
+        log_warn("queue: %s has no valid state; job %u skipped", path, id);
+        free(j);
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/%u/job.cfg", q->dir, id);
+    char *contents = read_file(path, 16 << 20, &len);
+    char err[1024];
+    if (!contents) {
+        snprintf(err, sizeof err, "cannot read %s", path);
+    } else if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0) {
+        err[0] = '\0';
+    }
+    free(contents);
+    if (err[0] && (j->state == JOB_QUEUED || j->state == JOB_RUNNING)) {
+        /* The job can no longer run (a data file vanished, say): say why
+         * rather than dropping it. */
+        j->state = JOB_FAILED;
+        snprintf(j->reason, sizeof j->reason, "at restart: %s", err);
+        char perr[256];
+        queue_persist(q, j, perr, sizeof perr);
+    }
+    if (j->state == JOB_RUNNING) {
+        /* It was running when the daemon stopped: run it again; the
+         * trainer resumes from the job's checkpoint. */
+        j->state = JOB_QUEUED;
+        char perr[256];
+        if (queue_persist(q, j, perr, sizeof perr) != 0)
+            log_warn("queue: job %u: %s", id, perr);
+        log_info("queue: job %u (%s) was running; queued again to resume", id, j->name);
+    }
+    return j;
+}
+
+int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
+{
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+    snprintf(q->dir, sizeof q->dir, "%s/jobs", state_dir);
+    if (mkdir_p(q->dir, 0750) != 0) {
+        snprintf(err, err_len, "cannot create %s: %s", q->dir, strerror(errno));
+        return -1;
+    }
+    q->next_id = 1;
+    char path[PATH_MAX + 16];
+    size_t len;
+    snprintf(path, sizeof path, "%s/next_id", q->dir);
+    char *s = read_file(path, 64, &len);
+    if (s) {
+        q->next_id = (uint32_t)strtoul(s, NULL, 10);
+        free(s);
+    }
+    DIR *d = opendir(q->dir);
+    if (!d) {
+        snprintf(err, err_len, "cannot read %s: %s", q->dir, strerror(errno));
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        unsigned long id = strtoul(e->d_name, &end, 10);
+        if (*end || end == e->d_name || id == 0 || id > UINT32_MAX)
+            continue;
+        job *j = load_job(q, (uint32_t)id);
+        if (j && table_add(q, j) != 0)
+            free(j);
+        if (j && j->id >= q->next_id)
+            q->next_id = j->id + 1;
+    }
+    closedir(d);
+    if (q->n)
+        log_info("queue: %zu jobs loaded from %s", q->n, q->dir);
+    return 0;
+}
+
+void queue_close(queue *q)
+{
+    for (size_t i = 0; i < q->n; i++)
+        free(q->jobs[i]);
+    free(q->jobs);
+    q->jobs = NULL;
+    q->n = q->cap = 0;
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+}

@@ -1,0 +1,97 @@
+/* queue.h — the persistent job queue.
+ *
+ * Every job lives in STATE_DIR/jobs/ID/: job.cfg (the submitted contents,
+ * never re-read from the user's file), state (key=value lines), and log.
+ * Every state change is written atomically — temp file, fsync, rename,
+ * fsync of the directory — before it is acknowledged, so a kill -9 at any
+ * moment leaves each job either before or after the change.  At start,
+ * jobs that were running go back to queued and resume from their
+ * checkpoint.
+ *
+ * One mutex guards the table; workers wait on `cond` for work; `notify` is
+ * called after every change (from any thread) so the event loop can push
+ * updates to watchers.
+ */
+#ifndef GRADD_QUEUE_H
+#define GRADD_QUEUE_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "jobcfg.h"
+#include "train.h"
+
+typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED, JOB_STATE_COUNT } job_state;
+
+const char *job_state_name(job_state s);
+int job_state_parse(const char *name, job_state *out);
+
+typedef struct job {
+    uint32_t id;
+    char name[64];
+    uid_t uid;
+    gid_t gid;
+    char user[64];
+    job_state state;
+    int64_t priority;
+    double submitted_at, started_at, finished_at; /* unix seconds; 0: not yet */
+    char device[16];       /* where it runs or last ran */
+    char reason[1024];     /* why it failed or was cancelled */
+    char source[PATH_MAX]; /* the job file it was submitted from */
+    uint32_t resumes;      /* times it started from a checkpoint */
+    uint64_t seq;          /* submit order, for ties in priority */
+    job_config cfg;
+
+    /* Live state, guarded by the queue lock. */
+    bool cancel_requested;
+    bool have_progress;
+    train_progress prog;
+    uint64_t version; /* bumped on every change a watcher should see */
+} job;
+
+typedef struct queue {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    char dir[PATH_MAX]; /* STATE_DIR/jobs */
+    job **jobs;         /* ascending id */
+    size_t n, cap;
+    uint32_t next_id;
+    bool stopping;
+    void (*notify)(void *user);
+    void *notify_user;
+} queue;
+
+/* Load the queue from state_dir (creating it).  Jobs found running are
+ * queued again.  0, or -1 with the reason in err. */
+int queue_open(queue *q, const char *state_dir, char *err, size_t err_len);
+void queue_close(queue *q);
+
+/* Add a validated job; writes it to disk before returning.  The caller does
+ * not hold the lock.  0 with *id set, or -1 with err. */
+int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
+                 const char *user, uint32_t *id, char *err, size_t err_len);
+
+/* The rest need the lock held. */
+job *queue_find(queue *q, uint32_t id);
+/* Write j's state file atomically; -1 with err on failure. */
+int queue_persist(queue *q, job *j, char *err, size_t err_len);
+/* The queued job to run next on a device: highest priority, then earliest. */
+job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda);
+/* Mark a change for watchers (bumps version; call notify after unlocking). */
+void queue_touch(queue *q, job *j);
+/* Jobs of one user that are queued or running. */
+size_t queue_active_for(queue *q, uid_t uid);
+/* Path of the job's log file. */
+void queue_log_path(const queue *q, uint32_t id, char *buf, size_t len);
+
+/* Call the notify callback (without the lock). */
+void queue_notify(queue *q);
+
+/* Does `want` ("auto", "cpu", "cpuN", "cuda:N") accept device `id`? */
+bool queue_device_matches(const char *want, const char *id, bool is_cuda, bool have_cuda);
+
+#endif

@@ -1,0 +1,210 @@
+/* worker.c — one thread per job slot of a device. */
+#include "worker.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "access.h"
+#include "kernels.h"
+#include "log.h"
+#include "units.h"
+
+typedef struct {
+    worker *w;
+    job *j;
+    FILE *log; /* the job's log, opened with the daemon's identity */
+    bool counted_resume;
+} job_run;
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void on_step(void *user, const train_progress *p)
+{
+    job_run *r = user;
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    r->j->prog = *p;
+    r->j->have_progress = true;
+    if (p->resumed && !r->counted_resume) {
+        r->j->resumes++;
+        r->counted_resume = true;
+    }
+    queue_touch(q, r->j);
+    r->w->beats++;
+    pthread_mutex_unlock(&q->lock);
+    queue_notify(q);
+    if (r->log && (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1)) {
+        char a[16], b[16];
+        fprintf(r->log, "step %llu/%llu loss %.4f", (unsigned long long)p->step, (unsigned long long)p->steps,
+                p->loss);
+        if (!isnan(p->val_loss))
+            fprintf(r->log, " val %.4f", p->val_loss);
+        if (!isnan(p->val_accuracy))
+            fprintf(r->log, " acc %.2f%%", p->val_accuracy * 100);
+        fprintf(r->log, " lr %.2e norm %.3f %.0f %s/s micro %u×%u mem %s/%s\n", p->lr, p->grad_norm,
+                p->units_per_s, r->j->cfg.model == JOBCFG_GPT ? "tok" : "samples", p->micro, p->accum,
+                units_format_size(p->allocated, a, sizeof a), units_format_size(p->reserved, b, sizeof b));
+        fflush(r->log);
+    }
+}
+
+static bool should_stop(void *user)
+{
+    job_run *r = user;
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    bool stop = r->j->cancel_requested || q->stopping;
+    r->w->beats++;
+    pthread_mutex_unlock(&q->lock);
+    return stop;
+}
+
+static void run_one(worker *w, job *j)
+{
+    gradd_ctx *ctx = w->ctx;
+    queue *q = w->q;
+    dev *d = ctx->devs[w->dev];
+    char path[PATH_MAX + 32];
+    queue_log_path(q, j->id, path, sizeof path);
+    job_run r = {w, j, fopen(path, "a"), false};
+    if (r.log)
+        fprintf(r.log, "== job %u (%s) starting on %s, owner %s (uid %u)\n", j->id, j->name, d->id, j->user,
+                (unsigned)j->uid);
+
+    const kern_ops *k = d->kind == DEV_KIND_CPU
+                            ? kern_cpu_ops()
+                            : dev_cuda_kern_ops(ctx->cfg.cuda_module_dir[0] ? ctx->cfg.cuda_module_dir : NULL);
+    train_result res;
+    memset(&res, 0, sizeof res);
+    train_outcome o = TRAIN_FAILED;
+    char err[512];
+    access_saved saved;
+    if (!k) {
+        snprintf(res.message, sizeof res.message, "no kernels for %s", d->id);
+    } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
+        snprintf(res.message, sizeof res.message, "%s", err);
+    } else {
+        train_hooks h = {on_step, should_stop, &r};
+        o = train_run(&j->cfg, ctx->pools[w->dev], k, j->id, &h, &res);
+        access_restore(&saved);
+    }
+    pool_job_forget(ctx->pools[w->dev], j->id);
+
+    pthread_mutex_lock(&q->lock);
+    switch (o) {
+    case TRAIN_DONE:
+        j->state = JOB_COMPLETED;
+        break;
+    case TRAIN_STOPPED:
+        if (j->cancel_requested) {
+            j->state = JOB_CANCELLED;
+            snprintf(j->reason, sizeof j->reason, "cancelled at step %llu; checkpoint in %s",
+                     (unsigned long long)res.steps_done, j->cfg.out_dir);
+        } else {
+            j->state = JOB_QUEUED; /* daemon shutdown: resume at the next start */
+        }
+        break;
+    case TRAIN_FAILED:
+    default:
+        j->state = JOB_FAILED;
+        snprintf(j->reason, sizeof j->reason, "%s", res.message);
+        break;
+    }
+    if (j->state != JOB_QUEUED)
+        j->finished_at = now_unix();
+    queue_touch(q, j);
+    char perr[512];
+    if (queue_persist(q, j, perr, sizeof perr) != 0)
+        log_error("job %u: cannot record its state: %s", j->id, perr);
+    pthread_mutex_unlock(&q->lock);
+    queue_notify(q);
+    log_info("job %u (%s) on %s: %s%s%s", j->id, j->name, d->id, job_state_name(j->state), j->reason[0] ? ": " : "",
+             j->reason);
+    if (r.log) {
+        fprintf(r.log, "== job %u %s%s%s\n", j->id, job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
+        fclose(r.log);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    gradd_ctx *ctx = w->ctx;
+    queue *q = w->q;
+    dev *d = ctx->devs[w->dev];
+    bool have_cuda = false;
+    for (int i = 0; i < ctx->ndev; i++)
+        have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;
+    for (;;) {
+        pthread_mutex_lock(&q->lock);
+        job *j = NULL;
+        while (!q->stopping && !(j = queue_next_for(q, d->id, d->kind == DEV_KIND_CUDA, have_cuda)))
+            pthread_cond_wait(&q->cond, &q->lock);
+        if (q->stopping) {
+            pthread_mutex_unlock(&q->lock);
+            return NULL;
+        }
+        j->state = JOB_RUNNING;
+        j->started_at = now_unix();
+        j->have_progress = false;
+        snprintf(j->device, sizeof j->device, "%s", d->id);
+        queue_touch(q, j);
+        char perr[512];
+        if (queue_persist(q, j, perr, sizeof perr) != 0)
+            log_error("job %u: cannot record its state: %s", j->id, perr);
+        pthread_mutex_unlock(&q->lock);
+        queue_notify(q);
+        log_info("job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
+        run_one(w, j);
+    }
+}
+
+int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *err, size_t err_len)
+{
+    ws->n = ctx->ndev * per_device;
+    ws->w = calloc((size_t)(ws->n ? ws->n : 1), sizeof *ws->w);
+    if (!ws->w) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < ws->n; i++) {
+        worker *w = &ws->w[i];
+        w->ctx = ctx;
+        w->q = q;
+        w->dev = i / per_device;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            snprintf(err, err_len, "cannot start a worker thread");
+            workers_stop(ws);
+            return -1;
+        }
+        w->started = true;
+    }
+    return 0;
+}
+
+void workers_stop(workers *ws)
+{
+    if (!ws->w)
+        return;
+    queue *q = ws->w[0].q;
+    if (q) {
+        pthread_mutex_lock(&q->lock);
+        q->stopping = true;
+        pthread_cond_broadcast(&q->cond);
+        pthread_mutex_unlock(&q->lock);
+    }
+    for (int i = 0; i < ws->n; i++)
+        if (ws->w[i].started)
+            pthread_join(ws->w[i].thread, NULL);
+    free(ws->w);
+    ws->w = NULL;
+    ws->n = 0;
+}

@@ -1,0 +1,39 @@
+/* worker.h — the threads that run jobs: max_jobs_per_device per device.
+ *
+ * A worker waits for a queued job its device accepts, marks it running,
+ * takes the owner's filesystem identity (access.h) and runs the training
+ * engine, publishing progress into the job under the queue lock; the event
+ * loop only reads it.  Cancel stops a job at the next micro-step boundary
+ * after a final checkpoint; a daemon shutdown does the same and puts the
+ * job back in the queue, to resume at the next start.
+ */
+#ifndef GRADD_WORKER_H
+#define GRADD_WORKER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "ctx.h"
+#include "queue.h"
+
+typedef struct worker {
+    pthread_t thread;
+    gradd_ctx *ctx;
+    queue *q;
+    int dev;          /* index into ctx->devs */
+    bool started;
+    uint64_t beats;   /* progress counter, for the watchdog (issue 7) */
+} worker;
+
+typedef struct {
+    worker *w;
+    int n;
+} workers;
+
+/* Start the worker threads.  0, or -1 with err. */
+int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *err, size_t err_len);
+/* Ask running jobs to checkpoint and stop (they go back to queued), wait
+ * for every worker to finish, free them. */
+void workers_stop(workers *ws);
+
+#endif
