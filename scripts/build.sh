@@ -9,7 +9,9 @@ shift || true
 [ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=/usr/local/cuda/bin:$PATH ;; esac
 export PATH
 if [ -f "$dir/build.ninja" ]; then
-  meson configure "$dir" "$@" >/dev/null
+  # --reconfigure (not `meson configure`) also accepts options added to
+  # meson_options.txt since the directory was set up.
+  meson setup --reconfigure "$dir" "$@" >/dev/null
 else
   meson setup "$dir" "$@"
 fi
