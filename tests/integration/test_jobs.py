@@ -1,0 +1,282 @@
+"""Jobs through a real daemon and the real gradctl: lifecycle, cancel,
+kill -9 and resume (bitwise), a queue that survives restarts in order,
+ownership, bad job files, and watchers that hang up."""
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+from harness import GRADCTL, GRADD, Daemon
+
+JOB = """
+[job]
+name = {name}
+[model]
+type = gpt
+layers = 2
+heads = 2
+width = 32
+context = 16
+vocab = 256
+[data]
+format = text
+train = {train}
+val_fraction = 0.1
+[train]
+steps = {steps}
+batch = 8
+micro_batch = 4
+lr = 3e-3
+warmup = 2
+threads = 1
+eval_every = 0
+eval_batches = 2
+[output]
+dir = {out}
+checkpoint_every = {ckpt}
+log_every = 1
+"""
+
+
+class Jobs(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="gradd-jobs-")
+        os.chmod(self.dir, 0o755)
+        self.train = os.path.join(self.dir, "corpus.txt")
+        with open(self.train, "w") as f:
+            for i in range(300):
+                f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
+        os.chmod(self.train, 0o644)
+        self.state = os.path.join(self.dir, "state")
+        self.d = None
+
+    def tearDown(self):
+        if self.d:
+            self.d.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, conf="[daemon]\nmax_jobs_per_device = 1\n"):
+        self.d = Daemon(conf, args=("--state-dir", self.state))
+        return self.d
+
+    def restart(self):
+        """kill -9, then a new daemon on the same state dir and socket."""
+        self.d.proc.kill()
+        self.d.proc.wait()
+        log = open(os.path.join(self.dir, "second.log"), "w")
+        self.d.proc = subprocess.Popen([GRADD, "-c", self.d.conf, "-s", self.d.sock, "--state-dir", self.state],
+                                       stdout=log, stderr=subprocess.STDOUT)
+        self.d.wait_ready()
+
+    def job(self, name, steps=6, ckpt=0, out=None):
+        cfg = os.path.join(self.dir, name + ".cfg")
+        with open(cfg, "w") as f:
+            f.write(JOB.format(name=name, train=self.train, steps=steps, ckpt=ckpt,
+                               out=out or os.path.join(self.dir, "out-" + name)))
+        os.chmod(cfg, 0o644)
+        return cfg
+
+    def submit(self, cfg, *extra):
+        r = self.d.ctl("submit", cfg, *extra)
+        self.assertRegex(r.stdout, r"^job \d+ queued \(")
+        return int(r.stdout.split()[1])
+
+    def info(self, jid):
+        return self.d.ctl_json("status", str(jid))
+
+    def wait_state(self, jid, states, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.info(jid)
+            if j["state"] in states:
+                return j
+            time.sleep(0.05)
+        raise AssertionError("job %d stuck in %s" % (jid, self.info(jid)["state"]))
+
+    def wait_step(self, jid, step, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.info(jid)
+            if j["step"] >= step or j["state"] not in ("queued", "running"):
+                return j
+            time.sleep(0.02)
+        raise AssertionError("job %d never reached step %d" % (jid, step))
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    def test_submit_watch_complete(self):
+        self.start()
+        jid = self.submit(self.job("life", steps=8))
+        r = self.d.ctl("watch", str(jid))  # not a tty: plain lines, until the end
+        self.assertIn("job %d completed" % jid, r.stdout)
+        self.assertIn("step 8/8", r.stdout)
+        j = self.info(jid)
+        self.assertEqual((j["state"], j["step"], j["steps"]), ("completed", 8, 8))
+        self.assertEqual(j["user"], pwd.getpwuid(os.getuid()).pw_name)
+        self.assertTrue(os.path.exists(os.path.join(j["out_dir"], "model.safetensors")))
+        rows = self.d.ctl_json("list")["jobs"]
+        self.assertEqual([(x["id"], x["state"]) for x in rows], [(jid, "completed")])
+        self.assertEqual(self.d.ctl_json("list", "--state", "queued")["jobs"], [])
+        self.assertIn("job %d completed" % jid, self.d.ctl("logs", str(jid)).stdout)
+        text = self.d.ctl("list").stdout
+        self.assertIn("life", text)
+        self.assertIn("8/8", text)
+        # The job's memory went back to the pool.
+        self.assertEqual(self.d.ctl_json("stats")["pools"][0]["allocated_bytes"]["all"]["current"], 0)
+        m = self.d.ctl("metrics").stdout
+        self.assertIn('gradd_jobs{state="completed"} 1', m)
+
+    def test_priority_then_submit_order(self):
+        self.start()
+        first = self.submit(self.job("blocker", steps=40))
+        self.wait_state(first, ("running",))
+        low = self.submit(self.job("low", steps=2))
+        high = self.submit(self.job("high", steps=2), "--priority", "9")
+        mid = self.submit(self.job("mid", steps=2), "--priority", "9")
+        self.d.ctl("cancel", str(first))
+        for jid in (high, mid, low):
+            self.wait_state(jid, ("completed",))
+        started = {jid: self.info(jid)["started_at"] for jid in (high, mid, low)}
+        self.assertLess(started[high], started[mid])
+        self.assertLess(started[mid], started[low])
+
+    # ---- cancel ----------------------------------------------------------------
+
+    def test_cancel_queued_and_running(self):
+        self.start()
+        run = self.submit(self.job("running", steps=400, ckpt=0))
+        queued = self.submit(self.job("waiting", steps=5))
+        self.wait_step(run, 2)
+        r = self.d.ctl("cancel", str(queued))
+        self.assertIn("job %d cancelled" % queued, r.stdout)
+        self.assertEqual(self.info(queued)["state"], "cancelled")
+        r = self.d.ctl("cancel", str(run))
+        self.assertIn("stopping", r.stdout)
+        j = self.wait_state(run, ("cancelled",))
+        self.assertIn("cancelled at step", j["reason"])
+        # The stop left a checkpoint to resume from.
+        self.assertTrue(os.path.exists(os.path.join(j["out_dir"], "resume.safetensors")))
+        r = self.d.ctl("cancel", str(run), check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job %d is already cancelled" % run, r.stderr)
+        r = self.d.ctl("cancel", "999", check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no job 999", r.stderr)
+
+    # ---- kill -9 and resume ------------------------------------------------------
+
+    def test_kill9_resume_is_bitwise(self):
+        # The reference: the same job file trained straight through.
+        ref_cfg = self.job("reference", steps=24, ckpt=4)
+        subprocess.run([GRADD, "run", ref_cfg], check=True, capture_output=True, timeout=300)
+        self.start()
+        jid = self.submit(self.job("crashy", steps=24, ckpt=4))
+        self.wait_step(jid, 10)
+        self.restart()
+        j = self.wait_state(jid, ("completed", "failed"), timeout=300)
+        self.assertEqual(j["state"], "completed", j["reason"])
+        self.assertGreaterEqual(j["resumes"], 1)
+        a = open(os.path.join(self.dir, "out-reference", "model.safetensors"), "rb").read()
+        b = open(os.path.join(self.dir, "out-crashy", "model.safetensors"), "rb").read()
+        self.assertEqual(a, b, "the resumed job's model differs from an uninterrupted run")
+
+    def test_fifty_queued_jobs_survive_restart_in_order(self):
+        self.start()
+        # The blocker outranks the rest, so after the restart it runs first
+        # again and the fifty stay queued.
+        blocker = self.submit(self.job("blocker", steps=100000), "--priority", "10")
+        self.wait_state(blocker, ("running",))
+        cfg = self.job("many", steps=2)
+        ids = [self.submit(cfg, "--name", "many-%02d" % i, "--priority", str(i % 3)) for i in range(50)]
+        before = [(x["id"], x["name"], x["priority"], x["state"]) for x in self.d.ctl_json("list")["jobs"]]
+        self.restart()
+        after = [(x["id"], x["name"], x["priority"], x["state"]) for x in self.d.ctl_json("list")["jobs"]]
+        # Same jobs, same order, none lost or finished by the restart (the
+        # worker of the new daemon may already have started one of them).
+        self.assertEqual([a[:3] for a in after], [b[:3] for b in before])
+        self.assertEqual(len(after), 51)
+        self.assertTrue(all(a[3] == "queued" for a in after[1:]), after)
+        # Newly submitted jobs get fresh ids after a restart.
+        nid = self.submit(cfg)
+        self.assertEqual(nid, ids[-1] + 1)
+        for jid in [blocker] + ids + [nid]:
+            self.d.ctl("cancel", str(jid), check=False)
+
+    # ---- ownership and bad files --------------------------------------------------
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to act as a second user (setpriv)")
+    def test_other_user_cannot_cancel(self):
+        self.start()
+        os.chmod(self.d.dir, 0o755)
+        os.chmod(self.d.sock, 0o666)
+        jid = self.submit(self.job("mine", steps=400))
+        self.wait_state(jid, ("running",))
+        nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "cancel", str(jid)],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("only its owner, root or group", r.stderr)
+        self.assertEqual(self.info(jid)["state"], "running")
+        # Anyone may list and watch.
+        r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "--json", "list"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["jobs"][0]["id"], jid)
+        # nobody cannot have root's private data read for it.
+        secret = os.path.join(self.dir, "secret.txt")
+        shutil.copy(self.train, secret)
+        os.chmod(secret, 0o600)
+        cfg = os.path.join(self.dir, "steal.cfg")
+        with open(cfg, "w") as f:
+            f.write(JOB.format(name="steal", train=secret, steps=2, ckpt=0, out="/tmp/gradd-steal-%d" % os.getpid()))
+        os.chmod(cfg, 0o644)
+        r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "submit", cfg],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("secret.txt", r.stderr)
+        self.assertIn("ermission denied", r.stderr)
+        self.d.ctl("cancel", str(jid))
+
+    def test_bad_job_files(self):
+        self.start()
+        bad = os.path.join(self.dir, "bad.cfg")
+        with open(bad, "w") as f:
+            f.write("[model]\ntype = gpt\nwdith = 64\n")
+        r = self.d.ctl("submit", bad, check=False)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("%s:3: [model] wdith: unknown key" % bad, r.stderr)
+        with open(bad, "w") as f:
+            f.write(JOB.format(name="x", train="/nonexistent/data.txt", steps=2, ckpt=0, out=self.dir + "/o"))
+        r = self.d.ctl("submit", bad, check=False)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("[data] train: cannot read /nonexistent/data.txt", r.stderr)
+        self.assertEqual(self.d.ctl_json("list")["jobs"], [])
+
+    # ---- watchers ------------------------------------------------------------------
+
+    def test_watcher_hanging_up_does_not_disturb_the_job(self):
+        self.start()
+        jid = self.submit(self.job("watched", steps=30))
+        for _ in range(5):
+            p = subprocess.Popen([GRADCTL, "-s", self.d.sock, "watch", str(jid)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL)
+            p.stdout.readline()
+            p.kill()
+            p.wait()
+        s = harness.connect(self.d.sock)
+        s.sendall(harness.frame(harness.field_varint(1, 1) + harness.field_bytes(24, harness.field_varint(1, jid))))
+        harness.recv_frame(s)
+        s.close()  # mid-stream, without reading further
+        j = self.wait_state(jid, ("completed", "failed"))
+        self.assertEqual(j["state"], "completed", j["reason"])
+
+
+if __name__ == "__main__":
+    harness.main()
