@@ -1,38 +1,49 @@
 #!/usr/bin/env bash
-# quickstart.sh — from a fresh Debian machine to a running gradd:
+# quickstart.sh — from a fresh Debian machine to a trained model:
 # install what is missing, build, start gradd in the foreground on a
-# temporary socket, ask it for its status and memory statistics, stop it.
+# temporary socket, submit etc/jobs/fortunes-gpt.cfg (a small GPT on
+# Debian's fortunes, a few minutes on a CPU), watch it train, then show the
+# result and the memory pool's summary, and stop the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh build/release -Dbuildtype=release >/dev/null
 bin=build/release
+job=${1:-etc/jobs/fortunes-gpt.cfg}
 
 tmp=$(mktemp -d /tmp/gradd-quickstart.XXXXXX)
 sock=$tmp/gradd.sock
 cleanup() {
-  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  if [ -n "${pid:-}" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-echo "== starting gradd on $sock (log: $tmp/gradd.log)"
+echo "== gradd starting on $sock (log: $tmp/gradd.log)"
 "$bin/daemon/gradd" -c etc/gradd.conf -s "$sock" --state-dir "$tmp/state" >"$tmp/gradd.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do
+for _ in $(seq 200); do
   [ -S "$sock" ] && break
   kill -0 "$pid" 2>/dev/null || { cat "$tmp/gradd.log"; exit 1; }
   sleep 0.05
 done
+ctl() { "$bin/client/gradctl" -s "$sock" "$@"; }
 
-echo "== gradctl status"
-"$bin/client/gradctl" -s "$sock" status
+ctl status
 echo
-echo "== gradctl stats"
-"$bin/client/gradctl" -s "$sock" stats
+echo "== gradctl submit $job"
+id=$(ctl --json submit "$job" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
+echo "job $id queued"
+echo "== gradctl watch $id"
+ctl watch "$id"
+echo
+echo "== gradctl status $id"
+ctl status "$id"
+echo
+echo "== gradctl stats (the pool after the job: what it reserved, peaked at, and cached)"
+ctl stats
 echo
 echo "== stopping gradd"
 kill -TERM "$pid"
 wait "$pid"
 pid=
-tail -n 3 "$tmp/gradd.log"
