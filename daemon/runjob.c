@@ -103,7 +103,7 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
 
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
-    train_hooks h = {on_step, should_stop, &v};
+    train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &v};
     static train_result res;
     train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
     sigaction(SIGINT, &old_int, NULL);

@@ -57,6 +57,7 @@ typedef struct {
     double loss_scale;
     train_progress prog;
     train_result *res;
+    const train_hooks *hooks;
 } run;
 
 static double now_s(void)
@@ -354,6 +355,8 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("batch", "%u", r->j->batch);
     META("loss_scale", "%.17g", r->loss_scale);
 #undef META
+    if (r->hooks && r->hooks->on_checkpoint)
+        r->hooks->on_checkpoint(r->hooks->user, w, r->step);
     rc = st_write_atomic(w, r->path_resume, err, err_len);
 out:
     st_writer_free(w);
@@ -711,6 +714,10 @@ static train_outcome run_job(run *r, const train_hooks *h)
 
     if (load_data(r) != TRAIN_DONE)
         return TRAIN_FAILED;
+    /* The job's budget: the pool refuses it more, as an OOM, before the
+     * device runs out for everyone. */
+    if (j->mem_limit && pool_job_set_limit(r->p, r->job, j->mem_limit) != 0)
+        return fail(r, "cannot set the memory limit: the pool's job table is full");
     if (model_create(j, r->input_dim, r->classes, r->k, r->kc, &r->m, err, sizeof err) != 0)
         return fail(r, "%s: %s", j->source, err);
     if (alloc_memory(r) != TRAIN_DONE)
@@ -790,6 +797,7 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     r->k = k;
     r->job = job_id;
     r->res = res;
+    r->hooks = h;
     dev *d = pool_device(p);
     r->host_visible = d->kind == DEV_KIND_CPU;
     train_outcome o;

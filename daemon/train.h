@@ -21,6 +21,8 @@
 #include "kernels.h"
 #include "pool.h"
 
+struct st_writer;
+
 /* What a run reports after every optimizer step (and after validations). */
 typedef struct {
     uint64_t step, steps;       /* step just finished (1-based), total */
@@ -41,6 +43,9 @@ typedef struct {
     /* Polled at micro-step boundaries; true stops the run cleanly (final
      * checkpoint written, result cancelled).  May be NULL. */
     bool (*should_stop)(void *user);
+    /* Called with each checkpoint's writer before it is written, at `step`;
+     * tests inject write failures here (st_writer_fail_at).  May be NULL. */
+    void (*on_checkpoint)(void *user, struct st_writer *w, uint64_t step);
     void *user;
 } train_hooks;
 

@@ -92,7 +92,7 @@ static void run_one(worker *w, job *j)
     } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
         snprintf(res.message, sizeof res.message, "%s", err);
     } else {
-        train_hooks h = {on_step, should_stop, &r};
+        train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &r};
         o = train_run(&j->cfg, ctx->pools[w->dev], k, j->id, &h, &res);
         access_restore(&saved);
     }

@@ -1,5 +1,6 @@
 /* test_train.c — the training engine on the simulated cpu device:
  * accumulation equivalence, bitwise resume, memory tags, and learning. */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -195,7 +196,7 @@ static void test_resume_bitwise(void **state)
     job_config j;
     train_result res;
     stopper full = {0}, part = {.stop_after = 4};
-    train_hooks hf = {record, NULL, &full}, hp = {record, stop_now, &part};
+    train_hooks hf = {.on_step = record, .user = &full}, hp = {.on_step = record, .should_stop = stop_now, .user = &part};
 
     tiny_gpt(&j, "full", 5, 9);
     j.checkpoint_every = 3;
@@ -240,6 +241,61 @@ static void test_resume_bitwise(void **state)
     assert_int_equal(last, 9);
 }
 
+/* ---- a failed checkpoint write leaves the previous one usable ---------------------- */
+
+static uint64_t fail_at_step;
+
+static void inject(void *user, st_writer *w, uint64_t step)
+{
+    (void)user;
+    /* Fail after the header is on disk: the partial temp file must go,
+     * and resume.safetensors must still be the previous checkpoint. */
+    if (step == fail_at_step)
+        st_writer_fail_at(w, ST_STAGE_WRITE, EIO);
+}
+
+static void test_checkpoint_failure_keeps_previous(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "ckref", 5, 6);
+    j.checkpoint_every = 2;
+    run_ok(&j, &res, NULL);
+
+    tiny_gpt(&j, "ckfail", 5, 6);
+    j.checkpoint_every = 2;
+    fail_at_step = 4;
+    train_hooks h = {.on_checkpoint = inject};
+    assert_int_equal(train_run(&j, p, kern_cpu_ops(), 1, &h, &res), TRAIN_FAILED);
+    assert_non_null(strstr(res.message, "checkpoint failed (the previous one is intact)"));
+    assert_non_null(strstr(res.message, "resume.safetensors"));
+
+    /* The previous checkpoint (step 2) is intact and readable... */
+    char path[160], err[512];
+    snprintf(path, sizeof path, "%s/resume.safetensors", j.out_dir);
+    st_file *f;
+    if (st_open(path, &f, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_string_equal(st_meta(f, "step"), "2");
+    st_close(f);
+    /* ...no temporary file is left next to it... */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", j.out_dir);
+    assert_int_not_equal(system(cmd), 0);
+    /* ...and resuming from it ends where an undisturbed run ends. */
+    fail_at_step = 0;
+    run_ok(&j, &res, NULL);
+    char d1[128];
+    snprintf(d1, sizeof d1, "%s/ckref", tmpdir);
+    size_t n1, n2;
+    float *a = read_params(d1, &n1), *b = read_params(j.out_dir, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1 * sizeof(float));
+    free(a);
+    free(b);
+}
+
 /* ---- a checkpoint for another model is refused --------------------------------- */
 
 static void test_resume_mismatch_refused(void **state)
@@ -279,7 +335,7 @@ static void test_memory_tags(void **state)
     train_result res;
     static snap s;
     memset(&s, 0, sizeof s);
-    train_hooks h = {take_stats, NULL, &s};
+    train_hooks h = {.on_step = take_stats, .user = &s};
     tiny_gpt(&j, "tags", 8, 1);
     run_ok(&j, &res, &h);
     assert_true(s.taken);
@@ -364,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_equivalence),
         cmocka_unit_test(test_resume_bitwise),
         cmocka_unit_test(test_resume_mismatch_refused),
+        cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_memory_tags),
         cmocka_unit_test(test_gpt_learns_fortunes),
         cmocka_unit_test(test_mlp_learns_fashion),
