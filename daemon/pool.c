@@ -7,8 +7,9 @@
  * Invariants (pool_check verifies every one of them):
  *   - the blocks of a segment tile it in address order, every size a
  *     multiple of 512, and no two free blocks are neighbours;
- *   - a free block is in its sub-pool's free tree, a live one in the
- *     pointer map, never both;
+ *   - a free block is in its sub-pool's bin for its size (small pools,
+ *     blocks up to 2 MiB) or else its free tree, a live one in the pointer
+ *     map, never both;
  *   - a segment is on the idle list exactly when its only block is free;
  *   - with expandable segments, runs lie inside the reserved range, aligned
  *     to the granularity, in address order, never touching (touching runs
@@ -135,11 +136,12 @@ void pool_blk_put(pool *p, pool_block *b)
     p->nspare++;
 }
 
-/* ==== free trees ================================================================== */
+/* ==== free trees and bins ========================================================== */
 
-/* An AVL tree per sub-pool keyed by (size, addr): best fit is the leftmost
- * block not smaller than the request, in O(log n), and among equal sizes the
- * lowest address wins, which keeps live memory packed toward segment starts. */
+/* AVL trees keyed by (size, addr): one per sub-pool for the blocks no bin
+ * takes, and one per size bin.  Best fit is the leftmost block not smaller
+ * than the request, and among equal sizes the lowest address wins, which
+ * keeps live memory packed toward segment starts. */
 
 static inline bool blk_less(const pool_block *a, const pool_block *b)
 {
@@ -194,7 +196,7 @@ static pool_block *avl_balance(pool_block *n)
 /* Insert and remove walk down recording the links they passed, then
  * rebalance upward only until a subtree keeps its height: above that point
  * nothing changed.  Most updates stop within a level or two, which is what
- * makes the hit path cheap. */
+ * makes the tree updates cheap. */
 #define AVL_MAX_DEPTH 96 /* AVL height <= 1.44 log2(n + 2): enough for any n */
 
 static void avl_rebalance_up(pool_block **path[], int d)
@@ -294,42 +296,113 @@ static void idle_unlink(pool *p, pool_segment *s)
 
 /* ==== free block bookkeeping ============================================================ */
 
-/* Every change to a free block's size or neighbours goes remove → change →
- * insert, so the split statistics and the idle list follow the tree. */
-void pool_tree_insert(pool *p, pool_block *b)
+/* ---- bins ---- */
+
+static inline size_t bin_of(size_t size) { return size / POOL_ROUND - 1; }
+
+/* The first non-empty bin >= c, or -1: two bitmap words at most. */
+static inline long bins_first(const pool_bins *bn, size_t c)
 {
-    bool small = b->seg->small;
-    pool_sub *sp = pool_sub_of(p, b->seg);
-    avl_insert(&sp->root, b);
+    size_t w = c / 64;
+    uint64_t m = bn->words[w] & (~(uint64_t)0 << (c % 64));
+    if (m)
+        return (long)(w * 64 + (size_t)__builtin_ctzll(m));
+    if (w + 1 >= POOL_BIN_WORDS)
+        return -1;
+    uint64_t sm = bn->summary & (~(uint64_t)0 << (w + 1));
+    if (!sm)
+        return -1;
+    w = (size_t)__builtin_ctzll(sm);
+    return (long)(w * 64 + (size_t)__builtin_ctzll(bn->words[w]));
+}
+
+static inline pool_block *avl_leftmost(pool_block *n)
+{
+    while (n->left)
+        n = n->left;
+    return n;
+}
+
+/* ---- insert and remove ---- */
+
+/* Bins are nearly always empty or hold one block (on the training trace,
+ * over 99% of insertions find the bin empty), so those cases skip the tree
+ * code altogether. */
+static inline void bin_insert(pool_bins *bn, pool_block *b)
+{
+    size_t c = bin_of(b->size);
+    if (!bn->root[c]) {
+        b->left = b->right = NULL;
+        b->height = 1;
+        bn->root[c] = b;
+        bn->words[c / 64] |= (uint64_t)1 << (c % 64);
+        bn->summary |= (uint64_t)1 << (c / 64);
+        return;
+    }
+    avl_insert(&bn->root[c], b);
+}
+
+static inline void bin_remove(pool_bins *bn, pool_block *b)
+{
+    size_t c = bin_of(b->size);
+    if (bn->root[c] != b || b->left || b->right) {
+        avl_remove(&bn->root[c], b);
+        return;
+    }
+    bn->root[c] = NULL;
+    bn->words[c / 64] &= ~((uint64_t)1 << (c % 64));
+    if (!bn->words[c / 64])
+        bn->summary &= ~((uint64_t)1 << (c / 64));
+}
+
+/* Every change to a free block's size or neighbours goes remove → change →
+ * insert, so the split statistics and the idle list follow the bins. */
+static inline void free_insert(pool *p, pool_block *b)
+{
+    pool_segment *seg = b->seg;
+    pool_sub *sp = pool_sub_of(p, seg);
+    if (sp->bins && b->size <= POOL_BIN_MAX) {
+        bin_insert(sp->bins, b);
+    } else {
+        avl_insert(&sp->root, b);
+        if (!sp->max || blk_less(sp->max, b))
+            sp->max = b;
+    }
     sp->nfree++;
-    if (!sp->max || blk_less(sp->max, b))
-        sp->max = b;
+    if (b->size > p->largest)
+        p->largest = b->size;
     if (!b->prev && !b->next) {
-        idle_push(p, b->seg);
+        idle_push(p, seg);
     } else {
         b->split_counted = 1;
-        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT, small, b->size);
-        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, small, 1);
+        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT, seg->small, b->size);
+        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, seg->small, 1);
     }
 }
 
-void pool_tree_remove(pool *p, pool_block *b)
+static inline void free_remove(pool *p, pool_block *b)
 {
-    bool small = b->seg->small;
-    pool_sub *sp = pool_sub_of(p, b->seg);
-    avl_remove(&sp->root, b);
+    pool_segment *seg = b->seg;
+    pool_sub *sp = pool_sub_of(p, seg);
+    if (sp->bins && b->size <= POOL_BIN_MAX) {
+        bin_remove(sp->bins, b);
+    } else {
+        avl_remove(&sp->root, b);
+        if (sp->max == b)
+            sp->max = avl_rightmost(sp->root);
+    }
     b->left = b->right = NULL;
     b->height = 0;
     sp->nfree--;
-    if (sp->max == b)
-        sp->max = avl_rightmost(sp->root);
+    if (b->size == p->largest)
+        p->largest_stale = true;
     if (b->split_counted) {
         b->split_counted = 0;
-        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT, small, b->size);
-        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, small, 1);
+        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT, seg->small, b->size);
+        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, seg->small, 1);
     }
-    if (b->seg->idle)
-        idle_unlink(p, b->seg);
+    if (seg->idle)
+        idle_unlink(p, seg);
 }
 
 /* ==== pointer map ======================================================================== */
@@ -568,13 +641,17 @@ int pool_create(dev *d, const pool_config *c, pool **out)
     p->cfg = cfg;
     p->device_total = total;
     p->cap = pool_round_down((size_t)((double)total * cfg.memory_fraction), POOL_ROUND);
-    for (int i = 0; i < POOL_NSUB; i++) {
-        p->sub[i].small = i % 2 == 0;
-        p->sub[i].persistent = i >= 2;
-    }
     if (pthread_mutex_init(&p->lock, NULL) != 0) {
         free(p);
         return -1;
+    }
+    for (int i = 0; i < POOL_NSUB; i++) {
+        p->sub[i].small = i % 2 == 0;
+        p->sub[i].persistent = i >= 2;
+        /* Large free blocks come in too many sizes for exact bins; the
+         * large pool keeps the tree alone. */
+        if (p->sub[i].small && !(p->sub[i].bins = calloc(1, sizeof *p->sub[i].bins)))
+            goto fail;
     }
     if (!map_init(p, 10))
         goto fail;
@@ -604,6 +681,7 @@ int pool_create(dev *d, const pool_config *c, pool **out)
     }
     p->t0_ns = pool_now_ns();
     p->last_periodic_ns = p->t0_ns;
+    pool_tl_clock_init(p);
     *out = p;
     return 0;
 
@@ -630,6 +708,7 @@ void pool_destroy(pool *p)
         }
         if (sp->va_size)
             dev_va_release(p->d, (void *)sp->va_base, sp->va_size);
+        free(sp->bins);
     }
     while (p->slabs) {
         pool_slab *n = p->slabs->next;
@@ -644,10 +723,18 @@ void pool_destroy(pool *p)
 
 /* ==== best fit ======================================================================================== */
 
+/* The smallest free block >= size, the lowest address among equals.
+ * Binned blocks are all smaller than the tree's, so a non-empty bin at or
+ * above size's wins outright, and the tree is searched only without one. */
 static pool_block *find_fit(pool *p, pool_sub *sp, size_t size)
 {
-    pool_block *n = sp->root, *best = NULL;
-    while (n) {
+    pool_block *best = NULL;
+    if (sp->bins && size <= POOL_BIN_MAX) {
+        long c = bins_first(sp->bins, bin_of(size));
+        if (c >= 0)
+            best = avl_leftmost(sp->bins->root[c]);
+    }
+    for (pool_block *n = best ? NULL : sp->root; n;) {
         if (n->size >= size) {
             best = n;
             n = n->left;
@@ -687,7 +774,7 @@ static void take_block(pool *p, pool_block *b, size_t size, size_t requested, po
 {
     pool_segment *seg = b->seg;
     bool small = seg->small;
-    pool_tree_remove(p, b);
+    free_remove(p, b);
     if (should_split(p, b, size)) {
         pool_block *r = pool_blk_new(p);
         r->addr = b->addr + size;
@@ -702,7 +789,7 @@ static void take_block(pool *p, pool_block *b, size_t size, size_t requested, po
         b->next = r;
         seg->nblocks++;
         b->size = size;
-        pool_tree_insert(p, r);
+        free_insert(p, r);
     }
     b->live = 1;
     b->tag = (uint8_t)tag;
@@ -803,7 +890,7 @@ static pool_block *grow_fixed(pool *p, pool_sub *sp, size_t size, uint32_t job,
     pool_stat_inc(p, POOL_ST_SEGMENTS, small, 1);
     pool_ctr_add(p, POOL_CTR_DEVICE_ALLOCS, 1);
     pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, seg->sub, got, seg->addr, 0);
-    pool_tree_insert(p, b);
+    free_insert(p, b);
     pool_stats_end(p);
     return b;
 }
@@ -911,9 +998,9 @@ static pool_block *grow_expandable(pool *p, pool_sub *sp, size_t size, uint32_t 
     pool_block *left = before && !before->tail->live ? before->tail : NULL;
     pool_block *right = after && !after->head->live ? after->head : NULL;
     if (left)
-        pool_tree_remove(p, left);
+        free_remove(p, left);
     if (right)
-        pool_tree_remove(p, right);
+        free_remove(p, right);
 
     pool_segment *run;
     if (before && after) {
@@ -984,7 +1071,7 @@ static pool_block *grow_expandable(pool *p, pool_sub *sp, size_t size, uint32_t 
         run->nblocks--;
         pool_blk_put(p, right);
     }
-    pool_tree_insert(p, nb);
+    free_insert(p, nb);
     pool_stats_end(p);
     return nb;
 }
@@ -1016,7 +1103,7 @@ size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
     }
 
     pool_stats_begin(p);
-    pool_tree_remove(p, b);
+    free_remove(p, b);
     pool_block *rhead = NULL, *rtail = NULL;
     if (has_right) {
         if (rb) {
@@ -1083,9 +1170,9 @@ size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
     pool_ctr_add(p, POOL_CTR_DEVICE_FREES, 1);
     pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, job, POOL_TAG_OTHER, sub, len, a0, 0);
     if (keep_b)
-        pool_tree_insert(p, b);
+        free_insert(p, b);
     if (rb)
-        pool_tree_insert(p, rb);
+        free_insert(p, rb);
     pool_stats_end(p);
 
     dev_va_unmap(p->d, (void *)a0, len);
@@ -1107,7 +1194,7 @@ void pool_seg_release(pool *p, pool_segment *s)
     pool_block *b = s->head;
     bool small = s->small;
     pool_stats_begin(p);
-    pool_tree_remove(p, b);
+    free_remove(p, b);
     pool_seg_unlink(p, s);
     pool_stat_dec(p, POOL_ST_RESERVED, small, s->size);
     pool_stat_dec(p, POOL_ST_SEGMENTS, small, 1);
@@ -1325,7 +1412,7 @@ void pool_free(pool *p, void *ptr)
 
     pool_block *prev = b->prev, *next = b->next;
     if (prev && !prev->live) {
-        pool_tree_remove(p, prev);
+        free_remove(p, prev);
         prev->size += b->size;
         prev->next = next;
         if (next)
@@ -1337,7 +1424,7 @@ void pool_free(pool *p, void *ptr)
         b = prev;
     }
     if (next && !next->live) {
-        pool_tree_remove(p, next);
+        free_remove(p, next);
         b->size += next->size;
         b->next = next->next;
         if (next->next)
@@ -1347,7 +1434,7 @@ void pool_free(pool *p, void *ptr)
         seg->nblocks--;
         pool_blk_put(p, next);
     }
-    pool_tree_insert(p, b);
+    free_insert(p, b);
     pool_stats_end(p);
     pthread_mutex_unlock(&p->lock);
 }

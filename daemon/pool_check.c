@@ -1,7 +1,7 @@
 /* pool_check.c — the exhaustive invariant check, for tests and debugging.
  *
- * Walks every segment and block, the free trees, the pointer map and the
- * idle list, recomputes every figure the pool keeps incrementally, and
+ * Walks every segment and block, the free bins and trees, the pointer map
+ * and the idle list, recomputes every figure the pool keeps incrementally, and
  * compares.  O(n log n) in blocks; meant to run after every operation in
  * randomised tests, never on a production path.
  */
@@ -29,20 +29,21 @@ static int fail(check_ctx *c, const char *fmt, ...)
     return -1;
 }
 
-/* ==== free trees ========================================================================== */
+/* ==== free bins and trees ================================================================== */
 
 static bool key_less(const pool_block *a, const pool_block *b)
 {
     return a->size < b->size || (a->size == b->size && a->addr < b->addr);
 }
 
-/* Returns the height, or -1 after filling err. */
+/* Returns the height, or -1 after filling err.  bin_size: every block's
+ * size in a bin's tree; 0 for the tree of bigger blocks. */
 static int check_tree(check_ctx *c, const pool *p, const pool_sub *sp, const pool_block *n,
-                      const pool_block **last, size_t *count)
+                      size_t bin_size, const pool_block **last, size_t *count)
 {
     if (!n)
         return 0;
-    int hl = check_tree(c, p, sp, n->left, last, count);
+    int hl = check_tree(c, p, sp, n->left, bin_size, last, count);
     if (hl < 0)
         return -1;
     if (n->live)
@@ -51,9 +52,12 @@ static int check_tree(check_ctx *c, const pool *p, const pool_sub *sp, const poo
         return fail(c, "free block %#" PRIxPTR " is in the wrong pool's tree", n->addr);
     if (*last && !key_less(*last, n))
         return fail(c, "free tree out of order at %#" PRIxPTR, n->addr);
+    if (bin_size && n->size != bin_size)
+        return fail(c, "free block %#" PRIxPTR " of %zu bytes is in the %zu-byte bin", n->addr,
+                    n->size, bin_size);
     *last = n;
     (*count)++;
-    int hr = check_tree(c, p, sp, n->right, last, count);
+    int hr = check_tree(c, p, sp, n->right, bin_size, last, count);
     if (hr < 0)
         return -1;
     int h = 1 + (hl > hr ? hl : hr);
@@ -65,11 +69,62 @@ static int check_tree(check_ctx *c, const pool *p, const pool_sub *sp, const poo
     return h;
 }
 
+static size_t avl_min_size(const pool_block *n)
+{
+    while (n->left)
+        n = n->left;
+    return n->size;
+}
+
 static bool tree_holds(const pool_block *root, const pool_block *b)
 {
     while (root && root != b)
         root = key_less(b, root) ? root->left : root->right;
     return root == b;
+}
+
+/* The bin or tree a free block of this size belongs in. */
+static const pool_block *free_root(const pool_sub *sp, size_t size)
+{
+    if (sp->bins && size <= POOL_BIN_MAX)
+        return sp->bins->root[size / POOL_ROUND - 1];
+    return sp->root;
+}
+
+/* Every bin is a valid tree of blocks of exactly its size, and the bitmaps
+ * say which bins are non-empty.  The tree holds only what no bin takes.
+ * Adds the blocks seen to *count. */
+static int check_bins(check_ctx *c, const pool *p, const pool_sub *sp, const char *name, size_t *count)
+{
+    const pool_bins *bn = sp->bins;
+    if (!bn) {
+        if (sp->small)
+            return fail(c, "%s pool has no bins", name);
+        return 0;
+    }
+    if (!sp->small)
+        return fail(c, "%s pool has bins", name);
+    for (size_t w = 0; w < POOL_BIN_WORDS; w++) {
+        uint64_t word = 0;
+        for (size_t b = 0; b < 64; b++) {
+            size_t k = w * 64 + b;
+            const pool_block *last = NULL;
+            size_t n = 0;
+            if (check_tree(c, p, sp, bn->root[k], (k + 1) * POOL_ROUND, &last, &n) < 0)
+                return -1;
+            if (n)
+                word |= (uint64_t)1 << b;
+            *count += n;
+        }
+        if (bn->words[w] != word)
+            return fail(c, "%s bin bitmap word %zu is %#" PRIx64 ", the bins say %#" PRIx64, name, w,
+                        bn->words[w], word);
+        if (((bn->summary >> w) & 1) != (word != 0))
+            return fail(c, "%s bin summary bit %zu disagrees with its word", name, w);
+    }
+    if (bn->summary >> (POOL_BIN_WORDS - 1) >> 1)
+        return fail(c, "%s bin summary has bits past the last word", name);
+    return 0;
 }
 
 /* ==== the check ============================================================================= */
@@ -146,8 +201,8 @@ static int check_segment(check_ctx *c, pool *p, const pool_sub *sp, const pool_s
             t->job_tag[b->job_slot][b->tag] += (int64_t)b->size;
             t->live_blocks++;
         } else {
-            if (!tree_holds(sp->root, b))
-                return fail(c, "free block %#" PRIxPTR " is missing from the free tree", b->addr);
+            if (!tree_holds(free_root(sp, b->size), b))
+                return fail(c, "free block %#" PRIxPTR " is missing from its free bin or tree", b->addr);
             bool whole = s->nblocks == 1;
             if (b->split_counted == whole)
                 return fail(c, "free block %#" PRIxPTR " is %scounted as inactive split", b->addr,
@@ -229,19 +284,25 @@ static int check_locked(check_ctx *c, pool *p)
         }
         const pool_block *last = NULL;
         size_t nfree = 0;
-        if (check_tree(c, p, sp, sp->root, &last, &nfree) < 0)
+        if (check_tree(c, p, sp, sp->root, 0, &last, &nfree) < 0)
             goto out;
-        if (nfree != sp->nfree) {
-            fail(c, "%s free tree holds %zu blocks, counted %zu", sub_name[i], nfree, sp->nfree);
+        if (sp->bins && sp->root && avl_min_size(sp->root) <= POOL_BIN_MAX) {
+            fail(c, "%s free tree holds a block small enough for a bin", sub_name[i]);
             goto out;
         }
         if (sp->max != last) {
             fail(c, "%s pool's cached largest free block is stale", sub_name[i]);
             goto out;
         }
+        if (check_bins(c, p, sp, sub_name[i], &nfree) < 0)
+            goto out;
+        if (nfree != sp->nfree) {
+            fail(c, "%s free bins and tree hold %zu blocks, counted %zu", sub_name[i], nfree, sp->nfree);
+            goto out;
+        }
     }
-    /* Every free block found in a segment is in its tree and the tree
-     * counts match, so the trees hold exactly the free blocks. */
+    /* Every free block found in a segment is in its bin or tree and the
+     * counts match, so the bins and trees hold exactly the free blocks. */
     size_t free_blocks = 0, in_trees = 0;
     for (int i = 0; i < POOL_NSUB; i++) {
         in_trees += p->sub[i].nfree;
@@ -250,7 +311,8 @@ static int check_locked(check_ctx *c, pool *p)
                 free_blocks += !b->live;
     }
     if (free_blocks != in_trees) {
-        fail(c, "the free trees hold %zu blocks but the segments have %zu free", in_trees, free_blocks);
+        fail(c, "the free bins and trees hold %zu blocks but the segments have %zu free", in_trees,
+             free_blocks);
         goto out;
     }
     if (p->map_count != t->live_blocks) {
@@ -341,6 +403,12 @@ static int check_locked(check_ctx *c, pool *p)
     if (POOL_LD(p->live.largest_free) != t->largest) {
         fail(c, "published largest free block %" PRIu64 " is not the real %zu",
              (uint64_t)POOL_LD(p->live.largest_free), t->largest);
+        goto out;
+    }
+    /* No section is open here, so the cached figure must be exact. */
+    if (p->largest_stale || p->largest != t->largest) {
+        fail(c, "cached largest free block %zu%s is not the real %zu", p->largest,
+             p->largest_stale ? " (stale)" : "", t->largest);
         goto out;
     }
     if ((size_t)pool_stat_current(p, POOL_ST_RESERVED, POOL_ALL) > p->cap) {

@@ -2,7 +2,7 @@
  *
  * Layout of the pool:
  *   pool.c          creation, allocation and free, blocks, segments, the
- *                   free trees and the pointer map (the only file that maps
+ *                   free bins and trees and the pointer map (the only file that maps
  *                   device memory in)
  *   pool_trim.c     giving memory back: trims and the pool_tick policies
  *   pool_stats.c    publishing and reading statistics
@@ -19,6 +19,13 @@
 #include <string.h>
 #include <time.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#define POOL_HAVE_TSC 1
+#else
+#define POOL_HAVE_TSC 0
+#endif
+
 /* ---- sizes ---------------------------------------------------------------- */
 
 #define POOL_ROUND ((size_t)512)             /* every block size is a multiple */
@@ -31,22 +38,30 @@
  * less than this much bigger: the waste of never splitting stays bounded. */
 #define POOL_OVERSIZE_SLACK ((size_t)20 << 20)
 
+/* Free blocks up to this size sit in exact-size bins (one per multiple of
+ * 512 B); bigger ones in a tree.  2 MiB covers every free block of a fixed
+ * small segment, so the small pool's hit path never touches a tree. */
+#define POOL_BIN_MAX POOL_SMALL_SEGMENT
+#define POOL_NBINS (POOL_BIN_MAX / POOL_ROUND)
+#define POOL_BIN_WORDS (POOL_NBINS / 64)
+_Static_assert(POOL_BIN_WORDS <= 64, "one summary word must cover the bin bitmap");
+
 /* ---- blocks and segments ---------------------------------------------------- */
 
 typedef struct pool_block pool_block;
 typedef struct pool_segment pool_segment;
 
 /* A block is a run of bytes inside one segment, either live (in the pointer
- * map) or free (in its sub-pool's free tree).  Blocks tile their segment in
- * address order; two free blocks are never neighbours. */
+ * map) or free (in its sub-pool's free bins or tree).  Blocks tile their
+ * segment in address order; two free blocks are never neighbours. */
 struct pool_block {
     uintptr_t addr;
     size_t size;
     size_t requested; /* live: the caller's figure before rounding */
     pool_block *prev, *next; /* address neighbours within the segment */
     pool_segment *seg;
-    pool_block *left, *right; /* free tree, keyed by (size, addr) */
-    int32_t height;           /* free tree; 0 while not in it */
+    pool_block *left, *right; /* free bin's or free tree's AVL links, keyed by (size, addr) */
+    int32_t height;           /* AVL height; 0 while in no bin or tree */
     uint8_t live;
     uint8_t tag;
     uint8_t job_slot;
@@ -67,13 +82,26 @@ struct pool_segment {
     uint8_t idle;
 };
 
+/* Exact-size bins: bin c holds the free blocks of (c + 1) × 512 bytes as an
+ * AVL tree keyed by address, so its leftmost block is the lowest address —
+ * the same best fit and tie-break the single (size, addr) tree gave, found
+ * in O(1) through the bitmaps instead of a descent of the whole tree.  Bit c
+ * of words[] is set exactly when bin c is non-empty, bit w of summary
+ * exactly when words[w] is non-zero. */
+typedef struct {
+    uint64_t summary;
+    uint64_t words[POOL_BIN_WORDS];
+    pool_block *root[POOL_NBINS];
+} pool_bins;
+
 /* One of the four pools of blocks: small or large requests, each split by
  * the expected lifetime its tag implies (see pool_tag_persistent).  Blocks and
  * segments never move between them. */
 typedef struct {
-    pool_block *root;      /* free blocks */
-    pool_block *max;       /* the largest free block, kept for stats */
-    size_t nfree;
+    pool_bins *bins;       /* small sub-pools only: free blocks <= POOL_BIN_MAX */
+    pool_block *root;      /* the other free blocks, keyed by (size, addr) */
+    pool_block *max;       /* the largest block in root, kept for stats */
+    size_t nfree;          /* free blocks in bins and root */
     pool_segment *segs, *segs_tail;
     size_t nsegs;
     uintptr_t va_base;     /* expandable: the reserved range */
@@ -157,6 +185,12 @@ struct pool {
     pthread_mutex_t lock;
 
     pool_sub sub[POOL_NSUB]; /* by pool_sub_index */
+    /* The largest free block's size, kept as blocks come and go so that
+     * closing a section need not look at every sub-pool: exact unless
+     * largest_stale, which a removal of a block of exactly that size sets
+     * and the end of the section clears by recomputing. */
+    size_t largest;
+    bool largest_stale;
     /* Wholly free segments, least recently used first: a segment joins the
      * tail when its last block is freed, so list order is last-use order. */
     pool_segment *lru_head, *lru_tail;
@@ -182,6 +216,13 @@ struct pool {
     size_t ring_cap, ring_next;
     uint64_t ring_total;
     uint64_t t0_ns;
+    /* Events are stamped in raw TSC ticks where the TSC is invariant (about
+     * a third of clock_gettime's cost, and the hit path records an event per
+     * call); the export turns them into CLOCK_MONOTONIC ns (pool_timeline.c).
+     * Without an invariant TSC, stamps are CLOCK_MONOTONIC ns already. */
+    bool tl_tsc;
+    uint64_t tl_last;            /* the newest stamp: stamps never go backwards */
+    uint64_t tl_tick0, tl_ns0;   /* the creation anchor (tl_tsc only) */
 
     /* statistics: live is current; snap is a frozen copy made on a reader's
      * request when the writer keeps live too busy to read (pool_stats.c). */
@@ -205,6 +246,24 @@ static inline uint64_t pool_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* A timeline stamp: see pool.tl_tsc.  Under the mutex. */
+static inline uint64_t pool_tl_stamp(pool *p)
+{
+    uint64_t t;
+#if POOL_HAVE_TSC
+    if (p->tl_tsc)
+        t = __rdtsc();
+    else
+#endif
+        t = pool_now_ns();
+    /* Two cores' TSCs may differ by a few ticks, and the next lock holder
+     * may run on the other; the ring promises non-decreasing stamps. */
+    if (t < p->tl_last)
+        t = p->tl_last;
+    p->tl_last = t;
+    return t;
+}
+
 static inline size_t pool_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 static inline size_t pool_round_down(size_t v, size_t to) { return v / to * to; }
 static inline pool_sub *pool_sub_of(pool *p, const pool_segment *s) { return &p->sub[s->sub]; }
@@ -219,12 +278,29 @@ static inline bool pool_tag_persistent(int tag)
     return tag == POOL_TAG_PARAMS || tag == POOL_TAG_GRADS || tag == POOL_TAG_OPTIMIZER;
 }
 
+/* The size of a sub-pool's largest free block: every block in the tree is
+ * bigger than every binned one, so the tree's maximum wins when there is
+ * one, and otherwise the highest non-empty bin. */
+static inline size_t pool_sub_largest(const pool_sub *sp)
+{
+    if (sp->max)
+        return sp->max->size;
+    const pool_bins *bn = sp->bins;
+    if (!bn || !bn->summary)
+        return 0;
+    unsigned w = 63u - (unsigned)__builtin_clzll(bn->summary);
+    unsigned c = w * 64u + 63u - (unsigned)__builtin_clzll(bn->words[w]);
+    return ((size_t)c + 1) * POOL_ROUND;
+}
+
 static inline size_t pool_largest_free(const pool *p)
 {
     size_t m = 0;
-    for (int i = 0; i < POOL_NSUB; i++)
-        if (p->sub[i].max && p->sub[i].max->size > m)
-            m = p->sub[i].max->size;
+    for (int i = 0; i < POOL_NSUB; i++) {
+        size_t s = pool_sub_largest(&p->sub[i]);
+        if (s > m)
+            m = s;
+    }
     return m;
 }
 
@@ -278,7 +354,11 @@ static inline void pool_stats_begin(pool *p)
 static inline void pool_stats_end(pool *p)
 {
     if (--p->stats_depth == 0) {
-        POOL_ST(p->live.largest_free, pool_largest_free(p));
+        if (p->largest_stale) {
+            p->largest = pool_largest_free(p);
+            p->largest_stale = false;
+        }
+        POOL_ST(p->live.largest_free, p->largest);
         atomic_store_explicit(&p->live.seq, POOL_LD(p->live.seq) + 1, memory_order_release);
         if (POOL_LD(p->snap_requests) != p->snap_served)
             pool_stats_serve(p);
@@ -294,7 +374,7 @@ static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, i
     pool_event *e = &p->ring[p->ring_next];
     if (++p->ring_next == p->ring_cap)
         p->ring_next = 0;
-    e->ns = pool_now_ns();
+    e->ns = pool_tl_stamp(p); /* raw; pool_timeline.c converts */
     e->bytes = bytes;
     e->addr = addr;
     e->aux = aux;
@@ -313,8 +393,6 @@ static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, i
 
 /* ---- internal functions (pool.c) ----------------------------------------------- */
 
-void pool_tree_insert(pool *p, pool_block *b); /* a free block: tree, idle list, split stats */
-void pool_tree_remove(pool *p, pool_block *b);
 pool_block *pool_blk_new(pool *p); /* NULL only when the host is out of memory */
 void pool_blk_put(pool *p, pool_block *b);
 bool pool_blk_reserve(pool *p, size_t n);
@@ -332,6 +410,18 @@ void pool_job_release_slot(pool *p, int slot);
 pool_trim_result pool_trim_locked(pool *p, pool_trim_reason why, size_t target_bytes);
 /* Release LRU idle segments until reserved + extra <= limit. */
 void pool_gc_locked(pool *p, size_t limit, size_t extra);
+
+/* pool_timeline.c: the timeline clock.  init picks it at creation and
+ * takes the creation anchor; clock_now (mutex held) fixes the stamp →
+ * CLOCK_MONOTONIC line as of now, and to_ns applies it. */
+typedef struct {
+    bool tsc;
+    uint64_t tick_now, ns_now; /* an anchor read at export time */
+    double ns_per_tick;
+} pool_tl_clock;
+void pool_tl_clock_init(pool *p);
+pool_tl_clock pool_tl_clock_now(pool *p);
+uint64_t pool_tl_to_ns(const pool_tl_clock *c, uint64_t stamp);
 
 /* pool.c: human sizes ("1.5G") for messages. */
 const char *pool_fmt_size(uint64_t bytes, char *buf, size_t len);

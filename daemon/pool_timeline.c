@@ -4,6 +4,10 @@
  * pool_internal.h) into a fixed ring that overwrites its oldest entries.
  * The export copies the ring under the mutex and formats outside it.
  *
+ * Stamps are raw TSC ticks where the TSC is invariant (pool.tl_tsc); the
+ * copy out of the ring turns them into CLOCK_MONOTONIC ns, so callers only
+ * ever see ns.
+ *
  * Counter tracks are rebuilt, not stored: every alloc/free and segment event
  * carries its size, and the ring always holds the newest events without
  * gaps, so the figures before the oldest event held are today's figures
@@ -16,6 +20,92 @@
 
 #include <errno.h>
 #include <stdlib.h>
+
+#if POOL_HAVE_TSC
+#include <cpuid.h>
+#endif
+
+/* ==== the clock ========================================================================= */
+
+#if POOL_HAVE_TSC
+/* CPUID 0x80000007 EDX bit 8: the TSC ticks at a constant rate through
+ * frequency and sleep states (and, where the kernel trusts it, in step
+ * across cores), so ticks map to time by a straight line. */
+static bool tsc_invariant(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u)
+        return false;
+    if (!__get_cpuid(0x80000007u, &a, &b, &c, &d))
+        return false;
+    return (d >> 8) & 1u;
+}
+
+/* A (tick, ns) pair read together: the tick is the midpoint of two reads
+ * around the clock call.  The tightest of a few tries is kept, so an
+ * interrupt or a preempted vCPU in the middle of one does not skew it. */
+static void tsc_anchor(uint64_t *tick, uint64_t *ns)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 3; i++) {
+        uint64_t a = __rdtsc();
+        uint64_t n = pool_now_ns();
+        uint64_t b = __rdtsc();
+        if (b >= a && b - a < best) {
+            best = b - a;
+            *tick = a + (b - a) / 2;
+            *ns = n;
+        }
+    }
+    if (best == UINT64_MAX) { /* the TSC ran backwards each time: take the last reads */
+        *tick = __rdtsc();
+        *ns = pool_now_ns();
+    }
+}
+#endif
+
+void pool_tl_clock_init(pool *p)
+{
+    p->tl_tsc = false;
+    p->tl_last = 0;
+#if POOL_HAVE_TSC
+    if (tsc_invariant()) {
+        p->tl_tsc = true;
+        tsc_anchor(&p->tl_tick0, &p->tl_ns0);
+        p->tl_last = p->tl_tick0;
+    }
+#endif
+}
+
+/* The line runs through now, with the slope averaged since creation: the
+ * slope is then as exact as the anchors allow (their few ns of error spread
+ * over the pool's lifetime), and the events the ring holds, being the
+ * newest, sit close to the point where the line is exact, so a drift of
+ * CLOCK_MONOTONIC's rate (NTP slewing it) moves them by little. */
+pool_tl_clock pool_tl_clock_now(pool *p)
+{
+    pool_tl_clock c = {.tsc = p->tl_tsc, .tick_now = 0, .ns_now = 0, .ns_per_tick = 0};
+#if POOL_HAVE_TSC
+    if (c.tsc) {
+        tsc_anchor(&c.tick_now, &c.ns_now);
+        if (c.tick_now < p->tl_last)
+            c.tick_now = p->tl_last;
+        if (c.tick_now > p->tl_tick0 && c.ns_now > p->tl_ns0)
+            c.ns_per_tick = (double)(c.ns_now - p->tl_ns0) / (double)(c.tick_now - p->tl_tick0);
+    }
+#endif
+    return c;
+}
+
+/* Every stamp is at most c->tick_now: the anchor is read after the stamps
+ * it converts, and clamped to the newest. */
+uint64_t pool_tl_to_ns(const pool_tl_clock *c, uint64_t stamp)
+{
+    if (!c->tsc)
+        return stamp;
+    double back = (double)(c->tick_now - stamp) * c->ns_per_tick;
+    return back >= (double)c->ns_now ? 0 : c->ns_now - (uint64_t)back;
+}
 
 /* ==== names and marks ================================================================= */
 
@@ -46,15 +136,18 @@ void pool_timeline_mark(pool *p, pool_event_kind kind, uint32_t job, size_t byte
 
 /* ==== copying the ring ===================================================================== */
 
-/* The newest min(max, held) events, oldest first.  Mutex held. */
+/* The newest min(max, held) events, oldest first, stamps in ns.  Mutex held. */
 static size_t ring_copy(pool *p, pool_event *out, size_t max)
 {
     size_t held = p->ring_total < p->ring_cap ? (size_t)p->ring_total : p->ring_cap;
     size_t n = held < max ? held : max;
     /* ring_next is one past the newest event. */
     size_t start = (p->ring_next + p->ring_cap - n) % (p->ring_cap ? p->ring_cap : 1);
-    for (size_t i = 0; i < n; i++)
+    pool_tl_clock clk = pool_tl_clock_now(p);
+    for (size_t i = 0; i < n; i++) {
         out[i] = p->ring[(start + i) % p->ring_cap];
+        out[i].ns = pool_tl_to_ns(&clk, out[i].ns);
+    }
     return n;
 }
 

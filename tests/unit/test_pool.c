@@ -93,6 +93,26 @@ static size_t count_events(pool *p, pool_event_kind kind, int reason)
     return k;
 }
 
+/* splitmix64: reproducible streams for the placement and random tests. */
+typedef struct {
+    uint64_t s;
+} rng;
+
+static uint64_t rnd(rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* ==== names ===================================================================== */
 
 static void test_names(void **state)
@@ -308,6 +328,112 @@ static void test_coalescing(void **state)
     assert_int_equal(s->largest_free_block, MiB);
     assert_true(s->fragmentation > 0.333 && s->fragmentation < 0.334);
     pool_free(f.p, g);
+    fx_close(&f);
+}
+
+/* Best fit, checked against a model: every request takes the smallest free
+ * block that fits, the lowest address among blocks of that size, and what
+ * it leaves over stays free at the same place.  The holes are freed in a
+ * scrambled order, so the pool's choice cannot come from free order, and
+ * several holes share each size. */
+typedef struct {
+    uintptr_t addr;
+    size_t size;
+} hole;
+
+static void test_best_fit_order(void **state)
+{
+    (void)state;
+    fx f;
+    fx_open(&f, 64 * MiB, NULL);
+    enum { N = 40 };
+    void *h[N], *sep[N];
+    hole model[2 * N + 1];
+    size_t nm = 0;
+    for (int i = 0; i < N; i++) {
+        size_t sz = (size_t)(1 + (i * 7) % 5) * 2 * KiB; /* 2K .. 10K, 8 holes each */
+        h[i] = pool_alloc(f.p, sz, POOL_TAG_OTHER, 1, NULL);
+        sep[i] = pool_alloc(f.p, 512, POOL_TAG_OTHER, 1, NULL); /* keeps holes apart */
+        assert_non_null(h[i]);
+        assert_non_null(sep[i]);
+        model[nm++] = (hole){(uintptr_t)h[i], sz};
+    }
+    /* One segment from its start, so the tail is the rest of it. */
+    uintptr_t tail = (uintptr_t)sep[N - 1] + 512;
+    assert_int_equal(tail - (uintptr_t)h[0] < 2 * MiB, 1);
+    model[nm++] = (hole){tail, (uintptr_t)h[0] + 2 * MiB - tail};
+    for (int k = 0; k < N; k++)
+        pool_free(f.p, h[(k * 17) % N]); /* 17 is prime to N: each once */
+    CHECK(f.p);
+
+    rng r = {7};
+    void *got[3 * N];
+    for (int k = 0; k < 3 * N; k++) {
+        size_t want = 512 * (1 + (size_t)(rnd(&r) % 22)); /* up to 11K: some fit no hole */
+        size_t best = SIZE_MAX;
+        for (size_t m = 0; m < nm; m++)
+            if (model[m].size >= want &&
+                (best == SIZE_MAX || model[m].size < model[best].size ||
+                 (model[m].size == model[best].size && model[m].addr < model[best].addr)))
+                best = m;
+        assert_true(best != SIZE_MAX);
+        got[k] = pool_alloc(f.p, want, POOL_TAG_OTHER, 1, NULL);
+        assert_int_equal((uintptr_t)got[k], model[best].addr);
+        model[best].addr += want;
+        model[best].size -= want;
+        if (!model[best].size)
+            model[best] = model[--nm];
+        CHECK(f.p);
+    }
+    for (int k = 0; k < 3 * N; k++)
+        pool_free(f.p, got[k]);
+    for (int i = 0; i < N; i++)
+        pool_free(f.p, sep[i]);
+    pool_stats *s = stats(f.p);
+    assert_int_equal(s->largest_free_block, 2 * MiB);
+    assert_int_equal(s->inactive_split_blocks[POOL_ALL].current, 0);
+    fx_close(&f);
+}
+
+/* With expandable segments a small run can grow past 2 MiB, so a small
+ * pool can hold free blocks too big for any size bin; best fit must still
+ * prefer a smaller binned block and fall back to the big one. */
+static void test_expandable_small_big_blocks(void **state)
+{
+    (void)state;
+    fx f;
+    pool_config c = cfg_default();
+    c.expandable_segments = true;
+    fx_open(&f, 256 * MiB, &c);
+    void *v[6];
+    for (int i = 0; i < 6; i++) {
+        v[i] = pool_alloc(f.p, MiB, POOL_TAG_OTHER, 1, NULL);
+        assert_non_null(v[i]);
+        if (i)
+            assert_ptr_equal((char *)v[i], (char *)v[i - 1] + MiB); /* one growing run */
+    }
+    pool_stats *s = stats(f.p);
+    assert_int_equal(s->segments[POOL_SMALL].current, 1);
+    assert_int_equal(s->reserved_bytes[POOL_SMALL].current, 6 * MiB);
+    pool_free(f.p, v[0]); /* a 1 MiB hole */
+    for (int i = 2; i < 6; i++)
+        pool_free(f.p, v[i]); /* a 4 MiB free tail */
+    CHECK(f.p);
+    s = stats(f.p);
+    assert_int_equal(s->largest_free_block, 4 * MiB);
+    void *a = pool_alloc(f.p, 512 * KiB, POOL_TAG_OTHER, 1, NULL);
+    assert_ptr_equal(a, v[0]); /* the smaller block fits: it wins */
+    void *b = pool_alloc(f.p, 768 * KiB, POOL_TAG_OTHER, 1, NULL);
+    assert_ptr_equal(b, v[2]); /* only the big one fits */
+    CHECK(f.p);
+    s = stats(f.p);
+    assert_int_equal(s->largest_free_block, 4 * MiB - 768 * KiB);
+    assert_int_equal(s->device_allocs, 3);
+    pool_free(f.p, a);
+    pool_free(f.p, b);
+    pool_free(f.p, v[1]);
+    CHECK(f.p);
+    assert_int_equal(stats(f.p)->largest_free_block, 6 * MiB);
     fx_close(&f);
 }
 
@@ -977,6 +1103,44 @@ static void test_timeline(void **state)
     fx_close(&f);
 }
 
+/* Events are stamped with a cheaper clock than CLOCK_MONOTONIC where there is
+ * one (the TSC), but what comes out is CLOCK_MONOTONIC ns: each event lies
+ * between clock readings taken around it, and the gap between two events
+ * is the time that passed. */
+static void test_timeline_clock(void **state)
+{
+    (void)state;
+    fx f;
+    fx_open(&f, 64 * MiB, NULL);
+    const uint64_t slack = 5000000; /* 5 ms: a descheduled test thread, not clock error */
+    uint64_t t0 = mono_ns();
+    void *x = pool_alloc(f.p, 4 * KiB, POOL_TAG_OTHER, 1, NULL); /* map + alloc */
+    uint64_t t1 = mono_ns();
+    struct timespec nap = {0, 50000000};
+    nanosleep(&nap, NULL);
+    uint64_t t2 = mono_ns();
+    pool_free(f.p, x);
+    uint64_t t3 = mono_ns();
+    pool_event ev[3];
+    assert_int_equal(pool_timeline_snapshot(f.p, ev, 3), 3);
+    assert_int_equal(ev[1].kind, POOL_EV_ALLOC);
+    assert_int_equal(ev[2].kind, POOL_EV_FREE);
+    assert_true(ev[1].ns + slack >= t0 && ev[1].ns <= t1 + slack);
+    assert_true(ev[2].ns + slack >= t2 && ev[2].ns <= t3 + slack);
+    assert_true(ev[2].ns - ev[1].ns + slack >= t2 - t1);
+    assert_true(ev[2].ns - ev[1].ns <= t3 - t0 + slack);
+    /* A later export converts the same stamps to the same times, give or
+     * take the clock's jitter. */
+    nanosleep(&nap, NULL);
+    pool_event again[3];
+    assert_int_equal(pool_timeline_snapshot(f.p, again, 3), 3);
+    for (int i = 0; i < 3; i++) {
+        uint64_t d = again[i].ns > ev[i].ns ? again[i].ns - ev[i].ns : ev[i].ns - again[i].ns;
+        assert_true(d < slack);
+    }
+    fx_close(&f);
+}
+
 static void test_timeline_off(void **state)
 {
     (void)state;
@@ -996,19 +1160,6 @@ static void test_timeline_off(void **state)
 }
 
 /* ==== random load ================================================================================================ */
-
-typedef struct {
-    uint64_t s;
-} rng;
-
-static uint64_t rnd(rng *r)
-{
-    /* splitmix64 */
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* Log-uniform in [lo, hi]: many small sizes, some big. */
 static size_t rnd_size(rng *r, size_t lo, size_t hi)
@@ -1137,6 +1288,8 @@ int main(void)
         cmocka_unit_test(test_split_rules),
         cmocka_unit_test(test_max_split_size),
         cmocka_unit_test(test_coalescing),
+        cmocka_unit_test(test_best_fit_order),
+        cmocka_unit_test(test_expandable_small_big_blocks),
         cmocka_unit_test(test_lifetime_classes),
         cmocka_unit_test(test_expandable_basic),
         cmocka_unit_test(test_expandable_holes),
@@ -1155,6 +1308,7 @@ int main(void)
         cmocka_unit_test(test_many_jobs),
         cmocka_unit_test(test_many_blocks),
         cmocka_unit_test(test_timeline),
+        cmocka_unit_test(test_timeline_clock),
         cmocka_unit_test(test_timeline_off),
         cmocka_unit_test(test_random_fixed),
         cmocka_unit_test(test_random_fixed_split),
