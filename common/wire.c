@@ -1,6 +1,8 @@
 /* wire.c — frame reader, envelope packing and blocking frame I/O. */
 #include "wire.h"
 
+#include "fileio.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,17 +182,7 @@ void wire_error_response(Gradd__Response *resp, Gradd__Error *err,
 
 wire_status wire_write_all(int fd, const void *buf, size_t len)
 {
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return WIRE_IO;
-        p += n;
-        len -= (size_t)n;
-    }
-    return WIRE_OK;
+    return fileio_write_all(fd, buf, len) == 0 ? WIRE_OK : WIRE_IO;
 }
 
 /* Read exactly len bytes; WIRE_CLOSED if EOF comes before the first byte. */

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "log.h"
 
 static const char *const state_names[JOB_STATE_COUNT] = {"queued", "running", "completed", "failed", "cancelled"};
@@ -53,20 +54,11 @@ static int atomic_write(const char *dir, const char *name, const void *data, siz
         snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
         return -1;
     }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
-            close(fd);
-            unlink(tmp);
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
+    if (fileio_write_all(fd, data, len) != 0) {
+        snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return -1;
     }
     if (fsync(fd) != 0 || close(fd) != 0) {
         snprintf(err, err_len, "cannot sync %s: %s", tmp, strerror(errno));

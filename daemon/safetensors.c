@@ -1,6 +1,8 @@
 /* safetensors.c — see safetensors.h for the format and the contracts. */
 #include "safetensors.h"
 
+#include "fileio.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -163,26 +165,6 @@ static bool shape_bytes(int ndim, const uint64_t *shape, size_t elem, uint64_t *
     return true;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (w == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 /* 0 on success, -1 with errno on error, 1 if the file ended early. */
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
@@ -538,7 +520,7 @@ static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size
 static int emit(const st_writer *w, int fd, const buf_t *hdr, const size_t *order,
                 int fail_errno)
 {
-    if (write_all(fd, hdr->p, hdr->n) != 0)
+    if (fileio_write_all(fd, hdr->p, hdr->n) != 0)
         return -1;
     if (fail_errno) {
         errno = fail_errno;
@@ -546,7 +528,7 @@ static int emit(const st_writer *w, int fd, const buf_t *hdr, const size_t *orde
     }
     for (size_t j = 0; j < w->nt; j++) {
         const w_tensor *t = &w->t[order[j]];
-        if (t->bytes && write_all(fd, t->data, (size_t)t->bytes) != 0)
+        if (t->bytes && fileio_write_all(fd, t->data, (size_t)t->bytes) != 0)
             return -1;
     }
     return 0;

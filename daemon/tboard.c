@@ -1,6 +1,8 @@
 /* tboard.c — see tboard.h. */
 #include "tboard.h"
 
+#include "fileio.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -215,24 +217,6 @@ static bool utf8_ok(const char *str)
     return true;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t r = write(fd, p, n);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (r == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
 
 int tb_flush(tb_writer *w)
 {
@@ -240,7 +224,7 @@ int tb_flush(tb_writer *w)
         return -1;
     if (w->n == 0)
         return 0;
-    if (write_all(w->fd, w->buf, w->n) != 0)
+    if (fileio_write_all(w->fd, w->buf, w->n) != 0)
         return wfail(w, "%s: write: %s", w->path, strerror(errno));
     w->n = 0;
     return 0;

@@ -95,10 +95,10 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 HARNESSES=(wire units config safetensors data)
 sources() {
     case $1 in
-    wire) echo "$ROOT/common/wire.c $GEN/gradd.pb-c.c" ;;
+    wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/config.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
-    safetensors) echo "$ROOT/daemon/safetensors.c" ;;
+    safetensors) echo "$ROOT/daemon/safetensors.c $ROOT/common/fileio.c" ;;
     data) echo "$ROOT/daemon/data.c" ;;
     esac
 }
