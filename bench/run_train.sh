@@ -1,0 +1,146 @@
+#!/bin/sh
+# bench/run_train.sh [BUILD_DIR] [THREADS] — gradd's CPU training step time
+# against PyTorch CPU, in the same run.
+#
+# Builds bench/bench_train in BUILD_DIR (default: build/bench under the
+# source root, set up as a release build when it does not exist yet), then
+# for each configuration (gpt_tiny, gpt_small, mlp; see bench/bench_train.c)
+# runs gradd and the PyTorch peer (bench/torch_peer.py under Debian's
+# /usr/bin/python3 with python3-torch) alternately, ROUNDS times, each with
+# THREADS threads (default 2).  JSON lines (one per configuration) go to
+# stdout, each run's own figures and a summary to stderr:
+#   {"bench":"train_gpt_tiny","metric":"step_ms","value":<gradd>,"unit":"ms",
+#    "peer":"pytorch-1.13.0a0-cpu","peer_value":<torch>,"ratio":<gradd/torch>,...}
+# value and peer_value are the medians over the rounds of each round's median
+# ms per step; ratio < 1 means gradd is faster.
+#
+# Environment:
+#   ROUNDS=3            alternations per configuration
+#   ONLY=gpt_tiny,...   configurations to run
+#   WARMUP=, STEPS=     override the per-configuration warmup/step counts
+#   PEER_PYTHON=/usr/bin/python3
+#   QUIET_WAIT=120      before each run, wait up to this many seconds for the
+#                       machine to go quiet (/proc/pressure/cpu "some avg10"
+#                       below QUIET_PSI=10 %); 0 disables.  Other work on the
+#                       cores swamps these figures (10x on a 2-core box).
+#   OMP_WAIT_POLICY     passed to both sides unchanged.  Both use libgomp;
+#                       on a loaded machine PASSIVE helps both a lot (spinning
+#                       workers steal the cores), on an idle one ACTIVE (the
+#                       default) is faster for short steps.
+# The peer gets OPENBLAS_NUM_THREADS=THREADS (torch's GEMMs are threaded by
+# OpenBLAS, not by torch.set_num_threads); gradd runs one single-threaded
+# OpenBLAS per OpenMP thread itself.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+build=${1:-$root/build/bench}
+case $build in
+    /*) ;;
+    *) build=$PWD/$build ;;
+esac
+threads=${2:-2}
+rounds=${ROUNDS:-3}
+only=${ONLY:-gpt_tiny,gpt_small,mlp}
+py=${PEER_PYTHON:-/usr/bin/python3}
+
+if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$root" -Dbuildtype=release >&2
+fi
+if ! ninja -C "$build" -t query bench/bench_train >/dev/null 2>&1; then
+    echo "bench/run_train.sh: $build has no bench/bench_train target;" \
+         "is subdir('bench') in the top-level meson.build?" >&2
+    exit 1
+fi
+ninja -C "$build" bench/bench_train >&2
+if ! "$py" -c 'import torch' 2>/dev/null; then
+    echo "bench/run_train.sh: $py cannot import torch; apt-get install python3-torch" >&2
+    exit 1
+fi
+
+steps_args=""
+[ -n "${WARMUP:-}" ] && steps_args="$steps_args --warmup $WARMUP"
+[ -n "${STEPS:-}" ] && steps_args="$steps_args --steps $STEPS"
+
+quiet_wait=${QUIET_WAIT:-120}
+quiet_psi=${QUIET_PSI:-10}
+wait_quiet() {
+    [ "$quiet_wait" -gt 0 ] && [ -r /proc/pressure/cpu ] || return 0
+    waited=0
+    while :; do
+        psi=$(sed -n 's/^some avg10=\([0-9.]*\).*/\1/p' /proc/pressure/cpu)
+        if [ "${psi%.*}" -lt "$quiet_psi" ]; then
+            [ "$waited" -gt 0 ] && echo "run_train: quiet after ${waited}s (cpu pressure $psi%)" >&2
+            return 0
+        fi
+        if [ "$waited" -ge "$quiet_wait" ]; then
+            echo "run_train: still busy after ${waited}s (cpu pressure $psi%); measuring anyway" >&2
+            return 0
+        fi
+        [ "$waited" -eq 0 ] && echo "run_train: waiting for the machine to go quiet (cpu pressure $psi%)" >&2
+        sleep 5
+        waited=$((waited + 5))
+    done
+}
+
+tmp=$(mktemp -d /tmp/run_train.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+for cfg in $(echo "$only" | tr ',' ' '); do
+    r=1
+    while [ "$r" -le "$rounds" ]; do
+        # Alternate which side goes first, so that drift hits both alike.
+        if [ $((r % 2)) -eq 1 ]; then order="gradd torch"; else order="torch gradd"; fi
+        for side in $order; do
+            wait_quiet
+            load=$(cut -d' ' -f1 /proc/loadavg)
+            echo "run_train: $cfg round $r/$rounds: $side (load average $load)" >&2
+            if [ "$side" = gradd ]; then
+                # shellcheck disable=SC2086
+                "$build/bench/bench_train" --threads "$threads" --only "$cfg" $steps_args >>"$tmp/gradd.jsonl"
+            else
+                # shellcheck disable=SC2086
+                OPENBLAS_NUM_THREADS=$threads "$py" "$here/torch_peer.py" --threads "$threads" --only "$cfg" \
+                    $steps_args >>"$tmp/torch.jsonl"
+            fi
+            echo "train_$cfg $load" >>"$tmp/load.txt"
+        done
+        r=$((r + 1))
+    done
+done
+
+# Join: one line per configuration in the bench/ convention.
+"$py" - "$tmp/gradd.jsonl" "$tmp/torch.jsonl" "$tmp/load.txt" "$threads" "${OMP_WAIT_POLICY:-}" <<'EOF'
+import json, statistics, sys
+gradd_path, torch_path, load_path, threads, wait = sys.argv[1:6]
+def read(path):
+    out = {}
+    for line in open(path):
+        line = line.strip()
+        if line:
+            rec = json.loads(line)
+            out.setdefault(rec["bench"], []).append(rec)
+    return out
+g, t = read(gradd_path), read(torch_path)
+loads = {}
+for line in open(load_path):
+    b, l = line.split()
+    loads.setdefault(b, []).append(float(l))
+for bench in g:
+    if bench not in t:
+        continue
+    gv = [r["value"] for r in g[bench]]
+    tv = [r["value"] for r in t[bench]]
+    gm, tm = statistics.median(gv), statistics.median(tv)
+    peer = t[bench][0]["impl"]
+    line = {"bench": bench, "metric": "step_ms", "value": round(gm, 4), "unit": "ms", "peer": peer,
+            "peer_value": round(tm, 4), "ratio": round(gm / tm, 4), "threads": int(threads),
+            "rounds": len(gv), "gradd_rounds": gv, "peer_rounds": tv,
+            "gradd_engine_ms": round(statistics.median(r["engine_ms"] for r in g[bench]), 4),
+            "peer_torch_threads": [r["torch_threads"] for r in t[bench]],
+            "peer_attn": [r["attn"] for r in t[bench]], "peer_foreach": [r["foreach"] for r in t[bench]],
+            "omp_wait_policy": wait or "default", "max_load_average": max(loads.get(bench, [0.0]))}
+    print(json.dumps(line, separators=(",", ":")), flush=True)
+    print(f"run_train: {bench:16s} gradd {gm:10.3f} ms  {peer} {tm:10.3f} ms  ratio {gm / tm:.3f}",
+          file=sys.stderr)
+EOF
