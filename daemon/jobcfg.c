@@ -115,15 +115,55 @@ static int complain(const parse_ctx *p, const char *path, const char *section, c
     return -1;
 }
 
+/* Drop "." and "name/.." components, so that paths shown to people read
+ * like paths ("/srv/runs/x", not "/srv/jobs/../runs/./x").  Lexical only:
+ * symlinks are left to the kernel. */
+static void normalize(char *path)
+{
+    char *out = path;
+    bool abs = *path == '/';
+    char *stack[PATH_MAX / 2];
+    int depth = 0;
+    char buf[PATH_MAX];
+    size_t n = 0;
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *save = NULL, *c = strtok_r(buf, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+        if (strcmp(c, ".") == 0)
+            continue;
+        if (strcmp(c, "..") == 0 && depth > 0 && strcmp(stack[depth - 1], "..") != 0) {
+            depth--;
+            continue;
+        }
+        if (strcmp(c, "..") == 0 && depth == 0 && abs)
+            continue; /* "/.." is "/" */
+        stack[depth++] = c;
+    }
+    if (abs)
+        out[n++] = '/';
+    for (int i = 0; i < depth; i++) {
+        size_t l = strlen(stack[i]);
+        memcpy(out + n, stack[i], l);
+        n += l;
+        if (i + 1 < depth)
+            out[n++] = '/';
+    }
+    if (n == 0)
+        out[n++] = '.';
+    out[n] = '\0';
+}
+
 /* Make a relative path absolute against the job file's directory. */
 static int resolve(char *path, size_t len, const char *base_dir)
 {
-    if (!path[0] || path[0] == '/')
+    if (!path[0])
         return 0;
-    char tmp[PATH_MAX];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s/%s", base_dir, path) >= sizeof tmp || strlen(tmp) >= len)
-        return -1;
-    memcpy(path, tmp, strlen(tmp) + 1);
+    if (path[0] != '/') {
+        char tmp[PATH_MAX];
+        if ((size_t)snprintf(tmp, sizeof tmp, "%s/%s", base_dir, path) >= sizeof tmp || strlen(tmp) >= len)
+            return -1;
+        memcpy(path, tmp, strlen(tmp) + 1);
+    }
+    normalize(path);
     return 0;
 }
 

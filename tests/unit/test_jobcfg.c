@@ -71,7 +71,7 @@ static void test_values_and_relative_paths(void **state)
               "[data]\nformat = text\ntrain = corpus.txt\nval_fraction = 0.1\n"
               "[train]\nsteps = 10\nbatch = 16\nmicro_batch = 5\nlr = 6e-4\nwarmup = 2\nprecision = fp32\n"
               "[memory]\nlimit = 512M\n"
-              "[output]\ndir = runs/tiny\ncheckpoint_every = 5\n");
+              "[output]\ndir = ./x/../runs/tiny/\ncheckpoint_every = 5\n");
     job_config j;
     char err[1024];
     if (jobcfg_load(path, &j, err, sizeof err) != 0)
