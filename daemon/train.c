@@ -761,6 +761,9 @@ static train_outcome run_job(run *r, const train_hooks *h)
         }
         if (o != TRAIN_DONE)
             return o;
+        /* Step boundary: the pool's step-based trimming runs here (its
+         * time-based policies also run from the daemon's timer). */
+        pool_tick(r->p, r->step);
         bool last = r->step == j->steps;
         if ((j->eval_every && r->step % j->eval_every == 0) || last)
             evaluate(r);

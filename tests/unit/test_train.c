@@ -354,6 +354,38 @@ static void test_memory_tags(void **state)
     assert_int_equal(after.allocated_bytes[POOL_ALL].current, 0);
 }
 
+/* ---- the pool's step-based trimming runs at step boundaries ------------------------- */
+
+static void test_trim_every_steps(void **state)
+{
+    (void)state;
+    pool_config pc;
+    pool_config_default(&pc);
+    pc.trim_every_steps = 2;
+    /* Blocks of 16M and up are never split, so the job (whose buffers are
+     * all smaller) leaves the cached 64M segment idle. */
+    pc.max_split_size = 16u << 20;
+    pool *tp;
+    assert_int_equal(pool_create(d, &pc, &tp), 0);
+    /* Something cached before the job, as another job would leave it. */
+    pool_free(tp, pool_alloc(tp, 64u << 20, POOL_TAG_OTHER, 9, NULL));
+    pool_stats st;
+    pool_stats_read(tp, &st);
+    assert_true(st.reserved_bytes[POOL_ALL].current >= 64 << 20);
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "trimsteps", 8, 6);
+    if (train_run(&j, tp, kern_cpu_ops(), 1, NULL, &res) != TRAIN_DONE)
+        fail_msg("train_run: %s", res.message);
+    pool_stats_read(tp, &st);
+    /* The trim at step 2 gave the idle 64M back; later ones found nothing
+     * to release and were skipped (a policy trim that cannot give anything
+     * back does not run). */
+    assert_int_equal(st.trims, 1);
+    assert_true(st.trimmed_bytes >= 64u << 20);
+    pool_destroy(tp);
+}
+
 /* ---- learning, sized for CI ---------------------------------------------------- */
 
 static void test_gpt_learns_fortunes(void **state)
@@ -422,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_resume_mismatch_refused),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_memory_tags),
+        cmocka_unit_test(test_trim_every_steps),
         cmocka_unit_test(test_gpt_learns_fortunes),
         cmocka_unit_test(test_mlp_learns_fashion),
     };
