@@ -33,8 +33,8 @@ static const opts_def opts[] = {
     {"data", "val", OPTS_STRING, J(val), PATHS, "", "validation data (empty: hold out val_fraction of train)", NULL},
     {"data", "val_labels", OPTS_STRING, J(val_labels), PATHS, "", "idx/npy: labels of the validation images", NULL},
     {"data", "val_fraction", OPTS_DOUBLE, J(val_fraction), 0, 0.5, false, "0.05", "held out when val is empty", NULL},
-    {"data", "subset", OPTS_COUNT, J(subset), 0, 1e12, false, "0", "use only the first N training samples (0: all)", NULL},
-    {"data", "val_subset", OPTS_COUNT, J(val_subset), 0, 1e12, false, "0", "likewise for validation", NULL},
+    {"data", "subset", OPTS_COUNT, J(subset), 0, 1e12, false, "0", "mlp: use only the first N training images (0: all)", NULL},
+    {"data", "val_subset", OPTS_COUNT, J(val_subset), 0, 1e12, false, "0", "mlp: likewise for the validation images", NULL},
 
     {"train", "steps", OPTS_COUNT, J(steps), 1, 1e12, false, "100", "optimizer steps", NULL},
     {"train", "batch", OPTS_COUNT, J(batch), 1, 1 << 20, false, "16", "effective batch: samples per optimizer step", NULL},
@@ -262,7 +262,7 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     }
     if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
         return complain(p, path, "output", "dir", err, err_len, "path is too long");
-    if (j->model == JOBCFG_MLP && j->format != JOBCFG_DATA_NPY && !j->train_labels[0])
+    if (j->model == JOBCFG_MLP && !j->train_labels[0])
         return complain(p, path, "data", "train_labels", err, err_len, "is required for an mlp");
     if (j->val_labels[0] && !j->val[0])
         return complain(p, path, "data", "val", err, err_len, "is required when val_labels is set");
