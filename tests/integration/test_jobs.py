@@ -133,6 +133,26 @@ class Jobs(unittest.TestCase):
         m = self.d.ctl("metrics").stdout
         self.assertIn('gradd_jobs{state="completed"} 1', m)
 
+    @unittest.skipUnless(os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"),
+                         "needs Debian's dataset-fashion-mnist")
+    def test_mlp_job(self):
+        self.start()
+        fm = "/usr/share/datasets/fashion-mnist/"
+        cfg = os.path.join(self.dir, "mlp.cfg")
+        with open(cfg, "w") as f:
+            f.write("[model]\ntype = mlp\nhidden = 64\n[data]\nformat = idx\n"
+                    "train = %strain-images-idx3-ubyte.gz\ntrain_labels = %strain-labels-idx1-ubyte.gz\n"
+                    "val = %st10k-images-idx3-ubyte.gz\nval_labels = %st10k-labels-idx1-ubyte.gz\n"
+                    "subset = 2048\nval_subset = 512\n[train]\nsteps = 40\nbatch = 64\nlr = 2e-3\nthreads = 1\n"
+                    "[output]\ndir = %s/out-mlp\n" % (fm, fm, fm, fm, self.dir))
+        jid = self.submit(cfg)
+        r = self.d.ctl("watch", str(jid))
+        self.assertIn("job %d completed" % jid, r.stdout)
+        j = self.info(jid)
+        self.assertEqual(j["steps"], 40)
+        self.assertGreater(j["val_accuracy"], 0.5)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "out-mlp", "model.safetensors")))
+
     def test_priority_then_submit_order(self):
         self.start()
         first = self.submit(self.job("blocker", steps=40))
