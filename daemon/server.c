@@ -499,11 +499,8 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
         snprintf(err, err_len, "uv_loop_init: %s", uv_strerror(rc));
         return -1;
     }
-    if (bind_socket(s, path, err, err_len) != 0) {
-        uv_run(&s->loop, UV_RUN_NOWAIT);
-        uv_loop_close(&s->loop);
-        return -1;
-    }
+    /* Signals first: once the socket accepts, a client may already be
+     * telling us to stop, and SIGTERM must then mean a clean shutdown. */
     uv_signal_init(&s->loop, &s->sig_term);
     uv_signal_init(&s->loop, &s->sig_int);
     s->sig_term.data = s->sig_int.data = s;
@@ -511,9 +508,18 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
-    uv_timer_start(&s->tick, on_tick, 1000, 1000);
     uv_async_init(&s->loop, &s->notify, on_notify);
     s->notify.data = s;
+    if (bind_socket(s, path, err, err_len) != 0) {
+        uv_close((uv_handle_t *)&s->sig_term, NULL);
+        uv_close((uv_handle_t *)&s->sig_int, NULL);
+        uv_close((uv_handle_t *)&s->tick, NULL);
+        uv_close((uv_handle_t *)&s->notify, NULL);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s->loop);
+        return -1;
+    }
+    uv_timer_start(&s->tick, on_tick, 1000, 1000);
     if (ctx->q) {
         pthread_mutex_lock(&ctx->q->lock);
         ctx->q->notify = notify_loop;
