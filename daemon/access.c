@@ -27,12 +27,10 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
     memset(saved, 0, sizeof *saved);
     if (uid == geteuid())
         return 0; /* the daemon's own user: nothing to change */
-    if (geteuid() != 0) {
-        snprintf(err, err_len,
-                 "gradd runs as uid %u and cannot act for uid %u; run it as root or give it CAP_SETUID and CAP_SETGID",
-                 (unsigned)geteuid(), (unsigned)uid);
-        return -1;
-    }
+    /* Root, or a service user with CAP_SETUID and CAP_SETGID, may switch;
+     * anyone else fails below, with the same explanation. */
+    const char *why_fail = "gradd runs as uid %u and cannot act for uid %u; run it as root or give it "
+                           "CAP_SETUID and CAP_SETGID";
     gid_t groups[ACCESS_MAX_GROUPS];
     int n = ACCESS_MAX_GROUPS;
     struct passwd pw, *res = NULL;
@@ -52,7 +50,7 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
     /* Groups and gid first: after setfsuid the thread may no longer be
      * allowed to change them. */
     if (thread_setgroups(n, groups) != 0) {
-        snprintf(err, err_len, "cannot take the groups of uid %u: %s", (unsigned)uid, strerror(errno));
+        snprintf(err, err_len, why_fail, (unsigned)geteuid(), (unsigned)uid);
         return -1;
     }
     setfsgid(gid);
@@ -62,7 +60,7 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
         setfsuid(saved->fsuid);
         setfsgid(saved->fsgid);
         thread_setgroups(saved->ngroups, saved->groups);
-        snprintf(err, err_len, "cannot take the filesystem identity of uid %u", (unsigned)uid);
+        snprintf(err, err_len, why_fail, (unsigned)geteuid(), (unsigned)uid);
         return -1;
     }
     saved->switched = true;

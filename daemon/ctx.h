@@ -30,6 +30,7 @@ typedef struct gradd_ctx {
     bool test_hooks;     /* --test-hooks: simulated device pressure over the socket */
     ctx_held test_held[CTX_MAX_DEVICES]; /* blocks held by the test_alloc hook */
     struct queue *q;     /* the job queue (NULL in `gradd run`) */
+    struct workers *ws;  /* the job threads (NULL in `gradd run`) */
 } gradd_ctx;
 
 /* Open the cpu devices and probe CUDA, creating a pool on each.  Returns 0,

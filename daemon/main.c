@@ -23,6 +23,7 @@
 #include "worker.h"
 #include "runjob.h"
 #include "server.h"
+#include "svc.h"
 #include "wire.h"
 
 static void usage(FILE *f)
@@ -227,10 +228,21 @@ int main(int argc, char **argv)
         ctx_close(&ctx);
         return 1;
     }
+    ctx.ws = &ws;
+    srv.wd_beats = calloc((size_t)ws.n + 1, sizeof *srv.wd_beats);
+    srv.wd_since_ns = calloc((size_t)ws.n + 1, sizeof *srv.wd_since_ns);
+    if (!srv.wd_beats || !srv.wd_since_ns)
+        srv.wd_usec = 0;
     log_info("gradd %s started (config %s, state %s)", GRADD_VERSION, ctx.cfg.source, state_dir);
+    char ready[PATH_MAX + 64];
+    snprintf(ready, sizeof ready, "serving on %s; %d device%s", srv.path, ctx.ndev, ctx.ndev == 1 ? "" : "s");
+    svc_ready(ready);
     server_run(&srv);
-    /* Running jobs checkpoint and go back to the queue before we exit. */
+    /* Running jobs checkpoint and go back to the queue before we exit;
+     * tell systemd that may take a while. */
+    svc_extend_timeout(120ull * 1000000);
     workers_stop(&ws);
+    ctx.ws = NULL;
     server_free(&srv);
     queue_close(&q);
     ctx_close(&ctx);

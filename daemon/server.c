@@ -15,6 +15,9 @@
 #include "log.h"
 #include "queue.h"
 #include "rpc.h"
+#include "svc.h"
+#include "units.h"
+#include "worker.h"
 #include "wire.h"
 
 /* A client that stops reading gets cut off here rather than making the
@@ -439,6 +442,26 @@ static int prepare_dir(const char *path, char *err, size_t err_len)
 
 static int bind_socket(server *s, const char *path, char *err, size_t err_len)
 {
+    int fd = svc_listen_fd();
+    if (fd >= 0) {
+        /* systemd made and owns the socket (gradd.socket): serve it, and
+         * leave it in place at shutdown. */
+        uv_pipe_init(&s->loop, &s->listener, 0);
+        s->listener.data = s;
+        int rc = uv_pipe_open(&s->listener, fd);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+        if (rc != 0) {
+            snprintf(err, err_len, "cannot serve the socket systemd passed (fd %d): %s", fd, uv_strerror(rc));
+            uv_close((uv_handle_t *)&s->listener, NULL);
+            return -1;
+        }
+        size_t len = sizeof s->path;
+        if (uv_pipe_getsockname(&s->listener, s->path, &len) != 0)
+            snprintf(s->path, sizeof s->path, "(fd %d from systemd)", fd);
+        s->activated = true;
+        return 0;
+    }
     if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
         snprintf(err, err_len, "socket path %s is too long (at most %zu bytes)", path,
                  sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
@@ -477,8 +500,58 @@ static int bind_socket(server *s, const char *path, char *err, size_t err_len)
 static void on_signal(uv_signal_t *h, int signum)
 {
     server *s = h->data;
+    svc_stopping();
     log_info("%s: shutting down", strsignal(signum));
     server_stop(s);
+}
+
+/* STATUS= for systemctl status, and the watchdog: ping only while every
+ * busy worker has made progress within the watchdog interval, so a hung
+ * job thread stops the pings and systemd restarts the daemon. */
+static void svc_status_update(server *s)
+{
+    gradd_ctx *ctx = s->ctx;
+    size_t running = 0, queued = 0;
+    bool progressing = true;
+    uint64_t now = ctx_now_ns();
+    pthread_mutex_lock(&ctx->q->lock);
+    for (size_t i = 0; i < ctx->q->n; i++) {
+        running += ctx->q->jobs[i]->state == JOB_RUNNING;
+        queued += ctx->q->jobs[i]->state == JOB_QUEUED;
+    }
+    if (s->wd_usec && ctx->ws) {
+        for (int i = 0; i < ctx->ws->n; i++) {
+            worker *w = &ctx->ws->w[i];
+            if (!w->busy || w->beats != s->wd_beats[i]) {
+                s->wd_beats[i] = w->beats;
+                s->wd_since_ns[i] = now;
+            } else if (now - s->wd_since_ns[i] > s->wd_usec * 1000) {
+                progressing = false;
+            }
+        }
+    }
+    pthread_mutex_unlock(&ctx->q->lock);
+    size_t alloc = 0;
+    pool_stats *ps = malloc(sizeof *ps);
+    for (int i = 0; ps && i < ctx->ndev; i++) {
+        pool_stats_read(ctx->pools[i], ps);
+        alloc += (size_t)ps->allocated_bytes[POOL_ALL].current;
+    }
+    free(ps);
+    char line[160], a[16];
+    snprintf(line, sizeof line, "%zu running, %zu queued; %s of device memory in use", running, queued,
+             units_format_size(alloc, a, sizeof a));
+    svc_status(line);
+    if (!s->wd_usec)
+        return;
+    if (progressing) {
+        svc_watchdog();
+        s->wd_hung = false;
+    } else if (!s->wd_hung) {
+        s->wd_hung = true;
+        log_error("a job thread has made no progress for %llums; watchdog pings stopped",
+                  (unsigned long long)(s->wd_usec / 1000));
+    }
 }
 
 static void on_tick(uv_timer_t *t)
@@ -488,6 +561,8 @@ static void on_tick(uv_timer_t *t)
      * also run on idle devices, where no worker calls pool_tick. */
     for (int i = 0; i < s->ctx->ndev; i++)
         pool_tick(s->ctx->pools[i], 0);
+    if (s->ctx->q)
+        svc_status_update(s);
 }
 
 int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t err_len)
@@ -519,7 +594,11 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
         uv_loop_close(&s->loop);
         return -1;
     }
-    uv_timer_start(&s->tick, on_tick, 1000, 1000);
+    s->wd_usec = svc_watchdog_usec();
+    uint64_t every = 1000;
+    if (s->wd_usec && s->wd_usec / 2000 < every)
+        every = s->wd_usec / 2000 ? s->wd_usec / 2000 : 1;
+    uv_timer_start(&s->tick, on_tick, every, every);
     if (ctx->q) {
         pthread_mutex_lock(&ctx->q->lock);
         ctx->q->notify = notify_loop;
@@ -539,7 +618,7 @@ int server_run(server *s)
 static void unlink_ours(server *s)
 {
     struct stat st;
-    if (s->path[0] && stat(s->path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino)
+    if (!s->activated && s->path[0] && stat(s->path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino)
         unlink(s->path);
 }
 
@@ -574,4 +653,6 @@ void server_free(server *s)
     uv_run(&s->loop, UV_RUN_DEFAULT); /* let the close callbacks run */
     if (uv_loop_close(&s->loop) != 0)
         log_warn("event loop closed with handles still open");
+    free(s->wd_beats);
+    free(s->wd_since_ns);
 }

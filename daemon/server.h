@@ -30,6 +30,11 @@ typedef struct server {
     size_t nconns;
     uint64_t accepted, refused;
     bool stopping;
+    bool activated;        /* the socket came from systemd (gradd.socket) */
+    uint64_t wd_usec;      /* systemd watchdog interval; 0: none */
+    uint64_t *wd_beats;    /* per worker: beats at the last change ... */
+    uint64_t *wd_since_ns; /* ... and when that change was seen */
+    bool wd_hung;          /* a worker stopped progressing: pings stopped */
 } server;
 
 /* Bind the socket at `path` (replacing a stale one, refusing a live one) and

@@ -153,6 +153,7 @@ static void *worker_main(void *arg)
             return NULL;
         }
         j->state = JOB_RUNNING;
+        w->busy = true;
         j->started_at = now_unix();
         j->have_progress = false;
         snprintf(j->device, sizeof j->device, "%s", d->id);
@@ -164,6 +165,9 @@ static void *worker_main(void *arg)
         queue_notify(q);
         log_info("job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
         run_one(w, j);
+        pthread_mutex_lock(&q->lock);
+        w->busy = false;
+        pthread_mutex_unlock(&q->lock);
     }
 }
 

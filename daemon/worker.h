@@ -22,10 +22,13 @@ typedef struct worker {
     queue *q;
     int dev;          /* index into ctx->devs */
     bool started;
-    uint64_t beats;   /* progress counter, for the watchdog (issue 7) */
+    /* Guarded by the queue lock: whether a job is running, and a counter
+     * every step and micro-step bumps, which the watchdog checks. */
+    bool busy;
+    uint64_t beats;
 } worker;
 
-typedef struct {
+typedef struct workers {
     worker *w;
     int n;
 } workers;

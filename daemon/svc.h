@@ -1,0 +1,27 @@
+/* svc.h — running as a systemd service: readiness and status, the
+ * watchdog, and socket activation.  Every function is a no-op outside
+ * systemd (no NOTIFY_SOCKET, no LISTEN_FDS) and in builds without
+ * libsystemd, so gradd runs the same in the foreground. */
+#ifndef GRADD_SVC_H
+#define GRADD_SVC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The listening socket systemd passed (gradd.socket), or -1. */
+int svc_listen_fd(void);
+
+/* READY=1 with a STATUS= line: the socket listens, devices are probed. */
+void svc_ready(const char *status);
+/* STATUS= one-line summary. */
+void svc_status(const char *status);
+/* STOPPING=1. */
+void svc_stopping(void);
+/* EXTEND_TIMEOUT_USEC= while long shutdown checkpoints are written. */
+void svc_extend_timeout(uint64_t usec);
+/* The watchdog interval systemd asked for (0: none). */
+uint64_t svc_watchdog_usec(void);
+/* WATCHDOG=1. */
+void svc_watchdog(void);
+
+#endif
