@@ -207,6 +207,30 @@ class Jobs(unittest.TestCase):
         b = open(os.path.join(self.dir, "out-crashy", "model.safetensors"), "rb").read()
         self.assertEqual(a, b, "the resumed job's model differs from an uninterrupted run")
 
+    def test_sigterm_requeues_and_restart_resumes(self):
+        ref_cfg = self.job("ref-term", steps=20, ckpt=0)
+        subprocess.run([GRADD, "run", ref_cfg], check=True, capture_output=True, timeout=300)
+        self.start()
+        jid = self.submit(self.job("termed", steps=20, ckpt=0))
+        self.wait_step(jid, 3)
+        # SIGTERM: the job checkpoints at the next micro-step and goes back
+        # to the queue; the daemon exits cleanly.
+        self.d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.d.proc.wait(timeout=60), 0)
+        with open(os.path.join(self.state, "jobs", str(jid), "state")) as f:
+            self.assertIn("state=queued", f.read())
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "out-termed", "resume.safetensors")))
+        log = open(os.path.join(self.dir, "third.log"), "w")
+        self.d.proc = subprocess.Popen([GRADD, "-c", self.d.conf, "-s", self.d.sock, "--state-dir", self.state],
+                                       stdout=log, stderr=subprocess.STDOUT)
+        self.d.wait_ready()
+        j = self.wait_state(jid, ("completed", "failed"), timeout=300)
+        self.assertEqual(j["state"], "completed", j["reason"])
+        self.assertEqual(j["resumes"], 1)
+        a = open(os.path.join(self.dir, "out-ref-term", "model.safetensors"), "rb").read()
+        b = open(os.path.join(self.dir, "out-termed", "model.safetensors"), "rb").read()
+        self.assertEqual(a, b, "the requeued job's model differs from an uninterrupted run")
+
     def test_fifty_queued_jobs_survive_restart_in_order(self):
         self.start()
         # The blocker outranks the rest, so after the restart it runs first
