@@ -171,6 +171,8 @@ static int parse_hidden(job_config *j)
 {
     j->nhidden = 0;
     const char *s = j->hidden_text;
+    if (!*s)
+        return -1;
     while (*s) {
         char *end;
         errno = 0;

@@ -258,6 +258,15 @@ static char *read_line(char *str, int num, void *stream)
         return NULL;
     p->line++;
     size_t n = strlen(r);
+    if (n < (size_t)num - 1 && (n == 0 || r[n - 1] != '\n') && !feof(p->f)) {
+        /* fgets stopped neither at a newline nor at the buffer's end: a NUL
+         * byte cut the line short.  Text files have none. */
+        fail(p, p->line, "", NULL, "line contains a NUL byte (is this a text file?)");
+        int c;
+        while ((c = fgetc(p->f)) != EOF && c != '\n')
+            ;
+        return r;
+    }
     if (n == (size_t)num - 1 && r[n - 1] != '\n' && !feof(p->f)) {
         char why[64];
         snprintf(why, sizeof why, "line is longer than %d characters", num - 2);

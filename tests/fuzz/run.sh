@@ -15,6 +15,7 @@
 #           chunks, Request/Response unpacking, pack/unpack round trip
 #   units   common/units.c: size and duration parsing, size formatting
 #   config  daemon/config.c: gradd.conf through libinih (via a memfd)
+#   jobcfg  daemon/jobcfg.c: job files as submit parses them, paths normalised
 #   safetensors  daemon/safetensors.c: st_open/st_read/st_data on arbitrary
 #           files (via a memfd), writer round trip of what parses
 #   data    daemon/data.c: llm.c token files, .npy, text, IDX image/label
@@ -92,12 +93,13 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
 EXTRA=(${FUZZ_CFLAGS:-})
 LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 
-HARNESSES=(wire units config safetensors data)
+HARNESSES=(wire units config jobcfg safetensors data)
 sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/config.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
+    jobcfg) echo "$ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
     safetensors) echo "$ROOT/daemon/safetensors.c $ROOT/common/fileio.c" ;;
     data) echo "$ROOT/daemon/data.c" ;;
     esac

@@ -124,6 +124,18 @@ static void test_errors(void **state)
                  ": [data] train_labels: is required for an mlp");
     expect_error("[job]\ndevice = gpu0\n" GPT_HEAD, ":2: [job] device: expected auto, cpu, cpuN or cuda:N");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
+    expect_error("[model]\ntype = mlp\nhidden =\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
+                 ":3: [model] hidden: expected up to 8");
+    /* Found by fuzzing: a NUL byte used to end the value early. */
+    {
+        FILE *f = fopen(path, "wb");
+        fwrite("[model]\ntype = gpt\nlayers = 2\0junk\n", 1, 35, f);
+        fclose(f);
+        job_config j;
+        char err[512];
+        assert_int_equal(jobcfg_load(path, &j, err, sizeof err), -1);
+        assert_non_null(strstr(err, ":3: line contains a NUL byte"));
+    }
 }
 
 int main(void)

@@ -1,0 +1,65 @@
+/* fuzz_jobcfg.c — libFuzzer harness for daemon/jobcfg.c: job files as
+ * gradctl submit and the daemon parse them (jobcfg_load_mem).
+ * Properties (abort() on violation):
+ *   - on failure err is non-empty and starts with the job file's path, and
+ *     *out is untouched;
+ *   - on success every path is absolute and normalised (no "." or ".."
+ *     components, no "//"), the micro-batch is 0 (auto) or at most the
+ *     batch, an mlp has 1..8 hidden sizes, a gpt's heads divide its width,
+ *     and the name is a terminated, non-empty string.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobcfg.h"
+
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "fuzz_jobcfg: property failed at %s:%d: %s\n", __FILE__,   \
+                    __LINE__, #cond);                                                    \
+            abort();                                                                     \
+        }                                                                                \
+    } while (0)
+
+static const char *const PATH = "/tmp/fuzz-jobs/job.cfg";
+
+static int normalised(const char *p)
+{
+    if (!p[0])
+        return 1; /* unset */
+    if (p[0] != '/' || strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../"))
+        return 0;
+    size_t n = strlen(p);
+    if (n >= 2 && strcmp(p + n - 2, "/.") == 0)
+        return 0;
+    if (n >= 3 && strcmp(p + n - 3, "/..") == 0)
+        return 0;
+    return n == 1 || p[n - 1] != '/';
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static job_config j;
+    static unsigned char canary[sizeof(job_config)];
+    memset(&j, 0xA5, sizeof j);
+    memset(canary, 0xA5, sizeof canary);
+    char err[1024] = "";
+    if (jobcfg_load_mem(data, size, PATH, &j, err, sizeof err) != 0) {
+        CHECK(err[0] != '\0');
+        CHECK(strncmp(err, PATH, strlen(PATH)) == 0);
+        CHECK(memcmp(&j, canary, sizeof j) == 0);
+        return 0;
+    }
+    CHECK(memchr(j.name, '\0', sizeof j.name) != NULL && j.name[0]);
+    CHECK(normalised(j.train) && normalised(j.train_labels) && normalised(j.val) && normalised(j.val_labels));
+    CHECK(normalised(j.out_dir) && j.out_dir[0] == '/');
+    CHECK(j.micro_batch <= j.batch);
+    if (j.model == JOBCFG_MLP)
+        CHECK(j.nhidden >= 1 && j.nhidden <= JOBCFG_MAX_HIDDEN);
+    else
+        CHECK(j.heads > 0 && j.width % j.heads == 0);
+    return 0;
+}
