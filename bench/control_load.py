@@ -40,67 +40,23 @@ import time
 PROTOCOL_VERSION = 1
 
 
-# ---- hand-made protobuf (as tests/integration/harness.py) ----------------------------------
+# ---- hand-made protobuf: the integration tests' helpers, shared -----------------------------
 
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field_varint(num, value):
-    return varint(num << 3) + varint(value)
-
-
-def field_bytes(num, data):
-    return varint(num << 3 | 2) + varint(len(data)) + data
-
-
-def frame(body):
-    return struct.pack(">I", len(body)) + body
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integration"))
+from harness import field_bytes, field_varint, frame, parse_fields  # noqa: E402
 
 STATUS_FRAME = frame(field_varint(1, PROTOCOL_VERSION) + field_bytes(10, b""))
 LIST_FRAME = frame(field_varint(1, PROTOCOL_VERSION) + field_bytes(21, b""))
 
 
 def response_kind(body):
-    """The Response oneof field number of body (first length-delimited field >= 9)."""
-    i = 0
-    while i < len(body):
-        key, i = _read_varint(body, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            _, i = _read_varint(body, i)
-        elif wt == 2:
-            n, i = _read_varint(body, i)
-            if num >= 9:
-                return num
-            i += n
-        elif wt == 1:
-            i += 8
-        elif wt == 5:
-            i += 4
-        else:
-            return None
-    return None
-
-
-def _read_varint(b, i):
-    shift = v = 0
-    while True:
-        c = b[i]
-        i += 1
-        v |= (c & 0x7F) << shift
-        shift += 7
-        if not c & 0x80:
-            return v, i
+    """The Response oneof field number of body (its field >= 9), or None."""
+    try:
+        fields = parse_fields(body)
+    except (IndexError, ValueError):
+        return None
+    kinds = [n for n in fields if n >= 9]
+    return kinds[0] if kinds else None
 
 
 def log(msg):

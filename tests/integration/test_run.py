@@ -13,6 +13,7 @@ import unittest
 import harness
 
 try:
+    from prometheus_client.parser import text_string_to_metric_families
     import numpy as np
     from safetensors import safe_open
     from safetensors.numpy import load_file
@@ -176,6 +177,48 @@ class Run(unittest.TestCase):
             f.write(struct.pack("<%dH" % len(data), *data))
         cfg, out = self.job("tokens", steps=3, fmt="tokens", train=tok)
         self.assertIn("done: 3 steps", self.run_gradd(cfg).stdout)
+
+
+@unittest.skipUnless(HAVE_READERS, "needs prometheus-client (scripts/pyenv.sh)")
+class Metrics(unittest.TestCase):
+    """gradctl metrics, read by the Prometheus client library's own parser."""
+
+    def test_prometheus_parses_metrics(self):
+        d = harness.Daemon("[cpu]\ncapacity = 1G\n")
+        tmp = tempfile.mkdtemp(prefix="gradd-metrics-")
+        try:
+            train = os.path.join(tmp, "corpus.txt")
+            corpus(train)
+            cfg = os.path.join(tmp, "job.cfg")
+            with open(cfg, "w") as f:
+                f.write(JOB.format(fmt="text", train=train, steps=100000, out=os.path.join(tmp, "out")).replace(
+                    "[model]", "[job]\nname = quote\"d\\name\n[model]", 1))
+            jid = d.ctl("--json", "submit", cfg).stdout
+            jid = json.loads(jid)["id"]
+            deadline = time.time() + 60
+            while time.time() < deadline and d.ctl_json("status", str(jid))["step"] < 2:
+                time.sleep(0.05)
+            text = d.ctl("metrics").stdout
+            fams = {f.name: f for f in text_string_to_metric_families(text)}
+            self.assertEqual(fams["gradd_up"].samples[0].value, 1)
+            mem = {s.labels["device"]: s.value for s in fams["gradd_device_memory_total_bytes"].samples}
+            self.assertEqual(mem["cpu0"], 1 << 30)
+            jobs = {s.labels["state"]: s.value for s in fams["gradd_jobs"].samples}
+            self.assertEqual(jobs["running"], 1)
+            step = [s for s in fams["gradd_job_step"].samples if s.labels["job"] == str(jid)]
+            self.assertEqual(len(step), 1)
+            self.assertGreaterEqual(step[0].value, 2)
+            # A job name with a quote and a backslash survives the escaping.
+            self.assertEqual(step[0].labels["name"], 'quote"d\\name')
+            tags = {s.labels["tag"]: s.value for s in fams["gradd_pool_tag_allocated_bytes"].samples
+                    if s.labels["device"] == "cpu0"}
+            self.assertGreater(tags["params"], 0)
+            self.assertEqual(fams["gradd_pool_ooms"].type, "counter")
+            d.ctl("cancel", str(jid))
+        finally:
+            d.stop()
+            d.cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
