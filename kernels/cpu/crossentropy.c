@@ -15,23 +15,8 @@ KCPU_CLONES static void ce_rows(float *restrict losses, float *restrict probs, c
     for (size_t i = lo; i < hi; i++) {
         const float *x = logits + i * Vp;
         float *p = probs + i * Vp;
-        float maxv = -INFINITY;
-        KCPU_SIMD_MAX(maxv)
-        for (int j = 0; j < V; j++)
-            maxv = x[j] > maxv ? x[j] : maxv;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < V; j++) {
-            float e = kcpu_expf(x[j] - maxv);
-            p[j] = e;
-            sum += e;
-        }
-        float inv = 1.0f / sum;
-#pragma omp simd
-        for (int j = 0; j < V; j++)
-            p[j] *= inv;
-        for (int j = V; j < Vp; j++)
-            p[j] = 0.0f;
+        float maxv;
+        float sum = kcpu_softmax_row(p, x, V, Vp, &maxv);
         int32_t t = targets[i];
         losses[i] = t >= 0 && t < V ? logf(sum) - (x[t] - maxv) : NAN;
     }

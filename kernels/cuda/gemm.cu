@@ -281,6 +281,38 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
 static inline bool lowp(const kern_ctx *k) { return k->prec == KERN_BF16 || k->prec == KERN_FP16; }
 static inline cudaDataType_t lowp_type(const kern_ctx *k) { return k->prec == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
+/* D (m,n) += A (m,kk) · op(B), column-major, beta = 1 (the backward's
+ * accumulate semantics); with lp the 16-bit copies A16/B16 are used when
+ * cuBLASLt has an algorithm for them, else the fp32 operands. */
+static void gemm_accumulate(kern_ctx *k, bool tb, int m, int n, int kk, const float *A, int lda, const float *B,
+                            int ldb, float *D, int ldd, const uint16_t *A16, const uint16_t *B16, bool lp)
+{
+    kc_gemm_args g32;
+    memset(&g32, 0, sizeof g32);
+    g32.ta = false;
+    g32.tb = tb;
+    g32.m = m;
+    g32.n = n;
+    g32.k = kk;
+    g32.A = A;
+    g32.lda = lda;
+    g32.B = B;
+    g32.ldb = ldb;
+    g32.D = D;
+    g32.ldd = ldd;
+    g32.batch = 1;
+    g32.alpha = 1.0f;
+    g32.beta = 1.0f;
+    g32.ab = CUDA_R_32F;
+    g32.compute = CUBLAS_COMPUTE_32F;
+    kc_gemm_args g16 = g32;
+    g16.A = A16;
+    g16.B = B16;
+    g16.ab = lowp_type(k);
+    gemm_run(k, lp ? &g16 : NULL, &g32, 0);
+}
+
+
 void kc_matmul_forward(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias, int N,
                        int C, int OC)
 {
@@ -362,56 +394,12 @@ void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, 
             kc_cast_lowp(k, i16, inp, ni, bf);
         }
     }
-    if (dinp && C > 0) {
-        kc_gemm_args g32;
-        memset(&g32, 0, sizeof g32);
-        g32.ta = false;
-        g32.tb = false;
-        g32.m = C;
-        g32.n = N;
-        g32.k = OC;
-        g32.A = weight;
-        g32.lda = C;
-        g32.B = dout;
-        g32.ldb = OC;
-        g32.D = dinp;
-        g32.ldd = C;
-        g32.batch = 1;
-        g32.alpha = 1.0f;
-        g32.beta = 1.0f;
-        g32.ab = CUDA_R_32F;
-        g32.compute = CUBLAS_COMPUTE_32F;
-        kc_gemm_args g16 = g32;
-        g16.A = w16;
-        g16.B = d16;
-        g16.ab = lowp_type(k);
-        gemm_run(k, lp ? &g16 : NULL, &g32, 0);
-    }
-    if (dweight && C > 0) {
-        kc_gemm_args g32;
-        memset(&g32, 0, sizeof g32);
-        g32.ta = false;
-        g32.tb = true;
-        g32.m = C;
-        g32.n = OC;
-        g32.k = N;
-        g32.A = inp;
-        g32.lda = C;
-        g32.B = dout;
-        g32.ldb = OC;
-        g32.D = dweight;
-        g32.ldd = C;
-        g32.batch = 1;
-        g32.alpha = 1.0f;
-        g32.beta = 1.0f;
-        g32.ab = CUDA_R_32F;
-        g32.compute = CUBLAS_COMPUTE_32F;
-        kc_gemm_args g16 = g32;
-        g16.A = i16;
-        g16.B = d16;
-        g16.ab = lowp_type(k);
-        gemm_run(k, lp ? &g16 : NULL, &g32, 0);
-    }
+    /* dinp (N,C) += dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N). */
+    if (dinp && C > 0)
+        gemm_accumulate(k, false, C, N, OC, weight, C, dout, OC, dinp, C, w16, d16, lp);
+    /* dW (OC,C) += doutᵀ·inp: column-major D(C,OC) = inp(C,N) · dout(OC,N)ᵀ. */
+    if (dweight && C > 0)
+        gemm_accumulate(k, true, C, OC, N, inp, C, dout, OC, dweight, C, i16, d16, lp);
     if (dbias)
         kc_colsum(k, dbias, NULL, dout, NULL, NULL, NULL, N, OC, (float *)(buf + op));
 }
