@@ -155,7 +155,7 @@ class Jobs(unittest.TestCase):
 
     def test_priority_then_submit_order(self):
         self.start()
-        first = self.submit(self.job("blocker", steps=40))
+        first = self.submit(self.job("blocker", steps=100000))
         self.wait_state(first, ("running",))
         low = self.submit(self.job("low", steps=2))
         high = self.submit(self.job("high", steps=2), "--priority", "9")
@@ -171,7 +171,7 @@ class Jobs(unittest.TestCase):
 
     def test_cancel_queued_and_running(self):
         self.start()
-        run = self.submit(self.job("running", steps=400, ckpt=0))
+        run = self.submit(self.job("running", steps=100000, ckpt=0))
         queued = self.submit(self.job("waiting", steps=5))
         self.wait_step(run, 2)
         r = self.d.ctl("cancel", str(queued))
@@ -194,11 +194,12 @@ class Jobs(unittest.TestCase):
 
     def test_kill9_resume_is_bitwise(self):
         # The reference: the same job file trained straight through.
-        ref_cfg = self.job("reference", steps=24, ckpt=4)
+        ref_cfg = self.job("reference", steps=600, ckpt=50)
         subprocess.run([GRADD, "run", ref_cfg], check=True, capture_output=True, timeout=300)
         self.start()
-        jid = self.submit(self.job("crashy", steps=24, ckpt=4))
-        self.wait_step(jid, 10)
+        jid = self.submit(self.job("crashy", steps=600, ckpt=50))
+        j = self.wait_step(jid, 60)
+        self.assertEqual(j["state"], "running", "the job finished before the test could interrupt it")
         self.restart()
         j = self.wait_state(jid, ("completed", "failed"), timeout=300)
         self.assertEqual(j["state"], "completed", j["reason"])
@@ -208,11 +209,12 @@ class Jobs(unittest.TestCase):
         self.assertEqual(a, b, "the resumed job's model differs from an uninterrupted run")
 
     def test_sigterm_requeues_and_restart_resumes(self):
-        ref_cfg = self.job("ref-term", steps=20, ckpt=0)
+        ref_cfg = self.job("ref-term", steps=600, ckpt=0)
         subprocess.run([GRADD, "run", ref_cfg], check=True, capture_output=True, timeout=300)
         self.start()
-        jid = self.submit(self.job("termed", steps=20, ckpt=0))
-        self.wait_step(jid, 3)
+        jid = self.submit(self.job("termed", steps=600, ckpt=0))
+        j = self.wait_step(jid, 3)
+        self.assertEqual(j["state"], "running", "the job finished before the test could interrupt it")
         # SIGTERM: the job checkpoints at the next micro-step and goes back
         # to the queue; the daemon exits cleanly.
         self.d.proc.send_signal(signal.SIGTERM)
@@ -260,7 +262,7 @@ class Jobs(unittest.TestCase):
         self.start()
         os.chmod(self.d.dir, 0o755)
         os.chmod(self.d.sock, 0o666)
-        jid = self.submit(self.job("mine", steps=400))
+        jid = self.submit(self.job("mine", steps=100000))
         self.wait_state(jid, ("running",))
         nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
         r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "cancel", str(jid)],
