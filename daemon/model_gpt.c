@@ -32,6 +32,9 @@ typedef struct {
 
 typedef struct {
     uint32_t L, C, NH, T, V;
+    /* The kernels have fused attention for this shape: att holds each row's
+     * log-sum-exp (L,B,NH,T), and preatt/datt are not needed. */
+    bool fused;
     gpt_layer *layer;
     size_t wte, wpe, lnfw, lnfb;
 
@@ -69,6 +72,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 static size_t carve(gpt *g, char *base, uint32_t n)
 {
     size_t BT = (size_t)n * g->T, C = g->C, L = g->L, NH = g->NH, T = g->T, V = g->V;
+    size_t TT = g->fused ? 0 : T * T; /* the (T,T) score matrices, unless fused */
     size_t off = 0;
 #define TAKE(ptr, count)                                          \
     do {                                                          \
@@ -81,7 +85,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(ln1_mean, L * BT);
     TAKE(ln1_rstd, L * BT);
     TAKE(qkv, L * BT * 3 * C);
-    TAKE(att, L * n * NH * T * T);
+    TAKE(att, L * n * NH * (g->fused ? T : TT));
     TAKE(atty, L * BT * C);
     TAKE(residual2, L * BT * C);
     TAKE(ln2, L * BT * C);
@@ -96,14 +100,14 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(logits, BT * V);
     TAKE(probs, BT * V);
     TAKE(losses, BT);
-    TAKE(preatt, n * NH * T * T);
+    TAKE(preatt, n * NH * TT);
     TAKE(proj, BT * C);
     TAKE(dres, BT * C);
     TAKE(dbig1, BT * 4 * C);
     TAKE(dbig2, BT * 4 * C);
     TAKE(dqkv, BT * 3 * C);
     TAKE(dsmall, BT * C);
-    TAKE(datt, n * NH * T * T);
+    TAKE(datt, n * NH * TT);
     TAKE(dlosses, BT);
 #undef TAKE
     return off;
@@ -173,7 +177,7 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
     int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
-    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * T;
+    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
     const float *P = m->params;
     const int32_t *inp = b->x;
 
@@ -189,7 +193,10 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
 
         k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
         k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
-        k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
+        if (g->fused)
+            k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
+        else
+            k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
         k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
         k->residual_forward(kc, res2, residual, g->proj, BTC);
         k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
@@ -221,7 +228,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
     int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
-    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * T;
+    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
     const float *P = m->params;
     float *D = m->grads;
 
@@ -268,7 +275,10 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT, C,
                            C);
         k->zero(kc, g->dqkv, BTC * 3);
-        k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
+        if (g->fused)
+            k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
+        else
+            k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
         k->zero(kc, dln1, BTC);
         k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, ln1, P + w->qkvw, (int)BT, C, 3 * C);
         /* The key bias adds q·b to every score of a row, which softmax
@@ -328,6 +338,7 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
     g->NH = j->heads;
     g->T = j->context;
     g->V = j->vocab;
+    g->fused = m->k && m->k->attention_fused_ok && m->k->attention_fused_ok(m->kc, g->C, g->NH);
     m->impl = g;
     m->ops = &gpt_ops;
 

@@ -421,11 +421,13 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
         unsigned long id = strtoul(e->d_name, &end, 10);
         if (*end || end == e->d_name || id == 0 || id > UINT32_MAX)
             continue;
+        /* The directory takes its id even when the job in it is unusable:
+         * a new job must not be given the same one. */
+        if (id >= q->next_id)
+            q->next_id = (uint32_t)id + 1;
         job *j = load_job(q, (uint32_t)id);
         if (j && table_add(q, j) != 0)
             free(j);
-        if (j && j->id >= q->next_id)
-            q->next_id = j->id + 1;
     }
     closedir(d);
     if (q->n)

@@ -1077,7 +1077,7 @@ static int parse_tensor(jp *p, st_tensor *t)
                     return -1;
             } else {
                 uint64_t v[2];
-                int n;
+                int n = 0;
                 if (juint_array(p, v, 2, &n) != 0)
                     return -1;
                 if (n != 2)

@@ -110,6 +110,17 @@ typedef struct kern_ops {
     void (*attention_backward)(kern_ctx *k, float *dinp, float *dpreatt, float *datt, const float *dout,
                                const float *inp, const float *att, int B, int T, int C, int NH);
 
+    /* Fused (flash) attention, optional: NULL where a backend has none, and
+     * attention_fused_ok says for which shapes and precisions it runs.  The
+     * (B,NH,T,T) matrices are never stored: lse (B,NH,T) keeps each row's
+     * log-sum-exp of the scaled scores for backward, which recomputes the
+     * probabilities.  Backward needs the forward's out; dinp (B,T,3C) +=. */
+    bool (*attention_fused_ok)(kern_ctx *k, int C, int NH);
+    void (*attention_fused_forward)(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C,
+                                    int NH);
+    void (*attention_fused_backward)(kern_ctx *k, float *dinp, const float *dout, const float *out,
+                                     const float *lse, const float *inp, int B, int T, int C, int NH);
+
     /* ---- pointwise ------------------------------------------------------------------- */
     /* GELU, tanh approximation: out (N) = gelu(inp) */
     void (*gelu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);

@@ -304,6 +304,10 @@ void kc_attention_forward(kern_ctx *k, float *out, float *preatt, float *att, co
                           int C, int NH);
 void kc_attention_backward(kern_ctx *k, float *dinp, float *dpreatt, float *datt, const float *dout,
                            const float *inp, const float *att, int B, int T, int C, int NH);
+bool kc_attention_fused_ok(kern_ctx *k, int C, int NH);
+void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH);
+void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
+                                 const float *inp, int B, int T, int C, int NH);
 
 void kc_crossentropy_forward(kern_ctx *k, float *losses, float *probs, const float *logits,
                              const int32_t *targets, int N, int V, int Vp);

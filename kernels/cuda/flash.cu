@@ -1,0 +1,456 @@
+// flash.cu — fused causal attention for 16-bit contexts: the (B,NH,T,T)
+// score and probability matrices are never stored.
+//
+// Why: the materialised attention (attention.cu) writes and reads four
+// (B,NH,T,T) fp32 buffers per layer and step; at GPT-2 size (B=16, T=1024,
+// NH=12) that is 0.8 GB each, about a third of a step's time in memory
+// traffic and most of its activation memory.  This is the FlashAttention-2
+// scheme: forward keeps a running max and sum per query row (online softmax)
+// and saves only each row's log-sum-exp; backward recomputes the
+// probabilities block by block from it.
+//
+// Shape: head size 64 (GPT-2's), any T, any B·NH up to 65535.  Q·Kᵀ, P·V and
+// the four backward products run on the tensor cores through WMMA
+// (16×16×16 tiles, bf16 or fp16 inputs as the context's precision says, fp32
+// accumulate); softmax, masking and the running statistics are fp32.
+// Inputs and outputs stay fp32 like every other op; tiles are converted to
+// 16 bits as they are staged into shared memory.
+//
+// Blocks: 64 queries × 64 keys, four warps, each warp owning 16 rows.
+// Forward: one CTA per (query block, b·h), key blocks 0..its own (causal).
+// Backward: one CTA per (key block, b·h), query blocks from its own to the
+// last; dK and dV accumulate in registers, dQ goes to global memory with
+// atomicAdd (so dQ's summation order, unlike the rest, is not fixed).
+#include <math.h>
+#include <mma.h>
+
+#include "kern_cuda.cuh"
+
+using namespace nvcuda;
+
+#define FA_HS 64
+#define FA_B 64                   // queries and keys per block
+#define FA_THREADS 128            // four warps of 16 rows
+#define FA_LD (FA_HS + 8)         // 16-bit tile pitch: +16 bytes against bank conflicts
+#define FA_FLD (FA_B + 4)         // fp32 tile pitch
+
+template <class E> __device__ __forceinline__ E fa_from(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 fa_from<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half fa_from<__half>(float x) { return __float2half(x); }
+
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> fa_acc;
+template <class E> using fa_a_row = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major>;
+template <class E> using fa_a_col = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::col_major>;
+template <class E> using fa_b_row = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major>;
+template <class E> using fa_b_col = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>;
+
+// Stage 64 rows × 64 fp32 values (row r at src + r·pitch) as 16-bit values
+// into dst[r·FA_LD ..]; rows at or past `rows` become zeros.
+template <class E>
+__device__ __forceinline__ void fa_stage(E *dst, const float *src, size_t pitch, int rows)
+{
+    for (int i = threadIdx.x; i < FA_B * FA_HS / 4; i += FA_THREADS) {
+        int r = i / (FA_HS / 4), c = (i % (FA_HS / 4)) * 4;
+        float4 v = r < rows ? *reinterpret_cast<const float4 *>(src + (size_t)r * pitch + c) : make_float4(0, 0, 0, 0);
+        E *d = dst + r * FA_LD + c;
+        d[0] = fa_from<E>(v.x);
+        d[1] = fa_from<E>(v.y);
+        d[2] = fa_from<E>(v.z);
+        d[3] = fa_from<E>(v.w);
+    }
+}
+
+// Shared memory of the forward kernel, in bytes (all parts 128-byte multiples).
+template <class E> static constexpr size_t fa_fwd_smem()
+{
+    return 4 * FA_B * FA_LD * sizeof(E) + 2 * FA_B * FA_FLD * sizeof(float) + 2 * FA_B * sizeof(float);
+}
+
+// out (B,T,C) = softmax(scale·Q·Kᵀ, causal)·V per head; lse (B,NH,T).
+template <class E>
+__global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out, float *__restrict__ lse,
+                                                         const float *__restrict__ inp, int T, int C, int NH,
+                                                         float scale)
+{
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    E *Qs = reinterpret_cast<E *>(fa_smem);
+    E *Ks = Qs + FA_B * FA_LD;
+    E *Vs = Ks + FA_B * FA_LD;
+    E *Ps = Vs + FA_B * FA_LD;
+    float *Ss = reinterpret_cast<float *>(Ps + FA_B * FA_LD); // scores, then P·V of the block
+    float *Os = Ss + FA_B * FA_FLD;                           // running output (unnormalised)
+    float *Ms = Os + FA_B * FA_FLD;                           // running max per row
+    float *Ls = Ms + FA_B;                                    // running sum per row
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int qb = gridDim.x - 1 - blockIdx.x; // the longest rows first
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int q0 = qb * FA_B;
+    const size_t C3 = 3 * (size_t)C;
+    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
+
+    fa_stage<E>(Qs, base + (size_t)q0 * C3, C3, T - q0);
+    for (int i = threadIdx.x; i < FA_B * FA_FLD; i += FA_THREADS)
+        Os[i] = 0.0f;
+    if (threadIdx.x < FA_B) {
+        Ms[threadIdx.x] = -INFINITY;
+        Ls[threadIdx.x] = 0.0f;
+    }
+
+    // Two lanes per row: row r of this warp's 16, columns c0..c0+31.
+    const int r = warp * 16 + (lane >> 1), c0 = (lane & 1) * 32, t = q0 + r;
+    float *srow = Ss + r * FA_FLD, *orow = Os + r * FA_FLD;
+
+    for (int kb = 0; kb <= qb; kb++) {
+        const int k0 = kb * FA_B;
+        __syncthreads(); // the previous block's K, V are no longer read
+        fa_stage<E>(Ks, base + C + (size_t)k0 * C3, C3, T - k0);
+        fa_stage<E>(Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+        __syncthreads();
+
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // S = Q·Kᵀ, 16 keys at a time
+            fa_acc s;
+            wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_row<E> a;
+                fa_b_col<E> bk;
+                wmma::load_matrix_sync(a, Qs + warp * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::load_matrix_sync(bk, Ks + j * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::mma_sync(s, a, bk, s);
+            }
+            wmma::store_matrix_sync(Ss + warp * 16 * FA_FLD + j * 16, s, FA_FLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax over this block's keys.
+        float mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            int key = k0 + c0 + c;
+            float v = key <= t && key < T ? srow[c0 + c] * scale : -INFINITY;
+            srow[c0 + c] = v;
+            mx = fmaxf(mx, v);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        const float m_old = Ms[r], m_new = fmaxf(m_old, mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new; // rows past T: everything masked
+        float sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            float p = __expf(srow[c0 + c] - m_use);
+            Ps[r * FA_LD + c0 + c] = fa_from<E>(p);
+            sum += p;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        const float alpha = __expf(m_old - m_use);
+        __syncwarp(); // both lanes of the row have read Ms[r]
+        if ((lane & 1) == 0) {
+            Ms[r] = m_new;
+            Ls[r] = Ls[r] * alpha + sum;
+        }
+#pragma unroll
+        for (int c = 0; c < 32; c++)
+            orow[c0 + c] *= alpha;
+        __syncwarp();
+
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // P·V, 16 output dimensions at a time, into Ss
+            fa_acc o;
+            wmma::fill_fragment(o, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_row<E> a;
+                fa_b_row<E> bv;
+                wmma::load_matrix_sync(a, Ps + warp * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::load_matrix_sync(bv, Vs + kk * 16 * FA_LD + j * 16, FA_LD);
+                wmma::mma_sync(o, a, bv, o);
+            }
+            wmma::store_matrix_sync(Ss + warp * 16 * FA_FLD + j * 16, o, FA_FLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < 32; c++)
+            orow[c0 + c] += srow[c0 + c];
+        __syncwarp();
+    }
+
+    if (t < T) {
+        const float l = Ls[r], inv = 1.0f / l;
+        float *o = out + ((size_t)b * T + t) * C + (size_t)h * FA_HS + c0;
+#pragma unroll
+        for (int c = 0; c < 32; c += 4)
+            *reinterpret_cast<float4 *>(o + c) =
+                make_float4(orow[c0 + c] * inv, orow[c0 + c + 1] * inv, orow[c0 + c + 2] * inv, orow[c0 + c + 3] * inv);
+        if ((lane & 1) == 0)
+            lse[(size_t)bh * T + t] = Ms[r] + logf(l);
+    }
+}
+
+// D (B,NH,T) = Σ_d dout·out over each head's row: the softmax backward's
+// row term, computed once instead of once per key block.  One warp per row.
+__global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict__ dout,
+                                 const float *__restrict__ out, size_t rows, int T, int C, int NH)
+{
+    size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    for (; w < rows; w += ((size_t)gridDim.x * blockDim.x) >> 5) {
+        size_t bh = w / T;
+        int t = (int)(w % T), b = (int)(bh / NH), h = (int)(bh % NH);
+        size_t o = ((size_t)b * T + t) * C + (size_t)h * FA_HS;
+        float s = dout[o + lane] * out[o + lane] + dout[o + lane + 32] * out[o + lane + 32];
+        s = kc_warp_sum(s);
+        if (lane == 0)
+            D[w] = s;
+    }
+}
+
+template <class E> static constexpr size_t fa_bwd_smem()
+{
+    return 6 * FA_B * FA_LD * sizeof(E) + FA_B * FA_FLD * sizeof(float) + 2 * FA_B * sizeof(float);
+}
+
+// dinp (B,T,3C) += the gradients of q, k, v.
+template <class E>
+__global__ __launch_bounds__(FA_THREADS) void fa_backward(float *__restrict__ dinp, const float *__restrict__ dout,
+                                                          const float *__restrict__ lse, const float *__restrict__ D,
+                                                          const float *__restrict__ inp, int T, int C, int NH,
+                                                          float scale)
+{
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    E *Ks = reinterpret_cast<E *>(fa_smem);
+    E *Vs = Ks + FA_B * FA_LD;
+    E *Qs = Vs + FA_B * FA_LD;
+    E *dOs = Qs + FA_B * FA_LD;
+    E *PT = dOs + FA_B * FA_LD;  // Pᵀ (keys × queries)
+    E *dST = PT + FA_B * FA_LD;  // dSᵀ (keys × queries)
+    float *St = reinterpret_cast<float *>(dST + FA_B * FA_LD); // Sᵀ, dPᵀ, then dQ and dK/dV staging
+    float *Lq = St + FA_B * FA_FLD;
+    float *Dq = Lq + FA_B;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kb = blockIdx.x, nqb = (T + FA_B - 1) / FA_B;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int k0 = kb * FA_B;
+    const size_t C3 = 3 * (size_t)C;
+    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
+    const float *dbase = dout + (size_t)b * T * C + (size_t)h * FA_HS;
+    float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FA_HS;
+
+    fa_stage<E>(Ks, base + C + (size_t)k0 * C3, C3, T - k0);
+    fa_stage<E>(Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+
+    fa_acc dK[4], dV[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        wmma::fill_fragment(dK[j], 0.0f);
+        wmma::fill_fragment(dV[j], 0.0f);
+    }
+
+    // Two lanes per key row of this warp's 16: row r, queries c0..c0+31.
+    const int r = warp * 16 + (lane >> 1), c0 = (lane & 1) * 32, key = k0 + r;
+    float *strow = St + r * FA_FLD;
+    float *wst = St + warp * 16 * FA_FLD; // this warp's 16 rows of St
+
+    for (int qb = kb; qb < nqb; qb++) {
+        const int q0 = qb * FA_B;
+        __syncthreads(); // Qs, dOs, dST of the previous block are no longer read
+        fa_stage<E>(Qs, base + (size_t)q0 * C3, C3, T - q0);
+        fa_stage<E>(dOs, dbase + (size_t)q0 * C, C, T - q0);
+        if (threadIdx.x < FA_B) {
+            int q = q0 + threadIdx.x;
+            Lq[threadIdx.x] = q < T ? lse[(size_t)bh * T + q] : 0.0f;
+            Dq[threadIdx.x] = q < T ? D[(size_t)bh * T + q] : 0.0f;
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // Sᵀ = K·Qᵀ
+            fa_acc s;
+            wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_row<E> a;
+                fa_b_col<E> bq;
+                wmma::load_matrix_sync(a, Ks + warp * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::load_matrix_sync(bq, Qs + j * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::mma_sync(s, a, bq, s);
+            }
+            wmma::store_matrix_sync(wst + j * 16, s, FA_FLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        float p[32]; // Pᵀ of this lane's 32 entries, kept for dS
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            int q = q0 + c0 + c;
+            p[c] = q >= key && q < T && key < T ? __expf(strow[c0 + c] * scale - Lq[c0 + c]) : 0.0f;
+            PT[r * FA_LD + c0 + c] = fa_from<E>(p[c]);
+        }
+        __syncwarp();
+
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // dV += Pᵀ·dO
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_row<E> a;
+                fa_b_row<E> bo;
+                wmma::load_matrix_sync(a, PT + warp * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::load_matrix_sync(bo, dOs + kk * 16 * FA_LD + j * 16, FA_LD);
+                wmma::mma_sync(dV[j], a, bo, dV[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // dPᵀ = V·dOᵀ, over Sᵀ
+            fa_acc s;
+            wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_row<E> a;
+                fa_b_col<E> bo;
+                wmma::load_matrix_sync(a, Vs + warp * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::load_matrix_sync(bo, dOs + j * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::mma_sync(s, a, bo, s);
+            }
+            wmma::store_matrix_sync(wst + j * 16, s, FA_FLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < 32; c++) // dSᵀ = Pᵀ ⊙ (dPᵀ − D)
+            dST[r * FA_LD + c0 + c] = fa_from<E>(p[c] * (strow[c0 + c] - Dq[c0 + c]));
+        __syncthreads(); // every warp's dSᵀ rows are in place for dQ
+
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // dK += dSᵀ·Q
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_row<E> a;
+                fa_b_row<E> bq;
+                wmma::load_matrix_sync(a, dST + warp * 16 * FA_LD + kk * 16, FA_LD);
+                wmma::load_matrix_sync(bq, Qs + kk * 16 * FA_LD + j * 16, FA_LD);
+                wmma::mma_sync(dK[j], a, bq, dK[j]);
+            }
+        }
+        // dQ rows warp·16.. (queries) = dS·K = (dSᵀ)ᵀ·K: dSᵀ read column-major.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            fa_acc s;
+            wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                fa_a_col<E> a;
+                fa_b_row<E> bk;
+                wmma::load_matrix_sync(a, dST + kk * 16 * FA_LD + warp * 16, FA_LD);
+                wmma::load_matrix_sync(bk, Ks + kk * 16 * FA_LD + j * 16, FA_LD);
+                wmma::mma_sync(s, a, bk, s);
+            }
+            wmma::store_matrix_sync(wst + j * 16, s, FA_FLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+        for (int i = 0; i < 16; i++) {
+            int q = q0 + warp * 16 + i;
+            if (q < T) {
+                float *g = gbase + (size_t)q * C3;
+                atomicAdd(g + lane, scale * wst[i * FA_FLD + lane]);
+                atomicAdd(g + lane + 32, scale * wst[i * FA_FLD + lane + 32]);
+            }
+        }
+    }
+
+    // dK and dV of this CTA's keys: no other CTA writes them.
+    __syncthreads();
+    for (int part = 1; part <= 2; part++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            wmma::store_matrix_sync(wst + j * 16, part == 1 ? dK[j] : dV[j], FA_FLD, wmma::mem_row_major);
+        __syncwarp();
+        const float f = part == 1 ? scale : 1.0f;
+        for (int i = 0; i < 16; i++) {
+            int kr = k0 + warp * 16 + i;
+            if (kr < T) {
+                float *g = gbase + (size_t)kr * C3 + (size_t)part * C;
+                g[lane] += f * wst[i * FA_FLD + lane];
+                g[lane + 32] += f * wst[i * FA_FLD + lane + 32];
+            }
+        }
+        __syncwarp();
+    }
+}
+
+// ---- host side -------------------------------------------------------------------------
+
+bool kc_attention_fused_ok(kern_ctx *k, int C, int NH)
+{
+    return k->prec != KERN_FP32 && NH > 0 && C % NH == 0 && C / NH == FA_HS && NH <= 65535;
+}
+
+static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, const void *b, const char *what)
+{
+    if (B <= 0 || T <= 0)
+        return false;
+    if (!kc_attention_fused_ok(k, C, NH) || (size_t)B * NH > 65535) {
+        kc_ok(k, cudaErrorInvalidValue, what);
+        return false;
+    }
+    if (!kc_aligned(16, a, b)) {
+        kc_ok(k, cudaErrorMisalignedAddress, what);
+        return false;
+    }
+    return true;
+}
+
+template <class E> static void fa_launch_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T,
+                                                 int C, int NH)
+{
+    constexpr size_t smem = fa_fwd_smem<E>();
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_forward<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               "fused attention forward: shared memory"))
+        return;
+    dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
+    fa_forward<E><<<grid, FA_THREADS, smem, k->stream>>>(out, lse, inp, T, C, NH, 1.0f / sqrtf((float)FA_HS));
+    kc_launched(k, "fused attention forward");
+}
+
+template <class E> static void fa_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse,
+                                                  const float *D, const float *inp, int B, int T, int C, int NH)
+{
+    constexpr size_t smem = fa_bwd_smem<E>();
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               "fused attention backward: shared memory"))
+        return;
+    dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
+    fa_backward<E><<<grid, FA_THREADS, smem, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
+                                                          1.0f / sqrtf((float)FA_HS));
+    kc_launched(k, "fused attention backward");
+}
+
+void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
+{
+    if (!fa_check(k, B, T, C, NH, out, inp, "fused attention forward: unsupported shape or alignment"))
+        return;
+    kc_enter(k);
+    if (k->prec == KERN_BF16)
+        fa_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
+    else
+        fa_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
+}
+
+void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
+                                 const float *inp, int B, int T, int C, int NH)
+{
+    if (!fa_check(k, B, T, C, NH, dinp, inp, "fused attention backward: unsupported shape or alignment") ||
+        !fa_check(k, B, T, C, NH, dout, out, "fused attention backward: unsupported shape or alignment"))
+        return;
+    kc_enter(k);
+    size_t rows = (size_t)B * NH * T;
+    float *D = (float *)kc_scratch(k, rows * sizeof(float));
+    if (!D)
+        return;
+    fa_rowdot<<<kc_grid(k, rows * 32, 256), 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
+    kc_launched(k, "fused attention backward: row dot");
+    if (k->prec == KERN_BF16)
+        fa_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+    else
+        fa_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+}
