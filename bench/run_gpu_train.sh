@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# bench/run_gpu_train.sh GRADD [STEPS] — GPT-2 124M in bf16 on cuda:0: gradd
+# against PyTorch eager and torch.compile, in the same run, on the same GPU.
+#
+# GRADD is the gradd executable (gradd-cuda.so beside it).  gradd trains a
+# job file written here (L=12 C=768 H=12 T=1024 V=50304, batch = micro =
+# $BATCH (16), precision bf16, AdamW, grad clip 1.0) on random llm.c-format
+# tokens; its figure is the median of metrics.jsonl's step_ms over the steps
+# after the first 5.  bench/torch_gpu_peer.py trains the same architecture
+# with the same batch, precision and optimizer.  The PyTorch side runs with
+# python3 from PATH ($PEER_PYTHON to override) and the environment this
+# script was started with; set GRADD_ENV to a file to source (e.g. the
+# device bundle's env.sh) before gradd alone runs.
+#
+# Output: JSON lines, {"bench":"train_gpt2_124m_bf16","metric":…,"value":…,
+# "unit":…,"peer":…,"peer_value":…,"ratio":…}; ratio < 1 means gradd is
+# better (step_ms: gradd/peer; tokens_per_s and mfu: peer/gradd).
+set -euo pipefail
+gradd=${1:?usage: run_gpu_train.sh GRADD [STEPS]}
+steps=${2:-30}
+batch=${BATCH:-16}
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PEER_PYTHON:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# Random tokens in llm.c's format: 256 int32 header (magic, version, count), uint16 tokens.
+"$py" - "$work/tokens.bin" <<'PY'
+import struct, sys, random
+n = 4 * 1024 * 1024
+rng = random.Random(1337)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
+PY
+
+cat >"$work/gpt2.cfg" <<CFG
+[job]
+name = gpt2-124m-bench
+device = cuda:0
+[model]
+type = gpt
+layers = 12
+heads = 12
+width = 768
+context = 1024
+vocab = 50304
+[data]
+format = tokens
+train = $work/tokens.bin
+val_fraction = 0
+[train]
+steps = $steps
+batch = $batch
+micro_batch = $batch
+lr = 6e-4
+warmup = 10
+weight_decay = 0.1
+grad_clip = 1.0
+precision = bf16
+seed = 1337
+eval_every = 0
+[output]
+dir = $work/out
+checkpoint_every = 0
+log_every = 1
+CFG
+
+(
+  # The env file may run commands that fail harmlessly (a missing lib dir):
+  # not under this script's errexit/pipefail.
+  if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi
+  "$gradd" run "$work/gpt2.cfg" >&2
+)
+cp "$work/out/metrics.jsonl" "${METRICS_COPY:-/dev/null}" 2>/dev/null || true
+"$py" "$here/torch_gpu_peer.py" --batch "$batch" --steps 20 --warmup 5 >"$work/peer.jsonl"
+cat "$work/peer.jsonl" >&2
+
+"$py" - "$work/out/metrics.jsonl" "$work/peer.jsonl" "$batch" <<'PY'
+import json, statistics, sys
+L, C, T, V, B = 12, 768, 1024, 50304, int(sys.argv[3])
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+ms = statistics.median(s["step_ms"] for s in steps[5:])
+# Parameters of gradd's GPT: wte, wpe, per block 2 layernorms (4C), qkv (3C²+3C),
+# proj (C²+C), fc (4C²+4C), fc proj (4C²+C), then ln_f (2C).
+n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+tps = B * T / (ms / 1e3)
+mfu = tps * (6 * n + 12 * L * C * T) / 989.4e12
+bench = "train_gpt2_124m_bf16"
+for line in open(sys.argv[2]):
+    p = json.loads(line)
+    peer = p["impl"]
+    for metric, v, pv, unit, r in (("step_ms", ms, p["step_ms"], "ms", ms / p["step_ms"]),
+                                   ("tokens_per_s", tps, p["tokens_per_s"], "tok/s", p["tokens_per_s"] / tps),
+                                   ("mfu", mfu, p["mfu"], "fraction", p["mfu"] / mfu)):
+        print(json.dumps({"bench": bench, "metric": metric, "value": round(v, 4), "unit": unit, "peer": peer,
+                          "peer_value": pv, "ratio": round(r, 4)}))
+PY
