@@ -57,6 +57,8 @@ static const opts_def opts[] = {
 
     {"memory", "limit", OPTS_SIZE, J(mem_limit), 0, 1.8e19, false, "0", "the job's memory budget on its device (0: none)", NULL},
     {"memory", "margin", OPTS_DOUBLE, J(margin), 0, 0.9, false, "0.05", "headroom kept free inside the budget", NULL},
+    {"memory", "grow_after", OPTS_COUNT, J(grow_after), 0, 1e12, false, "50",
+     "steps of stable headroom before a shrunk micro-batch grows back (0: never)", NULL},
 
     {"output", "dir", OPTS_STRING, J(out_dir), PATHS, "", "where model.safetensors, metrics and checkpoints go", NULL},
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",

@@ -57,6 +57,7 @@ typedef struct job_config {
     /* [memory] */
     uint64_t mem_limit; /* the job's pool budget; 0: none */
     double margin;
+    uint64_t grow_after; /* steps of stable headroom before the micro-batch grows back; 0: never */
 
     /* [output] */
     char out_dir[PATH_MAX];

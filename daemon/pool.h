@@ -158,6 +158,13 @@ typedef struct pool_stats {
 /* A consistent snapshot, from any thread, without the pool mutex. */
 void pool_stats_read(pool *p, pool_stats *out);
 void pool_stats_reset_peaks(pool *p);
+/* Reset one job's peak to its current bytes, leaving every other peak
+ * alone: the batch controller measures the peak of one probe step this way
+ * without disturbing what `gradctl stats` shows for other jobs.  A job the
+ * pool has no row for is ignored. */
+void pool_job_reset_peak(pool *p, uint32_t job);
+/* The configuration the pool runs with (the engine reads low_watermark). */
+void pool_get_config(const pool *p, pool_config *out);
 
 /* ---- timeline ------------------------------------------------------------- */
 

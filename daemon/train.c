@@ -11,13 +11,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "data.h"
 #include "dev.h"
 #include "model.h"
 #include "safetensors.h"
 #include "tboard.h"
+#include "units.h"
 
 #define RESUME_FORMAT "gradd-resume-1"
+
+/* fp16 dynamic loss scaling: the scale starts high, halves on a step whose
+ * gradients overflowed (that step is skipped), and doubles after this many
+ * good steps in a row — the schedule of apex and torch.cuda.amp. */
+#define LOSS_SCALE_INIT 65536.0
+#define LOSS_SCALE_GROW_EVERY 2000
+#define LOSS_SCALE_MAX 16777216.0
+
+/* train_step's outcome when memory ran out inside the step (internal). */
+#define STEP_OOM 3
 
 /* ---- run state ---------------------------------------------------------------------- */
 
@@ -44,7 +56,16 @@ typedef struct {
     float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
     void *acts, *x, *y;
     size_t act_bytes, x_bytes, y_bytes;
-    uint32_t micro;
+    uint32_t micro;            /* what acts/x/y are sized for (0: nothing held) */
+    size_t act_fixed, act_per; /* the model's activation estimate */
+    size_t persistent;         /* params + grads + optimizer, as the pool holds them */
+
+    /* the batch controller, and what the engine feeds it */
+    batch_ctl ctl;
+    size_t low_watermark;       /* the pool's: device memory kept free for others */
+    bool oom;                   /* an allocation inside the step failed */
+    pool_oom_report last_oom;   /* the first such failure's report */
+    uint64_t good_steps;        /* fp16: steps since the loss scale last changed */
     void *x_host, *y_host; /* staging when device memory is not host memory */
 
     /* outputs */
@@ -86,10 +107,19 @@ static train_outcome fail(run *r, const char *fmt, ...)
 }
 
 /* Workspace for the kernels comes from the pool too, tagged as such. */
+/* A NULL here is an OOM in the middle of a step: the kernels skip their
+ * work (the CUDA backend also turns it into a sticky error that the next
+ * sync returns), and the step notices r->oom and is redone smaller. */
 static void *scratch_acquire(void *user, size_t bytes)
 {
     run *r = user;
-    return pool_alloc(r->p, bytes, POOL_TAG_WORKSPACE, r->job, NULL);
+    pool_oom_report oom;
+    void *ptr = pool_alloc(r->p, bytes, POOL_TAG_WORKSPACE, r->job, &oom);
+    if (!ptr && !r->oom) {
+        r->oom = true;
+        r->last_oom = oom;
+    }
+    return ptr;
 }
 
 static void scratch_release(void *user, void *ptr)
@@ -228,31 +258,101 @@ static size_t next_batch(run *r, size_t n, bool eval)
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
-/* The micro-batch: as configured, or the largest that the activation
- * estimate says fits the job's budget (the batch controller refines this). */
-static uint32_t choose_micro(run *r, size_t fixed, size_t per_sample)
+/* What the job holds at its peak: the pool's per-job peak since the last
+ * pool_job_reset_peak. */
+static size_t job_peak(run *r)
 {
-    const job_config *j = r->j;
-    if (j->micro_batch)
-        return j->micro_batch;
     pool_stats *ps = malloc(sizeof *ps);
-    size_t budget = SIZE_MAX;
-    if (ps) {
-        pool_stats_read(r->p, ps);
-        budget = ps->cap - (size_t)ps->allocated_bytes[POOL_ALL].current;
-        free(ps);
-    }
-    if (j->mem_limit && j->mem_limit < budget)
-        budget = j->mem_limit;
-    budget = (size_t)((double)budget * (1.0 - j->margin));
-    size_t fixed_all = fixed + 4 * r->m->num_params * sizeof(float);
-    size_t per_all = per_sample + r->x_bytes + r->y_bytes;
-    if (budget <= fixed_all + per_all)
-        return 1;
-    size_t n = (budget - fixed_all) / per_all;
-    return n >= j->batch ? j->batch : (uint32_t)n;
+    size_t peak = 0;
+    if (!ps)
+        return 0;
+    pool_stats_read(r->p, ps);
+    for (size_t i = 0; i < ps->njobs; i++)
+        if (ps->jobs[i].job == r->job)
+            peak = (size_t)ps->jobs[i].peak;
+    free(ps);
+    return peak;
 }
 
+/* The bytes this job may hold at its peak, now: its [memory] limit, and its
+ * share of what the pool holds or can still get from the device.  The
+ * device's free memory counts less the pool's low watermark, which is kept
+ * for other processes; what the other jobs in the pool need (their peaks,
+ * or more if they hold more now) is theirs.  reserved + device free does
+ * not move when the pool trims or grows, only when another process takes
+ * or returns memory, so the budget is steady while nothing else changes. */
+static size_t job_budget(run *r, size_t *avail)
+{
+    pool_stats *ps = malloc(sizeof *ps);
+    if (avail)
+        *avail = SIZE_MAX;
+    if (!ps)
+        return r->j->mem_limit ? r->j->mem_limit : SIZE_MAX;
+    pool_stats_read(r->p, ps);
+    size_t room = (size_t)ps->reserved_bytes[POOL_ALL].current + ps->device_free;
+    room = room > r->low_watermark ? room - r->low_watermark : 0;
+    if (room > ps->cap)
+        room = ps->cap;
+    size_t others = 0;
+    for (size_t i = 0; i < ps->njobs; i++) {
+        if (ps->jobs[i].job == r->job)
+            continue;
+        int64_t need = ps->jobs[i].peak > ps->jobs[i].current ? ps->jobs[i].peak : ps->jobs[i].current;
+        others += need > 0 ? (size_t)need : 0;
+    }
+    free(ps);
+    size_t b = room > others ? room - others : 0;
+    if (avail)
+        *avail = b;
+    if (r->j->mem_limit && r->j->mem_limit < b)
+        b = r->j->mem_limit;
+    return b;
+}
+
+static void free_micro(run *r)
+{
+    pool_free(r->p, r->y);
+    pool_free(r->p, r->x);
+    pool_free(r->p, r->acts);
+    r->y = r->x = r->acts = NULL;
+    r->micro = 0;
+}
+
+/* Size the per-micro-batch memory (activations, input and target buffers)
+ * for n samples.  The old blocks go first so the new ones can reuse their
+ * space.  trim >= 0 (a pool_trim_reason) gives cached memory back to the
+ * device in between: when shrinking because memory is short, the smaller
+ * block would otherwise be carved out of the old one's segment and keep all
+ * of it reserved.  0, or -1 with r->last_oom filled and nothing held. */
+static int set_micro(run *r, uint32_t n, int trim)
+{
+    free_micro(r);
+    if (trim >= 0)
+        pool_trim(r->p, (pool_trim_reason)trim, 0);
+    pool_oom_report oom;
+    r->act_bytes = r->act_fixed + r->act_per * n;
+    r->acts = pool_alloc(r->p, r->act_bytes, POOL_TAG_ACTIVATIONS, r->job, &oom);
+    if (r->acts)
+        r->x = pool_alloc(r->p, n * r->x_bytes, POOL_TAG_DATA, r->job, &oom);
+    if (r->x)
+        r->y = pool_alloc(r->p, n * r->y_bytes, POOL_TAG_DATA, r->job, &oom);
+    if (!r->y) {
+        free_micro(r);
+        r->last_oom = oom;
+        return -1;
+    }
+    r->m->ops->bind_activations(r->m, r->acts, n);
+    if (!r->host_visible) {
+        free(r->x_host);
+        free(r->y_host);
+        r->x_host = malloc(n * r->x_bytes);
+        r->y_host = malloc(n * r->y_bytes);
+    }
+    r->micro = n;
+    return 0;
+}
+
+/* The state that lives as long as the job: parameters, gradients, Adam. */
 static train_outcome alloc_memory(run *r)
 {
     size_t P = r->m->num_params;
@@ -267,34 +367,21 @@ static train_outcome alloc_memory(run *r)
         return TRAIN_FAILED;
     r->m->params = r->params;
     r->m->grads = r->grads;
+    r->persistent = pool_block_size(r->p, r->params) + pool_block_size(r->p, r->grads) +
+                    pool_block_size(r->p, r->opt);
+    r->res->persistent_bytes = r->persistent;
 
     size_t fixed, per;
     r->m->ops->activation_bytes(r->m, &fixed, &per);
-    r->res->act_fixed = fixed;
-    r->res->act_per_sample = per;
-    r->micro = choose_micro(r, fixed, per);
-    r->res->micro = r->micro;
-    r->act_bytes = fixed + per * r->micro;
-    r->acts = alloc_tagged(r, r->act_bytes, POOL_TAG_ACTIVATIONS, "activations");
-    if (!r->acts)
-        return TRAIN_FAILED;
-    r->m->ops->bind_activations(r->m, r->acts, r->micro);
-    r->x = alloc_tagged(r, r->micro * r->x_bytes, POOL_TAG_DATA, "input batch");
-    r->y = r->x ? alloc_tagged(r, r->micro * r->y_bytes, POOL_TAG_DATA, "target batch") : NULL;
-    if (!r->y)
-        return TRAIN_FAILED;
-    if (!r->host_visible) {
-        r->x_host = malloc(r->micro * r->x_bytes);
-        r->y_host = malloc(r->micro * r->y_bytes);
-        if (!r->x_host || !r->y_host)
-            return fail(r, "out of host memory for the batch staging buffers");
-    }
+    r->act_fixed = r->res->act_fixed = fixed;
+    r->act_per = r->res->act_per_sample = per;
     return TRAIN_DONE;
 }
 
 static void free_memory(run *r)
 {
-    void *bufs[] = {r->y, r->x, r->acts, r->opt, r->grads, r->params};
+    free_micro(r);
+    void *bufs[] = {r->opt, r->grads, r->params};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         pool_free(r->p, bufs[i]);
     free(r->x_host);
@@ -354,6 +441,8 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("seed", "%llu", (unsigned long long)r->j->seed);
     META("batch", "%u", r->j->batch);
     META("loss_scale", "%.17g", r->loss_scale);
+    META("loss_scale_good_steps", "%llu", (unsigned long long)r->good_steps);
+    META("micro", "%u", r->micro);
 #undef META
     if (r->hooks && r->hooks->on_checkpoint)
         r->hooks->on_checkpoint(r->hooks->user, w, r->step);
@@ -438,6 +527,9 @@ static int load_resume(run *r)
         if (rc == 0) {
             r->step = step;
             r->loss_scale = ls ? strtod(ls, NULL) : 1.0;
+            /* Older checkpoints lack it: the doubling clock restarts. */
+            const char *gs = st_meta(f, "loss_scale_good_steps");
+            r->good_steps = gs ? strtoull(gs, NULL, 10) : 0;
             rc = 1;
         }
     }
@@ -598,12 +690,219 @@ static void evaluate(run *r)
     }
 }
 
+/* ---- the batch controller at work -------------------------------------------------- */
+
+/* Publish the controller's state in the progress report. */
+static void sync_progress(run *r)
+{
+    const batch_ctl *c = &r->ctl;
+    train_progress *pr = &r->prog;
+    pr->micro = r->micro ? r->micro : c->micro;
+    pr->accum = batch_accum(r->j->batch, pr->micro);
+    pr->micro_max = c->predicted_max;
+    pr->micro_fit = c->max_fit;
+    pr->oom_recoveries = c->oom_recoveries;
+    pr->batch_changes = c->changes;
+    pr->loss_scale = r->loss_scale;
+    if (c->changes) {
+        pr->change_from = c->last.from;
+        pr->change_to = c->last.to;
+        pr->change_step = c->last.step;
+        snprintf(pr->change_reason, sizeof pr->change_reason, "%s", batch_reason_name(c->last.reason));
+    }
+    train_result *res = r->res;
+    res->micro = pr->micro;
+    res->micro_fit = c->max_fit;
+    res->oom_recoveries = c->oom_recoveries;
+    res->probes = c->probes;
+    res->batch_changes = c->changes;
+    res->peak_fixed = c->fixed;
+    res->peak_per_sample = c->per_sample;
+}
+
+/* A change of micro-batch: into metrics.jsonl, the pool's timeline and the
+ * progress report. */
+static void note_change(run *r)
+{
+    const batch_change *ch = &r->ctl.last;
+    sync_progress(r);
+    if (r->metrics) {
+        fprintf(r->metrics,
+                "{\"step\":%llu,\"event\":\"batch_change\",\"from\":%u,\"to\":%u,\"reason\":\"%s\",\"accum\":%u,"
+                "\"predicted_max\":%u,\"fit_max\":%u,\"oom_recoveries\":%llu}\n",
+                (unsigned long long)ch->step, ch->from, ch->to, batch_reason_name(ch->reason),
+                batch_accum(r->j->batch, ch->to), r->ctl.predicted_max, r->ctl.max_fit,
+                (unsigned long long)r->ctl.oom_recoveries);
+        fflush(r->metrics);
+    }
+    char note[24];
+    snprintf(note, sizeof note, "%u>%u %s", ch->from, ch->to, batch_reason_name(ch->reason));
+    pool_timeline_mark(r->p, POOL_EV_BATCH_CHANGE, r->job, r->act_bytes, note);
+}
+
+/* Micro-batch 1 does not fit: fail with what a person needs to act. */
+static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
+{
+    pool_stats *ps = malloc(sizeof *ps);
+    char used[512] = "", a[16], b[16], need_s[16], lim[16];
+    size_t held = 0;
+    if (ps) {
+        pool_stats_read(r->p, ps);
+        size_t off = 0;
+        for (size_t i = 0; i < ps->njobs; i++) {
+            if (ps->jobs[i].job != r->job)
+                continue;
+            held = (size_t)ps->jobs[i].current;
+            for (int t = 0; t < POOL_TAG_COUNT && off < sizeof used; t++)
+                if (ps->jobs[i].tag_current[t] > 0)
+                    off += (size_t)snprintf(used + off, sizeof used - off, "%s%s %s", off ? ", " : "",
+                                            pool_tag_name((pool_tag)t),
+                                            units_format_size((uint64_t)ps->jobs[i].tag_current[t], a, sizeof a));
+        }
+        free(ps);
+    }
+    /* What micro-batch 1 needs: the fitted peak, and at least what was held
+     * plus what was asked for when it failed. */
+    double model_need = batch_peak(&r->ctl, 1);
+    size_t need = held + oom->requested;
+    if (model_need > (double)need)
+        need = (size_t)model_need;
+    units_format_size(need, need_s, sizeof need_s);
+    char fix[400];
+    if (oom->job_limit_hit || (r->j->mem_limit && need > r->j->mem_limit))
+        snprintf(fix, sizeof fix, "raise [memory] limit from %s to at least %s, or train a smaller model",
+                 units_format_size(oom->job_limit_hit ? oom->job_limit : r->j->mem_limit, lim, sizeof lim),
+                 need_s);
+    else
+        snprintf(fix, sizeof fix,
+                 "free memory on %s (other processes or jobs hold it; the job needs about %s), run it on "
+                 "another device ([job] device), or train a smaller model ([model] width, layers or context)",
+                 pool_device(r->p)->id, need_s);
+    char ck[160];
+    if (access(r->path_resume, F_OK) == 0)
+        snprintf(ck, sizeof ck, "the last checkpoint in %s is kept; resubmit to resume from it", r->j->out_dir);
+    else
+        snprintf(ck, sizeof ck, "no checkpoint was written yet ([output] checkpoint_every)");
+    return fail(r,
+                "out of memory at micro-batch 1 in step %llu: requested %s (%s); in use by the job: %s; "
+                "device free %s of %s.\nTo fix: %s.\n%s.\nPool: %s",
+                (unsigned long long)r->step + 1, units_format_size(oom->requested, a, sizeof a),
+                pool_tag_name(oom->tag), used[0] ? used : "nothing", units_format_size(oom->device_free, b, sizeof b),
+                units_format_size(oom->device_total, lim, sizeof lim), fix, ck, oom->message);
+}
+
+/* After an OOM: shrink until the per-micro-batch memory fits again. */
+static train_outcome shrink_after_oom(run *r)
+{
+    pool_oom_report rep = r->last_oom;
+    for (;;) {
+        size_t avail, bud = job_budget(r, &avail);
+        uint32_t n = batch_on_oom(&r->ctl, r->step, bud, avail);
+        if (n == 0)
+            return fail_no_fit(r, &rep);
+        int rc = set_micro(r, n, POOL_TRIM_OOM);
+        note_change(r);
+        if (rc == 0)
+            return TRAIN_DONE;
+        rep = r->last_oom;
+    }
+}
+
+/* One probe: a forward and backward of n real samples at micro-batch n,
+ * measuring the job's pool peak.  Nothing of it survives: the gradients are
+ * zeroed and the data position is put back.  0 with *peak, 1 when it ran
+ * out of memory, -1 on another failure (message set). */
+static int probe(run *r, uint32_t n, size_t *peak)
+{
+    if (set_micro(r, n, -1) != 0)
+        return 1;
+    uint64_t epoch, index;
+    data_stream_state(&r->stream, &epoch, &index);
+    pool_job_reset_peak(r->p, r->job);
+    r->oom = false;
+    next_batch(r, n, false);
+    model_batch mb = {r->x, r->y, n};
+    r->m->ops->forward(r->m, &mb, NULL);
+    if (!r->oom)
+        r->m->ops->backward(r->m, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
+    r->k->sync(r->kc);
+    *peak = job_peak(r);
+    r->k->zero(r->kc, r->grads, r->m->num_params);
+    char err[512];
+    if (data_stream_set_state(&r->stream, epoch, index, err, sizeof err) != 0) {
+        fail(r, "%s", err);
+        return -1;
+    }
+    bool oom = r->oom;
+    r->oom = false;
+    return oom ? 1 : 0;
+}
+
+/* Choose the first micro-batch: the configured one, or by probing; then
+ * allocate for it (shrinking if even that does not fit). */
+static train_outcome choose_micro(run *r)
+{
+    const job_config *j = r->j;
+    batch_ctl *c = &r->ctl;
+    batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
+    /* The prior: the estimate, plus the input buffers, as the pool rounds. */
+    batch_prior(c, r->persistent + r->act_fixed + 2 * 512, r->act_per + r->x_bytes + r->y_bytes);
+    size_t budget = job_budget(r, &c->fit_avail);
+    if (j->micro_batch) {
+        batch_probe_skip(c, budget);
+    } else {
+        for (uint32_t n; (n = batch_probe_next(c, budget)) != 0;) {
+            size_t peak = 0;
+            int rc = probe(r, n, &peak);
+            if (rc < 0)
+                return TRAIN_FAILED;
+            batch_probe_result(c, n, peak, rc == 0, budget);
+        }
+    }
+    c->predicted_max = batch_max_for(c, (double)budget * (1.0 - c->margin));
+    if (set_micro(r, c->micro, -1) != 0 && shrink_after_oom(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
+    if (!j->micro_batch)
+        note_change(r);
+    sync_progress(r);
+    return TRAIN_DONE;
+}
+
+/* At a step boundary: shrink before an OOM, or grow back. */
+static train_outcome adapt(run *r)
+{
+    batch_reason why;
+    uint32_t from = r->micro;
+    size_t avail, bud = job_budget(r, &avail);
+    uint32_t n = batch_step_end(&r->ctl, r->step, bud, avail, &why);
+    if (n == from) {
+        sync_progress(r);
+        return TRAIN_DONE;
+    }
+    if (set_micro(r, n, why == BATCH_REASON_PRESSURE ? POOL_TRIM_PRESSURE : -1) == 0) {
+        note_change(r);
+        return TRAIN_DONE;
+    }
+    /* The memory went elsewhere between the decision and the allocation:
+     * stay where we were, or shrink as after an OOM. */
+    batch_apply_failed(&r->ctl, n, from);
+    if (set_micro(r, from, POOL_TRIM_OOM) == 0) {
+        sync_progress(r);
+        return TRAIN_DONE;
+    }
+    return shrink_after_oom(r);
+}
+
 /* ---- one optimizer step -------------------------------------------------------------------- */
 
-/* Returns TRAIN_DONE after an applied step, TRAIN_STOPPED if asked to stop
- * before it was applied (nothing changed but the data position, which the
- * caller restores), TRAIN_FAILED on a non-finite loss. */
-static train_outcome train_step(run *r, const train_hooks *h)
+/* One attempt at the step at the current micro-batch.  Returns TRAIN_DONE
+ * after an applied (or, fp16, skipped) step, TRAIN_STOPPED if asked to stop
+ * before it was applied, STEP_OOM when memory ran out inside it, and
+ * TRAIN_FAILED on a non-finite loss.  Nothing but the gradients and the data
+ * position changes before the optimizer runs, and the optimizer runs only
+ * after every micro-batch went through: a partial gradient is never
+ * applied. */
+static int try_step(run *r, const train_hooks *h)
 {
     const job_config *j = r->j;
     const kern_ops *k = r->k;
@@ -611,8 +910,11 @@ static train_outcome train_step(run *r, const train_hooks *h)
     double t0 = now_s();
     uint32_t upb = m->ops->units_per_sample(m);
     double units = (double)j->batch * upb;
-    float dloss = (float)(r->loss_scale / units);
+    /* The scale these gradients carry, whatever the schedule does below. */
+    const double ls = r->loss_scale;
+    float dloss = (float)(ls / units);
 
+    r->oom = false;
     k->zero(r->kc, r->grads, m->num_params);
     double loss_sum = 0;
     uint32_t accum = 0;
@@ -623,22 +925,48 @@ static train_outcome train_step(run *r, const train_hooks *h)
         next_batch(r, n, false);
         model_batch mb = {r->x, r->y, n};
         loss_sum += m->ops->forward(m, &mb, NULL);
+        if (r->oom)
+            return STEP_OOM;
         m->ops->backward(m, &mb, dloss);
+        if (r->oom)
+            return STEP_OOM;
         done += n;
         accum++;
     }
+    /* Queued device work may still fail for memory (CUDA's sticky error). */
+    if (k->sync(r->kc) != 0 || r->oom) {
+        r->oom = true;
+        return STEP_OOM;
+    }
     double loss = loss_sum / units;
-    if (!isfinite(loss))
+    if (!isfinite(loss) && j->precision != JOBCFG_FP16)
         return fail(r, "the training loss became %g at step %llu; lower [train] lr or raise [train] warmup", loss,
                     (unsigned long long)r->step + 1);
 
     double sumsq = 0;
     k->sumsq(r->kc, &sumsq, r->grads, m->num_params);
-    double norm = sqrt(sumsq) / r->loss_scale;
-    double scale = 1.0 / r->loss_scale;
+    double norm = sqrt(sumsq) / ls;
+    double lr = train_lr(j, r->step);
+    if (j->precision == JOBCFG_FP16) {
+        /* Dynamic loss scaling: an overflow skips the step (the data is
+         * consumed, the parameters are not touched) and halves the scale. */
+        if (!isfinite(norm) || !isfinite(loss)) {
+            r->loss_scale = r->loss_scale > 2.0 ? r->loss_scale / 2 : 1.0;
+            r->good_steps = 0;
+            r->step++;
+            double dt = now_s() - t0;
+            log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
+            return TRAIN_DONE;
+        }
+        if (++r->good_steps >= LOSS_SCALE_GROW_EVERY) {
+            r->good_steps = 0;
+            if (r->loss_scale * 2 <= LOSS_SCALE_MAX)
+                r->loss_scale *= 2;
+        }
+    }
+    double scale = 1.0 / ls;
     if (j->grad_clip > 0 && norm > j->grad_clip)
         scale *= j->grad_clip / norm;
-    double lr = train_lr(j, r->step);
     size_t P = m->num_params;
     for (int i = 0; i < m->ntensors; i++) {
         const model_tensor *t = &m->tensors[i];
@@ -654,6 +982,27 @@ static train_outcome train_step(run *r, const train_hooks *h)
     log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
     r->res->final_loss = loss;
     return TRAIN_DONE;
+}
+
+/* The optimizer step: tried at the current micro-batch, and after an OOM
+ * redone whole at a smaller one, from the same samples (the data position
+ * goes back to the step's start) with the gradients zeroed again.  The
+ * loss scale is not touched by a redo.  Same returns as try_step, except
+ * STEP_OOM: micro-batch 1 not fitting fails the job. */
+static train_outcome train_step(run *r, const train_hooks *h)
+{
+    uint64_t epoch, index;
+    data_stream_state(&r->stream, &epoch, &index);
+    for (;;) {
+        int o = try_step(r, h);
+        if (o != STEP_OOM)
+            return (train_outcome)o;
+        char err[512];
+        if (data_stream_set_state(&r->stream, epoch, index, err, sizeof err) != 0)
+            return fail(r, "%s", err);
+        if (shrink_after_oom(r) != TRAIN_DONE)
+            return TRAIN_FAILED;
+    }
 }
 
 /* ---- the run -------------------------------------------------------------------------------- */
@@ -734,18 +1083,22 @@ static train_outcome run_job(run *r, const train_hooks *h)
         free(init);
     }
     r->k->zero(r->kc, r->opt, 2 * P);
-    r->loss_scale = j->precision == JOBCFG_FP16 ? 65536.0 : 1.0;
+    r->loss_scale = j->precision == JOBCFG_FP16 ? LOSS_SCALE_INIT : 1.0;
     int resumed = load_resume(r);
     if (resumed < 0)
         return TRAIN_FAILED;
     r->prog.resumed = resumed == 1;
     if (setup_outputs(r, resumed == 1) != TRAIN_DONE)
         return TRAIN_FAILED;
+    pool_config pc;
+    pool_get_config(r->p, &pc);
+    r->low_watermark = pc.low_watermark;
+    if (choose_micro(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
 
     r->prog.steps = j->steps;
     r->prog.val_loss = NAN;
     r->prog.val_accuracy = NAN;
-    r->prog.micro = r->micro;
     double start = now_s();
     while (r->step < j->steps) {
         uint64_t epoch, index;
@@ -765,6 +1118,9 @@ static train_outcome run_job(run *r, const train_hooks *h)
          * time-based policies also run from the daemon's timer). */
         pool_tick(r->p, r->step);
         bool last = r->step == j->steps;
+        /* ...and the batch controller: shrink before an OOM, or grow. */
+        if (!last && adapt(r) != TRAIN_DONE)
+            return TRAIN_FAILED;
         if ((j->eval_every && r->step % j->eval_every == 0) || last)
             evaluate(r);
         r->prog.elapsed_s = now_s() - start;

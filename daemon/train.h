@@ -9,6 +9,12 @@
  * `micro` samples (the last may be smaller).  Gradients accumulate across
  * the micro-batches with each unit's loss weighted by 1/(units in the step),
  * so any split yields the same update up to floating-point reassociation.
+ *
+ * The split is the batch controller's (batch.h): micro_batch = auto probes
+ * for the largest micro-batch that fits the job's budget; an OOM inside a
+ * step redoes the whole step at a smaller micro-batch; at step boundaries
+ * the micro-batch shrinks when memory runs short and grows back after
+ * [memory] grow_after steps of headroom.
  */
 #ifndef GRADD_TRAIN_H
 #define GRADD_TRAIN_H
@@ -35,6 +41,16 @@ typedef struct {
     double val_accuracy;        /* mlp only (NaN otherwise) */
     size_t allocated, reserved; /* the pool's, after the step */
     bool resumed;               /* this run started from a checkpoint */
+    /* The batch controller (batch.h): micro and accum above are what the
+     * next step runs. */
+    uint32_t micro_max;         /* the largest micro-batch the budget now allows, as predicted */
+    uint32_t micro_fit;         /* the largest found to fit; growth stops there */
+    uint64_t oom_recoveries;    /* steps redone smaller after an OOM */
+    uint64_t batch_changes;
+    uint32_t change_from, change_to; /* the last change (valid when batch_changes > 0) */
+    uint64_t change_step;
+    char change_reason[16];     /* "fit", "oom", "pressure", "grow" */
+    double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
 } train_progress;
 
 typedef struct {
@@ -55,8 +71,13 @@ typedef struct {
     train_outcome outcome;
     uint64_t steps_done;
     double final_loss, val_loss, val_accuracy;
-    uint32_t micro;
+    uint32_t micro;                   /* at the end */
+    uint32_t micro_fit;               /* the largest found to fit */
+    uint32_t probes;                  /* micro-batches spent finding it */
+    uint64_t oom_recoveries, batch_changes;
     size_t act_fixed, act_per_sample; /* the model's activation estimate */
+    size_t persistent_bytes;          /* params + grads + optimizer in the pool */
+    double peak_fixed, peak_per_sample; /* the controller's fitted peak(n) = fixed + per_sample × n */
     char message[1024];               /* why it failed, a person can act on it */
 } train_result;
 

@@ -1,0 +1,245 @@
+/* batch.c — the batch controller's decisions (see batch.h). */
+#include "batch.h"
+
+#include <math.h>
+#include <string.h>
+
+const char *batch_reason_name(batch_reason r)
+{
+    static const char *const names[BATCH_REASON_COUNT] = {"", "fit", "oom", "pressure", "grow"};
+    return (unsigned)r < BATCH_REASON_COUNT ? names[r] : "";
+}
+
+void batch_init(batch_ctl *c, uint32_t batch, uint32_t ceiling, double margin, uint64_t grow_after)
+{
+    memset(c, 0, sizeof *c);
+    c->batch = batch ? batch : 1;
+    c->ceiling = ceiling && ceiling <= c->batch ? ceiling : c->batch;
+    c->margin = margin >= 0 && margin < 1 ? margin : 0;
+    c->grow_after = grow_after;
+    c->upper = c->ceiling;
+    c->micro = c->max_fit = c->predicted_max = c->ceiling;
+}
+
+void batch_prior(batch_ctl *c, size_t fixed, size_t per_sample)
+{
+    c->fixed = (double)fixed;
+    c->per_sample = per_sample ? (double)per_sample : 1.0;
+}
+
+uint32_t batch_accum(uint32_t batch, uint32_t micro)
+{
+    return micro ? (batch + micro - 1) / micro : 0;
+}
+
+double batch_peak(const batch_ctl *c, uint32_t n)
+{
+    return c->fixed + c->per_sample * (double)n;
+}
+
+uint32_t batch_max_for(const batch_ctl *c, double bytes)
+{
+    if (bytes < batch_peak(c, 1))
+        return 0;
+    double n = floor((bytes - c->fixed) / c->per_sample);
+    return n >= (double)c->ceiling ? c->ceiling : (uint32_t)n;
+}
+
+static double usable(const batch_ctl *c, size_t budget)
+{
+    return (double)budget * (1.0 - c->margin);
+}
+
+static void record(batch_ctl *c, uint32_t to, uint64_t step, batch_reason why)
+{
+    c->before_last = c->last;
+    c->last = (batch_change){c->micro, to, step, why};
+    c->micro = to;
+    c->changes++;
+    c->stable_steps = 0;
+}
+
+/* Refit from the measurements: through the two largest sizes measured (the
+ * nearest to where the answer lies), or, with one point, the prior's slope
+ * through it.  A slope that is not positive (rounding on tiny models) keeps
+ * the prior's: memory does not shrink as the batch grows. */
+static void refit(batch_ctl *c)
+{
+    if (c->npts == 0)
+        return;
+    const batch_point *b = &c->pts[c->npts - 1];
+    if (c->npts >= 2) {
+        const batch_point *a = &c->pts[c->npts - 2];
+        double slope = (b->peak - a->peak) / (double)(b->n - a->n);
+        if (slope > 0)
+            c->per_sample = slope;
+    }
+    c->fixed = b->peak - c->per_sample * (double)b->n;
+}
+
+static void add_point(batch_ctl *c, uint32_t n, double peak)
+{
+    int i = 0;
+    while (i < c->npts && c->pts[i].n < n)
+        i++;
+    if (i < c->npts && c->pts[i].n == n) {
+        c->pts[i].peak = peak;
+    } else if (c->npts < BATCH_MAX_PROBES) {
+        memmove(&c->pts[i + 1], &c->pts[i], (size_t)(c->npts - i) * sizeof c->pts[0]);
+        c->pts[i] = (batch_point){n, peak};
+        c->npts++;
+    }
+    refit(c);
+}
+
+static void finish(batch_ctl *c, uint32_t n, size_t budget)
+{
+    if (n < 1)
+        n = 1;
+    c->probing_done = true;
+    c->verifying = false;
+    c->max_fit = c->predicted_max = n;
+    c->fit_budget = budget;
+    if (n != c->micro || c->changes == 0)
+        record(c, n, 0, BATCH_REASON_FIT);
+}
+
+static uint32_t clamp_u(uint32_t v, uint32_t lo, uint32_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+uint32_t batch_probe_next(batch_ctl *c, size_t budget)
+{
+    if (c->probing_done)
+        return 0;
+    uint32_t hi = c->upper ? c->upper : 1;
+    uint32_t pred = clamp_u(batch_max_for(c, usable(c, budget)), 1, hi);
+    if (c->probes >= BATCH_MAX_PROBES) {
+        finish(c, pred, budget);
+        return 0;
+    }
+    /* Two small sizes first — cheap, and far enough apart for the slope —
+     * unless there is no room for two below the prediction. */
+    if (c->npts < 2 && hi >= 2 && pred >= 4 && c->probes < BATCH_MAX_PROBES - 1) {
+        uint32_t n2 = clamp_u(pred / 4, 2, hi);
+        uint32_t n1 = n2 / 2 ? n2 / 2 : 1;
+        uint32_t n = c->npts == 0 ? n1 : c->pts[0].n == n1 ? n2 : n1;
+        if (c->npts == 0 || c->pts[0].n != n) {
+            c->verifying = false;
+            return n;
+        }
+    }
+    /* Verify the prediction; a size already measured to fit needs no probe. */
+    for (int i = 0; i < c->npts; i++)
+        if (c->pts[i].n == pred && c->pts[i].peak <= usable(c, budget)) {
+            finish(c, pred, budget);
+            return 0;
+        }
+    c->verifying = true;
+    return pred;
+}
+
+void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t budget)
+{
+    if (c->probing_done)
+        return;
+    c->probes++;
+    if (ok)
+        add_point(c, n, (double)peak);
+    bool fits = ok && (double)peak <= usable(c, budget);
+    if (!fits && n <= c->upper)
+        c->upper = n > 1 ? n - 1 : 0;
+    if (c->verifying && fits) {
+        finish(c, n, budget);
+        return;
+    }
+    if (!fits && n == 1) {
+        /* Nothing smaller to try: run at 1, and let the first step's OOM
+         * report say what would help. */
+        finish(c, 1, budget);
+        return;
+    }
+    if (c->probes >= BATCH_MAX_PROBES) {
+        /* Out of probes: the refitted line, which now runs through a point
+         * at or near the answer, decides, below any size known to fail. */
+        uint32_t hi = c->upper ? c->upper : 1;
+        finish(c, clamp_u(batch_max_for(c, usable(c, budget)), 1, hi), budget);
+    }
+}
+
+void batch_probe_skip(batch_ctl *c, size_t budget)
+{
+    c->probing_done = true;
+    c->max_fit = c->predicted_max = c->micro = c->ceiling;
+    c->fit_budget = budget;
+}
+
+uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail)
+{
+    c->oom_recoveries++;
+    if (c->micro <= 1)
+        return 0;
+    uint32_t pred = batch_max_for(c, usable(c, budget));
+    /* The model said the current size fits, so the model is wrong for it
+     * now: halve, the classic response, rather than trust it. */
+    uint32_t next = pred >= c->micro || pred == 0 ? c->micro / 2 : pred;
+    if (next < 1)
+        next = 1;
+    /* Nothing took memory away since the size was found: the size itself
+     * does not fit, so do not grow back to it.  Otherwise wait for memory
+     * to come back before growing. */
+    bool pressure = (double)budget < 0.98 * (double)c->fit_budget || (double)avail < 0.98 * (double)c->fit_avail;
+    if (!pressure && c->max_fit >= c->micro)
+        c->max_fit = c->micro - 1 > next ? c->micro - 1 : next;
+    if (pressure) {
+        c->blocked = true;
+        c->blocked_avail = avail;
+    }
+    record(c, next, step, BATCH_REASON_OOM);
+    return next;
+}
+
+uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail, batch_reason *why)
+{
+    *why = BATCH_REASON_NONE;
+    uint32_t pred = batch_max_for(c, usable(c, budget));
+    c->predicted_max = pred;
+    /* Shrink before an OOM: the need no longer fits the whole budget. */
+    if (batch_peak(c, c->micro) > (double)budget && c->micro > 1) {
+        uint32_t next = pred ? pred : 1;
+        if (next < c->micro) {
+            *why = BATCH_REASON_PRESSURE;
+            record(c, next, step, BATCH_REASON_PRESSURE);
+            return next;
+        }
+    }
+    /* Grow back after grow_after steps in a row with room for more (and,
+     * after an OOM under pressure, with memory come back). */
+    if (c->blocked && (double)avail > 1.02 * (double)c->blocked_avail)
+        c->blocked = false;
+    uint32_t target = pred < c->max_fit ? pred : c->max_fit;
+    if (c->blocked)
+        target = c->micro;
+    if (c->grow_after && target > c->micro) {
+        if (++c->stable_steps >= c->grow_after) {
+            *why = BATCH_REASON_GROW;
+            record(c, target, step, BATCH_REASON_GROW);
+            return target;
+        }
+    } else {
+        c->stable_steps = 0;
+    }
+    return c->micro;
+}
+
+void batch_apply_failed(batch_ctl *c, uint32_t tried, uint32_t back)
+{
+    c->micro = back;
+    c->last = c->before_last;
+    if (c->changes)
+        c->changes--;
+    if (tried > back && c->max_fit >= tried)
+        c->max_fit = tried - 1 > back ? tried - 1 : back;
+    c->stable_steps = 0;
+}

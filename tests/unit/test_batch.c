@@ -1,0 +1,488 @@
+/* test_batch.c — the batch controller, with the real engine on the simulated
+ * cpu device: probes against an exhaustive search, an OOM in the middle of a
+ * step that changes nothing but the split, growing back when the pressure
+ * leaves, and the report when micro-batch 1 does not fit. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "batch.h"
+#include "dev.h"
+#include "jobcfg.h"
+#include "kern_ws.h"
+#include "kernels.h"
+#include "pool.h"
+#include "safetensors.h"
+#include "train.h"
+
+/* A workspace of 2 MiB + 2 × the output of each matmul: large-pool sized,
+ * and growing with the micro-batch, like a GEMM's. */
+#define WS_FIXED ((size_t)2 << 20)
+#define WS_FACTOR 2
+
+static char tmpdir[64];
+static dev *d;
+static pool *p;
+static const kern_ops *kops;
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* A .npy v1.0 header padded to 64 bytes. */
+static void write_npy(const char *path, const char *descr, const char *shape, const void *data, size_t len)
+{
+    char hdr[128];
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    size_t total = 10 + (size_t)n + 1;
+    size_t pad = (64 - total % 64) % 64;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint16_t hl = (uint16_t)(n + pad + 1);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fwrite(&hl, 2, 1, f);
+    fwrite(hdr, 1, (size_t)n, f);
+    for (size_t i = 0; i < pad; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    fwrite(data, 1, len, f);
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-batch-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    char path[128];
+    snprintf(path, sizeof path, "%s/corpus.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 400; i++)
+        fprintf(f, "the quick brown fox %d jumps over the lazy dog; pack my box with five dozen jugs.\n", i % 17);
+    fclose(f);
+    /* 512 images of 64 floats, 10 classes. */
+    enum { N = 512, D = 64 };
+    float *img = malloc(N * D * sizeof *img);
+    int32_t lab[N];
+    for (int i = 0; i < N; i++) {
+        lab[i] = i % 10;
+        for (int k = 0; k < D; k++)
+            img[i * D + k] = (float)((i * 31 + k * 7) % 17) / 17.0f + (k == lab[i] ? 1.0f : 0.0f);
+    }
+    snprintf(path, sizeof path, "%s/img.npy", tmpdir);
+    write_npy(path, "<f4", "(512, 64)", img, N * D * sizeof *img);
+    snprintf(path, sizeof path, "%s/lab.npy", tmpdir);
+    write_npy(path, "<i4", "(512,)", lab, sizeof lab);
+    free(img);
+    (void)write_file;
+    /* Expandable segments: a trim gives back the free chunks inside
+     * partly used runs too, so a simulated process can take memory a step
+     * needs (with fixed segments it could only take whole free segments,
+     * and a step's workspace would live on in its activations' segment). */
+    pool_config pc;
+    pool_config_default(&pc);
+    pc.expandable_segments = true;
+    if (dev_cpu_create((size_t)256 << 20, 0, &d) != DEV_OK || pool_create(d, &pc, &p) != 0)
+        return -1;
+    kops = kern_ws_ops(WS_FIXED, WS_FACTOR);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    pool_destroy(p);
+    dev_destroy(d);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+typedef struct {
+    const char *name;
+    bool mlp;
+    uint32_t layers, heads, width, context;
+    uint32_t batch;
+} shape;
+
+static void make_job(job_config *j, const shape *s, const char *out, uint32_t micro, uint64_t steps)
+{
+    jobcfg_defaults(j);
+    if (s->mlp) {
+        j->model = JOBCFG_MLP;
+        j->nhidden = 2;
+        j->hidden[0] = 256;
+        j->hidden[1] = 128;
+        snprintf(j->hidden_text, sizeof j->hidden_text, "256,128");
+        j->format = JOBCFG_DATA_NPY;
+        snprintf(j->train, sizeof j->train, "%s/img.npy", tmpdir);
+        snprintf(j->train_labels, sizeof j->train_labels, "%s/lab.npy", tmpdir);
+    } else {
+        j->model = JOBCFG_GPT;
+        j->layers = s->layers;
+        j->heads = s->heads;
+        j->width = s->width;
+        j->context = s->context;
+        j->vocab = 256;
+        j->format = JOBCFG_DATA_TEXT;
+        snprintf(j->train, sizeof j->train, "%s/corpus.txt", tmpdir);
+    }
+    j->val_fraction = 0.1;
+    j->steps = steps;
+    j->batch = s->batch;
+    j->micro_batch = micro;
+    j->lr = 3e-3;
+    j->warmup = 2;
+    j->weight_decay = 0.1;
+    j->threads = 2;
+    j->eval_batches = 1;
+    j->margin = 0;
+    snprintf(j->out_dir, sizeof j->out_dir, "%s/%s", tmpdir, out);
+    snprintf(j->name, sizeof j->name, "%s", out);
+    snprintf(j->source, sizeof j->source, "test");
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", j->out_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ---- the controller alone ------------------------------------------------------ */
+
+static void test_controller_model(void **state)
+{
+    (void)state;
+    /* A device whose true peak is 10M + 1M·n + a 3M bump the prior misses. */
+    batch_ctl c;
+    batch_init(&c, 256, 256, 0.05, 5);
+    batch_prior(&c, 10 << 20, 1 << 20);
+    size_t budget = 100u << 20;
+    uint32_t n;
+    while ((n = batch_probe_next(&c, budget)) != 0) {
+        size_t peak = (13u << 20) + ((size_t)n << 20);
+        batch_probe_result(&c, n, peak, true, budget);
+    }
+    uint32_t truth = (uint32_t)((0.95 * (100 << 20) - (13 << 20)) / (1 << 20));
+    assert_true(c.probes <= BATCH_MAX_PROBES);
+    assert_true(c.micro <= truth && c.micro >= truth * 9 / 10);
+    assert_int_equal(batch_accum(256, c.micro), (256 + c.micro - 1) / c.micro);
+
+    /* The budget halves: shrink before an OOM; it comes back: grow after 5. */
+    batch_reason why;
+    uint32_t before = c.micro;
+    uint32_t m = batch_step_end(&c, 1, 50u << 20, 50u << 20, &why);
+    assert_int_equal(why, BATCH_REASON_PRESSURE);
+    assert_true(m < before && batch_peak(&c, m) <= 50u << 20);
+    for (uint64_t s = 2; s < 6; s++) {
+        assert_int_equal(batch_step_end(&c, s, budget, budget, &why), m);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+    assert_int_equal(batch_step_end(&c, 6, budget, budget, &why), before);
+    assert_int_equal(why, BATCH_REASON_GROW);
+    /* An OOM at an unchanged budget: the size was wrong; never back to it. */
+    uint32_t after = batch_on_oom(&c, 7, budget, budget);
+    assert_true(after < before);
+    assert_true(c.max_fit < before);
+    /* Micro-batch 1 out of memory: nothing left to try. */
+    batch_init(&c, 8, 1, 0, 0);
+    assert_int_equal(batch_on_oom(&c, 1, 1, 1), 0);
+}
+
+/* ---- probes against an exhaustive search ------------------------------------------- */
+
+/* As a worker runs a job: its pool row (limit, peak) goes with it. */
+static train_outcome run(const job_config *j, const train_hooks *h, train_result *res)
+{
+    train_outcome o = train_run(j, p, kops, 1, h, res);
+    pool_job_forget(p, 1);
+    return o;
+}
+
+/* Does a fixed micro-batch n run one step under the limit without an OOM? */
+static bool fits(const shape *s, uint32_t n, size_t limit)
+{
+    job_config j;
+    train_result res;
+    make_job(&j, s, "exhaustive", n, 1);
+    j.mem_limit = limit;
+    return run(&j, NULL, &res) == TRAIN_DONE && res.oom_recoveries == 0 && res.micro == n;
+}
+
+static void probes_within_10_percent(const shape *s)
+{
+    job_config j;
+    train_result res;
+    /* The limit: room for about 60% of the batch by the engine's estimate,
+     * which knows nothing of the workspace — the probes must measure it. */
+    make_job(&j, s, "estimate", 1, 1);
+    assert_int_equal(run(&j, NULL, &res), TRAIN_DONE);
+    size_t limit = res.persistent_bytes + res.act_fixed + res.act_per_sample * (s->batch * 6 / 10) + WS_FIXED;
+
+    uint32_t truth = 0;
+    for (uint32_t n = 1; n <= s->batch; n++)
+        if (fits(s, n, limit))
+            truth = n;
+    assert_true(truth >= 2 && truth < s->batch);
+
+    make_job(&j, s, "auto", 0, 1);
+    j.mem_limit = limit;
+    if (run(&j, NULL, &res) != TRAIN_DONE)
+        fail_msg("%s: %s", s->name, res.message);
+    printf("%s: true max %u, auto %u after %u probes (limit %zu, peak %.0f + %.0f n)\n", s->name, truth,
+           res.micro_fit, res.probes, limit, res.peak_fixed, res.peak_per_sample);
+    assert_true(res.probes <= BATCH_MAX_PROBES);
+    assert_true(res.micro_fit <= truth);
+    assert_true(res.micro_fit * 10 >= truth * 9);
+    assert_int_equal(res.oom_recoveries, 0);
+}
+
+static void test_probes_mlp(void **state)
+{
+    (void)state;
+    shape s = {"mlp 64-256-128-10", true, 0, 0, 0, 0, 48};
+    probes_within_10_percent(&s);
+}
+
+static void test_probes_gpt_small(void **state)
+{
+    (void)state;
+    shape s = {"gpt L2 C32 T16", false, 2, 2, 32, 16, 32};
+    probes_within_10_percent(&s);
+}
+
+static void test_probes_gpt_wide(void **state)
+{
+    (void)state;
+    shape s = {"gpt L1 C64 T32", false, 1, 4, 64, 32, 24};
+    probes_within_10_percent(&s);
+}
+
+/* ---- an OOM in the middle of a step --------------------------------------------------- */
+
+/* A simulated other process.  At step `at` (1-based), before the step's
+ * second micro-batch, the cache goes back to the device and the process
+ * takes everything free, so the next workspace allocation fails; at step
+ * `release` it exits. */
+typedef struct {
+    uint64_t at, release;
+    uint64_t done;  /* steps finished */
+    int calls;      /* should_stop calls in the step `at` */
+    bool injected;
+    uint32_t micro[64];
+    train_progress last;
+    size_t limit_to; /* instead of the process: lower the job's pool limit to this */
+} pressure;
+
+static bool press(void *user)
+{
+    pressure *x = user;
+    if (x->injected || x->done + 1 != x->at || ++x->calls < 2)
+        return false;
+    x->injected = true;
+    if (x->limit_to) {
+        assert_int_equal(pool_job_set_limit(p, 1, x->limit_to), 0);
+        return false;
+    }
+    pool_trim(p, POOL_TRIM_REQUEST, 0);
+    size_t free_b, total;
+    dev_mem_info(d, &free_b, &total);
+    assert_int_equal(dev_cpu_set_external(d, free_b), DEV_OK);
+    return false;
+}
+
+static void watch(void *user, const train_progress *pr)
+{
+    pressure *x = user;
+    x->done = pr->step;
+    if (pr->step < 64)
+        x->micro[pr->step] = pr->micro;
+    x->last = *pr;
+    if (x->release && pr->step == x->release)
+        assert_int_equal(dev_cpu_set_external(d, 0), DEV_OK);
+}
+
+static double worst_tensor_diff(const char *dir_a, const char *dir_b)
+{
+    char pa[256], pb[256], err[512];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    st_file *fa, *fb;
+    if (st_open(pa, &fa, err, sizeof err) != 0 || st_open(pb, &fb, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    double worst = 0;
+    for (size_t i = 0; i < st_count(fa); i++) {
+        const st_tensor *ta = st_tensor_at(fa, i);
+        const float *a = st_data(fa, ta, err, sizeof err);
+        const float *b = st_data(fb, st_find(fb, ta->name), err, sizeof err);
+        assert_non_null(a);
+        assert_non_null(b);
+        double num = 0, den = 0;
+        for (uint64_t e = 0; e < ta->nelem; e++) {
+            num += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
+            den += (double)b[e] * b[e];
+        }
+        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (rel > worst)
+            worst = rel;
+    }
+    st_close(fa);
+    st_close(fb);
+    return worst;
+}
+
+static bool metrics_has(const char *dir, const char *needle)
+{
+    char path[256], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, "\"event\":\"batch_change\"") && strstr(line, needle);
+    fclose(f);
+    return found;
+}
+
+static const shape oom_shape = {"gpt L2 C64 T32", false, 2, 4, 64, 32, 16};
+
+/* A limit that makes auto choose about half the batch, so steps have
+ * several micro-batches. */
+static size_t half_limit(void)
+{
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "estimate", 1, 1);
+    assert_int_equal(run(&j, NULL, &res), TRAIN_DONE);
+    return res.persistent_bytes + res.act_fixed + res.act_per_sample * (oom_shape.batch / 2) + 3 * WS_FIXED;
+}
+
+static void test_oom_mid_step_same_result(void **state)
+{
+    (void)state;
+    size_t limit = half_limit();
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "undisturbed", 0, 16);
+    j.mem_limit = limit;
+    j.margin = 0.05; /* covers what allocated bytes do not show: mapping granularity */
+    pressure calm = {0};
+    train_hooks hc = {.on_step = watch, .user = &calm};
+    if (run(&j, &hc, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    uint32_t m0 = res.micro;
+    assert_true(m0 < oom_shape.batch);
+    assert_int_equal(res.oom_recoveries, 0);
+
+    make_job(&j, &oom_shape, "oom10", 0, 16);
+    j.mem_limit = limit;
+    j.margin = 0.05;
+    pressure x = {.at = 10};
+    train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
+    train_outcome o = run(&j, &h, &res);
+    dev_cpu_set_external(d, 0);
+    if (o != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    assert_true(x.injected);
+    /* The shrink is visible where status and metrics read it... */
+    assert_true(res.oom_recoveries >= 1);
+    assert_int_equal(x.micro[9], m0);
+    assert_true(x.micro[10] < m0);
+    assert_true(x.last.oom_recoveries >= 1);
+    assert_string_equal(x.last.change_reason, "oom");
+    assert_int_equal(x.last.change_step, 9);
+    assert_true(metrics_has(j.out_dir, "\"reason\":\"oom\""));
+    /* ...and the parameters are the undisturbed run's, up to reassociation. */
+    char ref[128];
+    snprintf(ref, sizeof ref, "%s/undisturbed", tmpdir);
+    double worst = worst_tensor_diff(j.out_dir, ref);
+    printf("oom at step 10: micro %u -> %u, worst tensor difference %.3g\n", m0, x.micro[10], worst);
+    assert_true(worst <= 1e-5);
+}
+
+/* ---- pressure that leaves ------------------------------------------------------------- */
+
+static void test_grows_back(void **state)
+{
+    (void)state;
+    size_t limit = half_limit();
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "grow", 0, 20);
+    j.mem_limit = limit;
+    j.margin = 0.05;
+    j.grow_after = 3;
+    pressure x = {.at = 5, .release = 8};
+    train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
+    train_outcome o = run(&j, &h, &res);
+    dev_cpu_set_external(d, 0);
+    if (o != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    uint32_t m0 = x.micro[4];
+    printf("micro by step:");
+    for (int s = 1; s <= 20; s++)
+        printf(" %u", x.micro[s]);
+    printf("\n");
+    assert_true(x.micro[5] < m0);
+    /* Released after step 8; 3 steps of headroom later it is back. */
+    assert_int_equal(x.micro[11], m0);
+    assert_int_equal(x.micro[20], m0);
+    assert_string_equal(x.last.change_reason, "grow");
+    assert_true(metrics_has(j.out_dir, "\"reason\":\"grow\""));
+}
+
+/* ---- micro-batch 1 and still out of memory --------------------------------------------- */
+
+static void test_micro1_fails_with_report(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "nofit", 0, 12);
+    j.mem_limit = half_limit();
+    j.checkpoint_every = 3;
+    /* At step 5 the job's limit drops under what its parameters and
+     * optimizer alone take. */
+    pressure x = {.at = 5, .limit_to = 64 << 10};
+    train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
+    assert_int_equal(run(&j, &h, &res), TRAIN_FAILED);
+    printf("%s\n", res.message);
+    const char *want[] = {"micro-batch 1", "requested", "params", "device free", "To fix: raise [memory] limit",
+                          "checkpoint"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(res.message, want[i]))
+            fail_msg("the report lacks '%s': %s", want[i], res.message);
+    /* The last checkpoint (step 3) survives. */
+    char path[PATH_MAX + 32], err[512];
+    snprintf(path, sizeof path, "%s/resume.safetensors", j.out_dir);
+    st_file *f;
+    if (st_open(path, &f, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_string_equal(st_meta(f, "step"), "3");
+    st_close(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_controller_model),
+        cmocka_unit_test(test_probes_mlp),
+        cmocka_unit_test(test_probes_gpt_small),
+        cmocka_unit_test(test_probes_gpt_wide),
+        cmocka_unit_test(test_oom_mid_step_same_result),
+        cmocka_unit_test(test_grows_back),
+        cmocka_unit_test(test_micro1_fails_with_report),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
