@@ -4,13 +4,33 @@
  * one JSON line per figure.  No peer here: bench/ compares whole steps with
  * PyTorch; this one says where a step's time goes.
  *
- * usage: bench_kernels [threads] [B T C NH V L]   (threads 0 = all cores) */
+ * usage: bench_kernels [threads] [B T C NH V L]   (threads 0 = all cores)
+ *
+ * Built a second time as bench_kernels_cuda (BENCH_CUDA) when CUDA is
+ * available: the same table of figures for the CUDA kernels of the
+ * gradd-cuda module, on device buffers, each call timed to its completion
+ * (the op, then sync):
+ *   bench_kernels_cuda MODULE fp32|bf16|fp16 [B T C NH V L]
+ * Attention is the fused kernel wherever the module has it for the shape.
+ * Exits 77 without a usable GPU. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#ifndef BENCH_NAME
+#define BENCH_NAME "kernels_cpu"
+#endif
+
 #include "kernels.h"
+
+#ifdef BENCH_CUDA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+static const kern_ops *ops;
+static kern_ctx *k;
+#endif
 
 static double now_ms(void)
 {
@@ -19,7 +39,9 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static float *buf(size_t n)
+/* n values in [-0.5, 0.5), or their squares (AdamW's second moment must
+ * not be negative). */
+static float *buf_of(size_t n, bool square)
 {
     float *p = malloc(n * sizeof *p);
     if (!p) {
@@ -28,8 +50,26 @@ static float *buf(size_t n)
     }
     for (size_t i = 0; i < n; i++)
         p[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    if (square)
+        for (size_t i = 0; i < n; i++)
+            p[i] *= p[i];
+#ifdef BENCH_CUDA
+    /* The same values, on the device. */
+    float *d = NULL;
+    if (cudaMalloc((void **)&d, n * sizeof *d) != cudaSuccess) {
+        fprintf(stderr, "bench_kernels: out of device memory (%zu floats)\n", n);
+        exit(1);
+    }
+    ops->copy_h2d(k, d, p, n * sizeof *p);
+    ops->sync(k);
+    free(p);
+    return d;
+#else
     return p;
+#endif
 }
+
+static float *buf(size_t n) { return buf_of(n, false); }
 
 /* var = best of `reps` timings of the statement, in ms. */
 #define TIME(var, reps, stmt)                                                                                   \
@@ -38,6 +78,7 @@ static float *buf(size_t n)
         for (int r_ = 0; r_ < (reps); r_++) {                                                                   \
             double t0_ = now_ms();                                                                              \
             stmt;                                                                                               \
+            ops->sync(k);                                                                                       \
             double dt_ = now_ms() - t0_;                                                                        \
             if (dt_ < var)                                                                                      \
                 var = dt_;                                                                                      \
@@ -46,21 +87,54 @@ static float *buf(size_t n)
 
 static void emit(const char *metric, double ms, const char *shape)
 {
-    printf("{\"bench\":\"kernels_cpu\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"ms\",\"shape\":\"%s\","
+    printf("{\"bench\":\"%s\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"ms\",\"shape\":\"%s\","
            "\"peer\":null,\"peer_value\":null,\"ratio\":null}\n",
-           metric, ms, shape);
+           BENCH_NAME, metric, ms, shape);
 }
 
 int main(int argc, char **argv)
 {
-    int threads = argc > 1 ? atoi(argv[1]) : 0;
     int B = 8, T = 256, C = 384, NH = 6, V = 256, L = 6;
-    if (argc > 7)
-        B = atoi(argv[2]), T = atoi(argv[3]), C = atoi(argv[4]), NH = atoi(argv[5]), V = atoi(argv[6]),
-        L = atoi(argv[7]);
+#ifdef BENCH_CUDA
+    const int a0 = 3; /* MODULE PRECISION, then the shape */
+#else
+    const int a0 = 2; /* threads, then the shape */
+#endif
+    if (argc > a0 + 5)
+        B = atoi(argv[a0]), T = atoi(argv[a0 + 1]), C = atoi(argv[a0 + 2]), NH = atoi(argv[a0 + 3]),
+        V = atoi(argv[a0 + 4]), L = atoi(argv[a0 + 5]);
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || V <= 0 || L <= 0 || C % NH) {
+        fprintf(stderr, "bench_kernels: bad shape B=%d T=%d C=%d NH=%d V=%d L=%d\n", B, T, C, NH, V, L);
+        return 2;
+    }
+#ifdef BENCH_CUDA
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_kernels_cuda MODULE fp32|bf16|fp16 [B T C NH V L]\n");
+        return 2;
+    }
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "bench_kernels_cuda: skipped, no usable GPU: %s\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+        return 77;
+    }
+    void *mod = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    ops = mod ? (const kern_ops *)dlsym(mod, KERN_CUDA_OPS_SYMBOL) : NULL;
+    if (!ops) {
+        fprintf(stderr, "bench_kernels_cuda: %s: %s\n", argv[1], dlerror());
+        return 1;
+    }
+    kern_precision prec = strcmp(argv[2], "bf16") == 0 ? KERN_BF16 : strcmp(argv[2], "fp16") == 0 ? KERN_FP16 : KERN_FP32;
+    k = ops->ctx_create(0, 0, prec, NULL);
+    bool fused = ops->attention_fused_ok && ops->attention_fused_ok(k, C, NH);
+#else
+    int threads = argc > 1 ? atoi(argv[1]) : 0;
     const kern_ops *ops = kern_cpu_ops();
     kern_ctx *k = ops->ctx_create(threads, 0, KERN_FP32, NULL);
-    size_t N = (size_t)B * T, na = (size_t)B * NH * T * T;
+    bool fused = false;
+#endif
+    size_t N = (size_t)B * T, na = fused ? (size_t)B * NH * T : (size_t)B * NH * T * T;
     int Vp = (V + 63) / 64 * 64;
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d V=%d L=%d", B, T, C, NH, V, L);
@@ -73,10 +147,19 @@ int main(int argc, char **argv)
     int32_t *tok = malloc(N * sizeof *tok);
     for (size_t i = 0; i < N; i++)
         tok[i] = (int32_t)(i * 7 % V);
+#ifdef BENCH_CUDA
+    {
+        int32_t *d = NULL;
+        if (cudaMalloc((void **)&d, N * sizeof *d) != cudaSuccess)
+            return 1;
+        ops->copy_h2d(k, d, tok, N * sizeof *tok);
+        ops->sync(k);
+        free(tok);
+        tok = d;
+    }
+#endif
     size_t nparams = (size_t)12 * L * C * C + (size_t)V * C + (size_t)T * C;
-    float *p = buf(nparams), *g = buf(nparams), *m = buf(nparams), *v = buf(nparams);
-    for (size_t i = 0; i < nparams; i++)
-        v[i] = v[i] * v[i];
+    float *p = buf(nparams), *g = buf(nparams), *m = buf(nparams), *v = buf_of(nparams, true);
     const int R = 5;
 
     /* per layer: 4 matmuls (qkv, proj, fc, fc-proj), 2 layernorms, attention, gelu, 2 residuals */
@@ -97,9 +180,14 @@ int main(int argc, char **argv)
     double mm_fc2_b;
     TIME(mm_fc2_b, R, ops->matmul_backward(k, dh, dw, db, x, h, w, (int)N, 4 * C, C));
     double att_f;
-    TIME(att_f, R, ops->attention_forward(k, y, pre, att, qkv, B, T, C, NH));
     double att_b;
-    TIME(att_b, R, ops->attention_backward(k, dqkv, s1, s2, y, qkv, att, B, T, C, NH));
+    if (fused) {
+        TIME(att_f, R, ops->attention_fused_forward(k, y, pre, qkv, B, T, C, NH));
+        TIME(att_b, R, ops->attention_fused_backward(k, dqkv, x, y, pre, qkv, B, T, C, NH));
+    } else {
+        TIME(att_f, R, ops->attention_forward(k, y, pre, att, qkv, B, T, C, NH));
+        TIME(att_b, R, ops->attention_backward(k, dqkv, s1, s2, y, qkv, att, B, T, C, NH));
+    }
     double ln_f;
     TIME(ln_f, R, ops->layernorm_forward(k, y, mean, rstd, x, lw, lb, (int)N, C));
     double ln_b;
@@ -144,6 +232,18 @@ int main(int argc, char **argv)
     emit("crossentropy_fwd", ce_f, shape);
     emit("crossentropy_bwd", ce_b, shape);
     emit("adamw", adam, shape);
+    emit("encoder_fwd", enc_f, shape);
+    emit("encoder_bwd", enc_b, shape);
+    emit("matmul_lmhead_fwd", head_f, shape);
+    emit("matmul_lmhead_bwd", head_b, shape);
+    emit("matmul_proj_fwd", mm_proj_f, shape);
+    emit("matmul_proj_bwd", mm_proj_b, shape);
+    emit("matmul_fcproj_fwd", mm_fc2_f, shape);
+    emit("matmul_fcproj_bwd", mm_fc2_b, shape);
+    emit("residual_fwd", res_f, shape);
+    emit("accumulate", acc, shape);
+    emit("sumsq", norm, shape);
+    emit("zero", zero, shape);
     double layer = mm_qkv_f + mm_qkv_b + mm_proj_f + mm_proj_b + mm_fc_f + mm_fc_b + mm_fc2_f + mm_fc2_b + att_f +
                    att_b + 2 * (ln_f + ln_b) + gelu_f + gelu_b + 2 * (res_f + 2 * acc);
     double step = L * layer + ln_f + ln_b + head_f + head_b + ce_f + ce_b + enc_f + enc_b + adam + norm + zero;

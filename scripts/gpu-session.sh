@@ -6,10 +6,10 @@
 # own time limit and its own exit status in the log, so one failure does not
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
-#   STEPS=tests,jobs,train,pool  (default: all) picks steps.
+#   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps.
 set -u
 out=${1:?usage: gpu-session.sh OUT}
-steps=${STEPS:-tests,jobs,train,pool}
+steps=${STEPS:-tests,jobs,kernels,daemon,train,pool}
 top=$(pwd)
 B=$top/.device/bin
 exec > >(tee -a "$out/log.txt") 2>&1
@@ -71,6 +71,36 @@ CFG
   done
 fi
 
+if want kernels; then
+  # Where a GPT-2 124M step's time goes, op by op (B=16 T=1024).
+  for prec in bf16 fp32; do
+    section "kernels $prec at GPT-2 124M"
+    gx timeout 120 "$B/bench/bench_kernels_cuda" "$B/daemon/gradd-cuda.so" $prec 16 1024 768 12 50304 12 |
+      tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+  done
+fi
+
+if want daemon; then
+  # The daemon on the GPU: the example jobs in both 16-bit precisions through gradctl.
+  section "daemon: etc/jobs/fortunes-gpt-{bf16,fp16}.cfg on cuda0"
+  sock=/tmp/gradd-gpu.sock
+  ( . "$top/.device/env.sh"; setsid "$B/daemon/gradd" -s $sock --state-dir /tmp/gradd-state >/tmp/gradd.log 2>&1 & )
+  for i in $(seq 50); do [ -S $sock ] && break; sleep 0.2; done
+  for prec in bf16 fp16; do
+    sed -e "s#^train = .*#train = $top/.device/data/fortunes#" -e "s#^dir = .*#dir = /tmp/runs/fortunes-gpt-$prec#" \
+      etc/jobs/fortunes-gpt-$prec.cfg >/tmp/fortunes-gpt-$prec.cfg
+    id=$(gx "$B/client/gradctl" -s $sock submit /tmp/fortunes-gpt-$prec.cfg | grep -o '[0-9]\+' | head -1)
+    echo "submitted $prec as job $id"
+    gx timeout 240 "$B/client/gradctl" -s $sock watch "$id" | tail -5
+    gx "$B/client/gradctl" -s $sock status "$id"
+  done
+  gx "$B/client/gradctl" -s $sock status
+  gx "$B/client/gradctl" -s $sock stats
+  gx "$B/client/gradctl" -s $sock list
+  pkill -TERM -f "gradd -s $sock"; sleep 1
+  echo "--- gradd log"; tail -30 /tmp/gradd.log
+fi
+
 if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
   GRADD_ENV=$top/.device/env.sh METRICS_COPY=$out/metrics-gpt2.jsonl \
@@ -79,6 +109,7 @@ fi
 
 if want pool && [ -x bench/run_gpu_pool.sh ] && [ -x "$B/bench/bench_pool_cuda" ]; then
   section "pool trace on cuda"
-  GRADD_ENV=$top/.device/env.sh timeout 300 bench/run_gpu_pool.sh "$B" | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+  REPEAT=${REPEAT:-3} timeout 400 bench/run_gpu_pool.sh "$top/.device/bin" | tee -a "$out/bench.jsonl"
+  echo "rc=${PIPESTATUS[0]}"
 fi
 section end

@@ -44,19 +44,40 @@ template <class E> using fa_a_col = wmma::fragment<wmma::matrix_a, 16, 16, 16, E
 template <class E> using fa_b_row = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major>;
 template <class E> using fa_b_col = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>;
 
-// Stage 64 rows × 64 fp32 values (row r at src + r·pitch) as 16-bit values
-// into dst[r·FA_LD ..]; rows at or past `rows` become zeros.
+// Stage two 64-row × 64-value fp32 tiles (row r of tile x at srcx + r·pitchx;
+// rows at or past `rows` become zeros) as 16-bit values into dstx[r·FA_LD ..].
+// Every load of both tiles is issued before the first use: staged one after
+// another, each load's global-memory latency was paid in turn, and that was
+// most of the kernels' time.
 template <class E>
-__device__ __forceinline__ void fa_stage(E *dst, const float *src, size_t pitch, int rows)
+__device__ __forceinline__ void fa_stage2(E *dst0, const float *src0, size_t pitch0, E *dst1, const float *src1,
+                                          size_t pitch1, int rows)
 {
-    for (int i = threadIdx.x; i < FA_B * FA_HS / 4; i += FA_THREADS) {
-        int r = i / (FA_HS / 4), c = (i % (FA_HS / 4)) * 4;
-        float4 v = r < rows ? *reinterpret_cast<const float4 *>(src + (size_t)r * pitch + c) : make_float4(0, 0, 0, 0);
-        E *d = dst + r * FA_LD + c;
-        d[0] = fa_from<E>(v.x);
-        d[1] = fa_from<E>(v.y);
-        d[2] = fa_from<E>(v.z);
-        d[3] = fa_from<E>(v.w);
+    constexpr int PER = FA_B * FA_HS / 4 / FA_THREADS; // float4s per thread and tile
+    float4 v[2][PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        int i = threadIdx.x + u * FA_THREADS, r = i / (FA_HS / 4), c = (i % (FA_HS / 4)) * 4;
+        bool in = r < rows;
+        v[0][u] = in ? __ldg(reinterpret_cast<const float4 *>(src0 + (size_t)r * pitch0 + c)) : make_float4(0, 0, 0, 0);
+        v[1][u] = in ? __ldg(reinterpret_cast<const float4 *>(src1 + (size_t)r * pitch1 + c)) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+        E *dst = t ? dst1 : dst0;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int i = threadIdx.x + u * FA_THREADS, r = i / (FA_HS / 4), c = (i % (FA_HS / 4)) * 4;
+            union {
+                E e[4];
+                uint2 u2;
+            } w;
+            w.e[0] = fa_from<E>(v[t][u].x);
+            w.e[1] = fa_from<E>(v[t][u].y);
+            w.e[2] = fa_from<E>(v[t][u].z);
+            w.e[3] = fa_from<E>(v[t][u].w);
+            *reinterpret_cast<uint2 *>(dst + r * FA_LD + c) = w.u2; // 8-byte aligned: FA_LD, c multiples of 4
+        }
     }
 }
 
@@ -89,7 +110,8 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
     const size_t C3 = 3 * (size_t)C;
     const float *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
 
-    fa_stage<E>(Qs, base + (size_t)q0 * C3, C3, T - q0);
+    // Q once (its second tile slot stages into Ps, overwritten before use).
+    fa_stage2<E>(Qs, base + (size_t)q0 * C3, C3, Ps, base + (size_t)q0 * C3, C3, T - q0);
     for (int i = threadIdx.x; i < FA_B * FA_FLD; i += FA_THREADS)
         Os[i] = 0.0f;
     if (threadIdx.x < FA_B) {
@@ -99,13 +121,16 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
 
     // Two lanes per row: row r of this warp's 16, columns c0..c0+31.
     const int r = warp * 16 + (lane >> 1), c0 = (lane & 1) * 32, t = q0 + r;
+    // Lane pairs walk their 32 columns rotated by 5·row + 16·half (mod 32
+    // banks, with the fp32 pitch ≡ 4): the warp's 32 accesses of each step
+    // then fall in 32 different banks.
+    const int rot = r + 16 * (lane & 1);
     float *srow = Ss + r * FA_FLD, *orow = Os + r * FA_FLD;
 
     for (int kb = 0; kb <= qb; kb++) {
         const int k0 = kb * FA_B;
         __syncthreads(); // the previous block's K, V are no longer read
-        fa_stage<E>(Ks, base + C + (size_t)k0 * C3, C3, T - k0);
-        fa_stage<E>(Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+        fa_stage2<E>(Ks, base + C + (size_t)k0 * C3, C3, Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
         __syncthreads();
 
 #pragma unroll
@@ -128,9 +153,10 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
         float mx = -INFINITY;
 #pragma unroll
         for (int c = 0; c < 32; c++) {
-            int key = k0 + c0 + c;
-            float v = key <= t && key < T ? srow[c0 + c] * scale : -INFINITY;
-            srow[c0 + c] = v;
+            const int cx = c0 + ((c + rot) & 31);
+            int key = k0 + cx;
+            float v = key <= t && key < T ? srow[cx] * scale : -INFINITY;
+            srow[cx] = v;
             mx = fmaxf(mx, v);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -139,8 +165,9 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
         float sum = 0.0f;
 #pragma unroll
         for (int c = 0; c < 32; c++) {
-            float p = __expf(srow[c0 + c] - m_use);
-            Ps[r * FA_LD + c0 + c] = fa_from<E>(p);
+            const int cx = c0 + ((c + rot) & 31);
+            float p = __expf(srow[cx] - m_use);
+            Ps[r * FA_LD + cx] = fa_from<E>(p);
             sum += p;
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -151,8 +178,10 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
             Ls[r] = Ls[r] * alpha + sum;
         }
 #pragma unroll
-        for (int c = 0; c < 32; c++)
-            orow[c0 + c] *= alpha;
+        for (int c = 0; c < 32; c++) {
+            const int cx = c0 + ((c + rot) & 31);
+            orow[cx] *= alpha;
+        }
         __syncwarp();
 
 #pragma unroll
@@ -171,8 +200,10 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
         }
         __syncwarp();
 #pragma unroll
-        for (int c = 0; c < 32; c++)
-            orow[c0 + c] += srow[c0 + c];
+        for (int c = 0; c < 32; c++) {
+            const int cx = c0 + ((c + rot) & 31);
+            orow[cx] += srow[cx];
+        }
         __syncwarp();
     }
 
@@ -238,8 +269,7 @@ __global__ __launch_bounds__(FA_THREADS) void fa_backward(float *__restrict__ di
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * FA_HS;
     float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FA_HS;
 
-    fa_stage<E>(Ks, base + C + (size_t)k0 * C3, C3, T - k0);
-    fa_stage<E>(Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+    fa_stage2<E>(Ks, base + C + (size_t)k0 * C3, C3, Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
 
     fa_acc dK[4], dV[4];
 #pragma unroll
@@ -250,14 +280,14 @@ __global__ __launch_bounds__(FA_THREADS) void fa_backward(float *__restrict__ di
 
     // Two lanes per key row of this warp's 16: row r, queries c0..c0+31.
     const int r = warp * 16 + (lane >> 1), c0 = (lane & 1) * 32, key = k0 + r;
+    const int rot = r + 16 * (lane & 1); // as in the forward: conflict-free column walk
     float *strow = St + r * FA_FLD;
     float *wst = St + warp * 16 * FA_FLD; // this warp's 16 rows of St
 
     for (int qb = kb; qb < nqb; qb++) {
         const int q0 = qb * FA_B;
         __syncthreads(); // Qs, dOs, dST of the previous block are no longer read
-        fa_stage<E>(Qs, base + (size_t)q0 * C3, C3, T - q0);
-        fa_stage<E>(dOs, dbase + (size_t)q0 * C, C, T - q0);
+        fa_stage2<E>(Qs, base + (size_t)q0 * C3, C3, dOs, dbase + (size_t)q0 * C, C, T - q0);
         if (threadIdx.x < FA_B) {
             int q = q0 + threadIdx.x;
             Lq[threadIdx.x] = q < T ? lse[(size_t)bh * T + q] : 0.0f;
@@ -284,9 +314,10 @@ __global__ __launch_bounds__(FA_THREADS) void fa_backward(float *__restrict__ di
         float p[32]; // Pᵀ of this lane's 32 entries, kept for dS
 #pragma unroll
         for (int c = 0; c < 32; c++) {
-            int q = q0 + c0 + c;
-            p[c] = q >= key && q < T && key < T ? __expf(strow[c0 + c] * scale - Lq[c0 + c]) : 0.0f;
-            PT[r * FA_LD + c0 + c] = fa_from<E>(p[c]);
+            const int cx = c0 + ((c + rot) & 31);
+            int q = q0 + cx;
+            p[c] = q >= key && q < T && key < T ? __expf(strow[cx] * scale - Lq[cx]) : 0.0f;
+            PT[r * FA_LD + cx] = fa_from<E>(p[c]);
         }
         __syncwarp();
 
@@ -317,8 +348,10 @@ __global__ __launch_bounds__(FA_THREADS) void fa_backward(float *__restrict__ di
         }
         __syncwarp();
 #pragma unroll
-        for (int c = 0; c < 32; c++) // dSᵀ = Pᵀ ⊙ (dPᵀ − D)
-            dST[r * FA_LD + c0 + c] = fa_from<E>(p[c] * (strow[c0 + c] - Dq[c0 + c]));
+        for (int c = 0; c < 32; c++) { // dSᵀ = Pᵀ ⊙ (dPᵀ − D)
+            const int cx = c0 + ((c + rot) & 31);
+            dST[r * FA_LD + cx] = fa_from<E>(p[c] * (strow[cx] - Dq[cx]));
+        }
         __syncthreads(); // every warp's dSᵀ rows are in place for dQ
 
 #pragma unroll
