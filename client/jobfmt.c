@@ -162,6 +162,7 @@ static const char *local_time(double t, char *buf, size_t len)
 
 const char *const jobfmt_head[JOBFMT_COLS] = {
     ">ID", "USER", "NAME", "STATE", "DEVICE", ">STEP", ">LOSS", ">MICRO×ACC", ">SPEED", ">MEM", ">AGE",
+    ">MAX", ">OOMS", "LAST CHANGE",
 };
 
 void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
@@ -179,6 +180,18 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
     table_cell(t, "%s", j->mem_allocated ? units_format_size(j->mem_allocated, mem, sizeof mem) : "-");
     if (j->submitted_at > 0)
         table_cell(t, "%s", units_format_duration(now - j->submitted_at, age, sizeof age));
+    else
+        table_cell(t, "-");
+    /* The batch controller: predicted maximum micro-batch, OOMs survived,
+     * and the last change as "13->6 oom@9" (ASCII: widths count bytes). */
+    if (j->micro_max)
+        table_cell(t, "%u", j->micro_max);
+    else
+        table_cell(t, "-");
+    table_cell(t, "%llu", (unsigned long long)j->oom_recoveries);
+    if (j->change_reason && *j->change_reason)
+        table_cell(t, "%u->%u %s@%llu", j->change_from, j->change_to, j->change_reason,
+                   (unsigned long long)j->change_step);
     else
         table_cell(t, "-");
 }
@@ -219,6 +232,12 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     if (isfinite(j->val_accuracy))
         fprintf(f, LABEL "%.2f%%\n", "val acc", 100.0 * j->val_accuracy);
     fprintf(f, LABEL "%s (micro-batch × accumulation)\n", "batch", jobfmt_batch(j, a, sizeof a));
+    if (j->micro_max || j->micro_fit)
+        fprintf(f, LABEL "predicted max %u, found to fit %u, oom recoveries %llu\n", "", j->micro_max,
+                j->micro_fit, (unsigned long long)j->oom_recoveries);
+    if (j->change_reason && *j->change_reason)
+        fprintf(f, LABEL "%u → %u at step %llu (%s)\n", "last change", j->change_from, j->change_to,
+                (unsigned long long)j->change_step, j->change_reason);
     fprintf(f, LABEL "%s\n", "speed", jobfmt_speed(j, a, sizeof a));
 
     fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");
@@ -334,6 +353,20 @@ void jobfmt_json(json_writer *w, const Gradd__JobInfo *j)
     key_double(w, "val_accuracy", j->val_accuracy);
     key_uint(w, "micro", j->micro);
     key_uint(w, "accum", j->accum);
+    key_uint(w, "micro_max", j->micro_max);
+    key_uint(w, "micro_fit", j->micro_fit);
+    key_uint(w, "oom_recoveries", j->oom_recoveries);
+    json_key(w, "last_change");
+    if (j->change_reason && *j->change_reason) {
+        json_begin_object(w);
+        key_uint(w, "from", j->change_from);
+        key_uint(w, "to", j->change_to);
+        key_uint(w, "step", j->change_step);
+        key_string(w, "reason", j->change_reason);
+        json_end_object(w);
+    } else {
+        json_double(w, NAN); /* null */
+    }
     key_double(w, "units_per_s", j->units_per_s);
     key_string(w, "unit", j->unit);
     key_uint(w, "mem_allocated", j->mem_allocated);

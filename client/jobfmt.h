@@ -41,7 +41,7 @@ const char *jobfmt_batch(const Gradd__JobInfo *j, char *buf, size_t len);
 /* ---- views ---------------------------------------------------------------- */
 
 /* The columns of `gradctl list`, for table_init; JOBFMT_COLS of them. */
-#define JOBFMT_COLS 11
+#define JOBFMT_COLS 14
 extern const char *const jobfmt_head[JOBFMT_COLS];
 /* One row of that table; `now` in unix seconds gives the AGE. */
 void jobfmt_row(table *t, const Gradd__JobInfo *j, double now);

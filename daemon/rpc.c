@@ -447,6 +447,16 @@ int rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
         m->accum = j->prog.accum;
         m->units_per_s = j->prog.units_per_s;
         m->elapsed_s = j->prog.elapsed_s;
+        m->micro_max = j->prog.micro_max;
+        m->micro_fit = j->prog.micro_fit;
+        m->oom_recoveries = j->prog.oom_recoveries;
+        if (j->prog.batch_changes) {
+            m->change_from = j->prog.change_from;
+            m->change_to = j->prog.change_to;
+            m->change_step = j->prog.change_step;
+            snprintf(st->change_reason, sizeof st->change_reason, "%s", j->prog.change_reason);
+            m->change_reason = st->change_reason;
+        }
     }
     m->submitted_at = j->submitted_at;
     m->started_at = j->started_at;

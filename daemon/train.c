@@ -300,8 +300,18 @@ static size_t job_budget(run *r, size_t *avail)
         int64_t need = ps->jobs[i].peak > ps->jobs[i].current ? ps->jobs[i].peak : ps->jobs[i].current;
         others += need > 0 ? (size_t)need : 0;
     }
-    free(ps);
     size_t b = room > others ? room - others : 0;
+    /* Under the watermark even after pool_tick's pressure trim: the job
+     * gives back the shortfall out of what it uses now — the "then shrink"
+     * after "trim first".  (The sum above misses it when the pool's slack,
+     * reserved memory no block can use, hides the shortfall.) */
+    if (r->low_watermark && ps->device_free < r->low_watermark && r->micro) {
+        double need = batch_peak(&r->ctl, r->micro), shortfall = (double)(r->low_watermark - ps->device_free);
+        size_t give = need > shortfall ? (size_t)(need - shortfall) : 0;
+        if (give < b)
+            b = give;
+    }
+    free(ps);
     if (avail)
         *avail = b;
     if (r->j->mem_limit && r->j->mem_limit < b)

@@ -1,0 +1,145 @@
+"""Adaptive batch sizing through a real daemon and the real gradctl: a
+simulated process takes device memory and the job shrinks its micro-batch
+(visible in `gradctl status`, `list` and metrics.jsonl), the process goes
+away and the micro-batch grows back, and two jobs with limits share one
+device and both finish."""
+import json
+import os
+import shutil
+import tempfile
+import time
+import unittest
+
+import harness
+from harness import Daemon
+
+JOB = """
+[job]
+name = {name}
+[model]
+type = gpt
+layers = 2
+heads = 2
+width = 32
+context = 32
+vocab = 256
+[data]
+format = text
+train = {train}
+val_fraction = 0.1
+[train]
+steps = {steps}
+batch = 64
+micro_batch = auto
+lr = 1e-3
+threads = 1
+eval_batches = 1
+[memory]
+limit = {limit}
+grow_after = 4
+[output]
+dir = {out}
+log_every = 1
+"""
+
+# 64 MiB of simulated device; the pool trims under pressure below 8 MiB free.
+CONF = """[daemon]
+max_jobs_per_device = 2
+[cpu]
+capacity = 64M
+[pool]
+low_watermark = 8M
+"""
+
+
+class Adaptive(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="gradd-adapt-")
+        os.chmod(self.dir, 0o755)
+        self.train = os.path.join(self.dir, "corpus.txt")
+        with open(self.train, "w") as f:
+            for i in range(300):
+                f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
+        self.d = Daemon(CONF, test_hooks=True)
+
+    def tearDown(self):
+        code = self.d.stop()
+        log = self.d.read_log()
+        self.d.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.assertEqual(code, 0, "gradd exited %d:\n%s" % (code, log))
+
+    def submit(self, name, steps, limit="0"):
+        cfg = os.path.join(self.dir, name + ".cfg")
+        with open(cfg, "w") as f:
+            f.write(JOB.format(name=name, train=self.train, steps=steps, limit=limit,
+                               out=os.path.join(self.dir, "out-" + name)))
+        r = self.d.ctl("submit", cfg)
+        return int(r.stdout.split()[1])
+
+    def info(self, jid):
+        return self.d.ctl_json("status", str(jid))
+
+    def wait_for(self, jid, pred, what, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.info(jid)
+            if pred(j):
+                return j
+            self.assertIn(j["state"], ("queued", "running"), "job ended while waiting for %s: %s" % (what, j))
+            time.sleep(0.05)
+        self.fail("job %d: no %s within %ds: %s" % (jid, what, timeout, self.info(jid)))
+
+    def device_free(self):
+        return self.d.ctl_json("stats")["pools"][0]["device_free"]
+
+    def events(self, jid):
+        path = os.path.join(self.info(jid)["out_dir"], "metrics.jsonl")
+        with open(path) as f:
+            return [e for e in map(json.loads, f) if e.get("event") == "batch_change"]
+
+    def test_pressure_shrinks_then_grows_back(self):
+        jid = self.submit("squeeze", steps=100000)
+        j = self.wait_for(jid, lambda j: j["step"] >= 3, "first steps")
+        m0 = j["micro"]
+        self.assertEqual(j["accum"], -(-64 // m0))
+        self.assertEqual(j["last_change"]["reason"], "fit")
+        # Another process takes all but 4 MiB of the free memory: under the
+        # watermark, nothing cached to trim, so the job shrinks.
+        free = self.device_free()
+        self.d.ctl("test-pressure", "-d", "cpu0", str(free - (4 << 20)))
+        j = self.wait_for(jid, lambda j: j["micro"] < m0, "shrink")
+        self.assertEqual(j["last_change"]["reason"] in ("pressure", "oom"), True, j)
+        self.assertEqual(j["accum"], -(-64 // j["micro"]))
+        text = self.d.ctl("status", str(jid)).stdout
+        self.assertIn("last change", text)
+        self.assertIn("%d → %d" % (m0, j["micro"]), text)
+        self.assertIn("->%d" % j["micro"], self.d.ctl("list").stdout)
+        ev = self.events(jid)
+        self.assertTrue(any(e["to"] == j["micro"] and e["reason"] in ("pressure", "oom") for e in ev), ev)
+        # The process exits: after grow_after steps the job is back.
+        self.d.ctl("test-pressure", "-d", "cpu0", "0")
+        j = self.wait_for(jid, lambda j: j["micro"] == m0, "growth back")
+        self.assertEqual(j["last_change"]["reason"], "grow")
+        self.assertTrue(any(e["reason"] == "grow" and e["to"] == m0 for e in self.events(jid)))
+        self.d.ctl("cancel", str(jid))
+
+    def test_two_jobs_with_limits_share_a_device(self):
+        a = self.submit("left", steps=40, limit="20M")
+        b = self.submit("right", steps=40, limit="20M")
+        both = False
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            ja, jb = self.info(a), self.info(b)
+            both |= ja["state"] == "running" and jb["state"] == "running"
+            if ja["state"] not in ("queued", "running") and jb["state"] not in ("queued", "running"):
+                break
+            time.sleep(0.05)
+        for j in (self.info(a), self.info(b)):
+            self.assertEqual(j["state"], "completed", j)
+            self.assertEqual(j["oom_recoveries"], 0, j)
+        self.assertTrue(both, "the two jobs never ran at the same time")
+
+
+if __name__ == "__main__":
+    harness.main()
