@@ -30,6 +30,8 @@ typedef struct {
     int line;            /* where the section started, for unknown-device errors */
 } config_pool_override;
 
+typedef enum { CONFIG_LOG_AUTO = 0, CONFIG_LOG_JOURNAL = 1, CONFIG_LOG_STDERR = 2 } config_log_target;
+
 typedef struct gradd_config {
     char source[PATH_MAX];   /* the file these came from, or "(defaults)" */
 
@@ -41,6 +43,7 @@ typedef struct gradd_config {
     uint64_t max_clients;
     char admin_group[64];
     char log_level[16];
+    int log_target;      /* config_log_target: auto | journal | stderr */
     uint64_t max_jobs_per_device;
     uint64_t max_queued_per_user;
     uint64_t max_job_file;

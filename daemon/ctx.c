@@ -70,7 +70,7 @@ int ctx_open(gradd_ctx *c, char *err, size_t err_len)
     for (int i = 0; i < c->ndev; i++) {
         size_t f = 0, t = 0;
         dev_mem_info(c->devs[i], &f, &t);
-        log_info("device %s: %s, %zu MiB total, %zu MiB free", c->devs[i]->id, c->devs[i]->name,
+        log_dev(LOG_INFO, c->devs[i]->id, "device %s: %s, %zu MiB total, %zu MiB free", c->devs[i]->id, c->devs[i]->name,
                  t >> 20, f >> 20);
     }
     if (c->cuda_note[0])

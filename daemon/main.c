@@ -162,6 +162,16 @@ int main(int argc, char **argv)
         return 2;
     }
     log_set_level(verbose ? LOG_DEBUG : (log_level)lvl);
+    /* Under systemd the journal gets structured entries (job id, device);
+     * in a terminal or a pipe, plain lines. */
+    if (ctx.cfg.log_target == CONFIG_LOG_JOURNAL ||
+        (ctx.cfg.log_target == CONFIG_LOG_AUTO && log_stderr_is_journal())) {
+        if (svc_journal_available())
+            log_set_sink(svc_journal_sink, NULL);
+        else if (ctx.cfg.log_target == CONFIG_LOG_JOURNAL)
+            log_warn("[daemon] log_target = journal, but journald is not listening "
+                     "(/run/systemd/journal/socket); logging to stderr");
+    }
 
     char socket_path[PATH_MAX], state_dir[PATH_MAX];
     if (socket_arg)

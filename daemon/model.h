@@ -60,6 +60,12 @@ typedef struct model_ops {
      * optimizer step, so any split into micro-batches gives the same step). */
     void (*backward)(model *m, const model_batch *b, float dloss);
     void (*destroy)(model *m);
+    /* Sampling: forward n sequences of len tokens each (tokens (n,len)
+     * int32 in device memory, 1 <= len <= context, n <= the bound batch)
+     * and copy the logits of each sequence's last position to host memory
+     * out (n,V).  No loss, no backward state kept.  0, or -1 on bad sizes.
+     * NULL for models without a token distribution (mlp). */
+    int (*forward_logits)(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out);
 } model_ops;
 
 struct model {

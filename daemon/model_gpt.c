@@ -171,15 +171,18 @@ static void gpt_init(const model *m, float *params, uint64_t seed)
 
 /* ---- forward ------------------------------------------------------------------------- */
 
-static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
+/* Everything up to the logits, for B sequences of T <= g->T tokens.  With
+ * T < g->T the same buffers hold the smaller tensors packed (B,T,...): the
+ * causal model needs no padding, so sampling pays only for the tokens it
+ * has.  Training always passes T = g->T. */
+static void gpt_body(model *m, const int32_t *inp, int B, int T)
 {
     gpt *g = G(m);
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
-    int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
+    int C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
     size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
     const float *P = m->params;
-    const int32_t *inp = b->x;
 
     k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
     for (uint32_t l = 0; l < g->L; l++) {
@@ -208,6 +211,16 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     const float *last = g->residual3 + (g->L - 1) * BTC;
     k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
     k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
+}
+
+static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n, T = (int)g->T, V = (int)g->V;
+    size_t BT = (size_t)B * T;
+    gpt_body(m, b->x, B, T);
     k->crossentropy_forward(kc, g->losses, g->probs, g->logits, b->y, (int)BT, V, V);
 
     /* Sum on the host in a fixed order: deterministic whatever the backend. */
@@ -218,6 +231,18 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     if (correct)
         *correct = 0;
     return sum;
+}
+
+static int gpt_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
+{
+    gpt *g = G(m);
+    if (n == 0 || n > g->n || len == 0 || len > g->T)
+        return -1;
+    gpt_body(m, tokens, (int)n, (int)len);
+    for (uint32_t s = 0; s < n; s++)
+        m->k->copy_d2h(m->kc, out + (size_t)s * g->V, g->logits + ((size_t)s * len + len - 1) * g->V,
+                       g->V * sizeof(float));
+    return 0;
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
@@ -311,6 +336,7 @@ static const model_ops gpt_ops = {
     .bind_activations = gpt_bind,
     .init_params = gpt_init,
     .forward = gpt_forward,
+    .forward_logits = gpt_forward_logits,
     .backward = gpt_backward,
     .destroy = gpt_destroy,
 };

@@ -323,7 +323,7 @@ static job *load_job(queue *q, uint32_t id)
     snprintf(path, sizeof path, "%s/%u/state", q->dir, id);
     char *state = read_file(path, 1 << 20, &len);
     if (!state) {
-        log_warn("queue: %s is missing or unreadable; job %u skipped", path, id);
+        log_job(LOG_WARN, id, NULL, "queue: %s is missing or unreadable; job %u skipped", path, id);
         return NULL;
     }
     job *j = calloc(1, sizeof *j);
@@ -358,7 +358,7 @@ static job *load_job(queue *q, uint32_t id)
     }
     free(state);
     if (!have_state) {
-        log_warn("queue: %s has no valid state; job %u skipped", path, id);
+        log_job(LOG_WARN, id, NULL, "queue: %s has no valid state; job %u skipped", path, id);
         free(j);
         return NULL;
     }
@@ -385,8 +385,8 @@ static job *load_job(queue *q, uint32_t id)
         j->state = JOB_QUEUED;
         char perr[256];
         if (queue_persist(q, j, perr, sizeof perr) != 0)
-            log_warn("queue: job %u: %s", id, perr);
-        log_info("queue: job %u (%s) was running; queued again to resume", id, j->name);
+            log_job(LOG_WARN, id, NULL, "queue: job %u: %s", id, perr);
+        log_job(LOG_INFO, id, NULL, "queue: job %u (%s) was running; queued again to resume", id, j->name);
     }
     return j;
 }

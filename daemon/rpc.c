@@ -14,6 +14,7 @@
 #include "gradd-config.h"
 #include "log.h"
 #include "queue.h"
+#include "worker.h"
 
 #define TIMELINE_CHUNK ((size_t)256 << 10)
 
@@ -260,7 +261,7 @@ static void do_trim(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__TrimReque
         res[k].ns = r.ns;
         res[k].reserved_after = r.reserved_after;
         ptrs[k] = &res[k];
-        log_info("trim on %s requested by uid %u: released %zu bytes in %zu segments", ctx->devs[idx[k]]->id,
+        log_dev(LOG_INFO, ctx->devs[idx[k]]->id, "trim on %s requested by uid %u: released %zu bytes in %zu segments", ctx->devs[idx[k]]->id,
                  (unsigned)peer->uid, r.bytes, r.segments);
     }
     Gradd__TrimResponse tr;
@@ -347,7 +348,7 @@ static void do_test_pressure(gradd_ctx *ctx, const Gradd__TestPressureRequest *r
                    "the device has less free memory than the simulated process asks for");
         return;
     }
-    log_info("test hook: simulated external process now holds %llu bytes of %s",
+    log_dev(LOG_INFO, ctx->devs[i]->id, "test hook: simulated external process now holds %llu bytes of %s",
              (unsigned long long)rq->bytes, ctx->devs[i]->id);
     Gradd__TestPressureResponse tp;
     gradd__test_pressure_response__init(&tp);
@@ -411,6 +412,41 @@ static void do_test_alloc(gradd_ctx *ctx, const Gradd__TestAllocRequest *rq, rpc
     response_init(&resp);
     resp.body_case = GRADD__RESPONSE__BODY_TEST_ALLOC;
     resp.test_alloc = &ta;
+    send(conn, &resp);
+}
+
+static void do_test_hang(gradd_ctx *ctx, const Gradd__TestHangRequest *rq, rpc_send_fn send, void *conn)
+{
+    if (!ctx->test_hooks) {
+        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED,
+                   "test hooks are off; start gradd with --test-hooks to hang a job thread");
+        return;
+    }
+    int i = ctx_find_device(ctx, rq->device ? rq->device : "");
+    if (i < 0 || !ctx->ws || !ctx->q) {
+        send_error(send, conn, GRADD__ERROR__CODE__NOT_FOUND, "test-hang needs a device id with job threads, e.g. cpu0");
+        return;
+    }
+    Gradd__TestHangResponse th;
+    gradd__test_hang_response__init(&th);
+    pthread_mutex_lock(&ctx->q->lock);
+    for (int k = 0; k < ctx->ws->n; k++) {
+        worker *w = &ctx->ws->w[k];
+        if (w->dev != i)
+            continue;
+        w->hang = !rq->release;
+        th.workers++;
+        th.busy += w->busy;
+    }
+    /* Released threads wait on the queue's condition variable. */
+    pthread_cond_broadcast(&ctx->q->cond);
+    pthread_mutex_unlock(&ctx->q->lock);
+    log_dev(LOG_WARN, ctx->devs[i]->id, "test hook: %u job thread%s of %s %s", th.workers, th.workers == 1 ? "" : "s",
+            ctx->devs[i]->id, rq->release ? "released" : "told to hang at the next micro-step");
+    Gradd__Response resp;
+    response_init(&resp);
+    resp.body_case = GRADD__RESPONSE__BODY_TEST_HANG;
+    resp.test_hang = &th;
     send(conn, &resp);
 }
 
@@ -615,7 +651,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, err);
         goto out;
     }
-    log_info("job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
+    log_job(LOG_INFO, id, NULL, "job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
     Gradd__SubmitResponse sr;
     gradd__submit_response__init(&sr);
     sr.id = id;
@@ -706,7 +742,7 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
         snprintf(j->reason, sizeof j->reason, "cancelled by uid %u before it started", (unsigned)peer->uid);
         char err[512];
         if (queue_persist(ctx->q, j, err, sizeof err) != 0)
-            log_error("job %u: %s", id, err);
+            log_job(LOG_ERR, id, NULL, "job %u: %s", id, err);
     } else if (j->state == JOB_RUNNING) {
         /* The worker stops at the next micro-step and checkpoints. */
         j->cancel_requested = true;
@@ -717,7 +753,7 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
         return;
     }
     queue_touch(ctx->q, j);
-    log_info("job %u cancel requested by uid %u", id, (unsigned)peer->uid);
+    log_job(LOG_INFO, id, j->device, "job %u cancel requested by uid %u", id, (unsigned)peer->uid);
     send_job(ctx, j, send, conn, true); /* unlocks */
     queue_notify(ctx->q);
 }
@@ -890,6 +926,9 @@ void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *re
     case GRADD__REQUEST__BODY_TEST_ALLOC:
         do_test_alloc(ctx, req->test_alloc, send, conn);
         return;
+    case GRADD__REQUEST__BODY_TEST_HANG:
+        do_test_hang(ctx, req->test_hang, send, conn);
+        return;
     case GRADD__REQUEST__BODY_SUBMIT:
         do_submit(ctx, peer, req->submit, send, conn);
         return;
@@ -913,6 +952,9 @@ void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *re
         return;
     case GRADD__REQUEST__BODY_WATCH:
         send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "watch is handled by the server");
+        return;
+    case GRADD__REQUEST__BODY_SAMPLE:
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "sample is handled by the server");
         return;
     case GRADD__REQUEST__BODY__NOT_SET:
     default:

@@ -7,14 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "log.h"
 #include "queue.h"
 #include "rpc.h"
+#include "sample.h"
 #include "svc.h"
 #include "units.h"
 #include "worker.h"
@@ -24,6 +27,11 @@
  * daemon buffer its responses without bound. */
 #define CONN_MAX_QUEUED ((size_t)16 << 20)
 #define CONN_READ_BUF 16384
+/* Samples generated at once; each holds a thread of libuv's pool and a CPU
+ * core for a few seconds.  More are refused, not queued. */
+#define MAX_SAMPLES 2
+
+typedef struct sample_op sample_op;
 
 struct server_conn {
     uv_pipe_t pipe; /* first: handle->data is unused, casts are safe */
@@ -39,8 +47,32 @@ struct server_conn {
     bool watching;         /* streaming WatchEvents of watch_id */
     uint32_t watch_id;
     uint64_t watch_version; /* the job version last sent */
+    sample_op *sample;      /* a sample being generated for this connection */
     server_conn *prev, *next;
     char rbuf[CONN_READ_BUF];
+};
+
+/* One sample in libuv's thread pool: the request's inputs, filled in by
+ * start_sample on the loop, and the outputs, filled in by sample_work. */
+struct sample_op {
+    server_conn *conn; /* NULL once the client left (conn_handle_closed) */
+    uv_work_t work;
+    server *srv;
+    /* in */
+    uint32_t job;
+    uid_t uid;
+    gid_t gid;
+    char out_dir[PATH_MAX];
+    uint8_t *prompt;
+    sample_opts opts;
+    /* out */
+    Gradd__Error__Code code; /* 0: ok */
+    char err[1536];
+    char path[PATH_MAX + 32];
+    sample_output out;
+    uint32_t vocab;
+    uint64_t step;
+    double elapsed_s;
 };
 
 typedef struct {
@@ -65,6 +97,9 @@ static void conn_handle_closed(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
+    /* A sample still running for it finds no connection to answer. */
+    if (c->sample)
+        c->sample->conn = NULL;
     wire_reader_free(&c->rd);
     free(c);
 }
@@ -248,6 +283,165 @@ static void notify_loop(void *user)
     uv_async_send(&s->notify);
 }
 
+/* ---- sampling, off the loop ------------------------------------------------- */
+
+
+static void sample_work(uv_work_t *w)
+{
+    sample_op *op = w->data;
+    uint64_t t0 = ctx_now_ns();
+    access_saved saved;
+    char err[1024];
+    /* The file is read as the user who asked (who is usually the owner):
+     * the daemon reads nothing for a user that the user could not. */
+    if (access_become(op->uid, op->gid, &saved, err, sizeof err) != 0) {
+        op->code = GRADD__ERROR__CODE__PERMISSION_DENIED;
+        snprintf(op->err, sizeof op->err, "%s", err);
+        return;
+    }
+    sample_model *m = NULL;
+    if (sample_pick_file(op->out_dir, op->path, sizeof op->path, err, sizeof err) != 0) {
+        op->code = strstr(err, "ermission denied") ? GRADD__ERROR__CODE__PERMISSION_DENIED
+                                                   : GRADD__ERROR__CODE__NOT_FOUND;
+        snprintf(op->err, sizeof op->err, "job %u: %s", op->job, err);
+    } else if (sample_load(op->path, op->opts.threads, &m, err, sizeof err) != 0) {
+        op->code = GRADD__ERROR__CODE__BAD_REQUEST;
+        snprintf(op->err, sizeof op->err, "job %u: %s", op->job, err);
+    }
+    access_restore(&saved);
+    if (!m)
+        return;
+    op->vocab = sample_vocab(m);
+    op->step = sample_step(m);
+    if (sample_generate(m, &op->opts, &op->out, err, sizeof err) != 0) {
+        op->code = GRADD__ERROR__CODE__BAD_REQUEST;
+        snprintf(op->err, sizeof op->err, "sample: %s", err);
+    }
+    sample_free(m);
+    op->elapsed_s = (double)(ctx_now_ns() - t0) / 1e9;
+}
+
+static void sample_done(uv_work_t *w, int status)
+{
+    sample_op *op = w->data;
+    server_conn *c = op->conn;
+    op->srv->samples--;
+    if (c) {
+        c->sample = NULL;
+        Gradd__Response resp;
+        Gradd__Error e;
+        if (status != 0 || op->code) {
+            wire_error_response(&resp, &e, op->code ? op->code : GRADD__ERROR__CODE__INTERNAL,
+                                op->code ? op->err : "sampling was cancelled");
+            conn_send(c, &resp);
+        } else {
+            Gradd__SampleResponse sr;
+            gradd__sample_response__init(&sr);
+            sr.text.data = op->out.text;
+            sr.text.len = op->out.text ? op->out.n : 0;
+            sr.n_token_ids = op->out.n;
+            sr.token_ids = op->out.ids;
+            sr.model_path = op->path;
+            sr.step = op->step;
+            sr.vocab = op->vocab;
+            sr.seed = op->opts.seed;
+            sr.elapsed_s = op->elapsed_s;
+            gradd__response__init(&resp);
+            resp.version = WIRE_PROTOCOL_VERSION;
+            resp.body_case = GRADD__RESPONSE__BODY_SAMPLE;
+            resp.sample = &sr;
+            conn_send(c, &resp);
+        }
+        if (!c->closing && !c->watching)
+            uv_timer_again(&c->idle);
+    }
+    log_job(LOG_INFO, op->job, NULL, "job %u: sampled %zu tokens for uid %u in %.2fs%s%s%s", op->job, op->out.n,
+            (unsigned)op->uid, op->elapsed_s, op->code ? ": " : "", op->code ? op->err : "",
+            c ? "" : " (the client left)");
+    sample_output_free(&op->out);
+    free(op->prompt);
+    free(op);
+}
+
+static void start_sample(server_conn *c, const Gradd__SampleRequest *rq)
+{
+    server *s = c->srv;
+    gradd_ctx *ctx = s->ctx;
+    char msg[PATH_MAX + 256];
+    Gradd__Response resp;
+    Gradd__Error e;
+    Gradd__Error__Code code = GRADD__ERROR__CODE__BAD_REQUEST;
+    msg[0] = '\0';
+    double temp = rq->has_temperature ? rq->temperature : SAMPLE_DEFAULT_TEMPERATURE;
+    if (rq->tokens > SAMPLE_MAX_TOKENS)
+        snprintf(msg, sizeof msg, "sample: tokens: %u is more than %d", rq->tokens, SAMPLE_MAX_TOKENS);
+    else if (!(temp >= 0) || temp > 100)
+        snprintf(msg, sizeof msg, "sample: temperature: %g is not between 0 and 100", temp);
+    else if (c->sample)
+        snprintf(msg, sizeof msg, "sample: this connection is already waiting for one"), code = GRADD__ERROR__CODE__UNAVAILABLE;
+    else if (s->samples >= MAX_SAMPLES)
+        snprintf(msg, sizeof msg, "sample: %d samples are being generated; try again shortly", MAX_SAMPLES),
+            code = GRADD__ERROR__CODE__UNAVAILABLE;
+    else if (!ctx->q)
+        snprintf(msg, sizeof msg, "this gradd has no job queue"), code = GRADD__ERROR__CODE__UNAVAILABLE;
+    sample_op *op = msg[0] ? NULL : calloc(1, sizeof *op);
+    if (!msg[0] && (!op || !(op->prompt = malloc(rq->prompt.len ? rq->prompt.len : 1)))) {
+        snprintf(msg, sizeof msg, "out of memory");
+        code = GRADD__ERROR__CODE__INTERNAL;
+    }
+    if (!msg[0]) {
+        pthread_mutex_lock(&ctx->q->lock);
+        job *j = queue_find(ctx->q, rq->id);
+        if (!j) {
+            snprintf(msg, sizeof msg, "no job %u", rq->id);
+            code = GRADD__ERROR__CODE__NOT_FOUND;
+        } else if (j->cfg.model != JOBCFG_GPT) {
+            snprintf(msg, sizeof msg, "job %u (%s) trains an mlp classifier; only gpt jobs generate text", j->id,
+                     j->name);
+        } else {
+            snprintf(op->out_dir, sizeof op->out_dir, "%s", j->cfg.out_dir);
+        }
+        pthread_mutex_unlock(&ctx->q->lock);
+    }
+    if (msg[0]) {
+        if (op)
+            free(op->prompt);
+        free(op);
+        wire_error_response(&resp, &e, code, msg);
+        conn_send(c, &resp);
+        return;
+    }
+    op->conn = c;
+    op->srv = s;
+    op->job = rq->id;
+    op->uid = c->peer.uid;
+    op->gid = c->peer.gid;
+    if (rq->prompt.len)
+        memcpy(op->prompt, rq->prompt.data, rq->prompt.len);
+    op->opts.prompt = op->prompt;
+    op->opts.prompt_len = rq->prompt.len;
+    op->opts.tokens = rq->tokens ? rq->tokens : SAMPLE_DEFAULT_TOKENS;
+    op->opts.temperature = temp;
+    op->opts.seed = rq->seed;
+    /* Without a seed, a fresh one, reported back so the text can be had again. */
+    if (!rq->has_seed && getrandom(&op->opts.seed, sizeof op->opts.seed, GRND_NONBLOCK) != sizeof op->opts.seed)
+        op->opts.seed = ctx_now_ns() ^ ((uint64_t)c->peer.pid << 32);
+    /* One core: training jobs keep the rest. */
+    op->opts.threads = 1;
+    op->work.data = op;
+    if (uv_queue_work(&s->loop, &op->work, sample_work, sample_done) != 0) {
+        free(op->prompt);
+        free(op);
+        wire_error_response(&resp, &e, GRADD__ERROR__CODE__INTERNAL, "cannot start sampling");
+        conn_send(c, &resp);
+        return;
+    }
+    c->sample = op;
+    s->samples++;
+    /* Generation may outlast client_timeout: the answer resets the timer. */
+    uv_timer_stop(&c->idle);
+}
+
 static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
 {
     char err[256];
@@ -265,6 +459,8 @@ static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
         conn_send(c, &resp);
     } else if (req->body_case == GRADD__REQUEST__BODY_WATCH) {
         start_watch(c, req->watch->id);
+    } else if (req->body_case == GRADD__REQUEST__BODY_SAMPLE) {
+        start_sample(c, req->sample);
     } else {
         rpc_dispatch(c->srv->ctx, &c->peer, req, conn_send, c);
     }
@@ -513,6 +709,8 @@ static void svc_status_update(server *s)
     gradd_ctx *ctx = s->ctx;
     size_t running = 0, queued = 0;
     bool progressing = true;
+    uint32_t stuck_job = 0;
+    const char *stuck_dev = NULL;
     uint64_t now = ctx_now_ns();
     pthread_mutex_lock(&ctx->q->lock);
     for (size_t i = 0; i < ctx->q->n; i++) {
@@ -527,6 +725,8 @@ static void svc_status_update(server *s)
                 s->wd_since_ns[i] = now;
             } else if (now - s->wd_since_ns[i] > s->wd_usec * 1000) {
                 progressing = false;
+                stuck_job = w->job;
+                stuck_dev = ctx->devs[w->dev]->id;
             }
         }
     }
@@ -549,8 +749,9 @@ static void svc_status_update(server *s)
         s->wd_hung = false;
     } else if (!s->wd_hung) {
         s->wd_hung = true;
-        log_error("a job thread has made no progress for %llums; watchdog pings stopped",
-                  (unsigned long long)(s->wd_usec / 1000));
+        log_job(LOG_ERR, stuck_job, stuck_dev,
+                "job %u on %s has made no progress for %llums; watchdog pings stopped", stuck_job, stuck_dev,
+                (unsigned long long)(s->wd_usec / 1000));
     }
 }
 

@@ -6,7 +6,9 @@
 #if GRADD_HAVE_SYSTEMD
 #include <stdio.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-journal.h>
 
 int svc_listen_fd(void)
 {
@@ -50,6 +52,18 @@ void svc_watchdog(void)
     sd_notify(0, "WATCHDOG=1");
 }
 
+int svc_journal_sink(void *user, const struct iovec *fields, int n)
+{
+    (void)user;
+    return sd_journal_sendv(fields, n);
+}
+
+bool svc_journal_available(void)
+{
+    struct stat st;
+    return stat("/run/systemd/journal/socket", &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 #else
 
 int svc_listen_fd(void) { return -1; }
@@ -59,5 +73,13 @@ void svc_stopping(void) {}
 void svc_extend_timeout(uint64_t usec) { (void)usec; }
 uint64_t svc_watchdog_usec(void) { return 0; }
 void svc_watchdog(void) {}
+int svc_journal_sink(void *user, const struct iovec *fields, int n)
+{
+    (void)user;
+    (void)fields;
+    (void)n;
+    return -1;
+}
+bool svc_journal_available(void) { return false; }
 
 #endif

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 /* The listening socket systemd passed (gradd.socket), or -1. */
 int svc_listen_fd(void);
@@ -23,5 +24,13 @@ void svc_extend_timeout(uint64_t usec);
 uint64_t svc_watchdog_usec(void);
 /* WATCHDOG=1. */
 void svc_watchdog(void);
+
+/* A log_sink_fn (log.h) that sends each entry to journald with
+ * sd_journal_sendv; <0 when journald does not take it (or without
+ * libsystemd), so the line goes to stderr instead. */
+int svc_journal_sink(void *user, const struct iovec *fields, int n);
+/* Whether journald listens here.  sd_journal_sendv drops entries silently
+ * when it does not, so this is asked once, before choosing the sink. */
+bool svc_journal_available(void);
 
 #endif

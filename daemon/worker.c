@@ -61,8 +61,13 @@ static bool should_stop(void *user)
     job_run *r = user;
     queue *q = r->w->q;
     pthread_mutex_lock(&q->lock);
-    bool stop = r->j->cancel_requested || q->stopping;
     r->w->beats++;
+    /* Test hook (--test-hooks, TestHangRequest): a job thread stuck
+     * without exiting, as a deadlocked kernel or a hung driver call would
+     * leave it.  No beats while here; shutdown still gets it out. */
+    while (r->w->hang && !q->stopping)
+        pthread_cond_wait(&q->cond, &q->lock);
+    bool stop = r->j->cancel_requested || q->stopping;
     pthread_mutex_unlock(&q->lock);
     return stop;
 }
@@ -123,10 +128,10 @@ static void run_one(worker *w, job *j)
     queue_touch(q, j);
     char perr[512];
     if (queue_persist(q, j, perr, sizeof perr) != 0)
-        log_error("job %u: cannot record its state: %s", j->id, perr);
+        log_job(LOG_ERR, j->id, d->id, "job %u: cannot record its state: %s", j->id, perr);
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
-    log_info("job %u (%s) on %s: %s%s%s", j->id, j->name, d->id, job_state_name(j->state), j->reason[0] ? ": " : "",
+    log_job(LOG_INFO, j->id, d->id, "job %u (%s) on %s: %s%s%s", j->id, j->name, d->id, job_state_name(j->state), j->reason[0] ? ": " : "",
              j->reason);
     if (r.log) {
         fprintf(r.log, "== job %u %s%s%s\n", j->id, job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
@@ -154,16 +159,17 @@ static void *worker_main(void *arg)
         }
         j->state = JOB_RUNNING;
         w->busy = true;
+        w->job = j->id;
         j->started_at = now_unix();
         j->have_progress = false;
         snprintf(j->device, sizeof j->device, "%s", d->id);
         queue_touch(q, j);
         char perr[512];
         if (queue_persist(q, j, perr, sizeof perr) != 0)
-            log_error("job %u: cannot record its state: %s", j->id, perr);
+            log_job(LOG_ERR, j->id, d->id, "job %u: cannot record its state: %s", j->id, perr);
         pthread_mutex_unlock(&q->lock);
         queue_notify(q);
-        log_info("job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
+        log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
         run_one(w, j);
         pthread_mutex_lock(&q->lock);
         w->busy = false;

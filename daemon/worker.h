@@ -26,6 +26,8 @@ typedef struct worker {
      * every step and micro-step bumps, which the watchdog checks. */
     bool busy;
     uint64_t beats;
+    uint32_t job;     /* the job it runs while busy, for the watchdog's message */
+    bool hang;        /* test hook: block at the next micro-step until released */
 } worker;
 
 typedef struct workers {

@@ -1,8 +1,9 @@
 """gradd under systemd, without a running systemd: the units verify, the
-daemon serves a socket passed by systemd-socket-activate, and a test
+daemon serves a socket passed by systemd-socket-activate, a test
 NOTIFY_SOCKET receives READY, STATUS, WATCHDOG, STOPPING and the stop
-timeout extension."""
+timeout extension, and logging picks the journal only when stderr is it."""
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,6 +115,146 @@ class Systemd(unittest.TestCase):
                 p.kill()
                 p.wait()
             rx.close()
+
+    def test_hung_job_thread_stops_watchdog(self):
+        # A job runs and beats; then its thread hangs (test hook): WATCHDOG=1
+        # stops within the interval while STATUS= lines go on, and the log
+        # names the job and device.  SIGTERM still gets it out cleanly.
+        path = os.path.join(self.dir, "notify")
+        rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        rx.bind(path)
+        rx.settimeout(0.2)
+        corpus = os.path.join(self.dir, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write("a hung thread must not look alive to systemd.\n" * 200)
+        job = os.path.join(self.dir, "long.cfg")
+        with open(job, "w") as f:
+            f.write("[model]\ntype = gpt\nlayers = 1\nheads = 1\nwidth = 16\ncontext = 8\n"
+                    "[data]\nformat = text\ntrain = %s\n[train]\nsteps = 1000000\nbatch = 4\n"
+                    "micro_batch = 2\nthreads = 1\neval_every = 0\n[output]\ndir = %s\n"
+                    "checkpoint_every = 0\n" % (corpus, os.path.join(self.dir, "out")))
+        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
+        sock = os.path.join(self.dir, "g.sock")
+        log_path = os.path.join(self.dir, "log")
+        log = open(log_path, "w")
+        p = subprocess.Popen([GRADD, "-s", sock, "--state-dir", os.path.join(self.dir, "state"), "--test-hooks"],
+                             env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def ctl(*args):
+            r = subprocess.run([GRADCTL, "-s", sock] + list(args), capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stdout
+
+        def collect(seconds):
+            out, end = [], time.time() + seconds
+            while time.time() < end:
+                try:
+                    out.append(rx.recv(4096).decode())
+                except socket.timeout:
+                    pass
+            return out
+
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(sock) and time.time() < deadline:
+                time.sleep(0.02)
+            ctl("submit", job)
+            deadline = time.time() + 30
+            while '"state":"running"' not in ctl("--json", "status", "1").replace(" ", ""):
+                self.assertLess(time.time(), deadline, "the job never ran")
+                time.sleep(0.05)
+            # Busy and beating: pings keep coming.
+            before = collect(1.2)
+            self.assertGreaterEqual(before.count("WATCHDOG=1"), 2, before)
+            self.assertIn("1 busy", ctl("test-hang", "cpu0"))
+            # The thread stops at its next micro-step; within one interval
+            # (0.4 s) the pings stop.  Then a long quiet window.
+            collect(1.0)
+            after = collect(1.5)
+            self.assertNotIn("WATCHDOG=1", after)
+            self.assertTrue([m for m in after if m.startswith("STATUS=1 running")], after)
+            # The daemon itself still answers.
+            self.assertIn('"state":"running"', ctl("--json", "status", "1").replace(" ", ""))
+            # Released, it beats again and the pings resume.
+            ctl("test-hang", "--release", "cpu0")
+            self.assertIn("WATCHDOG=1", collect(1.5))
+            ctl("test-hang", "cpu0")
+            collect(1.0)
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=60), 0)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            rx.close()
+            log.close()
+        with open(log_path) as f:
+            text = f.read()
+        self.assertIn("job 1 on cpu0 has made no progress for 400ms; watchdog pings stopped", text)
+
+
+# A plain stderr line: "2024-05-01T12:00:00.123Z gradd info: ...".
+PLAIN = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z gradd (error|warning|info|debug): ")
+
+
+class Logging(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="gradd-log-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def run_gradd(self, conf, env):
+        """Start gradd with `conf` and `env`, stop it once it listens, and
+        return what it wrote to stderr."""
+        cpath = os.path.join(self.dir, "gradd.conf")
+        with open(cpath, "w") as f:
+            f.write(conf)
+        sock = os.path.join(self.dir, "g.sock")
+        err_path = os.path.join(self.dir, "stderr")
+        with open(err_path, "w") as err:
+            p = subprocess.Popen([GRADD, "-c", cpath, "-s", sock, "--state-dir", os.path.join(self.dir, "state")],
+                                 env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                deadline = time.time() + 20
+                while not os.path.exists(sock) and time.time() < deadline and p.poll() is None:
+                    time.sleep(0.02)
+                p.send_signal(signal.SIGTERM)
+                self.assertEqual(p.wait(timeout=30), 0)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        with open(err_path) as f:
+            return f.read()
+
+    def test_inherited_journal_stream_keeps_stderr_plain(self):
+        # JOURNAL_STREAM names a stream that is not our stderr (a parent's,
+        # inherited): auto must not switch to the journal.
+        st = os.stat(self.dir)
+        text = self.run_gradd("", {"JOURNAL_STREAM": "%d:%d" % (st.st_dev, st.st_ino)})
+        lines = text.splitlines()
+        self.assertTrue(any("listening on" in l for l in lines), text)
+        for l in lines:
+            self.assertRegex(l, PLAIN)
+
+    @unittest.skipIf(os.path.exists("/run/systemd/journal/socket"), "a journald is listening here")
+    def test_journal_target_without_journald_falls_back(self):
+        # log_target = journal with no journald to take the entries: every
+        # line still reaches stderr, plain.
+        text = self.run_gradd("[daemon]\nlog_target = journal\n", {})
+        self.assertIn("listening on", text)
+        self.assertIn("stopped", text)
+        for l in text.splitlines():
+            self.assertRegex(l, PLAIN)
+
+    def test_bad_log_target(self):
+        cpath = os.path.join(self.dir, "gradd.conf")
+        with open(cpath, "w") as f:
+            f.write("[daemon]\nlog_target = syslog\n")
+        r = subprocess.run([GRADD, "-c", cpath, "--check-config"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("gradd.conf:2: [daemon] log_target: 'syslog' is not one of auto|journal|stderr", r.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,316 @@
+/* sample.c — loading a GPT's weights for sampling, and generating. */
+#include "sample.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "jobcfg.h"
+#include "kernels.h"
+#include "model.h"
+#include "safetensors.h"
+
+#define RESUME_FORMAT "gradd-resume-1" /* train.c's checkpoint format */
+
+struct sample_model {
+    const kern_ops *k;
+    kern_ctx *kc;
+    model *m;
+    float *params;
+    void *acts;
+    uint64_t step;
+};
+
+int sample_parse_signature(const char *sig, uint32_t *layers, uint32_t *heads, uint32_t *width,
+                           uint32_t *context, uint32_t *vocab, char *err, size_t err_len)
+{
+    unsigned l, h, w, c, v;
+    int used = 0;
+    if (strncmp(sig, "mlp", 3) == 0) {
+        snprintf(err, err_len, "an mlp ('%s'); only gpt models generate text", sig);
+        return -1;
+    }
+    if (sscanf(sig, "gpt layers=%u heads=%u width=%u context=%u vocab=%u%n", &l, &h, &w, &c, &v, &used) != 5 ||
+        sig[used] != '\0') {
+        snprintf(err, err_len, "'%s' is not a gpt model line (gpt layers=N heads=N width=N context=N vocab=N)", sig);
+        return -1;
+    }
+    if (!l || !h || !w || !c || v < 2 || w % h || l > 1000 || w > (1u << 16) || c > (1u << 16) || v > (1u << 20)) {
+        snprintf(err, err_len, "'%s' describes no model gradd can build", sig);
+        return -1;
+    }
+    *layers = l;
+    *heads = h;
+    *width = w;
+    *context = c;
+    *vocab = v;
+    return 0;
+}
+
+void sample_free(sample_model *s)
+{
+    if (!s)
+        return;
+    model_destroy(s->m);
+    if (s->kc)
+        s->k->ctx_destroy(s->kc);
+    free(s->params);
+    free(s->acts);
+    free(s);
+}
+
+/* Fill s->params from model.safetensors: tensor by tensor, by name, undoing
+ * the Conv1D transpose of the export. */
+static int load_named(sample_model *s, st_file *f, char *err, size_t err_len)
+{
+    const model *m = s->m;
+    float *tmp = NULL;
+    size_t tmp_n = 0;
+    int rc = 0;
+    for (int i = 0; i < m->ntensors && rc == 0; i++) {
+        const model_tensor *t = &m->tensors[i];
+        uint64_t shape[MODEL_MAX_DIMS];
+        for (int d = 0; d < t->ndim; d++)
+            shape[d] = t->shape[d];
+        bool tr = t->transpose_export && t->ndim == 2;
+        if (tr) {
+            shape[0] = t->shape[1];
+            shape[1] = t->shape[0];
+        }
+        char why[512];
+        if (!st_expect(f, t->name, ST_F32, t->ndim, shape, why, sizeof why)) {
+            snprintf(err, err_len, "%s", why);
+            rc = -1;
+            break;
+        }
+        float *dst = s->params + t->offset;
+        if (tr && tmp_n < t->numel) {
+            free(tmp);
+            tmp = malloc(t->numel * sizeof *tmp);
+            tmp_n = tmp ? t->numel : 0;
+            if (!tmp) {
+                snprintf(err, err_len, "%s: out of memory", st_path(f));
+                rc = -1;
+                break;
+            }
+        }
+        if (st_read(f, t->name, tr ? tmp : dst, t->numel * sizeof(float), why, sizeof why) != 0) {
+            snprintf(err, err_len, "%s", why);
+            rc = -1;
+            break;
+        }
+        if (tr) {
+            /* File (in,out) = (cols,rows) back to the model's (out,in). */
+            size_t rows = t->shape[0], cols = t->shape[1];
+            for (size_t a = 0; a < rows; a++)
+                for (size_t b = 0; b < cols; b++)
+                    dst[a * cols + b] = tmp[b * rows + a];
+        }
+    }
+    free(tmp);
+    return rc;
+}
+
+int sample_load(const char *path, int threads, sample_model **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    st_file *f;
+    char why[1024];
+    if (st_open(path, &f, why, sizeof why) != 0) {
+        snprintf(err, err_len, "%s", why);
+        return -1;
+    }
+    /* Which of the two files: the checkpoint says so in "format". */
+    const char *fmt = st_meta(f, "format");
+    bool resume = fmt && strcmp(fmt, RESUME_FORMAT) == 0;
+    const char *key = resume ? "model" : "gradd_model";
+    const char *sig = st_meta(f, key);
+    job_config *jc = malloc(sizeof *jc);
+    sample_model *s = calloc(1, sizeof *s);
+    int rc = -1;
+    if (!jc || !s) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        goto out;
+    }
+    if (!sig) {
+        snprintf(err, err_len,
+                 "%s: no '%s' metadata: not written by gradd, and a GPT-2 file does not say how many heads it has",
+                 path, key);
+        goto out;
+    }
+    jobcfg_defaults(jc);
+    jc->model = JOBCFG_GPT;
+    if (sample_parse_signature(sig, &jc->layers, &jc->heads, &jc->width, &jc->context, &jc->vocab, why,
+                               sizeof why) != 0) {
+        snprintf(err, err_len, "%s: metadata %s: %s", path, key, why);
+        goto out;
+    }
+    const char *step = st_meta(f, "step");
+    s->step = step ? strtoull(step, NULL, 10) : 0;
+    s->k = kern_cpu_ops();
+    s->kc = s->k->ctx_create(threads, 0, KERN_FP32, NULL);
+    if (!s->kc || model_create(jc, 0, 0, s->k, s->kc, &s->m, why, sizeof why) != 0) {
+        snprintf(err, err_len, "%s: %s", path, s->kc ? why : "cannot create a CPU kernel context");
+        goto out;
+    }
+    if (!s->m->ops->forward_logits) {
+        snprintf(err, err_len, "%s: a %s model cannot generate", path, s->m->ops->type);
+        goto out;
+    }
+    size_t P = s->m->num_params, fixed, per;
+    s->m->ops->activation_bytes(s->m, &fixed, &per);
+    if (posix_memalign(&s->acts, 64, fixed + per) != 0)
+        s->acts = NULL;
+    s->params = malloc(P * sizeof(float));
+    if (!s->acts || !s->params) {
+        snprintf(err, err_len, "%s: out of memory for %zu parameters", path, P);
+        goto out;
+    }
+    s->m->ops->bind_activations(s->m, s->acts, 1);
+    s->m->params = s->params;
+    if (resume) {
+        uint64_t shape[1] = {P};
+        if (!st_expect(f, "params", ST_F32, 1, shape, why, sizeof why) ||
+            st_read(f, "params", s->params, P * sizeof(float), why, sizeof why) != 0) {
+            snprintf(err, err_len, "%s", why);
+            goto out;
+        }
+    } else if (load_named(s, f, err, err_len) != 0) {
+        goto out;
+    }
+    rc = 0;
+out:
+    st_close(f);
+    free(jc);
+    if (rc != 0)
+        sample_free(s);
+    else
+        *out = s;
+    return rc;
+}
+
+int sample_pick_file(const char *out_dir, char *buf, size_t len, char *err, size_t err_len)
+{
+    static const char *const names[] = {"model.safetensors", "resume.safetensors"};
+    int errs[2] = {0, 0};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(buf, len, "%s/%s", out_dir, names[i]);
+        /* open, not access(2): access checks the real uid, and the caller
+         * may have switched only its filesystem identity (access.h). */
+        int fd = open(buf, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+        errs[i] = errno;
+    }
+    int i = errs[0] != ENOENT ? 0 : errs[1] != ENOENT ? 1 : -1;
+    if (i < 0)
+        snprintf(err, err_len, "%s has no model.safetensors (written when the job finishes) and no "
+                               "resume.safetensors (written at each checkpoint) yet",
+                 out_dir);
+    else
+        snprintf(err, err_len, "%s/%s: %s", out_dir, names[i], strerror(errs[i]));
+    return -1;
+}
+
+uint32_t sample_vocab(const sample_model *s) { return (uint32_t)s->m->tensors[0].shape[0]; }
+uint32_t sample_context(const sample_model *s) { return (uint32_t)s->m->tensors[1].shape[0]; }
+uint64_t sample_step(const sample_model *s) { return s->step; }
+
+void sample_output_free(sample_output *o)
+{
+    free(o->ids);
+    free(o->text);
+    memset(o, 0, sizeof *o);
+}
+
+/* The next token from logits (V): the argmax at temperature 0, else a draw
+ * from softmax(logits / temperature) with the counter-based generator, so a
+ * seed fixes the whole sequence on every machine. */
+static uint32_t pick(const float *logits, uint32_t V, double temperature, uint64_t seed, uint64_t i, double *p)
+{
+    uint32_t best = 0;
+    for (uint32_t v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    if (temperature <= 0)
+        return best;
+    double sum = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        p[v] = exp(((double)logits[v] - logits[best]) / temperature);
+        sum += p[v];
+    }
+    double u = (double)(model_rand_u64(seed, i) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        acc += p[v];
+        if (u < acc)
+            return v;
+    }
+    return best; /* u rounded up to the sum: the last step of the CDF */
+}
+
+int sample_generate(sample_model *s, const sample_opts *o, sample_output *out, char *err, size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    uint32_t V = sample_vocab(s), T = sample_context(s);
+    if (o->tokens < 1 || o->tokens > SAMPLE_MAX_TOKENS) {
+        snprintf(err, err_len, "tokens: %u is not between 1 and %d", o->tokens, SAMPLE_MAX_TOKENS);
+        return -1;
+    }
+    if (!(o->temperature >= 0) || o->temperature > 100) {
+        snprintf(err, err_len, "temperature: %g is not between 0 and 100", o->temperature);
+        return -1;
+    }
+    if (o->prompt_len && V != 256) {
+        snprintf(err, err_len, "prompt: the model's vocabulary has %u tokens, not the 256 bytes of a text model; "
+                               "sample it without a prompt (it starts from token 0)", V);
+        return -1;
+    }
+    /* The window the model sees: the last T tokens of prompt + output.  A
+     * byte model with no prompt starts at a line break, as text does. */
+    size_t have = o->prompt_len ? o->prompt_len : 1;
+    size_t cap = have + o->tokens;
+    int32_t *seq = malloc(cap * sizeof *seq);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    double *p = malloc((size_t)V * sizeof *p);
+    out->ids = malloc((size_t)o->tokens * sizeof *out->ids);
+    out->text = V == 256 ? malloc(o->tokens) : NULL;
+    if (!seq || !logits || !p || !out->ids || (V == 256 && !out->text)) {
+        free(seq);
+        free(logits);
+        free(p);
+        sample_output_free(out);
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    if (o->prompt_len)
+        for (size_t i = 0; i < o->prompt_len; i++)
+            seq[i] = o->prompt[i];
+    else
+        seq[0] = V == 256 ? '\n' : 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < o->tokens; i++) {
+        size_t len = have < T ? have : T;
+        if (s->m->ops->forward_logits(s->m, seq + have - len, 1, (uint32_t)len, logits) != 0) {
+            snprintf(err, err_len, "forward failed");
+            rc = -1;
+            break;
+        }
+        uint32_t t = pick(logits, V, o->temperature, o->seed, i, p);
+        seq[have++] = (int32_t)t;
+        out->ids[out->n++] = t;
+        if (out->text)
+            out->text[i] = (uint8_t)t;
+    }
+    free(seq);
+    free(logits);
+    free(p);
+    if (rc != 0)
+        sample_output_free(out);
+    return rc;
+}

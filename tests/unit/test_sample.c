@@ -1,0 +1,339 @@
+/* test_sample.c — sampling from a trained GPT: a model trained on a
+ * repeated string continues it, a seed fixes the text, the checkpoint and
+ * the exported model give the same tokens, forward_logits agrees with the
+ * training forward, and bad files and options are refused by name. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "dev.h"
+#include "jobcfg.h"
+#include "kernels.h"
+#include "model.h"
+#include "pool.h"
+#include "safetensors.h"
+#include "sample.h"
+#include "train.h"
+
+static char tmpdir[64];
+static char out_dir[128];
+
+/* Train once for the whole file: a tiny GPT on "abcdefg" over and over (a
+ * period prime to the context, so windows start at every phase and the
+ * model must read the text rather than count positions). */
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-sample-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    char path[128];
+    snprintf(path, sizeof path, "%s/corpus.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 600; i++)
+        fputs("abcdefg", f);
+    fclose(f);
+    job_config j;
+    jobcfg_defaults(&j);
+    j.model = JOBCFG_GPT;
+    j.layers = 1;
+    j.heads = 2;
+    j.width = 32;
+    j.context = 16;
+    j.vocab = 256;
+    j.format = JOBCFG_DATA_TEXT;
+    snprintf(j.train, sizeof j.train, "%s", path);
+    j.val_fraction = 0.1;
+    j.steps = 60;
+    j.batch = 8;
+    j.micro_batch = 8;
+    j.lr = 1e-2;
+    j.warmup = 2;
+    j.threads = 1;
+    j.eval_every = 0;
+    j.eval_batches = 1;
+    snprintf(out_dir, sizeof out_dir, "%s/out", tmpdir);
+    snprintf(j.out_dir, sizeof j.out_dir, "%s", out_dir);
+    snprintf(j.name, sizeof j.name, "abc");
+    snprintf(j.source, sizeof j.source, "test");
+    pool_config pc;
+    pool_config_default(&pc);
+    dev *d;
+    pool *p;
+    if (dev_cpu_create((size_t)1 << 30, 0, &d) != DEV_OK || pool_create(d, &pc, &p) != 0)
+        return -1;
+    train_result res;
+    train_outcome o = train_run(&j, p, kern_cpu_ops(), 1, NULL, &res);
+    pool_destroy(p);
+    dev_destroy(d);
+    if (o != TRAIN_DONE) {
+        fprintf(stderr, "train_run: %s\n", res.message);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static sample_model *load(const char *name)
+{
+    char path[256], err[1024];
+    snprintf(path, sizeof path, "%s/%s", out_dir, name);
+    sample_model *m;
+    if (sample_load(path, 1, &m, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    return m;
+}
+
+static void gen(sample_model *m, const char *prompt, uint32_t n, double temp, uint64_t seed, sample_output *o)
+{
+    sample_opts so = {(const uint8_t *)prompt, strlen(prompt), n, temp, seed, 1};
+    char err[512];
+    if (sample_generate(m, &so, o, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(o->n, n);
+}
+
+static void test_continues_the_pattern(void **state)
+{
+    (void)state;
+    sample_model *m = load("model.safetensors");
+    assert_int_equal(sample_vocab(m), 256);
+    assert_int_equal(sample_context(m), 16);
+    assert_int_equal(sample_step(m), 60);
+    sample_output o;
+    /* Longer than the context: the window slides. */
+    gen(m, "abc", 40, 0, 0, &o);
+    for (size_t i = 0; i < 40; i++)
+        if (o.text[i] != 'a' + (3 + i) % 7)
+            fail_msg("token %zu: '%c' after \"abc%.*s\"", i, o.text[i], (int)i, (const char *)o.text);
+    sample_output_free(&o);
+    sample_free(m);
+}
+
+static void test_seed_fixes_the_text(void **state)
+{
+    (void)state;
+    sample_model *m = load("model.safetensors");
+    sample_output a, b, c;
+    gen(m, "", 64, 1.5, 42, &a);
+    gen(m, "", 64, 1.5, 42, &b);
+    gen(m, "", 64, 1.5, 43, &c);
+    assert_memory_equal(a.ids, b.ids, 64 * sizeof *a.ids);
+    assert_memory_equal(a.text, b.text, 64);
+    /* A hot temperature and another seed: another text. */
+    assert_memory_not_equal(a.ids, c.ids, 64 * sizeof *a.ids);
+    sample_output_free(&a);
+    sample_output_free(&b);
+    sample_output_free(&c);
+    sample_free(m);
+}
+
+/* The checkpoint keeps the model's own layout, the export GPT-2's: both
+ * load to the same parameters, so the same tokens come out. */
+static void test_checkpoint_equals_export(void **state)
+{
+    (void)state;
+    sample_model *a = load("model.safetensors"), *b = load("resume.safetensors");
+    assert_int_equal(sample_step(b), 60);
+    sample_output x, y;
+    gen(a, "ab", 48, 1.0, 7, &x);
+    gen(b, "ab", 48, 1.0, 7, &y);
+    assert_memory_equal(x.ids, y.ids, 48 * sizeof *x.ids);
+    sample_output_free(&x);
+    sample_output_free(&y);
+    sample_free(a);
+    sample_free(b);
+}
+
+/* forward_logits over t+1 tokens (the packed, shorter layout) gives the
+ * logits the training forward scores position t with. */
+static void test_forward_logits_matches_forward(void **state)
+{
+    (void)state;
+    job_config j;
+    jobcfg_defaults(&j);
+    j.model = JOBCFG_GPT;
+    j.layers = 2;
+    j.heads = 2;
+    j.width = 16;
+    j.context = 8;
+    j.vocab = 256;
+    const kern_ops *k = kern_cpu_ops();
+    kern_ctx *kc = k->ctx_create(1, 0, KERN_FP32, NULL);
+    model *m;
+    char err[256];
+    assert_int_equal(model_create(&j, 0, 0, k, kc, &m, err, sizeof err), 0);
+    size_t fixed, per;
+    m->ops->activation_bytes(m, &fixed, &per);
+    void *acts;
+    assert_int_equal(posix_memalign(&acts, 64, fixed + per), 0);
+    m->ops->bind_activations(m, acts, 1);
+    m->params = malloc(m->num_params * sizeof(float));
+    m->ops->init_params(m, m->params, 5);
+    int32_t x[8] = {104, 101, 108, 108, 111, 32, 119, 111}, y[8] = {101, 108, 108, 111, 32, 119, 111, 114};
+    model_batch b = {x, y, 1};
+    double loss = m->ops->forward(m, &b, NULL), sum = 0;
+    float logits[256];
+    for (uint32_t t = 0; t < 8; t++) {
+        assert_int_equal(m->ops->forward_logits(m, x, 1, t + 1, logits), 0);
+        double mx = logits[0], z = 0;
+        for (int v = 1; v < 256; v++)
+            mx = logits[v] > mx ? logits[v] : mx;
+        for (int v = 0; v < 256; v++)
+            z += exp(logits[v] - mx);
+        sum += -(logits[y[t]] - mx - log(z));
+    }
+    assert_true(fabs(sum - loss) < 1e-4 * fabs(loss));
+    /* Out of range: refused, not read past the buffers. */
+    assert_int_equal(m->ops->forward_logits(m, x, 1, 9, logits), -1);
+    assert_int_equal(m->ops->forward_logits(m, x, 2, 4, logits), -1);
+    free(m->params);
+    model_destroy(m);
+    free(acts);
+    k->ctx_destroy(kc);
+}
+
+/* A file of `floats` zeros under "params" with the given metadata. */
+static void write_file(const char *path, const char *format, const char *key, const char *sig, size_t floats)
+{
+    st_writer *w = st_writer_new();
+    float *z = calloc(floats ? floats : 1, sizeof *z);
+    uint64_t shape[1] = {floats};
+    char err[256];
+    st_writer_add(w, "params", ST_F32, 1, shape, z, floats * sizeof *z, err, sizeof err);
+    if (format)
+        st_writer_meta(w, "format", format, err, sizeof err);
+    if (key)
+        st_writer_meta(w, key, sig, err, sizeof err);
+    if (st_write_atomic(w, path, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    st_writer_free(w);
+    free(z);
+}
+
+static void expect_load_error(const char *path, const char *want)
+{
+    sample_model *m = (sample_model *)1;
+    char err[1024];
+    assert_int_equal(sample_load(path, 1, &m, err, sizeof err), -1);
+    assert_null(m);
+    if (!strstr(err, want))
+        fail_msg("error '%s' does not contain '%s'", err, want);
+}
+
+static void test_bad_files(void **state)
+{
+    (void)state;
+    char path[256];
+    snprintf(path, sizeof path, "%s/bad.safetensors", tmpdir);
+    write_file(path, "pt", NULL, NULL, 4);
+    expect_load_error(path, "bad.safetensors: no 'gradd_model' metadata");
+    write_file(path, "pt", "gradd_model", "mlp inputs=784 hidden=512 classes=10", 4);
+    expect_load_error(path, "metadata gradd_model: an mlp");
+    write_file(path, "pt", "gradd_model", "gpt layers=1 heads=3 width=32 context=16 vocab=256", 4);
+    expect_load_error(path, "describes no model");
+    /* The shape says one thing, the tensors another. */
+    write_file(path, "pt", "gradd_model", "gpt layers=1 heads=2 width=32 context=16 vocab=256", 4);
+    expect_load_error(path, "'wte.weight'");
+    write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=2 width=32 context=16 vocab=256", 4);
+    expect_load_error(path, "'params'");
+    expect_load_error("/nonexistent/model.safetensors", "/nonexistent/model.safetensors");
+
+    char dir[256], err[512], picked[512];
+    snprintf(dir, sizeof dir, "%s/empty", tmpdir);
+    mkdir(dir, 0700);
+    assert_int_equal(sample_pick_file(dir, picked, sizeof picked, err, sizeof err), -1);
+    assert_non_null(strstr(err, "has no model.safetensors"));
+    assert_int_equal(sample_pick_file(out_dir, picked, sizeof picked, err, sizeof err), 0);
+    assert_non_null(strstr(picked, "/model.safetensors"));
+}
+
+/* A model over other tokens than bytes: ids, no text, and no prompt. */
+static void test_other_vocab(void **state)
+{
+    (void)state;
+    job_config j;
+    jobcfg_defaults(&j);
+    j.model = JOBCFG_GPT;
+    j.layers = 1;
+    j.heads = 1;
+    j.width = 8;
+    j.context = 4;
+    j.vocab = 300;
+    model *shape;
+    char err[512];
+    assert_int_equal(model_create(&j, 0, 0, kern_cpu_ops(), NULL, &shape, err, sizeof err), 0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/v300.safetensors", tmpdir);
+    write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=1 width=8 context=4 vocab=300", shape->num_params);
+    model_destroy(shape);
+    sample_model *m;
+    assert_int_equal(sample_load(path, 1, &m, err, sizeof err), 0);
+    assert_int_equal(sample_vocab(m), 300);
+    sample_opts so = {(const uint8_t *)"hi", 2, 5, 0.8, 1, 1};
+    sample_output o;
+    assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
+    assert_non_null(strstr(err, "prompt: the model's vocabulary has 300 tokens"));
+    so.prompt_len = 0;
+    assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), 0);
+    assert_int_equal(o.n, 5);
+    assert_null(o.text);
+    for (size_t i = 0; i < o.n; i++)
+        assert_true(o.ids[i] < 300);
+    sample_output_free(&o);
+    so.tokens = 0;
+    assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
+    assert_non_null(strstr(err, "tokens: 0 is not between 1 and"));
+    so.tokens = 3;
+    so.temperature = -1;
+    assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
+    assert_non_null(strstr(err, "temperature: -1"));
+    sample_free(m);
+}
+
+static void test_signature(void **state)
+{
+    (void)state;
+    uint32_t l, h, w, c, v;
+    char err[256];
+    assert_int_equal(sample_parse_signature("gpt layers=4 heads=4 width=128 context=128 vocab=256", &l, &h, &w, &c, &v,
+                                            err, sizeof err),
+                     0);
+    assert_int_equal(l * 1000 + h * 100 + w + c + v, 4000 + 400 + 128 + 128 + 256);
+    assert_int_equal(sample_parse_signature("gpt layers=4 heads=4 width=128 context=128 vocab=256 extra", &l, &h, &w,
+                                            &c, &v, err, sizeof err),
+                     -1);
+    assert_int_equal(sample_parse_signature("gpt layers=4", &l, &h, &w, &c, &v, err, sizeof err), -1);
+    assert_non_null(strstr(err, "is not a gpt model line"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_continues_the_pattern),
+        cmocka_unit_test(test_seed_fixes_the_text),
+        cmocka_unit_test(test_checkpoint_equals_export),
+        cmocka_unit_test(test_forward_logits_matches_forward),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_other_vocab),
+        cmocka_unit_test(test_signature),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
