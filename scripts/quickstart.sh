@@ -3,7 +3,8 @@
 # install what is missing, build, start gradd in the foreground on a
 # temporary socket, submit etc/jobs/fortunes-gpt.cfg (a small GPT on
 # Debian's fortunes, a few minutes on a CPU), watch it train, then show the
-# result and the memory pool's summary, and stop the daemon.
+# final loss, text sampled from the trained model, and the memory pool's
+# summary, and stop the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -39,6 +40,13 @@ ctl watch "$id"
 echo
 echo "== gradctl status $id"
 ctl status "$id"
+echo
+json=$(ctl --json status "$id")
+num() { printf '%s' "$json" | sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p"; }
+printf '== final loss: %.3f (train), %.3f (validation); guessing among 256 bytes scores 5.545\n' "$(num loss)" "$(num val_loss)" 2>/dev/null || true
+echo
+echo "== gradctl sample $id --tokens 400 --seed 1 (text from the model it just trained)"
+ctl sample "$id" --tokens 400 --temperature 0.8 --seed 1
 echo
 echo "== gradctl stats (the pool after the job: what it reserved, peaked at, and cached)"
 ctl stats

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <glob.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -138,11 +139,39 @@ static void test_errors(void **state)
     }
 }
 
+/* Every example in etc/jobs parses, and together they cover both models
+ * and every precision (bf16 and fp16 on a GPU). */
+static void test_examples(void **state)
+{
+    (void)state;
+    const char *root = getenv("GRADD_SOURCE_ROOT");
+    char pattern[PATH_MAX];
+    snprintf(pattern, sizeof pattern, "%s/etc/jobs/*.cfg", root ? root : ".");
+    glob_t g;
+    assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+    bool seen_model[2] = {false, false}, seen_prec[3] = {false, false, false};
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        job_config j;
+        char err[1024];
+        if (jobcfg_load(g.gl_pathv[i], &j, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        seen_model[j.model] = true;
+        seen_prec[j.precision] = true;
+        /* Mixed precision exists only on CUDA: such examples must say so. */
+        if (j.precision != JOBCFG_FP32 && strncmp(j.device, "cuda", 4) != 0)
+            fail_msg("%s: precision %d on device '%s'", g.gl_pathv[i], j.precision, j.device);
+    }
+    globfree(&g);
+    assert_true(seen_model[JOBCFG_MLP] && seen_model[JOBCFG_GPT]);
+    assert_true(seen_prec[JOBCFG_FP32] && seen_prec[JOBCFG_BF16] && seen_prec[JOBCFG_FP16]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_and_relative_paths),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_examples),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
