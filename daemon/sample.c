@@ -63,8 +63,36 @@ void sample_free(sample_model *s)
     free(s);
 }
 
+/* Sampling one sequence may take at most this much activation memory: a
+ * metadata line can describe a model whose context × vocabulary is far
+ * beyond what its (small) file holds. */
+#define SAMPLE_MAX_ACTIVATIONS ((size_t)4 << 30)
+
+/* The file holds tensor t as exported (Conv1D weights transposed)? */
+static bool expect_tensor(st_file *f, const model_tensor *t, char *why, size_t why_len)
+{
+    uint64_t shape[MODEL_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++)
+        shape[d] = t->shape[d];
+    if (t->transpose_export && t->ndim == 2) {
+        shape[0] = t->shape[1];
+        shape[1] = t->shape[0];
+    }
+    return st_expect(f, t->name, ST_F32, t->ndim, shape, why, why_len);
+}
+
+/* Every tensor of the model is in the file with its shape: checked before
+ * anything the model's size is allocated, so the file's own size bounds it. */
+static int check_named(const sample_model *s, st_file *f, char *err, size_t err_len)
+{
+    for (int i = 0; i < s->m->ntensors; i++)
+        if (!expect_tensor(f, &s->m->tensors[i], err, err_len))
+            return -1;
+    return 0;
+}
+
 /* Fill s->params from model.safetensors: tensor by tensor, by name, undoing
- * the Conv1D transpose of the export. */
+ * the Conv1D transpose of the export.  check_named has passed. */
 static int load_named(sample_model *s, st_file *f, char *err, size_t err_len)
 {
     const model *m = s->m;
@@ -73,20 +101,8 @@ static int load_named(sample_model *s, st_file *f, char *err, size_t err_len)
     int rc = 0;
     for (int i = 0; i < m->ntensors && rc == 0; i++) {
         const model_tensor *t = &m->tensors[i];
-        uint64_t shape[MODEL_MAX_DIMS];
-        for (int d = 0; d < t->ndim; d++)
-            shape[d] = t->shape[d];
         bool tr = t->transpose_export && t->ndim == 2;
-        if (tr) {
-            shape[0] = t->shape[1];
-            shape[1] = t->shape[0];
-        }
         char why[512];
-        if (!st_expect(f, t->name, ST_F32, t->ndim, shape, why, sizeof why)) {
-            snprintf(err, err_len, "%s", why);
-            rc = -1;
-            break;
-        }
         float *dst = s->params + t->offset;
         if (tr && tmp_n < t->numel) {
             free(tmp);
@@ -163,6 +179,20 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
     }
     size_t P = s->m->num_params, fixed, per;
     s->m->ops->activation_bytes(s->m, &fixed, &per);
+    if (resume) {
+        uint64_t shape[1] = {P};
+        if (!st_expect(f, "params", ST_F32, 1, shape, why, sizeof why)) {
+            snprintf(err, err_len, "%s", why);
+            goto out;
+        }
+    } else if (check_named(s, f, err, err_len) != 0) {
+        goto out;
+    }
+    if (fixed + per > SAMPLE_MAX_ACTIVATIONS) {
+        snprintf(err, err_len, "%s: sampling this model (%s) needs %zu MiB of activations, more than the %zu MiB allowed",
+                 path, sig, (fixed + per) >> 20, SAMPLE_MAX_ACTIVATIONS >> 20);
+        goto out;
+    }
     if (posix_memalign(&s->acts, 64, fixed + per) != 0)
         s->acts = NULL;
     s->params = malloc(P * sizeof(float));
@@ -173,13 +203,19 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
     s->m->ops->bind_activations(s->m, s->acts, 1);
     s->m->params = s->params;
     if (resume) {
-        uint64_t shape[1] = {P};
-        if (!st_expect(f, "params", ST_F32, 1, shape, why, sizeof why) ||
-            st_read(f, "params", s->params, P * sizeof(float), why, sizeof why) != 0) {
+        if (st_read(f, "params", s->params, P * sizeof(float), why, sizeof why) != 0) {
             snprintf(err, err_len, "%s", why);
             goto out;
         }
     } else if (load_named(s, f, err, err_len) != 0) {
+        goto out;
+    }
+    /* NaN or infinite weights (a damaged file, or a run that diverged) give
+     * no text worth showing; say so instead. */
+    size_t bad = s->k->count_nonfinite(s->kc, s->params, P);
+    if (bad) {
+        snprintf(err, err_len, "%s: %zu of its %zu parameters are not finite (NaN or infinity): the file is "
+                 "damaged or the training diverged", path, bad, P);
         goto out;
     }
     rc = 0;

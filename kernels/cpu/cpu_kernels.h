@@ -80,7 +80,9 @@ static inline float kcpu_u2f(uint32_t u)
 static inline float kcpu_expf(float x)
 {
     const float hi = 88.3762626647949f, lo = -87.3365447505531f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
+    /* NaN goes through the polynomial as 0 (converting NaN to an int is
+     * undefined) and comes out as itself below. */
+    float xc = x > hi ? hi : (x < lo ? lo : (x != x ? 0.0f : x));
     /* n = round(x / ln2), by the 1.5·2^23 trick (exact for |n| < 2^22). */
     const float magic = 12582912.0f;
     float fn = (xc * 1.44269504088896341f + magic) - magic;

@@ -20,6 +20,10 @@
 #           files (via a memfd), writer round trip of what parses
 #   data    daemon/data.c: llm.c token files, .npy, text, IDX image/label
 #           pairs plain and gzip'd (via memfds), and the sample streams
+#   sample  daemon/sample.c: model.safetensors / resume.safetensors as
+#           `gradctl sample` loads them (via a memfd), the metadata line
+#           parser, and two generated tokens from whatever loads (with the
+#           CPU kernels: OpenBLAS and OpenMP)
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -88,12 +92,12 @@ EOF
 # shellcheck disable=SC2054 # the commas belong to -fsanitize=
 CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
     -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-    -I"$ROOT/common" -I"$ROOT/daemon" -I"$GEN")
+    -I"$ROOT/common" -I"$ROOT/daemon" -I"$ROOT/kernels" -I"$ROOT/kernels/cpu" -I"$GEN")
 # shellcheck disable=SC2206 # word splitting of FUZZ_CFLAGS is intended
 EXTRA=(${FUZZ_CFLAGS:-})
 LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 
-HARNESSES=(wire units config jobcfg safetensors data)
+HARNESSES=(wire units config jobcfg safetensors data sample)
 sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
@@ -102,6 +106,15 @@ sources() {
     jobcfg) echo "$ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
     safetensors) echo "$ROOT/daemon/safetensors.c $ROOT/common/fileio.c" ;;
     data) echo "$ROOT/daemon/data.c" ;;
+    sample) echo "$ROOT/daemon/sample.c $ROOT/daemon/model.c $ROOT/daemon/model_gpt.c $ROOT/daemon/model_mlp.c" \
+        "$ROOT/daemon/safetensors.c $ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c" \
+        "$ROOT/common/fileio.c $ROOT/kernels/cpu/*.c" ;;
+    esac
+}
+# Extra flags and libraries per harness.
+extra() {
+    case $1 in
+    sample) echo "-fopenmp -lopenblas" ;;
     esac
 }
 
@@ -110,7 +123,7 @@ declare -A BUILT=()
 for name in "${HARNESSES[@]}"; do
     # shellcheck disable=SC2046 # the source list is space-separated paths
     if "$CC" "${CFLAGS[@]}" "${EXTRA[@]}" -o "$BUILD_DIR/fuzz_$name" \
-        "$FUZZ_DIR/fuzz_$name.c" $(sources "$name") "${LIBS[@]}" \
+        "$FUZZ_DIR/fuzz_$name.c" $(sources "$name") "${LIBS[@]}" $(extra "$name") \
         >"$BUILD_DIR/build-$name.log" 2>&1; then
         BUILT[$name]=1
     else

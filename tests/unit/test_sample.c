@@ -255,6 +255,32 @@ static void test_bad_files(void **state)
     write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=2 width=32 context=16 vocab=256", 4);
     expect_load_error(path, "'params'");
     expect_load_error("/nonexistent/model.safetensors", "/nonexistent/model.safetensors");
+    /* Weights that match in shape but not in sense: one NaN (found by
+     * fuzz_sample; sampling ran the kernels on it). */
+    {
+        const char *sig = "gpt layers=1 heads=1 width=4 context=4 vocab=4";
+        size_t P = 4 * 4 + 4 * 4 + (12 * 16 + 13 * 4) + 2 * 4;
+        float *v = calloc(P, sizeof *v);
+        v[7] = NAN;
+        st_writer *w = st_writer_new();
+        uint64_t shape[1] = {P};
+        char werr[256];
+        st_writer_add(w, "params", ST_F32, 1, shape, v, P * sizeof *v, werr, sizeof werr);
+        st_writer_meta(w, "format", "gradd-resume-1", werr, sizeof werr);
+        st_writer_meta(w, "model", sig, werr, sizeof werr);
+        if (st_write_atomic(w, path, werr, sizeof werr) != 0)
+            fail_msg("%s", werr);
+        st_writer_free(w);
+        free(v);
+        expect_load_error(path, "1 of its 284 parameters are not finite");
+    }
+    /* A small file whose metadata line asks for a huge context × vocabulary:
+     * refused before the activations are allocated. */
+    {
+        size_t P = (1u << 20) + (1u << 16) + (12 + 13) + 2;
+        write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=1 width=1 context=65536 vocab=1048576", P);
+        expect_load_error(path, "MiB allowed");
+    }
 
     char dir[256], err[512], picked[512];
     snprintf(dir, sizeof dir, "%s/empty", tmpdir);
