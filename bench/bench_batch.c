@@ -15,10 +15,13 @@
  *   chosen_micro    the size found; ratio = gradd / peer (>= 1: gradd found
  *                   at least as large a fitting size).
  *   throughput      samples/s of a whole run with micro_batch = auto
- *                   (probing included) against the best static micro-batch
- *                   of a sweep; ratio = peer / gradd (< 1: gradd faster).
+ *                   (probing and tuning included) against a run at the
+ *                   best static micro-batch of a sweep (see throughput());
+ *                   ratio = peer / gradd (< 1: gradd faster; issue 6 asks
+ *                   for <= 1/0.97).
  *   oom_cost        wall time lost to one injected mid-step OOM and its
- *                   recovery, in steps of the undisturbed run.
+ *                   recovery, in steps of the undisturbed run (both at the
+ *                   fitted size: [memory] tune = off).
  */
 #include <math.h>
 #include <stdint.h>
@@ -169,42 +172,75 @@ static void probes_to_fit(const bench *B, const shape *s)
     }
 }
 
-static double run_rate(const bench *B, const shape *s, uint32_t micro, uint64_t steps, size_t limit)
+static double run_rate(const bench *B, const shape *s, uint32_t micro, uint64_t steps, size_t limit,
+                       train_result *res)
 {
     job_config j;
-    train_result res;
     job(B, &j, s, micro, steps, limit);
     double t0 = now_s();
-    if (run(B, &j, NULL, &res) != TRAIN_DONE || res.oom_recoveries)
+    if (run(B, &j, NULL, res) != TRAIN_DONE || res->oom_recoveries)
         return 0;
     return (double)steps * s->batch / (now_s() - t0);
 }
 
+/* Hand tuning as a person does it: a sweep of static sizes picks the best,
+ * then the job runs at it.  The sweep's own numbers would flatter the peer:
+ * on a shared machine a run's rate varies by several percent, and the best
+ * of many noisy runs of near-equal sizes is biased upwards (the winner's
+ * curse), so the chosen size is measured again, in rounds interleaved with
+ * the auto runs.  Each side keeps its fastest run of those rounds: other
+ * work only ever slows a run down, and interleaving gives both the same
+ * chances of a quiet moment. */
+#define SWEEP_ROUNDS 2
+#define COMPARE_ROUNDS 5
+
 static void throughput(const bench *B, const shape *s, uint64_t steps)
 {
     size_t limit = limit_for(B, s, 0.5);
-    double best = 0;
+    /* The static sizes: powers of two while they fit, and the largest size
+     * that fits, which a careful person would also try. */
+    uint32_t sizes[40];
+    int ns = 0;
+    for (uint32_t n = 1; n <= s->batch && trial(B, s, n, limit); n *= 2)
+        sizes[ns++] = n;
+    uint32_t trials, top = lightning(B, s, limit, true, &trials);
+    if (ns == 0 || sizes[ns - 1] != top)
+        sizes[ns++] = top;
+    double rate[40] = {0};
+    train_result res;
+    for (int round = 0; round < SWEEP_ROUNDS; round++)
+        for (int i = 0; i < ns; i++) {
+            double r = run_rate(B, s, sizes[i], steps, limit, &res);
+            if (r > rate[i])
+                rate[i] = r;
+        }
     uint32_t best_n = 0;
-    char peer[64];
-    for (uint32_t n = 1; n <= s->batch; n *= 2) {
-        if (!trial(B, s, n, limit))
-            break;
-        double r = run_rate(B, s, n, steps, limit);
-        if (r > best) {
-            best = r;
-            best_n = n;
+    double sweep_best = 0;
+    for (int i = 0; i < ns; i++) {
+        fprintf(stderr, "throughput/%s: sweep: static micro %u%s: %.1f samples/s\n", s->name, sizes[i],
+                sizes[i] == top ? " (largest that fits)" : "", rate[i]);
+        if (rate[i] > sweep_best) {
+            sweep_best = rate[i];
+            best_n = sizes[i];
         }
     }
-    /* and the largest size that fits, which a careful person would also try */
-    uint32_t trials, top = lightning(B, s, limit, true, &trials);
-    double r = run_rate(B, s, top, steps, limit);
-    if (r > best) {
-        best = r;
-        best_n = top;
+    double best = 0, a = 0;
+    for (int round = 0; round < COMPARE_ROUNDS; round++) {
+        double r = run_rate(B, s, best_n, steps, limit, &res);
+        if (r > best)
+            best = r;
+        r = run_rate(B, s, 0, steps, limit, &res);
+        if (r > a)
+            a = r;
+        fprintf(stderr, "throughput/%s: round %d: auto fit %u, tuned to %u (%u changes)\n", s->name, round + 1,
+                res.micro_fit, res.micro, (unsigned)res.batch_changes);
     }
-    double a = run_rate(B, s, 0, steps, limit);
+    fprintf(stderr,
+            "throughput/%s: static micro %u: %.1f samples/s, auto: %.1f samples/s (against the sweep's own best, "
+            "%.1f: ratio %.4f)\n",
+            s->name, best_n, best, a, sweep_best, sweep_best / a);
+    char peer[64], name[64];
     snprintf(peer, sizeof peer, "best_static_micro_%u", best_n);
-    char name[64];
     snprintf(name, sizeof name, "throughput/%s", s->name);
     emit(name, "samples_per_s", a, "samples/s (ratio peer/gradd, <1 gradd faster)", peer, best, best / a);
 }
@@ -251,20 +287,29 @@ static void oom_cost(const bench *B, const shape *s, uint64_t steps)
         job(B, &j, s, 0, steps, limit);
         j.margin = 0.05;
         j.grow_after = 5;
+        /* The recovery from the fitted size: a tuned, smaller micro-batch
+         * holds less memory, and the simulated process, which takes all
+         * that is free, would leave it none to recover into. */
+        j.tune = false;
         double t0 = now_s();
-        if (run(B, &j, NULL, &res) != TRAIN_DONE)
+        if (run(B, &j, NULL, &res) != TRAIN_DONE) {
+            fprintf(stderr, "oom_cost: %s\n", res.message);
             exit(1);
+        }
         double ref = now_s() - t0;
         inject x = {B, 10, 0, 0, false};
         train_hooks h = {.on_step = seen, .should_stop = press, .user = &x};
         job(B, &j, s, 0, steps, limit);
         j.margin = 0.05;
         j.grow_after = 5;
+        j.tune = false;
         t0 = now_s();
         train_outcome o = run(B, &j, &h, &res);
         dev_cpu_set_external(B->d, 0);
-        if (o != TRAIN_DONE)
+        if (o != TRAIN_DONE) {
+            fprintf(stderr, "oom_cost (with the OOM): %s\n", res.message);
             exit(1);
+        }
         double t = now_s() - t0;
         recov = res.oom_recoveries;
         if (ref < best_ref)

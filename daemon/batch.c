@@ -6,7 +6,7 @@
 
 const char *batch_reason_name(batch_reason r)
 {
-    static const char *const names[BATCH_REASON_COUNT] = {"", "fit", "oom", "pressure", "grow"};
+    static const char *const names[BATCH_REASON_COUNT] = {"", "fit", "oom", "pressure", "grow", "tuning", "tuned"};
     return (unsigned)r < BATCH_REASON_COUNT ? names[r] : "";
 }
 
@@ -19,6 +19,27 @@ void batch_init(batch_ctl *c, uint32_t batch, uint32_t ceiling, double margin, u
     c->grow_after = grow_after;
     c->upper = c->ceiling;
     c->micro = c->max_fit = c->predicted_max = c->ceiling;
+}
+
+void batch_set_tune(batch_ctl *c, bool on)
+{
+    c->tune = on ? BATCH_TUNE_WAIT : BATCH_TUNE_OFF;
+}
+
+int batch_tune_candidates(uint32_t batch, uint32_t max, uint32_t *out, int cap)
+{
+    if (max == 0 || cap < 1)
+        return 0;
+    int n = 0;
+    out[n++] = max;
+    /* Once a reaches the batch the split is 1 and the loop ends; 64 bits
+     * so the doubling cannot wrap before that. */
+    for (uint64_t a = batch_accum(batch, max); n < cap && out[n - 1] > 1; a *= 2) {
+        uint32_t m = (uint32_t)((batch + a - 1) / a); /* ceil(batch / a) */
+        if (m < out[n - 1])
+            out[n++] = m;
+    }
+    return n;
 }
 
 void batch_prior(batch_ctl *c, size_t fixed, size_t per_sample)
@@ -175,6 +196,99 @@ void batch_probe_skip(batch_ctl *c, size_t budget)
     c->fit_budget = budget;
 }
 
+/* ---- tuning ---- */
+
+/* The fastest measured candidate no larger than `limit`; 0 if none. */
+static uint32_t tune_fastest_below(const batch_ctl *c, uint32_t limit)
+{
+    uint32_t best = 0;
+    double rate = 0;
+    for (int i = 0; i < c->ncand; i++)
+        if (c->rate[i] > rate && c->cand[i] <= limit) {
+            rate = c->rate[i];
+            best = c->cand[i];
+        }
+    return best;
+}
+
+/* Tuning cut short (memory pressure, an OOM, a size that could not be
+ * applied): keep the fastest size measured that still fits, if any, as the
+ * target growth returns to; else growth goes back to the fitted size. */
+static void tune_abort(batch_ctl *c)
+{
+    if (c->tune == BATCH_TUNE_RUN || c->tune == BATCH_TUNE_WAIT) {
+        c->best = tune_fastest_below(c, c->max_fit);
+        c->tune = c->best ? BATCH_TUNE_DONE : BATCH_TUNE_OFF;
+    } else if (c->best > c->max_fit) {
+        c->best = c->max_fit;
+    }
+}
+
+static void tune_begin_candidate(batch_ctl *c, int i)
+{
+    c->ci = i;
+    c->tune_skip = BATCH_TUNE_WARM;
+    c->tune_seen = 0;
+    c->tune_fastest = INFINITY;
+}
+
+/* One step boundary while tuning: the size the next step runs; *why is set
+ * when the size changes or the choice is made. */
+static uint32_t tune_step(batch_ctl *c, uint64_t step, uint32_t pred, double step_s, batch_reason *why)
+{
+    if (c->tune == BATCH_TUNE_WAIT) {
+        c->ncand = batch_tune_candidates(c->batch, c->micro < c->max_fit ? c->micro : c->max_fit, c->cand,
+                                         BATCH_TUNE_MAX);
+        memset(c->rate, 0, sizeof c->rate);
+        if (c->ncand < 2 || c->cand[0] != c->micro) {
+            /* Nothing to choose between (micro-batch 1), or the size moved
+             * before tuning began: leave it to the memory rules. */
+            c->tune = BATCH_TUNE_OFF;
+            return c->micro;
+        }
+        c->tune = BATCH_TUNE_RUN;
+        c->tune_slower = 0;
+        /* The step just reported was the first at the fitted size. */
+        tune_begin_candidate(c, 0);
+    }
+    bool untimed = false;
+    if (c->tune_skip > 0) {
+        c->tune_skip--;
+    } else if (step_s > 0) {
+        if (step_s < c->tune_fastest)
+            c->tune_fastest = step_s;
+        c->tune_seen++;
+    } else {
+        untimed = true;
+    }
+    if (!untimed && c->tune_seen < BATCH_TUNE_STEPS)
+        return c->micro;
+    if (c->tune_seen > 0)
+        c->rate[c->ci] = (double)c->batch / c->tune_fastest;
+    double top = 0;
+    for (int i = 0; i < c->ncand; i++)
+        if (c->rate[i] > top)
+            top = c->rate[i];
+    c->tune_slower = c->rate[c->ci] < BATCH_TUNE_SLOWER * top ? c->tune_slower + 1 : 0;
+    if (!untimed && c->tune_slower < BATCH_TUNE_PATIENCE && c->ci + 1 < c->ncand) {
+        tune_begin_candidate(c, c->ci + 1);
+        *why = BATCH_REASON_TUNING;
+        record(c, c->cand[c->ci], step, BATCH_REASON_TUNING);
+        return c->micro;
+    }
+    /* The choice: the fastest measured, among the sizes the budget allows
+     * now (the running one always qualifies: it ran). */
+    uint32_t allow = pred > c->micro ? pred : c->micro;
+    uint32_t best = tune_fastest_below(c, allow < c->max_fit ? allow : c->max_fit);
+    c->best = best ? best : c->micro;
+    c->tune = BATCH_TUNE_DONE;
+    *why = BATCH_REASON_TUNED;
+    /* Recorded even when it keeps the running size: status and metrics
+     * show that the search is over and what it chose. */
+    record(c, c->best, step, BATCH_REASON_TUNED);
+    return c->micro;
+}
+
 uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail)
 {
     c->oom_recoveries++;
@@ -196,11 +310,15 @@ uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail)
         c->blocked = true;
         c->blocked_avail = avail;
     }
+    /* A step that ran out of memory says nothing about speed, and the sizes
+     * still to try may not fit now. */
+    tune_abort(c);
     record(c, next, step, BATCH_REASON_OOM);
     return next;
 }
 
-uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail, batch_reason *why)
+uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail, double step_s,
+                        batch_reason *why)
 {
     *why = BATCH_REASON_NONE;
     uint32_t pred = batch_max_for(c, usable(c, budget));
@@ -209,16 +327,22 @@ uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail
     if (batch_peak(c, c->micro) > (double)budget && c->micro > 1) {
         uint32_t next = pred ? pred : 1;
         if (next < c->micro) {
+            /* Steps squeezed by another process time nothing useful. */
+            tune_abort(c);
             *why = BATCH_REASON_PRESSURE;
             record(c, next, step, BATCH_REASON_PRESSURE);
             return next;
         }
     }
+    if (c->tune == BATCH_TUNE_WAIT || c->tune == BATCH_TUNE_RUN)
+        return tune_step(c, step, pred, step_s, why);
     /* Grow back after grow_after steps in a row with room for more (and,
-     * after an OOM under pressure, with memory come back). */
+     * after an OOM under pressure, with memory come back), up to the tuned
+     * size: beyond it is slower. */
     if (c->blocked && (double)avail > 1.02 * (double)c->blocked_avail)
         c->blocked = false;
-    uint32_t target = pred < c->max_fit ? pred : c->max_fit;
+    uint32_t cap = c->best && c->best < c->max_fit ? c->best : c->max_fit;
+    uint32_t target = pred < cap ? pred : cap;
     if (c->blocked)
         target = c->micro;
     if (c->grow_after && target > c->micro) {
@@ -241,5 +365,7 @@ void batch_apply_failed(batch_ctl *c, uint32_t tried, uint32_t back)
         c->changes--;
     if (tried > back && c->max_fit >= tried)
         c->max_fit = tried - 1 > back ? tried - 1 : back;
+    /* Memory went elsewhere: as under pressure, tuning is over. */
+    tune_abort(c);
     c->stable_steps = 0;
 }

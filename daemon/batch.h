@@ -17,10 +17,21 @@
  *             predicted maximum to verify it.
  *   OOM       batch_on_oom: a smaller micro-batch for the redone step, or 0
  *             when micro-batch 1 did not fit either.
+ *   tuning    (batch_set_tune; micro_batch = auto) after the fit, the largest
+ *             size that fits is not always the fastest: on a CPU a smaller
+ *             micro-batch keeps its activations in cache.  The first steps
+ *             run at a few candidates at or below the fit (batch_tune_candidates)
+ *             and the controller keeps the one with the most samples per
+ *             second.  These are real training steps — any split of the
+ *             effective batch gives the same update up to reassociation — so
+ *             the search costs only the difference in speed.  The engine
+ *             times the steps and passes the time to batch_step_end; the
+ *             controller never reads a clock, so tests can give it any cost.
  *   steps     batch_step_end: at every step boundary, given the budget now,
  *             shrink before an OOM (the budget fell under the current need)
  *             or grow back after grow_after steps of stable headroom, never
- *             beyond the largest micro-batch found to fit.
+ *             beyond the largest micro-batch found to fit, nor beyond the
+ *             tuned size.
  *
  * Budgets are the bytes the job may hold at its peak (its limit, or its
  * share of what the device can give the pool); the controller keeps
@@ -37,16 +48,45 @@
 
 #define BATCH_MAX_PROBES 3
 
+/* Tuning: candidates at most; steps not timed after each change; steps
+ * timed per candidate, of which the fastest counts; the fraction of the
+ * best rate under which a candidate is clearly slower; and how many clearly
+ * slower candidates in a row end the search — throughput falls steadily on
+ * either side of its peak, so the smaller sizes after it are slower still,
+ * but one noisy measurement must not end the search before the peak.
+ *
+ * The fastest of 3 rather than skipping a warm-up step: the first step
+ * after a change pays for allocation, page faults and cold caches, and
+ * other work on the machine only ever makes a step slower, so the minimum
+ * drops both; on a shared CPU a step's time varies by a third from one
+ * step to the next (preemption), which one timed step could not see
+ * through.  Each candidate thus costs 3 steps at its own speed. */
+#define BATCH_TUNE_MAX 8
+#define BATCH_TUNE_WARM 0
+#define BATCH_TUNE_STEPS 3
+#define BATCH_TUNE_SLOWER 0.95
+#define BATCH_TUNE_PATIENCE 2
+
 typedef enum {
     BATCH_REASON_NONE = 0,
     BATCH_REASON_FIT,      /* chosen by probing at the start */
     BATCH_REASON_OOM,      /* shrunk to redo a step that ran out of memory */
     BATCH_REASON_PRESSURE, /* shrunk before an OOM: the budget fell (another process or job) */
     BATCH_REASON_GROW,     /* grew back after stable headroom */
+    BATCH_REASON_TUNING,   /* a candidate size to time, after the fit */
+    BATCH_REASON_TUNED,    /* the fastest candidate: recorded even when it is the size running */
     BATCH_REASON_COUNT
 } batch_reason;
 
-const char *batch_reason_name(batch_reason r); /* "fit", "oom", "pressure", "grow"; "" for none */
+/* "fit", "oom", "pressure", "grow", "tuning", "tuned"; "" for none */
+const char *batch_reason_name(batch_reason r);
+
+typedef enum {
+    BATCH_TUNE_OFF = 0, /* not asked for, or over before it began (pressure, an OOM) */
+    BATCH_TUNE_WAIT,    /* asked for: starts at the first step boundary after the fit */
+    BATCH_TUNE_RUN,     /* timing the candidates */
+    BATCH_TUNE_DONE,    /* c->best holds the choice */
+} batch_tune_state;
 
 typedef struct {
     uint32_t from, to;
@@ -88,12 +128,32 @@ typedef struct batch_ctl {
     uint64_t stable_steps;
     uint64_t changes;
     batch_change last, before_last; /* before_last: to undo a change that could not be applied */
+
+    /* tuning for throughput */
+    batch_tune_state tune;
+    uint32_t cand[BATCH_TUNE_MAX]; /* descending: the fitted size first */
+    double rate[BATCH_TUNE_MAX];   /* samples/s measured at each; 0: not measured */
+    int ncand, ci;                 /* candidates; the one running */
+    uint32_t tune_skip, tune_seen; /* steps still to skip at cand[ci]; steps measured there */
+    uint32_t tune_slower;          /* clearly slower candidates in a row */
+    double tune_fastest;           /* the fastest measured step at cand[ci], seconds */
+    uint32_t best;                 /* the tuned size (0: none); growth returns to it, not beyond */
 } batch_ctl;
 
 /* ceiling: the largest micro-batch allowed (batch for auto, N for a fixed
  * micro_batch, which then starts at N and only shrinks under memory
  * pressure).  micro starts at the ceiling; probing, if used, replaces it. */
 void batch_init(batch_ctl *c, uint32_t batch, uint32_t ceiling, double margin, uint64_t grow_after);
+/* Tune for throughput after the fit (off after batch_init).  For
+ * micro_batch = auto only: a fixed size is the person's choice. */
+void batch_set_tune(batch_ctl *c, bool on);
+/* The sizes tuning tries, into out[cap], descending: `max` itself, then
+ * ceil(batch / a) for a = ceil(batch / max) doubling — the batch split
+ * evenly into as many micro-batches as max needs, then twice as many, and
+ * so on down to 1, so no candidate but max leaves a ragged last
+ * micro-batch when the batch is a power of two (or a multiple of the
+ * split).  Returns how many. */
+int batch_tune_candidates(uint32_t batch, uint32_t max, uint32_t *out, int cap);
 /* The engine's estimate of peak(n), used until measurements replace it. */
 void batch_prior(batch_ctl *c, size_t fixed, size_t per_sample);
 /* Micro-batches per step: ceil(batch / micro); the last one may be smaller. */
@@ -127,9 +187,13 @@ uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail);
 
 /* At a step boundary, with the budget as it is now: the micro-batch the next
  * step should run (c->micro unchanged when nothing changes), with *why the
- * reason (BATCH_REASON_NONE for no change).  The engine applies it, and
- * calls batch_apply_failed if it could not. */
-uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail, batch_reason *why);
+ * reason (BATCH_REASON_NONE for no change; BATCH_REASON_TUNED may keep the
+ * size).  `step_s` is how long the step just finished took at c->micro
+ * (its forward, backward and optimizer work, in seconds; <= 0: not timed,
+ * which ends tuning with what was measured so far).  The engine applies the
+ * size, and calls batch_apply_failed if it could not. */
+uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail, double step_s,
+                        batch_reason *why);
 /* The engine could not allocate for the size batch_step_end chose: stay at
  * `back`, and treat the size tried as not fitting from now on. */
 void batch_apply_failed(batch_ctl *c, uint32_t tried, uint32_t back);

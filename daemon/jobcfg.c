@@ -59,6 +59,8 @@ static const opts_def opts[] = {
     {"memory", "margin", OPTS_DOUBLE, J(margin), 0, 0.9, false, "0.05", "headroom kept free inside the budget", NULL},
     {"memory", "grow_after", OPTS_COUNT, J(grow_after), 0, 1e12, false, "50",
      "steps of stable headroom before a shrunk micro-batch grows back (0: never)", NULL},
+    {"memory", "tune", OPTS_BOOL, J(tune), 0, 1, false, "on",
+     "micro_batch = auto: time sizes up to the largest that fits, keep the fastest", NULL},
 
     {"output", "dir", OPTS_STRING, J(out_dir), PATHS, "", "where model.safetensors, metrics and checkpoints go", NULL},
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",

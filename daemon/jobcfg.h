@@ -58,6 +58,7 @@ typedef struct job_config {
     uint64_t mem_limit; /* the job's pool budget; 0: none */
     double margin;
     uint64_t grow_after; /* steps of stable headroom before the micro-batch grows back; 0: never */
+    bool tune;           /* micro_batch = auto: time sizes up to the fit and keep the fastest */
 
     /* [output] */
     char out_dir[PATH_MAX];

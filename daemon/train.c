@@ -66,6 +66,7 @@ typedef struct {
     bool oom;                   /* an allocation inside the step failed */
     pool_oom_report last_oom;   /* the first such failure's report */
     uint64_t good_steps;        /* fp16: steps since the loss scale last changed */
+    double step_s;              /* the last step's forward, backward and optimizer time, for tuning */
     void *x_host, *y_host; /* staging when device memory is not host memory */
 
     /* outputs */
@@ -855,6 +856,7 @@ static train_outcome choose_micro(run *r)
     const job_config *j = r->j;
     batch_ctl *c = &r->ctl;
     batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
+    batch_set_tune(c, j->tune && !j->micro_batch);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
     batch_prior(c, r->persistent + r->act_fixed + 2 * 512, r->act_per + r->x_bytes + r->y_bytes);
     size_t budget = job_budget(r, &c->fit_avail);
@@ -878,15 +880,19 @@ static train_outcome choose_micro(run *r)
     return TRAIN_DONE;
 }
 
-/* At a step boundary: shrink before an OOM, or grow back. */
+/* At a step boundary: shrink before an OOM, grow back, or tune. */
 static train_outcome adapt(run *r)
 {
     batch_reason why;
     uint32_t from = r->micro;
     size_t avail, bud = job_budget(r, &avail);
-    uint32_t n = batch_step_end(&r->ctl, r->step, bud, avail, &why);
+    uint32_t n = batch_step_end(&r->ctl, r->step, bud, avail, r->step_s, &why);
     if (n == from) {
-        sync_progress(r);
+        /* The tuner's choice is an event even when it keeps the size. */
+        if (why != BATCH_REASON_NONE)
+            note_change(r);
+        else
+            sync_progress(r);
         return TRAIN_DONE;
     }
     if (set_micro(r, n, why == BATCH_REASON_PRESSURE ? POOL_TRIM_PRESSURE : -1) == 0) {
@@ -965,6 +971,7 @@ static int try_step(run *r, const train_hooks *h)
             r->good_steps = 0;
             r->step++;
             double dt = now_s() - t0;
+            r->step_s = dt;
             log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
             return TRAIN_DONE;
         }
@@ -987,6 +994,7 @@ static int try_step(run *r, const train_hooks *h)
     k->sync(r->kc);
     r->step++;
     double dt = now_s() - t0;
+    r->step_s = dt;
     r->prog.micro = r->micro;
     r->prog.accum = accum;
     log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);

@@ -11,10 +11,12 @@
  * so any split yields the same update up to floating-point reassociation.
  *
  * The split is the batch controller's (batch.h): micro_batch = auto probes
- * for the largest micro-batch that fits the job's budget; an OOM inside a
- * step redoes the whole step at a smaller micro-batch; at step boundaries
- * the micro-batch shrinks when memory runs short and grows back after
- * [memory] grow_after steps of headroom.
+ * for the largest micro-batch that fits the job's budget, then (with
+ * [memory] tune = on) times the first steps at a few sizes at or below it
+ * and keeps the fastest; an OOM inside a step redoes the whole step at a
+ * smaller micro-batch; at step boundaries the micro-batch shrinks when
+ * memory runs short and grows back after [memory] grow_after steps of
+ * headroom.
  */
 #ifndef GRADD_TRAIN_H
 #define GRADD_TRAIN_H
@@ -49,7 +51,7 @@ typedef struct {
     uint64_t batch_changes;
     uint32_t change_from, change_to; /* the last change (valid when batch_changes > 0) */
     uint64_t change_step;
-    char change_reason[16];     /* "fit", "oom", "pressure", "grow" */
+    char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow" */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
 } train_progress;
 

@@ -1,8 +1,9 @@
 """Adaptive batch sizing through a real daemon and the real gradctl: a
 simulated process takes device memory and the job shrinks its micro-batch
 (visible in `gradctl status`, `list` and metrics.jsonl), the process goes
-away and the micro-batch grows back, and two jobs with limits share one
-device and both finish."""
+away and the micro-batch grows back, tuning for throughput picks a size at
+or below the fit and growth returns to it, and two jobs with limits share
+one device and both finish."""
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ eval_batches = 1
 [memory]
 limit = {limit}
 grow_after = 4
+tune = {tune}
 [output]
 dir = {out}
 log_every = 1
@@ -69,10 +71,10 @@ class Adaptive(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
         self.assertEqual(code, 0, "gradd exited %d:\n%s" % (code, log))
 
-    def submit(self, name, steps, limit="0"):
+    def submit(self, name, steps, limit="0", tune="on"):
         cfg = os.path.join(self.dir, name + ".cfg")
         with open(cfg, "w") as f:
-            f.write(JOB.format(name=name, train=self.train, steps=steps, limit=limit,
+            f.write(JOB.format(name=name, train=self.train, steps=steps, limit=limit, tune=tune,
                                out=os.path.join(self.dir, "out-" + name)))
         r = self.d.ctl("submit", cfg)
         return int(r.stdout.split()[1])
@@ -99,7 +101,8 @@ class Adaptive(unittest.TestCase):
             return [e for e in map(json.loads, f) if e.get("event") == "batch_change"]
 
     def test_pressure_shrinks_then_grows_back(self):
-        jid = self.submit("squeeze", steps=100000)
+        # At the fitted size from the first step: tuning (below) would move it.
+        jid = self.submit("squeeze", steps=100000, tune="off")
         j = self.wait_for(jid, lambda j: j["step"] >= 3, "first steps")
         m0 = j["micro"]
         self.assertEqual(j["accum"], -(-64 // m0))
@@ -122,6 +125,40 @@ class Adaptive(unittest.TestCase):
         j = self.wait_for(jid, lambda j: j["micro"] == m0, "growth back")
         self.assertEqual(j["last_change"]["reason"], "grow")
         self.assertTrue(any(e["reason"] == "grow" and e["to"] == m0 for e in self.events(jid)))
+        self.d.ctl("cancel", str(jid))
+
+    def test_tuned_size_is_visible_and_growth_returns_to_it(self):
+        jid = self.submit("tuned", steps=100000)
+        # The sizes it tries and the choice, as events and in status/list.
+        j = self.wait_for(jid, lambda j: j["last_change"] and j["last_change"]["reason"] == "tuned", "tuning")
+        m0 = j["micro"]
+        self.assertEqual(j["last_change"]["to"], m0)
+        self.assertLessEqual(m0, j["micro_fit"])
+        self.assertEqual(j["accum"], -(-64 // m0))
+        ev = self.events(jid)
+        self.assertEqual(ev[0]["reason"], "fit", ev)
+        self.assertEqual(ev[0]["to"], j["micro_fit"], ev)
+        tried = [e["to"] for e in ev if e["reason"] == "tuning"]
+        self.assertTrue(tried, ev)
+        self.assertTrue(all(b < a for a, b in zip([ev[0]["to"]] + tried, tried)), ev)
+        self.assertIn(m0, [ev[0]["to"]] + tried)
+        self.assertEqual(ev[-1]["reason"], "tuned", ev)
+        self.assertIn("tuned", self.d.ctl("status", str(jid)).stdout)
+        self.assertIn("->%d tuned" % m0, self.d.ctl("list").stdout)
+        if m0 == 1:
+            self.d.ctl("cancel", str(jid))
+            self.skipTest("tuned to micro-batch 1: nothing to shrink to")
+        # Pressure, then none: growth goes back to the tuned size, not the fit.
+        free = self.device_free()
+        self.d.ctl("test-pressure", "-d", "cpu0", str(free - (4 << 20)))
+        j = self.wait_for(jid, lambda j: j["micro"] < m0, "shrink")
+        self.d.ctl("test-pressure", "-d", "cpu0", "0")
+        j = self.wait_for(jid, lambda j: j["micro"] == m0, "growth back")
+        self.assertEqual(j["last_change"]["reason"], "grow")
+        step = j["step"]
+        j = self.wait_for(jid, lambda j: j["step"] >= step + 8, "steps after growth")
+        self.assertEqual(j["micro"], m0, j)
+        self.assertFalse(any(e["reason"] == "grow" and e["to"] != m0 for e in self.events(jid)), self.events(jid))
         self.d.ctl("cancel", str(jid))
 
     def test_two_jobs_with_limits_share_a_device(self):

@@ -1,7 +1,8 @@
 /* test_batch.c — the batch controller, with the real engine on the simulated
  * cpu device: probes against an exhaustive search, an OOM in the middle of a
  * step that changes nothing but the split, growing back when the pressure
- * leaves, and the report when micro-batch 1 does not fit. */
+ * leaves, tuning for throughput with a cost the test controls, and the
+ * report when micro-batch 1 does not fit. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -182,14 +183,14 @@ static void test_controller_model(void **state)
     /* The budget halves: shrink before an OOM; it comes back: grow after 5. */
     batch_reason why;
     uint32_t before = c.micro;
-    uint32_t m = batch_step_end(&c, 1, 50u << 20, 50u << 20, &why);
+    uint32_t m = batch_step_end(&c, 1, 50u << 20, 50u << 20, 0.01, &why);
     assert_int_equal(why, BATCH_REASON_PRESSURE);
     assert_true(m < before && batch_peak(&c, m) <= 50u << 20);
     for (uint64_t s = 2; s < 6; s++) {
-        assert_int_equal(batch_step_end(&c, s, budget, budget, &why), m);
+        assert_int_equal(batch_step_end(&c, s, budget, budget, 0.01, &why), m);
         assert_int_equal(why, BATCH_REASON_NONE);
     }
-    assert_int_equal(batch_step_end(&c, 6, budget, budget, &why), before);
+    assert_int_equal(batch_step_end(&c, 6, budget, budget, 0.01, &why), before);
     assert_int_equal(why, BATCH_REASON_GROW);
     /* An OOM at an unchanged budget: the size was wrong; never back to it. */
     uint32_t after = batch_on_oom(&c, 7, budget, budget);
@@ -198,6 +199,217 @@ static void test_controller_model(void **state)
     /* Micro-batch 1 out of memory: nothing left to try. */
     batch_init(&c, 8, 1, 0, 0);
     assert_int_equal(batch_on_oom(&c, 1, 1, 1), 0);
+}
+
+/* ---- tuning for throughput, with a cost the test controls --------------------------- */
+
+/* Seconds for one step of a 64-sample batch at micro-batch n: a fixed cost
+ * per micro-batch (a launch, a pass over the weights) plus a cost per
+ * sample that triples once a micro-batch's activations leave the cache —
+ * past 16 samples here, as on a CPU; `cliff` 0 has no cliff (a GPU: larger
+ * is faster).  The first step after a change also pays a large warm-up
+ * cost, and every other step some noise, which tuning must see through. */
+typedef struct {
+    uint32_t cliff;
+    uint32_t last_micro;
+    uint64_t steps;
+} cost_model;
+
+static double step_cost(cost_model *m, uint32_t n)
+{
+    double per_sample = m->cliff && n > m->cliff ? 30e-6 : 10e-6;
+    double t = batch_accum(64, n) * 0.2e-3 + 64 * per_sample;
+    if (n != m->last_micro)
+        t += 50e-3;
+    else if (m->steps % 2)
+        t *= 1.03;
+    m->last_micro = n;
+    m->steps++;
+    return t;
+}
+
+/* A controller for a batch of 64 whose fit is 40 (peak 10M + 1M·n, budget
+ * 50M), tuning as asked. */
+static void fit_40(batch_ctl *c, bool tune, uint64_t grow_after)
+{
+    batch_init(c, 64, 64, 0, grow_after);
+    batch_set_tune(c, tune);
+    batch_prior(c, 10 << 20, 1 << 20);
+    uint32_t n;
+    while ((n = batch_probe_next(c, 50u << 20)) != 0)
+        batch_probe_result(c, n, (10u << 20) + ((size_t)n << 20), true, 50u << 20);
+    assert_int_equal(c->micro, 40);
+    assert_int_equal(c->max_fit, 40);
+}
+
+/* Run steps until the tuner decides (at most `limit`); the sizes tried, in
+ * order, into tried[], and how many steps it took. */
+static uint64_t tune_until_done(batch_ctl *c, cost_model *m, size_t budget, uint32_t *tried, int *ntried,
+                                uint64_t limit)
+{
+    batch_reason why;
+    uint64_t s;
+    *ntried = 0;
+    tried[(*ntried)++] = c->micro;
+    m->last_micro = c->micro + 1; /* the first step pays for the fit's allocation */
+    for (s = 1; s <= limit; s++) {
+        double t = step_cost(m, c->micro);
+        batch_step_end(c, s, budget, budget, t, &why);
+        if (why == BATCH_REASON_TUNING) {
+            assert_true(*ntried < BATCH_TUNE_MAX);
+            tried[(*ntried)++] = c->micro;
+        }
+        if (why == BATCH_REASON_TUNED)
+            return s;
+        assert_true(why == BATCH_REASON_NONE || why == BATCH_REASON_TUNING);
+    }
+    fail_msg("no tuning decision within %llu steps", (unsigned long long)limit);
+    return 0;
+}
+
+static void test_tune_candidates(void **state)
+{
+    (void)state;
+    uint32_t out[BATCH_TUNE_MAX];
+    static const uint32_t c38[] = {38, 32, 16, 8, 4, 2, 1}, c20[] = {20, 16, 8, 4, 2, 1},
+                          c64[] = {64, 32, 16, 8, 4, 2, 1}, c50[] = {50, 25, 13, 7, 4, 2, 1};
+    assert_int_equal(batch_tune_candidates(64, 38, out, BATCH_TUNE_MAX), 7);
+    assert_memory_equal(out, c38, sizeof c38);
+    assert_int_equal(batch_tune_candidates(48, 20, out, BATCH_TUNE_MAX), 6);
+    assert_memory_equal(out, c20, sizeof c20);
+    assert_int_equal(batch_tune_candidates(64, 64, out, BATCH_TUNE_MAX), 7);
+    assert_memory_equal(out, c64, sizeof c64);
+    assert_int_equal(batch_tune_candidates(50, 50, out, BATCH_TUNE_MAX), 7);
+    assert_memory_equal(out, c50, sizeof c50);
+    assert_int_equal(batch_tune_candidates(64, 64, out, 3), 3);
+    assert_int_equal(batch_tune_candidates(1, 1, out, BATCH_TUNE_MAX), 1);
+    assert_int_equal(batch_tune_candidates(1 << 20, 1 << 20, out, BATCH_TUNE_MAX), BATCH_TUNE_MAX);
+}
+
+/* CPU-like: 40 (ragged: 40 + 24) and 32 are slow, 16 is the fastest, and
+ * 8 and 4 are clearly slower, which ends the search before 2. */
+static void test_tune_picks_fastest(void **state)
+{
+    (void)state;
+    batch_ctl c;
+    cost_model m = {.cliff = 16};
+    uint32_t tried[BATCH_TUNE_MAX];
+    int ntried;
+    fit_40(&c, true, 3);
+    uint64_t steps = tune_until_done(&c, &m, 50u << 20, tried, &ntried, 40);
+    static const uint32_t want[] = {40, 32, 16, 8, 4};
+    assert_int_equal(ntried, 2 + 1 + BATCH_TUNE_PATIENCE);
+    assert_memory_equal(tried, want, sizeof want);
+    /* Each candidate: BATCH_TUNE_WARM steps skipped, BATCH_TUNE_STEPS timed. */
+    assert_int_equal(steps, (uint64_t)ntried * (BATCH_TUNE_WARM + BATCH_TUNE_STEPS));
+    assert_int_equal(c.micro, 16);
+    assert_int_equal(c.best, 16);
+    assert_int_equal(c.last.from, 4);
+    assert_int_equal(c.last.to, 16);
+    assert_int_equal(c.last.reason, BATCH_REASON_TUNED);
+    assert_string_equal(batch_reason_name(c.last.reason), "tuned");
+    assert_string_equal(batch_reason_name(BATCH_REASON_TUNING), "tuning");
+    /* The fit is still the fit: tuning chose below it. */
+    assert_int_equal(c.max_fit, 40);
+
+    /* Nothing changes while the budget stays. */
+    batch_reason why;
+    for (uint64_t s = steps + 1; s < steps + 10; s++) {
+        assert_int_equal(batch_step_end(&c, s, 50u << 20, 50u << 20, step_cost(&m, c.micro), &why), 16);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+    /* Pressure takes the budget under 16's need, then leaves: growth goes
+     * back to the tuned 16 after grow_after steps, not to the fit's 40. */
+    uint64_t s = steps + 10;
+    uint32_t n = batch_step_end(&c, s++, 20u << 20, 20u << 20, 1e-3, &why);
+    assert_int_equal(why, BATCH_REASON_PRESSURE);
+    assert_true(n < 16);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why), n);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+    assert_int_equal(batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why), 16);
+    assert_int_equal(why, BATCH_REASON_GROW);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why), 16);
+}
+
+/* GPU-like: larger is faster.  From a fit of 64 the tuner tries 32 and 16,
+ * finds them clearly slower and goes back: the fastest, 64, is kept. */
+static void test_tune_keeps_faster_of_two(void **state)
+{
+    (void)state;
+    batch_ctl c;
+    cost_model m = {.cliff = 0};
+    uint32_t tried[BATCH_TUNE_MAX];
+    int ntried;
+    batch_init(&c, 64, 64, 0, 3);
+    batch_set_tune(&c, true);
+    batch_prior(&c, 10 << 20, 1 << 20);
+    uint32_t n;
+    while ((n = batch_probe_next(&c, 100u << 20)) != 0)
+        batch_probe_result(&c, n, (10u << 20) + ((size_t)n << 20), true, 100u << 20);
+    assert_int_equal(c.micro, 64);
+    tune_until_done(&c, &m, 100u << 20, tried, &ntried, 40);
+    assert_int_equal(ntried, 1 + BATCH_TUNE_PATIENCE);
+    assert_int_equal(tried[1], 32);
+    assert_int_equal(tried[2], 16);
+    assert_int_equal(c.micro, 64);
+    assert_int_equal(c.best, 64);
+    assert_int_equal(c.last.reason, BATCH_REASON_TUNED);
+
+    /* From a fit of 40, the cost alone (the same controller, a different
+     * clock) makes 32 the fastest: tried after 40, kept over 16 and 8,
+     * which are clearly slower and end the search. */
+    fit_40(&c, true, 0);
+    batch_reason why;
+    uint64_t s = 1;
+    for (; c.tune != BATCH_TUNE_DONE && s < 40; s++)
+        batch_step_end(&c, s, 50u << 20, 50u << 20, c.micro == 32 ? 1e-3 : c.micro == 40 ? 1.2e-3 : 2e-3, &why);
+    assert_int_equal(c.best, 32);
+    assert_int_equal(c.micro, 32);
+}
+
+/* Tuning off: the fit stays, no tuning events; a fixed micro_batch is never
+ * tuned by the engine (batch_set_tune is not called for it). */
+static void test_tune_off(void **state)
+{
+    (void)state;
+    batch_ctl c;
+    cost_model m = {.cliff = 16};
+    fit_40(&c, false, 3);
+    batch_reason why;
+    for (uint64_t s = 1; s < 30; s++) {
+        assert_int_equal(batch_step_end(&c, s, 50u << 20, 50u << 20, step_cost(&m, c.micro), &why), 40);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+    assert_int_equal(c.best, 0);
+    assert_int_equal(c.last.reason, BATCH_REASON_FIT);
+}
+
+/* Pressure in the middle of tuning ends it with the fastest size measured
+ * so far as the size growth returns to. */
+static void test_tune_cut_short(void **state)
+{
+    (void)state;
+    batch_ctl c;
+    fit_40(&c, true, 2);
+    batch_reason why;
+    uint64_t s = 1;
+    /* 40 measured (slow), then 32 measured (fast): 32 becomes the best so far. */
+    while (c.micro != 16 && s < 20) {
+        batch_step_end(&c, s++, 50u << 20, 50u << 20, c.micro == 40 ? 3e-3 : 1e-3, &why);
+    }
+    assert_int_equal(c.micro, 16);
+    assert_int_equal(c.tune, BATCH_TUNE_RUN);
+    uint32_t n = batch_step_end(&c, s++, 15u << 20, 15u << 20, 1e-3, &why);
+    assert_int_equal(why, BATCH_REASON_PRESSURE);
+    assert_true(n < 16);
+    assert_int_equal(c.tune, BATCH_TUNE_DONE);
+    assert_int_equal(c.best, 32);
+    batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why);
+    assert_int_equal(batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why), 32);
+    assert_int_equal(why, BATCH_REASON_GROW);
 }
 
 /* ---- probes against an exhaustive search ------------------------------------------- */
@@ -377,6 +589,9 @@ static void test_oom_mid_step_same_result(void **state)
     make_job(&j, &oom_shape, "undisturbed", 0, 16);
     j.mem_limit = limit;
     j.margin = 0.05; /* covers what allocated bytes do not show: mapping granularity */
+    /* Both runs at the fitted size: tuning picks by timing, which may
+     * differ between the runs, and this compares the sizes step by step. */
+    j.tune = false;
     pressure calm = {0};
     train_hooks hc = {.on_step = watch, .user = &calm};
     if (run(&j, &hc, &res) != TRAIN_DONE)
@@ -388,6 +603,7 @@ static void test_oom_mid_step_same_result(void **state)
     make_job(&j, &oom_shape, "oom10", 0, 16);
     j.mem_limit = limit;
     j.margin = 0.05;
+    j.tune = false;
     pressure x = {.at = 10};
     train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
     train_outcome o = run(&j, &h, &res);
@@ -423,6 +639,7 @@ static void test_grows_back(void **state)
     j.mem_limit = limit;
     j.margin = 0.05;
     j.grow_after = 3;
+    j.tune = false; /* the fitted size, from the first step (test_tune_* cover the tuned one) */
     pressure x = {.at = 5, .release = 8};
     train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
     train_outcome o = run(&j, &h, &res);
@@ -440,6 +657,39 @@ static void test_grows_back(void **state)
     assert_int_equal(x.micro[20], m0);
     assert_string_equal(x.last.change_reason, "grow");
     assert_true(metrics_has(j.out_dir, "\"reason\":\"grow\""));
+}
+
+/* ---- tuning in the engine --------------------------------------------------------------- */
+
+/* With tuning on (the default) the engine's step times reach the
+ * controller, and its decision is visible in the progress report and in
+ * metrics.jsonl.  Which size wins depends on this machine's timing, so
+ * only that it is a candidate at or below the fit is checked. */
+static void test_tuned_run_visible(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "tuned", 0, 3 * BATCH_TUNE_MAX + 4);
+    j.mem_limit = half_limit();
+    j.margin = 0.05;
+    assert_true(j.tune);
+    pressure calm = {0};
+    train_hooks h = {.on_step = watch, .user = &calm};
+    if (run(&j, &h, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    assert_true(metrics_has(j.out_dir, "\"reason\":\"tuned\""));
+    assert_string_equal(calm.last.change_reason, "tuned");
+    uint32_t cand[BATCH_TUNE_MAX];
+    int nc = batch_tune_candidates(oom_shape.batch, res.micro_fit, cand, BATCH_TUNE_MAX);
+    bool found = false;
+    for (int i = 0; i < nc; i++)
+        found |= cand[i] == res.micro;
+    printf("tuned: fit %u, chose %u after %llu changes\n", res.micro_fit, res.micro,
+           (unsigned long long)res.batch_changes);
+    assert_true(found);
+    assert_true(res.micro <= res.micro_fit);
+    assert_int_equal(res.oom_recoveries, 0);
 }
 
 /* ---- micro-batch 1 and still out of memory --------------------------------------------- */
@@ -477,11 +727,17 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_controller_model),
+        cmocka_unit_test(test_tune_candidates),
+        cmocka_unit_test(test_tune_picks_fastest),
+        cmocka_unit_test(test_tune_keeps_faster_of_two),
+        cmocka_unit_test(test_tune_off),
+        cmocka_unit_test(test_tune_cut_short),
         cmocka_unit_test(test_probes_mlp),
         cmocka_unit_test(test_probes_gpt_small),
         cmocka_unit_test(test_probes_gpt_wide),
         cmocka_unit_test(test_oom_mid_step_same_result),
         cmocka_unit_test(test_grows_back),
+        cmocka_unit_test(test_tuned_run_visible),
         cmocka_unit_test(test_micro1_fails_with_report),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -98,7 +98,14 @@ static void test_values_and_relative_paths(void **state)
     assert_int_equal(j.hidden[0], 256);
     assert_int_equal(j.hidden[1], 128);
     assert_int_equal(j.micro_batch, 0); /* auto */
+    assert_true(j.tune);                /* [memory] tune defaults to on */
     assert_string_equal(j.out_dir, "/tmp/x");
+
+    write_job("[model]\ntype = mlp\n[data]\nformat = idx\ntrain = corpus.txt\ntrain_labels = corpus.txt\n"
+              "[memory]\ntune = off\n[output]\ndir = /tmp/x\n");
+    if (jobcfg_load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_false(j.tune);
     assert_string_equal(j.name, "job"); /* from the file name */
 }
 
@@ -110,6 +117,7 @@ static void test_errors(void **state)
     expect_error(GPT_HEAD "[train]\nbatch = sixteen\n", ":8: [train] batch: 'sixteen' is not a whole number");
     expect_error(GPT_HEAD "[train]\nprecision = fp8\n", ":8: [train] precision: 'fp8' is not one of fp32|bf16|fp16");
     expect_error(GPT_HEAD "[train]\nbatch = 8\nmicro_batch = 9\n", ":9: [train] micro_batch: expected auto or");
+    expect_error(GPT_HEAD "[memory]\ntune = fast\n", ":8: [memory] tune: 'fast' is not a boolean");
     expect_error(GPT_HEAD "[train]\nsteps = 10\nwarmup = 20\n", ":9: [train] warmup: is longer than");
     expect_error("[model]\ntype = gpt\nwidth = 64\nheads = 5\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":4: [model] heads: must divide [model] width");
