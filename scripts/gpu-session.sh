@@ -94,6 +94,49 @@ if want daemon; then
     gx timeout 240 "$B/client/gradctl" -s $sock watch "$id" | tail -5
     gx "$B/client/gradctl" -s $sock status "$id"
   done
+  echo "--- gradctl sample (the bf16 model, generated on the CPU by the daemon)"
+  gx "$B/client/gradctl" -s $sock sample 1 --tokens 300 --seed 1 --prompt "The "
+  # Adaptive batching on the GPU: GPT-2 124M under a 12 GiB budget, batch 64
+  # of 1024 tokens: the controller probes the micro-batch that fits.
+  "${PEER_PYTHON:-python3}" - /tmp/tokens.bin <<'PY'
+import struct, sys, random
+n = 1 << 21
+r = random.Random(1)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(r.randrange(50257) for _ in range(n))))
+PY
+  cat >/tmp/gpt2-auto.cfg <<CFG
+[job]
+name = gpt2-auto
+device = cuda:0
+[model]
+type = gpt
+layers = 12
+heads = 12
+width = 768
+context = 1024
+vocab = 50304
+[data]
+format = tokens
+train = /tmp/tokens.bin
+val_fraction = 0
+[train]
+steps = 12
+batch = 64
+micro_batch = auto
+warmup = 2
+precision = bf16
+[memory]
+limit = 12G
+[output]
+dir = /tmp/runs/gpt2-auto
+log_every = 1
+CFG
+  id=$(gx "$B/client/gradctl" -s $sock submit /tmp/gpt2-auto.cfg | grep -o '[0-9]\+' | head -1)
+  gx timeout 240 "$B/client/gradctl" -s $sock watch "$id" | tail -3
+  gx "$B/client/gradctl" -s $sock status "$id"
+  grep -h batch_change /tmp/runs/gpt2-auto/metrics.jsonl | head -5
   gx "$B/client/gradctl" -s $sock status
   gx "$B/client/gradctl" -s $sock stats
   gx "$B/client/gradctl" -s $sock list
