@@ -1012,13 +1012,18 @@ static train_outcome train_step(run *r, const train_hooks *h)
     uint64_t epoch, index;
     data_stream_state(&r->stream, &epoch, &index);
     for (;;) {
+        double t0 = now_s();
         int o = try_step(r, h);
         if (o != STEP_OOM)
             return (train_outcome)o;
         char err[512];
         if (data_stream_set_state(&r->stream, epoch, index, err, sizeof err) != 0)
             return fail(r, "%s", err);
-        if (shrink_after_oom(r) != TRAIN_DONE)
+        train_outcome s = shrink_after_oom(r);
+        /* What the OOM cost: the work thrown away and the re-allocation;
+         * the redo itself is the step that would have run anyway. */
+        r->res->oom_lost_s += now_s() - t0;
+        if (s != TRAIN_DONE)
             return TRAIN_FAILED;
     }
 }

@@ -77,6 +77,7 @@ typedef struct {
     uint32_t micro_fit;               /* the largest found to fit */
     uint32_t probes;                  /* micro-batches spent finding it */
     uint64_t oom_recoveries, batch_changes;
+    double oom_lost_s;                /* wall time of the abandoned attempts and their shrinks */
     size_t act_fixed, act_per_sample; /* the model's activation estimate */
     size_t persistent_bytes;          /* params + grads + optimizer in the pool */
     double peak_fixed, peak_per_sample; /* the controller's fitted peak(n) = fixed + per_sample × n */

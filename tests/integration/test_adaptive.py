@@ -145,9 +145,13 @@ class Adaptive(unittest.TestCase):
         self.assertEqual(ev[-1]["reason"], "tuned", ev)
         self.assertIn("tuned", self.d.ctl("status", str(jid)).stdout)
         self.assertIn("->%d tuned" % m0, self.d.ctl("list").stdout)
-        if m0 == 1:
+        if m0 <= 2:
+            # Seen on a loaded 2-core machine, where timing favours tiny sizes:
+            # micro-batch 2 needs less than the 4 MiB left below, so there is
+            # no shrink to observe.  test_batch's tuning tests cover growth
+            # back to the tuned size with a cost they control.
             self.d.ctl("cancel", str(jid))
-            self.skipTest("tuned to micro-batch 1: nothing to shrink to")
+            self.skipTest("tuned to micro-batch %d: the pressure below leaves it enough" % m0)
         # Pressure, then none: growth goes back to the tuned size, not the fit.
         free = self.device_free()
         self.d.ctl("test-pressure", "-d", "cpu0", str(free - (4 << 20)))
