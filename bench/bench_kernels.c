@@ -144,6 +144,7 @@ int main(int argc, char **argv)
     float *w = buf((size_t)4 * C * C), *dw = buf((size_t)4 * C * C), *b = buf(4 * (size_t)C), *db = buf(4 * (size_t)C);
     float *mean = buf(N), *rstd = buf(N), *lw = buf(C), *lb = buf(C), *dlw = buf(C), *dlb = buf(C);
     float *logits = buf(N * Vp), *probs = buf(N * Vp), *losses = buf(N), *dloss = buf(N), *wte = buf((size_t)Vp * C);
+    float *wpe = buf((size_t)T * C); /* its own: with V < T, wte is too small to stand in for it */
     int32_t *tok = malloc(N * sizeof *tok);
     for (size_t i = 0; i < N; i++)
         tok[i] = (int32_t)(i * 7 % V);
@@ -209,9 +210,9 @@ int main(int argc, char **argv)
     double ce_b;
     TIME(ce_b, R, ops->crossentropy_backward(k, logits, probs, tok, dloss, (int)N, V, Vp));
     double enc_f;
-    TIME(enc_f, R, ops->encoder_forward(k, x, tok, wte, wte, B, T, C));
+    TIME(enc_f, R, ops->encoder_forward(k, x, tok, wte, wpe, B, T, C));
     double enc_b;
-    TIME(enc_b, R, ops->encoder_backward(k, wte, wte, x, tok, B, T, C));
+    TIME(enc_b, R, ops->encoder_backward(k, wte, wpe, x, tok, B, T, C));
     double adam;
     TIME(adam, R, ops->adamw(k, p, g, m, v, nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1));
     double sq, norm;
