@@ -257,24 +257,17 @@ static int run_one(int which, const trace *t, replay_buf *rb, const bench_opts *
     dev_calls = 0;
     memset(rb->step_dev, 0, (t->nsteps + 1) * sizeof *rb->step_dev);
     int rc = 0;
-    uint64_t w0 = clock_ns();
     if (which == A_DEVICE) {
         c.d = counting_cpu_create(o->capacity);
         if (!c.d)
             return -1;
-        rc = replay(t, rb, &c, devall_a, devall_f, NULL, NULL);
-        r->wall_ms = (double)(clock_ns() - w0) / 1e6;
-        free_leftovers(t, rb, &c, devall_f);
+        rc = replay_timed(t, rb, &c, devall_a, devall_f, NULL, r);
         dev_destroy(c.d);
     } else if (which == A_GLIBC) {
-        rc = replay(t, rb, &c, glibc_a, glibc_f, NULL, NULL);
-        r->wall_ms = (double)(clock_ns() - w0) / 1e6;
-        free_leftovers(t, rb, &c, glibc_f);
+        rc = replay_timed(t, rb, &c, glibc_a, glibc_f, NULL, r);
         r->hot_ns = hot_pairs(rb->pairs, 4 * t->nallocs, &c, glibc_a, glibc_f);
     } else {
-        rc = replay(t, rb, &c, je_a, je_f, NULL, NULL);
-        r->wall_ms = (double)(clock_ns() - w0) / 1e6;
-        free_leftovers(t, rb, &c, je_f);
+        rc = replay_timed(t, rb, &c, je_a, je_f, NULL, r);
         r->hot_ns = hot_pairs(rb->pairs, 4 * t->nallocs, &c, je_a, je_f);
     }
     if (rc != 0)

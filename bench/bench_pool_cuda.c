@@ -147,10 +147,7 @@ static int run_async(int device, const trace *t, replay_buf *rb, const bench_opt
     if (!cuda_ok(cudaDeviceSetMemPool(device, c.pool), "cudaDeviceSetMemPool"))
         goto out_stream;
 
-    uint64_t w0 = clock_ns();
-    rc = replay(t, rb, &c, as_a, as_f, as_p, NULL);
-    r->wall_ms = (double)(clock_ns() - w0) / 1e6;
-    free_leftovers(t, rb, &c, as_f);
+    rc = replay_timed(t, rb, &c, as_a, as_f, as_p, r);
     if (!cuda_ok(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize"))
         rc = -1;
     unsigned long long high_res = 0, high_used = 0;
@@ -191,10 +188,7 @@ static int run_one(int which, dev *d, const trace *t, replay_buf *rb, const benc
     if (which == A_ASYNC)
         return run_async(d->index, t, rb, o, r);
 
-    uint64_t w0 = clock_ns();
-    int rc = replay(t, rb, NULL, cm_a, cm_f, NULL, NULL);
-    r->wall_ms = (double)(clock_ns() - w0) / 1e6;
-    free_leftovers(t, rb, NULL, cm_f);
+    int rc = replay_timed(t, rb, NULL, cm_a, cm_f, NULL, r);
     if (rc != 0)
         return -1;
     summarise(t, rb, o->warm_steps, r);

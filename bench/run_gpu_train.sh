@@ -24,15 +24,7 @@ py=${PEER_PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# Random tokens in llm.c's format: 256 int32 header (magic, version, count), uint16 tokens.
-"$py" - "$work/tokens.bin" <<'PY'
-import struct, sys, random
-n = 4 * 1024 * 1024
-rng = random.Random(1337)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
-PY
+"$py" "$here/make_tokens.py" "$work/tokens.bin"
 
 cat >"$work/gpt2.cfg" <<CFG
 [job]

@@ -243,6 +243,19 @@ free_leftovers(const trace *t, replay_buf *rb, void *ctx, void (*F)(void *, void
     }
 }
 
+/* A peer's whole run: replay (no step hook), timed end to end into
+ * r->wall_ms, then free_leftovers.  0, or -1 when an allocation failed. */
+static inline __attribute__((always_inline)) int
+replay_timed(const trace *t, replay_buf *rb, void *ctx, void *(*A)(void *, size_t, int),
+             void (*F)(void *, void *, size_t), void (*P)(void *), run_result *r)
+{
+    uint64_t w0 = clock_ns();
+    int rc = replay(t, rb, ctx, A, F, P, NULL);
+    r->wall_ms = (double)(clock_ns() - w0) / 1e6;
+    free_leftovers(t, rb, ctx, F);
+    return rc;
+}
+
 /* Pair figures and device counts from the buffers of one replay. */
 void summarise(const trace *t, replay_buf *rb, int warm_steps, run_result *r);
 

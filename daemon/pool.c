@@ -598,6 +598,17 @@ int pool_job_set_limit(pool *p, uint32_t job, size_t bytes)
     return s >= 0 ? 0 : -1;
 }
 
+void pool_job_reset_peak(pool *p, uint32_t job)
+{
+    pthread_mutex_lock(&p->lock);
+    pool_stats_begin(p);
+    int s = job_slot(p, job, false);
+    if (s >= 0)
+        POOL_ST(p->live.jobs[s].peak, POOL_LD(p->live.jobs[s].current));
+    pool_stats_end(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
 void pool_job_forget(pool *p, uint32_t job)
 {
     pthread_mutex_lock(&p->lock);

@@ -191,20 +191,6 @@ void pool_stats_reset_peaks(pool *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-void pool_job_reset_peak(pool *p, uint32_t job)
-{
-    pthread_mutex_lock(&p->lock);
-    for (int s = 0; s < POOL_MAX_JOBS; s++) {
-        if (!p->job_used[s] || p->job_id[s] != job)
-            continue;
-        pool_stats_begin(p);
-        POOL_ST(p->live.jobs[s].peak, POOL_LD(p->live.jobs[s].current));
-        pool_stats_end(p);
-        break;
-    }
-    pthread_mutex_unlock(&p->lock);
-}
-
 void pool_get_config(const pool *p, pool_config *out)
 {
     /* Set at creation and never changed: no lock needed. */

@@ -743,6 +743,19 @@ static int expect(jp *p, char c, const char *what)
     return 0;
 }
 
+/* After a member or an element: 1 on ',' (another follows), 0 on `close`
+ * (consumed: the object or array ends), -1 with an error otherwise. */
+static int jnext(jp *p, char close)
+{
+    ws(p);
+    int c = peek(p);
+    if (c == ',' || c == close) {
+        p->i++;
+        return c == ',';
+    }
+    return expect(p, close, close == '}' ? "',' or '}'" : "',' or ']'");
+}
+
 static int hexval(int c)
 {
     if (c >= '0' && c <= '9')
@@ -936,17 +949,11 @@ static int juint_array(jp *p, uint64_t *v, int max, int *count)
         if (juint(p, &v[n]) != 0)
             return -1;
         n++;
-        ws(p);
-        int c = peek(p);
-        if (c == ',') {
-            p->i++;
-            continue;
-        }
-        if (c == ']') {
-            p->i++;
+        int more = jnext(p, ']');
+        if (more < 0)
+            return -1;
+        if (!more)
             break;
-        }
-        return expect(p, ']', "',' or ']'");
     }
     *count = n;
     return 0;
@@ -1010,17 +1017,11 @@ static int parse_meta(st_file *f, jp *p)
         p->tensor = NULL;
         if (add_meta(f, p, k, v) != 0)
             return -1;
-        ws(p);
-        int c = peek(p);
-        if (c == ',') {
-            p->i++;
-            continue;
-        }
-        if (c == '}') {
-            p->i++;
+        int more = jnext(p, '}');
+        if (more < 0)
+            return -1;
+        if (!more)
             break;
-        }
-        return expect(p, '}', "',' or '}'");
     }
     p->in_meta = false;
     return 0;
@@ -1086,18 +1087,15 @@ static int parse_tensor(jp *p, st_tensor *t)
                 t->end = v[1];
             }
             p->field = NULL;
-            ws(p);
-            int c = peek(p);
-            if (c == ',') {
-                p->i++;
-                continue;
-            }
-            if (c == '}')
+            int more = jnext(p, '}');
+            if (more < 0)
+                return -1;
+            if (!more)
                 break;
-            return expect(p, '}', "',' or '}'");
         }
+    } else {
+        p->i++; /* the '}' of an empty object */
     }
-    p->i++; /* the '}' */
     p->field = !have_dtype ? "dtype" : !have_shape ? "shape" : !have_off ? "data_offsets" : NULL;
     if (p->field)
         return jfail(p, "missing");
@@ -1152,17 +1150,11 @@ static int parse_header(st_file *f, jp *p)
                 if (parse_tensor(p, t) != 0)
                     return -1;
             }
-            ws(p);
-            int c = peek(p);
-            if (c == ',') {
-                p->i++;
-                continue;
-            }
-            if (c == '}') {
-                p->i++;
+            int more = jnext(p, '}');
+            if (more < 0)
+                return -1;
+            if (!more)
                 break;
-            }
-            return expect(p, '}', "',' or '}'");
         }
     }
     ws(p);

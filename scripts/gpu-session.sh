@@ -98,14 +98,7 @@ if want daemon; then
   gx "$B/client/gradctl" -s $sock sample 1 --tokens 300 --seed 1 --prompt "The "
   # Adaptive batching on the GPU: GPT-2 124M under a 12 GiB budget, batch 64
   # of 1024 tokens: the controller probes the micro-batch that fits.
-  "${PEER_PYTHON:-python3}" - /tmp/tokens.bin <<'PY'
-import struct, sys, random
-n = 1 << 21
-r = random.Random(1)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(r.randrange(50257) for _ in range(n))))
-PY
+  "${PEER_PYTHON:-python3}" bench/make_tokens.py /tmp/tokens.bin $((1 << 21))
   cat >/tmp/gpt2-auto.cfg <<CFG
 [job]
 name = gpt2-auto

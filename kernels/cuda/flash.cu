@@ -23,6 +23,7 @@
 // atomicAdd (so dQ's summation order, unlike the rest, is not fixed).
 #include <math.h>
 #include <mma.h>
+#include <type_traits>
 
 #include "kern_cuda.cuh"
 
@@ -41,10 +42,39 @@ __device__ __forceinline__ float fa_to(__nv_bfloat16 x) { return __bfloat162floa
 __device__ __forceinline__ float fa_to(__half x) { return __half2float(x); }
 
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> fa_acc;
-template <class E> using fa_a_row = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major>;
-template <class E> using fa_a_col = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::col_major>;
-template <class E> using fa_b_row = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major>;
-template <class E> using fa_b_col = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>;
+
+// acc += A·B for one 16×16 output tile over a depth of 64 (FA_HS or FA_B):
+// four 16-deep steps.  Every 16-bit tile in shared memory has pitch FA_LD;
+// a and b point at the operand's first element, and AL/BL say how it is
+// laid out, which fixes how far one step moves (16 columns of a row-major
+// A, 16 rows of a column-major one; the other way round for B).
+template <class AL, class BL, class E>
+__device__ __forceinline__ void fa_mma64(fa_acc &acc, const E *a, const E *b)
+{
+    constexpr int as = std::is_same_v<AL, wmma::row_major> ? 16 : 16 * FA_LD;
+    constexpr int bs = std::is_same_v<BL, wmma::row_major> ? 16 * FA_LD : 16;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, E, AL> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, E, BL> fb;
+        wmma::load_matrix_sync(fa, a + kk * as, FA_LD);
+        wmma::load_matrix_sync(fb, b + kk * bs, FA_LD);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+// dst (fp32, pitch FA_FLD) = A·B for one 16×16 tile, as fa_mma64.
+template <class AL, class BL, class E>
+__device__ __forceinline__ void fa_mma64_store(float *dst, const E *a, const E *b)
+{
+    fa_acc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    fa_mma64<AL, BL>(acc, a, b);
+    wmma::store_matrix_sync(dst, acc, FA_FLD, wmma::mem_row_major);
+}
+
+using fa_row = wmma::row_major;
+using fa_col = wmma::col_major;
 
 // Stage two 64-row × 64-value fp32 tiles (row r of tile x at srcx + r·pitchx;
 // rows at or past `rows` become zeros) as 16-bit values into dstx[r·FA_LD ..].
@@ -136,19 +166,9 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
         __syncthreads();
 
 #pragma unroll
-        for (int j = 0; j < 4; j++) { // S = Q·Kᵀ, 16 keys at a time
-            fa_acc s;
-            wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_row<E> a;
-                fa_b_col<E> bk;
-                wmma::load_matrix_sync(a, Qs + warp * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::load_matrix_sync(bk, Ks + j * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::mma_sync(s, a, bk, s);
-            }
-            wmma::store_matrix_sync(Ss + warp * 16 * FA_FLD + j * 16, s, FA_FLD, wmma::mem_row_major);
-        }
+        for (int j = 0; j < 4; j++) // S = Q·Kᵀ, 16 keys at a time
+            fa_mma64_store<fa_row, fa_col>(Ss + warp * 16 * FA_FLD + j * 16, Qs + warp * 16 * FA_LD,
+                                           Ks + j * 16 * FA_LD);
         __syncwarp();
 
         // Online softmax over this block's keys.
@@ -187,19 +207,8 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
         __syncwarp();
 
 #pragma unroll
-        for (int j = 0; j < 4; j++) { // P·V, 16 output dimensions at a time, into Ss
-            fa_acc o;
-            wmma::fill_fragment(o, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_row<E> a;
-                fa_b_row<E> bv;
-                wmma::load_matrix_sync(a, Ps + warp * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::load_matrix_sync(bv, Vs + kk * 16 * FA_LD + j * 16, FA_LD);
-                wmma::mma_sync(o, a, bv, o);
-            }
-            wmma::store_matrix_sync(Ss + warp * 16 * FA_FLD + j * 16, o, FA_FLD, wmma::mem_row_major);
-        }
+        for (int j = 0; j < 4; j++) // P·V, 16 output dimensions at a time, into Ss
+            fa_mma64_store<fa_row, fa_row>(Ss + warp * 16 * FA_FLD + j * 16, Ps + warp * 16 * FA_LD, Vs + j * 16);
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < 32; c++) {
@@ -301,19 +310,8 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
         __syncthreads();
 
 #pragma unroll
-        for (int j = 0; j < 4; j++) { // Sᵀ = K·Qᵀ
-            fa_acc s;
-            wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_row<E> a;
-                fa_b_col<E> bq;
-                wmma::load_matrix_sync(a, Ks + warp * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::load_matrix_sync(bq, Qs + j * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::mma_sync(s, a, bq, s);
-            }
-            wmma::store_matrix_sync(wst + j * 16, s, FA_FLD, wmma::mem_row_major);
-        }
+        for (int j = 0; j < 4; j++) // Sᵀ = K·Qᵀ
+            fa_mma64_store<fa_row, fa_col>(wst + j * 16, Ks + warp * 16 * FA_LD, Qs + j * 16 * FA_LD);
         __syncwarp();
 
 #pragma unroll
@@ -326,30 +324,11 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
         __syncwarp();
 
 #pragma unroll
-        for (int j = 0; j < 4; j++) { // dV += Pᵀ·dO
+        for (int j = 0; j < 4; j++) // dV += Pᵀ·dO
+            fa_mma64<fa_row, fa_row>(dV[j], PT + warp * 16 * FA_LD, dOs + j * 16);
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_row<E> a;
-                fa_b_row<E> bo;
-                wmma::load_matrix_sync(a, PT + warp * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::load_matrix_sync(bo, dOs + kk * 16 * FA_LD + j * 16, FA_LD);
-                wmma::mma_sync(dV[j], a, bo, dV[j]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) { // dPᵀ = V·dOᵀ, over Sᵀ
-            fa_acc s;
-            wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_row<E> a;
-                fa_b_col<E> bo;
-                wmma::load_matrix_sync(a, Vs + warp * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::load_matrix_sync(bo, dOs + j * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::mma_sync(s, a, bo, s);
-            }
-            wmma::store_matrix_sync(wst + j * 16, s, FA_FLD, wmma::mem_row_major);
-        }
+        for (int j = 0; j < 4; j++) // dPᵀ = V·dOᵀ, over Sᵀ
+            fa_mma64_store<fa_row, fa_col>(wst + j * 16, Vs + warp * 16 * FA_LD, dOs + j * 16 * FA_LD);
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < 32; c++) { // dSᵀ = Pᵀ ⊙ (dPᵀ − D)
@@ -362,31 +341,12 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
         __syncthreads(); // every warp's dSᵀ rows are in place for dQ
 
 #pragma unroll
-        for (int j = 0; j < 4; j++) { // dK += dSᵀ·Q
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_row<E> a;
-                fa_b_row<E> bq;
-                wmma::load_matrix_sync(a, dST + warp * 16 * FA_LD + kk * 16, FA_LD);
-                wmma::load_matrix_sync(bq, Qs + kk * 16 * FA_LD + j * 16, FA_LD);
-                wmma::mma_sync(dK[j], a, bq, dK[j]);
-            }
-        }
+        for (int j = 0; j < 4; j++) // dK += dSᵀ·Q
+            fa_mma64<fa_row, fa_row>(dK[j], dST + warp * 16 * FA_LD, Qs + j * 16);
         // dQ rows warp·16.. (queries) = dS·K = (dSᵀ)ᵀ·K: dSᵀ read column-major.
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            fa_acc s;
-            wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                fa_a_col<E> a;
-                fa_b_row<E> bk;
-                wmma::load_matrix_sync(a, dST + kk * 16 * FA_LD + warp * 16, FA_LD);
-                wmma::load_matrix_sync(bk, Ks + kk * 16 * FA_LD + j * 16, FA_LD);
-                wmma::mma_sync(s, a, bk, s);
-            }
-            wmma::store_matrix_sync(wst + j * 16, s, FA_FLD, wmma::mem_row_major);
-        }
+        for (int j = 0; j < 4; j++)
+            fa_mma64_store<fa_col, fa_row>(wst + j * 16, dST + warp * 16, Ks + j * 16);
         __syncwarp();
         for (int i = 0; i < 16; i++) {
             int q = q0 + warp * 16 + i;
