@@ -69,6 +69,11 @@ trim_req = request(1, f_bytes(12, f_bytes(1, "cpu0")))
 timeline_req = request(1, f_bytes(13, f_bytes(1, "cuda1")))
 pressure_req = request(1, f_bytes(14, f_bytes(1, "cpu0") + f_varint(2, 512 << 20)))
 old_version_req = request(2, f_bytes(10, b""))
+submit_req = request(1, f_bytes(20, f_bytes(1, "/home/u/job.cfg") +
+                                  f_bytes(2, "[model]\ntype = gpt\n") + f_varint(4, 1) + f_varint(5, 3)))
+sample_req = request(1, f_bytes(27, f_varint(1, 1) + f_bytes(2, "Q: ") + f_varint(3, 50) +
+                                  f_varint(4, 1) + f_double(5, 0.8) + f_varint(6, 1) + f_varint(7, 42)))
+hang_req = request(1, f_bytes(16, f_bytes(1, "cpu0") + f_varint(2, 1)))
 
 # ---- responses (gradd.Response) ----------------------------------------------
 error_resp = f_varint(1, 1) + f_bytes(9, f_varint(1, 1) + f_bytes(2, "protocol version mismatch"))
@@ -114,6 +119,11 @@ SEEDS = {
     "status_response": seed(frame(status_resp), chunks=(4, 17, 30)),
     "stats_response": seed(frame(stats_resp), small_cap=True),
     "timeline_response": seed(frame(timeline_resp)),
+    "submit_sample_hang": seed(frame(submit_req) + frame(sample_req) + frame(hang_req), chunks=(5, 40, 11)),
+    "sample_response": seed(frame(f_varint(1, 1) + f_bytes(27, f_bytes(1, "abc") + f_bytes(2, b"\x61\x62\x63") +
+                                                              f_bytes(3, "/r/model.safetensors") + f_varint(4, 600) +
+                                                              f_varint(5, 256) + f_varint(6, 42) +
+                                                              f_double(7, 2.0)))),
 }
 
 
