@@ -16,6 +16,7 @@
 
 #include "batch.h"
 #include "dev.h"
+#include "fixture.h"
 #include "jobcfg.h"
 #include "kern_ws.h"
 #include "kernels.h"
@@ -28,18 +29,7 @@
 #define WS_FIXED ((size_t)2 << 20)
 #define WS_FACTOR 2
 
-static char tmpdir[64];
-static dev *d;
-static pool *p;
 static const kern_ops *kops;
-
-static void write_file(const char *path, const void *data, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
-}
 
 /* A .npy v1.0 header padded to 64 bytes. */
 static void write_npy(const char *path, const char *descr, const char *shape, const void *data, size_t len)
@@ -64,17 +54,15 @@ static void write_npy(const char *path, const char *descr, const char *shape, co
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-batch-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    /* Expandable segments: a trim gives back the free chunks inside
+     * partly used runs too, so a simulated process can take memory a step
+     * needs (with fixed segments it could only take whole free segments,
+     * and a step's workspace would live on in its activations' segment). */
+    pool_config pc;
+    pool_config_default(&pc);
+    pc.expandable_segments = true;
+    if (fx_setup("batch", (size_t)256 << 20, &pc) != 0 || fx_write_corpus() != 0)
         return -1;
-    char path[128];
-    snprintf(path, sizeof path, "%s/corpus.txt", tmpdir);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    for (int i = 0; i < 400; i++)
-        fprintf(f, "the quick brown fox %d jumps over the lazy dog; pack my box with five dozen jugs.\n", i % 17);
-    fclose(f);
     /* 512 images of 64 floats, 10 classes. */
     enum { N = 512, D = 64 };
     float *img = malloc(N * D * sizeof *img);
@@ -84,21 +72,12 @@ static int setup(void **state)
         for (int k = 0; k < D; k++)
             img[i * D + k] = (float)((i * 31 + k * 7) % 17) / 17.0f + (k == lab[i] ? 1.0f : 0.0f);
     }
-    snprintf(path, sizeof path, "%s/img.npy", tmpdir);
+    char path[128];
+    snprintf(path, sizeof path, "%s/img.npy", fx_dir);
     write_npy(path, "<f4", "(512, 64)", img, N * D * sizeof *img);
-    snprintf(path, sizeof path, "%s/lab.npy", tmpdir);
+    snprintf(path, sizeof path, "%s/lab.npy", fx_dir);
     write_npy(path, "<i4", "(512,)", lab, sizeof lab);
     free(img);
-    (void)write_file;
-    /* Expandable segments: a trim gives back the free chunks inside
-     * partly used runs too, so a simulated process can take memory a step
-     * needs (with fixed segments it could only take whole free segments,
-     * and a step's workspace would live on in its activations' segment). */
-    pool_config pc;
-    pool_config_default(&pc);
-    pc.expandable_segments = true;
-    if (dev_cpu_create((size_t)256 << 20, 0, &d) != DEV_OK || pool_create(d, &pc, &p) != 0)
-        return -1;
     kops = kern_ws_ops(WS_FIXED, WS_FACTOR);
     return 0;
 }
@@ -106,11 +85,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    pool_destroy(p);
-    dev_destroy(d);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return fx_teardown();
 }
 
 typedef struct {
@@ -122,7 +97,7 @@ typedef struct {
 
 static void make_job(job_config *j, const shape *s, const char *out, uint32_t micro, uint64_t steps)
 {
-    jobcfg_defaults(j);
+    fx_job(j, out);
     if (s->mlp) {
         j->model = JOBCFG_MLP;
         j->nhidden = 2;
@@ -130,31 +105,19 @@ static void make_job(job_config *j, const shape *s, const char *out, uint32_t mi
         j->hidden[1] = 128;
         snprintf(j->hidden_text, sizeof j->hidden_text, "256,128");
         j->format = JOBCFG_DATA_NPY;
-        snprintf(j->train, sizeof j->train, "%s/img.npy", tmpdir);
-        snprintf(j->train_labels, sizeof j->train_labels, "%s/lab.npy", tmpdir);
+        snprintf(j->train, sizeof j->train, "%s/img.npy", fx_dir);
+        snprintf(j->train_labels, sizeof j->train_labels, "%s/lab.npy", fx_dir);
     } else {
-        j->model = JOBCFG_GPT;
-        j->layers = s->layers;
-        j->heads = s->heads;
-        j->width = s->width;
-        j->context = s->context;
-        j->vocab = 256;
-        j->format = JOBCFG_DATA_TEXT;
-        snprintf(j->train, sizeof j->train, "%s/corpus.txt", tmpdir);
+        fx_gpt(j, s->layers, s->heads, s->width, s->context);
     }
-    j->val_fraction = 0.1;
     j->steps = steps;
     j->batch = s->batch;
     j->micro_batch = micro;
     j->lr = 3e-3;
-    j->warmup = 2;
     j->weight_decay = 0.1;
     j->threads = 2;
     j->eval_batches = 1;
     j->margin = 0;
-    snprintf(j->out_dir, sizeof j->out_dir, "%s/%s", tmpdir, out);
-    snprintf(j->name, sizeof j->name, "%s", out);
-    snprintf(j->source, sizeof j->source, "test");
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf %s", j->out_dir);
     assert_int_equal(system(cmd), 0);
@@ -417,8 +380,8 @@ static void test_tune_cut_short(void **state)
 /* As a worker runs a job: its pool row (limit, peak) goes with it. */
 static train_outcome run(const job_config *j, const train_hooks *h, train_result *res)
 {
-    train_outcome o = train_run(j, p, kops, 1, h, res);
-    pool_job_forget(p, 1);
+    train_outcome o = train_run(j, fx_pool, kops, 1, h, res);
+    pool_job_forget(fx_pool, 1);
     return o;
 }
 
@@ -504,13 +467,13 @@ static bool press(void *user)
         return false;
     x->injected = true;
     if (x->limit_to) {
-        assert_int_equal(pool_job_set_limit(p, 1, x->limit_to), 0);
+        assert_int_equal(pool_job_set_limit(fx_pool, 1, x->limit_to), 0);
         return false;
     }
-    pool_trim(p, POOL_TRIM_REQUEST, 0);
+    pool_trim(fx_pool, POOL_TRIM_REQUEST, 0);
     size_t free_b, total;
-    dev_mem_info(d, &free_b, &total);
-    assert_int_equal(dev_cpu_set_external(d, free_b), DEV_OK);
+    dev_mem_info(fx_dev, &free_b, &total);
+    assert_int_equal(dev_cpu_set_external(fx_dev, free_b), DEV_OK);
     return false;
 }
 
@@ -522,36 +485,7 @@ static void watch(void *user, const train_progress *pr)
         x->micro[pr->step] = pr->micro;
     x->last = *pr;
     if (x->release && pr->step == x->release)
-        assert_int_equal(dev_cpu_set_external(d, 0), DEV_OK);
-}
-
-static double worst_tensor_diff(const char *dir_a, const char *dir_b)
-{
-    char pa[256], pb[256], err[512];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
-    st_file *fa, *fb;
-    if (st_open(pa, &fa, err, sizeof err) != 0 || st_open(pb, &fb, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    double worst = 0;
-    for (size_t i = 0; i < st_count(fa); i++) {
-        const st_tensor *ta = st_tensor_at(fa, i);
-        const float *a = st_data(fa, ta, err, sizeof err);
-        const float *b = st_data(fb, st_find(fb, ta->name), err, sizeof err);
-        assert_non_null(a);
-        assert_non_null(b);
-        double num = 0, den = 0;
-        for (uint64_t e = 0; e < ta->nelem; e++) {
-            num += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
-            den += (double)b[e] * b[e];
-        }
-        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-        if (rel > worst)
-            worst = rel;
-    }
-    st_close(fa);
-    st_close(fb);
-    return worst;
+        assert_int_equal(dev_cpu_set_external(fx_dev, 0), DEV_OK);
 }
 
 static bool metrics_has(const char *dir, const char *needle)
@@ -607,7 +541,7 @@ static void test_oom_mid_step_same_result(void **state)
     pressure x = {.at = 10};
     train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
     train_outcome o = run(&j, &h, &res);
-    dev_cpu_set_external(d, 0);
+    dev_cpu_set_external(fx_dev, 0);
     if (o != TRAIN_DONE)
         fail_msg("%s", res.message);
     assert_true(x.injected);
@@ -621,8 +555,8 @@ static void test_oom_mid_step_same_result(void **state)
     assert_true(metrics_has(j.out_dir, "\"reason\":\"oom\""));
     /* ...and the parameters are the undisturbed run's, up to reassociation. */
     char ref[128];
-    snprintf(ref, sizeof ref, "%s/undisturbed", tmpdir);
-    double worst = worst_tensor_diff(j.out_dir, ref);
+    snprintf(ref, sizeof ref, "%s/undisturbed", fx_dir);
+    double worst = fx_worst_tensor_diff(j.out_dir, ref, NULL, 0);
     printf("oom at step 10: micro %u -> %u, worst tensor difference %.3g\n", m0, x.micro[10], worst);
     assert_true(worst <= 1e-5);
 }
@@ -643,7 +577,7 @@ static void test_grows_back(void **state)
     pressure x = {.at = 5, .release = 8};
     train_hooks h = {.on_step = watch, .should_stop = press, .user = &x};
     train_outcome o = run(&j, &h, &res);
-    dev_cpu_set_external(d, 0);
+    dev_cpu_set_external(fx_dev, 0);
     if (o != TRAIN_DONE)
         fail_msg("%s", res.message);
     uint32_t m0 = x.micro[4];

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "dev.h"
+#include "fixture.h"
 #include "jobcfg.h"
 #include "kernels.h"
 #include "model.h"
@@ -23,7 +24,6 @@
 #include "sample.h"
 #include "train.h"
 
-static char tmpdir[64];
 static char out_dir[128];
 
 /* Train once for the whole file: a tiny GPT on "abcdefg" over and over (a
@@ -32,51 +32,22 @@ static char out_dir[128];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-sample-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (fx_setup("sample", (size_t)1 << 30, NULL) != 0 || fx_write_corpus_repeat("abcdefg", 600) != 0)
         return -1;
-    char path[128];
-    snprintf(path, sizeof path, "%s/corpus.txt", tmpdir);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    for (int i = 0; i < 600; i++)
-        fputs("abcdefg", f);
-    fclose(f);
     job_config j;
-    jobcfg_defaults(&j);
-    j.model = JOBCFG_GPT;
-    j.layers = 1;
-    j.heads = 2;
-    j.width = 32;
-    j.context = 16;
-    j.vocab = 256;
-    j.format = JOBCFG_DATA_TEXT;
-    snprintf(j.train, sizeof j.train, "%s", path);
-    j.val_fraction = 0.1;
+    fx_job(&j, "out");
+    fx_gpt(&j, 1, 2, 32, 16);
     j.steps = 60;
     j.batch = 8;
     j.micro_batch = 8;
     j.lr = 1e-2;
-    j.warmup = 2;
     j.threads = 1;
     j.eval_every = 0;
     j.eval_batches = 1;
-    snprintf(out_dir, sizeof out_dir, "%s/out", tmpdir);
-    snprintf(j.out_dir, sizeof j.out_dir, "%s", out_dir);
+    snprintf(out_dir, sizeof out_dir, "%s", j.out_dir);
     snprintf(j.name, sizeof j.name, "abc");
-    snprintf(j.source, sizeof j.source, "test");
-    pool_config pc;
-    pool_config_default(&pc);
-    dev *d;
-    pool *p;
-    if (dev_cpu_create((size_t)1 << 30, 0, &d) != DEV_OK || pool_create(d, &pc, &p) != 0)
-        return -1;
     train_result res;
-    train_outcome o = train_run(&j, p, kern_cpu_ops(), 1, NULL, &res);
-    pool_destroy(p);
-    dev_destroy(d);
-    if (o != TRAIN_DONE) {
+    if (train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res) != TRAIN_DONE) {
         fprintf(stderr, "train_run: %s\n", res.message);
         return -1;
     }
@@ -86,9 +57,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return fx_teardown();
 }
 
 static sample_model *load(const char *name)
@@ -242,7 +211,7 @@ static void test_bad_files(void **state)
 {
     (void)state;
     char path[256];
-    snprintf(path, sizeof path, "%s/bad.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/bad.safetensors", fx_dir);
     write_file(path, "pt", NULL, NULL, 4);
     expect_load_error(path, "bad.safetensors: no 'gradd_model' metadata");
     write_file(path, "pt", "gradd_model", "mlp inputs=784 hidden=512 classes=10", 4);
@@ -283,7 +252,7 @@ static void test_bad_files(void **state)
     }
 
     char dir[256], err[512], picked[512];
-    snprintf(dir, sizeof dir, "%s/empty", tmpdir);
+    snprintf(dir, sizeof dir, "%s/empty", fx_dir);
     mkdir(dir, 0700);
     assert_int_equal(sample_pick_file(dir, picked, sizeof picked, err, sizeof err), -1);
     assert_non_null(strstr(err, "has no model.safetensors"));
@@ -307,7 +276,7 @@ static void test_other_vocab(void **state)
     char err[512];
     assert_int_equal(model_create(&j, 0, 0, kern_cpu_ops(), NULL, &shape, err, sizeof err), 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/v300.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/v300.safetensors", fx_dir);
     write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=1 width=8 context=4 vocab=300", shape->num_params);
     model_destroy(shape);
     sample_model *m;

@@ -13,34 +13,18 @@
 #include <cmocka.h>
 
 #include "dev.h"
+#include "fixture.h"
 #include "jobcfg.h"
 #include "kernels.h"
 #include "pool.h"
 #include "safetensors.h"
 #include "train.h"
 
-static char tmpdir[64];
-static dev *d;
-static pool *p;
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-train-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        return -1;
     /* A small text corpus: every run below reads the same bytes. */
-    char path[128];
-    snprintf(path, sizeof path, "%s/corpus.txt", tmpdir);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    for (int i = 0; i < 400; i++)
-        fprintf(f, "the quick brown fox %d jumps over the lazy dog; pack my box with five dozen jugs.\n", i % 17);
-    fclose(f);
-    pool_config pc;
-    pool_config_default(&pc);
-    if (dev_cpu_create((size_t)1 << 30, 0, &d) != DEV_OK || pool_create(d, &pc, &p) != 0)
+    if (fx_setup("train", (size_t)1 << 30, NULL) != 0 || fx_write_corpus() != 0)
         return -1;
     return 0;
 }
@@ -48,37 +32,21 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    pool_destroy(p);
-    dev_destroy(d);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return fx_teardown();
 }
 
-/* A tiny GPT job over the corpus, writing to tmpdir/NAME. */
+/* A tiny GPT job over the corpus, writing to fx_dir/NAME. */
 static void tiny_gpt(job_config *j, const char *name, uint32_t micro, uint64_t steps)
 {
-    jobcfg_defaults(j);
-    j->model = JOBCFG_GPT;
-    j->layers = 2;
-    j->heads = 2;
-    j->width = 32;
-    j->context = 16;
-    j->vocab = 256;
-    j->format = JOBCFG_DATA_TEXT;
-    snprintf(j->train, sizeof j->train, "%s/corpus.txt", tmpdir);
-    j->val_fraction = 0.1;
+    fx_job(j, name);
+    fx_gpt(j, 2, 2, 32, 16);
     j->steps = steps;
     j->batch = 16;
     j->micro_batch = micro;
     j->lr = 3e-3;
-    j->warmup = 2;
     j->weight_decay = 0.1;
     j->threads = 2;
     j->eval_batches = 2;
-    snprintf(j->out_dir, sizeof j->out_dir, "%s/%s", tmpdir, name);
-    snprintf(j->name, sizeof j->name, "%s", name);
-    snprintf(j->source, sizeof j->source, "test");
 }
 
 static float *read_params(const char *dir, size_t *n)
@@ -99,45 +67,11 @@ static float *read_params(const char *dir, size_t *n)
 
 static void run_ok(const job_config *j, train_result *res, const train_hooks *h)
 {
-    if (train_run(j, p, kern_cpu_ops(), 1, h, res) != TRAIN_DONE)
+    if (train_run(j, fx_pool, kern_cpu_ops(), 1, h, res) != TRAIN_DONE)
         fail_msg("train_run: %s", res->message);
 }
 
 /* ---- accumulation: 16×1 = 4×4 = 5+5+5+1 ---------------------------------------- */
-
-/* Largest per-tensor relative difference ||a - b|| / ||b|| between the
- * tensors of two model.safetensors files. */
-static double worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len)
-{
-    char pa[256], pb[256], err[512];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
-    st_file *fa, *fb;
-    if (st_open(pa, &fa, err, sizeof err) != 0 || st_open(pb, &fb, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    assert_int_equal(st_count(fa), st_count(fb));
-    double worst = 0;
-    for (size_t i = 0; i < st_count(fa); i++) {
-        const st_tensor *ta = st_tensor_at(fa, i);
-        const float *a = st_data(fa, ta, err, sizeof err);
-        const float *b = st_data(fb, st_find(fb, ta->name), err, sizeof err);
-        assert_non_null(a);
-        assert_non_null(b);
-        double num = 0, den = 0;
-        for (uint64_t e = 0; e < ta->nelem; e++) {
-            num += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
-            den += (double)b[e] * b[e];
-        }
-        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-        if (rel > worst) {
-            worst = rel;
-            snprintf(which, which_len, "%s", ta->name);
-        }
-    }
-    st_close(fa);
-    st_close(fb);
-    return worst;
-}
 
 static void test_accumulation_equivalence(void **state)
 {
@@ -162,7 +96,7 @@ static void test_accumulation_equivalence(void **state)
          * so a near-zero gradient's rounding noise moves its parameter by a
          * visible fraction of lr. */
         char which[64] = "";
-        double worst = worst_tensor_diff(j.out_dir, ref_dir, which, sizeof which);
+        double worst = fx_worst_tensor_diff(j.out_dir, ref_dir, which, sizeof which);
         if (worst > 1e-5)
             fail_msg("micro %u differs from micro 16 by relative %.3g in %s", micros[i], worst, which);
     }
@@ -204,7 +138,7 @@ static void test_resume_bitwise(void **state)
 
     tiny_gpt(&j, "parts", 5, 9);
     j.checkpoint_every = 3;
-    assert_int_equal(train_run(&j, p, kern_cpu_ops(), 1, &hp, &res), TRAIN_STOPPED);
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, &hp, &res), TRAIN_STOPPED);
     assert_int_equal(res.steps_done, 4);
     /* The stop checkpoint holds step 4; the second run picks it up. */
     part.stop_after = 0;
@@ -216,8 +150,8 @@ static void test_resume_bitwise(void **state)
 
     size_t n1, n2;
     char d1[128], d2[128];
-    snprintf(d1, sizeof d1, "%s/full", tmpdir);
-    snprintf(d2, sizeof d2, "%s/parts", tmpdir);
+    snprintf(d1, sizeof d1, "%s/full", fx_dir);
+    snprintf(d2, sizeof d2, "%s/parts", fx_dir);
     float *a = read_params(d1, &n1), *b = read_params(d2, &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(a, b, n1 * sizeof(float));
@@ -267,7 +201,7 @@ static void test_checkpoint_failure_keeps_previous(void **state)
     j.checkpoint_every = 2;
     fail_at_step = 4;
     train_hooks h = {.on_checkpoint = inject};
-    assert_int_equal(train_run(&j, p, kern_cpu_ops(), 1, &h, &res), TRAIN_FAILED);
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, &h, &res), TRAIN_FAILED);
     assert_non_null(strstr(res.message, "checkpoint failed (the previous one is intact)"));
     assert_non_null(strstr(res.message, "resume.safetensors"));
 
@@ -287,7 +221,7 @@ static void test_checkpoint_failure_keeps_previous(void **state)
     fail_at_step = 0;
     run_ok(&j, &res, NULL);
     char d1[128];
-    snprintf(d1, sizeof d1, "%s/ckref", tmpdir);
+    snprintf(d1, sizeof d1, "%s/ckref", fx_dir);
     size_t n1, n2;
     float *a = read_params(d1, &n1), *b = read_params(j.out_dir, &n2);
     assert_int_equal(n1, n2);
@@ -307,7 +241,7 @@ static void test_resume_mismatch_refused(void **state)
     run_ok(&j, &res, NULL);
     j.width = 64;
     j.steps = 4;
-    assert_int_equal(train_run(&j, p, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
     assert_non_null(strstr(res.message, "was written for 'gpt layers=2 heads=2 width=32"));
     assert_non_null(strstr(res.message, "use another [output] dir"));
 }
@@ -324,7 +258,7 @@ static void take_stats(void *user, const train_progress *pr)
     (void)pr;
     snap *s = user;
     if (!s->taken)
-        pool_stats_read(p, &s->st);
+        pool_stats_read(fx_pool, &s->st);
     s->taken = true;
 }
 
@@ -350,7 +284,7 @@ static void test_memory_tags(void **state)
     assert_true(s.st.tag_current[POOL_TAG_DATA] > 0);
     /* And everything went back when the job ended. */
     pool_stats after;
-    pool_stats_read(p, &after);
+    pool_stats_read(fx_pool, &after);
     assert_int_equal(after.allocated_bytes[POOL_ALL].current, 0);
 }
 
@@ -366,7 +300,7 @@ static void test_trim_every_steps(void **state)
      * all smaller) leaves the cached 64M segment idle. */
     pc.max_split_size = 16u << 20;
     pool *tp;
-    assert_int_equal(pool_create(d, &pc, &tp), 0);
+    assert_int_equal(pool_create(fx_dev, &pc, &tp), 0);
     /* Something cached before the job, as another job would leave it. */
     pool_free(tp, pool_alloc(tp, 64u << 20, POOL_TAG_OTHER, 9, NULL));
     pool_stats st;
@@ -439,7 +373,7 @@ static void test_mlp_learns_fashion(void **state)
     j.micro_batch = 64;
     j.lr = 2e-3;
     j.threads = 2;
-    snprintf(j.out_dir, sizeof j.out_dir, "%s/fashion", tmpdir);
+    snprintf(j.out_dir, sizeof j.out_dir, "%s/fashion", fx_dir);
     snprintf(j.source, sizeof j.source, "test");
     run_ok(&j, &res, NULL);
     printf("fashion-mnist: final loss %.3f, test accuracy %.2f%%\n", res.final_loss, res.val_accuracy * 100);

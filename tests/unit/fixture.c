@@ -1,0 +1,125 @@
+/* fixture.c — see fixture.h. */
+#include "fixture.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "safetensors.h"
+
+char fx_dir[64];
+dev *fx_dev;
+pool *fx_pool;
+
+int fx_setup(const char *tag, size_t capacity, const pool_config *pc)
+{
+    snprintf(fx_dir, sizeof fx_dir, "/tmp/gradd-%s-XXXXXX", tag);
+    if (!mkdtemp(fx_dir))
+        return -1;
+    pool_config def;
+    if (!pc) {
+        pool_config_default(&def);
+        pc = &def;
+    }
+    if (dev_cpu_create(capacity, 0, &fx_dev) != DEV_OK || pool_create(fx_dev, pc, &fx_pool) != 0)
+        return -1;
+    return 0;
+}
+
+int fx_teardown(void)
+{
+    pool_destroy(fx_pool);
+    dev_destroy(fx_dev);
+    fx_pool = NULL;
+    fx_dev = NULL;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", fx_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* fx_dir/corpus.txt opened for writing, or NULL. */
+static FILE *open_corpus(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/corpus.txt", fx_dir);
+    return fopen(path, "w");
+}
+
+int fx_write_corpus(void)
+{
+    FILE *f = open_corpus();
+    if (!f)
+        return -1;
+    for (int i = 0; i < 400; i++)
+        fprintf(f, "the quick brown fox %d jumps over the lazy dog; pack my box with five dozen jugs.\n", i % 17);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+int fx_write_corpus_repeat(const char *text, int times)
+{
+    FILE *f = open_corpus();
+    if (!f)
+        return -1;
+    for (int i = 0; i < times; i++)
+        fputs(text, f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+void fx_job(job_config *j, const char *out)
+{
+    jobcfg_defaults(j);
+    j->val_fraction = 0.1;
+    j->warmup = 2;
+    snprintf(j->out_dir, sizeof j->out_dir, "%s/%s", fx_dir, out);
+    snprintf(j->name, sizeof j->name, "%s", out);
+    snprintf(j->source, sizeof j->source, "test");
+}
+
+void fx_gpt(job_config *j, uint32_t layers, uint32_t heads, uint32_t width, uint32_t context)
+{
+    j->model = JOBCFG_GPT;
+    j->layers = layers;
+    j->heads = heads;
+    j->width = width;
+    j->context = context;
+    j->vocab = 256;
+    j->format = JOBCFG_DATA_TEXT;
+    snprintf(j->train, sizeof j->train, "%s/corpus.txt", fx_dir);
+}
+
+double fx_worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len)
+{
+    char pa[256], pb[256], err[512];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    st_file *fa, *fb;
+    if (st_open(pa, &fa, err, sizeof err) != 0 || st_open(pb, &fb, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(st_count(fa), st_count(fb));
+    double worst = 0;
+    for (size_t i = 0; i < st_count(fa); i++) {
+        const st_tensor *ta = st_tensor_at(fa, i);
+        const float *a = st_data(fa, ta, err, sizeof err);
+        const float *b = st_data(fb, st_find(fb, ta->name), err, sizeof err);
+        assert_non_null(a);
+        assert_non_null(b);
+        double num = 0, den = 0;
+        for (uint64_t e = 0; e < ta->nelem; e++) {
+            num += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
+            den += (double)b[e] * b[e];
+        }
+        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (rel > worst) {
+            worst = rel;
+            if (which)
+                snprintf(which, which_len, "%s", ta->name);
+        }
+    }
+    st_close(fa);
+    st_close(fb);
+    return worst;
+}

@@ -1,0 +1,50 @@
+/* fixture.h — what the engine's unit tests (test_train, test_batch,
+ * test_sample) set up alike: a temporary directory holding a small text
+ * corpus, a simulated cpu device with a memory pool on it, and job
+ * configurations over them.
+ *
+ * One fixture per test process (cmocka group setup / teardown), so its
+ * state is three globals that the tests read directly.
+ */
+#ifndef GRADD_TEST_FIXTURE_H
+#define GRADD_TEST_FIXTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dev.h"
+#include "jobcfg.h"
+#include "pool.h"
+
+extern char fx_dir[64]; /* /tmp/gradd-TAG-XXXXXX */
+extern dev *fx_dev;     /* the simulated cpu device */
+extern pool *fx_pool;   /* and the pool on it */
+
+/* Make fx_dir (/tmp/gradd-TAG-XXXXXX), a simulated cpu device of `capacity`
+ * bytes and a pool on it configured with `pc` (NULL: the pool's defaults).
+ * 0, or -1 on any failure: a cmocka group setup's return. */
+int fx_setup(const char *tag, size_t capacity, const pool_config *pc);
+/* Destroy the pool and the device, remove fx_dir and all in it.  0 or -1,
+ * for a cmocka group teardown. */
+int fx_teardown(void);
+
+/* fx_dir/corpus.txt: 400 lines of pangrams numbered 0..16, about 33 KB —
+ * enough windows for a tiny GPT's batches and a held-out tenth. */
+int fx_write_corpus(void);
+/* fx_dir/corpus.txt: `text` written `times` times over. */
+int fx_write_corpus_repeat(const char *text, int times);
+
+/* A job writing to fx_dir/OUT, named OUT: the defaults, then a tenth of the
+ * data held out for validation and 2 warmup steps.  The model and the rest
+ * are the caller's. */
+void fx_job(job_config *j, const char *out);
+/* Make j a byte-level GPT of that shape over fx_dir/corpus.txt. */
+void fx_gpt(job_config *j, uint32_t layers, uint32_t heads, uint32_t width, uint32_t context);
+
+/* The largest per-tensor relative difference ||a - b|| / ||b|| between the
+ * tensors of DIR_A/model.safetensors and DIR_B/model.safetensors, which must
+ * hold the same tensors (a cmocka failure otherwise); the tensor's name into
+ * which[which_len] when which is not NULL. */
+double fx_worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len);
+
+#endif
