@@ -58,33 +58,43 @@ checkpoint_every = 0
 log_every = 1
 CFG
 
-(
-  # The env file may run commands that fail harmlessly (a missing lib dir):
-  # not under this script's errexit/pipefail.
-  if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi
-  "$gradd" run "$work/gpt2.cfg" >&2
-)
-cp "$work/out/metrics.jsonl" "${METRICS_COPY:-/dev/null}" 2>/dev/null || true
+# FLASHES lists the attention kernels gradd runs with, one training run each
+# (GRADD_FLASH, kernels/cuda/flash.cu): "wmma" (the default) and/or "mma";
+# the peers run once and every gradd run is compared with them.
+runs=()
+for flash in ${FLASHES:-wmma}; do
+  (
+    # The env file may run commands that fail harmlessly (a missing lib dir):
+    # not under this script's errexit/pipefail.
+    if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi
+    rm -rf "$work/out"
+    GRADD_FLASH=$flash "$gradd" run "$work/gpt2.cfg" >&2
+  )
+  cp "$work/out/metrics.jsonl" "$work/metrics-$flash.jsonl"
+  runs+=("$flash=$work/metrics-$flash.jsonl")
+done
+cp "${runs[0]#*=}" "${METRICS_COPY:-/dev/null}" 2>/dev/null || true
 "$py" "$here/torch_gpu_peer.py" --batch "$batch" --steps 20 --warmup 5 >"$work/peer.jsonl"
 cat "$work/peer.jsonl" >&2
 
-"$py" - "$work/out/metrics.jsonl" "$work/peer.jsonl" "$batch" <<'PY'
+"$py" - "$work/peer.jsonl" "$batch" "${runs[@]}" <<'PY'
 import json, statistics, sys
-L, C, T, V, B = 12, 768, 1024, 50304, int(sys.argv[3])
-steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-ms = statistics.median(s["step_ms"] for s in steps[5:])
+L, C, T, V, B = 12, 768, 1024, 50304, int(sys.argv[2])
 # Parameters of gradd's GPT: wte, wpe, per block 2 layernorms (4C), qkv (3C²+3C),
 # proj (C²+C), fc (4C²+4C), fc proj (4C²+C), then ln_f (2C).
 n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-tps = B * T / (ms / 1e3)
-mfu = tps * (6 * n + 12 * L * C * T) / 989.4e12
-bench = "train_gpt2_124m_bf16"
-for line in open(sys.argv[2]):
-    p = json.loads(line)
-    peer = p["impl"]
-    for metric, v, pv, unit, r in (("step_ms", ms, p["step_ms"], "ms", ms / p["step_ms"]),
-                                   ("tokens_per_s", tps, p["tokens_per_s"], "tok/s", p["tokens_per_s"] / tps),
-                                   ("mfu", mfu, p["mfu"], "fraction", p["mfu"] / mfu)):
-        print(json.dumps({"bench": bench, "metric": metric, "value": round(v, 4), "unit": unit, "peer": peer,
-                          "peer_value": pv, "ratio": round(r, 4)}))
+peers = [json.loads(line) for line in open(sys.argv[1])]
+for run in sys.argv[3:]:
+    flash, path = run.split("=", 1)
+    steps = [json.loads(l) for l in open(path) if '"loss"' in l]
+    ms = statistics.median(s["step_ms"] for s in steps[5:])
+    tps = B * T / (ms / 1e3)
+    mfu = tps * (6 * n + 12 * L * C * T) / 989.4e12
+    bench = "train_gpt2_124m_bf16" + ("" if flash == "wmma" else "_" + flash)
+    for p in peers:
+        for metric, v, pv, unit, r in (("step_ms", ms, p["step_ms"], "ms", ms / p["step_ms"]),
+                                       ("tokens_per_s", tps, p["tokens_per_s"], "tok/s", p["tokens_per_s"] / tps),
+                                       ("mfu", mfu, p["mfu"], "fraction", p["mfu"] / mfu)):
+            print(json.dumps({"bench": bench, "metric": metric, "value": round(v, 4), "unit": unit,
+                              "peer": p["impl"], "peer_value": pv, "ratio": round(r, 4)}))
 PY

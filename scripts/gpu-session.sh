@@ -24,14 +24,22 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 if want tests; then
   section test_gpu_dev
   gx timeout 120 "$B/tests/gpu/test_gpu_dev" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
-  section test_gpu_kernels
-  gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
+  # Once per attention kernel (GRADD_FLASH: kernels/cuda/flash.cu).
+  for flash in ${FLASHES:-wmma mma}; do
+    section "test_gpu_kernels GRADD_FLASH=$flash"
+    GRADD_FLASH=$flash gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
+  done
 fi
 
 if want jobs; then
   # The same small GPT on fortunes: cpu fp32 as the reference, cuda in each precision.
-  for run in cpu:fp32 cuda:0:fp32 cuda:0:bf16 cuda:0:fp16; do
+  # Then with 2 heads of 64 (the fused attention's head size) in bf16, once
+  # per attention kernel: the two must train alike.
+  for run in cpu:fp32 cuda:0:fp32 cuda:0:bf16 cuda:0:fp16 cuda:0:bf16:wmma cuda:0:bf16:mma; do
+    flash=wmma heads=4
+    case $run in *:wmma|*:mma) flash=${run##*:}; run=${run%:*}; heads=2 ;; esac
     dev=${run%:*}; prec=${run##*:}; tag=${dev//:/}-$prec
+    [ $heads = 2 ] && tag=$tag-h2-$flash
     cat >/tmp/job-$tag.cfg <<CFG
 [job]
 name = tiny-$tag
@@ -39,7 +47,7 @@ device = $dev
 [model]
 type = gpt
 layers = 4
-heads = 4
+heads = $heads
 width = 128
 context = 128
 vocab = 256
@@ -66,17 +74,18 @@ checkpoint_every = 100
 log_every = 50
 CFG
     section "gradd run tiny GPT $tag"
-    gx timeout 180 "$B/daemon/gradd" run /tmp/job-$tag.cfg; echo "rc=$?"
+    GRADD_FLASH=$flash gx timeout 180 "$B/daemon/gradd" run /tmp/job-$tag.cfg; echo "rc=$?"
     cp /tmp/out-$tag/metrics.jsonl "$out/metrics-$tag.jsonl" 2>/dev/null
   done
 fi
 
 if want kernels; then
   # Where a GPT-2 124M step's time goes, op by op (B=16 T=1024).
-  for prec in bf16 fp32; do
-    section "kernels $prec at GPT-2 124M"
-    gx timeout 120 "$B/bench/bench_kernels_cuda" "$B/daemon/gradd-cuda.so" $prec 16 1024 768 12 50304 12 |
-      tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+  for run in bf16:wmma bf16:mma fp32:wmma; do
+    prec=${run%:*} flash=${run#*:}
+    section "kernels $prec at GPT-2 124M, GRADD_FLASH=$flash"
+    GRADD_FLASH=$flash gx timeout 120 "$B/bench/bench_kernels_cuda" "$B/daemon/gradd-cuda.so" $prec 16 1024 768 12 50304 12 |
+      sed "s/\"bench\": *\"/&$flash-/" | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
   done
 fi
 
@@ -139,8 +148,8 @@ fi
 
 if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
-  GRADD_ENV=$top/.device/env.sh METRICS_COPY=$out/metrics-gpt2.jsonl \
-    timeout 300 bench/run_gpu_train.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+  FLASHES=${FLASHES:-wmma mma} GRADD_ENV=$top/.device/env.sh METRICS_COPY=$out/metrics-gpt2.jsonl \
+    timeout 400 bench/run_gpu_train.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
 fi
 
 if want pool && [ -x bench/run_gpu_pool.sh ] && [ -x "$B/bench/bench_pool_cuda" ]; then

@@ -1,0 +1,525 @@
+// flash_mma.cu — fused causal attention with the scores in registers.
+//
+// The same FlashAttention-2 scheme and the same interface as flash.cu (fp32
+// q,k,v in, fp32 out, each row's log-sum-exp kept for backward), but the
+// tiles are multiplied with mma.sync m16n8k16 on operands loaded with
+// ldmatrix, and the score, probability and gradient tiles never leave the
+// registers.  Why: the WMMA kernels round-trip every score tile through
+// shared memory (their accumulator layout is opaque), and ncu on the H100
+// showed them latency-bound on exactly those loads and stores (short
+// scoreboard 34%, 18.75% occupancy).  Here a warp's accumulator fragment of
+// S = Q·Kᵀ is, element for element, the A operand of P·V, so softmax runs on
+// registers and feeds the next product directly.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with 16-bit inputs), per lane with
+// g = lane/4 and c = lane%4:
+//   A 16×16 (row):  {a0a1} = A[g][2c..], {a2a3} = A[g+8][2c..],
+//                   {a4a5} = A[g][2c+8..], {a6a7} = A[g+8][2c+8..]
+//   B 16×8  (col):  {b0b1} = B[2c..][g],  {b2b3} = B[2c+8..][g]
+//   C 16×8  (fp32): c0,c1 = C[g][2c..],   c2,c3 = C[g+8][2c..]
+// So two adjacent C tiles (columns n..n+15) are one A tile over k = n..n+15.
+// ldmatrix.x4 loads four 8×8 16-bit matrices, lane L giving the address of
+// row L%8 of matrix L/8; with .trans each lane receives the transposed
+// elements.  Two address patterns cover every operand used here (fm_ldm_*).
+//
+// Forward: 128 queries per CTA (8 warps × 16 rows), 64 keys per step.
+// Backward: 64 keys per CTA (4 warps × 16 rows of Sᵀ), 64 queries per step;
+// dK and dV stay in registers; dQ is summed with atomicAdd, so its order of
+// summation, unlike the rest, is not fixed.  Head size 64.
+//
+// Selected with GRADD_FLASH=mma (flash.cu) until it has been measured
+// against the WMMA kernels on a GPU.
+#include <math.h>
+
+#include "kern_cuda.cuh"
+
+#define FM_HS 64
+#define FM_LD (FM_HS + 8) // 16-bit tile pitch: rows 16 bytes apart in the banks
+#define FM_FWD_BR 128     // forward: queries per CTA
+#define FM_FWD_THREADS 256
+#define FM_BWD_B 64 // backward: keys per CTA and queries per step
+#define FM_BWD_THREADS 128
+#define FM_BC 64 // forward: keys per step
+
+// ---- operand helpers ------------------------------------------------------------------------
+
+template <class E> __device__ __forceinline__ uint32_t fm_pack(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t fm_pack<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t fm_pack<__half>(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// d += a·b, one 16×8×16 tile, fp32 accumulate.
+template <class E>
+__device__ __forceinline__ void fm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void fm_mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void fm_mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool TRANS> __device__ __forceinline__ void fm_ldm(uint32_t (&r)[4], const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+
+// Pattern 1: lane L reads row L%16, column (L/16)·8 of the 16×16 block at s
+// (pitch FM_LD).  Without .trans: the A fragment of a row-major A[m][k].
+// With .trans on a row-major X[k][n]: the B fragments of n-tiles 0..7
+// (r0, r1) and 8..15 (r2, r3).
+template <bool TRANS, class E> __device__ __forceinline__ void fm_ldm_p1(uint32_t (&r)[4], const E *s, int lane)
+{
+    fm_ldm<TRANS>(r, s + (lane & 15) * FM_LD + (lane >> 4) * 8);
+}
+
+// Pattern 2: lane L reads row L%8 + (L/16)·8, column ((L/8)%2)·8.  Without
+// .trans on a row-major Y[n][k] (B stored transposed): the B fragments of
+// n-tiles 0..7 (r0, r1) and 8..15 (r2, r3).  With .trans on a row-major
+// Xt[k][m] (A stored transposed): the A fragment of A = Xtᵀ.
+template <bool TRANS, class E> __device__ __forceinline__ void fm_ldm_p2(uint32_t (&r)[4], const E *s, int lane)
+{
+    fm_ldm<TRANS>(r, s + ((lane & 7) + (lane >> 4) * 8) * FM_LD + ((lane >> 3) & 1) * 8);
+}
+
+// The A fragment over k = 16·kk.. of a 16-row band whose fp32 values sit in
+// accumulator tiles t[2kk] and t[2kk+1].
+template <class E> __device__ __forceinline__ void fm_acc_to_a(uint32_t (&a)[4], const float (&t0)[4], const float (&t1)[4])
+{
+    a[0] = fm_pack<E>(t0[0], t0[1]);
+    a[1] = fm_pack<E>(t0[2], t0[3]);
+    a[2] = fm_pack<E>(t1[0], t1[1]);
+    a[3] = fm_pack<E>(t1[2], t1[3]);
+}
+
+// Stage ROWS×64 fp32 values of up to two tiles (row r at src + r·pitch; rows
+// at or past `rows` become zeros) into 16-bit tiles dst[r·FM_LD ..].  All
+// loads are issued before the first store, so their latencies overlap.
+template <class E, int ROWS, int THREADS, int NT>
+__device__ __forceinline__ void fm_stage(E *const (&dst)[NT], const float *const (&src)[NT], const size_t (&pitch)[NT],
+                                         int rows)
+{
+    constexpr int PER = ROWS * FM_HS / 4 / THREADS;
+    static_assert(PER * THREADS * 4 == ROWS * FM_HS, "tile and threads");
+    float4 v[NT][PER];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int i = threadIdx.x + u * THREADS, r = i / (FM_HS / 4), c = (i % (FM_HS / 4)) * 4;
+            v[t][u] = r < rows ? __ldg(reinterpret_cast<const float4 *>(src[t] + (size_t)r * pitch[t] + c))
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int i = threadIdx.x + u * THREADS, r = i / (FM_HS / 4), c = (i % (FM_HS / 4)) * 4;
+            uint2 w = make_uint2(fm_pack<E>(v[t][u].x, v[t][u].y), fm_pack<E>(v[t][u].z, v[t][u].w));
+            *reinterpret_cast<uint2 *>(dst[t] + r * FM_LD + c) = w; // 8-byte aligned: FM_LD, c multiples of 4
+        }
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+// Scores are kept in log2 units (scale·log2 e folded in) so exp2f does the
+// exponentials; lse is written back in natural units.
+template <class E>
+__global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restrict__ out, float *__restrict__ lse,
+                                                                const float *__restrict__ inp, int T, int C, int NH,
+                                                                float scale_log2)
+{
+    __shared__ __align__(128) E Qs[FM_FWD_BR * FM_LD];
+    __shared__ __align__(128) E Ks[FM_BC * FM_LD];
+    __shared__ __align__(128) E Vs[FM_BC * FM_LD];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x; // the longest rows first
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int q0 = qb * FM_FWD_BR, band = q0 + warp * 16; // this warp's first query
+    const size_t C3 = 3 * (size_t)C;
+    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+
+    {
+        E *d[1] = {Qs};
+        const float *s[1] = {base + (size_t)q0 * C3};
+        const size_t p[1] = {C3};
+        fm_stage<E, FM_FWD_BR, FM_FWD_THREADS, 1>(d, s, p, T - q0);
+    }
+    // This warp's 16 query rows are read back as A fragments at every key
+    // block: holding them (16 registers) made the staging spill.
+
+    float o[8][4]; // output rows g, g+8 of the band; d = 8·j + 2c..
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // rows g, g+8: running max (log2) and this lane's sum
+    const int row[2] = {band + g, band + g + 8};
+
+    const int last = min(q0 + FM_FWD_BR - 1, T - 1) / FM_BC;
+    for (int kb = 0; kb <= last; kb++) {
+        const int k0 = kb * FM_BC;
+        __syncthreads(); // the previous K, V are no longer read
+        {
+            // One tile at a time: both at once needed 32 registers of loads
+            // in flight, and spilled.
+            E *d[1] = {Ks}, *d2[1] = {Vs};
+            const float *s[1] = {base + C + (size_t)k0 * C3}, *s2[1] = {base + 2 * (size_t)C + (size_t)k0 * C3};
+            const size_t p[1] = {C3};
+            fm_stage<E, FM_BC, FM_FWD_THREADS, 1>(d, s, p, T - k0);
+            fm_stage<E, FM_BC, FM_FWD_THREADS, 1>(d2, s2, p, T - k0);
+        }
+        __syncthreads();
+        // Bands are 16-aligned and blocks 64-aligned: a band is wholly at or
+        // past k0 (it needs this block) or wholly before it (it does not).
+        if (k0 > band)
+            continue;
+
+        float s[8][4]; // S = Q·Kᵀ for keys k0 + 8·j + 2c..
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t qf[4];
+            fm_ldm_p1<false>(qf, Qs + warp * 16 * FM_LD + kk * 16, lane);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                uint32_t kf[4];
+                fm_ldm_p2<false>(kf, Ks + jj * 16 * FM_LD + kk * 16, lane);
+                fm_mma<E>(s[2 * jj], qf, kf[0], kf[1]);
+                fm_mma<E>(s[2 * jj + 1], qf, kf[2], kf[3]);
+            }
+        }
+
+        const bool edge = k0 + FM_BC - 1 > band || k0 + FM_BC > T; // some key past some query, or past T
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + 8 * j + 2 * c + (e & 1), hr = e >> 1;
+                float v = s[j][e] * scale_log2;
+                if (edge && (key > row[hr] || key >= T))
+                    v = -INFINITY;
+                s[j][e] = v;
+                mx[hr] = fmaxf(mx[hr], v);
+            }
+        float alpha[2], mu[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            const float mn = fmaxf(m[hr], mx[hr]);
+            mu[hr] = mn == -INFINITY ? 0.0f : mn; // a row with nothing unmasked yet
+            alpha[hr] = exp2f(m[hr] - mu[hr]);
+            m[hr] = mn;
+            l[hr] *= alpha[hr];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hr = e >> 1;
+                s[j][e] = exp2f(s[j][e] - mu[hr]);
+                l[hr] += s[j][e];
+                o[j][e] *= alpha[hr];
+            }
+        }
+
+        // O += P·V: P's accumulator tiles are the A operand directly.
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t pa[4];
+            fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < 4; dd++) {
+                uint32_t vf[4];
+                fm_ldm_p1<true>(vf, Vs + kk * 16 * FM_LD + dd * 16, lane);
+                fm_mma<E>(o[2 * dd], pa, vf[0], vf[1]);
+                fm_mma<E>(o[2 * dd + 1], pa, vf[2], vf[3]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+        const int t = row[hr];
+        if (t >= T)
+            continue;
+        const float inv = 1.0f / l[hr];
+        float *orow = out + ((size_t)b * T + t) * C + (size_t)h * FM_HS + 2 * c;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            *reinterpret_cast<float2 *>(orow + 8 * j) = make_float2(o[j][2 * hr] * inv, o[j][2 * hr + 1] * inv);
+        if (c == 0)
+            lse[(size_t)bh * T + t] = (m[hr] + log2f(l[hr])) * 0.69314718055994531f;
+    }
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+// dinp (B,T,3C) += dq, dk, dv.  D (B,NH,T) = Σ_d dout·out per row (flash.cu).
+// One CTA per (key block, b·h); warp w owns keys k0 + 16w.. as the rows of
+// Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ are A operands of dV += Pᵀ·dO and dK += dSᵀ·Q
+// straight from the registers.  dQ = dS·K needs dS with queries as rows:
+// dSᵀ goes through shared memory once, read back transposed by ldmatrix.
+template <class E>
+__global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restrict__ dinp,
+                                                                 const float *__restrict__ dout,
+                                                                 const float *__restrict__ lse,
+                                                                 const float *__restrict__ D,
+                                                                 const float *__restrict__ inp, int T, int C, int NH,
+                                                                 float scale)
+{
+    __shared__ __align__(128) E Ks[FM_BWD_B * FM_LD];
+    __shared__ __align__(128) E Vs[FM_BWD_B * FM_LD];
+    __shared__ __align__(128) E Qs[FM_BWD_B * FM_LD];
+    __shared__ __align__(128) E dOs[FM_BWD_B * FM_LD];
+    __shared__ __align__(128) E dSs[FM_BWD_B * FM_LD]; // dSᵀ (keys × queries)
+    __shared__ float Lq[FM_BWD_B], Dq[FM_BWD_B];         // lse·log2 e and D of the step's queries
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int kb = blockIdx.x, nqb = (T + FM_BWD_B - 1) / FM_BWD_B;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int k0 = kb * FM_BWD_B;
+    const size_t C3 = 3 * (size_t)C;
+    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    const float *dbase = dout + (size_t)b * T * C + (size_t)h * FM_HS;
+    float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    const float scale_log2 = scale * 1.44269504088896341f;
+    const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8}; // rows g, g+8 of this warp's Sᵀ
+
+    {
+        E *d[2] = {Ks, Vs};
+        const float *s[2] = {base + C + (size_t)k0 * C3, base + 2 * (size_t)C + (size_t)k0 * C3};
+        const size_t p[2] = {C3, C3};
+        fm_stage<E, FM_BWD_B, FM_BWD_THREADS, 2>(d, s, p, T - k0);
+    }
+
+    float dk[8][4], dv[8][4]; // rows g, g+8 of this warp's keys; d = 8·j + 2c..
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[j][e] = dv[j][e] = 0.0f;
+
+    for (int qb = kb; qb < nqb; qb++) {
+        const int q0 = qb * FM_BWD_B;
+        __syncthreads(); // Qs, dOs, dSs of the previous step are no longer read
+        {
+            E *d[2] = {Qs, dOs};
+            const float *s[2] = {base + (size_t)q0 * C3, dbase + (size_t)q0 * C};
+            const size_t p[2] = {C3, (size_t)C};
+            fm_stage<E, FM_BWD_B, FM_BWD_THREADS, 2>(d, s, p, T - q0);
+        }
+        if (threadIdx.x < FM_BWD_B) {
+            int q = q0 + threadIdx.x;
+            Lq[threadIdx.x] = q < T ? lse[(size_t)bh * T + q] * 1.44269504088896341f : 0.0f;
+            Dq[threadIdx.x] = q < T ? D[(size_t)bh * T + q] : 0.0f;
+        }
+        __syncthreads();
+
+        // Sᵀ = K·Qᵀ: 16 keys × 64 queries (q0 + 8·j + 2c..).
+        float s[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t ka[4];
+            fm_ldm_p1<false>(ka, Ks + warp * 16 * FM_LD + kk * 16, lane);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                uint32_t qf[4];
+                fm_ldm_p2<false>(qf, Qs + jj * 16 * FM_LD + kk * 16, lane);
+                fm_mma<E>(s[2 * jj], ka, qf[0], qf[1]);
+                fm_mma<E>(s[2 * jj + 1], ka, qf[2], qf[3]);
+            }
+        }
+        // Pᵀ = exp(scale·Sᵀ − lse[q]), zero where q < key, q ≥ T or key ≥ T.
+        const bool diag = qb == kb, tail = q0 + FM_BWD_B > T || k0 + FM_BWD_B > T;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qc = 8 * j + 2 * c + (e & 1), q = q0 + qc, kr = key[e >> 1];
+                float p = exp2f(s[j][e] * scale_log2 - Lq[qc]);
+                if ((diag && q < kr) || (tail && (q >= T || kr >= T)))
+                    p = 0.0f;
+                s[j][e] = p;
+            }
+
+        // dV += Pᵀ·dO (k = queries, n = d: dO read transposed).
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t pa[4];
+            fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < 4; dd++) {
+                uint32_t of[4];
+                fm_ldm_p1<true>(of, dOs + kk * 16 * FM_LD + dd * 16, lane);
+                fm_mma<E>(dv[2 * dd], pa, of[0], of[1]);
+                fm_mma<E>(dv[2 * dd + 1], pa, of[2], of[3]);
+            }
+        }
+
+        // dPᵀ = V·dOᵀ, 16 queries at a time, and at once dSᵀ = Pᵀ ⊙ (dPᵀ − D[q])
+        // over the Pᵀ registers.
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            float dp[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t va[4], of[4];
+                fm_ldm_p1<false>(va, Vs + warp * 16 * FM_LD + kk * 16, lane);
+                fm_ldm_p2<false>(of, dOs + jj * 16 * FM_LD + kk * 16, lane);
+                fm_mma<E>(dp[0], va, of[0], of[1]);
+                fm_mma<E>(dp[1], va, of[2], of[3]);
+            }
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = 2 * jj + t, qc = 8 * j + 2 * c + (e & 1);
+                    s[j][e] *= dp[t][e] - Dq[qc];
+                }
+        }
+
+        // dK += dSᵀ·Q (k = queries, n = d: Q read transposed), and dSᵀ to
+        // shared memory for dQ.
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t da[4];
+            fm_acc_to_a<E>(da, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < 4; dd++) {
+                uint32_t qf[4];
+                fm_ldm_p1<true>(qf, Qs + kk * 16 * FM_LD + dd * 16, lane);
+                fm_mma<E>(dk[2 * dd], da, qf[0], qf[1]);
+                fm_mma<E>(dk[2 * dd + 1], da, qf[2], qf[3]);
+            }
+            // da holds rows g / g+8, columns 16·kk + 2c.. and +8: exactly
+            // the words to store.
+            E *r0 = dSs + (warp * 16 + g) * FM_LD + kk * 16 + 2 * c, *r1 = r0 + 8 * FM_LD;
+            *reinterpret_cast<uint32_t *>(r0) = da[0];
+            *reinterpret_cast<uint32_t *>(r1) = da[1];
+            *reinterpret_cast<uint32_t *>(r0 + 8) = da[2];
+            *reinterpret_cast<uint32_t *>(r1 + 8) = da[3];
+        }
+        __syncthreads(); // every warp's dSᵀ rows are in place
+
+        // dQ for queries q0 + 16·warp.. = dS·K: A = dS from dSᵀ (transposed
+        // read), B = K (k = keys, n = d: read transposed).
+        float dq[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t sa[4];
+            fm_ldm_p2<true>(sa, dSs + kk * 16 * FM_LD + warp * 16, lane);
+#pragma unroll
+            for (int dd = 0; dd < 4; dd++) {
+                uint32_t kf[4];
+                fm_ldm_p1<true>(kf, Ks + kk * 16 * FM_LD + dd * 16, lane);
+                fm_mma<E>(dq[2 * dd], sa, kf[0], kf[1]);
+                fm_mma<E>(dq[2 * dd + 1], sa, kf[2], kf[3]);
+            }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int q = q0 + warp * 16 + g + 8 * hr;
+            if (q >= T)
+                continue;
+            float *gq = gbase + (size_t)q * C3 + 2 * c;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                atomicAdd(gq + 8 * j, scale * dq[j][2 * hr]);
+                atomicAdd(gq + 8 * j + 1, scale * dq[j][2 * hr + 1]);
+            }
+        }
+    }
+
+    // dK and dV of this CTA's keys: no other CTA writes them.
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int kr = key[hr];
+        if (kr >= T)
+            continue;
+        float *gk = gbase + (size_t)kr * C3 + C + 2 * c, *gv = gk + C;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float2 a = *reinterpret_cast<float2 *>(gk + 8 * j), v = *reinterpret_cast<float2 *>(gv + 8 * j);
+            a.x += scale * dk[j][2 * hr];
+            a.y += scale * dk[j][2 * hr + 1];
+            v.x += dv[j][2 * hr];
+            v.y += dv[j][2 * hr + 1];
+            *reinterpret_cast<float2 *>(gk + 8 * j) = a;
+            *reinterpret_cast<float2 *>(gv + 8 * j) = v;
+        }
+    }
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+template <class E> static void fm_launch_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T,
+                                                 int C, int NH)
+{
+    dim3 grid((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH));
+    fm_forward<E><<<grid, FM_FWD_THREADS, 0, k->stream>>>(out, lse, inp, T, C, NH,
+                                                          1.44269504088896341f / sqrtf((float)FM_HS));
+    kc_launched(k, "fused attention forward (mma)");
+}
+
+template <class E> static void fm_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse,
+                                                  const float *D, const float *inp, int B, int T, int C, int NH)
+{
+    dim3 grid((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH));
+    fm_backward<E><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
+                                                           1.0f / sqrtf((float)FM_HS));
+    kc_launched(k, "fused attention backward (mma)");
+}
+
+void kc_flash_mma_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
+{
+    if (k->prec == KERN_BF16)
+        fm_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
+    else
+        fm_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
+}
+
+void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
+                           const float *inp, int B, int T, int C, int NH)
+{
+    if (k->prec == KERN_BF16)
+        fm_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+    else
+        fm_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+}
