@@ -21,13 +21,6 @@
 
 #define RESUME_FORMAT "gradd-resume-1"
 
-/* fp16 dynamic loss scaling: the scale starts high, halves on a step whose
- * gradients overflowed (that step is skipped), and doubles after this many
- * good steps in a row — the schedule of apex and torch.cuda.amp. */
-#define LOSS_SCALE_INIT 65536.0
-#define LOSS_SCALE_GROW_EVERY 2000
-#define LOSS_SCALE_MAX 16777216.0
-
 /* train_step's outcome when memory ran out inside the step (internal). */
 #define STEP_OOM 3
 
@@ -645,6 +638,9 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
     pr->lr = lr;
     pr->grad_norm = norm;
     pr->units_per_s = ups;
+    /* Here, not only in sync_progress: the last step has no step boundary
+     * after it, and its overflow or doubling is still news. */
+    pr->loss_scale = r->loss_scale;
     if (r->metrics && (r->step % r->j->log_every == 0 || r->step == r->j->steps)) {
         fprintf(r->metrics,
                 "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"%s\":%.6g,\"step_ms\":%.3f,"
@@ -955,6 +951,9 @@ static int try_step(run *r, const train_hooks *h)
         return STEP_OOM;
     }
     double loss = loss_sum / units;
+    /* The split this attempt ran, for the step's report, skipped or not. */
+    r->prog.micro = r->micro;
+    r->prog.accum = accum;
     if (!isfinite(loss) && j->precision != JOBCFG_FP16)
         return fail(r, "the training loss became %g at step %llu; lower [train] lr or raise [train] warmup", loss,
                     (unsigned long long)r->step + 1);
@@ -975,9 +974,9 @@ static int try_step(run *r, const train_hooks *h)
             log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
             return TRAIN_DONE;
         }
-        if (++r->good_steps >= LOSS_SCALE_GROW_EVERY) {
+        if (++r->good_steps >= TRAIN_LOSS_SCALE_GROW_EVERY) {
             r->good_steps = 0;
-            if (r->loss_scale * 2 <= LOSS_SCALE_MAX)
+            if (r->loss_scale * 2 <= TRAIN_LOSS_SCALE_MAX)
                 r->loss_scale *= 2;
         }
     }
@@ -995,8 +994,6 @@ static int try_step(run *r, const train_hooks *h)
     r->step++;
     double dt = now_s() - t0;
     r->step_s = dt;
-    r->prog.micro = r->micro;
-    r->prog.accum = accum;
     log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
     r->res->final_loss = loss;
     return TRAIN_DONE;
@@ -1106,7 +1103,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
         free(init);
     }
     r->k->zero(r->kc, r->opt, 2 * P);
-    r->loss_scale = j->precision == JOBCFG_FP16 ? LOSS_SCALE_INIT : 1.0;
+    r->loss_scale = j->precision == JOBCFG_FP16 ? TRAIN_LOSS_SCALE_INIT : 1.0;
     int resumed = load_resume(r);
     if (resumed < 0)
         return TRAIN_FAILED;
@@ -1185,7 +1182,7 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     train_outcome o;
     if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
         o = fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
-    } else if (r->host_visible && j->precision != JOBCFG_FP32) {
+    } else if (r->host_visible && j->precision != JOBCFG_FP32 && !(h && h->cpu_mixed_precision)) {
         o = fail(r, "%s: [train] precision: %s needs a CUDA device; use fp32 on %s", j->source,
                  j->precision == JOBCFG_BF16 ? "bf16" : "fp16", d->id);
     } else {

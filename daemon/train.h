@@ -65,7 +65,24 @@ typedef struct {
      * tests inject write failures here (st_writer_fail_at).  May be NULL. */
     void (*on_checkpoint)(void *user, struct st_writer *w, uint64_t step);
     void *user;
+    /* Tests only: accept [train] precision = bf16 or fp16 on a cpu device,
+     * which gradd refuses.  The cpu kernels compute in fp32 whatever the
+     * precision (kernels.h), so this runs fp16's loss-scaling schedule —
+     * the scale, the skipped steps, the resume state — without a GPU, not
+     * 16-bit arithmetic; a test drives overflows through the kern_ops it
+     * passes (the engine takes an overflow from a non-finite sumsq). */
+    bool cpu_mixed_precision;
 } train_hooks;
+
+/* fp16 dynamic loss scaling: the scale starts high, halves on a step whose
+ * gradients overflowed (that step is skipped: the data is consumed, the
+ * parameters and optimizer state are not touched), and doubles after this
+ * many good steps in a row — the schedule of apex and torch.cuda.amp.  A
+ * step redone after an OOM at a smaller micro-batch counts once; the scale
+ * and the count of good steps are kept in the resume state. */
+#define TRAIN_LOSS_SCALE_INIT 65536.0
+#define TRAIN_LOSS_SCALE_GROW_EVERY 2000
+#define TRAIN_LOSS_SCALE_MAX 16777216.0
 
 typedef enum { TRAIN_DONE = 0, TRAIN_STOPPED = 1, TRAIN_FAILED = 2 } train_outcome;
 

@@ -91,6 +91,41 @@ void fx_gpt(job_config *j, uint32_t layers, uint32_t heads, uint32_t width, uint
     snprintf(j->train, sizeof j->train, "%s/corpus.txt", fx_dir);
 }
 
+/* DIR/resume.safetensors, open; a cmocka failure when it cannot be. */
+static st_file *open_resume(const char *dir)
+{
+    char path[256], err[512];
+    snprintf(path, sizeof path, "%s/resume.safetensors", dir);
+    st_file *f;
+    if (st_open(path, &f, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    return f;
+}
+
+float *fx_read_resume(const char *dir, const char *name, size_t *n)
+{
+    char err[512];
+    st_file *f = open_resume(dir);
+    const st_tensor *t = st_find(f, name);
+    assert_non_null(t);
+    float *v = malloc(t->bytes);
+    assert_int_equal(st_read(f, name, v, t->bytes, err, sizeof err), 0);
+    *n = t->bytes / sizeof(float);
+    st_close(f);
+    return v;
+}
+
+const char *fx_resume_meta(const char *dir, const char *key, char *buf, size_t len)
+{
+    st_file *f = open_resume(dir);
+    const char *v = st_meta(f, key);
+    if (!v)
+        fail_msg("%s/resume.safetensors has no metadata '%s'", dir, key);
+    snprintf(buf, len, "%s", v);
+    st_close(f);
+    return buf;
+}
+
 double fx_worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len)
 {
     char pa[256], pb[256], err[512];

@@ -41,6 +41,13 @@ void fx_job(job_config *j, const char *out);
 /* Make j a byte-level GPT of that shape over fx_dir/corpus.txt. */
 void fx_gpt(job_config *j, uint32_t layers, uint32_t heads, uint32_t width, uint32_t context);
 
+/* The tensor NAME (f32) of DIR/resume.safetensors, malloc'd, with its
+ * element count in *n; a cmocka failure when there is none. */
+float *fx_read_resume(const char *dir, const char *name, size_t *n);
+/* The metadata value KEY of DIR/resume.safetensors into buf[len]; a cmocka
+ * failure when there is none.  Returns buf. */
+const char *fx_resume_meta(const char *dir, const char *key, char *buf, size_t len);
+
 /* The largest per-tensor relative difference ||a - b|| / ||b|| between the
  * tensors of DIR_A/model.safetensors and DIR_B/model.safetensors, which must
  * hold the same tensors (a cmocka failure otherwise); the tensor's name into

@@ -593,6 +593,231 @@ static void test_grows_back(void **state)
     assert_true(metrics_has(j.out_dir, "\"reason\":\"grow\""));
 }
 
+/* ---- fp16 loss scaling across micro-batch changes and resume ------------------------ */
+
+/* The workspace kernels, except that the gradients' sum of squares is +inf
+ * on the steps in ovf_at: an fp16 overflow as the engine sees one (it
+ * takes an overflow from a non-finite gradient norm).  The engine calls
+ * sumsq once per step, after every micro-batch went through, so a step
+ * redone after an OOM is counted once. */
+static kern_ops ovf_ops;
+static uint64_t ovf_at[2]; /* 1-based steps that overflow; 0: none */
+static uint64_t ovf_done;  /* steps finished: the one running is ovf_done + 1 */
+
+static void ovf_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
+{
+    kops->sumsq(k, out, g, n);
+    for (size_t i = 0; i < sizeof ovf_at / sizeof ovf_at[0]; i++)
+        if (ovf_at[i] == ovf_done + 1)
+            *out = INFINITY;
+}
+
+static const kern_ops *overflow_at(uint64_t a, uint64_t b)
+{
+    ovf_ops = *kops;
+    ovf_ops.sumsq = ovf_sumsq;
+    ovf_at[0] = a;
+    ovf_at[1] = b;
+    return &ovf_ops;
+}
+
+#define SCALE_STEPS (TRAIN_LOSS_SCALE_GROW_EVERY + 8)
+#define STATE_STEPS 16
+
+typedef struct {
+    pressure x;                /* the simulated process (press, watch) */
+    uint64_t stop_after;       /* stop once this step is done; 0: run on */
+    const char *dir;           /* the job's output dir */
+    double scale[SCALE_STEPS]; /* the loss scale reported after each step */
+    /* read_state, with checkpoint_every = 1: the checkpointed params,
+     * adam_m and adam_v after each step, read in the next step's hook (a
+     * step's checkpoint is written after its own hook). */
+    bool read_state;
+    float *state[STATE_STEPS];
+    size_t nstate;
+} scale_watch;
+
+static void scale_on_step(void *user, const train_progress *pr)
+{
+    scale_watch *w = user;
+    watch(&w->x, pr);
+    ovf_done = pr->step;
+    if (pr->step < SCALE_STEPS)
+        w->scale[pr->step] = pr->loss_scale;
+    uint64_t prev = pr->step - 1;
+    if (w->read_state && prev >= 1 && prev < STATE_STEPS && !w->state[prev]) {
+        static const char *const names[3] = {"params", "adam_m", "adam_v"};
+        size_t n[3];
+        float *t[3];
+        for (int i = 0; i < 3; i++)
+            t[i] = fx_read_resume(w->dir, names[i], &n[i]);
+        w->nstate = n[0] + n[1] + n[2];
+        w->state[prev] = malloc(w->nstate * sizeof(float));
+        assert_non_null(w->state[prev]);
+        size_t off = 0;
+        for (int i = 0; i < 3; off += n[i], i++) {
+            memcpy(w->state[prev] + off, t[i], n[i] * sizeof(float));
+            free(t[i]);
+        }
+    }
+}
+
+static bool scale_should_stop(void *user)
+{
+    scale_watch *w = user;
+    press(&w->x);
+    return w->stop_after && w->x.done >= w->stop_after;
+}
+
+static void scale_watch_free(scale_watch *w)
+{
+    for (int i = 0; i < STATE_STEPS; i++)
+        free(w->state[i]);
+}
+
+static void expect_scale(const scale_watch *w, uint64_t step, double want)
+{
+    if (w->scale[step] != want)
+        fail_msg("step %llu: loss scale %.17g, expected %.17g", (unsigned long long)step, w->scale[step], want);
+}
+
+static void expect_meta(const char *dir, const char *key, const char *want)
+{
+    char got[64];
+    fx_resume_meta(dir, key, got, sizeof got);
+    if (strcmp(got, want) != 0)
+        fail_msg("resume.safetensors %s: '%s', expected '%s'", key, got, want);
+}
+
+/* fp16 on the cpu (train_hooks.cpu_mixed_precision), with auto micro-batches
+ * of about half the batch: an overflow at step 3 halves the scale and skips
+ * the step; an OOM in the middle of step 6 redoes it at a smaller
+ * micro-batch and leaves the scale alone; the run stops after step 8 and
+ * resumes with the scale and the count of good steps it had; a second
+ * overflow at step 10 halves the restored scale. */
+static void test_fp16_scale_across_oom_and_resume(void **state)
+{
+    (void)state;
+    const double S = TRAIN_LOSS_SCALE_INIT;
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "fp16", 0, 12);
+    j.mem_limit = half_limit();
+    j.margin = 0.05;
+    j.tune = false; /* the fitted size from the first step: the OOM at step 6 is what changes it */
+    j.precision = JOBCFG_FP16;
+    j.checkpoint_every = 1;
+    /* Without the seam the cpu refuses fp16, as it does for a job file. */
+    assert_int_equal(run(&j, NULL, &res), TRAIN_FAILED);
+    assert_non_null(strstr(res.message, "fp16 needs a CUDA device"));
+
+    const kern_ops *k = overflow_at(3, 10);
+    scale_watch *w = calloc(1, sizeof *w);
+    *w = (scale_watch){.x = {.at = 6}, .stop_after = 8, .dir = j.out_dir, .read_state = true};
+    train_hooks h = {.on_step = scale_on_step, .should_stop = scale_should_stop, .user = w,
+                     .cpu_mixed_precision = true};
+    ovf_done = 0;
+    train_outcome o = train_run(&j, fx_pool, k, 1, &h, &res);
+    pool_job_forget(fx_pool, 1);
+    dev_cpu_set_external(fx_dev, 0);
+    if (o != TRAIN_STOPPED)
+        fail_msg("%s", o == TRAIN_FAILED ? res.message : "the run did not stop");
+    assert_int_equal(res.steps_done, 8);
+    printf("fp16: micro by step:");
+    for (int s = 1; s <= 8; s++)
+        printf(" %u", w->x.micro[s]);
+    printf("; scale by step:");
+    for (int s = 1; s <= 8; s++)
+        printf(" %.0f", w->scale[s]);
+    printf("\n");
+
+    /* Steps 1 and 2 at the initial scale; the overflow at 3 halves it. */
+    expect_scale(w, 1, S);
+    expect_scale(w, 2, S);
+    expect_scale(w, 3, S / 2);
+    /* The skipped step touched neither the parameters nor Adam's moments
+     * (bitwise), while a good step does. */
+    assert_non_null(w->state[1]);
+    assert_non_null(w->state[2]);
+    assert_non_null(w->state[3]);
+    assert_memory_equal(w->state[3], w->state[2], w->nstate * sizeof(float));
+    assert_memory_not_equal(w->state[2], w->state[1], w->nstate * sizeof(float));
+    assert_memory_not_equal(w->state[4], w->state[3], w->nstate * sizeof(float));
+    /* The OOM inside step 6 shrank the micro-batch; the scale went on. */
+    assert_true(w->x.injected);
+    assert_true(res.oom_recoveries >= 1);
+    assert_true(w->x.micro[6] < w->x.micro[5]);
+    assert_string_equal(w->x.last.change_reason, "oom");
+    for (uint64_t s = 4; s <= 8; s++)
+        expect_scale(w, s, S / 2);
+    /* The stop checkpoint holds the scale and the 5 good steps since the
+     * overflow (4 to 8). */
+    expect_meta(j.out_dir, "step", "8");
+    expect_meta(j.out_dir, "loss_scale", "32768");
+    expect_meta(j.out_dir, "loss_scale_good_steps", "5");
+    scale_watch_free(w);
+
+    /* Resume: the scale is the checkpoint's, the second overflow halves it. */
+    *w = (scale_watch){.dir = j.out_dir, .read_state = true};
+    ovf_done = 8;
+    o = train_run(&j, fx_pool, k, 1, &h, &res);
+    pool_job_forget(fx_pool, 1);
+    if (o != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    assert_int_equal(res.steps_done, 12);
+    expect_scale(w, 9, S / 2);
+    expect_scale(w, 10, S / 4);
+    expect_scale(w, 11, S / 4);
+    expect_scale(w, 12, S / 4);
+    assert_memory_equal(w->state[10], w->state[9], w->nstate * sizeof(float));
+    expect_meta(j.out_dir, "loss_scale", "16384");
+    expect_meta(j.out_dir, "loss_scale_good_steps", "2");
+    scale_watch_free(w);
+    free(w);
+}
+
+/* The doubling: TRAIN_LOSS_SCALE_GROW_EVERY good steps after an overflow at
+ * step 2 the scale doubles — at step 2 + 2000 exactly, although the run
+ * was stopped and resumed in between (the count of good steps is in the
+ * resume state).  A tiny MLP at 4 × 2, so the 2004 steps take little time. */
+static void test_fp16_scale_doubles(void **state)
+{
+    (void)state;
+    const double S = TRAIN_LOSS_SCALE_INIT;
+    const uint64_t grow = TRAIN_LOSS_SCALE_GROW_EVERY, last = 2 + grow + 2;
+    shape mlp = {"mlp 64-256-128-10", true, 0, 0, 0, 0, 8};
+    job_config j;
+    train_result res;
+    make_job(&j, &mlp, "fp16grow", 4, last);
+    j.precision = JOBCFG_FP16;
+    const kern_ops *k = overflow_at(2, 0);
+    scale_watch *w = calloc(1, sizeof *w);
+    *w = (scale_watch){.stop_after = 1000, .dir = j.out_dir};
+    train_hooks h = {.on_step = scale_on_step, .should_stop = scale_should_stop, .user = w,
+                     .cpu_mixed_precision = true};
+    ovf_done = 0;
+    assert_int_equal(train_run(&j, fx_pool, k, 1, &h, &res), TRAIN_STOPPED);
+    pool_job_forget(fx_pool, 1);
+    assert_int_equal(res.steps_done, 1000);
+    expect_meta(j.out_dir, "loss_scale", "32768");
+    expect_meta(j.out_dir, "loss_scale_good_steps", "998");
+
+    w->stop_after = 0;
+    if (train_run(&j, fx_pool, k, 1, &h, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    pool_job_forget(fx_pool, 1);
+    assert_int_equal(res.steps_done, last);
+    expect_scale(w, 1, S);
+    expect_scale(w, 2, S / 2);
+    expect_scale(w, 1 + grow, S / 2);
+    expect_scale(w, 2 + grow, S);
+    expect_scale(w, last, S);
+    expect_meta(j.out_dir, "loss_scale", "65536");
+    expect_meta(j.out_dir, "loss_scale_good_steps", "2");
+    scale_watch_free(w);
+    free(w);
+}
+
 /* ---- tuning in the engine --------------------------------------------------------------- */
 
 /* With tuning on (the default) the engine's step times reach the
@@ -648,13 +873,8 @@ static void test_micro1_fails_with_report(void **state)
         if (!strstr(res.message, want[i]))
             fail_msg("the report lacks '%s': %s", want[i], res.message);
     /* The last checkpoint (step 3) survives. */
-    char path[PATH_MAX + 32], err[512];
-    snprintf(path, sizeof path, "%s/resume.safetensors", j.out_dir);
-    st_file *f;
-    if (st_open(path, &f, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    assert_string_equal(st_meta(f, "step"), "3");
-    st_close(f);
+    char step[32];
+    assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), "3");
 }
 
 int main(void)
@@ -671,6 +891,8 @@ int main(void)
         cmocka_unit_test(test_probes_gpt_wide),
         cmocka_unit_test(test_oom_mid_step_same_result),
         cmocka_unit_test(test_grows_back),
+        cmocka_unit_test(test_fp16_scale_across_oom_and_resume),
+        cmocka_unit_test(test_fp16_scale_doubles),
         cmocka_unit_test(test_tuned_run_visible),
         cmocka_unit_test(test_micro1_fails_with_report),
     };

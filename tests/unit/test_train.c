@@ -49,22 +49,6 @@ static void tiny_gpt(job_config *j, const char *name, uint32_t micro, uint64_t s
     j->eval_batches = 2;
 }
 
-static float *read_params(const char *dir, size_t *n)
-{
-    char path[256], err[512];
-    snprintf(path, sizeof path, "%s/resume.safetensors", dir);
-    st_file *f;
-    if (st_open(path, &f, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    const st_tensor *t = st_find(f, "params");
-    assert_non_null(t);
-    float *v = malloc(t->bytes);
-    assert_int_equal(st_read(f, "params", v, t->bytes, err, sizeof err), 0);
-    *n = t->bytes / sizeof(float);
-    st_close(f);
-    return v;
-}
-
 static void run_ok(const job_config *j, train_result *res, const train_hooks *h)
 {
     if (train_run(j, fx_pool, kern_cpu_ops(), 1, h, res) != TRAIN_DONE)
@@ -152,7 +136,7 @@ static void test_resume_bitwise(void **state)
     char d1[128], d2[128];
     snprintf(d1, sizeof d1, "%s/full", fx_dir);
     snprintf(d2, sizeof d2, "%s/parts", fx_dir);
-    float *a = read_params(d1, &n1), *b = read_params(d2, &n2);
+    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(d2, "params", &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(a, b, n1 * sizeof(float));
     free(a);
@@ -206,13 +190,8 @@ static void test_checkpoint_failure_keeps_previous(void **state)
     assert_non_null(strstr(res.message, "resume.safetensors"));
 
     /* The previous checkpoint (step 2) is intact and readable... */
-    char path[160], err[512];
-    snprintf(path, sizeof path, "%s/resume.safetensors", j.out_dir);
-    st_file *f;
-    if (st_open(path, &f, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    assert_string_equal(st_meta(f, "step"), "2");
-    st_close(f);
+    char step[32];
+    assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), "2");
     /* ...no temporary file is left next to it... */
     char cmd[256];
     snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", j.out_dir);
@@ -223,7 +202,7 @@ static void test_checkpoint_failure_keeps_previous(void **state)
     char d1[128];
     snprintf(d1, sizeof d1, "%s/ckref", fx_dir);
     size_t n1, n2;
-    float *a = read_params(d1, &n1), *b = read_params(j.out_dir, &n2);
+    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(j.out_dir, "params", &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(a, b, n1 * sizeof(float));
     free(a);
