@@ -125,6 +125,23 @@ static void finish(batch_ctl *c, uint32_t n, size_t budget)
         record(c, n, 0, BATCH_REASON_FIT);
 }
 
+/* The earlier run's size was verified: the job goes on as that run did —
+ * growth back up to the fit it found, and, when this is the tuned size,
+ * tuning done. */
+static void resume_finish(batch_ctl *c, uint32_t n, size_t budget)
+{
+    c->probing_done = true;
+    c->verifying = false;
+    c->max_fit = c->resume_fit > n ? c->resume_fit : n;
+    c->predicted_max = n;
+    c->fit_budget = budget;
+    if (c->resume_tuned) {
+        c->best = n;
+        c->tune = BATCH_TUNE_DONE;
+    }
+    record(c, n, 0, c->resume_tuned ? BATCH_REASON_TUNED : BATCH_REASON_FIT);
+}
+
 static uint32_t clamp_u(uint32_t v, uint32_t lo, uint32_t hi)
 {
     return v < lo ? lo : v > hi ? hi : v;
@@ -134,6 +151,10 @@ uint32_t batch_probe_next(batch_ctl *c, size_t budget)
 {
     if (c->probing_done)
         return 0;
+    if (c->resume_n) {
+        c->verifying = true;
+        return c->resume_n;
+    }
     uint32_t hi = c->upper ? c->upper : 1;
     uint32_t pred = clamp_u(batch_max_for(c, usable(c, budget)), 1, hi);
     if (c->probes >= BATCH_MAX_PROBES) {
@@ -171,6 +192,17 @@ void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t b
     bool fits = ok && (double)peak <= usable(c, budget);
     if (!fits && n <= c->upper)
         c->upper = n > 1 ? n - 1 : 0;
+    if (c->resume_n) {
+        /* One try: the earlier run's size fits, or the search starts with
+         * this measurement (and the size below it as the upper bound). */
+        bool verified = fits && n == c->resume_n;
+        c->resume_n = 0;
+        if (verified) {
+            resume_finish(c, n, budget);
+            return;
+        }
+        c->verifying = false;
+    }
     if (c->verifying && fits) {
         finish(c, n, budget);
         return;
@@ -187,6 +219,25 @@ void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t b
         uint32_t hi = c->upper ? c->upper : 1;
         finish(c, clamp_u(batch_max_for(c, usable(c, budget)), 1, hi), budget);
     }
+}
+
+void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, double per_sample)
+{
+    if (fit == 0 || c->probing_done)
+        return;
+    if (fit > c->ceiling)
+        fit = c->ceiling;
+    if (c->tune == BATCH_TUNE_OFF || tuned > fit)
+        tuned = 0;
+    /* The earlier run's line, refitted from its measurements, is a better
+     * start than the model's estimate should the size no longer fit. */
+    if (per_sample > 0) {
+        c->fixed = fixed;
+        c->per_sample = per_sample;
+    }
+    c->resume_fit = fit;
+    c->resume_tuned = tuned != 0;
+    c->resume_n = tuned ? tuned : fit;
 }
 
 void batch_probe_skip(batch_ctl *c, size_t budget)

@@ -27,6 +27,10 @@
  *             the search costs only the difference in speed.  The engine
  *             times the steps and passes the time to batch_step_end; the
  *             controller never reads a clock, so tests can give it any cost.
+ *   resume    batch_resume: a job resumed from a checkpoint under the same
+ *             device and budget starts from what its earlier run found —
+ *             the size that fit and the tuned size — verified with one probe
+ *             instead of searching and tuning again.
  *   steps     batch_step_end: at every step boundary, given the budget now,
  *             shrink before an OOM (the budget fell under the current need)
  *             or grow back after grow_after steps of stable headroom, never
@@ -138,6 +142,11 @@ typedef struct batch_ctl {
     uint32_t tune_slower;          /* clearly slower candidates in a row */
     double tune_fastest;           /* the fastest measured step at cand[ci], seconds */
     uint32_t best;                 /* the tuned size (0: none); growth returns to it, not beyond */
+
+    /* resuming (batch_resume) */
+    uint32_t resume_n;   /* the size to verify with the next probe (0: none, or done) */
+    uint32_t resume_fit; /* the earlier run's largest size found to fit */
+    bool resume_tuned;   /* resume_n is the earlier run's tuned size */
 } batch_ctl;
 
 /* ceiling: the largest micro-batch allowed (batch for auto, N for a fixed
@@ -170,6 +179,17 @@ uint32_t batch_max_for(const batch_ctl *c, double bytes);
  * memory, peak ignored). */
 uint32_t batch_probe_next(batch_ctl *c, size_t budget);
 void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t budget);
+/* Resuming a job whose earlier run probed (and maybe tuned) on the same
+ * device under the same budget: what that run found replaces the search —
+ * `fit` the largest size found to fit, `tuned` the size tuning chose (0:
+ * none or not finished; ignored when tuning is off), and its fitted line
+ * peak(n) = fixed + per_sample × n.  The next batch_probe_next returns the
+ * one size the job will run (tuned, else fit) to verify; if that probe fits,
+ * probing is over at it (max_fit = fit), and tuning too when it was the
+ * tuned size (the change is recorded as BATCH_REASON_TUNED, else FIT); if
+ * not, the measurement joins the line and probing searches as for a new
+ * job.  Call after batch_init, batch_set_tune and batch_prior. */
+void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, double per_sample);
 /* Skip probing (fixed micro-batch): micro = max_fit = ceiling. */
 void batch_probe_skip(batch_ctl *c, size_t budget);
 

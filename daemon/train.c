@@ -60,6 +60,14 @@ typedef struct {
     pool_oom_report last_oom;   /* the first such failure's report */
     uint64_t good_steps;        /* fp16: steps since the loss scale last changed */
     double step_s;              /* the last step's forward, backward and optimizer time, for tuning */
+    /* What the run that wrote the checkpoint found with micro_batch = auto
+     * (load_resume; fit 0: nothing), for choose_micro to start from. */
+    struct {
+        uint32_t fit, tuned;
+        size_t budget;
+        double fixed, per_sample;
+        char device[96];
+    } found;
     void *x_host, *y_host; /* staging when device memory is not host memory */
 
     /* outputs */
@@ -418,6 +426,14 @@ static void model_signature(const run *r, char *buf, size_t len)
         snprintf(buf, len, "mlp inputs=%u hidden=%s classes=%u", r->input_dim, j->hidden_text, r->classes);
 }
 
+/* The device a micro-batch was found on: its id and its name, so that
+ * another card in the same slot counts as another device. */
+static void device_signature(const run *r, char *buf, size_t len)
+{
+    const dev *d = pool_device(r->p);
+    snprintf(buf, len, "%s %s", d->id, d->name);
+}
+
 static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_t err_len)
 {
     size_t P = r->m->num_params;
@@ -447,6 +463,19 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("loss_scale", "%.17g", r->loss_scale);
     META("loss_scale_good_steps", "%llu", (unsigned long long)r->good_steps);
     META("micro", "%u", r->micro);
+    /* What probing (and tuning) found, so that a resumed job need not
+     * search again: see choose_micro. */
+    const batch_ctl *c = &r->ctl;
+    if (!r->j->micro_batch && c->probing_done) {
+        char devsig[96];
+        device_signature(r, devsig, sizeof devsig);
+        META("micro_fit", "%u", c->max_fit);
+        META("micro_tuned", "%u", c->tune == BATCH_TUNE_DONE ? c->best : 0);
+        META("fit_budget", "%zu", c->fit_budget);
+        META("fit_peak_fixed", "%.17g", c->fixed);
+        META("fit_peak_per_sample", "%.17g", c->per_sample);
+        st_writer_meta(w, "fit_device", devsig, err, err_len);
+    }
 #undef META
     if (r->hooks && r->hooks->on_checkpoint)
         r->hooks->on_checkpoint(r->hooks->user, w, r->step);
@@ -471,6 +500,27 @@ static uint64_t meta_u64(const st_file *f, const char *key, bool *ok)
     if (*end || errno)
         *ok = false;
     return v;
+}
+
+/* The micro-batch an earlier run found (write_resume), into r->found; any
+ * key missing or malformed (older checkpoints, fixed micro-batches) leaves
+ * nothing found, and the job probes as a new one. */
+static void load_found(run *r, const st_file *f)
+{
+    bool ok = true;
+    uint64_t fit = meta_u64(f, "micro_fit", &ok), tuned = meta_u64(f, "micro_tuned", &ok),
+             budget = meta_u64(f, "fit_budget", &ok);
+    const char *fixed = st_meta(f, "fit_peak_fixed"), *per = st_meta(f, "fit_peak_per_sample"),
+               *devsig = st_meta(f, "fit_device");
+    memset(&r->found, 0, sizeof r->found);
+    if (!ok || !fixed || !per || !devsig || fit == 0 || fit > UINT32_MAX || tuned > fit)
+        return;
+    r->found.fit = (uint32_t)fit;
+    r->found.tuned = (uint32_t)tuned;
+    r->found.budget = (size_t)budget;
+    r->found.fixed = strtod(fixed, NULL);
+    r->found.per_sample = strtod(per, NULL);
+    snprintf(r->found.device, sizeof r->found.device, "%s", devsig);
 }
 
 /* Load out_dir/resume.safetensors if present.  Returns 1 when resumed, 0
@@ -534,6 +584,7 @@ static int load_resume(run *r)
             /* Older checkpoints lack it: the doubling clock restarts. */
             const char *gs = st_meta(f, "loss_scale_good_steps");
             r->good_steps = gs ? strtoull(gs, NULL, 10) : 0;
+            load_found(r, f);
             rc = 1;
         }
     }
@@ -845,8 +896,22 @@ static int probe(run *r, uint32_t n, size_t *peak)
     return oom ? 1 : 0;
 }
 
-/* Choose the first micro-batch: the configured one, or by probing; then
- * allocate for it (shrinking if even that does not fit). */
+/* Does what the checkpoint's run found (r->found) still apply?  Only on the
+ * same device and under the same budget (within 2%, the controller's
+ * tolerance for "nothing changed"): a changed [memory] limit, a device with
+ * more or less memory, or other jobs holding more or less of it all change
+ * what fits, and a new search costs a few probes. */
+static bool found_still_holds(run *r, size_t budget)
+{
+    char devsig[96];
+    device_signature(r, devsig, sizeof devsig);
+    double was = (double)r->found.budget, now = (double)budget;
+    return r->found.fit && strcmp(r->found.device, devsig) == 0 && now >= 0.98 * was && now <= 1.02 * was;
+}
+
+/* Choose the first micro-batch: the configured one; by probing; or, when
+ * resuming, the size the checkpoint's run had found, verified by one probe.
+ * Then allocate for it (shrinking if even that does not fit). */
 static train_outcome choose_micro(run *r)
 {
     const job_config *j = r->j;
@@ -859,6 +924,8 @@ static train_outcome choose_micro(run *r)
     if (j->micro_batch) {
         batch_probe_skip(c, budget);
     } else {
+        if (found_still_holds(r, budget))
+            batch_resume(c, r->found.fit, r->found.tuned, r->found.fixed, r->found.per_sample);
         for (uint32_t n; (n = batch_probe_next(c, budget)) != 0;) {
             size_t peak = 0;
             int rc = probe(r, n, &peak);

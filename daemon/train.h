@@ -16,7 +16,8 @@
  * and keeps the fastest; an OOM inside a step redoes the whole step at a
  * smaller micro-batch; at step boundaries the micro-batch shrinks when
  * memory runs short and grows back after [memory] grow_after steps of
- * headroom.
+ * headroom.  A resumed job starts from what its checkpoint says probing and
+ * tuning found, when the device and the budget are the same (choose_micro).
  */
 #ifndef GRADD_TRAIN_H
 #define GRADD_TRAIN_H

@@ -375,6 +375,64 @@ static void test_tune_cut_short(void **state)
     assert_int_equal(why, BATCH_REASON_GROW);
 }
 
+/* Resuming: the earlier run's size is verified by one probe and the job
+ * goes on as that run did; a size that no longer fits starts the search
+ * from that measurement. */
+static void test_resume_controller(void **state)
+{
+    (void)state;
+    const size_t budget = 50u << 20;
+    batch_ctl c;
+    /* The fit of 40 (as fit_40 finds it), tuning off. */
+    batch_init(&c, 64, 64, 0, 3);
+    batch_prior(&c, 1 << 20, 2 << 20); /* a poor estimate: the earlier run's line replaces it */
+    batch_resume(&c, 40, 16, 10 << 20, 1 << 20);
+    assert_int_equal(batch_probe_next(&c, budget), 40); /* tuning is off: the tuned 16 is not used */
+    batch_probe_result(&c, 40, 50u << 20, true, budget);
+    assert_int_equal(batch_probe_next(&c, budget), 0);
+    assert_int_equal(c.probes, 1);
+    assert_int_equal(c.micro, 40);
+    assert_int_equal(c.max_fit, 40);
+    assert_int_equal(c.last.reason, BATCH_REASON_FIT);
+    assert_int_equal(c.tune, BATCH_TUNE_OFF);
+
+    /* Tuned to 16 before: 16 is verified and runs, tuning is over, and
+     * growth may go back to 40's fit only up to the tuned 16. */
+    batch_init(&c, 64, 64, 0, 3);
+    batch_set_tune(&c, true);
+    batch_prior(&c, 1 << 20, 2 << 20);
+    batch_resume(&c, 40, 16, 10 << 20, 1 << 20);
+    assert_int_equal(batch_probe_next(&c, budget), 16);
+    batch_probe_result(&c, 16, 26u << 20, true, budget);
+    assert_int_equal(batch_probe_next(&c, budget), 0);
+    assert_int_equal(c.probes, 1);
+    assert_int_equal(c.micro, 16);
+    assert_int_equal(c.best, 16);
+    assert_int_equal(c.max_fit, 40);
+    assert_int_equal(c.tune, BATCH_TUNE_DONE);
+    assert_int_equal(c.last.reason, BATCH_REASON_TUNED);
+    batch_reason why;
+    for (uint64_t s = 1; s < 10; s++) {
+        assert_int_equal(batch_step_end(&c, s, budget, budget, 1e-3, &why), 16);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+
+    /* 40 no longer fits (its peak is now 10M + 1.5M·n): the search goes on
+     * from that measurement, below 40, and lands on the new truth, 26. */
+    batch_init(&c, 64, 64, 0, 3);
+    batch_prior(&c, 1 << 20, 2 << 20);
+    batch_resume(&c, 40, 0, 10 << 20, 1 << 20);
+    uint32_t n;
+    while ((n = batch_probe_next(&c, budget)) != 0) {
+        assert_true(n < 40 || c.probes == 0);
+        batch_probe_result(&c, n, (10u << 20) + (size_t)n * (3u << 19), true, budget);
+    }
+    assert_true(c.probes <= 1 + BATCH_MAX_PROBES);
+    assert_int_equal(c.micro, 26);
+    assert_int_equal(c.max_fit, 26);
+    assert_int_equal(c.last.reason, BATCH_REASON_FIT);
+}
+
 /* ---- probes against an exhaustive search ------------------------------------------- */
 
 /* As a worker runs a job: its pool row (limit, peak) goes with it. */
@@ -449,9 +507,10 @@ static void test_probes_gpt_wide(void **state)
 /* A simulated other process.  At step `at` (1-based), before the step's
  * second micro-batch, the cache goes back to the device and the process
  * takes everything free, so the next workspace allocation fails; at step
- * `release` it exits. */
+ * `release` it exits.  With stop_after the run is stopped (cleanly, as a
+ * cancel stops it) once that step is done. */
 typedef struct {
-    uint64_t at, release;
+    uint64_t at, release, stop_after;
     uint64_t done;  /* steps finished */
     int calls;      /* should_stop calls in the step `at` */
     bool injected;
@@ -463,6 +522,8 @@ typedef struct {
 static bool press(void *user)
 {
     pressure *x = user;
+    if (x->stop_after && x->done >= x->stop_after)
+        return true;
     if (x->injected || x->done + 1 != x->at || ++x->calls < 2)
         return false;
     x->injected = true;
@@ -625,8 +686,7 @@ static const kern_ops *overflow_at(uint64_t a, uint64_t b)
 #define STATE_STEPS 16
 
 typedef struct {
-    pressure x;                /* the simulated process (press, watch) */
-    uint64_t stop_after;       /* stop once this step is done; 0: run on */
+    pressure x;                /* first: press takes a scale_watch as its pressure */
     const char *dir;           /* the job's output dir */
     double scale[SCALE_STEPS]; /* the loss scale reported after each step */
     /* read_state, with checkpoint_every = 1: the checkpointed params,
@@ -660,13 +720,6 @@ static void scale_on_step(void *user, const train_progress *pr)
             free(t[i]);
         }
     }
-}
-
-static bool scale_should_stop(void *user)
-{
-    scale_watch *w = user;
-    press(&w->x);
-    return w->stop_after && w->x.done >= w->stop_after;
 }
 
 static void scale_watch_free(scale_watch *w)
@@ -713,8 +766,8 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
 
     const kern_ops *k = overflow_at(3, 10);
     scale_watch *w = calloc(1, sizeof *w);
-    *w = (scale_watch){.x = {.at = 6}, .stop_after = 8, .dir = j.out_dir, .read_state = true};
-    train_hooks h = {.on_step = scale_on_step, .should_stop = scale_should_stop, .user = w,
+    *w = (scale_watch){.x = {.at = 6, .stop_after = 8}, .dir = j.out_dir, .read_state = true};
+    train_hooks h = {.on_step = scale_on_step, .should_stop = press, .user = w,
                      .cpu_mixed_precision = true};
     ovf_done = 0;
     train_outcome o = train_run(&j, fx_pool, k, 1, &h, &res);
@@ -792,8 +845,8 @@ static void test_fp16_scale_doubles(void **state)
     j.precision = JOBCFG_FP16;
     const kern_ops *k = overflow_at(2, 0);
     scale_watch *w = calloc(1, sizeof *w);
-    *w = (scale_watch){.stop_after = 1000, .dir = j.out_dir};
-    train_hooks h = {.on_step = scale_on_step, .should_stop = scale_should_stop, .user = w,
+    *w = (scale_watch){.x = {.stop_after = 1000}, .dir = j.out_dir};
+    train_hooks h = {.on_step = scale_on_step, .should_stop = press, .user = w,
                      .cpu_mixed_precision = true};
     ovf_done = 0;
     assert_int_equal(train_run(&j, fx_pool, k, 1, &h, &res), TRAIN_STOPPED);
@@ -802,7 +855,7 @@ static void test_fp16_scale_doubles(void **state)
     expect_meta(j.out_dir, "loss_scale", "32768");
     expect_meta(j.out_dir, "loss_scale_good_steps", "998");
 
-    w->stop_after = 0;
+    w->x.stop_after = 0;
     if (train_run(&j, fx_pool, k, 1, &h, &res) != TRAIN_DONE)
         fail_msg("%s", res.message);
     pool_job_forget(fx_pool, 1);
@@ -851,6 +904,110 @@ static void test_tuned_run_visible(void **state)
     assert_int_equal(res.oom_recoveries, 0);
 }
 
+/* ---- resuming with micro_batch = auto ---------------------------------------------------- */
+
+/* Run j for `first` steps and stop, then resume it to the end; each run's
+ * progress into a and b. */
+static void stop_and_resume(const job_config *j, uint64_t first, pressure *a, train_result *ra, pressure *b,
+                            train_result *rb)
+{
+    *a = (pressure){.stop_after = first};
+    train_hooks h = {.on_step = watch, .should_stop = press, .user = a};
+    if (run(j, &h, ra) != TRAIN_STOPPED)
+        fail_msg("the first run did not stop: %s", ra->message);
+    assert_int_equal(ra->steps_done, first);
+    *b = (pressure){0};
+    h.user = b;
+    if (run(j, &h, rb) != TRAIN_DONE)
+        fail_msg("the resumed run: %s", rb->message);
+    assert_int_equal(rb->steps_done, j->steps);
+}
+
+static void expect_meta_u(const char *dir, const char *key, unsigned want)
+{
+    char s[32];
+    snprintf(s, sizeof s, "%u", want);
+    expect_meta(dir, key, s);
+}
+
+/* A resumed job starts at the size its first run found, verified by one
+ * probe; under another [memory] limit it searches as a new job does. */
+static void test_resume_keeps_fit(void **state)
+{
+    (void)state;
+    const size_t limit = half_limit();
+    job_config j;
+    train_result r1, r2;
+    pressure a, b;
+    make_job(&j, &oom_shape, "resume-fit", 0, 10);
+    j.mem_limit = limit;
+    j.margin = 0.05;
+    j.tune = false;
+    stop_and_resume(&j, 4, &a, &r1, &b, &r2);
+    const uint32_t fit = r1.micro_fit;
+    printf("resume: fit %u after %u probes; resumed at %u after %u\n", fit, r1.probes, b.micro[5], r2.probes);
+    assert_true(r1.probes >= 2);
+    assert_int_equal(r1.micro, fit);
+    expect_meta_u(j.out_dir, "micro_fit", fit);
+    expect_meta_u(j.out_dir, "micro_tuned", 0);
+    assert_int_equal(r2.probes, 1);
+    assert_int_equal(r2.micro_fit, fit);
+    for (int s = 5; s <= 10; s++)
+        assert_int_equal(b.micro[s], fit);
+    assert_int_equal(r2.batch_changes, 1);
+    assert_string_equal(b.last.change_reason, "fit");
+    assert_int_equal(r2.oom_recoveries, 0);
+
+    /* A larger limit: what the first run found no longer says what fits,
+     * and the resumed job probes exactly as a new job under that limit. */
+    const size_t limit2 = limit + limit / 8;
+    job_config fresh;
+    train_result r3, r4;
+    make_job(&fresh, &oom_shape, "resume-fresh", 0, 1);
+    fresh.mem_limit = limit2;
+    fresh.margin = 0.05;
+    fresh.tune = false;
+    if (run(&fresh, NULL, &r3) != TRAIN_DONE)
+        fail_msg("%s", r3.message);
+    j.mem_limit = limit2;
+    j.steps = 12;
+    if (run(&j, NULL, &r4) != TRAIN_DONE)
+        fail_msg("%s", r4.message);
+    printf("resume under limit %zu: fit %u after %u probes (a new job: %u after %u)\n", limit2, r4.micro_fit,
+           r4.probes, r3.micro_fit, r3.probes);
+    assert_true(r4.probes >= 2);
+    assert_int_equal(r4.probes, r3.probes);
+    assert_int_equal(r4.micro_fit, r3.micro_fit);
+    assert_true(r4.micro_fit > fit);
+}
+
+/* With tuning on, a job resumed after tuning ended runs the tuned size
+ * from its first step: one probe, no second search, no change after. */
+static void test_resume_keeps_tuned(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result r1, r2;
+    pressure a, b;
+    const uint64_t first = 3 * BATCH_TUNE_MAX + 4;
+    make_job(&j, &oom_shape, "resume-tuned", 0, first + 8);
+    j.mem_limit = half_limit();
+    j.margin = 0.05;
+    assert_true(j.tune);
+    stop_and_resume(&j, first, &a, &r1, &b, &r2);
+    const uint32_t tuned = r1.micro;
+    printf("resume: fit %u, tuned %u; resumed at %u after %u probe(s)\n", r1.micro_fit, tuned, b.micro[first + 1],
+           r2.probes);
+    assert_string_equal(a.last.change_reason, "tuned");
+    expect_meta_u(j.out_dir, "micro_tuned", tuned);
+    assert_int_equal(r2.probes, 1);
+    assert_int_equal(r2.micro_fit, r1.micro_fit);
+    for (uint64_t s = first + 1; s <= first + 8; s++)
+        assert_int_equal(b.micro[s], tuned);
+    assert_int_equal(r2.batch_changes, 1);
+    assert_string_equal(b.last.change_reason, "tuned");
+}
+
 /* ---- micro-batch 1 and still out of memory --------------------------------------------- */
 
 static void test_micro1_fails_with_report(void **state)
@@ -886,6 +1043,7 @@ int main(void)
         cmocka_unit_test(test_tune_keeps_faster_of_two),
         cmocka_unit_test(test_tune_off),
         cmocka_unit_test(test_tune_cut_short),
+        cmocka_unit_test(test_resume_controller),
         cmocka_unit_test(test_probes_mlp),
         cmocka_unit_test(test_probes_gpt_small),
         cmocka_unit_test(test_probes_gpt_wide),
@@ -894,6 +1052,8 @@ int main(void)
         cmocka_unit_test(test_fp16_scale_across_oom_and_resume),
         cmocka_unit_test(test_fp16_scale_doubles),
         cmocka_unit_test(test_tuned_run_visible),
+        cmocka_unit_test(test_resume_keeps_fit),
+        cmocka_unit_test(test_resume_keeps_tuned),
         cmocka_unit_test(test_micro1_fails_with_report),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
