@@ -143,7 +143,7 @@ int main(int argc, char **argv)
     float *dh = buf(N * 4 * C), *pre = buf(na), *att = buf(na), *s1 = buf(na), *s2 = buf(na);
     float *w = buf((size_t)4 * C * C), *dw = buf((size_t)4 * C * C), *b = buf(4 * (size_t)C), *db = buf(4 * (size_t)C);
     float *mean = buf(N), *rstd = buf(N), *lw = buf(C), *lb = buf(C), *dlw = buf(C), *dlb = buf(C);
-    float *logits = buf(N * Vp), *probs = buf(N * Vp), *losses = buf(N), *dloss = buf(N), *wte = buf((size_t)Vp * C);
+    float *logits = buf(N * Vp), *lse = buf(N), *losses = buf(N), *dloss = buf(N), *wte = buf((size_t)Vp * C);
     float *wpe = buf((size_t)T * C); /* its own: with V < T, wte is too small to stand in for it */
     int32_t *tok = malloc(N * sizeof *tok);
     for (size_t i = 0; i < N; i++)
@@ -206,9 +206,9 @@ int main(int argc, char **argv)
     double head_b;
     TIME(head_b, R, ops->matmul_backward(k, x, wte, NULL, logits, x, wte, (int)N, C, Vp));
     double ce_f;
-    TIME(ce_f, R, ops->crossentropy_forward(k, losses, probs, logits, tok, (int)N, V, Vp));
-    double ce_b;
-    TIME(ce_b, R, ops->crossentropy_backward(k, logits, probs, tok, dloss, (int)N, V, Vp));
+    TIME(ce_f, R, ops->crossentropy_forward(k, losses, lse, logits, tok, (int)N, V, Vp));
+    double ce_b; /* in place, as the models call it */
+    TIME(ce_b, R, ops->crossentropy_backward(k, logits, logits, lse, tok, dloss, (int)N, V, Vp));
     double enc_f;
     TIME(enc_f, R, ops->encoder_forward(k, x, tok, wte, wpe, B, T, C));
     double enc_b;

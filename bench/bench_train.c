@@ -220,15 +220,15 @@ static void w_resid(kern_ctx *k, float *out, const float *a, const float *b, siz
     TIMED(OP_RESID, prof.base->residual_forward(k, out, a, b, N));
 }
 static void w_acc(kern_ctx *k, float *d, const float *s, size_t N) { TIMED(OP_ACC, prof.base->accumulate(k, d, s, N)); }
-static void w_ce_f(kern_ctx *k, float *losses, float *probs, const float *logits, const int32_t *t, int N, int V,
+static void w_ce_f(kern_ctx *k, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                    int Vp)
 {
-    TIMED(OP_CE_F, prof.base->crossentropy_forward(k, losses, probs, logits, t, N, V, Vp));
+    TIMED(OP_CE_F, prof.base->crossentropy_forward(k, losses, lse, logits, t, N, V, Vp));
 }
-static void w_ce_b(kern_ctx *k, float *dlogits, const float *probs, const int32_t *t, const float *dloss, int N,
-                   int V, int Vp)
+static void w_ce_b(kern_ctx *k, float *dlogits, const float *logits, const float *lse, const int32_t *t,
+                   const float *dloss, int N, int V, int Vp)
 {
-    TIMED(OP_CE_B, prof.base->crossentropy_backward(k, dlogits, probs, t, dloss, N, V, Vp));
+    TIMED(OP_CE_B, prof.base->crossentropy_backward(k, dlogits, logits, lse, t, dloss, N, V, Vp));
 }
 static void w_sumsq(kern_ctx *k, double *out, const float *g, size_t n) { TIMED(OP_SUMSQ, prof.base->sumsq(k, out, g, n)); }
 static void w_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,

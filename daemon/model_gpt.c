@@ -50,7 +50,7 @@ typedef struct {
     float *fch, *fch_gelu;                            /* (L,B,T,4C) */
     float *residual3;                                 /* (L,B,T,C) */
     float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
-    float *logits, *probs, *losses;                   /* (B,T,V), (B,T,V), (B,T) */
+    float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
     float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
     float *proj;                                      /* (B,T,C) attproj/fcproj outputs */
@@ -98,7 +98,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(lnf_mean, BT);
     TAKE(lnf_rstd, BT);
     TAKE(logits, BT * V);
-    TAKE(probs, BT * V);
+    TAKE(lse, BT);
     TAKE(losses, BT);
     TAKE(preatt, n * NH * TT);
     TAKE(proj, BT * C);
@@ -221,7 +221,7 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     int B = (int)b->n, T = (int)g->T, V = (int)g->V;
     size_t BT = (size_t)B * T;
     gpt_body(m, b->x, B, T);
-    k->crossentropy_forward(kc, g->losses, g->probs, g->logits, b->y, (int)BT, V, V);
+    k->crossentropy_forward(kc, g->losses, g->lse, g->logits, b->y, (int)BT, V, V);
 
     /* Sum on the host in a fixed order: deterministic whatever the backend. */
     k->copy_d2h(kc, g->dloss_host, g->losses, BT * sizeof(float));
@@ -261,10 +261,10 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         g->dloss_host[i] = dloss;
     k->copy_h2d(kc, g->dlosses, g->dloss_host, BT * sizeof(float));
 
-    /* dlogits reuse the logits buffer: logits are dead after forward. */
+    /* dlogits overwrite the logits in place: cross-entropy backward is
+     * their last reader, and it reads each element before writing it. */
     float *dlogits = g->logits;
-    k->zero(kc, dlogits, BT * V);
-    k->crossentropy_backward(kc, dlogits, g->probs, b->y, g->dlosses, (int)BT, V, V);
+    k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
     float *dlnf = g->dsmall;
     k->zero(kc, dlnf, BTC);
     k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);

@@ -3,8 +3,10 @@
  *
  * Parameters: layers.i.weight (out,in), layers.i.bias (out), i = 0..nh,
  * the last layer mapping to K classes.  Activations keep each layer's
- * pre-activation and ReLU output; backward uses two scratch buffers of the
- * widest layer, ping-ponged from the top down.
+ * pre-activation and ReLU output; the last pre-activation (the logits) is
+ * overwritten by its own gradient in backward.  Below it, backward uses two
+ * scratch buffers of the widest hidden layer: one for the gradient of a layer's
+ * input, one for the gradient through the ReLU below it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -23,12 +25,12 @@ typedef struct {
     uint32_t widest;
 
     uint32_t n;
-    float *pre[MLP_MAX_LAYERS];     /* (B,out_i): linear outputs; the last is the logits */
+    float *pre[MLP_MAX_LAYERS];     /* (B,out_i): linear outputs; the last is the logits, dlogits in backward */
     float *act[MLP_MAX_LAYERS];     /* (B,out_i): ReLU outputs of hidden layers */
-    float *probs, *losses;          /* (B,K), (B) */
-    float *d1, *d2;                 /* (B,widest) backward scratch */
+    float *lse, *losses;            /* (B), (B) */
+    float *d1, *d2;                 /* (B,widest hidden layer) backward scratch */
     float *dlosses;                 /* (B) */
-    float *host;                    /* host copy of losses/probs, (B,K) */
+    float *host;                    /* host copy of losses and logits, (B) + (B,K) */
     int32_t *pred;
 } mlp;
 
@@ -48,7 +50,7 @@ static size_t carve(mlp *g, char *base, uint32_t n)
         if (i + 1 < g->nl)
             TAKE(g->act[i], (size_t)n * g->out[i]);
     }
-    TAKE(g->probs, (size_t)n * g->K);
+    TAKE(g->lse, (size_t)n);
     TAKE(g->losses, (size_t)n);
     TAKE(g->d1, (size_t)n * g->widest);
     TAKE(g->d2, (size_t)n * g->widest);
@@ -110,15 +112,15 @@ static double mlp_forward(model *m, const model_batch *b, uint64_t *correct)
         }
     }
     const float *logits = g->pre[g->nl - 1];
-    k->crossentropy_forward(kc, g->losses, g->probs, logits, b->y, B, (int)g->K, (int)g->K);
+    k->crossentropy_forward(kc, g->losses, g->lse, logits, b->y, B, (int)g->K, (int)g->K);
     k->copy_d2h(kc, g->host, g->losses, (size_t)B * sizeof(float));
     double sum = 0;
     for (int i = 0; i < B; i++)
         sum += g->host[i];
     if (correct) {
-        /* Top-1 from the probabilities (monotone in the logits). */
-        float *probs = g->host + B;
-        k->copy_d2h(kc, probs, g->probs, (size_t)B * g->K * sizeof(float));
+        /* Top-1 from the logits: softmax is monotone, so the same argmax. */
+        float *lg = g->host + B;
+        k->copy_d2h(kc, lg, logits, (size_t)B * g->K * sizeof(float));
         int32_t *labels = malloc((size_t)B * sizeof *labels);
         uint64_t ok = 0;
         if (labels) {
@@ -126,7 +128,7 @@ static double mlp_forward(model *m, const model_batch *b, uint64_t *correct)
             for (int i = 0; i < B; i++) {
                 uint32_t best = 0;
                 for (uint32_t c = 1; c < g->K; c++)
-                    if (probs[(size_t)i * g->K + c] > probs[(size_t)i * g->K + best])
+                    if (lg[(size_t)i * g->K + c] > lg[(size_t)i * g->K + best])
                         best = c;
                 ok += (int32_t)best == labels[i];
             }
@@ -149,20 +151,22 @@ static void mlp_backward(model *m, const model_batch *b, float dloss)
         g->host[i] = dloss;
     k->copy_h2d(kc, g->dlosses, g->host, (size_t)B * sizeof(float));
 
-    float *dout = g->d1, *dnext = g->d2;
-    k->zero(kc, dout, (size_t)B * g->K);
-    k->crossentropy_backward(kc, dout, g->probs, b->y, g->dlosses, B, (int)g->K, (int)g->K);
+    /* dlogits overwrite the logits in place: nothing reads them after this. */
+    float *dout = g->pre[g->nl - 1];
+    k->crossentropy_backward(kc, dout, dout, g->lse, b->y, g->dlosses, B, (int)g->K, (int)g->K);
     for (int i = (int)g->nl - 1; i >= 0; i--) {
         const float *x = i == 0 ? (const float *)b->x : g->act[i - 1];
         float *dx = NULL;
         if (i > 0) {
-            dx = dnext;
+            dx = g->d2;
             k->zero(kc, dx, (size_t)B * g->in[i]);
         }
         k->matmul_backward(kc, dx, D + g->w[i], D + g->b[i], dout, x, P + g->w[i], B, (int)g->in[i],
                            (int)g->out[i]);
         if (i > 0) {
-            /* Through the ReLU of layer i-1, into the other scratch buffer. */
+            /* Through the ReLU of layer i-1, into d1: from here on dout
+             * is a hidden layer's gradient, too wide for the logits buffer. */
+            dout = g->d1;
             k->zero(kc, dout, (size_t)B * g->in[i]);
             k->relu_backward(kc, dout, g->pre[i - 1], dx, (size_t)B * g->in[i]);
         }
@@ -207,14 +211,14 @@ int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, 
     g->K = classes;
     g->nl = (uint32_t)j->nhidden + 1;
     uint32_t prev = input_dim;
-    g->widest = classes;
+    /* The scratch holds gradients of hidden layers only: the logits' is
+     * computed in place and the inputs' is never needed. */
+    g->widest = 0;
     for (uint32_t i = 0; i < g->nl; i++) {
         g->in[i] = prev;
         g->out[i] = i + 1 < g->nl ? j->hidden[i] : classes;
         prev = g->out[i];
-        if (g->in[i] > g->widest)
-            g->widest = g->in[i];
-        if (g->out[i] > g->widest)
+        if (i + 1 < g->nl && g->out[i] > g->widest)
             g->widest = g->out[i];
     }
     m->impl = g;

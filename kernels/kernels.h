@@ -17,7 +17,8 @@
  *   - backward functions ACCUMULATE (+=) into every gradient they produce
  *     (dinp, dweight, dbias), so that residual branches and gradient
  *     accumulation over micro-batches need no extra adds.  Callers zero
- *     gradients at the start of an optimizer step.
+ *     gradients at the start of an optimizer step.  One exception:
+ *     crossentropy_backward overwrites (it may work in place, see there);
  *   - CPU results are bitwise reproducible for a fixed thread count: no
  *     atomics in reductions, static work partitioning.
  */
@@ -134,15 +135,24 @@ typedef struct kern_ops {
 
     /* ---- fused softmax + cross-entropy ------------------------------------------------
      * logits (N,Vp) of which the first V columns are real (Vp >= V pads for
-     * alignment, padded columns are ignored); targets (N) int32 in [0,V);
-     * losses (N) = -log softmax(logits)[target]; probs (N,Vp) saved. */
-    void (*crossentropy_forward)(kern_ctx *k, float *losses, float *probs, const float *logits,
+     * alignment, padded columns are ignored); targets (N) int32 in [0,V), a
+     * target outside gives a NaN loss; losses (N) = lse - logits[target];
+     * lse (N) = log Σ_{v<V} exp(logits[v]), all backward needs of the
+     * softmax: keeping one number per row instead of an (N,Vp) probabilities
+     * matrix saves that matrix's memory and a write and a read of it. */
+    void (*crossentropy_forward)(kern_ctx *k, float *losses, float *lse, const float *logits,
                                  const int32_t *targets, int N, int V, int Vp);
-    /* dlogits (N,Vp) += dloss[i] · (probs - onehot(target)), for the first V
-     * columns; dloss (N) is the gradient of the total loss w.r.t. each row's
-     * loss (e.g. 1/total_rows of the optimizer step for a mean). */
-    void (*crossentropy_backward)(kern_ctx *k, float *dlogits, const float *probs, const int32_t *targets,
-                                  const float *dloss, int N, int V, int Vp);
+    /* dlogits (N,Vp) = dloss[i] · (exp(logits - lse[i]) - onehot(target)) for
+     * the first V columns, 0 for the padding; dloss (N) is the gradient of
+     * the total loss w.r.t. each row's loss (e.g. 1/total_rows of the
+     * optimizer step for a mean).
+     * The one backward that OVERWRITES instead of accumulating: its output
+     * is never summed with another gradient, and overwriting lets dlogits be
+     * the logits buffer itself (dlogits == logits is allowed), so the
+     * gradient costs no second (N,Vp) buffer, no zeroing pass, and one read
+     * and one write of the matrix. */
+    void (*crossentropy_backward)(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
+                                  const int32_t *targets, const float *dloss, int N, int V, int Vp);
 
     /* ---- optimizer and norms ----------------------------------------------------------- */
     /* Sum of squares of g (n) in double, written to *out on the host. */

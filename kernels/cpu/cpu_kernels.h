@@ -144,10 +144,10 @@ void kcpu_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
 void kcpu_relu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
 void kcpu_residual_forward(kern_ctx *k, float *out, const float *a, const float *b, size_t N);
 void kcpu_accumulate(kern_ctx *k, float *dst, const float *src, size_t N);
-void kcpu_crossentropy_forward(kern_ctx *k, float *losses, float *probs, const float *logits,
+void kcpu_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                                const int32_t *targets, int N, int V, int Vp);
-void kcpu_crossentropy_backward(kern_ctx *k, float *dlogits, const float *probs, const int32_t *targets,
-                                const float *dloss, int N, int V, int Vp);
+void kcpu_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
+                                const int32_t *targets, const float *dloss, int N, int V, int Vp);
 void kcpu_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kcpu_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                 float beta2, float eps, float weight_decay, float grad_scale, int t);

@@ -314,10 +314,10 @@ void kc_flash_mma_forward(kern_ctx *k, float *out, float *lse, const float *inp,
 void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
                            const float *inp, int B, int T, int C, int NH);
 
-void kc_crossentropy_forward(kern_ctx *k, float *losses, float *probs, const float *logits,
+void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                              const int32_t *targets, int N, int V, int Vp);
-void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *probs, const int32_t *targets,
-                              const float *dloss, int N, int V, int Vp);
+void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, const float *dloss, int N, int V, int Vp);
 
 void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

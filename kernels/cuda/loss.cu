@@ -1,23 +1,26 @@
 // loss.cu — fused softmax + cross-entropy, one block per row.
 //
-// Forward: one pass for the running max and sum (online softmax, float4
-// loads where aligned), a block-wide merge, a second pass that writes probs
-// (padded columns V..Vp get 0) and the loss -log p[target] = log s + m - x.
-// Backward: dlogits += dloss·(probs − onehot) on the first V columns.
+// Forward: one pass over the logits for the running max and sum (online
+// softmax, float4 loads where aligned), a block-wide merge, then the row's
+// log-sum-exp and loss.  Nothing of size V is written: backward recomputes
+// the softmax from the logits and lse, which is cheaper than writing and
+// re-reading an (N,Vp) probabilities matrix.
+// Backward: dlogits = dloss·(exp(x − lse) − onehot) on the first V columns,
+// 0 on the padding, in one read and one write; it overwrites, so dlogits may
+// be the logits buffer (each element is read and then written by the same
+// thread, hence no __restrict__ on those two).
 #include "kern_cuda.cuh"
 
 #define CE_THREADS 256
 
 template <int W>
-__global__ static void ce_forward_kernel(float *__restrict__ losses, float *__restrict__ probs,
+__global__ static void ce_forward_kernel(float *__restrict__ losses, float *__restrict__ lse,
                                          const float *__restrict__ logits, const int32_t *__restrict__ targets,
                                          int V, int Vp)
 {
     __shared__ kc_ms warp_ms[CE_THREADS / 32];
-    __shared__ kc_ms row_ms;
     size_t row = blockIdx.x;
     const float *x = logits + row * Vp;
-    float *p = probs + row * Vp;
     int vw = V / W * W;
     kc_ms ms = {-INFINITY, 0.0f};
     for (int v = threadIdx.x * W; v < vw; v += CE_THREADS * W) {
@@ -36,71 +39,62 @@ __global__ static void ce_forward_kernel(float *__restrict__ losses, float *__re
     if (warp == 0) {
         ms = lane < CE_THREADS / 32 ? warp_ms[lane] : kc_ms{-INFINITY, 0.0f};
         ms = kc_warp_ms(ms);
-        if (lane == 0)
-            row_ms = ms;
-    }
-    __syncthreads();
-    ms = row_ms;
-    float inv = 1.0f / ms.s;
-    for (int v = threadIdx.x * W; v < vw; v += CE_THREADS * W) {
-        kc_fv<W> a = kc_ld<W>(x + v);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            a.v[j] = expf(a.v[j] - ms.m) * inv;
-        kc_st<W>(p + v, a);
-    }
-    for (int v = vw + threadIdx.x; v < Vp; v += CE_THREADS)
-        p[v] = v < V ? expf(x[v] - ms.m) * inv : 0.0f;
-    if (threadIdx.x == 0) {
-        int t = targets[row];
-        losses[row] = (t >= 0 && t < V) ? logf(ms.s) + ms.m - x[t] : NAN;
+        if (lane == 0) {
+            // log s + m − x[t], not lse − x[t]: with large logits lse has
+            // already rounded away what the difference keeps.
+            float ls = logf(ms.s);
+            int t = targets[row];
+            lse[row] = ms.m + ls;
+            losses[row] = (t >= 0 && t < V) ? ls + (ms.m - x[t]) : NAN;
+        }
     }
 }
 
 template <int W>
-__global__ static void ce_backward_kernel(float *__restrict__ dlogits, const float *__restrict__ probs,
-                                          const int32_t *__restrict__ targets, const float *__restrict__ dloss, int V,
-                                          int Vp)
+__global__ static void ce_backward_kernel(float *dlogits, const float *logits, const float *__restrict__ lse,
+                                          const int32_t *__restrict__ targets, const float *__restrict__ dloss,
+                                          int V, int Vp)
 {
     size_t row = blockIdx.x;
-    const float *p = probs + row * Vp;
+    const float *x = logits + row * Vp;
     float *g = dlogits + row * Vp;
-    float dl = dloss[row];
+    float dl = dloss[row], m = lse[row];
     int t = targets[row];
-    int vw = V / W * W;
-    for (int v = threadIdx.x * W; v < vw; v += CE_THREADS * W) {
-        kc_fv<W> a = kc_ld<W>(p + v), d = kc_ld<W>(g + v);
+    // W divides Vp (the launcher's choice), so the vectors cover the row,
+    // padding included.
+    for (int v = threadIdx.x * W; v < Vp; v += CE_THREADS * W) {
+        kc_fv<W> a = kc_ld<W>(x + v);
 #pragma unroll
         for (int j = 0; j < W; j++)
-            d.v[j] += dl * (a.v[j] - (v + j == t ? 1.0f : 0.0f));
-        kc_st<W>(g + v, d);
+            a.v[j] = v + j < V ? dl * (expf(a.v[j] - m) - (v + j == t ? 1.0f : 0.0f)) : 0.0f;
+        kc_st<W>(g + v, a);
     }
-    for (int v = vw + threadIdx.x; v < V; v += CE_THREADS)
-        g[v] += dl * (p[v] - (v == t ? 1.0f : 0.0f));
 }
 
-void kc_crossentropy_forward(kern_ctx *k, float *losses, float *probs, const float *logits,
+void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                              const int32_t *targets, int N, int V, int Vp)
 {
     if (N <= 0 || V <= 0)
         return;
     kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(16, probs, logits))
-        ce_forward_kernel<4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, probs, logits, targets, V, Vp);
+    if (Vp % 4 == 0 && kc_aligned(16, logits))
+        ce_forward_kernel<4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
     else
-        ce_forward_kernel<1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, probs, logits, targets, V, Vp);
+        ce_forward_kernel<1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
     kc_launched(k, "crossentropy_forward");
 }
 
-void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *probs, const int32_t *targets,
-                              const float *dloss, int N, int V, int Vp)
+void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, const float *dloss, int N, int V, int Vp)
 {
-    if (N <= 0 || V <= 0)
+    if (N <= 0 || Vp <= 0)
         return;
     kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(16, probs, dlogits))
-        ce_backward_kernel<4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, probs, targets, dloss, V, Vp);
+    if (Vp % 4 == 0 && kc_aligned(16, logits, dlogits))
+        ce_backward_kernel<4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
+                                                                         Vp);
     else
-        ce_backward_kernel<1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, probs, targets, dloss, V, Vp);
+        ce_backward_kernel<1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
+                                                                         Vp);
     kc_launched(k, "crossentropy_backward");
 }

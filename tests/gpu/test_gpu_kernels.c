@@ -7,7 +7,8 @@
  * kern_cpu_ops().  For every op: the same random inputs on both, both run,
  * the results compared element by element, |gpu − cpu| ≤ rtol·|cpu| +
  * atol·max|cpu|, with the maximum errors printed.  Gradient buffers start
- * random (not zero), so the "+=" of every backward is checked too.
+ * random (not zero), so the "+=" of every backward is checked too (and that
+ * crossentropy_backward, the one that overwrites, does overwrite).
  *
  * Tolerances: fp32 context: 1e-5 (pointwise) to 1e-4 (GEMMs, reductions);
  * bf16/fp16 contexts (GEMM inputs in 16 bits, fp32 accumulate): 2e-2 of
@@ -376,23 +377,52 @@ static void test_pointwise(size_t n, int offset)
     bfree(&x), bfree(&y), bfree(&out), bfree(&dinp);
 }
 
+/* Losses and lse: 1e-5 (one online-softmax reduction of V terms, in another
+ * order).  dlogits: 1e-4, from the same lse on both sides (the CPU's is copied
+ * over first), so only expf and rounding differ.  The padding must come out
+ * exactly 0, from a random start, and in place must give the bits of out of
+ * place.  Row 0's target is V: a NaN loss on both sides. */
 static void test_crossentropy(int N, int V, int Vp)
 {
     char name[64];
     snprintf(name, sizeof name, "crossentropy V=%d Vp=%d", V, Vp);
-    buf logits = mk((size_t)N * Vp, 8), probs = mk((size_t)N * Vp, 0), losses = mk(N, 0);
+    buf logits = mk((size_t)N * Vp, 8), lse = mk(N, 0), losses = mk(N, 0);
     ibuf tg = mki(N, 0, V);
-    H->crossentropy_forward(hk, losses.h, probs.h, logits.h, tg.h, N, V, Vp);
-    G->crossentropy_forward(gk, losses.d, probs.d, logits.d, tg.d, N, V, Vp);
+    tg.h[0] = V;
+    G->copy_h2d(gk, tg.d, tg.h, sizeof(int32_t));
+    H->crossentropy_forward(hk, losses.h, lse.h, logits.h, tg.h, N, V, Vp);
+    G->crossentropy_forward(gk, losses.d, lse.d, logits.d, tg.d, N, V, Vp);
     gsync(name);
     cmp(name, "losses", &losses, 1e-5, 1e-6);
-    cmp_l(name, "probs", probs.d, probs.h, probs.n, (layout){(size_t)N, (size_t)V, (size_t)Vp, 0}, 1e-4, 1e-6);
+    cmp(name, "lse", &lse, 1e-5, 1e-6);
+    float l0;
+    G->copy_d2h(gk, &l0, losses.d, sizeof l0);
+    if (!isnan(l0) || !isnan(losses.h[0]))
+        FAIL("%s: a target outside [0,V) gave losses gpu %g cpu %g, not NaN", name, l0, losses.h[0]);
+    resync(&lse);
     buf dlogits = mk((size_t)N * Vp, 1), dloss = mk(N, 1);
-    H->crossentropy_backward(hk, dlogits.h, probs.h, tg.h, dloss.h, N, V, Vp);
-    G->crossentropy_backward(gk, dlogits.d, probs.d, tg.d, dloss.d, N, V, Vp);
+    H->crossentropy_backward(hk, dlogits.h, logits.h, lse.h, tg.h, dloss.h, N, V, Vp);
+    G->crossentropy_backward(gk, dlogits.d, logits.d, lse.d, tg.d, dloss.d, N, V, Vp);
     gsync(name);
-    cmp(name, "dlogits", &dlogits, 1e-4, 1e-6); /* all Vp columns: padding untouched */
-    bfree(&logits), bfree(&probs), bfree(&losses), ibfree(&tg), bfree(&dlogits), bfree(&dloss);
+    cmp_l(name, "dlogits", dlogits.d, dlogits.h, dlogits.n, (layout){(size_t)N, (size_t)V, (size_t)Vp, 0}, 1e-4,
+          1e-6);
+    float *got = hmalloc(dlogits.n * sizeof(float)), *inplace = hmalloc(dlogits.n * sizeof(float));
+    G->copy_d2h(gk, got, dlogits.d, dlogits.n * sizeof(float));
+    size_t nonzero = 0;
+    for (size_t r = 0; r < (size_t)N; r++)
+        for (size_t c = (size_t)V; c < (size_t)Vp; c++)
+            nonzero += got[r * Vp + c] != 0.0f;
+    if (nonzero)
+        FAIL("%s: %zu padded dlogits are not 0", name, nonzero);
+    G->crossentropy_backward(gk, logits.d, logits.d, lse.d, tg.d, dloss.d, N, V, Vp);
+    gsync(name);
+    G->copy_d2h(gk, inplace, logits.d, dlogits.n * sizeof(float));
+    bool same = !memcmp(got, inplace, dlogits.n * sizeof(float));
+    printf("  %-22s %-9s %s\n", name, "in place", same ? "ok (bitwise)" : "FAIL");
+    if (!same)
+        FAIL("%s: dlogits computed in place differ from out of place", name);
+    free(got), free(inplace);
+    bfree(&logits), bfree(&lse), bfree(&losses), ibfree(&tg), bfree(&dlogits), bfree(&dloss);
 }
 
 static void test_sumsq(size_t n, int offset)

@@ -675,7 +675,7 @@ static void test_pointwise_large(void **state)
 
 typedef struct {
     kern_ctx *k;
-    float *losses, *probs, *logits, *dloss;
+    float *losses, *lse, *logits, *dloss;
     int32_t *targets;
     int N, V, Vp;
 } ce_case;
@@ -683,7 +683,7 @@ typedef struct {
 static double ce_loss(void *p)
 {
     ce_case *c = p;
-    ops->crossentropy_forward(c->k, c->losses, c->probs, c->logits, c->targets, c->N, c->V, c->Vp);
+    ops->crossentropy_forward(c->k, c->losses, c->lse, c->logits, c->targets, c->N, c->V, c->Vp);
     return dotd(c->dloss, c->losses, c->N);
 }
 
@@ -693,48 +693,86 @@ static void test_crossentropy(void **state)
     enum { N = 5, V = 7, Vp = 8 };
     kern_ctx *k = ctx(2);
     int32_t targets[N] = {0, 6, 3, 3, 1};
-    ce_case c = {k, zerov(N), zerov(N * Vp), randv(N * Vp, 3), randv(N, 1), targets, N, V, Vp};
+    ce_case c = {k, zerov(N), zerov(N), randv(N * Vp, 3), randv(N, 1), targets, N, V, Vp};
     for (int i = 0; i < N; i++)
         c.logits[i * Vp + V] = 1e30f; /* padding: must be ignored */
     ce_loss(&c);
+    double want_dl[N * Vp];
     for (int i = 0; i < N; i++) {
         const float *x = c.logits + i * Vp;
-        double mx = -INFINITY, s = 0, ps = 0;
+        double mx = -INFINITY, s = 0;
         for (int j = 0; j < V; j++)
             mx = fmax(mx, x[j]);
         for (int j = 0; j < V; j++)
             s += exp(x[j] - mx);
-        double want = log(s) + mx - x[targets[i]];
+        double want = log(s) + mx - x[targets[i]], lse = log(s) + mx;
         assert_true(fabs(c.losses[i] - want) <= 1e-5 * fabs(want) + 1e-6);
-        for (int j = 0; j < V; j++) {
-            double pj = exp(x[j] - mx) / s;
-            assert_true(fabs(c.probs[i * Vp + j] - pj) <= 1e-5 * pj + 1e-7);
-            ps += c.probs[i * Vp + j];
-        }
-        assert_true(fabs(ps - 1.0) < 1e-5);
+        assert_true(fabs(c.lse[i] - lse) <= 1e-6 * fabs(lse) + 1e-6);
+        for (int j = 0; j < V; j++)
+            want_dl[i * Vp + j] = c.dloss[i] * (exp(x[j] - mx) / s - (j == targets[i]));
+        want_dl[i * Vp + V] = 0.0;
     }
-    float *dl = zerov(N * Vp);
+    /* Backward overwrites: what the buffer held before does not matter, and
+     * the padded column comes out exactly 0. */
+    float *dl = randv(N * Vp, 100);
     for (int i = 0; i < N; i++)
-        dl[i * Vp + V] = 42.0f; /* the padded column is not touched */
-    ops->crossentropy_backward(k, dl, c.probs, targets, c.dloss, N, V, Vp);
+        dl[i * Vp + V] = 42.0f;
+    ops->crossentropy_backward(k, dl, c.logits, c.lse, targets, c.dloss, N, V, Vp);
+    assert_close("crossentropy dlogits", dl, want_dl, N * Vp, 1e-5, 1e-7);
     for (int i = 0; i < N; i++)
-        assert_true(dl[i * Vp + V] == 42.0f);
+        assert_true(dl[i * Vp + V] == 0.0f);
     unsigned char skip[N * Vp] = {0};
     for (int i = 0; i < N; i++)
         skip[i * Vp + V] = 1; /* the padded logit is 1e30: no difference quotient there */
     check_grad("crossentropy dlogits", c.logits, dl, N * Vp, ce_loss, &c, skip);
 
     /* Huge logits: stable, and a certain prediction costs 0. */
-    float big[2 * Vp], lb[2], pb[2 * Vp];
+    float big[2 * Vp], lb[2], sb[2];
     int32_t tb[2] = {2, 5};
     for (int j = 0; j < 2 * Vp; j++)
         big[j] = -1000.0f;
     big[2] = 1000.0f;      /* row 0: target 2 certain */
     big[Vp + 1] = 3000.0f; /* row 1: target 5 hopeless */
-    ops->crossentropy_forward(k, lb, pb, big, tb, 2, V, Vp);
-    assert_true(lb[0] == 0.0f);
-    assert_true(fabs(lb[1] - 4000.0) < 1e-3 * 4000);
-    free(c.losses), free(c.probs), free(c.logits), free(c.dloss), free(dl);
+    ops->crossentropy_forward(k, lb, sb, big, tb, 2, V, Vp);
+    assert_true(lb[0] == 0.0f && sb[0] == 1000.0f);
+    assert_true(fabs(lb[1] - 4000.0) < 1e-3 * 4000 && sb[1] == 3000.0f);
+    ops->crossentropy_backward(k, big, big, sb, tb, c.dloss, 2, V, Vp);
+    for (int j = 0; j < 2 * Vp; j++)
+        assert_true(isfinite(big[j]));
+
+    /* A target outside [0,V) cannot pass unnoticed. */
+    int32_t bad[2] = {V, -1};
+    ops->crossentropy_forward(k, lb, sb, c.logits, bad, 2, V, Vp);
+    assert_true(isnan(lb[0]) && isnan(lb[1]) && isfinite(sb[0]) && isfinite(sb[1]));
+    free(c.losses), free(c.lse), free(c.logits), free(c.dloss), free(dl);
+    ops->ctx_destroy(k);
+}
+
+/* The models compute dlogits over the logits: in place must give the very
+ * bits of out of place, on the threaded and vectorised path (N·V above
+ * KCPU_PAR_MIN) and with rows that are not 16-byte aligned (Vp odd). */
+static void test_crossentropy_in_place(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{64, 1000, 1024}, {33, 997, 1001}, {5, 7, 8}};
+    kern_ctx *k = ctx(3);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
+        size_t n = (size_t)N * Vp;
+        float *logits = randv(n, 8), *lse = zerov(N), *losses = zerov(N), *dloss = randv(N, 1);
+        float *out = randv(n, 1), *again = randv(n, 1);
+        int32_t *tg = malloc((size_t)N * sizeof *tg);
+        assert_non_null(tg);
+        for (int i = 0; i < N; i++)
+            tg[i] = (int32_t)(rng_u32() % (uint32_t)V);
+        ops->crossentropy_forward(k, losses, lse, logits, tg, N, V, Vp);
+        ops->crossentropy_backward(k, out, logits, lse, tg, dloss, N, V, Vp);
+        ops->crossentropy_backward(k, again, logits, lse, tg, dloss, N, V, Vp);
+        assert_memory_equal(out, again, n * sizeof *out); /* overwrites, whatever was there */
+        ops->crossentropy_backward(k, logits, logits, lse, tg, dloss, N, V, Vp);
+        assert_memory_equal(logits, out, n * sizeof *out);
+        free(logits), free(lse), free(losses), free(dloss), free(out), free(again), free(tg);
+    }
     ops->ctx_destroy(k);
 }
 
@@ -755,7 +793,7 @@ static void test_accumulates(void **state)
 {
     (void)state;
     kern_ctx *k = ctx(2);
-    enum { B = 2, T = 9, C = 8, NH = 2, N = B * T, OC = 12, V = 10, Vp = 12 };
+    enum { B = 2, T = 9, C = 8, NH = 2, N = B * T, OC = 12, V = 10 };
     float *inp = randv(N * 3 * C, 1), *dout = randv(N * OC, 1), *w = randv(OC * C, 1);
     float *d1[3], *d2[3];
     /* matmul */
@@ -807,19 +845,12 @@ static void test_accumulates(void **state)
         ops->accumulate(k, a2 + 2 * N * C, dout, N * C);
     }
     assert_doubled("gelu/relu/accumulate", a1, a2, N * 3 * C);
-    /* cross-entropy */
-    float *probs = zerov(N * Vp), *losses = zerov(N), *dloss = randv(N, 1);
-    ops->crossentropy_forward(k, losses, probs, inp, tok, N, V, Vp);
-    memset(a1, 0, N * Vp * sizeof(float)), memset(a2, 0, N * Vp * sizeof(float));
-    ops->crossentropy_backward(k, a1, probs, tok, dloss, N, V, Vp);
-    for (int r = 0; r < 2; r++)
-        ops->crossentropy_backward(k, a2, probs, tok, dloss, N, V, Vp);
-    assert_doubled("crossentropy", a1, a2, N * Vp);
+    /* (cross-entropy backward overwrites: test_crossentropy_in_place) */
 
     for (int i = 0; i < 3; i++)
         free(d1[i]), free(d2[i]);
     free(inp), free(dout), free(w), free(mean), free(rstd), free(lo), free(lw), free(lb), free(pre), free(att);
-    free(out), free(s1), free(s2), free(a1), free(a2), free(e1), free(e2), free(probs), free(losses), free(dloss);
+    free(out), free(s1), free(s2), free(a1), free(a2), free(e1), free(e2);
     ops->ctx_destroy(k);
 }
 
@@ -1071,7 +1102,7 @@ static double gpt_step(kern_ctx *k, const float *params, float *grads, const int
     float *x = zerov(N * GC), *ln = zerov(N * GC), *mean = zerov(N), *rstd = zerov(N), *qkv = zerov(N * 3 * GC);
     float *pre = zerov(na), *att = zerov(na), *ao = zerov(N * GC), *pr = zerov(N * GC), *x2 = zerov(N * GC);
     float *fc = zerov(N * 4 * GC), *ge = zerov(N * 4 * GC), *mo = zerov(N * GC), *x3 = zerov(N * GC);
-    float *logits = zerov(N * GVp), *probs = zerov(N * GVp), *losses = zerov(N), *dloss = zerov(N);
+    float *logits = zerov(N * GVp), *lse = zerov(N), *losses = zerov(N), *dloss = zerov(N);
     ops->encoder_forward(k, x, tok, P[P_WTE], P[P_WPE], GB, GT, GC);
     ops->layernorm_forward(k, ln, mean, rstd, x, P[P_LNW], P[P_LNB], GN, GC);
     ops->matmul_forward(k, qkv, ln, P[P_WQKV], P[P_BQKV], GN, GC, 3 * GC);
@@ -1086,17 +1117,17 @@ static double gpt_step(kern_ctx *k, const float *params, float *grads, const int
     /* ...then spread into the padded layout */
     for (int n = GN - 1; n >= 0; n--)
         memmove(logits + (size_t)n * GVp, logits + (size_t)n * GV, GV * sizeof(float));
-    ops->crossentropy_forward(k, losses, probs, logits, tgt, GN, GV, GVp);
+    ops->crossentropy_forward(k, losses, lse, logits, tgt, GN, GV, GVp);
     double loss = 0;
     for (size_t i = 0; i < N; i++) {
         loss += losses[i];
         dloss[i] = 1.0f / GN;
     }
     /* backward */
-    float *dlogits = zerov(N * GVp), *dx3 = zerov(N * GC), *dge = zerov(N * 4 * GC), *dfc = zerov(N * 4 * GC);
+    float *dlogits = logits, *dx3 = zerov(N * GC), *dge = zerov(N * 4 * GC), *dfc = zerov(N * 4 * GC);
     float *dx2 = zerov(N * GC), *dao = zerov(N * GC), *dqkv = zerov(N * 3 * GC), *dln = zerov(N * GC);
     float *dx = zerov(N * GC), *s1 = zerov(na), *s2 = zerov(na);
-    ops->crossentropy_backward(k, dlogits, probs, tgt, dloss, GN, GV, GVp);
+    ops->crossentropy_backward(k, dlogits, logits, lse, tgt, dloss, GN, GV, GVp); /* in place, as the model */
     for (size_t n = 0; n < N; n++)
         memmove(dlogits + n * GV, dlogits + n * GVp, GV * sizeof(float));
     ops->matmul_backward(k, dx3, G[P_WTE], NULL, dlogits, x3, P[P_WTE], GN, GC, GV);
@@ -1110,8 +1141,8 @@ static double gpt_step(kern_ctx *k, const float *params, float *grads, const int
     ops->matmul_backward(k, dln, G[P_WQKV], G[P_BQKV], dqkv, ln, P[P_WQKV], GN, GC, 3 * GC);
     ops->layernorm_backward(k, dx, G[P_LNW], G[P_LNB], dln, x, P[P_LNW], mean, rstd, GN, GC);
     ops->encoder_backward(k, G[P_WTE], G[P_WPE], dx, tok, GB, GT, GC);
-    float *bufs[] = {x, ln, mean, rstd, qkv, pre, att, ao, pr, x2, fc, ge, mo, x3, logits, probs, losses, dloss,
-                     dlogits, dx3, dge, dfc, dx2, dao, dqkv, dln, dx, s1, s2};
+    float *bufs[] = {x, ln, mean, rstd, qkv, pre, att, ao, pr, x2, fc, ge, mo, x3, logits, lse, losses, dloss,
+                     dx3, dge, dfc, dx2, dao, dqkv, dln, dx, s1, s2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     return loss / GN;
@@ -1174,6 +1205,7 @@ int main(void)
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_pointwise_large),
         cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_crossentropy_in_place),
         cmocka_unit_test(test_accumulates),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sumsq_and_helpers),
