@@ -55,7 +55,7 @@ typedef struct {
     float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
     float *proj;                                      /* (B,T,C) attproj/fcproj outputs */
     float *dres;                                      /* (B,T,C) residual-stream gradient */
-    float *dbig1, *dbig2;                             /* (B,T,4C) dfch_gelu, dfch */
+    float *dbig;                                      /* (B,T,4C) dfch_gelu, then dfch over it */
     float *dqkv;                                      /* (B,T,3C) */
     float *dsmall;                                    /* (B,T,C) dln, datty */
     float *datt;                                      /* (B,NH,T,T) */
@@ -103,8 +103,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(preatt, n * NH * TT);
     TAKE(proj, BT * C);
     TAKE(dres, BT * C);
-    TAKE(dbig1, BT * 4 * C);
-    TAKE(dbig2, BT * 4 * C);
+    TAKE(dbig, BT * 4 * C);
     TAKE(dqkv, BT * 3 * C);
     TAKE(dsmall, BT * C);
     TAKE(datt, n * NH * TT);
@@ -122,10 +121,10 @@ static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_samp
 {
     gpt *g = G(m);
     /* carve() is affine in n apart from alignment, which adds at most ALIGN
-     * per buffer: bound it by the 29 buffers' worth. */
+     * per buffer: bound it by the 28 buffers' worth. */
     size_t one = carve(g, NULL, 1), two = carve(g, NULL, 2);
     *per_sample = two - one;
-    *fixed = 29 * ALIGN;
+    *fixed = 28 * ALIGN;
     size_t slack = one > *per_sample ? one - *per_sample : 0;
     if (slack > *fixed)
         *fixed = slack;
@@ -266,7 +265,6 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     float *dlogits = g->logits;
     k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
     float *dlnf = g->dsmall;
-    k->zero(kc, dlnf, BTC);
     k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
@@ -282,21 +280,19 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
         gpt_layer *w = &g->layer[l];
 
-        /* residual3 = residual2 + fcproj: dfcproj is the stream gradient. */
-        float *dfch_gelu = g->dbig1, *dfch = g->dbig2, *dln2 = g->dsmall;
-        k->zero(kc, dfch_gelu, BTC * 4);
+        /* residual3 = residual2 + fcproj: dfcproj is the stream gradient.
+         * matmul_backward and gelu_backward overwrite their dinp, so no
+         * buffer is zeroed first, and dfch takes dfch_gelu's place. */
+        float *dfch_gelu = g->dbig, *dfch = g->dbig, *dln2 = g->dsmall;
         k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
                            (int)BT, 4 * C, C);
-        k->zero(kc, dfch, BTC * 4);
         k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
-        k->zero(kc, dln2, BTC);
         k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
         k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean, ln2_rstd,
                               (int)BT, C);
 
         /* residual2 = residual + attproj: dattproj is the stream gradient. */
         float *datty = g->dsmall, *dln1 = g->dsmall;
-        k->zero(kc, datty, BTC);
         k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT, C,
                            C);
         k->zero(kc, g->dqkv, BTC * 3);
@@ -304,7 +300,6 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
         else
             k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
-        k->zero(kc, dln1, BTC);
         k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, ln1, P + w->qkvw, (int)BT, C, 3 * C);
         /* The key bias adds q·b to every score of a row, which softmax
          * ignores: its true gradient is exactly zero.  What the sum above

@@ -157,17 +157,14 @@ static void mlp_backward(model *m, const model_batch *b, float dloss)
     for (int i = (int)g->nl - 1; i >= 0; i--) {
         const float *x = i == 0 ? (const float *)b->x : g->act[i - 1];
         float *dx = NULL;
-        if (i > 0) {
-            dx = g->d2;
-            k->zero(kc, dx, (size_t)B * g->in[i]);
-        }
+        if (i > 0)
+            dx = g->d2; /* overwritten by matmul_backward */
         k->matmul_backward(kc, dx, D + g->w[i], D + g->b[i], dout, x, P + g->w[i], B, (int)g->in[i],
                            (int)g->out[i]);
         if (i > 0) {
             /* Through the ReLU of layer i-1, into d1: from here on dout
              * is a hidden layer's gradient, too wide for the logits buffer. */
             dout = g->d1;
-            k->zero(kc, dout, (size_t)B * g->in[i]);
             k->relu_backward(kc, dout, g->pre[i - 1], dx, (size_t)B * g->in[i]);
         }
     }

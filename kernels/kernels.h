@@ -14,11 +14,17 @@
  *   - shapes are written at the top of each op: inp (B,T,C), weight (OC,C);
  *   - tensors are row-major float32 in device memory of the backend;
  *   - forward functions overwrite their outputs;
- *   - backward functions ACCUMULATE (+=) into every gradient they produce
- *     (dinp, dweight, dbias), so that residual branches and gradient
- *     accumulation over micro-batches need no extra adds.  Callers zero
- *     gradients at the start of an optimizer step.  One exception:
- *     crossentropy_backward overwrites (it may work in place, see there);
+ *   - backward functions ACCUMULATE (+=) into the parameter gradients they
+ *     produce (dweight, dbias), so that gradient accumulation over
+ *     micro-batches needs no extra adds; callers zero those at the start of
+ *     an optimizer step.  Gradients of activations are a different matter:
+ *     matmul_backward's dinp, gelu_backward, relu_backward and
+ *     crossentropy_backward OVERWRITE theirs, because each of those has a
+ *     single producer in a model, and accumulating would need the buffer
+ *     zeroed first (a full write of a (B,T,4C) tensor, per layer and step,
+ *     for nothing).  The pointwise ones may work in place (dinp == dout).
+ *     layernorm, attention and encoder backward still accumulate: the
+ *     residual stream and the fused q/k/v gradient are sums;
  *   - CPU results are bitwise reproducible for a fixed thread count: no
  *     atomics in reductions, static work partitioning.
  */
@@ -95,7 +101,7 @@ typedef struct kern_ops {
      * out (N,OC) = inp (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
     void (*matmul_forward)(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC);
-    /* dinp (N,C) += dout·weight; dweight (OC,C) += dout^T·inp; dbias (OC) += Σ dout.
+    /* dinp (N,C) = dout·weight (overwritten); dweight (OC,C) += dout^T·inp; dbias (OC) += Σ dout.
      * dinp or dbias may be NULL (not needed / no bias). */
     void (*matmul_backward)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC);
@@ -123,10 +129,10 @@ typedef struct kern_ops {
                                      const float *lse, const float *inp, int B, int T, int C, int NH);
 
     /* ---- pointwise ------------------------------------------------------------------- */
-    /* GELU, tanh approximation: out (N) = gelu(inp) */
+    /* GELU, tanh approximation: out (N) = gelu(inp); backward: dinp = dout·gelu'(inp) */
     void (*gelu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);
     void (*gelu_backward)(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
-    /* ReLU: out = max(inp, 0); backward: dinp += dout where inp > 0 */
+    /* ReLU: out = max(inp, 0); backward: dinp = dout where inp > 0, else 0 */
     void (*relu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);
     void (*relu_backward)(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
     /* residual: out (N) = a + b.  Its backward is accumulate: dst += src. */

@@ -18,10 +18,8 @@
 
 /* ---- row softmax ------------------------------------------------------------------- */
 
-/* att[0,n) = softmax(pre[0,n)); att[n,w) = 0.  Returns the sum of
- * exp(pre - max) and the max in *maxv, from which the fused cross-entropy
- * (crossentropy.c) takes its log-normaliser. */
-KCPU_CLONES float kcpu_softmax_row(float *restrict att, const float *restrict pre, int n, int w, float *maxv_out)
+/* att[0,n) = softmax(pre[0,n)); att[n,w) = 0. */
+KCPU_CLONES static void softmax_row(float *restrict att, const float *restrict pre, int n, int w)
 {
     float maxv = -INFINITY;
     KCPU_SIMD_MAX(maxv)
@@ -40,8 +38,6 @@ KCPU_CLONES float kcpu_softmax_row(float *restrict att, const float *restrict pr
         att[j] *= inv;
     for (int j = n; j < w; j++)
         att[j] = 0.0f;
-    *maxv_out = maxv;
-    return sum;
 }
 
 KCPU_CLONES static void softmax_row_backward(float *restrict dpre, const float *restrict att,
@@ -87,9 +83,8 @@ void kcpu_attention_forward(kern_ctx *k, float *out, float *preatt, float *att, 
             int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, r1, hs, scale, q + (size_t)r0 * C3, C3, kk,
                         C3, 0.0f, pre + (size_t)r0 * T, T);
-            float maxv;
             for (int t = r0; t < r1; t++)
-                kcpu_softmax_row(a + (size_t)t * T, pre + (size_t)t * T, t + 1, T, &maxv);
+                softmax_row(a + (size_t)t * T, pre + (size_t)t * T, t + 1, T);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, hs, r1, 1.0f, a + (size_t)r0 * T, T, v, C3,
                         0.0f, o + (size_t)r0 * C, C);
         }

@@ -157,7 +157,4 @@ void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n
 void kcpu_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 size_t kcpu_count_nonfinite(kern_ctx *k, const float *p, size_t n);
 
-/* Softmax of one row (attention.c); returns Σexp(x - max), max in *maxv. */
-float kcpu_softmax_row(float *restrict att, const float *restrict pre, int n, int w, float *maxv);
-
 #endif

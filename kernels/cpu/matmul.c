@@ -87,7 +87,7 @@ void kcpu_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias
             kcpu_split((size_t)N, tid, nth, MM_ALIGN, &lo, &hi);
             if (hi > lo)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(hi - lo), C, OC, 1.0f,
-                            dout + lo * OC, OC, weight, C, 1.0f, dinp + lo * C, C);
+                            dout + lo * OC, OC, weight, C, 0.0f, dinp + lo * C, C);
         }
         if (dweight) {
             if (dw_by_rows) {

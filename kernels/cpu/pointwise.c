@@ -45,7 +45,7 @@ KCPU_CLONES static void gelu_bwd_span(float *dinp, const float *inp, const float
         float u = GELU_SCALING * (x + GELU_CUBE * x * x * x);
         float s = 1.0f / (1.0f + kcpu_expf(-2.0f * u));
         float local = s + 2.0f * GELU_SCALING * x * s * (1.0f - s) * (1.0f + 3.0f * GELU_CUBE * x * x);
-        dinp[i] += local * dout[i];
+        dinp[i] = local * dout[i];
     }
 }
 
@@ -73,7 +73,7 @@ KCPU_CLONES static void relu_bwd_span(float *dinp, const float *inp, const float
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++)
-        dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+        dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f;
 }
 
 void kcpu_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N)

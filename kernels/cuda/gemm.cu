@@ -4,7 +4,7 @@
 // column-major (C, R) one with the same leading dimension (its transpose),
 // so out (N,OC) = inp (N,C) · W (OC,C)^T becomes out^T = W · inp^T:
 //   D (OC×N) = op_T(Wc: C×OC) · Ic (C×N)                      (forward)
-//   dinp^T (C×N) += Wc (C×OC) · Dc (OC×N)                        (backward, dinp)
+//   dinp^T (C×N)  = Wc (C×OC) · Dc (OC×N)                        (backward, dinp)
 //   dW^T (C×OC)  += Ic (C×N) · op_T(Dc: OC×N)                    (backward, dweight)
 // where Xc is the row-major X read as column-major.
 //
@@ -281,11 +281,13 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
 static inline bool lowp(const kern_ctx *k) { return k->prec == KERN_BF16 || k->prec == KERN_FP16; }
 static inline cudaDataType_t lowp_type(const kern_ctx *k) { return k->prec == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
-/* D (m,n) += A (m,kk) · op(B), column-major, beta = 1 (the backward's
- * accumulate semantics); with lp the 16-bit copies A16/B16 are used when
- * cuBLASLt has an algorithm for them, else the fp32 operands. */
-static void gemm_accumulate(kern_ctx *k, bool tb, int m, int n, int kk, const float *A, int lda, const float *B,
-                            int ldb, float *D, int ldd, const uint16_t *A16, const uint16_t *B16, bool lp)
+/* D (m,n) = A (m,kk) · op(B) + beta·D, column-major: beta 1 for the
+ * parameter gradients (they accumulate), 0 for dinp (overwritten); with lp
+ * the 16-bit copies A16/B16 are used when cuBLASLt has an algorithm for
+ * them, else the fp32 operands. */
+static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, int kk, const float *A, int lda,
+                               const float *B, int ldb, float *D, int ldd, const uint16_t *A16, const uint16_t *B16,
+                               bool lp)
 {
     kc_gemm_args g32;
     memset(&g32, 0, sizeof g32);
@@ -302,7 +304,7 @@ static void gemm_accumulate(kern_ctx *k, bool tb, int m, int n, int kk, const fl
     g32.ldd = ldd;
     g32.batch = 1;
     g32.alpha = 1.0f;
-    g32.beta = 1.0f;
+    g32.beta = beta;
     g32.ab = CUDA_R_32F;
     g32.compute = CUBLAS_COMPUTE_32F;
     kc_gemm_args g16 = g32;
@@ -394,12 +396,12 @@ void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, 
             kc_cast_lowp(k, i16, inp, ni, bf);
         }
     }
-    /* dinp (N,C) += dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N). */
+    /* dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N). */
     if (dinp && C > 0)
-        gemm_accumulate(k, false, C, N, OC, weight, C, dout, OC, dinp, C, w16, d16, lp);
+        gemm_backward_part(k, 0.0f, false, C, N, OC, weight, C, dout, OC, dinp, C, w16, d16, lp);
     /* dW (OC,C) += doutᵀ·inp: column-major D(C,OC) = inp(C,N) · dout(OC,N)ᵀ. */
     if (dweight && C > 0)
-        gemm_accumulate(k, true, C, OC, N, inp, C, dout, OC, dweight, C, i16, d16, lp);
+        gemm_backward_part(k, 1.0f, true, C, OC, N, inp, C, dout, OC, dweight, C, i16, d16, lp);
     if (dbias)
         kc_colsum(k, dbias, NULL, dout, NULL, NULL, NULL, N, OC, (float *)(buf + op));
 }

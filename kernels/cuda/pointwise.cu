@@ -41,11 +41,11 @@ struct gelu_bwd_f {
     const float *inp, *dout;
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i), g = kc_ld<W>(dinp + i);
+        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i);
 #pragma unroll
         for (int j = 0; j < W; j++)
-            g.v[j] += kc_gelu_grad(x.v[j]) * d.v[j];
-        kc_st<W>(dinp + i, g);
+            d.v[j] *= kc_gelu_grad(x.v[j]);
+        kc_st<W>(dinp + i, d);
     }
 };
 
@@ -67,12 +67,11 @@ struct relu_bwd_f {
     const float *inp, *dout;
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i), g = kc_ld<W>(dinp + i);
+        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i);
 #pragma unroll
         for (int j = 0; j < W; j++)
-            if (x.v[j] > 0.0f)
-                g.v[j] += d.v[j];
-        kc_st<W>(dinp + i, g);
+            d.v[j] = x.v[j] > 0.0f ? d.v[j] : 0.0f;
+        kc_st<W>(dinp + i, d);
     }
 };
 

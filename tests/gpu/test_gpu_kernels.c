@@ -7,8 +7,9 @@
  * kern_cpu_ops().  For every op: the same random inputs on both, both run,
  * the results compared element by element, |gpu − cpu| ≤ rtol·|cpu| +
  * atol·max|cpu|, with the maximum errors printed.  Gradient buffers start
- * random (not zero), so the "+=" of every backward is checked too (and that
- * crossentropy_backward, the one that overwrites, does overwrite).
+ * random (not zero), so the "+=" of every backward that accumulates is
+ * checked too, and that the ones that overwrite (matmul's dinp, gelu, relu,
+ * crossentropy) do overwrite.
  *
  * Tolerances: fp32 context: 1e-5 (pointwise) to 1e-4 (GEMMs, reductions);
  * bf16/fp16 contexts (GEMM inputs in 16 bits, fp32 accumulate): 2e-2 of
@@ -364,7 +365,13 @@ static void test_pointwise(size_t n, int offset)
     G->relu_backward(gk, dinp.d + o, x.d + o, y.d + o, n);
     gsync(name);
     cmp(name, "out", &out, 0, 0);
-    cmp(name, "dinp", &dinp, 0, 0); /* a select and one add: exact */
+    cmp(name, "dinp", &dinp, 0, 0); /* a select: exact */
+    /* gelu backward in place over dout, as the GPT model calls it */
+    snprintf(name, sizeof name, "gelu in place n=%zu%s", n, o ? " unal" : "");
+    H->gelu_backward(hk, y.h + o, x.h + o, y.h + o, n);
+    G->gelu_backward(gk, y.d + o, x.d + o, y.d + o, n);
+    gsync(name);
+    cmp(name, "dinp", &y, 1e-5, 1e-6);
     snprintf(name, sizeof name, "residual n=%zu%s", n, o ? " unal" : "");
     H->residual_forward(hk, out.h + o, x.h + o, y.h + o, n);
     G->residual_forward(gk, out.d + o, x.d + o, y.d + o, n);

@@ -232,7 +232,7 @@ static void test_matmul_backward_reference(void **state)
         double *wb = malloc(OC * sizeof *wb);
         for (int n = 0; n < N; n++)
             for (int i = 0; i < C; i++) {
-                double s2 = dinp[n * C + i];
+                double s2 = 0; /* dinp is overwritten: what it held must not show */
                 for (int o = 0; o < OC; o++)
                     s2 += (double)dout[n * OC + o] * w[o * C + i];
                 wi[n * C + i] = s2;
@@ -776,7 +776,10 @@ static void test_crossentropy_in_place(void **state)
     ops->ctx_destroy(k);
 }
 
-/* ---- accumulation: backward twice doubles every gradient ------------------------------------- */
+/* ---- accumulation: backward twice doubles every gradient that accumulates ---------------------
+ * (matmul's dweight and dbias, layernorm, attention, encoder, accumulate);
+ * the activation gradients that are overwritten come out the same twice
+ * and may be computed in place (test_overwrites). */
 
 static void assert_doubled(const char *what, const float *once, const float *twice, size_t n)
 {
@@ -802,7 +805,7 @@ static void test_accumulates(void **state)
     for (int r = 0; r < 2; r++)
         ops->matmul_backward(k, d2[0], d2[1], d2[2], dout, inp, w, N, C, OC);
     ops->matmul_backward(k, d1[0], d1[1], d1[2], dout, inp, w, N, C, OC);
-    assert_doubled("matmul dinp", d1[0], d2[0], N * C);
+    assert_memory_equal(d1[0], d2[0], N * C * sizeof(float)); /* dinp: overwritten */
     assert_doubled("matmul dweight", d1[1], d2[1], OC * C);
     assert_doubled("matmul dbias", d1[2], d2[2], OC);
     /* layernorm */
@@ -836,21 +839,53 @@ static void test_accumulates(void **state)
     assert_doubled("encoder", e1, e2, V * C + T * C);
     /* pointwise */
     memset(a1, 0, N * 3 * C * sizeof(float)), memset(a2, 0, N * 3 * C * sizeof(float));
-    ops->gelu_backward(k, a1, inp, dout, N * C);
-    ops->relu_backward(k, a1 + N * C, inp, dout, N * C);
-    ops->accumulate(k, a1 + 2 * N * C, dout, N * C);
-    for (int r = 0; r < 2; r++) {
-        ops->gelu_backward(k, a2, inp, dout, N * C);
-        ops->relu_backward(k, a2 + N * C, inp, dout, N * C);
-        ops->accumulate(k, a2 + 2 * N * C, dout, N * C);
-    }
-    assert_doubled("gelu/relu/accumulate", a1, a2, N * 3 * C);
+    ops->accumulate(k, a1, dout, N * C);
+    for (int r = 0; r < 2; r++)
+        ops->accumulate(k, a2, dout, N * C);
+    assert_doubled("accumulate", a1, a2, N * C);
     /* (cross-entropy backward overwrites: test_crossentropy_in_place) */
 
     for (int i = 0; i < 3; i++)
         free(d1[i]), free(d2[i]);
     free(inp), free(dout), free(w), free(mean), free(rstd), free(lo), free(lw), free(lb), free(pre), free(att);
     free(out), free(s1), free(s2), free(a1), free(a2), free(e1), free(e2);
+    ops->ctx_destroy(k);
+}
+
+/* The activation gradients that backward overwrites: the same bits
+ * whatever the buffer held, and for gelu/relu also when computed in place
+ * over dout (as the models do), at sizes on both sides of the threading
+ * threshold and at unaligned offsets. */
+static void test_overwrites(void **state)
+{
+    (void)state;
+    kern_ctx *k = ctx(3);
+    static const size_t sizes[] = {37, 300001};
+    for (size_t s = 0; s < 2; s++) {
+        size_t n = sizes[s];
+        float *x = randv(n + 1, 2), *d = randv(n + 1, 1), *a = randv(n + 1, 1), *b = randv(n + 1, 1);
+        for (int op = 0; op < 2; op++) {
+            void (*bw)(kern_ctx *, float *, const float *, const float *, size_t) =
+                op ? ops->relu_backward : ops->gelu_backward;
+            for (int off = 0; off < 2; off++) {
+                bw(k, a + off, x + off, d + off, n - off);
+                bw(k, b + off, x + off, d + off, n - off);
+                assert_memory_equal(a + off, b + off, (n - off) * sizeof(float));
+                memcpy(b, d, (n + 1) * sizeof(float));
+                bw(k, b + off, x + off, b + off, n - off); /* in place over dout */
+                assert_memory_equal(a + off, b + off, (n - off) * sizeof(float));
+            }
+        }
+        free(x), free(d), free(a), free(b);
+    }
+    /* matmul_backward's dinp: a buffer full of garbage gives the same bits as a zeroed one. */
+    enum { N = 70, C = 33, OC = 50 };
+    float *inp = randv(N * C, 1), *dout = randv(N * OC, 1), *w = randv(OC * C, 1);
+    float *z = zerov(N * C), *g = randv(N * C, 1), *dw = zerov(OC * C);
+    ops->matmul_backward(k, z, dw, NULL, dout, inp, w, N, C, OC);
+    ops->matmul_backward(k, g, dw, NULL, dout, inp, w, N, C, OC);
+    assert_memory_equal(z, g, N * C * sizeof(float));
+    free(inp), free(dout), free(w), free(z), free(g), free(dw);
     ops->ctx_destroy(k);
 }
 
@@ -1207,6 +1242,7 @@ int main(void)
         cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_crossentropy_in_place),
         cmocka_unit_test(test_accumulates),
+        cmocka_unit_test(test_overwrites),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sumsq_and_helpers),
         cmocka_unit_test(test_casts),
