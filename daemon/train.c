@@ -59,6 +59,13 @@ typedef struct {
     bool oom;                   /* an allocation inside the step failed */
     pool_oom_report last_oom;   /* the first such failure's report */
     uint64_t good_steps;        /* fp16: steps since the loss scale last changed */
+    /* Updates the optimizer applied: AdamW's t, for its bias correction
+     * 1 - beta^t.  It is `step` less fp16's skipped steps, which consume
+     * their data and count for the schedule, logging and checkpoint_every,
+     * but leave the moments untouched, so counting them would correct
+     * moments that hold fewer updates than t says (PyTorch's GradScaler
+     * skips optimizer.step() on overflow alike). */
+    uint64_t opt_steps;
     double step_s;              /* the last step's forward, backward and optimizer time, for tuning */
     /* What the run that wrote the checkpoint found with micro_batch = auto
      * (load_resume; fit 0: nothing), for choose_micro to start from. */
@@ -460,6 +467,7 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("data_index", "%llu", (unsigned long long)index);
     META("seed", "%llu", (unsigned long long)r->j->seed);
     META("batch", "%u", r->j->batch);
+    META("optimizer_steps", "%llu", (unsigned long long)r->opt_steps);
     META("loss_scale", "%.17g", r->loss_scale);
     META("loss_scale_good_steps", "%llu", (unsigned long long)r->good_steps);
     META("micro", "%u", r->micro);
@@ -543,6 +551,10 @@ static int load_resume(run *r)
     bool ok = true;
     uint64_t step = meta_u64(f, "step", &ok), epoch = meta_u64(f, "data_epoch", &ok),
              index = meta_u64(f, "data_index", &ok), batch = meta_u64(f, "batch", &ok);
+    /* Checkpoints from before skipped fp16 steps were left out of AdamW's
+     * count lack it; their optimizer took t = step, so that is the count to
+     * go on from (exact for fp32 and bf16, which skip nothing). */
+    uint64_t opt_steps = st_meta(f, "optimizer_steps") ? meta_u64(f, "optimizer_steps", &ok) : step;
     const char *ls = st_meta(f, "loss_scale");
     uint64_t shape[1] = {P};
     if (!fmt || strcmp(fmt, RESUME_FORMAT) != 0) {
@@ -551,10 +563,12 @@ static int load_resume(run *r)
     } else if (!msig || strcmp(msig, sig) != 0) {
         fail(r, "cannot resume: %s was written for '%s' but the job is '%s'; use another [output] dir",
              r->path_resume, msig ? msig : "(none)", sig);
-    } else if (!ok || batch != r->j->batch || step > r->j->steps) {
-        fail(r, "cannot resume: %s: bad or mismatching step/data/batch metadata (step %llu of %llu, batch %llu vs %u)",
-             r->path_resume, (unsigned long long)step, (unsigned long long)r->j->steps, (unsigned long long)batch,
-             r->j->batch);
+    } else if (!ok || batch != r->j->batch || step > r->j->steps || opt_steps > step) {
+        fail(r,
+             "cannot resume: %s: bad or mismatching step/data/batch metadata (step %llu of %llu, optimizer_steps "
+             "%llu, batch %llu vs %u)",
+             r->path_resume, (unsigned long long)step, (unsigned long long)r->j->steps,
+             (unsigned long long)opt_steps, (unsigned long long)batch, r->j->batch);
     } else if (!st_expect(f, "params", ST_F32, 1, shape, err, sizeof err) ||
                !st_expect(f, "adam_m", ST_F32, 1, shape, err, sizeof err) ||
                !st_expect(f, "adam_v", ST_F32, 1, shape, err, sizeof err)) {
@@ -580,6 +594,7 @@ static int load_resume(run *r)
         }
         if (rc == 0) {
             r->step = step;
+            r->opt_steps = opt_steps;
             r->loss_scale = ls ? strtod(ls, NULL) : 1.0;
             /* Older checkpoints lack it: the doubling clock restarts. */
             const char *gs = st_meta(f, "loss_scale_good_steps");
@@ -1031,7 +1046,8 @@ static int try_step(run *r, const train_hooks *h)
     double lr = train_lr(j, r->step);
     if (j->precision == JOBCFG_FP16) {
         /* Dynamic loss scaling: an overflow skips the step (the data is
-         * consumed, the parameters are not touched) and halves the scale. */
+         * consumed; the parameters, the moments and opt_steps are not
+         * touched) and halves the scale. */
         if (!isfinite(norm) || !isfinite(loss)) {
             r->loss_scale = r->loss_scale > 2.0 ? r->loss_scale / 2 : 1.0;
             r->good_steps = 0;
@@ -1055,9 +1071,10 @@ static int try_step(run *r, const train_hooks *h)
         const model_tensor *t = &m->tensors[i];
         k->adamw(r->kc, r->params + t->offset, r->grads + t->offset, r->opt + t->offset, r->opt + P + t->offset,
                  t->numel, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps,
-                 t->decay ? (float)j->weight_decay : 0.0f, (float)scale, (int)(r->step + 1));
+                 t->decay ? (float)j->weight_decay : 0.0f, (float)scale, (int)(r->opt_steps + 1));
     }
     k->sync(r->kc);
+    r->opt_steps++;
     r->step++;
     double dt = now_s() - t0;
     r->step_s = dt;

@@ -76,11 +76,13 @@ typedef struct {
 } train_hooks;
 
 /* fp16 dynamic loss scaling: the scale starts high, halves on a step whose
- * gradients overflowed (that step is skipped: the data is consumed, the
- * parameters and optimizer state are not touched), and doubles after this
- * many good steps in a row — the schedule of apex and torch.cuda.amp.  A
- * step redone after an OOM at a smaller micro-batch counts once; the scale
- * and the count of good steps are kept in the resume state. */
+ * gradients overflowed (that step is skipped: the data is consumed and the
+ * step counts for the schedule and the outputs, but the parameters, the
+ * optimizer state and AdamW's count of applied updates, its t, are not
+ * touched), and doubles after this many good steps in a row — the schedule
+ * of apex and torch.cuda.amp.  A step redone after an OOM at a smaller
+ * micro-batch counts once; the scale, the count of good steps and the count
+ * of updates are kept in the resume state. */
 #define TRAIN_LOSS_SCALE_INIT 65536.0
 #define TRAIN_LOSS_SCALE_GROW_EVERY 2000
 #define TRAIN_LOSS_SCALE_MAX 16777216.0

@@ -126,6 +126,36 @@ const char *fx_resume_meta(const char *dir, const char *key, char *buf, size_t l
     return buf;
 }
 
+void fx_resume_drop_meta(const char *dir, const char *key)
+{
+    char path[256], err[512];
+    snprintf(path, sizeof path, "%s/resume.safetensors", dir);
+    st_file *f = open_resume(dir);
+    if (!st_meta(f, key))
+        fail_msg("%s has no metadata '%s' to drop", path, key);
+    st_writer *w = st_writer_new();
+    assert_non_null(w);
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_tensor_at(f, i);
+        const void *data = st_data(f, t, err, sizeof err);
+        if (!data)
+            fail_msg("%s", err);
+        st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, data, t->bytes, err, sizeof err);
+    }
+    for (size_t i = 0; i < st_meta_count(f); i++) {
+        const char *k, *v;
+        st_meta_at(f, i, &k, &v);
+        if (strcmp(k, key) != 0)
+            st_writer_meta(w, k, v, err, sizeof err);
+    }
+    /* The tensors are read from f's mapping while the new file is written
+     * beside it; the rename leaves the mapping valid until st_close. */
+    if (st_write_atomic(w, path, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    st_writer_free(w);
+    st_close(f);
+}
+
 double fx_worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len)
 {
     char pa[256], pb[256], err[512];

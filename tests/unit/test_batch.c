@@ -660,10 +660,12 @@ static void test_grows_back(void **state)
  * on the steps in ovf_at: an fp16 overflow as the engine sees one (it
  * takes an overflow from a non-finite gradient norm).  The engine calls
  * sumsq once per step, after every micro-batch went through, so a step
- * redone after an OOM is counted once. */
+ * redone after an OOM is counted once.  AdamW's t is recorded by step. */
+#define T_STEPS 64
 static kern_ops ovf_ops;
 static uint64_t ovf_at[2]; /* 1-based steps that overflow; 0: none */
 static uint64_t ovf_done;  /* steps finished: the one running is ovf_done + 1 */
+static int ovf_t[T_STEPS]; /* the t AdamW ran with at each step; 0: it did not run, -1: tensors disagreed */
 
 static void ovf_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
 {
@@ -673,10 +675,21 @@ static void ovf_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
             *out = INFINITY;
 }
 
+static void ovf_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, float grad_scale, int t)
+{
+    uint64_t s = ovf_done + 1;
+    if (s < T_STEPS)
+        ovf_t[s] = ovf_t[s] == 0 || ovf_t[s] == t ? t : -1;
+    kops->adamw(k, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+}
+
 static const kern_ops *overflow_at(uint64_t a, uint64_t b)
 {
     ovf_ops = *kops;
     ovf_ops.sumsq = ovf_sumsq;
+    ovf_ops.adamw = ovf_adamw;
+    memset(ovf_t, 0, sizeof ovf_t);
     ovf_at[0] = a;
     ovf_at[1] = b;
     return &ovf_ops;
@@ -742,12 +755,24 @@ static void expect_meta(const char *dir, const char *key, const char *want)
         fail_msg("resume.safetensors %s: '%s', expected '%s'", key, got, want);
 }
 
+/* AdamW's t at steps from..to was want[0], want[1], ...; 0: not run (a
+ * skipped step). */
+static void expect_adam_t(uint64_t from, uint64_t to, const int *want)
+{
+    for (uint64_t s = from; s <= to; s++)
+        if (ovf_t[s] != want[s - from])
+            fail_msg("step %llu: AdamW ran with t = %d, expected %d (0: not at all)", (unsigned long long)s,
+                     ovf_t[s], want[s - from]);
+}
+
 /* fp16 on the cpu (train_hooks.cpu_mixed_precision), with auto micro-batches
  * of about half the batch: an overflow at step 3 halves the scale and skips
- * the step; an OOM in the middle of step 6 redoes it at a smaller
- * micro-batch and leaves the scale alone; the run stops after step 8 and
- * resumes with the scale and the count of good steps it had; a second
- * overflow at step 10 halves the restored scale. */
+ * the step, AdamW's t included; an OOM in the middle of step 6 redoes it at
+ * a smaller micro-batch and leaves the scale alone; the run stops after
+ * step 8 and resumes with the scale, the count of good steps and the count
+ * of applied updates it had; a second overflow at step 10 halves the
+ * restored scale.  The same stop checkpoint
+ * stripped of what older ones lack resumes as they must. */
 static void test_fp16_scale_across_oom_and_resume(void **state)
 {
     (void)state;
@@ -808,7 +833,21 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     expect_meta(j.out_dir, "step", "8");
     expect_meta(j.out_dir, "loss_scale", "32768");
     expect_meta(j.out_dir, "loss_scale_good_steps", "5");
+    /* The skipped step 3 left AdamW's count alone: step 4 is its third
+     * update, and the stop checkpoint holds 7 updates in 8 steps.  Step 6
+     * ran it once, after the redo. */
+    expect_adam_t(1, 8, (const int[]){1, 2, 0, 3, 4, 5, 6, 7});
+    expect_meta(j.out_dir, "optimizer_steps", "7");
     scale_watch_free(w);
+
+    /* A copy of the stop checkpoint as an older gradd wrote it: no count of
+     * updates (it took t = step). */
+    job_config old = j;
+    snprintf(old.out_dir, sizeof old.out_dir, "%s/fp16-old", fx_dir);
+    char cmd[2 * PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", old.out_dir, j.out_dir, old.out_dir);
+    assert_int_equal(system(cmd), 0);
+    fx_resume_drop_meta(old.out_dir, "optimizer_steps");
 
     /* Resume: the scale is the checkpoint's, the second overflow halves it. */
     *w = (scale_watch){.dir = j.out_dir, .read_state = true};
@@ -825,6 +864,25 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     assert_memory_equal(w->state[10], w->state[9], w->nstate * sizeof(float));
     expect_meta(j.out_dir, "loss_scale", "16384");
     expect_meta(j.out_dir, "loss_scale_good_steps", "2");
+    /* The count came back from the checkpoint: step 9 is update 8. */
+    expect_adam_t(9, 12, (const int[]){8, 0, 9, 10});
+    expect_meta(j.out_dir, "optimizer_steps", "10");
+    scale_watch_free(w);
+
+    /* The older checkpoint: its optimizer had taken t = 8 at step 8, so it
+     * goes on from there; its scale carries on. */
+    *w = (scale_watch){.dir = old.out_dir};
+    memset(ovf_t, 0, sizeof ovf_t);
+    ovf_done = 8;
+    o = train_run(&old, fx_pool, k, 1, &h, &res);
+    pool_job_forget(fx_pool, 1);
+    if (o != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    expect_adam_t(9, 12, (const int[]){9, 0, 10, 11});
+    expect_meta(old.out_dir, "optimizer_steps", "11");
+    expect_scale(w, 9, S / 2);
+    expect_scale(w, 10, S / 4);
+    expect_meta(old.out_dir, "loss_scale", "16384");
     scale_watch_free(w);
     free(w);
 }
