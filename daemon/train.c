@@ -689,7 +689,19 @@ static void trim_metrics(const char *path, uint64_t upto)
     rename(tmp, path);
 }
 
-static void log_step(run *r, double loss, double lr, double norm, double ups, double dt)
+/* v as a JSON number, or null: JSON has neither inf nor nan, and a skipped
+ * fp16 step's gradient norm is infinite (its loss may be too). */
+static const char *json_num(char *buf, size_t len, double v)
+{
+    if (isfinite(v))
+        snprintf(buf, len, "%.9g", v);
+    else
+        snprintf(buf, len, "null");
+    return buf;
+}
+
+/* skipped: an fp16 step whose gradients overflowed, not applied. */
+static void log_step(run *r, double loss, double lr, double norm, double ups, double dt, bool skipped)
 {
     train_progress *pr = &r->prog;
     pool_stats *ps = malloc(sizeof *ps);
@@ -708,11 +720,18 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
      * after it, and its overflow or doubling is still news. */
     pr->loss_scale = r->loss_scale;
     if (r->metrics && (r->step % r->j->log_every == 0 || r->step == r->j->steps)) {
+        /* fp16 adds the scale after the step (what the next one runs with,
+         * as the progress report and the checkpoint have it) and marks a
+         * skipped step; other precisions have no scale to show. */
+        char fp16[64] = "", l[32], g[32];
+        if (r->j->precision == JOBCFG_FP16)
+            snprintf(fp16, sizeof fp16, ",\"loss_scale\":%.17g%s", r->loss_scale, skipped ? ",\"skipped\":true" : "");
         fprintf(r->metrics,
-                "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"%s\":%.6g,\"step_ms\":%.3f,"
-                "\"micro\":%u,\"accum\":%u,\"allocated\":%zu,\"reserved\":%zu}\n",
-                (unsigned long long)r->step, loss, lr, norm, r->j->model == JOBCFG_GPT ? "tokens_per_s" : "samples_per_s",
-                ups, dt * 1e3, pr->micro, pr->accum, pr->allocated, pr->reserved);
+                "{\"step\":%llu,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"%s\":%.6g,\"step_ms\":%.3f,"
+                "\"micro\":%u,\"accum\":%u,\"allocated\":%zu,\"reserved\":%zu%s}\n",
+                (unsigned long long)r->step, json_num(l, sizeof l, loss), lr, json_num(g, sizeof g, norm),
+                r->j->model == JOBCFG_GPT ? "tokens_per_s" : "samples_per_s", ups, dt * 1e3, pr->micro, pr->accum,
+                pr->allocated, pr->reserved, fp16);
         fflush(r->metrics);
     }
     if (r->tb) {
@@ -1054,7 +1073,7 @@ static int try_step(run *r, const train_hooks *h)
             r->step++;
             double dt = now_s() - t0;
             r->step_s = dt;
-            log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
+            log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt, true);
             return TRAIN_DONE;
         }
         if (++r->good_steps >= TRAIN_LOSS_SCALE_GROW_EVERY) {
@@ -1078,7 +1097,7 @@ static int try_step(run *r, const train_hooks *h)
     r->step++;
     double dt = now_s() - t0;
     r->step_s = dt;
-    log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt);
+    log_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt, false);
     r->res->final_loss = loss;
     return TRAIN_DONE;
 }

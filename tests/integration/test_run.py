@@ -113,6 +113,10 @@ class Run(unittest.TestCase):
         for key in ("loss", "lr", "grad_norm", "tokens_per_s", "micro", "accum", "allocated", "reserved"):
             self.assertIn(key, first)
         self.assertEqual((first["micro"], first["accum"]), (4, 2))
+        # fp32 does not scale the loss: only fp16 lines carry loss_scale and skipped.
+        for l in lines:
+            self.assertNotIn("loss_scale", l)
+            self.assertNotIn("skipped", l)
         self.assertEqual([l["step"] for l in lines if "val_loss" in l], [5, 10])
         # TensorBoard sees the loss curve.
         ea = EventAccumulator(os.path.join(out, "tensorboard"))

@@ -765,13 +765,43 @@ static void expect_adam_t(uint64_t from, uint64_t to, const int *want)
                      ovf_t[s], want[s - from]);
 }
 
+/* metrics.jsonl's step lines, by step: the loss scale they show (NAN: no
+ * loss_scale), whether they say skipped, and whether the gradient norm is
+ * null, JSON's stand-in for the infinite norm of an overflow. */
+typedef struct {
+    double scale[T_STEPS];
+    bool skipped[T_STEPS], norm_null[T_STEPS], seen[T_STEPS];
+} step_lines;
+
+static void read_step_lines(const char *dir, step_lines *m)
+{
+    char path[PATH_MAX + 16], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    memset(m, 0, sizeof *m);
+    while (fgets(line, sizeof line, f)) {
+        if (!strstr(line, "\"loss\":"))
+            continue;
+        unsigned long long st = strtoull(strstr(line, "\"step\":") + 7, NULL, 10);
+        assert_true(st > 0 && st < T_STEPS);
+        assert_false(m->seen[st]);
+        m->seen[st] = true;
+        const char *ls = strstr(line, "\"loss_scale\":");
+        m->scale[st] = ls ? strtod(ls + 13, NULL) : NAN;
+        m->skipped[st] = strstr(line, ",\"skipped\":true") != NULL;
+        m->norm_null[st] = strstr(line, "\"grad_norm\":null,") != NULL;
+    }
+    fclose(f);
+}
+
 /* fp16 on the cpu (train_hooks.cpu_mixed_precision), with auto micro-batches
  * of about half the batch: an overflow at step 3 halves the scale and skips
  * the step, AdamW's t included; an OOM in the middle of step 6 redoes it at
  * a smaller micro-batch and leaves the scale alone; the run stops after
  * step 8 and resumes with the scale, the count of good steps and the count
  * of applied updates it had; a second overflow at step 10 halves the
- * restored scale.  The same stop checkpoint
+ * restored scale.  metrics.jsonl shows it all.  The same stop checkpoint
  * stripped of what older ones lack resumes as they must. */
 static void test_fp16_scale_across_oom_and_resume(void **state)
 {
@@ -868,6 +898,21 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     expect_adam_t(9, 12, (const int[]){8, 0, 9, 10});
     expect_meta(j.out_dir, "optimizer_steps", "10");
     scale_watch_free(w);
+
+    /* metrics.jsonl, the stopped run's lines and the resumed run's: every
+     * step once, with the scale after it; the two overflows skipped, their
+     * infinite norms null (JSON has no inf). */
+    step_lines m;
+    read_step_lines(j.out_dir, &m);
+    const double want[13] = {0, S, S, S / 2, S / 2, S / 2, S / 2, S / 2, S / 2, S / 2, S / 4, S / 4, S / 4};
+    for (uint64_t s = 1; s <= 12; s++) {
+        assert_true(m.seen[s]);
+        if (m.scale[s] != want[s])
+            fail_msg("metrics.jsonl step %llu: loss_scale %.17g, expected %.17g", (unsigned long long)s, m.scale[s],
+                     want[s]);
+        assert_int_equal(m.skipped[s], s == 3 || s == 10);
+        assert_int_equal(m.norm_null[s], s == 3 || s == 10);
+    }
 
     /* The older checkpoint: its optimizer had taken t = 8 at step 8, so it
      * goes on from there; its scale carries on. */
