@@ -35,6 +35,13 @@ typedef struct {
     /* The kernels have fused attention for this shape: att holds each row's
      * log-sum-exp (L,B,NH,T), and preatt/datt are not needed. */
     bool fused;
+    /* 16-bit activations (kernels.h): in a bf16/fp16 job whose kernels have
+     * the 16-bit ops, the activations only GEMMs read (ln1, ln2, fch_gelu,
+     * lnf) are stored in the 16-bit type, in the *16 buffers, and dfch
+     * goes to the fc GEMM's backward in 16 bits; their fp32 buffers are
+     * then empty.  Their GEMMs would round them to 16 bits anyway.  Only
+     * where the backend says the 16-bit ops pay (act16_native). */
+    bool lp16;
     gpt_layer *layer;
     size_t wte, wpe, lnfw, lnfb;
 
@@ -50,12 +57,14 @@ typedef struct {
     float *fch, *fch_gelu;                            /* (L,B,T,4C) */
     float *residual3;                                 /* (L,B,T,C) */
     float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
+    uint16_t *ln1_16, *ln2_16, *fch_gelu16, *lnf16;  /* lp16: as ln1, ln2, fch_gelu, lnf */
     float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
     float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
     float *proj;                                      /* (B,T,C) attproj/fcproj outputs */
     float *dres;                                      /* (B,T,C) residual-stream gradient */
     float *dbig;                                      /* (B,T,4C) dfch_gelu, then dfch over it */
+    uint16_t *dfch16;                                 /* lp16: (B,T,4C) dfch */
     float *dqkv;                                      /* (B,T,3C) */
     float *dsmall;                                    /* (B,T,C) dln, datty */
     float *datt;                                      /* (B,NH,T,T) */
@@ -67,34 +76,46 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 
 /* ---- activation layout ------------------------------------------------------------ */
 
+/* The number of buffers carve() takes: each may add up to ALIGN bytes. */
+#define GPT_BUFFERS 33
+
 /* Walk the activation buffers for n samples: with base != NULL assign the
- * pointers, always return the bytes used (each buffer 64-byte aligned). */
+ * pointers, always return the bytes used (each buffer 64-byte aligned).
+ * In lp16 mode the fp32 buffers it replaces are empty, and the other way
+ * round. */
 static size_t carve(gpt *g, char *base, uint32_t n)
 {
     size_t BT = (size_t)n * g->T, C = g->C, L = g->L, NH = g->NH, T = g->T, V = g->V;
     size_t TT = g->fused ? 0 : T * T; /* the (T,T) score matrices, unless fused */
+    size_t f32 = g->lp16 ? 0 : 1, h16 = g->lp16 ? 1 : 0;
     size_t off = 0;
-#define TAKE(ptr, count)                                          \
-    do {                                                          \
-        if (base)                                                 \
-            g->ptr = (float *)(base + off);                       \
-        off += ((count) * sizeof(float) + ALIGN - 1) / ALIGN * ALIGN; \
+#define TAKE_T(type, ptr, count)                                       \
+    do {                                                               \
+        if (base)                                                      \
+            g->ptr = (type *)(base + off);                             \
+        off += ((count) * sizeof(type) + ALIGN - 1) / ALIGN * ALIGN;   \
     } while (0)
+#define TAKE(ptr, count) TAKE_T(float, ptr, count)
+#define TAKE16(ptr, count) TAKE_T(uint16_t, ptr, count)
     TAKE(encoded, BT * C);
-    TAKE(ln1, L * BT * C);
+    TAKE(ln1, f32 * L * BT * C);
+    TAKE16(ln1_16, h16 * L * BT * C);
     TAKE(ln1_mean, L * BT);
     TAKE(ln1_rstd, L * BT);
     TAKE(qkv, L * BT * 3 * C);
     TAKE(att, L * n * NH * (g->fused ? T : TT));
     TAKE(atty, L * BT * C);
     TAKE(residual2, L * BT * C);
-    TAKE(ln2, L * BT * C);
+    TAKE(ln2, f32 * L * BT * C);
+    TAKE16(ln2_16, h16 * L * BT * C);
     TAKE(ln2_mean, L * BT);
     TAKE(ln2_rstd, L * BT);
     TAKE(fch, L * BT * 4 * C);
-    TAKE(fch_gelu, L * BT * 4 * C);
+    TAKE(fch_gelu, f32 * L * BT * 4 * C);
+    TAKE16(fch_gelu16, h16 * L * BT * 4 * C);
     TAKE(residual3, L * BT * C);
-    TAKE(lnf, BT * C);
+    TAKE(lnf, f32 * BT * C);
+    TAKE16(lnf16, h16 * BT * C);
     TAKE(lnf_mean, BT);
     TAKE(lnf_rstd, BT);
     TAKE(logits, BT * V);
@@ -104,11 +125,14 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(proj, BT * C);
     TAKE(dres, BT * C);
     TAKE(dbig, BT * 4 * C);
+    TAKE16(dfch16, h16 * BT * 4 * C);
     TAKE(dqkv, BT * 3 * C);
     TAKE(dsmall, BT * C);
     TAKE(datt, n * NH * TT);
     TAKE(dlosses, BT);
+#undef TAKE16
 #undef TAKE
+#undef TAKE_T
     return off;
 }
 
@@ -121,10 +145,10 @@ static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_samp
 {
     gpt *g = G(m);
     /* carve() is affine in n apart from alignment, which adds at most ALIGN
-     * per buffer: bound it by the 28 buffers' worth. */
+     * per buffer: bound it by all buffers' worth. */
     size_t one = carve(g, NULL, 1), two = carve(g, NULL, 2);
     *per_sample = two - one;
-    *fixed = 28 * ALIGN;
+    *fixed = GPT_BUFFERS * ALIGN;
     size_t slack = one > *per_sample ? one - *per_sample : 0;
     if (slack > *fixed)
         *fixed = slack;
@@ -186,30 +210,51 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
     for (uint32_t l = 0; l < g->L; l++) {
         const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
-        float *ln1 = g->ln1 + l * BTC, *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
+        float *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
         float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
-        float *res2 = g->residual2 + l * BTC, *ln2 = g->ln2 + l * BTC;
+        float *res2 = g->residual2 + l * BTC;
         float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
-        float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4, *res3 = g->residual3 + l * BTC;
+        float *fch = g->fch + l * BTC * 4, *res3 = g->residual3 + l * BTC;
         gpt_layer *w = &g->layer[l];
 
-        k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+        if (g->lp16) {
+            uint16_t *ln1 = g->ln1_16 + l * BTC;
+            k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+            k->matmul_forward16(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+        } else {
+            float *ln1 = g->ln1 + l * BTC;
+            k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+            k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+        }
         if (g->fused)
             k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
         else
             k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
         k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
         k->residual_forward(kc, res2, residual, g->proj, BTC);
-        k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
-        k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
-        k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
-        k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+        if (g->lp16) {
+            uint16_t *ln2 = g->ln2_16 + l * BTC, *fch_gelu = g->fch_gelu16 + l * BTC * 4;
+            k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
+            k->matmul_forward16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+            k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
+            k->matmul_forward16(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+        } else {
+            float *ln2 = g->ln2 + l * BTC, *fch_gelu = g->fch_gelu + l * BTC * 4;
+            k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
+            k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+            k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
+            k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+        }
         k->residual_forward(kc, res3, res2, g->proj, BTC);
     }
     const float *last = g->residual3 + (g->L - 1) * BTC;
-    k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
-    k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
+    if (g->lp16) {
+        k->layernorm_forward16(kc, g->lnf16, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
+        k->matmul_forward16(kc, g->logits, g->lnf16, P + g->wte, NULL, (int)BT, C, V);
+    } else {
+        k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
+        k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
+    }
 }
 
 static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
@@ -265,7 +310,10 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     float *dlogits = g->logits;
     k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
     float *dlnf = g->dsmall;
-    k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
+    if (g->lp16)
+        k->matmul_backward16(kc, dlnf, D + g->wte, NULL, dlogits, NULL, g->lnf16, P + g->wte, (int)BT, C, V);
+    else
+        k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
     k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
@@ -273,21 +321,31 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
-        const float *ln1 = g->ln1 + l * BTC, *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
+        const float *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
         const float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
-        const float *res2 = g->residual2 + l * BTC, *ln2 = g->ln2 + l * BTC;
+        const float *res2 = g->residual2 + l * BTC;
         const float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
-        const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
+        const float *fch = g->fch + l * BTC * 4;
         gpt_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + fcproj: dfcproj is the stream gradient.
          * matmul_backward and gelu_backward overwrite their dinp, so no
          * buffer is zeroed first, and dfch takes dfch_gelu's place. */
         float *dfch_gelu = g->dbig, *dfch = g->dbig, *dln2 = g->dsmall;
-        k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
-                           (int)BT, 4 * C, C);
-        k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
-        k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
+        if (g->lp16) {
+            const uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4, *ln2 = g->ln2_16 + l * BTC;
+            k->matmul_backward16(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, NULL, fch_gelu,
+                                 P + w->fcprojw, (int)BT, 4 * C, C);
+            k->gelu_backward16(kc, g->dfch16, fch, dfch_gelu, BTC * 4);
+            k->matmul_backward16(kc, dln2, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw, (int)BT, C,
+                                 4 * C);
+        } else {
+            const float *fch_gelu = g->fch_gelu + l * BTC * 4, *ln2 = g->ln2 + l * BTC;
+            k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
+                               (int)BT, 4 * C, C);
+            k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
+            k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
+        }
         k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean, ln2_rstd,
                               (int)BT, C);
 
@@ -300,7 +358,12 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
         else
             k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
-        k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, ln1, P + w->qkvw, (int)BT, C, 3 * C);
+        if (g->lp16)
+            k->matmul_backward16(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
+                                 P + w->qkvw, (int)BT, C, 3 * C);
+        else
+            k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + l * BTC, P + w->qkvw, (int)BT,
+                               C, 3 * C);
         /* The key bias adds q·b to every score of a row, which softmax
          * ignores: its true gradient is exactly zero.  What the sum above
          * leaves there is rounding noise, and Adam would turn that noise
@@ -360,6 +423,8 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
     g->T = j->context;
     g->V = j->vocab;
     g->fused = m->k && m->k->attention_fused_ok && m->k->attention_fused_ok(m->kc, g->C, g->NH);
+    g->lp16 = j->precision != JOBCFG_FP32 && m->k && m->k->act16_native && m->k->layernorm_forward16 &&
+              m->k->gelu_forward16 && m->k->gelu_backward16 && m->k->matmul_forward16 && m->k->matmul_backward16;
     m->impl = g;
     m->ops = &gpt_ops;
 

@@ -176,6 +176,37 @@ typedef struct kern_ops {
     void (*cast_f16_to_f32)(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
     /* Count of non-finite values in p (n), for fp16 loss-scale overflow checks. */
     size_t (*count_nonfinite)(kern_ctx *k, const float *p, size_t n);
+
+    /* ---- 16-bit activations (bf16 and fp16 contexts) ----------------------------------
+     * A GEMM in a 16-bit context reads 16-bit operands; given fp32 ones it
+     * casts them first, at every call, forward and backward.  These ops let
+     * the producer of an activation whose only readers are GEMMs store it in
+     * the context's 16-bit type (raw uint16: bf16, or fp16, as the context's
+     * precision; rounded to nearest even like the casts), so that it is
+     * rounded once, written at half the size and read by the GEMMs as it
+     * is.  What they compute is exactly the fp32 op followed by that cast
+     * (layernorm, gelu, gelu backward) or preceded by the exact widening of
+     * the 16-bit operands (matmul).  All NULL where a backend has none;
+     * called only in bf16/fp16 contexts.  act16_native says whether they
+     * pay: true where the GEMMs compute in 16 bits (cuda); the cpu's are the
+     * reference, slower than its fp32 ops, which a model should prefer. */
+    bool act16_native;
+    /* out16 (N,C) = layernorm(inp); mean, rstd (N) as layernorm_forward */
+    void (*layernorm_forward16)(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                                const float *weight, const float *bias, int N, int C);
+    /* out16 (N) = gelu(inp); backward: dinp16 = dout·gelu'(inp) (overwritten) */
+    void (*gelu_forward16)(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
+    void (*gelu_backward16)(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
+    /* out (N,OC) = inp16 (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
+    void (*matmul_forward16)(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+                             const float *bias, int N, int C, int OC);
+    /* As matmul_backward with inp given as inp16, and dout as either dout
+     * (fp32) or dout16 (the other NULL): dinp (N,C) = dout·weight
+     * (overwritten, may be NULL); dweight += doutᵀ·inp; dbias += Σ dout (may
+     * be NULL). */
+    void (*matmul_backward16)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                              const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                              int OC);
 } kern_ops;
 
 /* The CPU backend (always present). */

@@ -27,7 +27,7 @@
 
 struct kern_ctx {
     int threads; /* resolved: >= 1 */
-    kern_precision prec; /* ignored: the cpu path is fp32 throughout */
+    kern_precision prec; /* the fp32 ops ignore it; the 16-bit ones (lowp.c) store in its type */
     kern_scratch scratch;
     void *work; /* small per-thread partials, grown on demand */
     size_t work_bytes;
@@ -155,6 +155,16 @@ void kcpu_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t 
 void kcpu_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
 void kcpu_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
+
+/* lowp.c */
+void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
+void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
+void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
+                           int N, int C, int OC);
+void kcpu_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC);
 size_t kcpu_count_nonfinite(kern_ctx *k, const float *p, size_t n);
 
 #endif

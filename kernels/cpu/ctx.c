@@ -141,6 +141,12 @@ static const kern_ops cpu_ops = {
     .cast_f32_to_f16 = kcpu_cast_f32_to_f16,
     .cast_f16_to_f32 = kcpu_cast_f16_to_f32,
     .count_nonfinite = kcpu_count_nonfinite,
+    .act16_native = false,
+    .layernorm_forward16 = kcpu_layernorm_forward16,
+    .gelu_forward16 = kcpu_gelu_forward16,
+    .gelu_backward16 = kcpu_gelu_backward16,
+    .matmul_forward16 = kcpu_matmul_forward16,
+    .matmul_backward16 = kcpu_matmul_backward16,
 };
 
 const kern_ops *kern_cpu_ops(void)

@@ -301,4 +301,10 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .cast_f32_to_f16 = kc_cast_f32_to_f16,
     .cast_f16_to_f32 = kc_cast_f16_to_f32,
     .count_nonfinite = kc_count_nonfinite,
+    .act16_native = true,
+    .layernorm_forward16 = kc_layernorm_forward16,
+    .gelu_forward16 = kc_gelu_forward16,
+    .gelu_backward16 = kc_gelu_backward16,
+    .matmul_forward16 = kc_matmul_forward16,
+    .matmul_backward16 = kc_matmul_backward16,
 };

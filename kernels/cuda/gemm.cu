@@ -405,3 +405,162 @@ void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, 
     if (dbias)
         kc_colsum(k, dbias, NULL, dout, NULL, NULL, NULL, N, OC, (float *)(buf + op));
 }
+
+// ---- 16-bit activations: the GEMM operands the caller already holds in 16 bits ----------------
+
+static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
+{
+    if (k->prec == KERN_BF16)
+        kc_cast_bf16_to_f32(k, dst, src, n);
+    else
+        kc_cast_f16_to_f32(k, dst, src, n);
+}
+
+// The weight is cast as in kc_matmul_forward; inp16 is used as it is.
+// Should cuBLASLt have no 16-bit algorithm, inp16 is widened (exactly) and
+// the fp32 GEMM runs, as kc_matmul_forward falls back.
+void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
+                         int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    kc_enter(k);
+    kc_gemm_args g32;
+    memset(&g32, 0, sizeof g32);
+    g32.ta = true;
+    g32.m = OC;
+    g32.n = N;
+    g32.k = C;
+    g32.A = weight;
+    g32.lda = C;
+    g32.ldb = C;
+    g32.D = out;
+    g32.ldd = OC;
+    g32.batch = 1;
+    g32.alpha = 1.0f;
+    g32.bias = bias;
+    g32.ab = CUDA_R_32F;
+    g32.compute = CUBLAS_COMPUTE_32F;
+    if (C <= 0) { // an empty sum: out = bias (or 0), no operand read
+        gemm_run(k, NULL, &g32, N);
+        return;
+    }
+    size_t nw = (size_t)OC * C;
+    uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
+    if (!w16)
+        return;
+    kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
+    kc_gemm_args g16 = g32;
+    g16.A = w16;
+    g16.B = inp16;
+    g16.ab = lowp_type(k);
+    int r = kc_gemm(k, &g16);
+    if (r == 1 && g16.bias) { // the bias epilogue declined: plain GEMM, then the bias kernel
+        kc_gemm_args nb = g16;
+        nb.bias = NULL;
+        r = kc_gemm(k, &nb);
+        if (r == 0) {
+            add_bias_kernel<<<kc_grid(k, (size_t)N * OC, 256), 256, 0, k->stream>>>(out, bias, (size_t)N, OC);
+            kc_launched(k, "gemm(bias)");
+        }
+    }
+    if (r != 1)
+        return;
+    // Nothing was queued on w16: the scratch may be reused.
+    float *i32 = (float *)kc_scratch(k, (size_t)N * C * sizeof(float));
+    if (!i32)
+        return;
+    widen(k, i32, inp16, (size_t)N * C);
+    g32.B = i32;
+    gemm_run(k, NULL, &g32, N);
+}
+
+void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                          const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0 || C < 0 || (!dout) == (!dout16)) {
+        if (!dout == !dout16)
+            kc_ok(k, cudaErrorInvalidValue, "matmul_backward16: exactly one of dout and dout16");
+        return;
+    }
+    kc_enter(k);
+    bool bf = k->prec == KERN_BF16;
+    size_t nd = (size_t)N * OC, nw = (size_t)OC * C;
+    // One scratch request: the weight's and dout's 16-bit copies, then the
+    // dbias partials.
+    size_t ow = 0, od = dinp && C > 0 ? kc_round(nw * 2, 256) : 0;
+    size_t op = od + (dout ? kc_round(nd * 2, 256) : 0);
+    size_t end = op + (dbias ? kc_colsum_scratch(k, N, OC, false) * sizeof(float) : 0);
+    char *buf = end ? (char *)kc_scratch(k, end) : NULL;
+    if (end && !buf)
+        return;
+    uint16_t *w16 = (uint16_t *)(buf + ow);
+    const uint16_t *d16 = dout16;
+    if (dinp && C > 0)
+        kc_cast_lowp(k, w16, weight, nw, bf);
+    if (dout) {
+        kc_cast_lowp(k, (uint16_t *)(buf + od), dout, nd, bf);
+        d16 = (const uint16_t *)(buf + od);
+    }
+    kc_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.batch = 1;
+    g.alpha = 1.0f;
+    g.ab = lowp_type(k);
+    g.compute = CUBLAS_COMPUTE_32F;
+    int r_in = 0, r_w = 0;
+    if (dinp && C > 0) { // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
+        kc_gemm_args a = g;
+        a.m = C;
+        a.n = N;
+        a.k = OC;
+        a.A = w16;
+        a.lda = C;
+        a.B = d16;
+        a.ldb = OC;
+        a.D = dinp;
+        a.ldd = C;
+        r_in = kc_gemm(k, &a);
+    }
+    if (dweight && C > 0) { // dW (OC,C) += doutᵀ·inp: column-major D(C,OC) = inp(C,N) · dout(OC,N)ᵀ
+        kc_gemm_args a = g;
+        a.tb = true;
+        a.m = C;
+        a.n = OC;
+        a.k = N;
+        a.A = inp16;
+        a.lda = C;
+        a.B = d16;
+        a.ldb = OC;
+        a.D = dweight;
+        a.ldd = C;
+        a.beta = 1.0f;
+        r_w = kc_gemm(k, &a);
+    }
+    if (dbias) {
+        if (dout)
+            kc_colsum(k, dbias, NULL, dout, NULL, NULL, NULL, N, OC, (float *)(buf + op));
+        else
+            kc_colsum16(k, dbias, dout16, N, OC, (float *)(buf + op));
+    }
+    if (r_in != 1 && r_w != 1)
+        return;
+    // No 16-bit algorithm: fp32 GEMMs on operands widened exactly.  The
+    // scratch is reused after the work queued on it, in stream order.
+    size_t ni = r_w == 1 ? (size_t)N * C : 0, nd32 = dout16 ? nd : 0;
+    float *f = (float *)kc_scratch(k, (ni + nd32) * sizeof(float) + 256);
+    if (!f)
+        return;
+    const float *d32 = dout;
+    if (dout16) {
+        widen(k, f, dout16, nd);
+        d32 = f;
+    }
+    float *i32 = f + kc_round(nd32, 64);
+    if (ni)
+        widen(k, i32, inp16, ni);
+    if (r_in == 1)
+        gemm_backward_part(k, 0.0f, false, C, N, OC, weight, C, d32, OC, dinp, C, NULL, NULL, false);
+    if (r_w == 1)
+        gemm_backward_part(k, 1.0f, true, C, OC, N, i32, C, d32, OC, dweight, C, NULL, NULL, false);
+}

@@ -258,6 +258,9 @@ void kc_plans_destroy(kern_ctx *k);
 size_t kc_colsum_scratch(const kern_ctx *k, int N, int C, bool ln);
 void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
                const float *rstd, int N, int C, float *part);
+// dst[c] += Σ_r dout16[r][c] over a 16-bit (the context's type) (N, C) matrix,
+// with the same splits and order as kc_colsum; part: kc_colsum_scratch(k, N, C, false) floats.
+void kc_colsum16(kern_ctx *k, float *dst, const uint16_t *dout16, int N, int C, float *part);
 
 // Cast fp32 to bf16 (bf16 = true) or fp16, round to nearest even (pointwise.cu).
 void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16);
@@ -318,6 +321,15 @@ void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float
                              const int32_t *targets, int N, int V, int Vp);
 void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, const float *dloss, int N, int V, int Vp);
+
+void kc_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C);
+void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
+void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
+void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
+                         int N, int C, int OC);
+void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                          const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC);
 
 void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

@@ -889,6 +889,80 @@ static void test_overwrites(void **state)
     ops->ctx_destroy(k);
 }
 
+/* ---- 16-bit activations: each op is its fp32 op and a cast, bitwise ---------------------------- */
+
+static uint16_t *h16(size_t n)
+{
+    uint16_t *p = calloc(n ? n : 1, sizeof *p);
+    assert_non_null(p);
+    return p;
+}
+
+static void test_act16_ops(void **state)
+{
+    (void)state;
+    enum { N = 37, C = 48, OC = 20 };
+    for (int pi = 0; pi < 2; pi++) {
+        kern_precision prec = pi ? KERN_FP16 : KERN_BF16;
+        kern_ctx *k = ops->ctx_create(2, 0, prec, NULL);
+        assert_non_null(k);
+        void (*narrow)(kern_ctx *, uint16_t *, const float *, size_t) =
+            pi ? ops->cast_f32_to_f16 : ops->cast_f32_to_bf16;
+        void (*widen)(kern_ctx *, float *, const uint16_t *, size_t) =
+            pi ? ops->cast_f16_to_f32 : ops->cast_bf16_to_f32;
+        float *x = randv(N * C, 2), *w = randv(C, 1), *b = randv(C, 1), *d = randv(N * C, 1);
+        float *t = zerov(N * C), *m1 = zerov(N), *r1 = zerov(N), *m2 = zerov(N), *r2 = zerov(N);
+        uint16_t *want = h16(N * C), *got = h16(N * C);
+
+        ops->layernorm_forward(k, t, m1, r1, x, w, b, N, C);
+        narrow(k, want, t, N * C);
+        ops->layernorm_forward16(k, got, m2, r2, x, w, b, N, C);
+        assert_memory_equal(got, want, N * C * sizeof *got);
+        assert_memory_equal(m1, m2, N * sizeof *m1);
+        assert_memory_equal(r1, r2, N * sizeof *r1);
+
+        ops->gelu_forward(k, t, x, N * C);
+        narrow(k, want, t, N * C);
+        ops->gelu_forward16(k, got, x, N * C);
+        assert_memory_equal(got, want, N * C * sizeof *got);
+        ops->gelu_backward(k, t, x, d, N * C);
+        narrow(k, want, t, N * C);
+        ops->gelu_backward16(k, got, x, d, N * C);
+        assert_memory_equal(got, want, N * C * sizeof *got);
+
+        /* matmul: 16-bit inp (and dout) are the widened fp32 ones. */
+        uint16_t *i16 = h16(N * C), *d16 = h16(N * OC);
+        float *wt = randv(OC * C, 1), *bias = randv(OC, 1), *dout = randv(N * OC, 1);
+        narrow(k, i16, x, N * C);
+        narrow(k, d16, dout, N * OC);
+        float *iw = zerov(N * C), *dw32 = zerov(N * OC);
+        widen(k, iw, i16, N * C);
+        widen(k, dw32, d16, N * OC);
+        float *o1 = zerov(N * OC), *o2 = randv(N * OC, 1);
+        ops->matmul_forward(k, o1, iw, wt, bias, N, C, OC);
+        ops->matmul_forward16(k, o2, i16, wt, bias, N, C, OC);
+        assert_memory_equal(o1, o2, N * OC * sizeof *o1);
+        for (int dv = 0; dv < 2; dv++) { /* dout as fp32, then as 16 bits */
+            float *gi1 = randv(N * C, 1), *gi2 = randv(N * C, 1), *gw1 = randv(OC * C, 1), *gb1 = randv(OC, 1);
+            float *gw2 = malloc(OC * C * sizeof *gw2), *gb2 = malloc(OC * sizeof *gb2);
+            assert_non_null(gw2);
+            assert_non_null(gb2);
+            memcpy(gw2, gw1, OC * C * sizeof *gw2);
+            memcpy(gb2, gb1, OC * sizeof *gb2);
+            ops->matmul_backward(k, gi1, gw1, gb1, dv ? dw32 : dout, iw, wt, N, C, OC);
+            ops->matmul_backward16(k, gi2, gw2, gb2, dv ? NULL : dout, dv ? d16 : NULL, i16, wt, N, C, OC);
+            assert_memory_equal(gi1, gi2, N * C * sizeof *gi1);
+            assert_memory_equal(gw1, gw2, OC * C * sizeof *gw1);
+            assert_memory_equal(gb1, gb2, OC * sizeof *gb1);
+            free(gi1), free(gi2), free(gw1), free(gw2), free(gb1), free(gb2);
+        }
+        free(x), free(w), free(b), free(d), free(t), free(m1), free(r1), free(m2), free(r2), free(want), free(got);
+        free(i16), free(d16), free(wt), free(bias), free(dout), free(iw), free(dw32), free(o1), free(o2);
+        ops->ctx_destroy(k);
+    }
+    assert_false(ops->act16_native); /* the cpu's are the reference, not the fast path */
+}
+
 /* ---- AdamW, norms, memory helpers ------------------------------------------------------------ */
 
 static void test_adamw(void **state)
@@ -1243,6 +1317,7 @@ int main(void)
         cmocka_unit_test(test_crossentropy_in_place),
         cmocka_unit_test(test_accumulates),
         cmocka_unit_test(test_overwrites),
+        cmocka_unit_test(test_act16_ops),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sumsq_and_helpers),
         cmocka_unit_test(test_casts),

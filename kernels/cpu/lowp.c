@@ -1,0 +1,115 @@
+/* lowp.c — the 16-bit activation ops (kernels.h), as their definition says:
+ * the fp32 op followed by the cast to the context's 16-bit type, or preceded
+ * by the exact widening of the 16-bit operands.
+ *
+ * They exist on the CPU as the reference the CUDA ones are tested against,
+ * and so that a model's 16-bit wiring runs (and is tested) without a GPU.
+ * The fp32 intermediates are whole tensors, taken from the caller's scratch
+ * callback (the pool, tagged workspace) when there is one: clarity over
+ * speed, as nothing trains in 16 bits on this backend. */
+#include <stdlib.h>
+
+#include "cpu_kernels.h"
+
+static float *tmp_get(kern_ctx *k, size_t n)
+{
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    if (k->scratch.acquire)
+        return k->scratch.acquire(k->scratch.user, bytes);
+    return malloc(bytes);
+}
+
+static void tmp_put(kern_ctx *k, float *p)
+{
+    if (!p)
+        return;
+    if (k->scratch.acquire) {
+        if (k->scratch.release)
+            k->scratch.release(k->scratch.user, p);
+    } else {
+        free(p);
+    }
+}
+
+/* A context asked for fp32 has no 16-bit type: bf16 stands in (the ops are
+ * documented for bf16/fp16 contexts only). */
+static void narrow(kern_ctx *k, uint16_t *dst, const float *src, size_t n)
+{
+    if (k->prec == KERN_FP16)
+        kcpu_cast_f32_to_f16(k, dst, src, n);
+    else
+        kcpu_cast_f32_to_bf16(k, dst, src, n);
+}
+
+static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
+{
+    if (k->prec == KERN_FP16)
+        kcpu_cast_f16_to_f32(k, dst, src, n);
+    else
+        kcpu_cast_bf16_to_f32(k, dst, src, n);
+}
+
+/* Out of scratch: the op leaves its outputs as they were.  The kern_ops
+ * functions return nothing; callers that can run out (the engine) size
+ * activations so that this does not happen, and the CPU backend is not
+ * where 16-bit training runs. */
+
+void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C)
+{
+    size_t n = (size_t)N * C;
+    float *t = tmp_get(k, n);
+    if (!t)
+        return;
+    kcpu_layernorm_forward(k, t, mean, rstd, inp, weight, bias, N, C);
+    narrow(k, out16, t, n);
+    tmp_put(k, t);
+}
+
+void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N)
+{
+    float *t = tmp_get(k, N);
+    if (!t)
+        return;
+    kcpu_gelu_forward(k, t, inp, N);
+    narrow(k, out16, t, N);
+    tmp_put(k, t);
+}
+
+void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N)
+{
+    float *t = tmp_get(k, N);
+    if (!t)
+        return;
+    kcpu_gelu_backward(k, t, inp, dout, N);
+    narrow(k, dinp16, t, N);
+    tmp_put(k, t);
+}
+
+void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
+                           int N, int C, int OC)
+{
+    size_t n = (size_t)N * C;
+    float *t = tmp_get(k, n);
+    if (!t)
+        return;
+    widen(k, t, inp16, n);
+    kcpu_matmul_forward(k, out, t, weight, bias, N, C, OC);
+    tmp_put(k, t);
+}
+
+void kcpu_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                            const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC)
+{
+    if ((!dout) == (!dout16))
+        return; /* exactly one of them, says kernels.h */
+    size_t ni = (size_t)N * C, nd = dout16 ? (size_t)N * OC : 0;
+    float *t = tmp_get(k, ni + nd);
+    if (!t)
+        return;
+    widen(k, t, inp16, ni);
+    if (dout16)
+        widen(k, t + ni, dout16, nd);
+    kcpu_matmul_backward(k, dinp, dweight, dbias, dout16 ? t + ni : dout, t, weight, N, C, OC);
+    tmp_put(k, t);
+}
