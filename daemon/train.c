@@ -422,6 +422,11 @@ static float *host_view(run *r, const float *dev_ptr, size_t count, float **owne
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
+static const char *precision_name(int precision)
+{
+    return precision == JOBCFG_BF16 ? "bf16" : precision == JOBCFG_FP16 ? "fp16" : "fp32";
+}
+
 /* A string that changes whenever the parameter layout would. */
 static void model_signature(const run *r, char *buf, size_t len)
 {
@@ -468,6 +473,8 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("seed", "%llu", (unsigned long long)r->j->seed);
     META("batch", "%u", r->j->batch);
     META("optimizer_steps", "%llu", (unsigned long long)r->opt_steps);
+    /* The precision says whose loss scale this is: see load_loss_scale. */
+    st_writer_meta(w, "precision", precision_name(r->j->precision), err, err_len);
     META("loss_scale", "%.17g", r->loss_scale);
     META("loss_scale_good_steps", "%llu", (unsigned long long)r->good_steps);
     META("micro", "%u", r->micro);
@@ -531,6 +538,35 @@ static void load_found(run *r, const st_file *f)
     snprintf(r->found.device, sizeof r->found.device, "%s", devsig);
 }
 
+/* The loss scale to resume with.  Only an fp16 run's scale means anything
+ * to an fp16 job: another precision's checkpoint stores 1 (no scaling), and
+ * starting there would leave small gradients to underflow in fp16 while the
+ * scale climbs back one doubling per TRAIN_LOSS_SCALE_GROW_EVERY steps, so
+ * an fp16 job resumed from it starts at the initial scale, as a new one
+ * does.  Checkpoints written before "precision" was recorded: a scale of 1
+ * (or none) is taken as not fp16; an fp16 run gets to 1 only after 16
+ * overflows in a row, and starting it high again costs at most 16 skipped
+ * steps.  Other precisions do not scale. */
+static void load_loss_scale(run *r, const st_file *f)
+{
+    r->loss_scale = 1.0;
+    r->good_steps = 0;
+    if (r->j->precision != JOBCFG_FP16)
+        return;
+    const char *prec = st_meta(f, "precision"), *ls = st_meta(f, "loss_scale"),
+               *gs = st_meta(f, "loss_scale_good_steps");
+    double scale = ls ? strtod(ls, NULL) : 1.0;
+    bool was_fp16 = prec ? strcmp(prec, "fp16") == 0 : scale > 1.0;
+    /* A scale outside the schedule's range is no scale to train with. */
+    if (!was_fp16 || !(scale >= 1.0 && scale <= TRAIN_LOSS_SCALE_MAX)) {
+        r->loss_scale = TRAIN_LOSS_SCALE_INIT;
+        return;
+    }
+    r->loss_scale = scale;
+    /* Older checkpoints lack it: the doubling clock restarts. */
+    r->good_steps = gs ? strtoull(gs, NULL, 10) : 0;
+}
+
 /* Load out_dir/resume.safetensors if present.  Returns 1 when resumed, 0
  * when there is none, -1 (with res->message) when it is unusable. */
 static int load_resume(run *r)
@@ -555,7 +591,6 @@ static int load_resume(run *r)
      * count lack it; their optimizer took t = step, so that is the count to
      * go on from (exact for fp32 and bf16, which skip nothing). */
     uint64_t opt_steps = st_meta(f, "optimizer_steps") ? meta_u64(f, "optimizer_steps", &ok) : step;
-    const char *ls = st_meta(f, "loss_scale");
     uint64_t shape[1] = {P};
     if (!fmt || strcmp(fmt, RESUME_FORMAT) != 0) {
         fail(r, "cannot resume: %s: metadata format is '%s', expected '%s'", r->path_resume, fmt ? fmt : "(none)",
@@ -595,10 +630,7 @@ static int load_resume(run *r)
         if (rc == 0) {
             r->step = step;
             r->opt_steps = opt_steps;
-            r->loss_scale = ls ? strtod(ls, NULL) : 1.0;
-            /* Older checkpoints lack it: the doubling clock restarts. */
-            const char *gs = st_meta(f, "loss_scale_good_steps");
-            r->good_steps = gs ? strtoull(gs, NULL, 10) : 0;
+            load_loss_scale(r, f);
             load_found(r, f);
             rc = 1;
         }

@@ -82,7 +82,8 @@ typedef struct {
  * touched), and doubles after this many good steps in a row — the schedule
  * of apex and torch.cuda.amp.  A step redone after an OOM at a smaller
  * micro-batch counts once; the scale, the count of good steps and the count
- * of updates are kept in the resume state. */
+ * of updates are kept in the resume state.  A job resumed in fp16 from
+ * another precision's checkpoint starts at the initial scale. */
 #define TRAIN_LOSS_SCALE_INIT 65536.0
 #define TRAIN_LOSS_SCALE_GROW_EVERY 2000
 #define TRAIN_LOSS_SCALE_MAX 16777216.0

@@ -868,16 +868,18 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
      * ran it once, after the redo. */
     expect_adam_t(1, 8, (const int[]){1, 2, 0, 3, 4, 5, 6, 7});
     expect_meta(j.out_dir, "optimizer_steps", "7");
+    expect_meta(j.out_dir, "precision", "fp16");
     scale_watch_free(w);
 
     /* A copy of the stop checkpoint as an older gradd wrote it: no count of
-     * updates (it took t = step). */
+     * updates (it took t = step) and no precision. */
     job_config old = j;
     snprintf(old.out_dir, sizeof old.out_dir, "%s/fp16-old", fx_dir);
     char cmd[2 * PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", old.out_dir, j.out_dir, old.out_dir);
     assert_int_equal(system(cmd), 0);
     fx_resume_drop_meta(old.out_dir, "optimizer_steps");
+    fx_resume_drop_meta(old.out_dir, "precision");
 
     /* Resume: the scale is the checkpoint's, the second overflow halves it. */
     *w = (scale_watch){.dir = j.out_dir, .read_state = true};
@@ -915,7 +917,7 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     }
 
     /* The older checkpoint: its optimizer had taken t = 8 at step 8, so it
-     * goes on from there; its scale carries on. */
+     * goes on from there; its scale, above 1, is taken as fp16's. */
     *w = (scale_watch){.dir = old.out_dir};
     memset(ovf_t, 0, sizeof ovf_t);
     ovf_done = 8;
@@ -928,7 +930,88 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     expect_scale(w, 9, S / 2);
     expect_scale(w, 10, S / 4);
     expect_meta(old.out_dir, "loss_scale", "16384");
+    expect_meta(old.out_dir, "precision", "fp16");
     scale_watch_free(w);
+    free(w);
+}
+
+/* A job resumed in another precision.  fp32 to fp16: the checkpoint's scale
+ * is 1 (an fp32 run does not scale), and fp16 starts at the initial scale
+ * as a new fp16 job would, also from a checkpoint older than the
+ * "precision" it holds.  fp16 to fp32: no scale, and fp32's metrics lines
+ * without loss_scale. */
+static void test_fp16_resume_across_precisions(void **state)
+{
+    (void)state;
+    const double S = TRAIN_LOSS_SCALE_INIT;
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "fp32to16", 8, 3);
+    const kern_ops *k = overflow_at(0, 0);
+    scale_watch *w = calloc(1, sizeof *w);
+    *w = (scale_watch){.dir = j.out_dir};
+    train_hooks h = {.on_step = scale_on_step, .user = w, .cpu_mixed_precision = true};
+    ovf_done = 0;
+    if (train_run(&j, fx_pool, k, 1, &h, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    pool_job_forget(fx_pool, 1);
+    expect_scale(w, 3, 1.0);
+    expect_meta(j.out_dir, "precision", "fp32");
+    expect_meta(j.out_dir, "loss_scale", "1");
+    expect_meta(j.out_dir, "optimizer_steps", "3");
+    job_config old = j;
+    snprintf(old.out_dir, sizeof old.out_dir, "%s/fp32to16-old", fx_dir);
+    char cmd[2 * PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", old.out_dir, j.out_dir, old.out_dir);
+    assert_int_equal(system(cmd), 0);
+    fx_resume_drop_meta(old.out_dir, "precision");
+
+    /* Resumed as fp16, from the checkpoint and from its older twin. */
+    const job_config *as16[2] = {&j, &old};
+    for (int i = 0; i < 2; i++) {
+        job_config r16 = *as16[i];
+        r16.precision = JOBCFG_FP16;
+        r16.steps = 6;
+        *w = (scale_watch){.dir = r16.out_dir};
+        ovf_done = 3;
+        if (train_run(&r16, fx_pool, k, 1, &h, &res) != TRAIN_DONE)
+            fail_msg("%s", res.message);
+        pool_job_forget(fx_pool, 1);
+        for (uint64_t s = 4; s <= 6; s++)
+            expect_scale(w, s, S);
+        expect_meta(r16.out_dir, "precision", "fp16");
+        expect_meta(r16.out_dir, "loss_scale", "65536");
+        expect_meta(r16.out_dir, "loss_scale_good_steps", "3");
+        expect_meta(r16.out_dir, "optimizer_steps", "6");
+        step_lines m;
+        read_step_lines(r16.out_dir, &m);
+        for (uint64_t s = 1; s <= 6; s++) {
+            assert_true(m.seen[s]);
+            /* The fp32 steps' lines have no scale; the fp16 ones do. */
+            if (s <= 3)
+                assert_true(isnan(m.scale[s]));
+            else
+                assert_true(m.scale[s] == S);
+            assert_false(m.skipped[s]);
+        }
+    }
+
+    /* And back: the fp16 checkpoint (scale 65536) resumed as fp32 runs
+     * unscaled. */
+    j.steps = 8;
+    *w = (scale_watch){.dir = j.out_dir};
+    ovf_done = 6;
+    if (train_run(&j, fx_pool, k, 1, &h, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    pool_job_forget(fx_pool, 1);
+    expect_scale(w, 7, 1.0);
+    expect_scale(w, 8, 1.0);
+    expect_meta(j.out_dir, "precision", "fp32");
+    expect_meta(j.out_dir, "loss_scale", "1");
+    step_lines m;
+    read_step_lines(j.out_dir, &m);
+    assert_true(m.seen[7] && isnan(m.scale[7]) && !m.skipped[7]);
+    assert_true(m.seen[8] && isnan(m.scale[8]) && !m.skipped[8]);
     free(w);
 }
 
@@ -1154,6 +1237,7 @@ int main(void)
         cmocka_unit_test(test_grows_back),
         cmocka_unit_test(test_fp16_scale_across_oom_and_resume),
         cmocka_unit_test(test_fp16_scale_doubles),
+        cmocka_unit_test(test_fp16_resume_across_precisions),
         cmocka_unit_test(test_tuned_run_visible),
         cmocka_unit_test(test_resume_keeps_fit),
         cmocka_unit_test(test_resume_keeps_tuned),
