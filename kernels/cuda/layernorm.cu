@@ -4,13 +4,50 @@
 // stays in L1), then the output; mean and rstd saved.  Backward: the row's
 // dinp in one warp (two passes), and dweight/dbias by the deterministic
 // column sums of reduce.cu.  eps = 1e-5 as in GPT-2 and the CPU reference.
+//
+// The forward is one kernel templated on the output's element type: fp32,
+// or bf16/fp16 for layernorm_forward16, whose output only GEMMs read.  The
+// 16-bit variant does the very same fp32 arithmetic and rounds only at the
+// store, so it equals the fp32 forward followed by the cast, and mean/rstd
+// are bitwise those of the fp32 forward.
+#include <type_traits>
+
 #include "kern_cuda.cuh"
 
 #define LN_EPS 1e-5f
 #define LN_WARPS 8
 
-template <int W>
-__global__ static void ln_forward_kernel(float *__restrict__ out, float *__restrict__ mean, float *__restrict__ rstd,
+// Store W outputs at p: fp32 as is; bf16/fp16 rounded to nearest even with
+// the conversions the casts use (kern_f32_to_bf16 is the CPU's own function,
+// so bf16 results match a CPU cast of the same fp32 value bit for bit).
+// W == 4: one 16-byte (fp32) or 8-byte (16-bit) store.
+template <int W, class O> __device__ __forceinline__ void ln_st(O *p, const kc_fv<W> &v)
+{
+    if constexpr (std::is_same_v<O, float>) {
+        kc_st<W>(p, v);
+    } else {
+        uint16_t h[W];
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            if constexpr (std::is_same_v<O, __nv_bfloat16>)
+                h[j] = kern_f32_to_bf16(v.v[j]);
+            else
+                h[j] = __half_as_ushort(__float2half_rn(v.v[j]));
+        }
+        uint16_t *q = reinterpret_cast<uint16_t *>(p);
+        if constexpr (W == 4) {
+            *reinterpret_cast<ushort4 *>(q) = make_ushort4(h[0], h[1], h[2], h[3]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                q[j] = h[j];
+        }
+    }
+}
+
+// O: float, __nv_bfloat16 or __half (the output's element type).
+template <int W, class O>
+__global__ static void ln_forward_kernel(O *__restrict__ out, float *__restrict__ mean, float *__restrict__ rstd,
                                          const float *__restrict__ inp, const float *__restrict__ weight,
                                          const float *__restrict__ bias, int N, int C)
 {
@@ -19,7 +56,7 @@ __global__ static void ln_forward_kernel(float *__restrict__ out, float *__restr
     if (row >= N)
         return;
     const float *x = inp + (size_t)row * C;
-    float *o = out + (size_t)row * C;
+    O *o = out + (size_t)row * C;
     float sum = 0.0f;
     for (int c = lane * W; c < C; c += 32 * W) {
         kc_fv<W> v = kc_ld<W>(x + c);
@@ -43,7 +80,7 @@ __global__ static void ln_forward_kernel(float *__restrict__ out, float *__restr
 #pragma unroll
         for (int j = 0; j < W; j++)
             v.v[j] = (v.v[j] - m) * s * w.v[j] + b.v[j];
-        kc_st<W>(o + c, v);
+        ln_st<W>(o + c, v);
     }
     if (lane == 0) {
         mean[row] = m;
@@ -88,18 +125,45 @@ __global__ static void ln_backward_kernel(float *__restrict__ dinp, const float 
     }
 }
 
+// vec: C % 4 == 0 and every pointer aligned for 4-wide loads and stores (inp,
+// weight, bias to 16 bytes; out to 16 bytes for fp32, 8 for 16-bit), which
+// with C % 4 == 0 keeps every row's start aligned too.
+template <class O>
+static void ln_forward_launch(kern_ctx *k, O *out, float *mean, float *rstd, const float *inp, const float *weight,
+                              const float *bias, int N, int C, bool vec)
+{
+    unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
+    if (vec)
+        ln_forward_kernel<4, O><<<grid, 32 * LN_WARPS, 0, k->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    else
+        ln_forward_kernel<1, O><<<grid, 32 * LN_WARPS, 0, k->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+}
+
 void kc_layernorm_forward(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                           const float *weight, const float *bias, int N, int C)
 {
     if (N <= 0 || C <= 0)
         return;
     kc_enter(k);
-    unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
-    if (C % 4 == 0 && kc_aligned(16, out, inp, weight, bias))
-        ln_forward_kernel<4><<<grid, 32 * LN_WARPS, 0, k->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-    else
-        ln_forward_kernel<1><<<grid, 32 * LN_WARPS, 0, k->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    ln_forward_launch(k, out, mean, rstd, inp, weight, bias, N, C,
+                      C % 4 == 0 && kc_aligned(16, out, inp, weight, bias));
     kc_launched(k, "layernorm_forward");
+}
+
+void kc_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    kc_enter(k);
+    bool vec = C % 4 == 0 && kc_aligned(16, inp, weight, bias) && kc_aligned(8, out16);
+    // fp16 only in an fp16 context; bf16 otherwise, as the CPU backend (an
+    // fp32 context has no 16-bit type and never calls this).
+    if (k->prec == KERN_FP16)
+        ln_forward_launch(k, reinterpret_cast<__half *>(out16), mean, rstd, inp, weight, bias, N, C, vec);
+    else
+        ln_forward_launch(k, reinterpret_cast<__nv_bfloat16 *>(out16), mean, rstd, inp, weight, bias, N, C, vec);
+    kc_launched(k, "layernorm_forward16");
 }
 
 void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,

@@ -1,6 +1,7 @@
 // pointwise.cu — elementwise ops: GELU, ReLU, residual, accumulate, scale,
 // casts and the non-finite count.  Every op runs four elements per thread
-// (float4) where the pointers allow it, through kc_ew.
+// (float4; an 8-byte store for 16-bit outputs) where the pointers allow it,
+// through kc_ew.
 #include "kern_cuda.cuh"
 
 // ---- GELU (tanh approximation), as the CPU reference -------------------------------------
@@ -101,28 +102,60 @@ struct scale_f {
     }
 };
 
-// fp32 -> 16-bit, four at a time as one 8-byte store.
+// fp32 -> 16-bit, round to nearest even.
+template <bool BF16> __device__ __forceinline__ uint16_t to16(float f)
+{
+    if constexpr (BF16)
+        return kern_f32_to_bf16(f); // the very function the CPU uses: bitwise equal
+    else
+        return __half_as_ushort(__float2half_rn(f));
+}
+
+// W values rounded to 16 bits at p; four as one 8-byte store (p 8-byte aligned).
+template <bool BF16, int W> __device__ __forceinline__ void st16(uint16_t *p, const kc_fv<W> &x)
+{
+    if constexpr (W == 4) {
+        *reinterpret_cast<ushort4 *>(p) =
+            make_ushort4(to16<BF16>(x.v[0]), to16<BF16>(x.v[1]), to16<BF16>(x.v[2]), to16<BF16>(x.v[3]));
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            p[j] = to16<BF16>(x.v[j]);
+    }
+}
+
 template <bool BF16> struct to16_f {
     uint16_t *dst;
     const float *src;
-    __device__ static uint16_t conv(float f)
-    {
-        if constexpr (BF16)
-            return kern_f32_to_bf16(f); // the very function the CPU uses: bitwise equal
-        else
-            return __half_as_ushort(__float2half_rn(f));
-    }
+    template <int W> __device__ void run(size_t i) const { st16<BF16, W>(dst + i, kc_ld<W>(src + i)); }
+};
+
+// GELU with the result rounded to 16 bits (layer output only GEMMs read):
+// the fp32 gelu_fwd_f's arithmetic, then the cast's rounding.
+template <bool BF16> struct gelu_fwd16_f {
+    uint16_t *out;
+    const float *inp;
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x = kc_ld<W>(src + i);
-        if constexpr (W == 4) {
-            ushort4 o = make_ushort4(conv(x.v[0]), conv(x.v[1]), conv(x.v[2]), conv(x.v[3]));
-            *reinterpret_cast<ushort4 *>(dst + i) = o;
-        } else {
+        kc_fv<W> x = kc_ld<W>(inp + i);
 #pragma unroll
-            for (int j = 0; j < W; j++)
-                dst[i + j] = conv(x.v[j]);
-        }
+        for (int j = 0; j < W; j++)
+            x.v[j] = kc_gelu(x.v[j]);
+        st16<BF16, W>(out + i, x);
+    }
+};
+
+// dinp16 = round16(dout·gelu'(inp)), the fp32 gelu_bwd_f then the cast.
+template <bool BF16> struct gelu_bwd16_f {
+    uint16_t *dinp;
+    const float *inp, *dout;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            d.v[j] *= kc_gelu_grad(x.v[j]);
+        st16<BF16, W>(dinp + i, d);
     }
 };
 
@@ -166,6 +199,29 @@ void kc_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *d
 {
     kc_enter(k);
     kc_ew(k, N, kc_aligned(16, dinp, inp, dout), gelu_bwd_f{dinp, inp, dout}, "gelu_backward");
+}
+
+// The 16-bit type is fp16 in an fp16 context, bf16 otherwise (as the CPU
+// backend; an fp32 context never calls these).  Four at a time needs the
+// fp32 inputs 16-byte and the 16-bit output 8-byte aligned.
+void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N)
+{
+    kc_enter(k);
+    bool vec = kc_aligned(16, inp) && kc_aligned(8, out16);
+    if (k->prec == KERN_FP16)
+        kc_ew(k, N, vec, gelu_fwd16_f<false>{out16, inp}, "gelu_forward16");
+    else
+        kc_ew(k, N, vec, gelu_fwd16_f<true>{out16, inp}, "gelu_forward16");
+}
+
+void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N)
+{
+    kc_enter(k);
+    bool vec = kc_aligned(16, inp, dout) && kc_aligned(8, dinp16);
+    if (k->prec == KERN_FP16)
+        kc_ew(k, N, vec, gelu_bwd16_f<false>{dinp16, inp, dout}, "gelu_backward16");
+    else
+        kc_ew(k, N, vec, gelu_bwd16_f<true>{dinp16, inp, dout}, "gelu_backward16");
 }
 
 void kc_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N)

@@ -6,6 +6,11 @@
 // sums meet in shared memory in a fixed order.  Pass 2: one thread per
 // column adds the S partials in order and accumulates into the gradient.
 // No atomics: the result depends only on N, C (and so S), never on timing.
+//
+// dout may also be 16-bit (kc_colsum16: the bias gradient of a GEMM whose
+// dout the producer stored in bf16/fp16): the same kernels, templated on
+// dout's element type, widen each element exactly to fp32 and sum in the
+// same splits and order.
 #include "kern_cuda.cuh"
 
 #define CS_COLS 32
@@ -31,8 +36,14 @@ size_t kc_colsum_scratch(const kern_ctx *k, int N, int C, bool ln)
     return (size_t)cs_splits(N, C) * (size_t)C * (ln ? 2 : 1);
 }
 
-template <bool LN>
-__global__ static void colsum_partial(const float *__restrict__ dout, const float *__restrict__ inp,
+// Exact widening of one dout element to fp32.
+__device__ __forceinline__ float cs_widen(float x) { return x; }
+__device__ __forceinline__ float cs_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float cs_widen(__half x) { return __half2float(x); }
+
+// T: dout's element type (float, __nv_bfloat16 or __half).
+template <bool LN, class T>
+__global__ static void colsum_partial(const T *__restrict__ dout, const float *__restrict__ inp,
                                       const float *__restrict__ mean, const float *__restrict__ rstd,
                                       float *__restrict__ part_a, float *__restrict__ part_b, int N, int C,
                                       int rows_per_split)
@@ -47,7 +58,7 @@ __global__ static void colsum_partial(const float *__restrict__ dout, const floa
     if (c < C) {
         for (int r = r0 + threadIdx.y; r < r1; r += CS_ROWS) {
             size_t i = (size_t)r * C + c;
-            float d = dout[i];
+            float d = cs_widen(dout[i]);
             if constexpr (LN) {
                 a += d * ((inp[i] - mean[r]) * rstd[r]);
                 b += d;
@@ -92,23 +103,63 @@ __global__ static void colsum_final(float *__restrict__ dst_a, float *__restrict
         dst_b[c] += b;
 }
 
+// The S splits of `rows` rows each and the launch shape, shared by the fp32
+// and 16-bit entry points so that both sum in the same order.
+struct cs_shape {
+    int S, rows;
+    dim3 grid, block;
+};
+
+static cs_shape cs_shape_of(int N, int C)
+{
+    cs_shape sh;
+    sh.S = cs_splits(N, C);
+    sh.rows = (N + sh.S - 1) / sh.S;
+    sh.grid = dim3((unsigned)((C + CS_COLS - 1) / CS_COLS), (unsigned)sh.S);
+    sh.block = dim3(CS_COLS, CS_ROWS);
+    return sh;
+}
+
+static void cs_final(kern_ctx *k, float *dst_a, float *dst_b, const float *part_a, const float *part_b, int S,
+                     int C)
+{
+    colsum_final<<<(unsigned)((C + 255) / 256), 256, 0, k->stream>>>(dst_a, dst_b, part_a, part_b, S, C);
+    kc_launched(k, "colsum_final");
+}
+
 void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
                const float *rstd, int N, int C, float *part)
 {
     if (N <= 0 || C <= 0)
         return;
     bool ln = inp != NULL;
-    int S = cs_splits(N, C);
-    int rows = (N + S - 1) / S;
-    float *part_a = part, *part_b = ln ? part + (size_t)S * C : NULL;
-    dim3 grid((unsigned)((C + CS_COLS - 1) / CS_COLS), (unsigned)S);
-    dim3 block(CS_COLS, CS_ROWS);
+    cs_shape sh = cs_shape_of(N, C);
+    float *part_a = part, *part_b = ln ? part + (size_t)sh.S * C : NULL;
     if (ln)
-        colsum_partial<true><<<grid, block, 0, k->stream>>>(dout, inp, mean, rstd, part_a, part_b, N, C, rows);
+        colsum_partial<true, float>
+            <<<sh.grid, sh.block, 0, k->stream>>>(dout, inp, mean, rstd, part_a, part_b, N, C, sh.rows);
     else
-        colsum_partial<false><<<grid, block, 0, k->stream>>>(dout, NULL, NULL, NULL, part_a, NULL, N, C, rows);
+        colsum_partial<false, float>
+            <<<sh.grid, sh.block, 0, k->stream>>>(dout, NULL, NULL, NULL, part_a, NULL, N, C, sh.rows);
     kc_launched(k, "colsum_partial");
-    colsum_final<<<(unsigned)((C + 255) / 256), 256, 0, k->stream>>>(dst_a, ln ? dst_b : NULL, part_a, part_b, S,
-                                                                     C);
-    kc_launched(k, "colsum_final");
+    cs_final(k, dst_a, ln ? dst_b : NULL, part_a, part_b, sh.S, C);
+}
+
+template <class T> static void colsum16_run(kern_ctx *k, float *dst, const T *dout, int N, int C, float *part)
+{
+    cs_shape sh = cs_shape_of(N, C);
+    colsum_partial<false, T><<<sh.grid, sh.block, 0, k->stream>>>(dout, NULL, NULL, NULL, part, NULL, N, C, sh.rows);
+    kc_launched(k, "colsum16_partial");
+    cs_final(k, dst, NULL, part, NULL, sh.S, C);
+}
+
+void kc_colsum16(kern_ctx *k, float *dst, const uint16_t *dout16, int N, int C, float *part)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    // The context's 16-bit type: fp16 in an fp16 context, bf16 otherwise.
+    if (k->prec == KERN_FP16)
+        colsum16_run(k, dst, reinterpret_cast<const __half *>(dout16), N, C, part);
+    else
+        colsum16_run(k, dst, reinterpret_cast<const __nv_bfloat16 *>(dout16), N, C, part);
 }

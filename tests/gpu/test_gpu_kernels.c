@@ -14,6 +14,16 @@
  * Tolerances: fp32 context: 1e-5 (pointwise) to 1e-4 (GEMMs, reductions);
  * bf16/fp16 contexts (GEMM inputs in 16 bits, fp32 accumulate): 2e-2 of
  * the largest value; casts and counts: exact.
+ *
+ * The 16-bit activation ops (layernorm_forward16, gelu_forward16,
+ * gelu_backward16) round an fp32 result once, and the two backends' fp32
+ * results may differ in the last fp32 bits, which can carry a value across
+ * a 16-bit rounding boundary: their outputs are compared widened to fp32,
+ * |gpu − cpu| ≤ ulp16(cpu) + the fp32 op's tolerance, with the count of
+ * bitwise matches printed.  On the GPU alone they must be bitwise the fp32
+ * op followed by the GPU's cast, as kernels.h defines them.
+ * matmul_forward16/backward16 get the same 16-bit operands on both sides
+ * and the bf16/fp16 GEMM tolerance; dbias is an fp32 sum on both: 1e-4.
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -43,6 +53,9 @@ static int failures;
 /* ---- random numbers ------------------------------------------------------------------ */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+/* The 16-bit type of the context under test: bf16 (true) or fp16. */
+static bool ctx_bf16;
 
 static uint32_t rnd_u32(void)
 {
@@ -108,6 +121,49 @@ static buf mk(size_t n, float scale)
     G->copy_h2d(gk, b.d, b.h, n * sizeof(float));
     return b;
 }
+
+/* The same 16-bit values (raw uint16 of the context's type) on both sides. */
+typedef struct {
+    uint16_t *h, *d;
+    size_t n;
+} buf16;
+
+static void narrow16(uint16_t *dst, const float *src, size_t n)
+{
+    if (ctx_bf16)
+        H->cast_f32_to_bf16(hk, dst, src, n);
+    else
+        H->cast_f32_to_f16(hk, dst, src, n);
+}
+
+static void widen16(float *dst, const uint16_t *src, size_t n)
+{
+    if (ctx_bf16)
+        H->cast_bf16_to_f32(hk, dst, src, n);
+    else
+        H->cast_f16_to_f32(hk, dst, src, n);
+}
+
+/* scale·uniform[-1,1) rounded to 16 bits; scale 0: random bit patterns, for
+ * outputs that must be overwritten (and a prefix that must not be). */
+static buf16 mk16(size_t n, float scale)
+{
+    buf16 b = {hmalloc(n * 2), dmalloc(n * 2), n};
+    if (scale == 0.0f) {
+        for (size_t i = 0; i < n; i++)
+            b.h[i] = (uint16_t)rnd_u32();
+    } else {
+        float *f = hmalloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            f[i] = scale * rnd();
+        narrow16(b.h, f, n);
+        free(f);
+    }
+    G->copy_h2d(gk, b.d, b.h, n * 2);
+    return b;
+}
+
+static void b16free(buf16 *b) { free(b->h); }
 
 static ibuf mki(size_t n, int lo, int hi)
 {
@@ -193,6 +249,100 @@ static void cmp_l(const char *op, const char *what, const float *dgot, const flo
 static void cmp(const char *op, const char *what, const buf *b, double rtol, double atol)
 {
     cmp_l(op, what, b->d, b->h, b->n, (layout){0, 0, 0, 0}, rtol, atol);
+}
+
+/* The spacing of the 16-bit type at |x| (its unit in the last place; the
+ * subnormal spacing below the smallest normal). */
+static double ulp16(double x)
+{
+    int mant = ctx_bf16 ? 7 : 10, emin = ctx_bf16 ? -126 : -14, e = emin;
+    x = fabs(x);
+    if (x > 0 && isfinite(x)) {
+        int fe;
+        frexp(x, &fe); /* x = m·2^fe, m in [0.5, 1) */
+        e = fe - 1 > emin ? fe - 1 : emin;
+    }
+    return ldexp(1.0, e - mant);
+}
+
+/* A 16-bit result (device) against the CPU's (host): widened to fp32,
+ * |gpu − cpu| ≤ ulp16(cpu) + rtol·|cpu| + atol·max|cpu|, that is at most one
+ * 16-bit rounding step apart beyond what the fp32 op itself may differ by.
+ * Prints how many are bitwise equal. */
+static void cmp16(const char *op, const char *what, const buf16 *b, double rtol, double atol)
+{
+    size_t n = b->n;
+    uint16_t *g16 = hmalloc(n * 2);
+    float *got = hmalloc(n * sizeof(float)), *ref = hmalloc(n * sizeof(float));
+    G->copy_d2h(gk, g16, b->d, n * 2);
+    widen16(got, g16, n);
+    widen16(ref, b->h, n);
+    double maxref = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(ref[i]) && fabs((double)ref[i]) > maxref)
+            maxref = fabs((double)ref[i]);
+    double max_abs = 0.0, max_ulp = 0.0;
+    size_t exact = 0, bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (g16[i] == b->h[i]) {
+            exact++;
+            continue;
+        }
+        double x = got[i], y = ref[i], e = fabs(x - y), u = e / ulp16(y);
+        if (!(e <= ulp16(y) + rtol * fabs(y) + atol * maxref)) {
+            if (!bad)
+                first = i;
+            bad++;
+        }
+        if (e > max_abs || isnan(e))
+            max_abs = e;
+        if (u > max_ulp || isnan(u))
+            max_ulp = u;
+    }
+    printf("  %-22s %-9s max|ref| %-9.3g max abs err %-9.3g max err %.3g ulp16, %zu of %zu exact %s\n", op, what,
+           maxref, max_abs, max_ulp, exact, n, bad ? "FAIL" : "ok");
+    if (bad)
+        FAIL("%s %s: %zu of %zu 16-bit values more than 1 ulp16 + (rtol %g, atol %g·max) apart; first at %zu: gpu "
+             "%.9g (0x%04x) cpu %.9g (0x%04x)",
+             op, what, bad, n, rtol, atol, first, got[first], g16[first], ref[first], b->h[first]);
+    free(g16), free(got), free(ref);
+}
+
+/* Two device arrays of n 16-bit values: how many differ. */
+static size_t diff16(const uint16_t *d1, const uint16_t *d2, size_t n)
+{
+    uint16_t *a = hmalloc(n * 2), *b = hmalloc(n * 2);
+    G->copy_d2h(gk, a, d1, n * 2);
+    G->copy_d2h(gk, b, d2, n * 2);
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += a[i] != b[i];
+    free(a), free(b);
+    return d;
+}
+
+/* The GPU's own cast of an fp32 device array to the context's 16-bit type. */
+static void gcast16(uint16_t *dst, const float *src, size_t n)
+{
+    if (ctx_bf16)
+        G->cast_f32_to_bf16(gk, dst, src, n);
+    else
+        G->cast_f32_to_f16(gk, dst, src, n);
+}
+
+/* An op of kernels.h's 16-bit section missing from a table: a failure of its
+ * own, named, rather than a crash. */
+static bool have16(const char *name, const char *op, bool in_cpu, bool in_cuda)
+{
+    if (!in_cpu) {
+        printf("  %-22s %-9s FAIL: not in the cpu ops table\n", name, op);
+        FAIL("%s: the cpu ops table has no %s (NULL): nothing to compare the cuda op with", name, op);
+    }
+    if (!in_cuda) {
+        printf("  %-22s %-9s FAIL: not in the cuda ops table\n", name, op);
+        FAIL("%s: the cuda ops table has no %s (NULL)", name, op);
+    }
+    return in_cpu && in_cuda;
 }
 
 /* ---- the ops ------------------------------------------------------------------------------ */
@@ -593,6 +743,146 @@ static void test_determinism(void)
     bfree(&p1), bfree(&p2), bfree(&o), bfree(&bb), bfree(&w1), bfree(&w2), bfree(&b1), bfree(&b2);
 }
 
+/* ---- 16-bit activations (bf16/fp16 contexts) ----------------------------------------------- */
+
+/* layernorm_forward16: out16 against the CPU's, mean and rstd as the fp32
+ * test; then on the GPU alone, out16 bitwise the fp32 forward + cast, with
+ * bitwise the same mean and rstd.  out_off (16-bit elements) moves out16 off
+ * its 8-byte alignment for the scalar path. */
+static void test_layernorm16(int N, int C, int out_off)
+{
+    char name[64];
+    snprintf(name, sizeof name, "layernorm16 C=%d%s", C, out_off ? " unal" : "");
+    if (!have16(name, "layernorm_forward16", H->layernorm_forward16 != NULL, G->layernorm_forward16 != NULL))
+        return;
+    size_t NC = (size_t)N * C, o = (size_t)out_off;
+    buf inp = mk(NC, 2), w = mk(C, 1), b = mk(C, 1);
+    for (size_t i = 0; i < inp.n; i++) /* an offset, so the mean matters */
+        inp.h[i] += 3.0f;
+    G->copy_h2d(gk, inp.d, inp.h, inp.n * sizeof(float));
+    buf16 out = mk16(NC + o, 0), again = mk16(NC, 0);
+    /* The fp32 forward's out32 as aligned as out16 (16 or only 4 bytes), so
+     * that both take the same (vector or scalar) path: the order of the row
+     * sums, and so mean and rstd, depend on it. */
+    size_t o32 = out_off % 4 ? 1 : 0;
+    buf mean = mk(N, 0), rstd = mk(N, 0), out32 = mk(NC + o32, 0), mean32 = mk(N, 0), rstd32 = mk(N, 0);
+    H->layernorm_forward16(hk, out.h + o, mean.h, rstd.h, inp.h, w.h, b.h, N, C);
+    G->layernorm_forward16(gk, out.d + o, mean.d, rstd.d, inp.d, w.d, b.d, N, C);
+    gsync(name);
+    cmp16(name, "out16", &out, 1e-4, 1e-5);
+    cmp(name, "mean", &mean, 1e-5, 1e-6);
+    cmp(name, "rstd", &rstd, 1e-4, 1e-6);
+    G->layernorm_forward(gk, out32.d + o32, mean32.d, rstd32.d, inp.d, w.d, b.d, N, C);
+    gcast16(again.d, out32.d + o32, NC);
+    gsync(name);
+    size_t d = diff16(out.d + o, again.d, NC);
+    bool stats = same_bits(mean.d, mean32.d, N) && same_bits(rstd.d, rstd32.d, N);
+    printf("  %-22s %-9s %zu differ from the gpu's fp32 forward + cast, mean/rstd %s %s\n", name, "self", d,
+           stats ? "bitwise equal" : "differ", d || !stats ? "FAIL" : "ok");
+    if (d || !stats)
+        FAIL("%s: not the fp32 forward followed by the cast: %zu outputs differ, mean/rstd %s", name, d,
+             stats ? "equal" : "differ");
+    bfree(&inp), bfree(&w), bfree(&b), b16free(&out), b16free(&again), bfree(&mean), bfree(&rstd);
+    bfree(&out32), bfree(&mean32), bfree(&rstd32);
+}
+
+/* gelu_forward16 and gelu_backward16 over n elements, the fp32 inputs
+ * in_off floats and the 16-bit outputs out_off elements past an aligned
+ * start: (0,0) four at a time, (1,*) and (0,2) the scalar path, (0,4) four
+ * at a time from an 8-byte (not 16-byte) aligned output.  The outputs start
+ * as random bits: both must overwrite. */
+static void test_gelu16(size_t n, int in_off, int out_off)
+{
+    char name[64];
+    snprintf(name, sizeof name, "gelu16 n=%zu +%d/+%d", n, in_off, out_off);
+    if (!have16(name, "gelu_forward16", H->gelu_forward16 != NULL, G->gelu_forward16 != NULL) ||
+        !have16(name, "gelu_backward16", H->gelu_backward16 != NULL, G->gelu_backward16 != NULL))
+        return;
+    size_t io = (size_t)in_off, oo = (size_t)out_off;
+    buf x = mk(n + io, 4), y = mk(n + io, 1), f32 = mk(n, 0);
+    buf16 out = mk16(n + oo, 0), dinp = mk16(n + oo, 0), again = mk16(n, 0);
+    H->gelu_forward16(hk, out.h + oo, x.h + io, n);
+    G->gelu_forward16(gk, out.d + oo, x.d + io, n);
+    H->gelu_backward16(hk, dinp.h + oo, x.h + io, y.h + io, n);
+    G->gelu_backward16(gk, dinp.d + oo, x.d + io, y.d + io, n);
+    gsync(name);
+    cmp16(name, "out16", &out, 1e-5, 1e-6);
+    cmp16(name, "dinp16", &dinp, 1e-5, 1e-6);
+    G->gelu_forward(gk, f32.d, x.d + io, n);
+    gcast16(again.d, f32.d, n);
+    gsync(name);
+    size_t df = diff16(out.d + oo, again.d, n);
+    G->gelu_backward(gk, f32.d, x.d + io, y.d + io, n);
+    gcast16(again.d, f32.d, n);
+    gsync(name);
+    size_t db = diff16(dinp.d + oo, again.d, n);
+    printf("  %-22s %-9s %zu (forward), %zu (backward) differ from the gpu's fp32 op + cast %s\n", name, "self", df,
+           db, df || db ? "FAIL" : "ok");
+    if (df || db)
+        FAIL("%s: not the fp32 op followed by the cast: %zu forward, %zu backward values differ", name, df, db);
+    bfree(&x), bfree(&y), bfree(&f32), b16free(&out), b16free(&dinp), b16free(&again);
+}
+
+/* matmul_forward16, then matmul_backward16 twice, from dout (fp32) and from
+ * dout16, with the same 16-bit inp16 (and dout16) on both sides.  Gradient
+ * buffers start random: dinp must be overwritten (or left alone when not
+ * asked for), dweight and dbias accumulated into. */
+static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int offset)
+{
+    const char *prec = ctx_bf16 ? "bf16" : "fp16";
+    double tol = 2e-2; /* as the bf16/fp16 matmul tests: 16-bit GEMM inputs */
+    char name[80];
+    snprintf(name, sizeof name, "matmul16 %s %dx%dx%d%s%s%s", prec, N, C, OC, bias ? "" : " nobias",
+             want_dinp ? "" : " nodinp", offset ? " unal" : "");
+    if (!have16(name, "matmul_forward16", H->matmul_forward16 != NULL, G->matmul_forward16 != NULL) ||
+        !have16(name, "matmul_backward16", H->matmul_backward16 != NULL, G->matmul_backward16 != NULL))
+        return;
+    size_t o = (size_t)offset;
+    buf16 inp = mk16((size_t)N * C + o, 1);
+    buf w = mk((size_t)OC * C + o, 1), b = mk((size_t)OC + o, 1), out = mk((size_t)N * OC + o, 1);
+    const float *bh = bias ? b.h + o : NULL, *bd = bias ? b.d + o : NULL;
+    H->matmul_forward16(hk, out.h + o, inp.h + o, w.h + o, bh, N, C, OC);
+    G->matmul_forward16(gk, out.d + o, inp.d + o, w.d + o, bd, N, C, OC);
+    gsync(name);
+    cmp(name, "out", &out, tol, tol);
+    buf dout = mk((size_t)N * OC + o, 1);
+    buf16 dout16 = mk16((size_t)N * OC + o, 1);
+    for (int from16 = 0; from16 <= 1; from16++) {
+        buf dinp = mk((size_t)N * C + o, 1), dw = mk((size_t)OC * C + o, 1), db = mk((size_t)OC + o, 1);
+        const float *dh = from16 ? NULL : dout.h + o, *dd = from16 ? NULL : dout.d + o;
+        const uint16_t *d16h = from16 ? dout16.h + o : NULL, *d16d = from16 ? dout16.d + o : NULL;
+        H->matmul_backward16(hk, want_dinp ? dinp.h + o : NULL, dw.h + o, bias ? db.h + o : NULL, dh, d16h,
+                             inp.h + o, w.h + o, N, C, OC);
+        G->matmul_backward16(gk, want_dinp ? dinp.d + o : NULL, dw.d + o, bias ? db.d + o : NULL, dd, d16d,
+                             inp.d + o, w.d + o, N, C, OC);
+        gsync(name);
+        cmp(name, from16 ? "dinp/d16" : "dinp/d32", &dinp, tol, tol);
+        cmp(name, from16 ? "dw/d16" : "dw/d32", &dw, tol, tol);
+        cmp(name, from16 ? "dbias/d16" : "dbias/d32", &db, 1e-4, 1e-5); /* fp32 sums of the same values */
+        bfree(&dinp), bfree(&dw), bfree(&db);
+    }
+    b16free(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&dout), b16free(&dout16);
+}
+
+/* dbias from dout16 (the 16-bit column sums) is deterministic: twice from
+ * zero, the same bits. */
+static void test_determinism16(void)
+{
+    int N = 1000, C = 40, OC = 777;
+    if (!have16("determinism16", "matmul_backward16", H->matmul_backward16 != NULL, G->matmul_backward16 != NULL))
+        return;
+    buf16 dout = mk16((size_t)N * OC, 1), inp = mk16((size_t)N * C, 1);
+    buf w = mk((size_t)OC * C, 1), dw = mk((size_t)OC * C, 0), b1 = mk(OC, 0), b2 = mk(OC, 0);
+    G->matmul_backward16(gk, NULL, dw.d, b1.d, NULL, dout.d, inp.d, w.d, N, C, OC);
+    G->matmul_backward16(gk, NULL, dw.d, b2.d, NULL, dout.d, inp.d, w.d, N, C, OC);
+    gsync("determinism16");
+    bool same = same_bits(b1.d, b2.d, OC);
+    printf("  %-22s matmul_backward16 dbias from dout16 %s\n", "determinism16", same ? "ok" : "FAIL");
+    if (!same)
+        FAIL("determinism16: dbias from dout16 gave different bits on a second run");
+    b16free(&dout), b16free(&inp), bfree(&w), bfree(&dw), bfree(&b1), bfree(&b2);
+}
+
 /* ---- scratch through a callback, as the pool provides it ----------------------------------- */
 
 typedef struct {
@@ -655,6 +945,7 @@ static void run_fp32(void)
 
 static void run_lowp(const char *prec)
 {
+    ctx_bf16 = !strcmp(prec, "bf16");
     printf("%s context (GEMM inputs in 16 bits)\n", prec);
     test_matmul(prec, 256, 96, 288, true, true, 0, 2e-2, 2e-2);
     test_matmul(prec, 33, 17, 29, true, true, 0, 2e-2, 2e-2);
@@ -666,6 +957,25 @@ static void run_lowp(const char *prec)
     test_attention_fused(prec, 2, 133, 128, 2, 2e-2, 2e-2);
     test_attention_fused(prec, 1, 64, 64, 1, 2e-2, 2e-2);
     test_attention_fused(prec, 2, 512, 768, 12, 2e-2, 2e-2);
+    /* T between two and four 64-row blocks, not a multiple of 64. */
+    test_attention_fused(prec, 1, 200, 128, 2, 2e-2, 2e-2);
+    /* The 16-bit activation ops. */
+    test_layernorm16(257, 96, 0);
+    test_layernorm16(100, 63, 0);
+    test_layernorm16(64, 768, 0);
+    test_layernorm16(33, 96, 2);
+    test_gelu16(10007, 0, 0);
+    test_gelu16(4099, 1, 1);
+    test_gelu16(4099, 0, 2);
+    test_gelu16(4099, 0, 4);
+    test_matmul16(256, 96, 288, true, true, 0);
+    test_matmul16(33, 17, 29, true, true, 0);    /* N·C, C, OC odd */
+    test_matmul16(48, 40, 24, false, false, 1);  /* pointers 2 or 4 bytes off */
+    test_matmul16(45, 52, 2304, true, false, 0); /* N·C = 2340, not a multiple of 8 */
+    test_matmul16(64, 128, 50304, false, true, 0); /* GPT-2's padded vocabulary (lm head) */
+    test_matmul16(31, 52, 50304, true, true, 0);
+    test_matmul16(512, 768, 3072, true, true, 0);
+    test_determinism16();
 }
 
 int main(int argc, char **argv)
