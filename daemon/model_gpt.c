@@ -37,9 +37,9 @@ typedef struct {
     bool fused;
     /* 16-bit activations (kernels.h): in a bf16/fp16 job whose kernels have
      * the 16-bit ops, the activations only GEMMs read (ln1, ln2, fch_gelu,
-     * lnf) are stored in the 16-bit type, in the *16 buffers, and dfch
-     * goes to the fc GEMM's backward in 16 bits; their fp32 buffers are
-     * then empty.  Their GEMMs would round them to 16 bits anyway.  Only
+     * lnf, and the logits) are stored in the 16-bit type, in the *16
+     * buffers, and dfch goes to the fc GEMM's backward in 16 bits; their
+     * fp32 buffers are then empty.  Their GEMMs would round them to 16 bits anyway.  Only
      * where the backend says the 16-bit ops pay (act16_native). */
     bool lp16;
     gpt_layer *layer;
@@ -58,6 +58,7 @@ typedef struct {
     float *residual3;                                 /* (L,B,T,C) */
     float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
     uint16_t *ln1_16, *ln2_16, *fch_gelu16, *lnf16;  /* lp16: as ln1, ln2, fch_gelu, lnf */
+    uint16_t *logits16;                               /* lp16: as logits (dlogits in backward) */
     float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
     float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
@@ -77,7 +78,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 33
+#define GPT_BUFFERS 34
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -118,7 +119,8 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE16(lnf16, h16 * BT * C);
     TAKE(lnf_mean, BT);
     TAKE(lnf_rstd, BT);
-    TAKE(logits, BT * V);
+    TAKE(logits, f32 * BT * V);
+    TAKE16(logits16, h16 * BT * V);
     TAKE(lse, BT);
     TAKE(losses, BT);
     TAKE(preatt, n * NH * TT);
@@ -250,7 +252,7 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     const float *last = g->residual3 + (g->L - 1) * BTC;
     if (g->lp16) {
         k->layernorm_forward16(kc, g->lnf16, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
-        k->matmul_forward16(kc, g->logits, g->lnf16, P + g->wte, NULL, (int)BT, C, V);
+        k->matmul_forward16_out16(kc, g->logits16, g->lnf16, P + g->wte, (int)BT, C, V);
     } else {
         k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
         k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
@@ -265,7 +267,10 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     int B = (int)b->n, T = (int)g->T, V = (int)g->V;
     size_t BT = (size_t)B * T;
     gpt_body(m, b->x, B, T);
-    k->crossentropy_forward(kc, g->losses, g->lse, g->logits, b->y, (int)BT, V, V);
+    if (g->lp16)
+        k->crossentropy_forward16(kc, g->losses, g->lse, g->logits16, b->y, (int)BT, V, V);
+    else
+        k->crossentropy_forward(kc, g->losses, g->lse, g->logits, b->y, (int)BT, V, V);
 
     /* Sum on the host in a fixed order: deterministic whatever the backend. */
     k->copy_d2h(kc, g->dloss_host, g->losses, BT * sizeof(float));
@@ -280,7 +285,9 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
 static int gpt_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
 {
     gpt *g = G(m);
-    if (n == 0 || n > g->n || len == 0 || len > g->T)
+    /* 16-bit logits stay on the device in training; sampling builds its own
+     * fp32 model (sample.c), so this path never sees them. */
+    if (n == 0 || n > g->n || len == 0 || len > g->T || g->lp16)
         return -1;
     gpt_body(m, tokens, (int)n, (int)len);
     for (uint32_t s = 0; s < n; s++)
@@ -307,13 +314,16 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
 
     /* dlogits overwrite the logits in place: cross-entropy backward is
      * their last reader, and it reads each element before writing it. */
-    float *dlogits = g->logits;
-    k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
     float *dlnf = g->dsmall;
-    if (g->lp16)
-        k->matmul_backward16(kc, dlnf, D + g->wte, NULL, dlogits, NULL, g->lnf16, P + g->wte, (int)BT, C, V);
-    else
+    if (g->lp16) {
+        uint16_t *dlogits = g->logits16;
+        k->crossentropy_backward16(kc, dlogits, g->logits16, g->lse, b->y, g->dlosses, (int)BT, V, V);
+        k->matmul_backward16(kc, dlnf, D + g->wte, NULL, NULL, dlogits, g->lnf16, P + g->wte, (int)BT, C, V);
+    } else {
+        float *dlogits = g->logits;
+        k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
         k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
+    }
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
     k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
@@ -423,8 +433,10 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
     g->T = j->context;
     g->V = j->vocab;
     g->fused = m->k && m->k->attention_fused_ok && m->k->attention_fused_ok(m->kc, g->C, g->NH);
-    g->lp16 = j->precision != JOBCFG_FP32 && m->k && m->k->act16_native && m->k->layernorm_forward16 &&
-              m->k->gelu_forward16 && m->k->gelu_backward16 && m->k->matmul_forward16 && m->k->matmul_backward16;
+    const kern_ops *k = m->k;
+    g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
+              k->gelu_backward16 && k->matmul_forward16 && k->matmul_backward16 && k->matmul_forward16_out16 &&
+              k->crossentropy_forward16 && k->crossentropy_backward16;
     m->impl = g;
     m->ops = &gpt_ops;
 

@@ -194,7 +194,8 @@ typedef struct kern_ops {
     /* out16 (N,C) = layernorm(inp); mean, rstd (N) as layernorm_forward */
     void (*layernorm_forward16)(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int N, int C);
-    /* out16 (N) = gelu(inp); backward: dinp16 = dout·gelu'(inp) (overwritten) */
+    /* out16 (N) = gelu(inp); backward: dinp16 = dout·gelu'(inp) (overwritten;
+     * unlike gelu_backward not in place: the element sizes differ) */
     void (*gelu_forward16)(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
     void (*gelu_backward16)(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
     /* out (N,OC) = inp16 (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
@@ -207,6 +208,19 @@ typedef struct kern_ops {
     void (*matmul_backward16)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                               const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
                               int OC);
+    /* The output layer's logits in 16 bits as well (as autocast leaves
+     * them): out16 (N,OC) = inp16 · weightᵀ rounded once from the fp32
+     * accumulator; no bias.  Cross-entropy then reads them, and writes its
+     * 16-bit dlogits over them for the output GEMM's backward (dout16):
+     * at a vocabulary of 50k these are the biggest tensors of a step. */
+    void (*matmul_forward16_out16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N,
+                                   int C, int OC);
+    /* crossentropy_forward/backward on 16-bit logits (widened exactly);
+     * dlogits16 = the fp32 result rounded, overwritten, may be logits16. */
+    void (*crossentropy_forward16)(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
+                                   const int32_t *targets, int N, int V, int Vp);
+    void (*crossentropy_backward16)(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
+                                    const int32_t *targets, const float *dloss, int N, int V, int Vp);
 } kern_ops;
 
 /* The CPU backend (always present). */

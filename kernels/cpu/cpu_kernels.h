@@ -165,6 +165,12 @@ void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const
                            int N, int C, int OC);
 void kcpu_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                             const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC);
+void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N,
+                                 int C, int OC);
+void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
+                                 const int32_t *targets, int N, int V, int Vp);
+void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
+                                  const int32_t *targets, const float *dloss, int N, int V, int Vp);
 size_t kcpu_count_nonfinite(kern_ctx *k, const float *p, size_t n);
 
 #endif

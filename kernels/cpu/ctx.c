@@ -147,6 +147,9 @@ static const kern_ops cpu_ops = {
     .gelu_backward16 = kcpu_gelu_backward16,
     .matmul_forward16 = kcpu_matmul_forward16,
     .matmul_backward16 = kcpu_matmul_backward16,
+    .matmul_forward16_out16 = kcpu_matmul_forward16_out16,
+    .crossentropy_forward16 = kcpu_crossentropy_forward16,
+    .crossentropy_backward16 = kcpu_crossentropy_backward16,
 };
 
 const kern_ops *kern_cpu_ops(void)

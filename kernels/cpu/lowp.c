@@ -113,3 +113,40 @@ void kcpu_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbi
     kcpu_matmul_backward(k, dinp, dweight, dbias, dout16 ? t + ni : dout, t, weight, N, C, OC);
     tmp_put(k, t);
 }
+
+void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N,
+                                 int C, int OC)
+{
+    size_t no = (size_t)N * OC;
+    float *t = tmp_get(k, no);
+    if (!t)
+        return;
+    kcpu_matmul_forward16(k, t, inp16, weight, NULL, N, C, OC);
+    narrow(k, out16, t, no);
+    tmp_put(k, t);
+}
+
+void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
+                                 const int32_t *targets, int N, int V, int Vp)
+{
+    size_t n = (size_t)N * Vp;
+    float *t = tmp_get(k, n);
+    if (!t)
+        return;
+    widen(k, t, logits16, n);
+    kcpu_crossentropy_forward(k, losses, lse, t, targets, N, V, Vp);
+    tmp_put(k, t);
+}
+
+void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
+                                  const int32_t *targets, const float *dloss, int N, int V, int Vp)
+{
+    size_t n = (size_t)N * Vp;
+    float *t = tmp_get(k, n);
+    if (!t)
+        return;
+    widen(k, t, logits16, n);
+    kcpu_crossentropy_backward(k, t, t, lse, targets, dloss, N, V, Vp);
+    narrow(k, dlogits16, t, n);
+    tmp_put(k, t);
+}

@@ -26,7 +26,7 @@
 struct kc_gemm_key {
     int ta, tb, m, n, k, lda, ldb, ldd, batch;
     long long sA, sB, sD;
-    int ab, compute, epilogue;
+    int ab, dt, compute, epilogue;
     unsigned align_a, align_b, align_d, align_bias;
 };
 
@@ -105,7 +105,7 @@ static cublasStatus_t plan_build(kern_ctx *k, kc_plan *p, const kc_gemm_args *g)
     // Stored shapes: op(A) is m×k, op(B) is k×n.
     if ((s = layout(&p->a, ab, y->ta ? y->k : y->m, y->ta ? y->m : y->k, y->lda, y->batch, y->sA)) ||
         (s = layout(&p->b, ab, y->tb ? y->n : y->k, y->tb ? y->k : y->n, y->ldb, y->batch, y->sB)) ||
-        (s = layout(&p->d, CUDA_R_32F, y->m, y->n, y->ldd, y->batch, y->sD)))
+        (s = layout(&p->d, (cudaDataType_t)y->dt, y->m, y->n, y->ldd, y->batch, y->sD)))
         return s;
 
     cublasLtMatmulPreference_t pref;
@@ -157,6 +157,7 @@ static kc_plan *plan_get(kern_ctx *k, const kc_gemm_args *g, int *err)
         y.sD = g->sD;
     }
     y.ab = (int)g->ab;
+    y.dt = (int)g->dt;
     y.compute = (int)g->compute;
     y.epilogue = g->bias ? (int)CUBLASLT_EPILOGUE_BIAS : (int)CUBLASLT_EPILOGUE_DEFAULT;
     y.align_a = kc_alignment(g->A);
@@ -244,13 +245,13 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
     const kc_gemm_args *g = g16 ? g16 : g32;
     if (g->k <= 0) {
         if (g->beta != 1.0f) {
-            scale_matrix_kernel<<<kc_grid(k, (size_t)g->m * g->n, 256), 256, 0, k->stream>>>(g->D, g->m, g->n,
+            scale_matrix_kernel<<<kc_grid(k, (size_t)g->m * g->n, 256), 256, 0, k->stream>>>((float *)g->D, g->m, g->n,
                                                                                             g->ldd, g->beta);
             kc_launched(k, "gemm(k=0)");
         }
         if (g->bias) {
             add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
-                g->D, g->bias, (size_t)N_rows_for_bias, g->m);
+                (float *)g->D, g->bias, (size_t)N_rows_for_bias, g->m);
             kc_launched(k, "gemm(bias)");
         }
         return;
@@ -264,7 +265,7 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
         r = kc_gemm(k, &nb);
         if (r == 0) {
             add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
-                g->D, g32->bias, (size_t)N_rows_for_bias, g->m);
+                (float *)g->D, g32->bias, (size_t)N_rows_for_bias, g->m);
             kc_launched(k, "gemm(bias)");
         }
     }
@@ -410,10 +411,10 @@ void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, 
 
 static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
 {
-    if (k->prec == KERN_BF16)
-        kc_cast_bf16_to_f32(k, dst, src, n);
-    else
+    if (k->prec == KERN_FP16) // as lowp.c and the producers: bf16 unless fp16
         kc_cast_f16_to_f32(k, dst, src, n);
+    else
+        kc_cast_bf16_to_f32(k, dst, src, n);
 }
 
 // The weight is cast as in kc_matmul_forward; inp16 is used as it is.
@@ -563,4 +564,48 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias
         gemm_backward_part(k, 0.0f, false, C, N, OC, weight, C, d32, OC, dinp, C, NULL, NULL, false);
     if (r_w == 1)
         gemm_backward_part(k, 1.0f, true, C, OC, N, i32, C, d32, OC, dweight, C, NULL, NULL, false);
+}
+
+// The output layer: 16-bit logits from 16-bit inputs, rounded once from the
+// fp32 accumulator by cuBLASLt.  No fp32 fallback: that would need an fp32
+// (N,OC) buffer, the very tensor this op exists to avoid; cuBLASLt has
+// algorithms for 16-bit in and out with fp32 compute on every GPU this
+// module is built for, so a refusal is reported as an error.
+void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N, int C,
+                               int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    kc_enter(k);
+    if (C <= 0) { // an empty sum: zeros (the same bits in bf16 and fp16)
+        kc_ok(k, cudaMemsetAsync(out16, 0, (size_t)N * OC * 2, k->stream), "matmul_forward16_out16(C=0)");
+        return;
+    }
+    size_t nw = (size_t)OC * C;
+    uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
+    if (!w16)
+        return;
+    kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
+    kc_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.ta = true;
+    g.m = OC;
+    g.n = N;
+    g.k = C;
+    g.A = w16;
+    g.lda = C;
+    g.B = inp16;
+    g.ldb = C;
+    g.D = out16;
+    g.ldd = OC;
+    g.batch = 1;
+    g.alpha = 1.0f;
+    g.ab = lowp_type(k);
+    g.dt = lowp_type(k);
+    g.compute = CUBLAS_COMPUTE_32F;
+    if (kc_gemm(k, &g) == 1) {
+        char msg[120];
+        snprintf(msg, sizeof msg, "no cuBLASLt algorithm for 16-bit output m=%d n=%d k=%d", OC, N, C);
+        kc_blas_ok(k, CUBLAS_STATUS_NOT_SUPPORTED, msg);
+    }
 }

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -203,6 +204,66 @@ template <int W> __device__ __forceinline__ void kc_st(float *p, const kc_fv<W> 
     }
 }
 
+// The same for an element type E: float, __nv_bfloat16 or __half.  16-bit
+// loads widen exactly; stores round to nearest even with the casts' own
+// conversions (kern_f32_to_bf16 is the CPU's function, so bf16 results
+// match a CPU cast of the same fp32 value bit for bit).  W == 4: one 16-byte
+// (fp32) or 8-byte (16-bit) access, aligned to it.
+template <class E> __device__ __forceinline__ uint16_t kc_to16(float f)
+{
+    if constexpr (std::is_same_v<E, __nv_bfloat16>)
+        return kern_f32_to_bf16(f);
+    else
+        return __half_as_ushort(__float2half_rn(f));
+}
+
+template <class E> __device__ __forceinline__ float kc_from16(uint16_t h)
+{
+    if constexpr (std::is_same_v<E, __nv_bfloat16>)
+        return kern_bf16_to_f32(h);
+    else
+        return __half2float(__ushort_as_half(h));
+}
+
+template <class E, int W> __device__ __forceinline__ kc_fv<W> kc_ldE(const E *p)
+{
+    if constexpr (std::is_same_v<E, float>) {
+        return kc_ld<W>(p);
+    } else {
+        const uint16_t *q = reinterpret_cast<const uint16_t *>(p);
+        kc_fv<W> r;
+        if constexpr (W == 4) {
+            ushort4 h = *reinterpret_cast<const ushort4 *>(q);
+            r.v[0] = kc_from16<E>(h.x);
+            r.v[1] = kc_from16<E>(h.y);
+            r.v[2] = kc_from16<E>(h.z);
+            r.v[3] = kc_from16<E>(h.w);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                r.v[j] = kc_from16<E>(q[j]);
+        }
+        return r;
+    }
+}
+
+template <class E, int W> __device__ __forceinline__ void kc_stE(E *p, const kc_fv<W> &r)
+{
+    if constexpr (std::is_same_v<E, float>) {
+        kc_st<W>(p, r);
+    } else {
+        uint16_t *q = reinterpret_cast<uint16_t *>(p);
+        if constexpr (W == 4) {
+            *reinterpret_cast<ushort4 *>(q) =
+                make_ushort4(kc_to16<E>(r.v[0]), kc_to16<E>(r.v[1]), kc_to16<E>(r.v[2]), kc_to16<E>(r.v[3]));
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                q[j] = kc_to16<E>(r.v[j]);
+        }
+    }
+}
+
 // Elementwise launcher: f.template run<W>(i) handles elements [i, i+W).
 // With vec, the first n/4*4 elements go four at a time (every pointer f
 // touches must then be 16-byte aligned), the tail one at a time.
@@ -238,13 +299,14 @@ struct kc_gemm_args {
     const void *B;
     int ldb;
     long long sB;
-    float *D;
+    void *D;
     int ldd;
     long long sD;
     int batch;
     float alpha, beta;
     const float *bias; // CUBLASLT_EPILOGUE_BIAS (length m), or NULL
     cudaDataType_t ab;
+    cudaDataType_t dt; // D's type: CUDA_R_32F (0, what a zeroed struct says) unless a 16-bit output
     cublasComputeType_t compute;
 };
 // 0: done.  1: no algorithm for this configuration (nothing recorded; the
@@ -330,6 +392,13 @@ void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const f
                          int N, int C, int OC);
 void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                           const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC);
+
+void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N, int C,
+                               int OC);
+void kc_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
+                               const int32_t *targets, int N, int V, int Vp);
+void kc_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
+                                const int32_t *targets, const float *dloss, int N, int V, int Vp);
 
 void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

@@ -17,33 +17,6 @@
 #define LN_EPS 1e-5f
 #define LN_WARPS 8
 
-// Store W outputs at p: fp32 as is; bf16/fp16 rounded to nearest even with
-// the conversions the casts use (kern_f32_to_bf16 is the CPU's own function,
-// so bf16 results match a CPU cast of the same fp32 value bit for bit).
-// W == 4: one 16-byte (fp32) or 8-byte (16-bit) store.
-template <int W, class O> __device__ __forceinline__ void ln_st(O *p, const kc_fv<W> &v)
-{
-    if constexpr (std::is_same_v<O, float>) {
-        kc_st<W>(p, v);
-    } else {
-        uint16_t h[W];
-#pragma unroll
-        for (int j = 0; j < W; j++) {
-            if constexpr (std::is_same_v<O, __nv_bfloat16>)
-                h[j] = kern_f32_to_bf16(v.v[j]);
-            else
-                h[j] = __half_as_ushort(__float2half_rn(v.v[j]));
-        }
-        uint16_t *q = reinterpret_cast<uint16_t *>(p);
-        if constexpr (W == 4) {
-            *reinterpret_cast<ushort4 *>(q) = make_ushort4(h[0], h[1], h[2], h[3]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < W; j++)
-                q[j] = h[j];
-        }
-    }
-}
 
 // O: float, __nv_bfloat16 or __half (the output's element type).
 template <int W, class O>
@@ -80,7 +53,7 @@ __global__ static void ln_forward_kernel(O *__restrict__ out, float *__restrict_
 #pragma unroll
         for (int j = 0; j < W; j++)
             v.v[j] = (v.v[j] - m) * s * w.v[j] + b.v[j];
-        ln_st<W>(o + c, v);
+        kc_stE<O, W>(o + c, v);
     }
     if (lane == 0) {
         mean[row] = m;

@@ -9,28 +9,36 @@
 // 0 on the padding, in one read and one write; it overwrites, so dlogits may
 // be the logits buffer (each element is read and then written by the same
 // thread, hence no __restrict__ on those two).
+//
+// The logits may also be 16-bit (the context's type, the *16 entry points):
+// the kernels are templated on the element type E, widen on load and, in
+// backward, round the result to E on store.
 #include "kern_cuda.cuh"
 
 #define CE_THREADS 256
 
-template <int W>
+__device__ __forceinline__ float ce_widen(float x) { return x; }
+__device__ __forceinline__ float ce_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ce_widen(__half x) { return __half2float(x); }
+
+template <class E, int W>
 __global__ static void ce_forward_kernel(float *__restrict__ losses, float *__restrict__ lse,
-                                         const float *__restrict__ logits, const int32_t *__restrict__ targets,
+                                         const E *__restrict__ logits, const int32_t *__restrict__ targets,
                                          int V, int Vp)
 {
     __shared__ kc_ms warp_ms[CE_THREADS / 32];
     size_t row = blockIdx.x;
-    const float *x = logits + row * Vp;
+    const E *x = logits + row * Vp;
     int vw = V / W * W;
     kc_ms ms = {-INFINITY, 0.0f};
     for (int v = threadIdx.x * W; v < vw; v += CE_THREADS * W) {
-        kc_fv<W> a = kc_ld<W>(x + v);
+        kc_fv<W> a = kc_ldE<E, W>(x + v);
 #pragma unroll
         for (int j = 0; j < W; j++)
             ms = kc_ms_add(ms, a.v[j]);
     }
     for (int v = vw + threadIdx.x; v < V; v += CE_THREADS)
-        ms = kc_ms_add(ms, x[v]);
+        ms = kc_ms_add(ms, ce_widen(x[v]));
     ms = kc_warp_ms(ms);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0)
@@ -45,56 +53,90 @@ __global__ static void ce_forward_kernel(float *__restrict__ losses, float *__re
             float ls = logf(ms.s);
             int t = targets[row];
             lse[row] = ms.m + ls;
-            losses[row] = (t >= 0 && t < V) ? ls + (ms.m - x[t]) : NAN;
+            losses[row] = (t >= 0 && t < V) ? ls + (ms.m - ce_widen(x[t])) : NAN;
         }
     }
 }
 
-template <int W>
-__global__ static void ce_backward_kernel(float *dlogits, const float *logits, const float *__restrict__ lse,
+template <class E, int W>
+__global__ static void ce_backward_kernel(E *dlogits, const E *logits, const float *__restrict__ lse,
                                           const int32_t *__restrict__ targets, const float *__restrict__ dloss,
                                           int V, int Vp)
 {
     size_t row = blockIdx.x;
-    const float *x = logits + row * Vp;
-    float *g = dlogits + row * Vp;
+    const E *x = logits + row * Vp;
+    E *g = dlogits + row * Vp;
     float dl = dloss[row], m = lse[row];
     int t = targets[row];
     // W divides Vp (the launcher's choice), so the vectors cover the row,
     // padding included.
     for (int v = threadIdx.x * W; v < Vp; v += CE_THREADS * W) {
-        kc_fv<W> a = kc_ld<W>(x + v);
+        kc_fv<W> a = kc_ldE<E, W>(x + v);
 #pragma unroll
         for (int j = 0; j < W; j++)
             a.v[j] = v + j < V ? dl * (expf(a.v[j] - m) - (v + j == t ? 1.0f : 0.0f)) : 0.0f;
-        kc_st<W>(g + v, a);
+        kc_stE<E, W>(g + v, a);
     }
+}
+
+template <class E>
+static void ce_forward(kern_ctx *k, float *losses, float *lse, const E *logits, const int32_t *targets, int N, int V,
+                       int Vp)
+{
+    if (N <= 0 || V <= 0)
+        return;
+    kc_enter(k);
+    if (Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits))
+        ce_forward_kernel<E, 4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
+    else
+        ce_forward_kernel<E, 1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
+    kc_launched(k, "crossentropy_forward");
+}
+
+template <class E>
+static void ce_backward(kern_ctx *k, E *dlogits, const E *logits, const float *lse, const int32_t *targets,
+                        const float *dloss, int N, int V, int Vp)
+{
+    if (N <= 0 || Vp <= 0)
+        return;
+    kc_enter(k);
+    if (Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits, dlogits))
+        ce_backward_kernel<E, 4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
+                                                                            Vp);
+    else
+        ce_backward_kernel<E, 1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
+                                                                            Vp);
+    kc_launched(k, "crossentropy_backward");
 }
 
 void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                              const int32_t *targets, int N, int V, int Vp)
 {
-    if (N <= 0 || V <= 0)
-        return;
-    kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(16, logits))
-        ce_forward_kernel<4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
-    else
-        ce_forward_kernel<1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
-    kc_launched(k, "crossentropy_forward");
+    ce_forward(k, losses, lse, logits, targets, N, V, Vp);
 }
 
 void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, const float *dloss, int N, int V, int Vp)
 {
-    if (N <= 0 || Vp <= 0)
-        return;
-    kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(16, logits, dlogits))
-        ce_backward_kernel<4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
-                                                                         Vp);
+    ce_backward(k, dlogits, logits, lse, targets, dloss, N, V, Vp);
+}
+
+void kc_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
+                               const int32_t *targets, int N, int V, int Vp)
+{
+    if (k->prec == KERN_BF16)
+        ce_forward(k, losses, lse, reinterpret_cast<const __nv_bfloat16 *>(logits16), targets, N, V, Vp);
     else
-        ce_backward_kernel<1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
-                                                                         Vp);
-    kc_launched(k, "crossentropy_backward");
+        ce_forward(k, losses, lse, reinterpret_cast<const __half *>(logits16), targets, N, V, Vp);
+}
+
+void kc_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
+                                const int32_t *targets, const float *dloss, int N, int V, int Vp)
+{
+    if (k->prec == KERN_BF16)
+        ce_backward(k, reinterpret_cast<__nv_bfloat16 *>(dlogits16), reinterpret_cast<const __nv_bfloat16 *>(logits16),
+                    lse, targets, dloss, N, V, Vp);
+    else
+        ce_backward(k, reinterpret_cast<__half *>(dlogits16), reinterpret_cast<const __half *>(logits16), lse,
+                    targets, dloss, N, V, Vp);
 }

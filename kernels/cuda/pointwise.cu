@@ -102,26 +102,11 @@ struct scale_f {
     }
 };
 
-// fp32 -> 16-bit, round to nearest even.
-template <bool BF16> __device__ __forceinline__ uint16_t to16(float f)
-{
-    if constexpr (BF16)
-        return kern_f32_to_bf16(f); // the very function the CPU uses: bitwise equal
-    else
-        return __half_as_ushort(__float2half_rn(f));
-}
-
-// W values rounded to 16 bits at p; four as one 8-byte store (p 8-byte aligned).
+// The 16-bit type a BF16 flag names.
+template <bool BF16> using kc_e16 = std::conditional_t<BF16, __nv_bfloat16, __half>;
 template <bool BF16, int W> __device__ __forceinline__ void st16(uint16_t *p, const kc_fv<W> &x)
 {
-    if constexpr (W == 4) {
-        *reinterpret_cast<ushort4 *>(p) =
-            make_ushort4(to16<BF16>(x.v[0]), to16<BF16>(x.v[1]), to16<BF16>(x.v[2]), to16<BF16>(x.v[3]));
-    } else {
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            p[j] = to16<BF16>(x.v[j]);
-    }
+    kc_stE<kc_e16<BF16>, W>(reinterpret_cast<kc_e16<BF16> *>(p), x);
 }
 
 template <bool BF16> struct to16_f {

@@ -864,6 +864,59 @@ static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int o
     b16free(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&dout), b16free(&dout16);
 }
 
+/* The output layer in 16 bits: logits16 = inp16·Wᵀ rounded once, then
+ * cross-entropy on them and its 16-bit dlogits, in place as the model runs
+ * it.  Both sides start from the same 16-bit logits (the CPU's), so the
+ * loss comparison tests the kernels, not the GEMM's rounding. */
+static void test_logits16(int N, int C, int V, int Vp)
+{
+    const char *prec = ctx_bf16 ? "bf16" : "fp16";
+    char name[80];
+    snprintf(name, sizeof name, "logits16 %s %dx%dx%d/%d", prec, N, C, V, Vp);
+    if (!have16(name, "matmul_forward16_out16", H->matmul_forward16_out16 != NULL,
+                G->matmul_forward16_out16 != NULL) ||
+        !have16(name, "crossentropy_forward16", H->crossentropy_forward16 != NULL,
+                G->crossentropy_forward16 != NULL) ||
+        !have16(name, "crossentropy_backward16", H->crossentropy_backward16 != NULL,
+                G->crossentropy_backward16 != NULL))
+        return;
+    buf16 inp = mk16((size_t)N * C, 1), out = mk16((size_t)N * Vp, 0);
+    buf w = mk((size_t)Vp * C, 1);
+    H->matmul_forward16_out16(hk, out.h, inp.h, w.h, N, C, Vp);
+    G->matmul_forward16_out16(gk, out.d, inp.d, w.d, N, C, Vp);
+    gsync(name);
+    cmp16(name, "logits16", &out, 2e-2, 2e-2); /* 16-bit GEMM inputs, as test_matmul */
+
+    /* Cross-entropy from the CPU's logits on both sides, scaled up so the
+     * softmax is not flat. */
+    float *f = hmalloc((size_t)N * Vp * sizeof(float));
+    for (size_t i = 0; i < (size_t)N * Vp; i++)
+        f[i] = 8.0f * rnd();
+    narrow16(out.h, f, (size_t)N * Vp);
+    free(f);
+    G->copy_h2d(gk, out.d, out.h, (size_t)N * Vp * 2);
+    buf lse = mk(N, 0), losses = mk(N, 0), dloss = mk(N, 1);
+    ibuf tg = mki(N, 0, V);
+    H->crossentropy_forward16(hk, losses.h, lse.h, out.h, tg.h, N, V, Vp);
+    G->crossentropy_forward16(gk, losses.d, lse.d, out.d, tg.d, N, V, Vp);
+    gsync(name);
+    cmp(name, "losses", &losses, 1e-5, 1e-6);
+    cmp(name, "lse", &lse, 1e-5, 1e-6);
+    resync(&lse);
+    buf16 dl = mk16((size_t)N * Vp, 0);
+    H->crossentropy_backward16(hk, dl.h, out.h, lse.h, tg.h, dloss.h, N, V, Vp);
+    G->crossentropy_backward16(gk, dl.d, out.d, lse.d, tg.d, dloss.d, N, V, Vp);
+    gsync(name);
+    cmp16(name, "dlogits16", &dl, 1e-4, 1e-6);
+    G->crossentropy_backward16(gk, out.d, out.d, lse.d, tg.d, dloss.d, N, V, Vp); /* in place */
+    gsync(name);
+    size_t d = diff16(out.d, dl.d, (size_t)N * Vp);
+    printf("  %-22s %-9s %s\n", name, "in place", d ? "FAIL" : "ok (bitwise)");
+    if (d)
+        FAIL("%s: %zu dlogits16 computed in place differ from out of place", name, d);
+    b16free(&inp), b16free(&out), bfree(&w), bfree(&lse), bfree(&losses), bfree(&dloss), ibfree(&tg), b16free(&dl);
+}
+
 /* dbias from dout16 (the 16-bit column sums) is deterministic: twice from
  * zero, the same bits. */
 static void test_determinism16(void)
@@ -975,6 +1028,8 @@ static void run_lowp(const char *prec)
     test_matmul16(64, 128, 50304, false, true, 0); /* GPT-2's padded vocabulary (lm head) */
     test_matmul16(31, 52, 50304, true, true, 0);
     test_matmul16(512, 768, 3072, true, true, 0);
+    test_logits16(64, 128, 50257, 50304); /* GPT-2's vocabulary, padded */
+    test_logits16(33, 52, 37, 37);        /* odd: the scalar paths */
     test_determinism16();
 }
 

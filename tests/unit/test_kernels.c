@@ -956,6 +956,31 @@ static void test_act16_ops(void **state)
             assert_memory_equal(gb1, gb2, OC * sizeof *gb1);
             free(gi1), free(gi2), free(gw1), free(gw2), free(gb1), free(gb2);
         }
+        /* 16-bit logits: the GEMM's fp32 result rounded once; cross-entropy
+         * on the widened logits, its dlogits rounded, also in place. */
+        uint16_t *l16 = h16(N * OC), *g16 = h16(N * OC);
+        ops->matmul_forward(k, o1, iw, wt, NULL, N, C, OC);
+        narrow(k, want, o1, N * OC);
+        ops->matmul_forward16_out16(k, l16, i16, wt, N, C, OC);
+        assert_memory_equal(l16, want, N * OC * sizeof *l16);
+        int32_t tg[N];
+        for (int i = 0; i < N; i++)
+            tg[i] = (int32_t)(rng_u32() % (OC - 3)); /* V = OC - 3 of Vp = OC columns */
+        float *lw = zerov(N * OC), *ls1 = zerov(N), *le1 = zerov(N), *ls2 = zerov(N), *le2 = zerov(N);
+        float *dl = randv(N, 1);
+        widen(k, lw, l16, N * OC);
+        ops->crossentropy_forward(k, ls1, le1, lw, tg, N, OC - 3, OC);
+        ops->crossentropy_forward16(k, ls2, le2, l16, tg, N, OC - 3, OC);
+        assert_memory_equal(ls1, ls2, N * sizeof *ls1);
+        assert_memory_equal(le1, le2, N * sizeof *le1);
+        ops->crossentropy_backward(k, lw, lw, le1, tg, dl, N, OC - 3, OC);
+        narrow(k, want, lw, N * OC);
+        ops->crossentropy_backward16(k, g16, l16, le2, tg, dl, N, OC - 3, OC);
+        assert_memory_equal(g16, want, N * OC * sizeof *g16);
+        ops->crossentropy_backward16(k, l16, l16, le2, tg, dl, N, OC - 3, OC);
+        assert_memory_equal(l16, want, N * OC * sizeof *l16);
+        free(l16), free(g16), free(lw), free(ls1), free(le1), free(ls2), free(le2), free(dl);
+
         free(x), free(w), free(b), free(d), free(t), free(m1), free(r1), free(m2), free(r2), free(want), free(got);
         free(i16), free(d16), free(wt), free(bias), free(dout), free(iw), free(dw32), free(o1), free(o2);
         ops->ctx_destroy(k);
