@@ -58,20 +58,25 @@ checkpoint_every = 0
 log_every = 1
 CFG
 
-# FLASHES lists the attention kernels gradd runs with, one training run each
-# (GRADD_FLASH, kernels/cuda/flash.cu): "wmma" (the default) and/or "mma";
-# the peers run once and every gradd run is compared with them.
+# VARIANTS lists the gradd runs, one training run each, as NAME or
+# NAME:VAR=VALUE,VAR=VALUE (environment for that run): the default runs with
+# the environment as it is; e.g. "default mma:GRADD_FLASH=mma
+# fp32act:GRADD_ACT16=0" (kernels/cuda/flash.cu, daemon/model_gpt.c).  The
+# peers run once and every gradd run is compared with them.
 runs=()
-for flash in ${FLASHES:-wmma}; do
+for variant in ${VARIANTS:-default}; do
+  name=${variant%%:*}
+  envs=()
+  [[ $variant == *:* ]] && IFS=, read -ra envs <<<"${variant#*:}"
   (
     # The env file may run commands that fail harmlessly (a missing lib dir):
     # not under this script's errexit/pipefail.
     if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi
     rm -rf "$work/out"
-    GRADD_FLASH=$flash "$gradd" run "$work/gpt2.cfg" >&2
+    env "${envs[@]}" "$gradd" run "$work/gpt2.cfg" >&2
   )
-  cp "$work/out/metrics.jsonl" "$work/metrics-$flash.jsonl"
-  runs+=("$flash=$work/metrics-$flash.jsonl")
+  cp "$work/out/metrics.jsonl" "$work/metrics-$name.jsonl"
+  runs+=("$name=$work/metrics-$name.jsonl")
 done
 cp "${runs[0]#*=}" "${METRICS_COPY:-/dev/null}" 2>/dev/null || true
 "$py" "$here/torch_gpu_peer.py" --batch "$batch" --steps 20 --warmup 5 >"$work/peer.jsonl"
@@ -85,12 +90,12 @@ L, C, T, V, B = 12, 768, 1024, 50304, int(sys.argv[2])
 n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 peers = [json.loads(line) for line in open(sys.argv[1])]
 for run in sys.argv[3:]:
-    flash, path = run.split("=", 1)
+    name, path = run.split("=", 1)
     steps = [json.loads(l) for l in open(path) if '"loss"' in l]
     ms = statistics.median(s["step_ms"] for s in steps[5:])
     tps = B * T / (ms / 1e3)
     mfu = tps * (6 * n + 12 * L * C * T) / 989.4e12
-    bench = "train_gpt2_124m_bf16" + ("" if flash == "wmma" else "_" + flash)
+    bench = "train_gpt2_124m_bf16" + ("" if name == "default" else "_" + name)
     for p in peers:
         for metric, v, pv, unit, r in (("step_ms", ms, p["step_ms"], "ms", ms / p["step_ms"]),
                                        ("tokens_per_s", tps, p["tokens_per_s"], "tok/s", p["tokens_per_s"] / tps),

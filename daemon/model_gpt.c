@@ -434,9 +434,12 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
     g->V = j->vocab;
     g->fused = m->k && m->k->attention_fused_ok && m->k->attention_fused_ok(m->kc, g->C, g->NH);
     const kern_ops *k = m->k;
+    /* GRADD_ACT16=0 keeps the fp32 activations: a diagnostic switch, to
+     * compare the two paths or to rule the 16-bit one out. */
+    const char *env = getenv("GRADD_ACT16");
     g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
               k->gelu_backward16 && k->matmul_forward16 && k->matmul_backward16 && k->matmul_forward16_out16 &&
-              k->crossentropy_forward16 && k->crossentropy_backward16;
+              k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
     m->impl = g;
     m->ops = &gpt_ops;
 

@@ -148,7 +148,7 @@ fi
 
 if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
-  FLASHES=${FLASHES:-wmma mma} GRADD_ENV=$top/.device/env.sh METRICS_COPY=$out/metrics-gpt2.jsonl \
+  VARIANTS=${VARIANTS:-default mma:GRADD_FLASH=mma fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_COPY=$out/metrics-gpt2.jsonl \
     timeout 400 bench/run_gpu_train.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
 fi
 
