@@ -1,6 +1,8 @@
 /* bench_kernels.c — the CPU kernels at the GPT "small" shape of the CPU
  * benchmark (B=8, T=256, C=384, NH=6, V=256, L=6): milliseconds per call of
- * each op, and their sum over one training step (forward, backward, AdamW),
+ * each op the GPT model (daemon/model_gpt.c) makes in a training step, in
+ * the order and with the buffers it makes them, and their sum over one step
+ * (forward, backward, then the engine's gradient zeroing, norm and AdamW),
  * one JSON line per figure.  No peer here: bench/ compares whole steps with
  * PyTorch; this one says where a step's time goes.
  *
@@ -12,7 +14,20 @@
  * (the op, then sync):
  *   bench_kernels_cuda MODULE fp32|bf16|fp16 [B T C NH V L]
  * Attention is the fused kernel wherever the module has it for the shape.
- * Exits 77 without a usable GPU. */
+ * Exits 77 without a usable GPU.
+ *
+ * Two paths, chosen as model_gpt.c chooses them, and named in every line
+ * ("path"):
+ *   act16 — a bf16/fp16 context whose table has the 16-bit activation ops
+ *           and says they pay (act16_native), unless GRADD_ACT16=0: the
+ *           layernorm outputs, the GELU output and the logits are 16-bit
+ *           buffers, their producers and GEMMs the *16 ops (metrics named
+ *           layernorm16_*, matmul16_*, gelu16_*, logits16_*,
+ *           crossentropy16_*);
+ *   fp32  — everything else (the cpu build always): the fp32 ops, which in
+ *           a 16-bit context cast their GEMM operands at every call.
+ * Ops the two paths share keep their names (attention_*, matmul_proj_*,
+ * layernorm_bwd, residual_fwd, encoder_*, zero_*, sumsq, adamw*). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,9 +43,11 @@
 #ifdef BENCH_CUDA
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#endif
+
 static const kern_ops *ops;
 static kern_ctx *k;
-#endif
+static kern_precision prec = KERN_FP32;
 
 static double now_ms(void)
 {
@@ -39,11 +56,37 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Memory of the backend: device memory for cuda, the heap for the cpu. */
+static void *mem_alloc(size_t bytes)
+{
+    void *p = NULL;
+#ifdef BENCH_CUDA
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess)
+        p = NULL;
+#else
+    p = malloc(bytes ? bytes : 1);
+#endif
+    if (!p) {
+        fprintf(stderr, "bench_kernels: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static void mem_free(void *p)
+{
+#ifdef BENCH_CUDA
+    cudaFree(p);
+#else
+    free(p);
+#endif
+}
+
 /* n values in [-0.5, 0.5), or their squares (AdamW's second moment must
- * not be negative). */
+ * not be negative), in the backend's memory. */
 static float *buf_of(size_t n, bool square)
 {
-    float *p = malloc(n * sizeof *p);
+    float *p = malloc((n ? n : 1) * sizeof *p);
     if (!p) {
         fprintf(stderr, "bench_kernels: out of memory (%zu floats)\n", n);
         exit(1);
@@ -54,12 +97,7 @@ static float *buf_of(size_t n, bool square)
         for (size_t i = 0; i < n; i++)
             p[i] *= p[i];
 #ifdef BENCH_CUDA
-    /* The same values, on the device. */
-    float *d = NULL;
-    if (cudaMalloc((void **)&d, n * sizeof *d) != cudaSuccess) {
-        fprintf(stderr, "bench_kernels: out of device memory (%zu floats)\n", n);
-        exit(1);
-    }
+    float *d = mem_alloc(n * sizeof *d);
     ops->copy_h2d(k, d, p, n * sizeof *p);
     ops->sync(k);
     free(p);
@@ -71,25 +109,110 @@ static float *buf_of(size_t n, bool square)
 
 static float *buf(size_t n) { return buf_of(n, false); }
 
-/* var = best of `reps` timings of the statement, in ms. */
-#define TIME(var, reps, stmt)                                                                                   \
+/* The same values in the context's 16-bit type (bf16 or fp16, raw), as the
+ * model's 16-bit activation buffers hold them: rounded by the backend's own
+ * cast, so fp16 gets no host-side conversion of its own. */
+static uint16_t *buf16(size_t n)
+{
+    float *f = buf(n);
+    uint16_t *h = mem_alloc(n * sizeof *h);
+    if (prec == KERN_FP16)
+        ops->cast_f32_to_f16(k, h, f, n);
+    else
+        ops->cast_f32_to_bf16(k, h, f, n);
+    ops->sync(k);
+    mem_free(f);
+    return h;
+}
+
+/* The 16-bit activation path, on exactly model_gpt.c's condition, so that
+ * the figures are those of the sequence a training job runs (and
+ * GRADD_ACT16=0 compares the two paths here as it does there). */
+static bool act16_path(void)
+{
+    const char *env = getenv("GRADD_ACT16");
+    return prec != KERN_FP32 && ops->act16_native && ops->layernorm_forward16 && ops->gelu_forward16 &&
+           ops->gelu_backward16 && ops->matmul_forward16 && ops->matmul_backward16 && ops->matmul_forward16_out16 &&
+           ops->crossentropy_forward16 && ops->crossentropy_backward16 && !(env && !strcmp(env, "0"));
+}
+
+/* ---- timings -------------------------------------------------------------------------- */
+
+enum { PART_GEMM, PART_ATTENTION, PART_REST };
+
+typedef struct {
+    const char *metric;
+    double ms;
+    int per_step; /* calls in one training step (0: shown, not part of the step) */
+    int part;
+} op_time;
+
+#define MAX_OPS 48
+static op_time times[MAX_OPS];
+static int ntimes;
+static const int R = 5; /* best of R calls */
+
+/* Time the statement (best of R, each call to its completion) and record it
+ * as `metric`, made per_step times in a step. */
+#define OP(metric_, per_step_, part_, stmt)                                                                     \
     do {                                                                                                        \
-        var = 1e30;                                                                                             \
-        for (int r_ = 0; r_ < (reps); r_++) {                                                                   \
+        double best_ = 1e30;                                                                                    \
+        for (int r_ = 0; r_ < R; r_++) {                                                                        \
             double t0_ = now_ms();                                                                              \
             stmt;                                                                                               \
             ops->sync(k);                                                                                       \
             double dt_ = now_ms() - t0_;                                                                        \
-            if (dt_ < var)                                                                                      \
-                var = dt_;                                                                                      \
+            if (dt_ < best_)                                                                                    \
+                best_ = dt_;                                                                                    \
         }                                                                                                       \
+        if (ntimes < MAX_OPS)                                                                                   \
+            times[ntimes++] = (op_time){(metric_), best_, (per_step_), (part_)};                                \
     } while (0)
 
-static void emit(const char *metric, double ms, const char *shape)
+static char shape[96];
+static const char *path_name, *prec_name;
+
+/* per_step < 0: a composed figure, which has none. */
+static void emit(const char *metric, double ms, int per_step)
 {
+    char ps[32] = "";
+    if (per_step >= 0)
+        snprintf(ps, sizeof ps, ",\"per_step\":%d", per_step);
     printf("{\"bench\":\"%s\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"ms\",\"shape\":\"%s\","
-           "\"peer\":null,\"peer_value\":null,\"ratio\":null}\n",
-           BENCH_NAME, metric, ms, shape);
+           "\"precision\":\"%s\",\"path\":\"%s\"%s,\"peer\":null,\"peer_value\":null,\"ratio\":null}\n",
+           BENCH_NAME, metric, ms, shape, prec_name, path_name, ps);
+}
+
+/* ---- the parameter layout (model_gpt.c's order) ----------------------------------------- */
+
+typedef struct {
+    size_t *off, *numel;
+    bool *decay;
+    int n;
+    size_t total;
+} tensors;
+
+/* Append a tensor of numel parameters (room for it was allocated); returns
+ * its offset. */
+static size_t add_tensor(tensors *t, size_t numel, bool decay)
+{
+    size_t off = t->total;
+    t->off[t->n] = off;
+    t->numel[t->n] = numel;
+    t->decay[t->n] = decay;
+    t->n++;
+    t->total += numel;
+    return off;
+}
+
+/* AdamW as train.c calls it: once per tensor, decay on the matrices. */
+static void adamw_tensors(const tensors *t, float *P, const float *D, float *m, float *v)
+{
+    for (int i = 0; i < t->n; i++) {
+        size_t o = t->off[i];
+        ops->adamw(k, P + o, D + o, m + o, v + o, t->numel[i], 1e-4f, 0.9f, 0.95f, 1e-8f, t->decay[i] ? 0.1f : 0.0f,
+                   1.0f, 1);
+    }
 }
 
 int main(int argc, char **argv)
@@ -112,6 +235,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_kernels_cuda MODULE fp32|bf16|fp16 [B T C NH V L]\n");
         return 2;
     }
+    if (strcmp(argv[2], "fp32") == 0)
+        prec = KERN_FP32;
+    else if (strcmp(argv[2], "bf16") == 0)
+        prec = KERN_BF16;
+    else if (strcmp(argv[2], "fp16") == 0)
+        prec = KERN_FP16;
+    else {
+        fprintf(stderr, "bench_kernels_cuda: precision %s: fp32, bf16 or fp16\n", argv[2]);
+        return 2;
+    }
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
@@ -125,136 +258,193 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_kernels_cuda: %s: %s\n", argv[1], dlerror());
         return 1;
     }
-    kern_precision prec = strcmp(argv[2], "bf16") == 0 ? KERN_BF16 : strcmp(argv[2], "fp16") == 0 ? KERN_FP16 : KERN_FP32;
     k = ops->ctx_create(0, 0, prec, NULL);
-    bool fused = ops->attention_fused_ok && ops->attention_fused_ok(k, C, NH);
 #else
     int threads = argc > 1 ? atoi(argv[1]) : 0;
-    const kern_ops *ops = kern_cpu_ops();
-    kern_ctx *k = ops->ctx_create(threads, 0, KERN_FP32, NULL);
-    bool fused = false;
+    ops = kern_cpu_ops();
+    k = ops->ctx_create(threads, 0, prec, NULL);
 #endif
-    size_t N = (size_t)B * T, na = fused ? (size_t)B * NH * T : (size_t)B * NH * T * T;
-    int Vp = (V + 63) / 64 * 64;
-    char shape[96];
+    if (!k) {
+        fprintf(stderr, "bench_kernels: no %s context\n", ops->name);
+        return 1;
+    }
+    bool fused = ops->attention_fused_ok && ops->attention_fused_ok(k, C, NH);
+    bool lp16 = act16_path();
+    path_name = lp16 ? "act16" : "fp32";
+    prec_name = prec == KERN_BF16 ? "bf16" : prec == KERN_FP16 ? "fp16" : "fp32";
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d V=%d L=%d", B, T, C, NH, V, L);
 
-    float *x = buf(N * C), *y = buf(N * C), *qkv = buf(N * 3 * C), *dqkv = buf(N * 3 * C), *h = buf(N * 4 * C);
-    float *dh = buf(N * 4 * C), *pre = buf(na), *att = buf(na), *s1 = buf(na), *s2 = buf(na);
-    float *w = buf((size_t)4 * C * C), *dw = buf((size_t)4 * C * C), *b = buf(4 * (size_t)C), *db = buf(4 * (size_t)C);
-    float *mean = buf(N), *rstd = buf(N), *lw = buf(C), *lb = buf(C), *dlw = buf(C), *dlb = buf(C);
-    float *logits = buf(N * Vp), *lse = buf(N), *losses = buf(N), *dloss = buf(N), *wte = buf((size_t)Vp * C);
-    float *wpe = buf((size_t)T * C); /* its own: with V < T, wte is too small to stand in for it */
+    /* One layer's activations and the model's scratch (the per-layer
+     * buffers of every layer cost the same to read and write). */
+    size_t N = (size_t)B * T, NC = N * C, nscore = (size_t)B * NH * T * T;
+    float *encoded = buf(NC), *res2 = buf(NC), *res3 = buf(NC), *mean = buf(N), *rstd = buf(N);
+    float *qkv = buf(3 * NC), *att = buf(fused ? (size_t)B * NH * T : nscore), *atty = buf(NC), *proj = buf(NC);
+    float *preatt = fused ? NULL : buf(nscore), *datt = fused ? NULL : buf(nscore);
+    float *fch = buf(4 * NC), *dres = buf(NC), *dbig = buf(4 * NC), *dqkv = buf(3 * NC), *dsmall = buf(NC);
+    float *lse = buf(N), *losses = buf(N), *dlosses = buf(N);
+    /* The activations that only GEMMs read: fp32, or 16-bit on act16 (where
+     * dfch also goes to the fc GEMM's backward in 16 bits). */
+    float *ln1 = NULL, *ln2 = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL;
+    uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL, *dfch16 = NULL;
+    if (lp16) {
+        ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
+        logits16 = buf16(N * V), dfch16 = buf16(4 * NC);
+    } else {
+        ln1 = buf(NC), ln2 = buf(NC), fch_gelu = buf(4 * NC), lnf = buf(NC), logits = buf(N * V);
+    }
     int32_t *tok = malloc(N * sizeof *tok);
     for (size_t i = 0; i < N; i++)
         tok[i] = (int32_t)(i * 7 % V);
 #ifdef BENCH_CUDA
     {
-        int32_t *d = NULL;
-        if (cudaMalloc((void **)&d, N * sizeof *d) != cudaSuccess)
-            return 1;
+        int32_t *d = mem_alloc(N * sizeof *d);
         ops->copy_h2d(k, d, tok, N * sizeof *tok);
         ops->sync(k);
         free(tok);
         tok = d;
     }
 #endif
-    size_t nparams = (size_t)12 * L * C * C + (size_t)V * C + (size_t)T * C;
-    float *p = buf(nparams), *g = buf(nparams), *m = buf(nparams), *v = buf_of(nparams, true);
-    const int R = 5;
 
-    /* per layer: 4 matmuls (qkv, proj, fc, fc-proj), 2 layernorms, attention, gelu, 2 residuals */
-    double mm_qkv_f;
-    TIME(mm_qkv_f, R, ops->matmul_forward(k, qkv, x, w, b, (int)N, C, 3 * C));
-    double mm_qkv_b;
-    TIME(mm_qkv_b, R, ops->matmul_backward(k, x, dw, db, dqkv, x, w, (int)N, C, 3 * C));
-    double mm_proj_f;
-    TIME(mm_proj_f, R, ops->matmul_forward(k, y, x, w, b, (int)N, C, C));
-    double mm_proj_b;
-    TIME(mm_proj_b, R, ops->matmul_backward(k, y, dw, db, x, x, w, (int)N, C, C));
-    double mm_fc_f;
-    TIME(mm_fc_f, R, ops->matmul_forward(k, h, x, w, b, (int)N, C, 4 * C));
-    double mm_fc_b;
-    TIME(mm_fc_b, R, ops->matmul_backward(k, x, dw, db, dh, x, w, (int)N, C, 4 * C));
-    double mm_fc2_f;
-    TIME(mm_fc2_f, R, ops->matmul_forward(k, x, h, w, b, (int)N, 4 * C, C));
-    double mm_fc2_b;
-    TIME(mm_fc2_b, R, ops->matmul_backward(k, dh, dw, db, x, h, w, (int)N, 4 * C, C));
-    double att_f;
-    double att_b;
-    if (fused) {
-        TIME(att_f, R, ops->attention_fused_forward(k, y, pre, qkv, B, T, C, NH));
-        TIME(att_b, R, ops->attention_fused_backward(k, dqkv, x, y, pre, qkv, B, T, C, NH));
-    } else {
-        TIME(att_f, R, ops->attention_forward(k, y, pre, att, qkv, B, T, C, NH));
-        TIME(att_b, R, ops->attention_backward(k, dqkv, s1, s2, y, qkv, att, B, T, C, NH));
+    /* Parameters as the model lays them out: AdamW runs once per tensor,
+     * and the ops below read layer 0's weights. */
+    int ntensors = 12 * L + 4;
+    tensors tl = {malloc(ntensors * sizeof(size_t)), malloc(ntensors * sizeof(size_t)), malloc(ntensors * sizeof(bool)),
+                  0, 0};
+    if (!tl.off || !tl.numel || !tl.decay) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        return 1;
     }
-    double ln_f;
-    TIME(ln_f, R, ops->layernorm_forward(k, y, mean, rstd, x, lw, lb, (int)N, C));
-    double ln_b;
-    TIME(ln_b, R, ops->layernorm_backward(k, y, dlw, dlb, x, x, lw, mean, rstd, (int)N, C));
-    double gelu_f;
-    TIME(gelu_f, R, ops->gelu_forward(k, dh, h, N * 4 * C));
-    double gelu_b;
-    TIME(gelu_b, R, ops->gelu_backward(k, dh, h, h, N * 4 * C));
-    double res_f;
-    TIME(res_f, R, ops->residual_forward(k, y, x, x, N * C));
-    double acc;
-    TIME(acc, R, ops->accumulate(k, y, x, N * C));
-    double head_f;
-    TIME(head_f, R, ops->matmul_forward(k, logits, x, wte, NULL, (int)N, C, Vp));
-    double head_b;
-    TIME(head_b, R, ops->matmul_backward(k, x, wte, NULL, logits, x, wte, (int)N, C, Vp));
-    double ce_f;
-    TIME(ce_f, R, ops->crossentropy_forward(k, losses, lse, logits, tok, (int)N, V, Vp));
-    double ce_b; /* in place, as the models call it */
-    TIME(ce_b, R, ops->crossentropy_backward(k, logits, logits, lse, tok, dloss, (int)N, V, Vp));
-    double enc_f;
-    TIME(enc_f, R, ops->encoder_forward(k, x, tok, wte, wpe, B, T, C));
-    double enc_b;
-    TIME(enc_b, R, ops->encoder_backward(k, wte, wpe, x, tok, B, T, C));
-    double adam;
-    TIME(adam, R, ops->adamw(k, p, g, m, v, nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1));
-    double sq, norm;
-    TIME(norm, R, ops->sumsq(k, &sq, g, nparams));
-    double zero;
-    TIME(zero, R, ops->zero(k, g, nparams));
+    size_t Cz = (size_t)C;
+    size_t wte = add_tensor(&tl, (size_t)V * Cz, true), wpe = add_tensor(&tl, (size_t)T * Cz, true);
+    size_t ln1w = 0, ln1b = 0, qkvw = 0, qkvb = 0, attprojw = 0, attprojb = 0, fcw = 0, fcb = 0,
+           fcprojw = 0, fcprojb = 0;
+    for (int l = 0; l < L; l++) {
+        size_t o[12] = {add_tensor(&tl, Cz, false),          add_tensor(&tl, Cz, false),
+                        add_tensor(&tl, 3 * Cz * Cz, true),  add_tensor(&tl, 3 * Cz, false),
+                        add_tensor(&tl, Cz * Cz, true),      add_tensor(&tl, Cz, false),
+                        add_tensor(&tl, Cz, false),          add_tensor(&tl, Cz, false),
+                        add_tensor(&tl, 4 * Cz * Cz, true),  add_tensor(&tl, 4 * Cz, false),
+                        add_tensor(&tl, 4 * Cz * Cz, true),  add_tensor(&tl, Cz, false)};
+        /* ln_2's own weights (o[6], o[7]) are not needed: the layernorms,
+         * all one shape, are timed once, with ln_1's and ln_f's. */
+        if (l == 0)
+            ln1w = o[0], ln1b = o[1], qkvw = o[2], qkvb = o[3], attprojw = o[4], attprojb = o[5], fcw = o[8],
+            fcb = o[9], fcprojw = o[10], fcprojb = o[11];
+    }
+    size_t lnfw = add_tensor(&tl, Cz, false), lnfb = add_tensor(&tl, Cz, false);
+    size_t nparams = tl.total;
+    float *P = buf(nparams), *D = buf(nparams), *mom = buf(nparams), *vel = buf_of(nparams, true);
 
-    emit("matmul_qkv_fwd", mm_qkv_f, shape);
-    emit("matmul_qkv_bwd", mm_qkv_b, shape);
-    emit("matmul_fc_fwd", mm_fc_f, shape);
-    emit("matmul_fc_bwd", mm_fc_b, shape);
-    emit("attention_fwd", att_f, shape);
-    emit("attention_bwd", att_b, shape);
-    emit("layernorm_fwd", ln_f, shape);
-    emit("layernorm_bwd", ln_b, shape);
-    emit("gelu_fwd", gelu_f, shape);
-    emit("gelu_bwd", gelu_b, shape);
-    emit("crossentropy_fwd", ce_f, shape);
-    emit("crossentropy_bwd", ce_b, shape);
-    emit("adamw", adam, shape);
-    emit("encoder_fwd", enc_f, shape);
-    emit("encoder_bwd", enc_b, shape);
-    emit("matmul_lmhead_fwd", head_f, shape);
-    emit("matmul_lmhead_bwd", head_b, shape);
-    emit("matmul_proj_fwd", mm_proj_f, shape);
-    emit("matmul_proj_bwd", mm_proj_b, shape);
-    emit("matmul_fcproj_fwd", mm_fc2_f, shape);
-    emit("matmul_fcproj_bwd", mm_fc2_b, shape);
-    emit("residual_fwd", res_f, shape);
-    emit("accumulate", acc, shape);
-    emit("sumsq", norm, shape);
-    emit("zero", zero, shape);
-    double layer = mm_qkv_f + mm_qkv_b + mm_proj_f + mm_proj_b + mm_fc_f + mm_fc_b + mm_fc2_f + mm_fc2_b + att_f +
-                   att_b + 2 * (ln_f + ln_b) + gelu_f + gelu_b + 2 * (res_f + 2 * acc);
-    double step = L * layer + ln_f + ln_b + head_f + head_b + ce_f + ce_b + enc_f + enc_b + adam + norm + zero;
-    double gemm = L * (mm_qkv_f + mm_qkv_b + mm_proj_f + mm_proj_b + mm_fc_f + mm_fc_b + mm_fc2_f + mm_fc2_b) +
-                  head_f + head_b;
-    double attn = L * (att_f + att_b);
-    emit("step_sum_of_ops", step, shape);
-    emit("step_gemm_part", gemm, shape);
-    emit("step_attention_part", attn, shape);
-    emit("step_rest", step - gemm - attn, shape);
+    /* ---- forward (gpt_body, then the loss) ----
+     * Ops made several times per step at one shape (the layernorms, the
+     * residual adds) are timed once and counted per_step times. */
+    int ln_calls = 2 * L + 1;
+    OP("encoder_fwd", 1, PART_REST, ops->encoder_forward(k, encoded, tok, P + wte, P + wpe, B, T, C));
+    if (lp16) {
+        OP("layernorm16_fwd", ln_calls, PART_REST,
+           ops->layernorm_forward16(k, ln1_16, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
+        OP("matmul16_qkv_fwd", L, PART_GEMM,
+           ops->matmul_forward16(k, qkv, ln1_16, P + qkvw, P + qkvb, (int)N, C, 3 * C));
+    } else {
+        OP("layernorm_fwd", ln_calls, PART_REST,
+           ops->layernorm_forward(k, ln1, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
+        OP("matmul_qkv_fwd", L, PART_GEMM, ops->matmul_forward(k, qkv, ln1, P + qkvw, P + qkvb, (int)N, C, 3 * C));
+    }
+    if (fused)
+        OP("attention_fwd", L, PART_ATTENTION, ops->attention_fused_forward(k, atty, att, qkv, B, T, C, NH));
+    else
+        OP("attention_fwd", L, PART_ATTENTION, ops->attention_forward(k, atty, preatt, att, qkv, B, T, C, NH));
+    OP("matmul_proj_fwd", L, PART_GEMM,
+       ops->matmul_forward(k, proj, atty, P + attprojw, P + attprojb, (int)N, C, C));
+    OP("residual_fwd", 2 * L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
+    if (lp16) {
+        OP("matmul16_fc_fwd", L, PART_GEMM,
+           ops->matmul_forward16(k, fch, ln2_16, P + fcw, P + fcb, (int)N, C, 4 * C));
+        OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch, 4 * NC));
+        OP("matmul16_fcproj_fwd", L, PART_GEMM,
+           ops->matmul_forward16(k, proj, fch_gelu16, P + fcprojw, P + fcprojb, (int)N, 4 * C, C));
+        OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P + wte, (int)N, C, V));
+        OP("crossentropy16_fwd", 1, PART_REST,
+           ops->crossentropy_forward16(k, losses, lse, logits16, tok, (int)N, V, V));
+    } else {
+        OP("matmul_fc_fwd", L, PART_GEMM, ops->matmul_forward(k, fch, ln2, P + fcw, P + fcb, (int)N, C, 4 * C));
+        OP("gelu_fwd", L, PART_REST, ops->gelu_forward(k, fch_gelu, fch, 4 * NC));
+        OP("matmul_fcproj_fwd", L, PART_GEMM,
+           ops->matmul_forward(k, proj, fch_gelu, P + fcprojw, P + fcprojb, (int)N, 4 * C, C));
+        OP("matmul_lmhead_fwd", 1, PART_GEMM, ops->matmul_forward(k, logits, lnf, P + wte, NULL, (int)N, C, V));
+        OP("crossentropy_fwd", 1, PART_REST, ops->crossentropy_forward(k, losses, lse, logits, tok, (int)N, V, V));
+    }
+
+    /* ---- backward (gpt_backward): dlogits over the logits, in place;
+     * matmul and gelu backward overwrite their dinp, so the only zeroing
+     * is of the two sums (the residual stream's gradient, the fused q/k/v
+     * gradient) and of the key bias's gradient. ---- */
+    if (lp16) {
+        OP("crossentropy16_bwd", 1, PART_REST,
+           ops->crossentropy_backward16(k, logits16, logits16, lse, tok, dlosses, (int)N, V, V));
+        OP("logits16_bwd", 1, PART_GEMM,
+           ops->matmul_backward16(k, dsmall, D + wte, NULL, NULL, logits16, lnf16, P + wte, (int)N, C, V));
+    } else {
+        OP("crossentropy_bwd", 1, PART_REST,
+           ops->crossentropy_backward(k, logits, logits, lse, tok, dlosses, (int)N, V, V));
+        OP("matmul_lmhead_bwd", 1, PART_GEMM,
+           ops->matmul_backward(k, dsmall, D + wte, NULL, logits, lnf, P + wte, (int)N, C, V));
+    }
+    OP("zero_dres", 1, PART_REST, ops->zero(k, dres, NC));
+    OP("layernorm_bwd", ln_calls, PART_REST,
+       ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
+    if (lp16) {
+        OP("matmul16_fcproj_bwd", L, PART_GEMM,
+           ops->matmul_backward16(k, dbig, D + fcprojw, D + fcprojb, dres, NULL, fch_gelu16, P + fcprojw, (int)N,
+                                  4 * C, C));
+        OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch, dbig, 4 * NC));
+        OP("matmul16_fc_bwd", L, PART_GEMM,
+           ops->matmul_backward16(k, dsmall, D + fcw, D + fcb, NULL, dfch16, ln2_16, P + fcw, (int)N, C, 4 * C));
+    } else {
+        OP("matmul_fcproj_bwd", L, PART_GEMM,
+           ops->matmul_backward(k, dbig, D + fcprojw, D + fcprojb, dres, fch_gelu, P + fcprojw, (int)N, 4 * C, C));
+        OP("gelu_bwd", L, PART_REST, ops->gelu_backward(k, dbig, fch, dbig, 4 * NC));
+        OP("matmul_fc_bwd", L, PART_GEMM,
+           ops->matmul_backward(k, dsmall, D + fcw, D + fcb, dbig, ln2, P + fcw, (int)N, C, 4 * C));
+    }
+    OP("matmul_proj_bwd", L, PART_GEMM,
+       ops->matmul_backward(k, dsmall, D + attprojw, D + attprojb, dres, atty, P + attprojw, (int)N, C, C));
+    OP("zero_dqkv", L, PART_REST, ops->zero(k, dqkv, 3 * NC));
+    if (fused)
+        OP("attention_bwd", L, PART_ATTENTION,
+           ops->attention_fused_backward(k, dqkv, dsmall, atty, att, qkv, B, T, C, NH));
+    else
+        OP("attention_bwd", L, PART_ATTENTION,
+           ops->attention_backward(k, dqkv, preatt, datt, dsmall, qkv, att, B, T, C, NH));
+    if (lp16)
+        OP("matmul16_qkv_bwd", L, PART_GEMM,
+           ops->matmul_backward16(k, dsmall, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C, 3 * C));
+    else
+        OP("matmul_qkv_bwd", L, PART_GEMM,
+           ops->matmul_backward(k, dsmall, D + qkvw, D + qkvb, dqkv, ln1, P + qkvw, (int)N, C, 3 * C));
+    OP("zero_qkv_kbias", L, PART_REST, ops->zero(k, D + qkvb + C, Cz));
+    OP("encoder_bwd", 1, PART_REST, ops->encoder_backward(k, D + wte, D + wpe, dres, tok, B, T, C));
+
+    /* ---- the optimizer step as train.c's try_step makes it: zero the
+     * gradients, their norm, AdamW tensor by tensor.  "adamw" is one call
+     * over all parameters, kept for comparison with earlier figures: the
+     * difference is the cost of the engine's per-tensor calls. ---- */
+    double sq;
+    OP("zero", 1, PART_REST, ops->zero(k, D, nparams));
+    OP("sumsq", 1, PART_REST, ops->sumsq(k, &sq, D, nparams));
+    OP("adamw", 0, PART_REST, ops->adamw(k, P, D, mom, vel, nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1));
+    OP("adamw_per_tensor", 1, PART_REST, adamw_tensors(&tl, P, D, mom, vel));
+
+    double part[3] = {0, 0, 0};
+    for (int i = 0; i < ntimes; i++) {
+        emit(times[i].metric, times[i].ms, times[i].per_step);
+        part[times[i].part] += times[i].per_step * times[i].ms;
+    }
+    double step = part[PART_GEMM] + part[PART_ATTENTION] + part[PART_REST];
+    emit("step_sum_of_ops", step, -1);
+    emit("step_gemm_part", part[PART_GEMM], -1);
+    emit("step_attention_part", part[PART_ATTENTION], -1);
+    emit("step_rest", part[PART_REST], -1);
     ops->ctx_destroy(k);
     return 0;
 }
