@@ -316,31 +316,39 @@ static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, i
 }
 
 
+// out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias as column-major cuBLASLt
+// arguments: D (OC×N) = op_T(W) · inp, beta 0, fp32 operands and output
+// (callers switch the types for 16-bit operands).
+static kc_gemm_args forward_args(void *out, const void *inp, const void *weight, const float *bias, int N, int C,
+                                 int OC)
+{
+    kc_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.ta = true;
+    g.m = OC;
+    g.n = N;
+    g.k = C;
+    g.A = weight;
+    g.lda = C;
+    g.B = inp;
+    g.ldb = C;
+    g.D = out;
+    g.ldd = OC;
+    g.batch = 1;
+    g.alpha = 1.0f;
+    g.bias = bias;
+    g.ab = CUDA_R_32F;
+    g.compute = CUBLAS_COMPUTE_32F;
+    return g;
+}
+
 void kc_matmul_forward(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias, int N,
                        int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
-    kc_gemm_args g32;
-    memset(&g32, 0, sizeof g32);
-    g32.ta = true;
-    g32.tb = false;
-    g32.m = OC;
-    g32.n = N;
-    g32.k = C;
-    g32.A = weight;
-    g32.lda = C;
-    g32.B = inp;
-    g32.ldb = C;
-    g32.D = out;
-    g32.ldd = OC;
-    g32.batch = 1;
-    g32.alpha = 1.0f;
-    g32.beta = 0.0f;
-    g32.bias = bias;
-    g32.ab = CUDA_R_32F;
-    g32.compute = CUBLAS_COMPUTE_32F;
+    kc_gemm_args g32 = forward_args(out, inp, weight, bias, N, C, OC);
     if (!lowp(k) || C <= 0) {
         gemm_run(k, NULL, &g32, N);
         return;
@@ -426,22 +434,7 @@ void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const f
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
-    kc_gemm_args g32;
-    memset(&g32, 0, sizeof g32);
-    g32.ta = true;
-    g32.m = OC;
-    g32.n = N;
-    g32.k = C;
-    g32.A = weight;
-    g32.lda = C;
-    g32.ldb = C;
-    g32.D = out;
-    g32.ldd = OC;
-    g32.batch = 1;
-    g32.alpha = 1.0f;
-    g32.bias = bias;
-    g32.ab = CUDA_R_32F;
-    g32.compute = CUBLAS_COMPUTE_32F;
+    kc_gemm_args g32 = forward_args(out, NULL, weight, bias, N, C, OC); // B: widened inp16, if it comes to that
     if (C <= 0) { // an empty sum: out = bias (or 0), no operand read
         gemm_run(k, NULL, &g32, N);
         return;
@@ -586,23 +579,9 @@ void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp
     if (!w16)
         return;
     kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
-    kc_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.ta = true;
-    g.m = OC;
-    g.n = N;
-    g.k = C;
-    g.A = w16;
-    g.lda = C;
-    g.B = inp16;
-    g.ldb = C;
-    g.D = out16;
-    g.ldd = OC;
-    g.batch = 1;
-    g.alpha = 1.0f;
+    kc_gemm_args g = forward_args(out16, inp16, w16, NULL, N, C, OC);
     g.ab = lowp_type(k);
     g.dt = lowp_type(k);
-    g.compute = CUBLAS_COMPUTE_32F;
     if (kc_gemm(k, &g) == 1) {
         char msg[120];
         snprintf(msg, sizeof msg, "no cuBLASLt algorithm for 16-bit output m=%d n=%d k=%d", OC, N, C);
