@@ -28,10 +28,18 @@
 // summation, unlike the rest, is not fixed.  Head size 64.
 //
 // Selected with GRADD_FLASH=mma (flash.cu) until it has been measured
-// against the WMMA kernels on a GPU.
+// against the WMMA kernels on a GPU.  tests/emu runs these kernels on the CPU
+// (GRADD_CUDA_EMU: mma and ldmatrix emulated from the PTX ISA) against the
+// CPU reference, so their indexing is checked without a GPU.
 #include <math.h>
 
+#ifdef GRADD_CUDA_EMU
+// tests/emu: the kernels compiled by a host compiler and run on the CPU, one
+// std::thread per CUDA thread, the PTX collectives emulated (cuda_emu.h).
+#include "cuda_emu.h"
+#else
 #include "kern_cuda.cuh"
+#endif
 
 #define FM_HS 64
 #define FM_LD (FM_HS + 8) // 16-bit tile pitch: rows 16 bytes apart in the banks
@@ -61,22 +69,33 @@ __device__ __forceinline__ void fm_mma(float (&d)[4], const uint32_t (&a)[4], ui
 template <>
 __device__ __forceinline__ void fm_mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
+#ifdef GRADD_CUDA_EMU
+    emu_mma_m16n8k16<__nv_bfloat16>(d, a, b0, b1);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 template <>
 __device__ __forceinline__ void fm_mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
+#ifdef GRADD_CUDA_EMU
+    emu_mma_m16n8k16<__half>(d, a, b0, b1);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 template <bool TRANS> __device__ __forceinline__ void fm_ldm(uint32_t (&r)[4], const void *p)
 {
+#ifdef GRADD_CUDA_EMU
+    emu_ldmatrix_x4(r, p, TRANS); // the pointer itself: a 32-bit shared address means nothing on the host
+#else
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     if (TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -86,6 +105,7 @@ template <bool TRANS> __device__ __forceinline__ void fm_ldm(uint32_t (&r)[4], c
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(a));
+#endif
 }
 
 // Pattern 1: lane L reads row L%16, column (L/16)·8 of the 16×16 block at s
@@ -488,6 +508,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
 }
 
 // ---- host side ------------------------------------------------------------------------------
+// (Not under emulation: the test launches the kernels itself, with emu_launch.)
+#ifndef GRADD_CUDA_EMU
 
 template <class E> static void fm_launch_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T,
                                                  int C, int NH)
@@ -523,3 +545,4 @@ void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const fl
     else
         fm_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);
 }
+#endif // !GRADD_CUDA_EMU

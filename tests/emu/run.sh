@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# run.sh [tsan] — the emulated flash_mma test on every shape it knows (the
+# meson test runs the first three), built with g++ into /tmp.
+#   tsan   under ThreadSanitizer: the CUDA threads of a CTA are real threads
+#          here, so a missing __syncthreads shows up as a data race report
+#          (about 5x slower).
+# Needs the CPU kernels library: scripts/build.sh build/emu -Dtests=enabled.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+lib=build/emu/kernels/libgraddkernels.a
+[ -f "$lib" ] || { echo "run.sh: build $lib first (scripts/build.sh build/emu -Dtests=enabled)" >&2; exit 1; }
+cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
+flags=(-O2)
+env=()
+if [ "${1:-}" = tsan ]; then
+  flags=(-O1 -fsanitize=thread)
+  env=(TSAN_OPTIONS=halt_on_error=1)
+fi
+exe=$(mktemp /tmp/test_flash_emu.XXXXXX)
+trap 'rm -f "$exe"' EXIT
+g++ -std=c++20 -g "${flags[@]}" -Wall -Wextra -Wno-unknown-pragmas -fno-strict-aliasing -DGRADD_CUDA_EMU \
+  -I"$cuda_inc" -Itests/emu -Ikernels -Ikernels/cuda tests/emu/test_flash_emu.cc "$lib" \
+  -lopenblas -fopenmp -lm -pthread -o "$exe"
+env "${env[@]}" "$exe" all

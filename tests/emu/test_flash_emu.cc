@@ -1,0 +1,225 @@
+// test_flash_emu.cc — the mma.sync flash attention kernels (kernels/cuda/flash_mma.cu)
+// run on the CPU under cuda_emu.h, against the CPU backend's materialised attention.
+//
+// No GPU is needed: the kernel source itself is compiled by g++ with
+// GRADD_CUDA_EMU, so what is checked is the kernels' own indexing, masking,
+// online softmax and fragment plumbing, with mma/ldmatrix emulated from the
+// PTX ISA.  What it cannot check: timing, memory-model effects between CTAs
+// (they run one at a time), and the hardware's accumulation order.
+//
+// Tolerances as tests/gpu/test_gpu_kernels.c uses for fused attention:
+// |got − ref| ≤ rtol·|ref| + atol·max|ref|, 2e-2 and 2e-2 (16-bit operands),
+// lse 1e-2 and 1e-3; lse is compared with a double-precision log-sum-exp.
+//
+// Exit status: 0 pass, 1 failure.
+#define GRADD_CUDA_EMU 1
+#include "flash_mma.cu"
+
+#include <chrono>
+#include <string>
+
+#include "kernels.h"
+
+namespace {
+
+int failures;
+
+uint64_t rng_state = 0x243F6A8885A308D3ull;
+// uniform [-1, 1): splitmix64, fixed seed so a failure reproduces
+float rnd()
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 4503599627370496.0 - 1.0); // 2^52
+}
+
+std::vector<float> mk(size_t n, float scale)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = scale * rnd();
+    return v;
+}
+
+struct Err {
+    double maxref, max_abs, max_rel;
+    size_t bad;
+};
+
+// scale_floor: the least max|ref| that atol is taken of (for a reference
+// that is zero or nearly, e.g. dq at T = 1, where only rounding is left).
+Err compare(const float *got, const float *ref, size_t n, double rtol, double atol, double scale_floor = 0)
+{
+    Err e{scale_floor, 0, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (std::isfinite(ref[i]))
+            e.maxref = std::fmax(e.maxref, std::fabs((double)ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double x = got[i], y = ref[i], d = std::fabs(x - y);
+        if (!(d <= rtol * std::fabs(y) + atol * e.maxref)) // NaN fails
+            e.bad++;
+        if (d > e.max_abs || std::isnan(d))
+            e.max_abs = d;
+        double rel = d / std::fmax(std::fabs(y), 1e-3 * e.maxref + 1e-30);
+        if (rel > e.max_rel || std::isnan(rel))
+            e.max_rel = rel;
+    }
+    return e;
+}
+
+void check(const std::string &name, const char *what, const float *got, const float *ref, size_t n, double rtol,
+           double atol, double scale_floor = 0)
+{
+    Err e = compare(got, ref, n, rtol, atol, scale_floor);
+    const char *verdict = e.bad ? "FAIL" : "ok";
+    std::printf("  %-40s %-6s max|ref| %-9.3g max abs err %-9.3g max rel err %-9.3g %s\n", name.c_str(), what,
+                e.maxref, e.max_abs, e.max_rel, verdict);
+    if (e.bad) {
+        std::printf("    %zu of %zu elements out of tolerance (rtol %g, atol %g·max)\n", e.bad, n, rtol, atol);
+        failures++;
+    }
+}
+
+const kern_ops *H;
+kern_ctx *hk;
+
+template <class E>
+void run_case(const char *prec, int B, int T, int C, int NH, float amp)
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s B=%d T=%d C=%d NH=%d amp=%g", prec, B, T, C, NH, amp);
+    const std::string name = buf;
+    const int hs = C / NH;
+    if (hs != FM_HS) {
+        std::printf("  %s: head size %d, the kernels need %d\n", name.c_str(), hs, FM_HS);
+        failures++;
+        return;
+    }
+    const size_t BTC = (size_t)B * T * C, TT = (size_t)B * NH * T * T, rows = (size_t)B * NH * T;
+
+    // ---- forward
+    std::vector<float> inp = mk(3 * BTC, amp), out_ref(BTC), pre(TT), att(TT);
+    H->attention_forward(hk, out_ref.data(), pre.data(), att.data(), inp.data(), B, T, C, NH);
+    std::vector<float> out(BTC, NAN), lse(rows, NAN); // NaN: an element never written fails
+    {
+        float *o = out.data(), *l = lse.data();
+        const float *in = inp.data();
+        const float scale_log2 = 1.44269504088896341f / sqrtf((float)FM_HS); // as fm_launch_forward
+        emu_launch(dim3((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH)), dim3(FM_FWD_THREADS),
+                   [=] { fm_forward<E>(o, l, in, T, C, NH, scale_log2); });
+    }
+    check(name, "out", out.data(), out_ref.data(), BTC, 2e-2, 2e-2);
+
+    // lse: log Σ_{j ≤ t} exp(q_t·k_j / √hs), in double from the fp32 inputs.
+    std::vector<float> lse_ref(rows);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = &inp[((size_t)b * T + t) * 3 * C + (size_t)h * hs];
+                std::vector<double> s(t + 1);
+                double m = -INFINITY;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = &inp[((size_t)b * T + j) * 3 * C + C + (size_t)h * hs];
+                    double d = 0;
+                    for (int i = 0; i < hs; i++)
+                        d += (double)q[i] * k[i];
+                    s[j] = d / std::sqrt((double)hs);
+                    m = std::fmax(m, s[j]);
+                }
+                double sum = 0;
+                for (int j = 0; j <= t; j++)
+                    sum += std::exp(s[j] - m);
+                lse_ref[((size_t)b * NH + h) * T + t] = (float)(m + std::log(sum));
+            }
+    check(name, "lse", lse.data(), lse_ref.data(), rows, 1e-2, 1e-3);
+
+    // ---- backward: dinp starts non-zero, both sides accumulate into it.
+    std::vector<float> dout = mk(BTC, 1.0f), dinp0 = mk(3 * BTC, 1.0f), dpre(TT), datt(TT);
+    std::vector<float> dinp_ref = dinp0, dinp = dinp0;
+    H->attention_backward(hk, dinp_ref.data(), dpre.data(), datt.data(), dout.data(), inp.data(), att.data(), B, T,
+                          C, NH);
+    // D (B,NH,T) = Σ_d dout·out over the head, from the kernel's own out (as
+    // flash.cu's fa_rowdot does before launching the backward).
+    std::vector<float> D(rows);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t o = ((size_t)b * T + t) * C + (size_t)h * hs;
+                float s = 0;
+                for (int i = 0; i < hs; i++)
+                    s += dout[o + i] * out[o + i];
+                D[((size_t)b * NH + h) * T + t] = s;
+            }
+    {
+        float *g = dinp.data();
+        const float *dO = dout.data(), *l = lse.data(), *d = D.data(), *in = inp.data();
+        const float scale = 1.0f / sqrtf((float)FM_HS); // as fm_launch_backward
+        emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
+                   [=] { fm_backward<E>(g, dO, l, d, in, T, C, NH, scale); });
+    }
+    check(name, "dinp", dinp.data(), dinp_ref.data(), 3 * BTC, 2e-2, 2e-2);
+
+    // The increments alone, q, k and v apart, each against its own largest
+    // value: stricter than the above, where dinp0 dominates max|ref|.  The
+    // scale is at least 5% of the largest increment of the three, for dq and
+    // dk at T = 1: zero exactly, and only rounding (D from the 16-bit out,
+    // dP from 16-bit operands) in the kernel's.
+    std::vector<float> inc[2][3];
+    double inc_max = 0;
+    for (int part = 0; part < 3; part++) {
+        inc[0][part].resize(BTC);
+        inc[1][part].resize(BTC);
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            for (int c = 0; c < C; c++) {
+                size_t i = r * 3 * C + (size_t)part * C + c;
+                inc[0][part][r * C + c] = dinp[i] - dinp0[i];
+                inc[1][part][r * C + c] = dinp_ref[i] - dinp0[i];
+                inc_max = std::fmax(inc_max, std::fabs((double)inc[1][part][r * C + c]));
+            }
+    }
+    const char *what[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; part++)
+        check(name, what[part], inc[0][part].data(), inc[1][part].data(), BTC, 2e-2, 2e-2, 0.05 * inc_max);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  %-40s %.2f s\n", name.c_str(), secs);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    // A quick run (the meson test) covers the shapes below; `all` adds longer
+    // and sharper ones for a manual run.
+    const bool all = argc > 1 && !std::strcmp(argv[1], "all");
+    H = kern_cpu_ops();
+    hk = H->ctx_create(1, 0, KERN_FP32, nullptr);
+    if (!hk) {
+        std::fprintf(stderr, "cpu context\n");
+        return 1;
+    }
+    struct Shape {
+        int B, T, C, NH;
+        float amp; // inputs uniform in [-amp, amp): 1 as the GPU test; more makes the softmax peaked
+    };
+    std::vector<Shape> shapes = {{1, 64, 64, 1, 1.0f}, {1, 200, 128, 2, 1.0f}, {2, 133, 128, 2, 1.0f}};
+    if (all) {
+        shapes.push_back({1, 1, 64, 1, 1.0f});
+        shapes.push_back({1, 17, 64, 1, 3.0f});
+        shapes.push_back({1, 128, 64, 1, 3.0f});
+        shapes.push_back({1, 129, 64, 1, 3.0f});
+        shapes.push_back({1, 320, 64, 1, 3.0f});
+        shapes.push_back({1, 70, 192, 3, 2.0f});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const Shape &s : shapes) {
+        run_case<__nv_bfloat16>("bf16", s.B, s.T, s.C, s.NH, s.amp);
+        run_case<__half>("fp16", s.B, s.T, s.C, s.NH, s.amp);
+    }
+    H->ctx_destroy(hk);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s: %d failure(s), %.1f s\n", failures ? "FAIL" : "PASS", failures, secs);
+    return failures ? 1 : 0;
+}
