@@ -66,6 +66,27 @@ typedef struct model_ops {
      * out (n,V).  No loss, no backward state kept.  0, or -1 on bad sizes.
      * NULL for models without a token distribution (mlp). */
     int (*forward_logits)(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out);
+    /* Sampling, incrementally, with a key/value cache (all three NULL for
+     * models without one).  forward_logits over a prefix of len tokens
+     * costs len token-forwards, so generating n tokens that way costs
+     * O(n²); a decode step runs one position and attends over the cached
+     * keys and values of the earlier ones.
+     * decode_bytes: the cache for n sequences, in bytes (on top of
+     * activation_bytes: the caller allocates it where it allocates the
+     * activations, 64-byte aligned).  decode_start points the model at such
+     * a buffer for n sequences (n <= the bound batch) and empties it.
+     * decode_step runs position pos of each sequence, tokens (n) int32 in
+     * device memory, through every layer, appends its keys and values to
+     * the cache, and copies the logits to host memory out (n,V): what
+     * forward_logits gives for the pos+1 tokens, to rounding.  pos < the
+     * context, and at most the number of positions cached (less rewinds:
+     * the later ones are forgotten).  It uses the bound activations as
+     * scratch; a forward in between leaves the cache as it was.  Both 0,
+     * or -1 on bad sizes, a backend without attention_decode, or 16-bit
+     * activations (sampling builds an fp32 model). */
+    size_t (*decode_bytes)(const model *m, uint32_t n);
+    int (*decode_start)(model *m, void *mem, uint32_t n);
+    int (*decode_step)(model *m, const int32_t *tokens, uint32_t pos, float *out);
 } model_ops;
 
 struct model {

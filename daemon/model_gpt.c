@@ -15,6 +15,10 @@
  * layers.  The gradient of the residual stream is a single (B,T,C) buffer:
  * every layer's backward reads it as dout and its layernorms add into it in
  * place, which is exactly the sum the residual connections call for.
+ *
+ * Sampling may instead run one position at a time (decode_step): its keys
+ * and values go to a cache in a buffer of the caller's beside the
+ * activations, and the activation buffers serve as that step's scratch.
  */
 #include <math.h>
 #include <stdio.h>
@@ -71,6 +75,13 @@ typedef struct {
     float *datt;                                      /* (B,NH,T,T) */
     float *dlosses;                                   /* (B,T) */
     float *dloss_host;                                /* host copy, (B,T) */
+
+    /* Incremental decoding (decode_start): a buffer of the caller's, apart
+     * from the activations, so that training never pays for it. */
+    uint32_t dec_n;   /* sequences the cache is for; 0: none bound */
+    uint32_t dec_len; /* positions 0..dec_len-1 of each are cached */
+    float *kcache, *vcache;                           /* (L,n,T,C) */
+    float *dec_att;                                   /* (n,NH,T) attention_decode's scratch */
 } gpt;
 
 static gpt *G(const model *m) { return (gpt *)m->impl; }
@@ -164,6 +175,9 @@ static void gpt_bind(model *m, void *mem, uint32_t n)
     m->max_n = n;
     free(g->dloss_host);
     g->dloss_host = malloc((size_t)n * g->T * sizeof(float));
+    /* A cache was for the old buffers' batch: start again. */
+    g->dec_n = 0;
+    g->dec_len = 0;
 }
 
 /* ---- parameters ---------------------------------------------------------------------- */
@@ -296,6 +310,89 @@ static int gpt_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint3
     return 0;
 }
 
+/* ---- incremental decoding ---------------------------------------------------------------- */
+
+/* The decode buffer for n sequences: with base != NULL assign the pointers;
+ * always return the bytes used.  Keys and values of layer l for sequence b
+ * at position t: kcache[((l·n + b)·T + t)·C], so each layer's cache is the
+ * (B,Tmax,C) attention_decode reads. */
+static size_t carve_decode(gpt *g, char *base, uint32_t n)
+{
+    size_t cache = (size_t)g->L * n * g->T * g->C * sizeof(float);
+    size_t att = (size_t)n * g->NH * g->T * sizeof(float);
+    cache = (cache + ALIGN - 1) / ALIGN * ALIGN;
+    if (base) {
+        g->kcache = (float *)base;
+        g->vcache = (float *)(base + cache);
+        g->dec_att = (float *)(base + 2 * cache);
+    }
+    return 2 * cache + (att + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+static size_t gpt_decode_bytes(const model *m, uint32_t n)
+{
+    return carve_decode(G(m), NULL, n);
+}
+
+static int gpt_decode_start(model *m, void *mem, uint32_t n)
+{
+    gpt *g = G(m);
+    g->dec_n = 0;
+    g->dec_len = 0;
+    /* The fp32 activation buffers serve as scratch: empty in lp16 mode. */
+    if (!mem || n == 0 || n > g->n || g->lp16 || !m->k || !m->k->attention_decode)
+        return -1;
+    carve_decode(g, mem, n);
+    g->dec_n = n;
+    return 0;
+}
+
+/* One position of each of the dec_n sequences through the whole model: the
+ * layers of gpt_body with B = n, T = 1 (the activation buffers, sized for
+ * the bound batch × T positions, hold that as a prefix), the position's
+ * embedding wpe[pos], and attention over the cache instead of the causal
+ * attention over the batch's own rows.  fp32 only. */
+static int gpt_decode_step(model *m, const int32_t *tokens, uint32_t pos, float *out)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    if (!g->dec_n || g->dec_n > g->n || g->lp16 || pos >= g->T || pos > g->dec_len)
+        return -1;
+    int n = (int)g->dec_n, C = (int)g->C, NH = (int)g->NH, V = (int)g->V, T = (int)g->T;
+    size_t nC = (size_t)n * C, cache_l = (size_t)n * T * C;
+    const float *P = m->params;
+
+    k->encoder_forward(kc, g->encoded, tokens, P + g->wte, P + g->wpe + (size_t)pos * C, n, 1, C);
+    for (uint32_t l = 0; l < g->L; l++) {
+        const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * nC;
+        float *ln1 = g->ln1 + l * nC, *qkv = g->qkv + l * nC * 3, *atty = g->atty + l * nC;
+        float *res2 = g->residual2 + l * nC, *ln2 = g->ln2 + l * nC;
+        float *fch = g->fch + l * nC * 4, *fch_gelu = g->fch_gelu + l * nC * 4, *res3 = g->residual3 + l * nC;
+        gpt_layer *w = &g->layer[l];
+
+        k->layernorm_forward(kc, ln1, g->ln1_mean + l * n, g->ln1_rstd + l * n, residual, P + w->ln1w, P + w->ln1b,
+                             n, C);
+        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, n, C, 3 * C);
+        k->attention_decode(kc, atty, g->dec_att, g->kcache + l * cache_l, g->vcache + l * cache_l, qkv, n,
+                            (int)pos + 1, T, C, NH);
+        k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, n, C, C);
+        k->residual_forward(kc, res2, residual, g->proj, nC);
+        k->layernorm_forward(kc, ln2, g->ln2_mean + l * n, g->ln2_rstd + l * n, res2, P + w->ln2w, P + w->ln2b, n,
+                             C);
+        k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, n, C, 4 * C);
+        k->gelu_forward(kc, fch_gelu, fch, nC * 4);
+        k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, n, 4 * C, C);
+        k->residual_forward(kc, res3, res2, g->proj, nC);
+    }
+    const float *last = g->residual3 + (g->L - 1) * nC;
+    k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, n, C);
+    k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, n, C, V);
+    k->copy_d2h(kc, out, g->logits, (size_t)n * V * sizeof(float));
+    g->dec_len = pos + 1;
+    return 0;
+}
+
 /* ---- backward ------------------------------------------------------------------------ */
 
 static void gpt_backward(model *m, const model_batch *b, float dloss)
@@ -405,6 +502,9 @@ static const model_ops gpt_ops = {
     .init_params = gpt_init,
     .forward = gpt_forward,
     .forward_logits = gpt_forward_logits,
+    .decode_bytes = gpt_decode_bytes,
+    .decode_start = gpt_decode_start,
+    .decode_step = gpt_decode_step,
     .backward = gpt_backward,
     .destroy = gpt_destroy,
 };

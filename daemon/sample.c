@@ -22,6 +22,7 @@ struct sample_model {
     model *m;
     float *params;
     void *acts;
+    void *cache; /* the key/value cache, in acts after the activations; NULL if the model has none */
     uint64_t step;
 };
 
@@ -63,9 +64,9 @@ void sample_free(sample_model *s)
     free(s);
 }
 
-/* Sampling one sequence may take at most this much activation memory: a
- * metadata line can describe a model whose context × vocabulary is far
- * beyond what its (small) file holds. */
+/* Sampling one sequence may take at most this much activation memory (the
+ * key/value cache included): a metadata line can describe a model whose
+ * context × vocabulary is far beyond what its (small) file holds. */
 #define SAMPLE_MAX_ACTIVATIONS ((size_t)4 << 30)
 
 /* The file holds tensor t as exported (Conv1D weights transposed)? */
@@ -179,6 +180,11 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
     }
     size_t P = s->m->num_params, fixed, per;
     s->m->ops->activation_bytes(s->m, &fixed, &per);
+    /* The cache goes after the activations, in the same allocation: one
+     * buffer, one limit.  Each term is below 2^62 for every shape
+     * sample_parse_signature accepts, so the sums do not wrap. */
+    size_t act_bytes = (fixed + per + 63) / 64 * 64;
+    size_t cache_bytes = s->m->ops->decode_bytes ? s->m->ops->decode_bytes(s->m, 1) : 0;
     if (resume) {
         uint64_t shape[1] = {P};
         if (!st_expect(f, "params", ST_F32, 1, shape, why, sizeof why)) {
@@ -188,12 +194,14 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
     } else if (check_named(s, f, err, err_len) != 0) {
         goto out;
     }
-    if (fixed + per > SAMPLE_MAX_ACTIVATIONS) {
-        snprintf(err, err_len, "%s: sampling this model (%s) needs %zu MiB of activations, more than the %zu MiB allowed",
-                 path, sig, (fixed + per) >> 20, SAMPLE_MAX_ACTIVATIONS >> 20);
+    if (act_bytes + cache_bytes > SAMPLE_MAX_ACTIVATIONS) {
+        snprintf(err, err_len,
+                 "%s: sampling this model (%s) needs %zu MiB of activations and key/value cache, more than the %zu "
+                 "MiB allowed",
+                 path, sig, (act_bytes + cache_bytes) >> 20, SAMPLE_MAX_ACTIVATIONS >> 20);
         goto out;
     }
-    if (posix_memalign(&s->acts, 64, fixed + per) != 0)
+    if (posix_memalign(&s->acts, 64, act_bytes + cache_bytes) != 0)
         s->acts = NULL;
     s->params = malloc(P * sizeof(float));
     if (!s->acts || !s->params) {
@@ -201,6 +209,8 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
         goto out;
     }
     s->m->ops->bind_activations(s->m, s->acts, 1);
+    if (cache_bytes)
+        s->cache = (char *)s->acts + act_bytes;
     s->m->params = s->params;
     if (resume) {
         if (st_read(f, "params", s->params, P * sizeof(float), why, sizeof why) != 0) {
@@ -329,10 +339,27 @@ int sample_generate(sample_model *s, const sample_opts *o, sample_output *out, c
             seq[i] = o->prompt[i];
     else
         seq[0] = V == 256 ? '\n' : 0;
+    /* The key/value cache serves while the window starts at the sequence's
+     * first token (have <= T): window position p is seq[p], the prompt is
+     * one decode step per token (its logits but the last unused), and each
+     * new token one more step.  Once the window slides, every token in it
+     * sits at a new position, and with learned position embeddings no
+     * cached key or value holds any more: from there on each token is
+     * forward_logits over the whole window, T token-forwards, as without
+     * the cache.  Either way the model sees the same window and gives the
+     * same logits to rounding, so the same tokens come out. */
+    bool cached = !o->no_cache && s->cache && s->m->ops->decode_start(s->m, s->cache, 1) == 0;
+    size_t done = 0; /* seq[0, done) are in the cache */
     int rc = 0;
     for (uint32_t i = 0; i < o->tokens; i++) {
         size_t len = have < T ? have : T;
-        if (s->m->ops->forward_logits(s->m, seq + have - len, 1, (uint32_t)len, logits) != 0) {
+        if (cached && have <= T) {
+            for (; done < have && rc == 0; done++)
+                rc = s->m->ops->decode_step(s->m, seq + done, (uint32_t)done, logits);
+        } else {
+            rc = s->m->ops->forward_logits(s->m, seq + have - len, 1, (uint32_t)len, logits);
+        }
+        if (rc != 0) {
             snprintf(err, err_len, "forward failed");
             rc = -1;
             break;

@@ -2,8 +2,10 @@
  *
  * Loads a GPT's weights into a CPU model and generates autoregressively
  * with the CPU kernels, one token at a time from the logits of the last
- * position (model_ops.forward_logits).  The weights come from either file a
- * job leaves in its output directory:
+ * position: incrementally with a key/value cache (model_ops.decode_step)
+ * while the sequence fits the context, then over the sliding window
+ * (model_ops.forward_logits; see sample_generate in sample.c).  The
+ * weights come from either file a job leaves in its output directory:
  *   model.safetensors   at the end: GPT-2 names, Conv1D matrices (in,out),
  *                       metadata gradd_model = "gpt layers=.. heads=.. ...";
  *   resume.safetensors  every checkpoint: one flat "params" tensor in the
@@ -21,6 +23,7 @@
 #define GRADD_SAMPLE_H
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +41,8 @@ typedef struct {
     double temperature;    /* >= 0; 0 always takes the most likely token */
     uint64_t seed;         /* with the same weights, the same seed gives the same tokens */
     int threads;           /* CPU threads for the kernels; 0: all cores */
+    bool no_cache;         /* tests and timings only: no key/value cache, every token a
+                            * forward_logits over the whole window (the same tokens, O(n²)) */
 } sample_opts;
 
 typedef struct {

@@ -128,6 +128,20 @@ typedef struct kern_ops {
     void (*attention_fused_backward)(kern_ctx *k, float *dinp, const float *dout, const float *out,
                                      const float *lse, const float *inp, int B, int T, int C, int NH);
 
+    /* Incremental decoding, optional (NULL where a backend has none):
+     * qkv (B,3C): q,k,v of one new position per sequence, t = Tc-1 (1 <= Tc <= Tmax);
+     * kcache, vcache (B,Tmax,C): rows 0..Tc-2 hold the earlier positions'
+     * keys and values; the op writes this position's k and v into row Tc-1;
+     * att (B,NH,Tc): scratch the caller provides (overwritten);
+     * out (B,C) = the last row of attention_forward over the Tc positions:
+     * softmax(q·kᵀ/sqrt(C/NH)) · v per head, by the same softmax.
+     * A key/value cache makes a generated token cost O(T) instead of a
+     * forward over the whole prefix.  The op appends k and v itself because
+     * the qkv matmul writes rows of 3C and the table has no strided copy to
+     * move them.  The cpu's serves sampling (sample.c builds a cpu model). */
+    void (*attention_decode)(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
+                             int B, int Tc, int Tmax, int C, int NH);
+
     /* ---- pointwise ------------------------------------------------------------------- */
     /* GELU, tanh approximation: out (N) = gelu(inp); backward: dinp = dout·gelu'(inp) */
     void (*gelu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);

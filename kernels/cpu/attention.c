@@ -136,3 +136,62 @@ void kcpu_attention_backward(kern_ctx *k, float *dinp, float *dpreatt, float *da
         }
     }
 }
+
+/* ---- incremental decoding ---------------------------------------------------------
+ * qkv (B,3C): q,k,v of position t = Tc-1 of each sequence; kcache, vcache
+ * (B,Tmax,C) hold positions 0..Tc-2 and get the new k, v in row Tc-1;
+ * att (B,NH,Tc) scratch; out (B,C).  The scores are one sgemv per (b,h), the
+ * weighted sum of v another: the last row of attention_forward, with the
+ * causal mask implicit in stopping at Tc. */
+
+/* a[0,n) = softmax(a[0,n)) in place, by softmax_row's steps (max, kcpu_expf
+ * of the difference, one reciprocal of the sum): the probabilities match the
+ * full attention's to rounding.  Separate from softmax_row, whose restrict
+ * arguments may not alias. */
+KCPU_CLONES static void softmax_row_inplace(float *a, int n)
+{
+    float maxv = -INFINITY;
+    KCPU_SIMD_MAX(maxv)
+    for (int j = 0; j < n; j++)
+        maxv = a[j] > maxv ? a[j] : maxv;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < n; j++) {
+        float e = kcpu_expf(a[j] - maxv);
+        a[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j < n; j++)
+        a[j] *= inv;
+}
+
+void kcpu_attention_decode(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
+                           int B, int Tc, int Tmax, int C, int NH)
+{
+    kcpu_blas_single();
+    int nt = k->threads;
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int pairs = B * NH;
+    size_t work = (size_t)B * Tc * C;
+    /* Each (b,h) writes only its own head's slice of the new cache rows and
+     * reads only its own slices: no thread sees another's writes. */
+#pragma omp parallel for num_threads(nt) schedule(static) if (work >= KCPU_PAR_MIN)
+    for (int bh = 0; bh < pairs; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * C3 + (size_t)h * hs;
+        float *kk = kcache + (size_t)b * Tmax * C + (size_t)h * hs;
+        float *v = vcache + (size_t)b * Tmax * C + (size_t)h * hs;
+        size_t last = (size_t)(Tc - 1) * C;
+        memcpy(kk + last, q + C, (size_t)hs * sizeof *kk);
+        memcpy(v + last, q + 2 * C, (size_t)hs * sizeof *v);
+        float *a = att + (size_t)bh * Tc;
+        float *o = out + (size_t)b * C + (size_t)h * hs;
+        /* a (Tc) = scale · k[0,Tc) · q;  o (hs) = v[0,Tc)ᵀ · softmax(a) */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, Tc, hs, scale, kk, C, q, 1, 0.0f, a, 1);
+        softmax_row_inplace(a, Tc);
+        cblas_sgemv(CblasRowMajor, CblasTrans, Tc, hs, 1.0f, v, C, a, 1, 0.0f, o, 1);
+    }
+}

@@ -138,6 +138,8 @@ void kcpu_attention_forward(kern_ctx *k, float *out, float *preatt, float *att, 
                             int C, int NH);
 void kcpu_attention_backward(kern_ctx *k, float *dinp, float *dpreatt, float *datt, const float *dout,
                              const float *inp, const float *att, int B, int T, int C, int NH);
+void kcpu_attention_decode(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
+                           int B, int Tc, int Tmax, int C, int NH);
 void kcpu_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
 void kcpu_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
 void kcpu_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N);

@@ -126,6 +126,7 @@ static const kern_ops cpu_ops = {
     .matmul_backward = kcpu_matmul_backward,
     .attention_forward = kcpu_attention_forward,
     .attention_backward = kcpu_attention_backward,
+    .attention_decode = kcpu_attention_decode,
     .gelu_forward = kcpu_gelu_forward,
     .gelu_backward = kcpu_gelu_backward,
     .relu_forward = kcpu_relu_forward,

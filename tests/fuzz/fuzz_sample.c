@@ -7,7 +7,12 @@
  *   - on failure the model pointer stays NULL and err starts with the path;
  *   - on success the model reports a vocabulary and context within the
  *     limits sample_parse_signature enforces, and generating two tokens
- *     from it yields two ids below its vocabulary (byte text for vocab 256);
+ *     from it yields two ids below its vocabulary (byte text for vocab 256),
+ *     both with the key/value cache (decode steps) and without it
+ *     (forward_logits over the window, which the cache otherwise leaves
+ *     unused until the context is full).  Not that both give the same ids:
+ *     crafted weights can amplify the paths' different rounding into a
+ *     different draw;
  *   - the metadata line parser, fed the first line of the input too, either
  *     fails with a message or returns dimensions inside its limits.
  * A file's metadata can describe any model: the loader must refuse shapes
@@ -75,15 +80,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(m != NULL);
     uint32_t vocab = sample_vocab(m), ctx = sample_context(m);
     CHECK(vocab >= 2 && vocab <= (1u << 20) && ctx >= 1 && ctx <= (1u << 16));
-    sample_opts o = {.prompt = NULL, .prompt_len = 0, .tokens = 2, .temperature = 1.0, .seed = 7, .threads = 1};
-    sample_output out;
-    memset(&out, 0, sizeof out);
-    if (sample_generate(m, &o, &out, err, sizeof err) == 0) {
-        CHECK(out.n == 2);
-        for (size_t i = 0; i < out.n; i++)
-            CHECK(out.ids[i] < vocab);
-        CHECK((vocab == 256) == (out.text != NULL));
-        sample_output_free(&out);
+    for (int no_cache = 0; no_cache <= 1; no_cache++) {
+        sample_opts o = {.prompt = NULL, .prompt_len = 0, .tokens = 2, .temperature = 1.0, .seed = 7, .threads = 1,
+                         .no_cache = no_cache};
+        sample_output out;
+        memset(&out, 0, sizeof out);
+        if (sample_generate(m, &o, &out, err, sizeof err) == 0) {
+            CHECK(out.n == 2);
+            for (size_t i = 0; i < out.n; i++)
+                CHECK(out.ids[i] < vocab);
+            CHECK((vocab == 256) == (out.text != NULL));
+            sample_output_free(&out);
+        }
     }
     sample_free(m);
     return 0;

@@ -541,6 +541,61 @@ static void test_attention_grad(void **state)
     attention_grad_case(1, 67, 4, 2); /* two row blocks */
 }
 
+/* attention_decode at Tc positions is the last row of attention_forward
+ * over the same Tc positions: the cache holds rows 0..Tc-2 of the keys and
+ * values, qkv the last position.  The op writes the new row into the cache
+ * and nothing past it (a NaN sentinel there would also poison the output if
+ * it were read).  Tc runs over 1, a single block and past the 64-row
+ * blocks of the full attention; NH = 3 gives a head size that is not a
+ * power of two. */
+static void test_attention_decode(void **state)
+{
+    (void)state;
+    static const int tcs[] = {1, 2, 7, 64, 65, 70};
+    const int B = 2, C = 24, Tmax = 72;
+    for (int threads = 1; threads <= 2; threads++) {
+        kern_ctx *k = ctx(threads);
+        for (int NH = 2; NH <= 3; NH++)
+            for (size_t i = 0; i < sizeof tcs / sizeof tcs[0]; i++) {
+                int Tc = tcs[i];
+                size_t nq = (size_t)B * Tc * 3 * C, no = (size_t)B * Tc * C, na = (size_t)B * NH * Tc * Tc;
+                size_t nc = (size_t)B * Tmax * C;
+                float *inp = randv(nq, 2), *out = zerov(no), *pre = zerov(na), *att = zerov(na);
+                float *kc = malloc(nc * sizeof *kc), *vc = malloc(nc * sizeof *vc), *qkv = zerov((size_t)B * 3 * C);
+                float *dout = zerov((size_t)B * C), *datt = zerov((size_t)B * NH * Tc);
+                for (size_t j = 0; j < nc; j++)
+                    kc[j] = vc[j] = NAN;
+                for (int b = 0; b < B; b++) {
+                    const float *rows = inp + (size_t)b * Tc * 3 * C;
+                    for (int t = 0; t < Tc - 1; t++) {
+                        memcpy(kc + ((size_t)b * Tmax + t) * C, rows + (size_t)t * 3 * C + C, C * sizeof(float));
+                        memcpy(vc + ((size_t)b * Tmax + t) * C, rows + (size_t)t * 3 * C + 2 * C, C * sizeof(float));
+                    }
+                    memcpy(qkv + (size_t)b * 3 * C, rows + (size_t)(Tc - 1) * 3 * C, 3 * C * sizeof(float));
+                }
+                ops->attention_forward(k, out, pre, att, inp, B, Tc, C, NH);
+                ops->attention_decode(k, dout, datt, kc, vc, qkv, B, Tc, Tmax, C, NH);
+                double *want = malloc((size_t)B * C * sizeof *want), mx = 0;
+                for (int b = 0; b < B; b++)
+                    for (int c = 0; c < C; c++) {
+                        want[b * C + c] = out[((size_t)b * Tc + Tc - 1) * C + c];
+                        mx = fmax(mx, fabs(want[b * C + c]));
+                    }
+                assert_close("attention_decode out", dout, want, (size_t)B * C, 1e-5, 1e-5 * mx);
+                for (int b = 0; b < B; b++) {
+                    const float *last = qkv + (size_t)b * 3 * C;
+                    assert_memory_equal(kc + ((size_t)b * Tmax + Tc - 1) * C, last + C, C * sizeof(float));
+                    assert_memory_equal(vc + ((size_t)b * Tmax + Tc - 1) * C, last + 2 * C, C * sizeof(float));
+                    for (size_t j = ((size_t)b * Tmax + Tc) * C; j < (size_t)(b + 1) * Tmax * C; j++)
+                        assert_true(isnan(kc[j]) && isnan(vc[j]));
+                }
+                free(inp), free(out), free(pre), free(att), free(kc), free(vc), free(qkv), free(dout), free(datt);
+                free(want);
+            }
+        ops->ctx_destroy(k);
+    }
+}
+
 /* ---- pointwise ------------------------------------------------------------------------- */
 
 typedef void (*unary_fwd)(kern_ctx *k, float *out, const float *inp, size_t N);
@@ -1334,6 +1389,7 @@ int main(void)
         cmocka_unit_test(test_layernorm_backward_reference),
         cmocka_unit_test(test_attention_forward),
         cmocka_unit_test(test_attention_grad),
+        cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_residual),
