@@ -136,6 +136,22 @@ template <class E> __device__ __forceinline__ void fm_acc_to_a(uint32_t (&a)[4],
     a[3] = fm_pack<E>(t1[2], t1[3]);
 }
 
+// acc (16×64: eight 16×8 tiles) += A · X[16·kk .. 16·kk+15][0..63]: one
+// 16-deep step of a product whose B operand X (k rows × 64) is row-major in
+// shared memory and read transposed.  Every product of these kernels whose
+// result has head-size columns (P·V, Pᵀ·dO, dSᵀ·Q, dS·K) is four of these.
+template <class E>
+__device__ __forceinline__ void fm_mma_x64(float (&acc)[8][4], const uint32_t (&a)[4], const E *X, int kk, int lane)
+{
+#pragma unroll
+    for (int dd = 0; dd < 4; dd++) {
+        uint32_t xf[4];
+        fm_ldm_p1<true>(xf, X + kk * 16 * FM_LD + dd * 16, lane);
+        fm_mma<E>(acc[2 * dd], a, xf[0], xf[1]);
+        fm_mma<E>(acc[2 * dd + 1], a, xf[2], xf[3]);
+    }
+}
+
 // Stage ROWS×64 fp32 values of up to two tiles (row r at src + r·pitch; rows
 // at or past `rows` become zeros) into 16-bit tiles dst[r·FM_LD ..].  All
 // loads are issued before the first store, so their latencies overlap.
@@ -276,13 +292,7 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restric
         for (int kk = 0; kk < 4; kk++) {
             uint32_t pa[4];
             fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int dd = 0; dd < 4; dd++) {
-                uint32_t vf[4];
-                fm_ldm_p1<true>(vf, Vs + kk * 16 * FM_LD + dd * 16, lane);
-                fm_mma<E>(o[2 * dd], pa, vf[0], vf[1]);
-                fm_mma<E>(o[2 * dd + 1], pa, vf[2], vf[3]);
-            }
+            fm_mma_x64<E>(o, pa, Vs, kk, lane);
         }
     }
 
@@ -401,13 +411,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
         for (int kk = 0; kk < 4; kk++) {
             uint32_t pa[4];
             fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int dd = 0; dd < 4; dd++) {
-                uint32_t of[4];
-                fm_ldm_p1<true>(of, dOs + kk * 16 * FM_LD + dd * 16, lane);
-                fm_mma<E>(dv[2 * dd], pa, of[0], of[1]);
-                fm_mma<E>(dv[2 * dd + 1], pa, of[2], of[3]);
-            }
+            fm_mma_x64<E>(dv, pa, dOs, kk, lane);
         }
 
         // dPᵀ = V·dOᵀ, 16 queries at a time, and at once dSᵀ = Pᵀ ⊙ (dPᵀ − D[q])
@@ -438,13 +442,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
         for (int kk = 0; kk < 4; kk++) {
             uint32_t da[4];
             fm_acc_to_a<E>(da, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int dd = 0; dd < 4; dd++) {
-                uint32_t qf[4];
-                fm_ldm_p1<true>(qf, Qs + kk * 16 * FM_LD + dd * 16, lane);
-                fm_mma<E>(dk[2 * dd], da, qf[0], qf[1]);
-                fm_mma<E>(dk[2 * dd + 1], da, qf[2], qf[3]);
-            }
+            fm_mma_x64<E>(dk, da, Qs, kk, lane);
             // da holds rows g / g+8, columns 16·kk + 2c.. and +8: exactly
             // the words to store.
             E *r0 = dSs + (warp * 16 + g) * FM_LD + kk * 16 + 2 * c, *r1 = r0 + 8 * FM_LD;
@@ -465,13 +463,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
         for (int kk = 0; kk < 4; kk++) {
             uint32_t sa[4];
             fm_ldm_p2<true>(sa, dSs + kk * 16 * FM_LD + warp * 16, lane);
-#pragma unroll
-            for (int dd = 0; dd < 4; dd++) {
-                uint32_t kf[4];
-                fm_ldm_p1<true>(kf, Ks + kk * 16 * FM_LD + dd * 16, lane);
-                fm_mma<E>(dq[2 * dd], sa, kf[0], kf[1]);
-                fm_mma<E>(dq[2 * dd + 1], sa, kf[2], kf[3]);
-            }
+            fm_mma_x64<E>(dq, sa, Ks, kk, lane);
         }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
