@@ -18,8 +18,10 @@
 
 /* ---- row softmax ------------------------------------------------------------------- */
 
-/* att[0,n) = softmax(pre[0,n)); att[n,w) = 0. */
-KCPU_CLONES static void softmax_row(float *restrict att, const float *restrict pre, int n, int w)
+/* att[0,n) = softmax(pre[0,n)); att[n,w) = 0.  att may be pre (the decode
+ * step works in place): no restrict, each element is read before it is
+ * written, and omp simd says the loops carry no dependence. */
+KCPU_CLONES static void softmax_row(float *att, const float *pre, int n, int w)
 {
     float maxv = -INFINITY;
     KCPU_SIMD_MAX(maxv)
@@ -144,29 +146,6 @@ void kcpu_attention_backward(kern_ctx *k, float *dinp, float *dpreatt, float *da
  * weighted sum of v another: the last row of attention_forward, with the
  * causal mask implicit in stopping at Tc. */
 
-/* a[0,n) = softmax(a[0,n)) in place, by softmax_row's steps (max, kcpu_expf
- * of the difference, one reciprocal of the sum): the probabilities match the
- * full attention's to rounding.  Separate from softmax_row, whose restrict
- * arguments may not alias. */
-KCPU_CLONES static void softmax_row_inplace(float *a, int n)
-{
-    float maxv = -INFINITY;
-    KCPU_SIMD_MAX(maxv)
-    for (int j = 0; j < n; j++)
-        maxv = a[j] > maxv ? a[j] : maxv;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < n; j++) {
-        float e = kcpu_expf(a[j] - maxv);
-        a[j] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-#pragma omp simd
-    for (int j = 0; j < n; j++)
-        a[j] *= inv;
-}
-
 void kcpu_attention_decode(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
                            int B, int Tc, int Tmax, int C, int NH)
 {
@@ -191,7 +170,7 @@ void kcpu_attention_decode(kern_ctx *k, float *out, float *att, float *kcache, f
         float *o = out + (size_t)b * C + (size_t)h * hs;
         /* a (Tc) = scale · k[0,Tc) · q;  o (hs) = v[0,Tc)ᵀ · softmax(a) */
         cblas_sgemv(CblasRowMajor, CblasNoTrans, Tc, hs, scale, kk, C, q, 1, 0.0f, a, 1);
-        softmax_row_inplace(a, Tc);
+        softmax_row(a, a, Tc, Tc); /* in place: softmax_row allows att == pre */
         cblas_sgemv(CblasRowMajor, CblasTrans, Tc, hs, 1.0f, v, C, a, 1, 0.0f, o, 1);
     }
 }

@@ -282,6 +282,33 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
 static inline bool lowp(const kern_ctx *k) { return k->prec == KERN_BF16 || k->prec == KERN_FP16; }
 static inline cudaDataType_t lowp_type(const kern_ctx *k) { return k->prec == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
+// One column-major GEMM's arguments, D (m×n) = alpha·op(A)·op(B) + beta·D with
+// alpha 1, fp32 operands, output and compute (callers switch the types for
+// 16-bit operands or output, and set a bias).
+static kc_gemm_args gemm_args(bool ta, bool tb, int m, int n, int kk, const void *A, int lda, const void *B, int ldb,
+                              void *D, int ldd, float beta)
+{
+    kc_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = kk;
+    g.A = A;
+    g.lda = lda;
+    g.B = B;
+    g.ldb = ldb;
+    g.D = D;
+    g.ldd = ldd;
+    g.batch = 1;
+    g.alpha = 1.0f;
+    g.beta = beta;
+    g.ab = CUDA_R_32F;
+    g.compute = CUBLAS_COMPUTE_32F;
+    return g;
+}
+
 /* D (m,n) = A (m,kk) · op(B) + beta·D, column-major: beta 1 for the
  * parameter gradients (they accumulate), 0 for dinp (overwritten); with lp
  * the 16-bit copies A16/B16 are used when cuBLASLt has an algorithm for
@@ -290,24 +317,7 @@ static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, i
                                const float *B, int ldb, float *D, int ldd, const uint16_t *A16, const uint16_t *B16,
                                bool lp)
 {
-    kc_gemm_args g32;
-    memset(&g32, 0, sizeof g32);
-    g32.ta = false;
-    g32.tb = tb;
-    g32.m = m;
-    g32.n = n;
-    g32.k = kk;
-    g32.A = A;
-    g32.lda = lda;
-    g32.B = B;
-    g32.ldb = ldb;
-    g32.D = D;
-    g32.ldd = ldd;
-    g32.batch = 1;
-    g32.alpha = 1.0f;
-    g32.beta = beta;
-    g32.ab = CUDA_R_32F;
-    g32.compute = CUBLAS_COMPUTE_32F;
+    kc_gemm_args g32 = gemm_args(false, tb, m, n, kk, A, lda, B, ldb, D, ldd, beta);
     kc_gemm_args g16 = g32;
     g16.A = A16;
     g16.B = B16;
@@ -322,23 +332,8 @@ static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, i
 static kc_gemm_args forward_args(void *out, const void *inp, const void *weight, const float *bias, int N, int C,
                                  int OC)
 {
-    kc_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.ta = true;
-    g.m = OC;
-    g.n = N;
-    g.k = C;
-    g.A = weight;
-    g.lda = C;
-    g.B = inp;
-    g.ldb = C;
-    g.D = out;
-    g.ldd = OC;
-    g.batch = 1;
-    g.alpha = 1.0f;
+    kc_gemm_args g = gemm_args(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f);
     g.bias = bias;
-    g.ab = CUDA_R_32F;
-    g.compute = CUBLAS_COMPUTE_32F;
     return g;
 }
 
@@ -496,39 +491,15 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias
         kc_cast_lowp(k, (uint16_t *)(buf + od), dout, nd, bf);
         d16 = (const uint16_t *)(buf + od);
     }
-    kc_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.batch = 1;
-    g.alpha = 1.0f;
-    g.ab = lowp_type(k);
-    g.compute = CUBLAS_COMPUTE_32F;
     int r_in = 0, r_w = 0;
     if (dinp && C > 0) { // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
-        kc_gemm_args a = g;
-        a.m = C;
-        a.n = N;
-        a.k = OC;
-        a.A = w16;
-        a.lda = C;
-        a.B = d16;
-        a.ldb = OC;
-        a.D = dinp;
-        a.ldd = C;
+        kc_gemm_args a = gemm_args(false, false, C, N, OC, w16, C, d16, OC, dinp, C, 0.0f);
+        a.ab = lowp_type(k);
         r_in = kc_gemm(k, &a);
     }
     if (dweight && C > 0) { // dW (OC,C) += doutᵀ·inp: column-major D(C,OC) = inp(C,N) · dout(OC,N)ᵀ
-        kc_gemm_args a = g;
-        a.tb = true;
-        a.m = C;
-        a.n = OC;
-        a.k = N;
-        a.A = inp16;
-        a.lda = C;
-        a.B = d16;
-        a.ldb = OC;
-        a.D = dweight;
-        a.ldd = C;
-        a.beta = 1.0f;
+        kc_gemm_args a = gemm_args(false, true, C, OC, N, inp16, C, d16, OC, dweight, C, 1.0f);
+        a.ab = lowp_type(k);
         r_w = kc_gemm(k, &a);
     }
     if (dbias) {
