@@ -21,6 +21,21 @@
 
 #include "kernels.h"
 
+#ifdef GRADD_CUDA_EMU
+// tests/emu: the device code of the including .cu file compiled by a host
+// compiler and run on the CPU (cuda_emu.h); its <<<>>> launchers are left out.
+#include "cuda_emu.h"
+// A 4-wide access must be aligned to its size on the GPU (it faults
+// otherwise); on the host it would just work, so the emulation checks.
+#define KC_EMU_ALIGNED(p, n)                                                                                        \
+    do {                                                                                                             \
+        if ((uintptr_t)(p) % (n))                                                                                    \
+            emu::fail("misaligned vector access");                                                                   \
+    } while (0)
+#else
+#define KC_EMU_ALIGNED(p, n) ((void)0)
+#endif
+
 struct kc_plan; // a cached cuBLASLt plan (gemm.cu)
 
 // Pinned staging slots for copy_h2d: the caller may reuse its buffer as soon
@@ -180,6 +195,7 @@ template <int W> __device__ __forceinline__ kc_fv<W> kc_ld(const float *p)
 {
     kc_fv<W> r;
     if constexpr (W == 4) {
+        KC_EMU_ALIGNED(p, 16);
         float4 t = *reinterpret_cast<const float4 *>(p);
         r.v[0] = t.x;
         r.v[1] = t.y;
@@ -196,6 +212,7 @@ template <int W> __device__ __forceinline__ kc_fv<W> kc_ld(const float *p)
 template <int W> __device__ __forceinline__ void kc_st(float *p, const kc_fv<W> &r)
 {
     if constexpr (W == 4) {
+        KC_EMU_ALIGNED(p, 16);
         *reinterpret_cast<float4 *>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
     } else {
 #pragma unroll
@@ -233,6 +250,7 @@ template <class E, int W> __device__ __forceinline__ kc_fv<W> kc_ldE(const E *p)
         const uint16_t *q = reinterpret_cast<const uint16_t *>(p);
         kc_fv<W> r;
         if constexpr (W == 4) {
+            KC_EMU_ALIGNED(q, 8);
             ushort4 h = *reinterpret_cast<const ushort4 *>(q);
             r.v[0] = kc_from16<E>(h.x);
             r.v[1] = kc_from16<E>(h.y);
@@ -254,6 +272,7 @@ template <class E, int W> __device__ __forceinline__ void kc_stE(E *p, const kc_
     } else {
         uint16_t *q = reinterpret_cast<uint16_t *>(p);
         if constexpr (W == 4) {
+            KC_EMU_ALIGNED(q, 8);
             *reinterpret_cast<ushort4 *>(q) =
                 make_ushort4(kc_to16<E>(r.v[0]), kc_to16<E>(r.v[1]), kc_to16<E>(r.v[2]), kc_to16<E>(r.v[3]));
         } else {
@@ -273,6 +292,7 @@ template <int W, class F> __global__ void kc_ew_kernel(size_t base, size_t count
         f.template run<W>(base + i * W);
 }
 
+#ifndef GRADD_CUDA_EMU // (tests/emu launches kc_ew_kernel itself, with the same head/tail split)
 template <class F> static inline void kc_ew(kern_ctx *k, size_t n, bool vec, const F &f, const char *what)
 {
     size_t head = 0;
@@ -285,6 +305,7 @@ template <class F> static inline void kc_ew(kern_ctx *k, size_t n, bool vec, con
         kc_ew_kernel<1, F><<<kc_grid(k, n - head, 256), 256, 0, k->stream>>>(head, n - head, f);
     kc_launched(k, what);
 }
+#endif
 
 // ---- GEMM (gemm.cu) --------------------------------------------------------------------
 

@@ -174,6 +174,7 @@ template <bool BF16> struct from16_f {
 
 } // namespace
 
+#ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the functors above itself)
 void kc_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N)
 {
     kc_enter(k);
@@ -271,6 +272,7 @@ void kc_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
     kc_enter(k);
     kc_ew(k, n, kc_aligned(16, dst) && kc_aligned(8, src), from16_f<false>{dst, src}, "cast_f16_to_f32");
 }
+#endif
 
 // ---- count_nonfinite ------------------------------------------------------------------
 
@@ -293,6 +295,7 @@ __global__ static void nonfinite_kernel(const float *p, size_t n, unsigned long 
         atomicAdd(count, c); // integer: exact in any order
 }
 
+#ifndef GRADD_CUDA_EMU
 size_t kc_count_nonfinite(kern_ctx *k, const float *p, size_t n)
 {
     if (n == 0)
@@ -311,3 +314,4 @@ size_t kc_count_nonfinite(kern_ctx *k, const float *p, size_t n)
         return n; // unknown: say everything is bad rather than nothing
     return (size_t)k->h_small->count;
 }
+#endif

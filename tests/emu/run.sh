@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # run.sh [tsan] — the emulated flash_mma test on every shape it knows (the
-# meson test runs the first three), built with g++ into /tmp.
+# meson test runs the first three), then the emulated cross-entropy,
+# layernorm, GELU16 and column-sum test (test_kernels_emu.cc, as the meson
+# test), built with g++ into /tmp.
 #   tsan   under ThreadSanitizer: the CUDA threads of a CTA are real threads
 #          here, so a missing __syncthreads shows up as a data race report
 #          (about 5x slower).
@@ -17,8 +19,13 @@ if [ "${1:-}" = tsan ]; then
   env=(TSAN_OPTIONS=halt_on_error=1)
 fi
 exe=$(mktemp /tmp/test_flash_emu.XXXXXX)
-trap 'rm -f "$exe"' EXIT
-g++ -std=c++20 -g "${flags[@]}" -Wall -Wextra -Wno-unknown-pragmas -fno-strict-aliasing -DGRADD_CUDA_EMU \
-  -I"$cuda_inc" -Itests/emu -Ikernels -Ikernels/cuda tests/emu/test_flash_emu.cc "$lib" \
-  -lopenblas -fopenmp -lm -pthread -o "$exe"
+exe2=$(mktemp /tmp/test_kernels_emu.XXXXXX)
+trap 'rm -f "$exe" "$exe2"' EXIT
+build() {
+  g++ -std=c++20 -g "${flags[@]}" -Wall -Wextra -Wno-unknown-pragmas -fno-strict-aliasing -DGRADD_CUDA_EMU \
+    -I"$cuda_inc" -Itests/emu -Ikernels -Ikernels/cuda "$1" "$lib" -lopenblas -fopenmp -lm -pthread -o "$2"
+}
+build tests/emu/test_flash_emu.cc "$exe"
+build tests/emu/test_kernels_emu.cc "$exe2"
 env "${env[@]}" "$exe" all
+env "${env[@]}" "$exe2"
