@@ -105,7 +105,7 @@ static void att_gemm(kern_ctx *k, kc_gemm_args g)
         for (int i = 0; i < g.batch && r != -1; i++) {
             h.A = (const float *)g.A + (size_t)i * g.sA;
             h.B = (const float *)g.B + (size_t)i * g.sB;
-            h.D = g.D + (size_t)i * g.sD;
+            h.D = (float *)g.D + (size_t)i * g.sD; // D is untyped in kc_gemm_args: step in floats
             r = kc_gemm(k, &h);
             if (r == 1)
                 break;
