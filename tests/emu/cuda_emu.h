@@ -369,4 +369,15 @@ template <class F> void emu_launch(dim3 grid, dim3 block, F &&kernel)
             }
 }
 
+// For the emulated tests: uniform [-1, 1) from a splitmix64 state, so that
+// a failure reproduces from its seed.
+static inline float emu_uniform(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 4503599627370496.0 - 1.0); // 2^52
+}
+
 #endif

@@ -25,15 +25,7 @@ namespace {
 int failures;
 
 uint64_t rng_state = 0x243F6A8885A308D3ull;
-// uniform [-1, 1): splitmix64, fixed seed so a failure reproduces
-float rnd()
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) / 4503599627370496.0 - 1.0); // 2^52
-}
+float rnd() { return emu_uniform(&rng_state); }
 
 std::vector<float> mk(size_t n, float scale)
 {

@@ -35,15 +35,7 @@ namespace {
 int failures;
 
 uint64_t rng_state = 0x13198A2E03707344ull;
-// uniform [-1, 1): splitmix64, fixed seed so a failure reproduces
-float rnd()
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) / 4503599627370496.0 - 1.0); // 2^52
-}
+float rnd() { return emu_uniform(&rng_state); }
 
 void verdict(const std::string &name, const char *what, size_t bad, size_t n, double max_err, const char *unit)
 {
