@@ -24,7 +24,7 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 if want tests; then
   section test_gpu_dev
   gx timeout 120 "$B/tests/gpu/test_gpu_dev" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
-  # Once per attention kernel (GRADD_FLASH: kernels/cuda/flash.cu).
+  # Once per attention kernel (GRADD_FLASH, read when a context is created).
   for flash in ${FLASHES:-wmma mma}; do
     section "test_gpu_kernels GRADD_FLASH=$flash"
     GRADD_FLASH=$flash gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"

@@ -119,25 +119,12 @@ static kc_gemm_args att_args(bool ta, bool tb, int m, int n, int kk, const float
                              const float *B, int ldb, long long sB, float *D, int ldd, long long sD, int batch,
                              float alpha, float beta)
 {
-    kc_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.ta = ta;
-    g.tb = tb;
-    g.m = m;
-    g.n = n;
-    g.k = kk;
-    g.A = A;
-    g.lda = lda;
+    kc_gemm_args g = kc_gemm_plain(ta, tb, m, n, kk, A, lda, B, ldb, D, ldd, beta);
     g.sA = sA;
-    g.B = B;
-    g.ldb = ldb;
     g.sB = sB;
-    g.D = D;
-    g.ldd = ldd;
     g.sD = sD;
     g.batch = batch;
     g.alpha = alpha;
-    g.beta = beta;
     return g;
 }
 

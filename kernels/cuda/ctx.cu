@@ -109,6 +109,8 @@ kern_ctx *kc_ctx_create(int threads, int device, kern_precision prec, const kern
         return NULL;
     k->device = device;
     k->prec = prec;
+    const char *flash = getenv("GRADD_FLASH");
+    k->flash_mma = flash && !strcmp(flash, "mma");
     if (scratch)
         k->scratch = *scratch;
     if (cudaDeviceGetAttribute(&k->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)

@@ -23,8 +23,6 @@
 // atomicAdd (so dQ's summation order, unlike the rest, is not fixed).
 #include <math.h>
 #include <mma.h>
-#include <stdlib.h>
-#include <string.h>
 #include <type_traits>
 
 #include "kern_cuda.cuh"
@@ -382,15 +380,6 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
 
 // ---- host side -------------------------------------------------------------------------
 
-// GRADD_FLASH=mma picks the register-resident kernels of flash_mma.cu.
-// Read at every call (two per layer and step, next to kernels of
-// milliseconds), so a test can compare both in one process.
-static bool fa_use_mma(void)
-{
-    const char *e = getenv("GRADD_FLASH");
-    return e && !strcmp(e, "mma");
-}
-
 bool kc_attention_fused_ok(kern_ctx *k, int C, int NH)
 {
     return k->prec != KERN_FP32 && NH > 0 && C % NH == 0 && C / NH == FA_HS && NH <= 65535;
@@ -441,7 +430,7 @@ void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float
     if (!fa_check(k, B, T, C, NH, out, inp, "fused attention forward: unsupported shape or alignment"))
         return;
     kc_enter(k);
-    if (fa_use_mma())
+    if (k->flash_mma)
         kc_flash_mma_forward(k, out, lse, inp, B, T, C, NH);
     else if (k->prec == KERN_BF16)
         fa_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
@@ -462,7 +451,7 @@ void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, co
         return;
     fa_rowdot<<<kc_grid(k, rows * 32, 256), 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
     kc_launched(k, "fused attention backward: row dot");
-    if (fa_use_mma())
+    if (k->flash_mma)
         kc_flash_mma_backward(k, dinp, dout, lse, D, inp, B, T, C, NH);
     else if (k->prec == KERN_BF16)
         fa_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);

@@ -27,8 +27,9 @@
 // dK and dV stay in registers; dQ is summed with atomicAdd, so its order of
 // summation, unlike the rest, is not fixed.  Head size 64.
 //
-// Selected with GRADD_FLASH=mma (flash.cu) until it has been measured
-// against the WMMA kernels on a GPU.  tests/emu runs these kernels on the CPU
+// Selected with GRADD_FLASH=mma (read at context creation, ctx.cu; flash.cu
+// dispatches) until it has been measured against the WMMA kernels on a
+// GPU.  tests/emu runs these kernels on the CPU
 // (GRADD_CUDA_EMU: mma and ldmatrix emulated from the PTX ISA) against the
 // CPU reference, so their indexing is checked without a GPU.
 #include <math.h>

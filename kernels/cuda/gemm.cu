@@ -238,8 +238,26 @@ __global__ static void scale_matrix_kernel(float *d, int m, int n, int ld, float
     }
 }
 
-// One GEMM with its fallbacks: 16-bit inputs → fp32 inputs; bias epilogue →
-// plain GEMM + bias kernel.  g16 (or NULL) is the 16-bit form of g32.
+// One GEMM whose bias epilogue, should cuBLASLt decline it, becomes a plain
+// GEMM and the bias kernel: kc_gemm's return value.
+static int gemm_try(kern_ctx *k, const kc_gemm_args *g, int N_rows_for_bias)
+{
+    int r = kc_gemm(k, g);
+    if (r != 1 || !g->bias)
+        return r;
+    kc_gemm_args nb = *g;
+    nb.bias = NULL;
+    r = kc_gemm(k, &nb);
+    if (r == 0) {
+        add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
+            (float *)g->D, g->bias, (size_t)N_rows_for_bias, g->m);
+        kc_launched(k, "gemm(bias)");
+    }
+    return r;
+}
+
+// One GEMM with its fallbacks: 16-bit inputs (with the bias epilogue, then
+// without) → fp32 inputs (likewise).  g16 (or NULL) is the 16-bit form of g32.
 static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g32, int N_rows_for_bias)
 {
     const kc_gemm_args *g = g16 ? g16 : g32;
@@ -256,19 +274,9 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
         }
         return;
     }
-    int r = g16 ? kc_gemm(k, g16) : 1;
+    int r = g16 ? gemm_try(k, g16, N_rows_for_bias) : 1;
     if (r == 1)
-        r = kc_gemm(k, g32);
-    if (r == 1 && g32->bias) {
-        kc_gemm_args nb = *g32;
-        nb.bias = NULL;
-        r = kc_gemm(k, &nb);
-        if (r == 0) {
-            add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
-                (float *)g->D, g32->bias, (size_t)N_rows_for_bias, g->m);
-            kc_launched(k, "gemm(bias)");
-        }
-    }
+        r = gemm_try(k, g32, N_rows_for_bias);
     if (r == 1) {
         char msg[160];
         snprintf(msg, sizeof msg, "no cuBLASLt algorithm for m=%d n=%d k=%d lda=%d ldb=%d ldd=%d batch=%d", g->m,
@@ -282,33 +290,6 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
 static inline bool lowp(const kern_ctx *k) { return k->prec == KERN_BF16 || k->prec == KERN_FP16; }
 static inline cudaDataType_t lowp_type(const kern_ctx *k) { return k->prec == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
-// One column-major GEMM's arguments, D (m×n) = alpha·op(A)·op(B) + beta·D with
-// alpha 1, fp32 operands, output and compute (callers switch the types for
-// 16-bit operands or output, and set a bias).
-static kc_gemm_args gemm_args(bool ta, bool tb, int m, int n, int kk, const void *A, int lda, const void *B, int ldb,
-                              void *D, int ldd, float beta)
-{
-    kc_gemm_args g;
-    memset(&g, 0, sizeof g);
-    g.ta = ta;
-    g.tb = tb;
-    g.m = m;
-    g.n = n;
-    g.k = kk;
-    g.A = A;
-    g.lda = lda;
-    g.B = B;
-    g.ldb = ldb;
-    g.D = D;
-    g.ldd = ldd;
-    g.batch = 1;
-    g.alpha = 1.0f;
-    g.beta = beta;
-    g.ab = CUDA_R_32F;
-    g.compute = CUBLAS_COMPUTE_32F;
-    return g;
-}
-
 /* D (m,n) = A (m,kk) · op(B) + beta·D, column-major: beta 1 for the
  * parameter gradients (they accumulate), 0 for dinp (overwritten); with lp
  * the 16-bit copies A16/B16 are used when cuBLASLt has an algorithm for
@@ -317,7 +298,7 @@ static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, i
                                const float *B, int ldb, float *D, int ldd, const uint16_t *A16, const uint16_t *B16,
                                bool lp)
 {
-    kc_gemm_args g32 = gemm_args(false, tb, m, n, kk, A, lda, B, ldb, D, ldd, beta);
+    kc_gemm_args g32 = kc_gemm_plain(false, tb, m, n, kk, A, lda, B, ldb, D, ldd, beta);
     kc_gemm_args g16 = g32;
     g16.A = A16;
     g16.B = B16;
@@ -332,7 +313,7 @@ static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, i
 static kc_gemm_args forward_args(void *out, const void *inp, const void *weight, const float *bias, int N, int C,
                                  int OC)
 {
-    kc_gemm_args g = gemm_args(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f);
+    kc_gemm_args g = kc_gemm_plain(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f);
     g.bias = bias;
     return g;
 }
@@ -443,17 +424,7 @@ void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const f
     g16.A = w16;
     g16.B = inp16;
     g16.ab = lowp_type(k);
-    int r = kc_gemm(k, &g16);
-    if (r == 1 && g16.bias) { // the bias epilogue declined: plain GEMM, then the bias kernel
-        kc_gemm_args nb = g16;
-        nb.bias = NULL;
-        r = kc_gemm(k, &nb);
-        if (r == 0) {
-            add_bias_kernel<<<kc_grid(k, (size_t)N * OC, 256), 256, 0, k->stream>>>(out, bias, (size_t)N, OC);
-            kc_launched(k, "gemm(bias)");
-        }
-    }
-    if (r != 1)
+    if (gemm_try(k, &g16, N) != 1)
         return;
     // Nothing was queued on w16: the scratch may be reused.
     float *i32 = (float *)kc_scratch(k, (size_t)N * C * sizeof(float));
@@ -493,12 +464,12 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias
     }
     int r_in = 0, r_w = 0;
     if (dinp && C > 0) { // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
-        kc_gemm_args a = gemm_args(false, false, C, N, OC, w16, C, d16, OC, dinp, C, 0.0f);
+        kc_gemm_args a = kc_gemm_plain(false, false, C, N, OC, w16, C, d16, OC, dinp, C, 0.0f);
         a.ab = lowp_type(k);
         r_in = kc_gemm(k, &a);
     }
     if (dweight && C > 0) { // dW (OC,C) += doutᵀ·inp: column-major D(C,OC) = inp(C,N) · dout(OC,N)ᵀ
-        kc_gemm_args a = gemm_args(false, true, C, OC, N, inp16, C, d16, OC, dweight, C, 1.0f);
+        kc_gemm_args a = kc_gemm_plain(false, true, C, OC, N, inp16, C, d16, OC, dweight, C, 1.0f);
         a.ab = lowp_type(k);
         r_w = kc_gemm(k, &a);
     }

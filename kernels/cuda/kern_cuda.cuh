@@ -63,6 +63,9 @@ struct kern_ctx {
     int device;
     int sm_count;
     kern_precision prec;
+    // GRADD_FLASH=mma at creation: fused attention runs the register-resident
+    // kernels of flash_mma.cu instead of flash.cu's WMMA ones.
+    bool flash_mma;
     cudaStream_t stream;
     cublasLtHandle_t lt;
 
@@ -242,6 +245,11 @@ template <class E> __device__ __forceinline__ float kc_from16(uint16_t h)
         return __half2float(__ushort_as_half(h));
 }
 
+// One element of type E widened exactly to fp32.
+__device__ __forceinline__ float kc_widen(float x) { return x; }
+__device__ __forceinline__ float kc_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float kc_widen(__half x) { return __half2float(x); }
+
 template <class E, int W> __device__ __forceinline__ kc_fv<W> kc_ldE(const E *p)
 {
     if constexpr (std::is_same_v<E, float>) {
@@ -330,6 +338,31 @@ struct kc_gemm_args {
     cudaDataType_t dt; // D's type: CUDA_R_32F (0, what a zeroed struct says) unless a 16-bit output
     cublasComputeType_t compute;
 };
+// One column-major GEMM, D (m×n) = op(A)·op(B) + beta·D, alpha 1, unbatched,
+// fp32 operands, output and compute; callers change what differs (16-bit
+// types, a bias, batch strides, alpha).
+static inline kc_gemm_args kc_gemm_plain(bool ta, bool tb, int m, int n, int kk, const void *A, int lda,
+                                         const void *B, int ldb, void *D, int ldd, float beta)
+{
+    kc_gemm_args g = {};
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = kk;
+    g.A = A;
+    g.lda = lda;
+    g.B = B;
+    g.ldb = ldb;
+    g.D = D;
+    g.ldd = ldd;
+    g.batch = 1;
+    g.alpha = 1.0f;
+    g.beta = beta;
+    g.ab = CUDA_R_32F;
+    g.compute = CUBLAS_COMPUTE_32F;
+    return g;
+}
 // 0: done.  1: no algorithm for this configuration (nothing recorded; the
 // caller may fall back).  -1: error recorded.
 int kc_gemm(kern_ctx *k, const kc_gemm_args *g);

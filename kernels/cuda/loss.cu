@@ -17,10 +17,6 @@
 
 #define CE_THREADS 256
 
-__device__ __forceinline__ float ce_widen(float x) { return x; }
-__device__ __forceinline__ float ce_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ce_widen(__half x) { return __half2float(x); }
-
 template <class E, int W>
 __global__ static void ce_forward_kernel(float *__restrict__ losses, float *__restrict__ lse,
                                          const E *__restrict__ logits, const int32_t *__restrict__ targets,
@@ -38,7 +34,7 @@ __global__ static void ce_forward_kernel(float *__restrict__ losses, float *__re
             ms = kc_ms_add(ms, a.v[j]);
     }
     for (int v = vw + threadIdx.x; v < V; v += CE_THREADS)
-        ms = kc_ms_add(ms, ce_widen(x[v]));
+        ms = kc_ms_add(ms, kc_widen(x[v]));
     ms = kc_warp_ms(ms);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0)
@@ -53,7 +49,7 @@ __global__ static void ce_forward_kernel(float *__restrict__ losses, float *__re
             float ls = logf(ms.s);
             int t = targets[row];
             lse[row] = ms.m + ls;
-            losses[row] = (t >= 0 && t < V) ? ls + (ms.m - ce_widen(x[t])) : NAN;
+            losses[row] = (t >= 0 && t < V) ? ls + (ms.m - kc_widen(x[t])) : NAN;
         }
     }
 }

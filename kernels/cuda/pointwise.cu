@@ -24,8 +24,11 @@ __device__ __forceinline__ float kc_gelu_grad(float x)
 
 namespace {
 
-struct gelu_fwd_f {
-    float *out;
+// O: the output's element type.  float for gelu_forward/backward; bf16 or
+// fp16 for the *16 ops (an output only GEMMs read): the same fp32
+// arithmetic, then the cast's rounding at the store.
+template <class O> struct gelu_fwd_f {
+    O *out;
     const float *inp;
     template <int W> __device__ void run(size_t i) const
     {
@@ -33,12 +36,12 @@ struct gelu_fwd_f {
 #pragma unroll
         for (int j = 0; j < W; j++)
             x.v[j] = kc_gelu(x.v[j]);
-        kc_st<W>(out + i, x);
+        kc_stE<O, W>(out + i, x);
     }
 };
 
-struct gelu_bwd_f {
-    float *dinp;
+template <class O> struct gelu_bwd_f {
+    O *dinp;
     const float *inp, *dout;
     template <int W> __device__ void run(size_t i) const
     {
@@ -46,7 +49,7 @@ struct gelu_bwd_f {
 #pragma unroll
         for (int j = 0; j < W; j++)
             d.v[j] *= kc_gelu_grad(x.v[j]);
-        kc_st<W>(dinp + i, d);
+        kc_stE<O, W>(dinp + i, d);
     }
 };
 
@@ -104,71 +107,22 @@ struct scale_f {
 
 // The 16-bit type a BF16 flag names.
 template <bool BF16> using kc_e16 = std::conditional_t<BF16, __nv_bfloat16, __half>;
-template <bool BF16, int W> __device__ __forceinline__ void st16(uint16_t *p, const kc_fv<W> &x)
-{
-    kc_stE<kc_e16<BF16>, W>(reinterpret_cast<kc_e16<BF16> *>(p), x);
-}
 
 template <bool BF16> struct to16_f {
     uint16_t *dst;
     const float *src;
-    template <int W> __device__ void run(size_t i) const { st16<BF16, W>(dst + i, kc_ld<W>(src + i)); }
-};
-
-// GELU with the result rounded to 16 bits (layer output only GEMMs read):
-// the fp32 gelu_fwd_f's arithmetic, then the cast's rounding.
-template <bool BF16> struct gelu_fwd16_f {
-    uint16_t *out;
-    const float *inp;
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x = kc_ld<W>(inp + i);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            x.v[j] = kc_gelu(x.v[j]);
-        st16<BF16, W>(out + i, x);
-    }
-};
-
-// dinp16 = round16(dout·gelu'(inp)), the fp32 gelu_bwd_f then the cast.
-template <bool BF16> struct gelu_bwd16_f {
-    uint16_t *dinp;
-    const float *inp, *dout;
-    template <int W> __device__ void run(size_t i) const
-    {
-        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            d.v[j] *= kc_gelu_grad(x.v[j]);
-        st16<BF16, W>(dinp + i, d);
+        kc_stE<kc_e16<BF16>, W>(reinterpret_cast<kc_e16<BF16> *>(dst + i), kc_ld<W>(src + i));
     }
 };
 
 template <bool BF16> struct from16_f {
     float *dst;
     const uint16_t *src;
-    __device__ static float conv(uint16_t h)
-    {
-        if constexpr (BF16)
-            return kern_bf16_to_f32(h);
-        else
-            return __half2float(__ushort_as_half(h));
-    }
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x;
-        if constexpr (W == 4) {
-            ushort4 h = *reinterpret_cast<const ushort4 *>(src + i);
-            x.v[0] = conv(h.x);
-            x.v[1] = conv(h.y);
-            x.v[2] = conv(h.z);
-            x.v[3] = conv(h.w);
-        } else {
-#pragma unroll
-            for (int j = 0; j < W; j++)
-                x.v[j] = conv(src[i + j]);
-        }
-        kc_st<W>(dst + i, x);
+        kc_st<W>(dst + i, kc_ldE<kc_e16<BF16>, W>(reinterpret_cast<const kc_e16<BF16> *>(src + i)));
     }
 };
 
@@ -178,13 +132,13 @@ template <bool BF16> struct from16_f {
 void kc_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N)
 {
     kc_enter(k);
-    kc_ew(k, N, kc_aligned(16, out, inp), gelu_fwd_f{out, inp}, "gelu_forward");
+    kc_ew(k, N, kc_aligned(16, out, inp), gelu_fwd_f<float>{out, inp}, "gelu_forward");
 }
 
 void kc_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N)
 {
     kc_enter(k);
-    kc_ew(k, N, kc_aligned(16, dinp, inp, dout), gelu_bwd_f{dinp, inp, dout}, "gelu_backward");
+    kc_ew(k, N, kc_aligned(16, dinp, inp, dout), gelu_bwd_f<float>{dinp, inp, dout}, "gelu_backward");
 }
 
 // The 16-bit type is fp16 in an fp16 context, bf16 otherwise (as the CPU
@@ -195,9 +149,9 @@ void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N)
     kc_enter(k);
     bool vec = kc_aligned(16, inp) && kc_aligned(8, out16);
     if (k->prec == KERN_FP16)
-        kc_ew(k, N, vec, gelu_fwd16_f<false>{out16, inp}, "gelu_forward16");
+        kc_ew(k, N, vec, gelu_fwd_f<__half>{reinterpret_cast<__half *>(out16), inp}, "gelu_forward16");
     else
-        kc_ew(k, N, vec, gelu_fwd16_f<true>{out16, inp}, "gelu_forward16");
+        kc_ew(k, N, vec, gelu_fwd_f<__nv_bfloat16>{reinterpret_cast<__nv_bfloat16 *>(out16), inp}, "gelu_forward16");
 }
 
 void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N)
@@ -205,9 +159,10 @@ void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const f
     kc_enter(k);
     bool vec = kc_aligned(16, inp, dout) && kc_aligned(8, dinp16);
     if (k->prec == KERN_FP16)
-        kc_ew(k, N, vec, gelu_bwd16_f<false>{dinp16, inp, dout}, "gelu_backward16");
+        kc_ew(k, N, vec, gelu_bwd_f<__half>{reinterpret_cast<__half *>(dinp16), inp, dout}, "gelu_backward16");
     else
-        kc_ew(k, N, vec, gelu_bwd16_f<true>{dinp16, inp, dout}, "gelu_backward16");
+        kc_ew(k, N, vec, gelu_bwd_f<__nv_bfloat16>{reinterpret_cast<__nv_bfloat16 *>(dinp16), inp, dout},
+              "gelu_backward16");
 }
 
 void kc_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N)

@@ -36,11 +36,6 @@ size_t kc_colsum_scratch(const kern_ctx *k, int N, int C, bool ln)
     return (size_t)cs_splits(N, C) * (size_t)C * (ln ? 2 : 1);
 }
 
-// Exact widening of one dout element to fp32.
-__device__ __forceinline__ float cs_widen(float x) { return x; }
-__device__ __forceinline__ float cs_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float cs_widen(__half x) { return __half2float(x); }
-
 // T: dout's element type (float, __nv_bfloat16 or __half).
 template <bool LN, class T>
 __global__ static void colsum_partial(const T *__restrict__ dout, const float *__restrict__ inp,
@@ -58,7 +53,7 @@ __global__ static void colsum_partial(const T *__restrict__ dout, const float *_
     if (c < C) {
         for (int r = r0 + threadIdx.y; r < r1; r += CS_ROWS) {
             size_t i = (size_t)r * C + c;
-            float d = cs_widen(dout[i]);
+            float d = kc_widen(dout[i]);
             if constexpr (LN) {
                 a += d * ((inp[i] - mean[r]) * rstd[r]);
                 b += d;

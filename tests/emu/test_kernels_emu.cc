@@ -337,12 +337,12 @@ template <bool BF16> void test_gelu16(size_t n, bool vec, unsigned max_blocks)
     for (int bwd = 0; bwd < 2; bwd++) {
         std::fill(yb.begin(), yb.end(), 0x7fff);
         if (bwd) {
-            ew_run(n, vec, gelu_bwd16_f<BF16>{y, x, d}, max_blocks);
-            ew_run(n, vec, gelu_bwd_f{y32, x, d}, max_blocks);
+            ew_run(n, vec, gelu_bwd_f<E>{reinterpret_cast<E *>(y), x, d}, max_blocks);
+            ew_run(n, vec, gelu_bwd_f<float>{y32, x, d}, max_blocks);
             H->gelu_backward16(ctx, ref.data(), x, d, n);
         } else {
-            ew_run(n, vec, gelu_fwd16_f<BF16>{y, x}, max_blocks);
-            ew_run(n, vec, gelu_fwd_f{y32, x}, max_blocks);
+            ew_run(n, vec, gelu_fwd_f<E>{reinterpret_cast<E *>(y), x}, max_blocks);
+            ew_run(n, vec, gelu_fwd_f<float>{y32, x}, max_blocks);
             H->gelu_forward16(ctx, ref.data(), x, n);
         }
         size_t bad = 0;
