@@ -145,14 +145,20 @@ class Adaptive(unittest.TestCase):
         self.assertEqual(ev[-1]["reason"], "tuned", ev)
         self.assertIn("tuned", self.d.ctl("status", str(jid)).stdout)
         self.assertIn("->%d tuned" % m0, self.d.ctl("list").stdout)
-        if m0 <= 2:
-            # Seen on a loaded 2-core machine, where timing favours tiny sizes:
-            # micro-batch 2 needs less than the 4 MiB left below, so there is
-            # no shrink to observe.  test_batch's tuning tests cover growth
-            # back to the tuned size with a cost they control.
+        if m0 == 1:
+            # Seen on a loaded 2-core machine, where timing favours tiny
+            # sizes: there is nothing smaller to shrink to.  test_batch's
+            # tuning tests cover growth back to the tuned size with a cost
+            # they control.
             self.d.ctl("cancel", str(jid))
-            self.skipTest("tuned to micro-batch %d: the pressure below leaves it enough" % m0)
-        # Pressure, then none: growth goes back to the tuned size, not the fit.
+            self.skipTest("tuned to micro-batch 1: nothing to shrink to")
+        # Pressure, then none: growth goes back to the tuned size, not the
+        # fit.  The sizes tried on the way down left segments cached; a
+        # small tuned size fits in the small pool, so the pressure trim
+        # would hand all of them back and the job would have no need to
+        # shrink (trim first, then shrink).  Trim now, so that the 4 MiB
+        # left is what remains after the cache is gone.
+        self.d.ctl("trim", "-d", "cpu0")
         free = self.device_free()
         self.d.ctl("test-pressure", "-d", "cpu0", str(free - (4 << 20)))
         j = self.wait_for(jid, lambda j: j["micro"] < m0, "shrink")
