@@ -280,17 +280,19 @@ int main(int argc, char **argv)
     float *encoded = buf(NC), *res2 = buf(NC), *res3 = buf(NC), *mean = buf(N), *rstd = buf(N);
     float *qkv = buf(3 * NC), *att = buf(fused ? (size_t)B * NH * T : nscore), *atty = buf(NC), *proj = buf(NC);
     float *preatt = fused ? NULL : buf(nscore), *datt = fused ? NULL : buf(nscore);
-    float *fch = buf(4 * NC), *dres = buf(NC), *dbig = buf(4 * NC), *dqkv = buf(3 * NC), *dsmall = buf(NC);
+    float *dres = buf(NC), *dqkv = buf(3 * NC), *dsmall = buf(NC);
     float *lse = buf(N), *losses = buf(N), *dlosses = buf(N);
-    /* The activations that only GEMMs read: fp32, or 16-bit on act16 (where
-     * dfch also goes to the fc GEMM's backward in 16 bits). */
-    float *ln1 = NULL, *ln2 = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL;
-    uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL, *dfch16 = NULL;
+    /* The activations that only GEMMs read, and the MLP's hidden layer and
+     * its gradient: fp32, or 16-bit on act16. */
+    float *ln1 = NULL, *ln2 = NULL, *fch = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL, *dbig = NULL;
+    uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL;
+    uint16_t *dfch16 = NULL;
     if (lp16) {
-        ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
+        ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch16 = buf16(4 * NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
         logits16 = buf16(N * V), dfch16 = buf16(4 * NC);
     } else {
-        ln1 = buf(NC), ln2 = buf(NC), fch_gelu = buf(4 * NC), lnf = buf(NC), logits = buf(N * V);
+        ln1 = buf(NC), ln2 = buf(NC), fch = buf(4 * NC), fch_gelu = buf(4 * NC), lnf = buf(NC), logits = buf(N * V);
+        dbig = buf(4 * NC);
     }
     int32_t *tok = malloc(N * sizeof *tok);
     for (size_t i = 0; i < N; i++)
@@ -359,11 +361,11 @@ int main(int argc, char **argv)
     OP("residual_fwd", 2 * L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
     if (lp16) {
         OP("matmul16_fc_fwd", L, PART_GEMM,
-           ops->matmul_forward16(k, fch, ln2_16, P + fcw, P + fcb, (int)N, C, 4 * C));
-        OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch, 4 * NC));
+           ops->matmul_forward16_out16(k, fch16, ln2_16, P + fcw, P + fcb, (int)N, C, 4 * C));
+        OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch16, 4 * NC));
         OP("matmul16_fcproj_fwd", L, PART_GEMM,
            ops->matmul_forward16(k, proj, fch_gelu16, P + fcprojw, P + fcprojb, (int)N, 4 * C, C));
-        OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P + wte, (int)N, C, V));
+        OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P + wte, NULL, (int)N, C, V));
         OP("crossentropy16_fwd", 1, PART_REST,
            ops->crossentropy_forward16(k, losses, lse, logits16, tok, (int)N, V, V));
     } else {
@@ -383,7 +385,7 @@ int main(int argc, char **argv)
         OP("crossentropy16_bwd", 1, PART_REST,
            ops->crossentropy_backward16(k, logits16, logits16, lse, tok, dlosses, (int)N, V, V));
         OP("logits16_bwd", 1, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, D + wte, NULL, NULL, logits16, lnf16, P + wte, (int)N, C, V));
+           ops->matmul_backward16(k, dsmall, NULL, D + wte, NULL, NULL, logits16, lnf16, P + wte, (int)N, C, V));
     } else {
         OP("crossentropy_bwd", 1, PART_REST,
            ops->crossentropy_backward(k, logits, logits, lse, tok, dlosses, (int)N, V, V));
@@ -395,11 +397,12 @@ int main(int argc, char **argv)
        ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
     if (lp16) {
         OP("matmul16_fcproj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dbig, D + fcprojw, D + fcprojb, dres, NULL, fch_gelu16, P + fcprojw, (int)N,
-                                  4 * C, C));
-        OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch, dbig, 4 * NC));
+           ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, dres, NULL, fch_gelu16, P + fcprojw,
+                                  (int)N, 4 * C, C));
+        OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch16, dfch16, 4 * NC));
         OP("matmul16_fc_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, D + fcw, D + fcb, NULL, dfch16, ln2_16, P + fcw, (int)N, C, 4 * C));
+           ops->matmul_backward16(k, dsmall, NULL, D + fcw, D + fcb, NULL, dfch16, ln2_16, P + fcw, (int)N, C,
+                                  4 * C));
     } else {
         OP("matmul_fcproj_bwd", L, PART_GEMM,
            ops->matmul_backward(k, dbig, D + fcprojw, D + fcprojb, dres, fch_gelu, P + fcprojw, (int)N, 4 * C, C));
@@ -418,7 +421,8 @@ int main(int argc, char **argv)
            ops->attention_backward(k, dqkv, preatt, datt, dsmall, qkv, att, B, T, C, NH));
     if (lp16)
         OP("matmul16_qkv_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C, 3 * C));
+           ops->matmul_backward16(k, dsmall, NULL, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C,
+                                  3 * C));
     else
         OP("matmul_qkv_bwd", L, PART_GEMM,
            ops->matmul_backward(k, dsmall, D + qkvw, D + qkvb, dqkv, ln1, P + qkvw, (int)N, C, 3 * C));

@@ -42,9 +42,11 @@ typedef struct {
     /* 16-bit activations (kernels.h): in a bf16/fp16 job whose kernels have
      * the 16-bit ops, the activations only GEMMs read (ln1, ln2, fch_gelu,
      * lnf, and the logits) are stored in the 16-bit type, in the *16
-     * buffers, and dfch goes to the fc GEMM's backward in 16 bits; their
-     * fp32 buffers are then empty.  Their GEMMs would round them to 16 bits anyway.  Only
-     * where the backend says the 16-bit ops pay (act16_native). */
+     * buffers; so is the MLP's hidden layer (fch, which GELU reads) and its
+     * gradient (dfch_gelu, then dfch in place), as autocast keeps them.
+     * Their fp32 buffers are then empty.  Their GEMMs would round them to
+     * 16 bits anyway.  Only where the backend says the 16-bit ops pay
+     * (act16_native). */
     bool lp16;
     gpt_layer *layer;
     size_t wte, wpe, lnfw, lnfb;
@@ -61,7 +63,8 @@ typedef struct {
     float *fch, *fch_gelu;                            /* (L,B,T,4C) */
     float *residual3;                                 /* (L,B,T,C) */
     float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
-    uint16_t *ln1_16, *ln2_16, *fch_gelu16, *lnf16;  /* lp16: as ln1, ln2, fch_gelu, lnf */
+    uint16_t *ln1_16, *ln2_16, *lnf16;                /* lp16: as ln1, ln2, lnf */
+    uint16_t *fch16, *fch_gelu16;                     /* lp16: as fch, fch_gelu */
     uint16_t *logits16;                               /* lp16: as logits (dlogits in backward) */
     float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
@@ -69,7 +72,7 @@ typedef struct {
     float *proj;                                      /* (B,T,C) attproj/fcproj outputs */
     float *dres;                                      /* (B,T,C) residual-stream gradient */
     float *dbig;                                      /* (B,T,4C) dfch_gelu, then dfch over it */
-    uint16_t *dfch16;                                 /* lp16: (B,T,4C) dfch */
+    uint16_t *dfch16;                                 /* lp16: as dbig */
     float *dqkv;                                      /* (B,T,3C) */
     float *dsmall;                                    /* (B,T,C) dln, datty */
     float *datt;                                      /* (B,NH,T,T) */
@@ -89,7 +92,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 34
+#define GPT_BUFFERS 35
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -122,7 +125,8 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE16(ln2_16, h16 * L * BT * C);
     TAKE(ln2_mean, L * BT);
     TAKE(ln2_rstd, L * BT);
-    TAKE(fch, L * BT * 4 * C);
+    TAKE(fch, f32 * L * BT * 4 * C);
+    TAKE16(fch16, h16 * L * BT * 4 * C);
     TAKE(fch_gelu, f32 * L * BT * 4 * C);
     TAKE16(fch_gelu16, h16 * L * BT * 4 * C);
     TAKE(residual3, L * BT * C);
@@ -137,7 +141,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(preatt, n * NH * TT);
     TAKE(proj, BT * C);
     TAKE(dres, BT * C);
-    TAKE(dbig, BT * 4 * C);
+    TAKE(dbig, f32 * BT * 4 * C);
     TAKE16(dfch16, h16 * BT * 4 * C);
     TAKE(dqkv, BT * 3 * C);
     TAKE(dsmall, BT * C);
@@ -230,7 +234,7 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
         float *res2 = g->residual2 + l * BTC;
         float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
-        float *fch = g->fch + l * BTC * 4, *res3 = g->residual3 + l * BTC;
+        float *res3 = g->residual3 + l * BTC;
         gpt_layer *w = &g->layer[l];
 
         if (g->lp16) {
@@ -249,13 +253,14 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
         k->residual_forward(kc, res2, residual, g->proj, BTC);
         if (g->lp16) {
-            uint16_t *ln2 = g->ln2_16 + l * BTC, *fch_gelu = g->fch_gelu16 + l * BTC * 4;
+            uint16_t *ln2 = g->ln2_16 + l * BTC, *fch = g->fch16 + l * BTC * 4;
+            uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4;
             k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
-            k->matmul_forward16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+            k->matmul_forward16_out16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
             k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
             k->matmul_forward16(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
         } else {
-            float *ln2 = g->ln2 + l * BTC, *fch_gelu = g->fch_gelu + l * BTC * 4;
+            float *ln2 = g->ln2 + l * BTC, *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
             k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
             k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
             k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
@@ -266,7 +271,7 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     const float *last = g->residual3 + (g->L - 1) * BTC;
     if (g->lp16) {
         k->layernorm_forward16(kc, g->lnf16, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
-        k->matmul_forward16_out16(kc, g->logits16, g->lnf16, P + g->wte, (int)BT, C, V);
+        k->matmul_forward16_out16(kc, g->logits16, g->lnf16, P + g->wte, NULL, (int)BT, C, V);
     } else {
         k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
         k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
@@ -415,7 +420,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     if (g->lp16) {
         uint16_t *dlogits = g->logits16;
         k->crossentropy_backward16(kc, dlogits, g->logits16, g->lse, b->y, g->dlosses, (int)BT, V, V);
-        k->matmul_backward16(kc, dlnf, D + g->wte, NULL, NULL, dlogits, g->lnf16, P + g->wte, (int)BT, C, V);
+        k->matmul_backward16(kc, dlnf, NULL, D + g->wte, NULL, NULL, dlogits, g->lnf16, P + g->wte, (int)BT, C, V);
     } else {
         float *dlogits = g->logits;
         k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
@@ -432,22 +437,24 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         const float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
         const float *res2 = g->residual2 + l * BTC;
         const float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
-        const float *fch = g->fch + l * BTC * 4;
         gpt_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + fcproj: dfcproj is the stream gradient.
          * matmul_backward and gelu_backward overwrite their dinp, so no
-         * buffer is zeroed first, and dfch takes dfch_gelu's place. */
+         * buffer is zeroed first, and dfch takes dfch_gelu's place (in 16
+         * bits: dfch16 holds both). */
         float *dfch_gelu = g->dbig, *dfch = g->dbig, *dln2 = g->dsmall;
         if (g->lp16) {
-            const uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4, *ln2 = g->ln2_16 + l * BTC;
-            k->matmul_backward16(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, NULL, fch_gelu,
+            const uint16_t *fch = g->fch16 + l * BTC * 4, *fch_gelu = g->fch_gelu16 + l * BTC * 4;
+            const uint16_t *ln2 = g->ln2_16 + l * BTC;
+            k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, g->dres, NULL, fch_gelu,
                                  P + w->fcprojw, (int)BT, 4 * C, C);
-            k->gelu_backward16(kc, g->dfch16, fch, dfch_gelu, BTC * 4);
-            k->matmul_backward16(kc, dln2, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw, (int)BT, C,
-                                 4 * C);
+            k->gelu_backward16(kc, g->dfch16, fch, g->dfch16, BTC * 4);
+            k->matmul_backward16(kc, dln2, NULL, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw, (int)BT,
+                                 C, 4 * C);
         } else {
-            const float *fch_gelu = g->fch_gelu + l * BTC * 4, *ln2 = g->ln2 + l * BTC;
+            const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
+            const float *ln2 = g->ln2 + l * BTC;
             k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
                                (int)BT, 4 * C, C);
             k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
@@ -466,7 +473,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         else
             k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
         if (g->lp16)
-            k->matmul_backward16(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
+            k->matmul_backward16(kc, dln1, NULL, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
                                  P + w->qkvw, (int)BT, C, 3 * C);
         else
             k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + l * BTC, P + w->qkvw, (int)BT,

@@ -198,9 +198,9 @@ typedef struct kern_ops {
      * the context's 16-bit type (raw uint16: bf16, or fp16, as the context's
      * precision; rounded to nearest even like the casts), so that it is
      * rounded once, written at half the size and read by the GEMMs as it
-     * is.  What they compute is exactly the fp32 op followed by that cast
-     * (layernorm, gelu, gelu backward) or preceded by the exact widening of
-     * the 16-bit operands (matmul).  All NULL where a backend has none;
+     * is.  What they compute is exactly the fp32 op on the exact widening
+     * of their 16-bit inputs, followed by that cast where the output is 16
+     * bits.  All NULL where a backend has none;
      * called only in bf16/fp16 contexts.  act16_native says whether they
      * pay: true where the GEMMs compute in 16 bits (cuda); the cpu's are the
      * reference, slower than its fp32 ops, which a model should prefer. */
@@ -208,27 +208,33 @@ typedef struct kern_ops {
     /* out16 (N,C) = layernorm(inp); mean, rstd (N) as layernorm_forward */
     void (*layernorm_forward16)(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int N, int C);
-    /* out16 (N) = gelu(inp); backward: dinp16 = dout·gelu'(inp) (overwritten;
-     * unlike gelu_backward not in place: the element sizes differ) */
-    void (*gelu_forward16)(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
-    void (*gelu_backward16)(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
+    /* out16 (N) = gelu(inp16); backward: dinp16 = dout16·gelu'(inp16)
+     * (overwritten; may be dout16).  The MLP's hidden layer lives in 16
+     * bits end to end: its GEMM writes it (matmul_forward16_out16), the
+     * next GEMM writes its gradient (matmul_backward16's dinp16). */
+    void (*gelu_forward16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N);
+    void (*gelu_backward16)(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
     /* out (N,OC) = inp16 (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
     void (*matmul_forward16)(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
                              const float *bias, int N, int C, int OC);
-    /* As matmul_backward with inp given as inp16, and dout as either dout
-     * (fp32) or dout16 (the other NULL): dinp (N,C) = dout·weight
-     * (overwritten, may be NULL); dweight += doutᵀ·inp; dbias += Σ dout (may
-     * be NULL). */
-    void (*matmul_backward16)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                              const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
-                              int OC);
-    /* The output layer's logits in 16 bits as well (as autocast leaves
-     * them): out16 (N,OC) = inp16 · weightᵀ rounded once from the fp32
-     * accumulator; no bias.  Cross-entropy then reads them, and writes its
-     * 16-bit dlogits over them for the output GEMM's backward (dout16):
-     * at a vocabulary of 50k these are the biggest tensors of a step. */
-    void (*matmul_forward16_out16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N,
-                                   int C, int OC);
+    /* As matmul_backward with inp given as inp16, dout as either dout
+     * (fp32) or dout16 (the other NULL), and dinp written as either dinp
+     * (fp32) or dinp16 (16 bits, the fp32 result rounded once), at most
+     * one of them (overwritten; both NULL: no dinp): dinp = dout·weight;
+     * dweight += doutᵀ·inp; dbias += Σ dout (may be NULL). */
+    void (*matmul_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                              const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
+                              int N, int C, int OC);
+    /* A 16-bit output as well (as autocast leaves it): out16 (N,OC) =
+     * inp16 · weightᵀ + bias16, rounded once from the fp32 accumulator,
+     * where bias16 is the bias (may be NULL) rounded to 16 bits first, as
+     * autocast rounds it and as cuBLASLt's epilogue reads it for a 16-bit
+     * output.  For the logits (no bias), which cross-entropy then reads and
+     * overwrites with its 16-bit dlogits for the output GEMM's backward
+     * (dout16): at a vocabulary of 50k the biggest tensors of a step; and
+     * for the MLP's hidden layer, which only GELU reads. */
+    void (*matmul_forward16_out16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+                                   const float *bias, int N, int C, int OC);
     /* crossentropy_forward/backward on 16-bit logits (widened exactly);
      * dlogits16 = the fp32 result rounded, overwritten, may be logits16. */
     void (*crossentropy_forward16)(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,

@@ -161,14 +161,15 @@ void kcpu_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n
 /* lowp.c */
 void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
-void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
-void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
+void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N);
+void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
 void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
                            int N, int C, int OC);
-void kcpu_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC);
-void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N,
-                                 int C, int OC);
+void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                            const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
+                            int N, int C, int OC);
+void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+                                 const float *bias, int N, int C, int OC);
 void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
                                  const int32_t *targets, int N, int V, int Vp);
 void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,

@@ -1,6 +1,6 @@
 /* lowp.c — the 16-bit activation ops (kernels.h), as their definition says:
- * the fp32 op followed by the cast to the context's 16-bit type, or preceded
- * by the exact widening of the 16-bit operands.
+ * the fp32 op on the exact widening of the 16-bit inputs, followed by the
+ * cast to the context's 16-bit type where the output is 16 bits.
  *
  * They exist on the CPU as the reference the CUDA ones are tested against,
  * and so that a model's 16-bit wiring runs (and is tested) without a GPU.
@@ -66,23 +66,26 @@ void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *
     tmp_put(k, t);
 }
 
-void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N)
+void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N)
 {
     float *t = tmp_get(k, N);
     if (!t)
         return;
-    kcpu_gelu_forward(k, t, inp, N);
+    widen(k, t, inp16, N);
+    kcpu_gelu_forward(k, t, t, N);
     narrow(k, out16, t, N);
     tmp_put(k, t);
 }
 
-void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N)
+void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N)
 {
-    float *t = tmp_get(k, N);
+    float *t = tmp_get(k, 2 * N);
     if (!t)
         return;
-    kcpu_gelu_backward(k, t, inp, dout, N);
-    narrow(k, dinp16, t, N);
+    widen(k, t, inp16, N);
+    widen(k, t + N, dout16, N);
+    kcpu_gelu_backward(k, t + N, t, t + N, N);
+    narrow(k, dinp16, t + N, N);
     tmp_put(k, t);
 }
 
@@ -98,30 +101,41 @@ void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const
     tmp_put(k, t);
 }
 
-void kcpu_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC)
+void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                            const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
+                            int N, int C, int OC)
 {
-    if ((!dout) == (!dout16))
-        return; /* exactly one of them, says kernels.h */
-    size_t ni = (size_t)N * C, nd = dout16 ? (size_t)N * OC : 0;
-    float *t = tmp_get(k, ni + nd);
+    if ((!dout) == (!dout16) || (dinp && dinp16))
+        return; /* exactly one dout, at most one dinp, says kernels.h */
+    size_t ni = (size_t)N * C, nd = dout16 ? (size_t)N * OC : 0, nx = dinp16 ? ni : 0;
+    float *t = tmp_get(k, ni + nd + nx);
     if (!t)
         return;
     widen(k, t, inp16, ni);
     if (dout16)
         widen(k, t + ni, dout16, nd);
-    kcpu_matmul_backward(k, dinp, dweight, dbias, dout16 ? t + ni : dout, t, weight, N, C, OC);
+    float *di = dinp16 ? t + ni + nd : dinp;
+    kcpu_matmul_backward(k, di, dweight, dbias, dout16 ? t + ni : dout, t, weight, N, C, OC);
+    if (dinp16)
+        narrow(k, dinp16, di, ni);
     tmp_put(k, t);
 }
 
-void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N,
-                                 int C, int OC)
+void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+                                 const float *bias, int N, int C, int OC)
 {
-    size_t no = (size_t)N * OC;
-    float *t = tmp_get(k, no);
+    size_t no = (size_t)N * OC, nb = bias ? (size_t)OC : 0;
+    float *t = tmp_get(k, no + nb + (nb + 1) / 2); /* output, bias, its 16-bit copy */
     if (!t)
         return;
-    kcpu_matmul_forward16(k, t, inp16, weight, NULL, N, C, OC);
+    float *b = NULL;
+    if (bias) { /* rounded to 16 bits first, as kernels.h says */
+        b = t + no;
+        uint16_t *b16 = (uint16_t *)(b + nb);
+        narrow(k, b16, bias, nb);
+        widen(k, b, b16, nb);
+    }
+    kcpu_matmul_forward16(k, t, inp16, weight, b, N, C, OC);
     narrow(k, out16, t, no);
     tmp_put(k, t);
 }

@@ -227,6 +227,16 @@ __global__ static void add_bias_kernel(float *out, const float *bias, size_t N, 
         out[i] += bias[i % OC];
 }
 
+// The same for a 16-bit out and bias of the context's type E: rounded again
+// after the add, where cuBLASLt's epilogue rounds once; only when cuBLASLt
+// declines the epilogue.
+template <class E> __global__ static void add_bias16_kernel(uint16_t *out, const uint16_t *bias, size_t N, int OC)
+{
+    size_t total = N * (size_t)OC;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = kc_to16<E>(kc_from16<E>(out[i]) + kc_from16<E>(bias[i % OC]));
+}
+
 // D (m×n, ld) = beta·D: the k = 0 case.
 __global__ static void scale_matrix_kernel(float *d, int m, int n, int ld, float beta)
 {
@@ -250,7 +260,7 @@ static int gemm_try(kern_ctx *k, const kc_gemm_args *g, int N_rows_for_bias)
     r = kc_gemm(k, &nb);
     if (r == 0) {
         add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
-            (float *)g->D, g->bias, (size_t)N_rows_for_bias, g->m);
+            (float *)g->D, (const float *)g->bias, (size_t)N_rows_for_bias, g->m);
         kc_launched(k, "gemm(bias)");
     }
     return r;
@@ -269,7 +279,7 @@ static void gemm_run(kern_ctx *k, const kc_gemm_args *g16, const kc_gemm_args *g
         }
         if (g->bias) {
             add_bias_kernel<<<kc_grid(k, (size_t)N_rows_for_bias * g->m, 256), 256, 0, k->stream>>>(
-                (float *)g->D, g->bias, (size_t)N_rows_for_bias, g->m);
+                (float *)g->D, (const float *)g->bias, (size_t)N_rows_for_bias, g->m);
             kc_launched(k, "gemm(bias)");
         }
         return;
@@ -310,7 +320,7 @@ static void gemm_backward_part(kern_ctx *k, float beta, bool tb, int m, int n, i
 // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias as column-major cuBLASLt
 // arguments: D (OC×N) = op_T(W) · inp, beta 0, fp32 operands and output
 // (callers switch the types for 16-bit operands).
-static kc_gemm_args forward_args(void *out, const void *inp, const void *weight, const float *bias, int N, int C,
+static kc_gemm_args forward_args(void *out, const void *inp, const void *weight, const void *bias, int N, int C,
                                  int OC)
 {
     kc_gemm_args g = kc_gemm_plain(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f);
@@ -435,20 +445,21 @@ void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const f
     gemm_run(k, NULL, &g32, N);
 }
 
-void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                          const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC)
+void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                          const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N,
+                          int C, int OC)
 {
-    if (N <= 0 || OC <= 0 || C < 0 || (!dout) == (!dout16)) {
-        if (!dout == !dout16)
-            kc_ok(k, cudaErrorInvalidValue, "matmul_backward16: exactly one of dout and dout16");
+    if (N <= 0 || OC <= 0 || C < 0 || (!dout) == (!dout16) || (dinp && dinp16)) {
+        if (!dout == !dout16 || (dinp && dinp16))
+            kc_ok(k, cudaErrorInvalidValue, "matmul_backward16: exactly one of dout and dout16, at most one dinp");
         return;
     }
     kc_enter(k);
-    bool bf = k->prec == KERN_BF16;
+    bool bf = k->prec == KERN_BF16, want_in = (dinp || dinp16) && C > 0;
     size_t nd = (size_t)N * OC, nw = (size_t)OC * C;
     // One scratch request: the weight's and dout's 16-bit copies, then the
     // dbias partials.
-    size_t ow = 0, od = dinp && C > 0 ? kc_round(nw * 2, 256) : 0;
+    size_t ow = 0, od = want_in ? kc_round(nw * 2, 256) : 0;
     size_t op = od + (dout ? kc_round(nd * 2, 256) : 0);
     size_t end = op + (dbias ? kc_colsum_scratch(k, N, OC, false) * sizeof(float) : 0);
     char *buf = end ? (char *)kc_scratch(k, end) : NULL;
@@ -456,17 +467,26 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias
         return;
     uint16_t *w16 = (uint16_t *)(buf + ow);
     const uint16_t *d16 = dout16;
-    if (dinp && C > 0)
+    if (want_in)
         kc_cast_lowp(k, w16, weight, nw, bf);
     if (dout) {
         kc_cast_lowp(k, (uint16_t *)(buf + od), dout, nd, bf);
         d16 = (const uint16_t *)(buf + od);
     }
     int r_in = 0, r_w = 0;
-    if (dinp && C > 0) { // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
-        kc_gemm_args a = kc_gemm_plain(false, false, C, N, OC, w16, C, d16, OC, dinp, C, 0.0f);
+    if (want_in) { // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
+        kc_gemm_args a =
+            kc_gemm_plain(false, false, C, N, OC, w16, C, d16, OC, dinp16 ? (void *)dinp16 : (void *)dinp, C, 0.0f);
         a.ab = lowp_type(k);
+        if (dinp16)
+            a.dt = lowp_type(k);
         r_in = kc_gemm(k, &a);
+        if (r_in == 1 && dinp16) { // no fp32 fallback, as kc_matmul_forward16_out16 says why
+            char msg[120];
+            snprintf(msg, sizeof msg, "no cuBLASLt algorithm for 16-bit output m=%d n=%d k=%d", C, N, OC);
+            kc_blas_ok(k, CUBLAS_STATUS_NOT_SUPPORTED, msg);
+            r_in = -1;
+        }
     }
     if (dweight && C > 0) { // dW (OC,C) += doutᵀ·inp: column-major D(C,OC) = inp(C,N) · dout(OC,N)ᵀ
         kc_gemm_args a = kc_gemm_plain(false, true, C, OC, N, inp16, C, d16, OC, dweight, C, 1.0f);
@@ -501,32 +521,54 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias
         gemm_backward_part(k, 1.0f, true, C, OC, N, i32, C, d32, OC, dweight, C, NULL, NULL, false);
 }
 
-// The output layer: 16-bit logits from 16-bit inputs, rounded once from the
-// fp32 accumulator by cuBLASLt.  No fp32 fallback: that would need an fp32
-// (N,OC) buffer, the very tensor this op exists to avoid; cuBLASLt has
-// algorithms for 16-bit in and out with fp32 compute on every GPU this
-// module is built for, so a refusal is reported as an error.
-void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N, int C,
-                               int OC)
+// A 16-bit output: the logits, and the MLP's hidden layer; rounded once
+// from the fp32 accumulator by cuBLASLt, the bias (cast to the output's
+// type, as cuBLASLt's epilogue reads it) added before that rounding.  No
+// fp32 fallback: that would need an fp32 (N,OC) buffer, the very tensor
+// this op exists to avoid; cuBLASLt has algorithms for 16-bit in and out
+// with fp32 compute on every GPU this module is built for, so a refusal is
+// reported as an error.
+void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+                               const float *bias, int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
-    if (C <= 0) { // an empty sum: zeros (the same bits in bf16 and fp16)
+    bool bf = k->prec == KERN_BF16;
+    size_t nw = C > 0 ? (size_t)OC * C : 0, ob = kc_round(nw * 2, 256);
+    char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0) + 1);
+    if (!buf)
+        return;
+    uint16_t *w16 = (uint16_t *)buf, *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
+    if (bias)
+        kc_cast_lowp(k, b16, bias, (size_t)OC, bf);
+    int r = 0;
+    if (C <= 0) { // an empty sum: zeros (the same bits in bf16 and fp16), then the bias
         kc_ok(k, cudaMemsetAsync(out16, 0, (size_t)N * OC * 2, k->stream), "matmul_forward16_out16(C=0)");
-        return;
+    } else {
+        kc_cast_lowp(k, w16, weight, nw, bf);
+        kc_gemm_args g = forward_args(out16, inp16, w16, b16, N, C, OC);
+        g.ab = lowp_type(k);
+        g.dt = lowp_type(k);
+        r = kc_gemm(k, &g);
+        if (r == 1 && b16) { // the epilogue declined: the GEMM, then the bias kernel
+            g.bias = NULL;
+            r = kc_gemm(k, &g);
+        } else if (r == 0) {
+            b16 = NULL; // added by the epilogue
+        }
+        if (r == 1) {
+            char msg[120];
+            snprintf(msg, sizeof msg, "no cuBLASLt algorithm for 16-bit output m=%d n=%d k=%d", OC, N, C);
+            kc_blas_ok(k, CUBLAS_STATUS_NOT_SUPPORTED, msg);
+        }
     }
-    size_t nw = (size_t)OC * C;
-    uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
-    if (!w16)
-        return;
-    kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
-    kc_gemm_args g = forward_args(out16, inp16, w16, NULL, N, C, OC);
-    g.ab = lowp_type(k);
-    g.dt = lowp_type(k);
-    if (kc_gemm(k, &g) == 1) {
-        char msg[120];
-        snprintf(msg, sizeof msg, "no cuBLASLt algorithm for 16-bit output m=%d n=%d k=%d", OC, N, C);
-        kc_blas_ok(k, CUBLAS_STATUS_NOT_SUPPORTED, msg);
+    if (r == 0 && b16) {
+        unsigned grid = kc_grid(k, (size_t)N * OC, 256);
+        if (bf)
+            add_bias16_kernel<__nv_bfloat16><<<grid, 256, 0, k->stream>>>(out16, b16, (size_t)N, OC);
+        else
+            add_bias16_kernel<__half><<<grid, 256, 0, k->stream>>>(out16, b16, (size_t)N, OC);
+        kc_launched(k, "matmul_forward16_out16(bias)");
     }
 }

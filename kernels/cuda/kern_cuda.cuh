@@ -333,7 +333,7 @@ struct kc_gemm_args {
     long long sD;
     int batch;
     float alpha, beta;
-    const float *bias; // CUBLASLT_EPILOGUE_BIAS (length m), or NULL
+    const void *bias; // CUBLASLT_EPILOGUE_BIAS (length m, of D's type: cuBLASLt's default), or NULL
     cudaDataType_t ab;
     cudaDataType_t dt; // D's type: CUDA_R_32F (0, what a zeroed struct says) unless a 16-bit output
     cublasComputeType_t compute;
@@ -440,15 +440,16 @@ void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, 
 
 void kc_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C);
-void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N);
-void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N);
+void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N);
+void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
 void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
                          int N, int C, int OC);
-void kc_matmul_backward16(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                          const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C, int OC);
+void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                          const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N,
+                          int C, int OC);
 
-void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight, int N, int C,
-                               int OC);
+void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+                               const float *bias, int N, int C, int OC);
 void kc_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
                                const int32_t *targets, int N, int V, int Vp);
 void kc_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,

@@ -24,32 +24,33 @@ __device__ __forceinline__ float kc_gelu_grad(float x)
 
 namespace {
 
-// O: the output's element type.  float for gelu_forward/backward; bf16 or
-// fp16 for the *16 ops (an output only GEMMs read): the same fp32
-// arithmetic, then the cast's rounding at the store.
-template <class O> struct gelu_fwd_f {
-    O *out;
-    const float *inp;
+// E: the element type of inputs and output.  float for gelu_forward/
+// backward; bf16 or fp16 for the *16 ops: the inputs widened exactly, the
+// same fp32 arithmetic, then the cast's rounding at the store.  Each
+// element is read before it is written, by the same thread: in place works.
+template <class E> struct gelu_fwd_f {
+    E *out;
+    const E *inp;
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x = kc_ld<W>(inp + i);
+        kc_fv<W> x = kc_ldE<E, W>(inp + i);
 #pragma unroll
         for (int j = 0; j < W; j++)
             x.v[j] = kc_gelu(x.v[j]);
-        kc_stE<O, W>(out + i, x);
+        kc_stE<E, W>(out + i, x);
     }
 };
 
-template <class O> struct gelu_bwd_f {
-    O *dinp;
-    const float *inp, *dout;
+template <class E> struct gelu_bwd_f {
+    E *dinp;
+    const E *inp, *dout;
     template <int W> __device__ void run(size_t i) const
     {
-        kc_fv<W> x = kc_ld<W>(inp + i), d = kc_ld<W>(dout + i);
+        kc_fv<W> x = kc_ldE<E, W>(inp + i), d = kc_ldE<E, W>(dout + i);
 #pragma unroll
         for (int j = 0; j < W; j++)
             d.v[j] *= kc_gelu_grad(x.v[j]);
-        kc_stE<O, W>(dinp + i, d);
+        kc_stE<E, W>(dinp + i, d);
     }
 };
 
@@ -142,26 +143,34 @@ void kc_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *d
 }
 
 // The 16-bit type is fp16 in an fp16 context, bf16 otherwise (as the CPU
-// backend; an fp32 context never calls these).  Four at a time needs the
-// fp32 inputs 16-byte and the 16-bit output 8-byte aligned.
-void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const float *inp, size_t N)
+// backend; an fp32 context never calls these).  Four at a time needs every
+// pointer 8-byte aligned.
+template <class E> static const E *kc_as(const uint16_t *p) { return reinterpret_cast<const E *>(p); }
+template <class E> static E *kc_as(uint16_t *p) { return reinterpret_cast<E *>(p); }
+
+void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N)
 {
     kc_enter(k);
-    bool vec = kc_aligned(16, inp) && kc_aligned(8, out16);
+    bool vec = kc_aligned(8, out16, inp16);
     if (k->prec == KERN_FP16)
-        kc_ew(k, N, vec, gelu_fwd_f<__half>{reinterpret_cast<__half *>(out16), inp}, "gelu_forward16");
+        kc_ew(k, N, vec, gelu_fwd_f<__half>{kc_as<__half>(out16), kc_as<__half>(inp16)}, "gelu_forward16");
     else
-        kc_ew(k, N, vec, gelu_fwd_f<__nv_bfloat16>{reinterpret_cast<__nv_bfloat16 *>(out16), inp}, "gelu_forward16");
+        kc_ew(k, N, vec, gelu_fwd_f<__nv_bfloat16>{kc_as<__nv_bfloat16>(out16), kc_as<__nv_bfloat16>(inp16)},
+              "gelu_forward16");
 }
 
-void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const float *inp, const float *dout, size_t N)
+void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N)
 {
     kc_enter(k);
-    bool vec = kc_aligned(16, inp, dout) && kc_aligned(8, dinp16);
+    bool vec = kc_aligned(8, dinp16, inp16, dout16);
     if (k->prec == KERN_FP16)
-        kc_ew(k, N, vec, gelu_bwd_f<__half>{reinterpret_cast<__half *>(dinp16), inp, dout}, "gelu_backward16");
+        kc_ew(k, N, vec,
+              gelu_bwd_f<__half>{kc_as<__half>(dinp16), kc_as<__half>(inp16), kc_as<__half>(dout16)},
+              "gelu_backward16");
     else
-        kc_ew(k, N, vec, gelu_bwd_f<__nv_bfloat16>{reinterpret_cast<__nv_bfloat16 *>(dinp16), inp, dout},
+        kc_ew(k, N, vec,
+              gelu_bwd_f<__nv_bfloat16>{kc_as<__nv_bfloat16>(dinp16), kc_as<__nv_bfloat16>(inp16),
+                                        kc_as<__nv_bfloat16>(dout16)},
               "gelu_backward16");
 }
 

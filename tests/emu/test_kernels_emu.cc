@@ -325,30 +325,37 @@ template <bool BF16> void test_gelu16(size_t n, bool vec, unsigned max_blocks)
     // Scalar: the pointers one element in, as a caller's unaligned ones
     // (kc_gelu_forward16 would then pick the scalar path).
     const size_t off = vec ? 0 : 1;
-    std::vector<float> xb(n + off), db(n + off), f32(n + off, NAN);
-    std::vector<uint16_t> yb(n + off, 0x7fff), ref(n);
+    std::vector<uint16_t> xb(n + off), db(n + off), yb(n + off, 0x7fff), ref(n);
+    std::vector<float> xw(n), dw(n), f32(n, NAN);
     for (size_t i = 0; i < n + off; i++) {
-        xb[i] = 4.0f * rnd();
-        db[i] = rnd();
+        xb[i] = to_e<E>(4.0f * rnd());
+        db[i] = to_e<E>(rnd());
     }
-    float *x = xb.data() + off, *d = db.data() + off, *y32 = f32.data() + off;
-    uint16_t *y = yb.data() + off;
+    uint16_t *x = xb.data() + off, *d = db.data() + off, *y = yb.data() + off;
+    for (size_t i = 0; i < n; i++) { // the fp32 functors' inputs: the 16-bit ones widened
+        xw[i] = from_e<E>(x[i]);
+        dw[i] = from_e<E>(d[i]);
+    }
+    E *xe = reinterpret_cast<E *>(x), *de = reinterpret_cast<E *>(d), *ye = reinterpret_cast<E *>(y);
     kern_ctx *ctx = BF16 ? cpu_bf16 : cpu_f16;
-    for (int bwd = 0; bwd < 2; bwd++) {
+    for (int pass = 0; pass < 3; pass++) { // forward, backward, backward in place over dout
         std::fill(yb.begin(), yb.end(), 0x7fff);
-        if (bwd) {
-            ew_run(n, vec, gelu_bwd_f<E>{reinterpret_cast<E *>(y), x, d}, max_blocks);
-            ew_run(n, vec, gelu_bwd_f<float>{y32, x, d}, max_blocks);
-            H->gelu_backward16(ctx, ref.data(), x, d, n);
-        } else {
-            ew_run(n, vec, gelu_fwd_f<E>{reinterpret_cast<E *>(y), x}, max_blocks);
-            ew_run(n, vec, gelu_fwd_f<float>{y32, x}, max_blocks);
+        if (pass == 0) {
+            ew_run(n, vec, gelu_fwd_f<E>{ye, xe}, max_blocks);
+            ew_run(n, vec, gelu_fwd_f<float>{f32.data(), xw.data()}, max_blocks);
             H->gelu_forward16(ctx, ref.data(), x, n);
+        } else {
+            if (pass == 2)
+                std::copy(d, d + n, y);
+            ew_run(n, vec, gelu_bwd_f<E>{ye, xe, pass == 2 ? ye : de}, max_blocks);
+            ew_run(n, vec, gelu_bwd_f<float>{f32.data(), xw.data(), dw.data()}, max_blocks);
+            H->gelu_backward16(ctx, ref.data(), x, d, n);
         }
+        const char *what[] = {"fwd", "bwd", "bwd in place"};
         size_t bad = 0;
         for (size_t i = 0; i < n; i++)
-            bad += y[i] != to_e<E>(y32[i]);
-        verdict(name, bwd ? "bwd = rnd(fp32)" : "fwd = rnd(fp32)", bad, n, 0, "bitwise");
+            bad += y[i] != to_e<E>(f32[i]);
+        verdict(name, (std::string(what[pass]) + " = rnd(fp32)").c_str(), bad, n, 0, "bitwise");
         double maxref = 0, err = 0;
         for (size_t i = 0; i < n; i++)
             maxref = std::fmax(maxref, std::fabs((double)from_e<E>(ref[i])));
@@ -358,7 +365,7 @@ template <bool BF16> void test_gelu16(size_t n, bool vec, unsigned max_blocks)
             err = std::fmax(err, dd / maxref);
             bad += !(dd <= ulp_e<E>((float)r) + 1e-6 * maxref);
         }
-        verdict(name, bwd ? "bwd vs cpu" : "fwd vs cpu", bad, n, err, "of max");
+        verdict(name, (std::string(what[pass]) + " vs cpu").c_str(), bad, n, err, "of max");
     }
     if (yb[0] != 0x7fff && off) // the element before the output is not the kernel's
         verdict(name, "out of range", 1, 1, 0, "");

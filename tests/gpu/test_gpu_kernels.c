@@ -786,11 +786,12 @@ static void test_layernorm16(int N, int C, int out_off)
     bfree(&out32), bfree(&mean32), bfree(&rstd32);
 }
 
-/* gelu_forward16 and gelu_backward16 over n elements, the fp32 inputs
- * in_off floats and the 16-bit outputs out_off elements past an aligned
- * start: (0,0) four at a time, (1,*) and (0,2) the scalar path, (0,4) four
- * at a time from an 8-byte (not 16-byte) aligned output.  The outputs start
- * as random bits: both must overwrite. */
+/* gelu_forward16 and gelu_backward16 over n elements, 16 bits in and out,
+ * the inputs in_off and the outputs out_off elements past an aligned start:
+ * (0,0) and (0,4) four at a time, (1,*) and (0,2) the scalar path (an
+ * 8-byte vector needs every pointer 8-byte aligned).  The outputs start as
+ * random bits: both must overwrite.  Each is the gpu's own fp32 op on the
+ * widened inputs, then the cast; backward also in place over dout16. */
 static void test_gelu16(size_t n, int in_off, int out_off)
 {
     char name[64];
@@ -799,7 +800,8 @@ static void test_gelu16(size_t n, int in_off, int out_off)
         !have16(name, "gelu_backward16", H->gelu_backward16 != NULL, G->gelu_backward16 != NULL))
         return;
     size_t io = (size_t)in_off, oo = (size_t)out_off;
-    buf x = mk(n + io, 4), y = mk(n + io, 1), f32 = mk(n, 0);
+    buf16 x = mk16(n + io, 4), y = mk16(n + io, 1);
+    buf xw = mk(n, 0), yw = mk(n, 0), f32 = mk(n, 0);
     buf16 out = mk16(n + oo, 0), dinp = mk16(n + oo, 0), again = mk16(n, 0);
     H->gelu_forward16(hk, out.h + oo, x.h + io, n);
     G->gelu_forward16(gk, out.d + oo, x.d + io, n);
@@ -808,25 +810,32 @@ static void test_gelu16(size_t n, int in_off, int out_off)
     gsync(name);
     cmp16(name, "out16", &out, 1e-5, 1e-6);
     cmp16(name, "dinp16", &dinp, 1e-5, 1e-6);
-    G->gelu_forward(gk, f32.d, x.d + io, n);
+    widen16(xw.h, x.h + io, n);
+    widen16(yw.h, y.h + io, n);
+    G->copy_h2d(gk, xw.d, xw.h, n * sizeof(float));
+    G->copy_h2d(gk, yw.d, yw.h, n * sizeof(float));
+    G->gelu_forward(gk, f32.d, xw.d, n);
     gcast16(again.d, f32.d, n);
     gsync(name);
     size_t df = diff16(out.d + oo, again.d, n);
-    G->gelu_backward(gk, f32.d, x.d + io, y.d + io, n);
+    G->gelu_backward(gk, f32.d, xw.d, yw.d, n);
     gcast16(again.d, f32.d, n);
+    G->gelu_backward16(gk, y.d + io, x.d + io, y.d + io, n); /* in place over dout16 */
     gsync(name);
-    size_t db = diff16(dinp.d + oo, again.d, n);
-    printf("  %-22s %-9s %zu (forward), %zu (backward) differ from the gpu's fp32 op + cast %s\n", name, "self", df,
-           db, df || db ? "FAIL" : "ok");
-    if (df || db)
-        FAIL("%s: not the fp32 op followed by the cast: %zu forward, %zu backward values differ", name, df, db);
-    bfree(&x), bfree(&y), bfree(&f32), b16free(&out), b16free(&dinp), b16free(&again);
+    size_t db = diff16(dinp.d + oo, again.d, n), dp = diff16(y.d + io, again.d, n);
+    printf("  %-22s %-9s %zu (forward), %zu (backward), %zu (in place) differ from the gpu's fp32 op + cast %s\n",
+           name, "self", df, db, dp, df || db || dp ? "FAIL" : "ok");
+    if (df || db || dp)
+        FAIL("%s: not the fp32 op followed by the cast: %zu forward, %zu backward, %zu in-place values differ", name,
+             df, db, dp);
+    b16free(&x), b16free(&y), bfree(&xw), bfree(&yw), bfree(&f32), b16free(&out), b16free(&dinp), b16free(&again);
 }
 
-/* matmul_forward16, then matmul_backward16 twice, from dout (fp32) and from
- * dout16, with the same 16-bit inp16 (and dout16) on both sides.  Gradient
- * buffers start random: dinp must be overwritten (or left alone when not
- * asked for), dweight and dbias accumulated into. */
+/* matmul_forward16, then matmul_backward16 three times: from dout (fp32),
+ * from dout16, and from dout16 with dinp16 (16 bits) for dinp, with the
+ * same 16-bit inp16 (and dout16) on both sides.  Gradient buffers start
+ * random: dinp must be overwritten (or left alone when not asked for),
+ * dweight and dbias accumulated into. */
 static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int offset)
 {
     const char *prec = ctx_bf16 ? "bf16" : "fp16";
@@ -847,21 +856,54 @@ static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int o
     cmp(name, "out", &out, tol, tol);
     buf dout = mk((size_t)N * OC + o, 1);
     buf16 dout16 = mk16((size_t)N * OC + o, 1);
-    for (int from16 = 0; from16 <= 1; from16++) {
+    for (int mode = 0; mode <= 2; mode++) {
+        bool from16 = mode >= 1, to16 = mode == 2 && want_dinp;
         buf dinp = mk((size_t)N * C + o, 1), dw = mk((size_t)OC * C + o, 1), db = mk((size_t)OC + o, 1);
+        buf16 dinp16 = mk16((size_t)N * C + o, 1);
         const float *dh = from16 ? NULL : dout.h + o, *dd = from16 ? NULL : dout.d + o;
         const uint16_t *d16h = from16 ? dout16.h + o : NULL, *d16d = from16 ? dout16.d + o : NULL;
-        H->matmul_backward16(hk, want_dinp ? dinp.h + o : NULL, dw.h + o, bias ? db.h + o : NULL, dh, d16h,
+        float *dih = want_dinp && !to16 ? dinp.h + o : NULL, *did = want_dinp && !to16 ? dinp.d + o : NULL;
+        H->matmul_backward16(hk, dih, to16 ? dinp16.h + o : NULL, dw.h + o, bias ? db.h + o : NULL, dh, d16h,
                              inp.h + o, w.h + o, N, C, OC);
-        G->matmul_backward16(gk, want_dinp ? dinp.d + o : NULL, dw.d + o, bias ? db.d + o : NULL, dd, d16d,
+        G->matmul_backward16(gk, did, to16 ? dinp16.d + o : NULL, dw.d + o, bias ? db.d + o : NULL, dd, d16d,
                              inp.d + o, w.d + o, N, C, OC);
         gsync(name);
-        cmp(name, from16 ? "dinp/d16" : "dinp/d32", &dinp, tol, tol);
-        cmp(name, from16 ? "dw/d16" : "dw/d32", &dw, tol, tol);
-        cmp(name, from16 ? "dbias/d16" : "dbias/d32", &db, 1e-4, 1e-5); /* fp32 sums of the same values */
-        bfree(&dinp), bfree(&dw), bfree(&db);
+        const char *tag = mode == 2 ? "/d16->16" : from16 ? "/d16" : "/d32";
+        char what[32];
+        if (to16) {
+            snprintf(what, sizeof what, "dinp16%s", tag);
+            cmp16(name, what, &dinp16, tol, tol);
+        } else {
+            snprintf(what, sizeof what, "dinp%s", tag);
+            cmp(name, what, &dinp, tol, tol);
+        }
+        snprintf(what, sizeof what, "dw%s", tag);
+        cmp(name, what, &dw, tol, tol);
+        snprintf(what, sizeof what, "dbias%s", tag);
+        cmp(name, what, &db, 1e-4, 1e-5); /* fp32 sums of the same values */
+        bfree(&dinp), bfree(&dw), bfree(&db), b16free(&dinp16);
     }
     b16free(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&dout), b16free(&dout16);
+}
+
+/* A 16-bit GEMM output with a bias, as the MLP's hidden layer: out16 =
+ * inp16·Wᵀ + bias16, rounded once. */
+static void test_out16_bias(int N, int C, int OC, int offset)
+{
+    const char *prec = ctx_bf16 ? "bf16" : "fp16";
+    char name[80];
+    snprintf(name, sizeof name, "out16+bias %s %dx%dx%d%s", prec, N, C, OC, offset ? " unal" : "");
+    if (!have16(name, "matmul_forward16_out16", H->matmul_forward16_out16 != NULL,
+                G->matmul_forward16_out16 != NULL))
+        return;
+    size_t o = (size_t)offset;
+    buf16 inp = mk16((size_t)N * C + o, 1), out = mk16((size_t)N * OC + o, 1);
+    buf w = mk((size_t)OC * C + o, 1), b = mk((size_t)OC + o, 1);
+    H->matmul_forward16_out16(hk, out.h + o, inp.h + o, w.h + o, b.h + o, N, C, OC);
+    G->matmul_forward16_out16(gk, out.d + o, inp.d + o, w.d + o, b.d + o, N, C, OC);
+    gsync(name);
+    cmp16(name, "out16", &out, 2e-2, 2e-2); /* 16-bit GEMM inputs, as test_matmul */
+    b16free(&inp), b16free(&out), bfree(&w), bfree(&b);
 }
 
 /* The output layer in 16 bits: logits16 = inp16·Wᵀ rounded once, then
@@ -882,8 +924,8 @@ static void test_logits16(int N, int C, int V, int Vp)
         return;
     buf16 inp = mk16((size_t)N * C, 1), out = mk16((size_t)N * Vp, 0);
     buf w = mk((size_t)Vp * C, 1);
-    H->matmul_forward16_out16(hk, out.h, inp.h, w.h, N, C, Vp);
-    G->matmul_forward16_out16(gk, out.d, inp.d, w.d, N, C, Vp);
+    H->matmul_forward16_out16(hk, out.h, inp.h, w.h, NULL, N, C, Vp);
+    G->matmul_forward16_out16(gk, out.d, inp.d, w.d, NULL, N, C, Vp);
     gsync(name);
     cmp16(name, "logits16", &out, 2e-2, 2e-2); /* 16-bit GEMM inputs, as test_matmul */
 
@@ -926,8 +968,8 @@ static void test_determinism16(void)
         return;
     buf16 dout = mk16((size_t)N * OC, 1), inp = mk16((size_t)N * C, 1);
     buf w = mk((size_t)OC * C, 1), dw = mk((size_t)OC * C, 0), b1 = mk(OC, 0), b2 = mk(OC, 0);
-    G->matmul_backward16(gk, NULL, dw.d, b1.d, NULL, dout.d, inp.d, w.d, N, C, OC);
-    G->matmul_backward16(gk, NULL, dw.d, b2.d, NULL, dout.d, inp.d, w.d, N, C, OC);
+    G->matmul_backward16(gk, NULL, NULL, dw.d, b1.d, NULL, dout.d, inp.d, w.d, N, C, OC);
+    G->matmul_backward16(gk, NULL, NULL, dw.d, b2.d, NULL, dout.d, inp.d, w.d, N, C, OC);
     gsync("determinism16");
     bool same = same_bits(b1.d, b2.d, OC);
     printf("  %-22s matmul_backward16 dbias from dout16 %s\n", "determinism16", same ? "ok" : "FAIL");
@@ -1028,6 +1070,8 @@ static void run_lowp(const char *prec)
     test_matmul16(64, 128, 50304, false, true, 0); /* GPT-2's padded vocabulary (lm head) */
     test_matmul16(31, 52, 50304, true, true, 0);
     test_matmul16(512, 768, 3072, true, true, 0);
+    test_out16_bias(512, 768, 3072, 0);   /* GPT-2's MLP hidden layer */
+    test_out16_bias(33, 17, 29, 1);       /* odd, pointers 2 or 4 bytes off */
     test_logits16(64, 128, 50257, 50304); /* GPT-2's vocabulary, padded */
     test_logits16(33, 52, 37, 37);        /* odd: the scalar paths */
     test_determinism16();

@@ -2,8 +2,8 @@
  * on the cpu.
  *
  * In a bf16/fp16 job on a backend whose 16-bit ops pay (act16_native: cuda)
- * the model stores ln1, ln2, fch_gelu, lnf and the logits in 16 bits, and
- * hands dfch and dlogits to their GEMMs in 16 bits.  The cpu has the same ops as the reference but does
+ * the model stores ln1, ln2, fch, fch_gelu, lnf and the logits in 16 bits,
+ * and hands dfch_gelu, dfch and dlogits between their ops in 16 bits.  The cpu has the same ops as the reference but does
  * not claim they pay, so here a copy of its table that does, and the
  * engine's test-only seam for mixed precision on the cpu, make the model
  * take exactly the path it takes on a GPU: what is tested is the wiring
@@ -81,11 +81,11 @@ static void test_bf16_activations(void **state)
     train(&j32, kern_cpu_ops(), false, &r32);
     train(&j16, &act16_ops, true, &r16);
 
-    /* Per sample, ln1 and ln2 (L·T·C each), fch_gelu (L·T·4C), lnf (T·C)
-     * and the logits (T·V) go from 4 bytes to 2, and dfch16 (T·4C, 2
-     * bytes) is added: every buffer here is a multiple of the 64-byte
-     * alignment, so exactly. */
-    size_t saved = 2 * ((size_t)L * 6 * T * C + (size_t)T * C + (size_t)T * 256) - 2 * (size_t)T * 4 * C;
+    /* Per sample, ln1 and ln2 (L·T·C each), fch and fch_gelu (L·T·4C
+     * each), lnf (T·C) and the logits (T·V) go from 4 bytes to 2, and the
+     * backward's dfch scratch (T·4C) too: every buffer here is a multiple
+     * of the 64-byte alignment, so exactly. */
+    size_t saved = 2 * ((size_t)L * 10 * T * C + (size_t)T * C + (size_t)T * 256 + (size_t)T * 4 * C);
     printf("activations per sample: fp32 %zu, bf16 %zu bytes (saved %zu)\n", r32.act_per_sample,
            r16.act_per_sample, r32.act_per_sample - r16.act_per_sample);
     assert_int_equal(r32.act_per_sample - r16.act_per_sample, saved);

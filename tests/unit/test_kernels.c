@@ -976,14 +976,27 @@ static void test_act16_ops(void **state)
         assert_memory_equal(m1, m2, N * sizeof *m1);
         assert_memory_equal(r1, r2, N * sizeof *r1);
 
-        ops->gelu_forward(k, t, x, N * C);
-        narrow(k, want, t, N * C);
-        ops->gelu_forward16(k, got, x, N * C);
-        assert_memory_equal(got, want, N * C * sizeof *got);
-        ops->gelu_backward(k, t, x, d, N * C);
-        narrow(k, want, t, N * C);
-        ops->gelu_backward16(k, got, x, d, N * C);
-        assert_memory_equal(got, want, N * C * sizeof *got);
+        /* GELU: 16 bits in and out, the fp32 op on the widened inputs;
+         * backward also in place over dout16. */
+        {
+            uint16_t *x16 = h16(N * C), *dd16 = h16(N * C);
+            float *xw = zerov(N * C), *dw = zerov(N * C);
+            narrow(k, x16, x, N * C);
+            narrow(k, dd16, d, N * C);
+            widen(k, xw, x16, N * C);
+            widen(k, dw, dd16, N * C);
+            ops->gelu_forward(k, t, xw, N * C);
+            narrow(k, want, t, N * C);
+            ops->gelu_forward16(k, got, x16, N * C);
+            assert_memory_equal(got, want, N * C * sizeof *got);
+            ops->gelu_backward(k, t, xw, dw, N * C);
+            narrow(k, want, t, N * C);
+            ops->gelu_backward16(k, got, x16, dd16, N * C);
+            assert_memory_equal(got, want, N * C * sizeof *got);
+            ops->gelu_backward16(k, dd16, x16, dd16, N * C);
+            assert_memory_equal(dd16, want, N * C * sizeof *got);
+            free(x16), free(dd16), free(xw), free(dw);
+        }
 
         /* matmul: 16-bit inp (and dout) are the widened fp32 ones. */
         uint16_t *i16 = h16(N * C), *d16 = h16(N * OC);
@@ -997,26 +1010,48 @@ static void test_act16_ops(void **state)
         ops->matmul_forward(k, o1, iw, wt, bias, N, C, OC);
         ops->matmul_forward16(k, o2, i16, wt, bias, N, C, OC);
         assert_memory_equal(o1, o2, N * OC * sizeof *o1);
-        for (int dv = 0; dv < 2; dv++) { /* dout as fp32, then as 16 bits */
+        for (int dv = 0; dv < 4; dv++) { /* dout as fp32, then as 16 bits; dinp then in 16 bits too */
             float *gi1 = randv(N * C, 1), *gi2 = randv(N * C, 1), *gw1 = randv(OC * C, 1), *gb1 = randv(OC, 1);
             float *gw2 = malloc(OC * C * sizeof *gw2), *gb2 = malloc(OC * sizeof *gb2);
             assert_non_null(gw2);
             assert_non_null(gb2);
             memcpy(gw2, gw1, OC * C * sizeof *gw2);
             memcpy(gb2, gb1, OC * sizeof *gb2);
-            ops->matmul_backward(k, gi1, gw1, gb1, dv ? dw32 : dout, iw, wt, N, C, OC);
-            ops->matmul_backward16(k, gi2, gw2, gb2, dv ? NULL : dout, dv ? d16 : NULL, i16, wt, N, C, OC);
-            assert_memory_equal(gi1, gi2, N * C * sizeof *gi1);
+            bool d16in = dv & 1, d16out = dv & 2;
+            uint16_t *gi16 = h16(N * C), *gi16w = h16(N * C);
+            ops->matmul_backward(k, gi1, gw1, gb1, d16in ? dw32 : dout, iw, wt, N, C, OC);
+            ops->matmul_backward16(k, d16out ? NULL : gi2, d16out ? gi16 : NULL, gw2, gb2, d16in ? NULL : dout,
+                                   d16in ? d16 : NULL, i16, wt, N, C, OC);
+            if (d16out) {
+                narrow(k, gi16w, gi1, N * C);
+                assert_memory_equal(gi16, gi16w, N * C * sizeof *gi16);
+            } else {
+                assert_memory_equal(gi1, gi2, N * C * sizeof *gi1);
+            }
+            free(gi16), free(gi16w);
             assert_memory_equal(gw1, gw2, OC * C * sizeof *gw1);
             assert_memory_equal(gb1, gb2, OC * sizeof *gb1);
             free(gi1), free(gi2), free(gw1), free(gw2), free(gb1), free(gb2);
+        }
+        /* 16-bit output: the GEMM's fp32 result rounded once, with the
+         * bias rounded to 16 bits first. */
+        {
+            uint16_t *b16 = h16(OC), *o16 = h16(N * OC);
+            float *bw = zerov(OC);
+            narrow(k, b16, bias, OC);
+            widen(k, bw, b16, OC);
+            ops->matmul_forward(k, o1, iw, wt, bw, N, C, OC);
+            narrow(k, want, o1, N * OC);
+            ops->matmul_forward16_out16(k, o16, i16, wt, bias, N, C, OC);
+            assert_memory_equal(o16, want, N * OC * sizeof *o16);
+            free(b16), free(o16), free(bw);
         }
         /* 16-bit logits: the GEMM's fp32 result rounded once; cross-entropy
          * on the widened logits, its dlogits rounded, also in place. */
         uint16_t *l16 = h16(N * OC), *g16 = h16(N * OC);
         ops->matmul_forward(k, o1, iw, wt, NULL, N, C, OC);
         narrow(k, want, o1, N * OC);
-        ops->matmul_forward16_out16(k, l16, i16, wt, N, C, OC);
+        ops->matmul_forward16_out16(k, l16, i16, wt, NULL, N, C, OC);
         assert_memory_equal(l16, want, N * OC * sizeof *l16);
         int32_t tg[N];
         for (int i = 0; i < N; i++)
