@@ -20,10 +20,11 @@
  * ("path"):
  *   act16 — a bf16/fp16 context whose table has the 16-bit activation ops
  *           and says they pay (act16_native), unless GRADD_ACT16=0: the
- *           layernorm outputs, the GELU output and the logits are 16-bit
- *           buffers, their producers and GEMMs the *16 ops (metrics named
- *           layernorm16_*, matmul16_*, gelu16_*, logits16_*,
- *           crossentropy16_*);
+ *           layernorm outputs, the MLP's hidden layer before and after
+ *           GELU (and its gradient), the logits and, with fused attention,
+ *           qkv are 16-bit buffers, their producers and consumers the *16
+ *           ops (metrics named layernorm16_*, matmul16_*, gelu16_*,
+ *           logits16_*, crossentropy16_*, attention16_*);
  *   fp32  — everything else (the cpu build always): the fp32 ops, which in
  *           a 16-bit context cast their GEMM operands at every call.
  * Ops the two paths share keep their names (attention_*, matmul_proj_*,
@@ -270,6 +271,8 @@ int main(int argc, char **argv)
     }
     bool fused = ops->attention_fused_ok && ops->attention_fused_ok(k, C, NH);
     bool lp16 = act16_path();
+    /* As model_gpt.c: with fused attention the 16-bit path keeps qkv in 16 bits. */
+    bool qkv16_on = lp16 && fused && ops->attention_fused_forward16 && ops->attention_fused_backward16;
     path_name = lp16 ? "act16" : "fp32";
     prec_name = prec == KERN_BF16 ? "bf16" : prec == KERN_FP16 ? "fp16" : "fp32";
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d V=%d L=%d", B, T, C, NH, V, L);
@@ -278,7 +281,7 @@ int main(int argc, char **argv)
      * buffers of every layer cost the same to read and write). */
     size_t N = (size_t)B * T, NC = N * C, nscore = (size_t)B * NH * T * T;
     float *encoded = buf(NC), *res2 = buf(NC), *res3 = buf(NC), *mean = buf(N), *rstd = buf(N);
-    float *qkv = buf(3 * NC), *att = buf(fused ? (size_t)B * NH * T : nscore), *atty = buf(NC), *proj = buf(NC);
+    float *qkv = qkv16_on ? NULL : buf(3 * NC), *att = buf(fused ? (size_t)B * NH * T : nscore), *atty = buf(NC), *proj = buf(NC);
     float *preatt = fused ? NULL : buf(nscore), *datt = fused ? NULL : buf(nscore);
     float *dres = buf(NC), *dqkv = buf(3 * NC), *dsmall = buf(NC);
     float *lse = buf(N), *losses = buf(N), *dlosses = buf(N);
@@ -286,7 +289,7 @@ int main(int argc, char **argv)
      * its gradient: fp32, or 16-bit on act16. */
     float *ln1 = NULL, *ln2 = NULL, *fch = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL, *dbig = NULL;
     uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL;
-    uint16_t *dfch16 = NULL;
+    uint16_t *dfch16 = NULL, *qkv16 = qkv16_on ? buf16(3 * NC) : NULL;
     if (lp16) {
         ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch16 = buf16(4 * NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
         logits16 = buf16(N * V), dfch16 = buf16(4 * NC);
@@ -345,14 +348,20 @@ int main(int argc, char **argv)
     if (lp16) {
         OP("layernorm16_fwd", ln_calls, PART_REST,
            ops->layernorm_forward16(k, ln1_16, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
-        OP("matmul16_qkv_fwd", L, PART_GEMM,
-           ops->matmul_forward16(k, qkv, ln1_16, P + qkvw, P + qkvb, (int)N, C, 3 * C));
+        if (qkv16_on)
+            OP("matmul16_qkv_fwd", L, PART_GEMM,
+               ops->matmul_forward16_out16(k, qkv16, ln1_16, P + qkvw, P + qkvb, (int)N, C, 3 * C));
+        else
+            OP("matmul16_qkv_fwd", L, PART_GEMM,
+               ops->matmul_forward16(k, qkv, ln1_16, P + qkvw, P + qkvb, (int)N, C, 3 * C));
     } else {
         OP("layernorm_fwd", ln_calls, PART_REST,
            ops->layernorm_forward(k, ln1, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
         OP("matmul_qkv_fwd", L, PART_GEMM, ops->matmul_forward(k, qkv, ln1, P + qkvw, P + qkvb, (int)N, C, 3 * C));
     }
-    if (fused)
+    if (qkv16_on)
+        OP("attention16_fwd", L, PART_ATTENTION, ops->attention_fused_forward16(k, atty, att, qkv16, B, T, C, NH));
+    else if (fused)
         OP("attention_fwd", L, PART_ATTENTION, ops->attention_fused_forward(k, atty, att, qkv, B, T, C, NH));
     else
         OP("attention_fwd", L, PART_ATTENTION, ops->attention_forward(k, atty, preatt, att, qkv, B, T, C, NH));
@@ -413,7 +422,10 @@ int main(int argc, char **argv)
     OP("matmul_proj_bwd", L, PART_GEMM,
        ops->matmul_backward(k, dsmall, D + attprojw, D + attprojb, dres, atty, P + attprojw, (int)N, C, C));
     OP("zero_dqkv", L, PART_REST, ops->zero(k, dqkv, 3 * NC));
-    if (fused)
+    if (qkv16_on)
+        OP("attention16_bwd", L, PART_ATTENTION,
+           ops->attention_fused_backward16(k, dqkv, dsmall, atty, att, qkv16, B, T, C, NH));
+    else if (fused)
         OP("attention_bwd", L, PART_ATTENTION,
            ops->attention_fused_backward(k, dqkv, dsmall, atty, att, qkv, B, T, C, NH));
     else

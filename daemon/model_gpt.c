@@ -48,6 +48,9 @@ typedef struct {
      * 16 bits anyway.  Only where the backend says the 16-bit ops pay
      * (act16_native). */
     bool lp16;
+    /* lp16 with fused attention that reads a 16-bit qkv: the qkv GEMM
+     * writes it in 16 bits (qkv16), as the kernels' tensor cores take it. */
+    bool qkv16_on;
     gpt_layer *layer;
     size_t wte, wpe, lnfw, lnfb;
 
@@ -65,6 +68,7 @@ typedef struct {
     float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
     uint16_t *ln1_16, *ln2_16, *lnf16;                /* lp16: as ln1, ln2, lnf */
     uint16_t *fch16, *fch_gelu16;                     /* lp16: as fch, fch_gelu */
+    uint16_t *qkv16;                                  /* qkv16_on: as qkv */
     uint16_t *logits16;                               /* lp16: as logits (dlogits in backward) */
     float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
@@ -92,7 +96,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 35
+#define GPT_BUFFERS 36
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -102,7 +106,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
 {
     size_t BT = (size_t)n * g->T, C = g->C, L = g->L, NH = g->NH, T = g->T, V = g->V;
     size_t TT = g->fused ? 0 : T * T; /* the (T,T) score matrices, unless fused */
-    size_t f32 = g->lp16 ? 0 : 1, h16 = g->lp16 ? 1 : 0;
+    size_t f32 = g->lp16 ? 0 : 1, h16 = g->lp16 ? 1 : 0, q16 = g->qkv16_on ? 1 : 0;
     size_t off = 0;
 #define TAKE_T(type, ptr, count)                                       \
     do {                                                               \
@@ -117,7 +121,8 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE16(ln1_16, h16 * L * BT * C);
     TAKE(ln1_mean, L * BT);
     TAKE(ln1_rstd, L * BT);
-    TAKE(qkv, L * BT * 3 * C);
+    TAKE(qkv, (1 - q16) * L * BT * 3 * C);
+    TAKE16(qkv16, q16 * L * BT * 3 * C);
     TAKE(att, L * n * NH * (g->fused ? T : TT));
     TAKE(atty, L * BT * C);
     TAKE(residual2, L * BT * C);
@@ -237,7 +242,11 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         float *res3 = g->residual3 + l * BTC;
         gpt_layer *w = &g->layer[l];
 
-        if (g->lp16) {
+        if (g->qkv16_on) {
+            uint16_t *ln1 = g->ln1_16 + l * BTC, *qkv16 = g->qkv16 + l * BTC * 3;
+            k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+            k->matmul_forward16_out16(kc, qkv16, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+        } else if (g->lp16) {
             uint16_t *ln1 = g->ln1_16 + l * BTC;
             k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
             k->matmul_forward16(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
@@ -246,7 +255,9 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
             k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
             k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
         }
-        if (g->fused)
+        if (g->qkv16_on)
+            k->attention_fused_forward16(kc, atty, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
+        else if (g->fused)
             k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
         else
             k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
@@ -468,7 +479,9 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT, C,
                            C);
         k->zero(kc, g->dqkv, BTC * 3);
-        if (g->fused)
+        if (g->qkv16_on)
+            k->attention_fused_backward16(kc, g->dqkv, datty, atty, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
+        else if (g->fused)
             k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
         else
             k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
@@ -547,6 +560,7 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
     g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
               k->gelu_backward16 && k->matmul_forward16 && k->matmul_backward16 && k->matmul_forward16_out16 &&
               k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
+    g->qkv16_on = g->lp16 && g->fused && k->attention_fused_forward16 && k->attention_fused_backward16;
     m->impl = g;
     m->ops = &gpt_ops;
 

@@ -127,6 +127,9 @@ static const kern_ops cpu_ops = {
     .attention_forward = kcpu_attention_forward,
     .attention_backward = kcpu_attention_backward,
     .attention_decode = kcpu_attention_decode,
+    /* references only: no attention_fused_ok (kernels.h) */
+    .attention_fused_forward16 = kcpu_attention_fused_forward16,
+    .attention_fused_backward16 = kcpu_attention_fused_backward16,
     .gelu_forward = kcpu_gelu_forward,
     .gelu_backward = kcpu_gelu_backward,
     .relu_forward = kcpu_relu_forward,

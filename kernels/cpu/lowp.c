@@ -7,6 +7,7 @@
  * The fp32 intermediates are whole tensors, taken from the caller's scratch
  * callback (the pool, tagged workspace) when there is one: clarity over
  * speed, as nothing trains in 16 bits on this backend. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "cpu_kernels.h"
@@ -162,5 +163,48 @@ void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16
     widen(k, t, logits16, n);
     kcpu_crossentropy_backward(k, t, t, lse, targets, dloss, N, V, Vp);
     narrow(k, dlogits16, t, n);
+    tmp_put(k, t);
+}
+
+/* Fused attention on a 16-bit qkv: the materialised ops (attention.c) on its
+ * widening, the (B,NH,T,T) matrices in scratch; lse is each row's
+ * log-sum-exp of the scaled scores over the causal prefix, in double. */
+void kcpu_attention_fused_forward16(kern_ctx *k, float *out, float *lse, const uint16_t *inp16, int B, int T, int C,
+                                    int NH)
+{
+    size_t ni = (size_t)B * T * 3 * C, nt = (size_t)B * NH * T * T;
+    float *t = tmp_get(k, ni + 2 * nt);
+    if (!t)
+        return;
+    float *pre = t + ni, *att = pre + nt;
+    widen(k, t, inp16, ni);
+    kcpu_attention_forward(k, out, pre, att, t, B, T, C, NH);
+    for (size_t row = 0; row < (size_t)B * NH * T; row++) {
+        size_t q = row % (size_t)T;
+        const float *s = pre + row * T;
+        double m = s[0], sum = 0;
+        for (size_t j = 1; j <= q; j++)
+            m = s[j] > m ? s[j] : m;
+        for (size_t j = 0; j <= q; j++)
+            sum += exp((double)s[j] - m);
+        lse[row] = (float)(m + log(sum));
+    }
+    tmp_put(k, t);
+}
+
+/* The probabilities again from the widened qkv (out and lse are what the
+ * forward gave: the materialised backward needs neither). */
+void kcpu_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
+                                     const uint16_t *inp16, int B, int T, int C, int NH)
+{
+    (void)out, (void)lse;
+    size_t ni = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nt = (size_t)B * NH * T * T;
+    float *t = tmp_get(k, ni + no + 3 * nt);
+    if (!t)
+        return;
+    float *o = t + ni, *pre = o + no, *att = pre + nt, *datt = att + nt;
+    widen(k, t, inp16, ni);
+    kcpu_attention_forward(k, o, pre, att, t, B, T, C, NH);
+    kcpu_attention_backward(k, dinp, pre, datt, dout, t, att, B, T, C, NH);
     tmp_put(k, t);
 }

@@ -288,6 +288,8 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .attention_fused_ok = kc_attention_fused_ok,
     .attention_fused_forward = kc_attention_fused_forward,
     .attention_fused_backward = kc_attention_fused_backward,
+    .attention_fused_forward16 = kc_attention_fused_forward16,
+    .attention_fused_backward16 = kc_attention_fused_backward16,
     .attention_decode = NULL, // decoding (sampling) runs on the cpu
     .gelu_forward = kc_gelu_forward,
     .gelu_backward = kc_gelu_backward,

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "kern_cuda.cuh"
+#include "tile16.cuh"
 
 using namespace nvcuda;
 
@@ -76,41 +77,18 @@ __device__ __forceinline__ void fa_mma64_store(float *dst, const E *a, const E *
 using fa_row = wmma::row_major;
 using fa_col = wmma::col_major;
 
-// Stage two 64-row × 64-value fp32 tiles (row r of tile x at srcx + r·pitchx;
-// rows at or past `rows` become zeros) as 16-bit values into dstx[r·FA_LD ..].
-// Every load of both tiles is issued before the first use: staged one after
-// another, each load's global-memory latency was paid in turn, and that was
-// most of the kernels' time.
-template <class E>
-__device__ __forceinline__ void fa_stage2(E *dst0, const float *src0, size_t pitch0, E *dst1, const float *src1,
+// Stage two 64-row tiles (tile16.cuh): every load of both is issued before
+// the first store.  S0, S1: their sources' element types.
+template <class E, class S0, class S1>
+__device__ __forceinline__ void fa_stage2(E *dst0, const S0 *src0, size_t pitch0, E *dst1, const S1 *src1,
                                           size_t pitch1, int rows)
 {
-    constexpr int PER = FA_B * FA_HS / 4 / FA_THREADS; // float4s per thread and tile
-    float4 v[2][PER];
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        int i = threadIdx.x + u * FA_THREADS, r = i / (FA_HS / 4), c = (i % (FA_HS / 4)) * 4;
-        bool in = r < rows;
-        v[0][u] = in ? __ldg(reinterpret_cast<const float4 *>(src0 + (size_t)r * pitch0 + c)) : make_float4(0, 0, 0, 0);
-        v[1][u] = in ? __ldg(reinterpret_cast<const float4 *>(src1 + (size_t)r * pitch1 + c)) : make_float4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int t = 0; t < 2; t++) {
-        E *dst = t ? dst1 : dst0;
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            int i = threadIdx.x + u * FA_THREADS, r = i / (FA_HS / 4), c = (i % (FA_HS / 4)) * 4;
-            union {
-                E e[4];
-                uint2 u2;
-            } w;
-            w.e[0] = fa_from<E>(v[t][u].x);
-            w.e[1] = fa_from<E>(v[t][u].y);
-            w.e[2] = fa_from<E>(v[t][u].z);
-            w.e[3] = fa_from<E>(v[t][u].w);
-            *reinterpret_cast<uint2 *>(dst + r * FA_LD + c) = w.u2; // 8-byte aligned: FA_LD, c multiples of 4
-        }
-    }
+    kc_tile_regs<FA_B, FA_THREADS, S0> t0;
+    kc_tile_regs<FA_B, FA_THREADS, S1> t1;
+    kc_tile_load(t0, src0, pitch0, rows);
+    kc_tile_load(t1, src1, pitch1, rows);
+    kc_tile_store<E, FA_LD>(dst0, t0);
+    kc_tile_store<E, FA_LD>(dst1, t1);
 }
 
 // Shared memory of the forward kernel, in bytes (all parts 128-byte multiples).
@@ -120,9 +98,10 @@ template <class E> static constexpr size_t fa_fwd_smem()
 }
 
 // out (B,T,C) = softmax(scale·Q·Kᵀ, causal)·V per head; lse (B,NH,T).
-template <class E>
+// S: the element type of inp, fp32 or E.
+template <class E, class S>
 __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out, float *__restrict__ lse,
-                                                         const float *__restrict__ inp, int T, int C, int NH,
+                                                         const S *__restrict__ inp, int T, int C, int NH,
                                                          float scale)
 {
     extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -140,7 +119,7 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int q0 = qb * FA_B;
     const size_t C3 = 3 * (size_t)C;
-    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
+    const S *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
 
     // Q once (its second tile slot stages into Ps, overwritten before use).
     fa_stage2<E>(Qs, base + (size_t)q0 * C3, C3, Ps, base + (size_t)q0 * C3, C3, T - q0);
@@ -257,10 +236,10 @@ template <class E> static constexpr size_t fa_bwd_smem()
 // Three CTAs per SM (12 warps), as the forward: at two, the backward sat
 // mostly idle waiting on shared memory (measured with ncu on the H100: 255
 // registers, 12.5% occupancy).
-template <class E>
+template <class E, class S>
 __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__ dinp, const float *__restrict__ dout,
                                                           const float *__restrict__ lse, const float *__restrict__ D,
-                                                          const float *__restrict__ inp, int T, int C, int NH,
+                                                          const S *__restrict__ inp, int T, int C, int NH,
                                                           float scale)
 {
     extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -279,7 +258,7 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int k0 = kb * FA_B;
     const size_t C3 = 3 * (size_t)C;
-    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
+    const S *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * FA_HS;
     float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FA_HS;
 
@@ -385,7 +364,8 @@ bool kc_attention_fused_ok(kern_ctx *k, int C, int NH)
     return k->prec != KERN_FP32 && NH > 0 && C % NH == 0 && C / NH == FA_HS && NH <= 65535;
 }
 
-static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, const void *b, const char *what)
+static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, const void *b, size_t align,
+                     const char *what)
 {
     if (B <= 0 || T <= 0)
         return false;
@@ -393,56 +373,68 @@ static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, co
         kc_ok(k, cudaErrorInvalidValue, what);
         return false;
     }
-    if (!kc_aligned(16, a, b)) {
+    if (!kc_aligned(16, a) || !kc_aligned(align, b)) {
         kc_ok(k, cudaErrorMisalignedAddress, what);
         return false;
     }
     return true;
 }
 
-template <class E> static void fa_launch_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T,
-                                                 int C, int NH)
+template <class E, class S>
+static void fa_launch_forward(kern_ctx *k, float *out, float *lse, const S *inp, int B, int T, int C, int NH)
 {
     constexpr size_t smem = fa_fwd_smem<E>();
-    if (!kc_ok(k, cudaFuncSetAttribute(fa_forward<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_forward<E, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention forward: shared memory"))
         return;
     dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
-    fa_forward<E><<<grid, FA_THREADS, smem, k->stream>>>(out, lse, inp, T, C, NH, 1.0f / sqrtf((float)FA_HS));
+    fa_forward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(out, lse, inp, T, C, NH, 1.0f / sqrtf((float)FA_HS));
     kc_launched(k, "fused attention forward");
 }
 
-template <class E> static void fa_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse,
-                                                  const float *D, const float *inp, int B, int T, int C, int NH)
+template <class E, class S>
+static void fa_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
+                               const S *inp, int B, int T, int C, int NH)
 {
     constexpr size_t smem = fa_bwd_smem<E>();
-    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention backward: shared memory"))
         return;
     dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
-    fa_backward<E><<<grid, FA_THREADS, smem, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
-                                                          1.0f / sqrtf((float)FA_HS));
+    fa_backward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
+                                                             1.0f / sqrtf((float)FA_HS));
     kc_launched(k, "fused attention backward");
 }
 
-void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
+// inp (fp32) or inp16 (the context's 16-bit type; 8-byte aligned is enough
+// for its 8-byte loads), the other NULL.
+static void fa_forward_any(kern_ctx *k, float *out, float *lse, const float *inp, const uint16_t *inp16, int B,
+                           int T, int C, int NH)
 {
-    if (!fa_check(k, B, T, C, NH, out, inp, "fused attention forward: unsupported shape or alignment"))
+    const void *in = inp16 ? (const void *)inp16 : (const void *)inp;
+    if (!fa_check(k, B, T, C, NH, out, in, inp16 ? 8 : 16, "fused attention forward: unsupported shape or alignment"))
         return;
     kc_enter(k);
+    bool bf = k->prec == KERN_BF16;
     if (k->flash_mma)
-        kc_flash_mma_forward(k, out, lse, inp, B, T, C, NH);
-    else if (k->prec == KERN_BF16)
+        kc_flash_mma_forward(k, out, lse, inp, inp16, B, T, C, NH);
+    else if (inp16 && bf)
+        fa_launch_forward<__nv_bfloat16>(k, out, lse, reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
+    else if (inp16)
+        fa_launch_forward<__half>(k, out, lse, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+    else if (bf)
         fa_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
     else
         fa_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
 }
 
-void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
-                                 const float *inp, int B, int T, int C, int NH)
+static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
+                            const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    if (!fa_check(k, B, T, C, NH, dinp, inp, "fused attention backward: unsupported shape or alignment") ||
-        !fa_check(k, B, T, C, NH, dout, out, "fused attention backward: unsupported shape or alignment"))
+    const void *in = inp16 ? (const void *)inp16 : (const void *)inp;
+    if (!fa_check(k, B, T, C, NH, dinp, in, inp16 ? 8 : 16,
+                  "fused attention backward: unsupported shape or alignment") ||
+        !fa_check(k, B, T, C, NH, dout, out, 16, "fused attention backward: unsupported shape or alignment"))
         return;
     kc_enter(k);
     size_t rows = (size_t)B * NH * T;
@@ -451,10 +443,39 @@ void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, co
         return;
     fa_rowdot<<<kc_grid(k, rows * 32, 256), 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
     kc_launched(k, "fused attention backward: row dot");
+    bool bf = k->prec == KERN_BF16;
     if (k->flash_mma)
-        kc_flash_mma_backward(k, dinp, dout, lse, D, inp, B, T, C, NH);
-    else if (k->prec == KERN_BF16)
+        kc_flash_mma_backward(k, dinp, dout, lse, D, inp, inp16, B, T, C, NH);
+    else if (inp16 && bf)
+        fa_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, reinterpret_cast<const __nv_bfloat16 *>(inp16), B,
+                                          T, C, NH);
+    else if (inp16)
+        fa_launch_backward<__half>(k, dinp, dout, lse, D, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+    else if (bf)
         fa_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);
     else
         fa_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+}
+
+void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
+{
+    fa_forward_any(k, out, lse, inp, NULL, B, T, C, NH);
+}
+
+void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
+                                 const float *inp, int B, int T, int C, int NH)
+{
+    fa_backward_any(k, dinp, dout, out, lse, inp, NULL, B, T, C, NH);
+}
+
+void kc_attention_fused_forward16(kern_ctx *k, float *out, float *lse, const uint16_t *inp16, int B, int T, int C,
+                                  int NH)
+{
+    fa_forward_any(k, out, lse, NULL, inp16, B, T, C, NH);
+}
+
+void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
+                                   const uint16_t *inp16, int B, int T, int C, int NH)
+{
+    fa_backward_any(k, dinp, dout, out, lse, NULL, inp16, B, T, C, NH);
 }

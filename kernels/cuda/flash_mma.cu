@@ -1,7 +1,7 @@
 // flash_mma.cu — fused causal attention with the scores in registers.
 //
 // The same FlashAttention-2 scheme and the same interface as flash.cu (fp32
-// q,k,v in, fp32 out, each row's log-sum-exp kept for backward), but the
+// or 16-bit q,k,v in, fp32 out, each row's log-sum-exp kept for backward), but the
 // tiles are multiplied with mma.sync m16n8k16 on operands loaded with
 // ldmatrix, and the score, probability and gradient tiles never leave the
 // registers.  Why: the WMMA kernels round-trip every score tile through
@@ -41,6 +41,7 @@
 #else
 #include "kern_cuda.cuh"
 #endif
+#include "tile16.cuh"
 
 #define FM_HS 64
 #define FM_LD (FM_HS + 8) // 16-bit tile pitch: rows 16 bytes apart in the banks
@@ -51,18 +52,6 @@
 #define FM_BC 64 // forward: keys per step
 
 // ---- operand helpers ------------------------------------------------------------------------
-
-template <class E> __device__ __forceinline__ uint32_t fm_pack(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t fm_pack<__nv_bfloat16>(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-template <> __device__ __forceinline__ uint32_t fm_pack<__half>(float lo, float hi)
-{
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 // d += a·b, one 16×8×16 tile, fp32 accumulate.
 template <class E>
@@ -131,10 +120,10 @@ template <bool TRANS, class E> __device__ __forceinline__ void fm_ldm_p2(uint32_
 // accumulator tiles t[2kk] and t[2kk+1].
 template <class E> __device__ __forceinline__ void fm_acc_to_a(uint32_t (&a)[4], const float (&t0)[4], const float (&t1)[4])
 {
-    a[0] = fm_pack<E>(t0[0], t0[1]);
-    a[1] = fm_pack<E>(t0[2], t0[3]);
-    a[2] = fm_pack<E>(t1[0], t1[1]);
-    a[3] = fm_pack<E>(t1[2], t1[3]);
+    a[0] = kc_pack2<E>(t0[0], t0[1]);
+    a[1] = kc_pack2<E>(t0[2], t0[3]);
+    a[2] = kc_pack2<E>(t1[0], t1[1]);
+    a[3] = kc_pack2<E>(t1[2], t1[3]);
 }
 
 // acc (16×64: eight 16×8 tiles) += A · X[16·kk .. 16·kk+15][0..63]: one
@@ -153,41 +142,14 @@ __device__ __forceinline__ void fm_mma_x64(float (&acc)[8][4], const uint32_t (&
     }
 }
 
-// Stage ROWS×64 fp32 values of up to two tiles (row r at src + r·pitch; rows
-// at or past `rows` become zeros) into 16-bit tiles dst[r·FM_LD ..].  All
-// loads are issued before the first store, so their latencies overlap.
-template <class E, int ROWS, int THREADS, int NT>
-__device__ __forceinline__ void fm_stage(E *const (&dst)[NT], const float *const (&src)[NT], const size_t (&pitch)[NT],
-                                         int rows)
-{
-    constexpr int PER = ROWS * FM_HS / 4 / THREADS;
-    static_assert(PER * THREADS * 4 == ROWS * FM_HS, "tile and threads");
-    float4 v[NT][PER];
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            int i = threadIdx.x + u * THREADS, r = i / (FM_HS / 4), c = (i % (FM_HS / 4)) * 4;
-            v[t][u] = r < rows ? __ldg(reinterpret_cast<const float4 *>(src[t] + (size_t)r * pitch[t] + c))
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            int i = threadIdx.x + u * THREADS, r = i / (FM_HS / 4), c = (i % (FM_HS / 4)) * 4;
-            uint2 w = make_uint2(fm_pack<E>(v[t][u].x, v[t][u].y), fm_pack<E>(v[t][u].z, v[t][u].w));
-            *reinterpret_cast<uint2 *>(dst[t] + r * FM_LD + c) = w; // 8-byte aligned: FM_LD, c multiples of 4
-        }
-}
-
 // ---- forward --------------------------------------------------------------------------------
 
 // Scores are kept in log2 units (scale·log2 e folded in) so exp2f does the
 // exponentials; lse is written back in natural units.
-template <class E>
+// S: the element type of inp, fp32 or E (tile16.cuh).
+template <class E, class S>
 __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restrict__ out, float *__restrict__ lse,
-                                                                const float *__restrict__ inp, int T, int C, int NH,
+                                                                const S *__restrict__ inp, int T, int C, int NH,
                                                                 float scale_log2)
 {
     __shared__ __align__(128) E Qs[FM_FWD_BR * FM_LD];
@@ -199,13 +161,12 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restric
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int q0 = qb * FM_FWD_BR, band = q0 + warp * 16; // this warp's first query
     const size_t C3 = 3 * (size_t)C;
-    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
 
     {
-        E *d[1] = {Qs};
-        const float *s[1] = {base + (size_t)q0 * C3};
-        const size_t p[1] = {C3};
-        fm_stage<E, FM_FWD_BR, FM_FWD_THREADS, 1>(d, s, p, T - q0);
+        kc_tile_regs<FM_FWD_BR, FM_FWD_THREADS, S> q;
+        kc_tile_load(q, base + (size_t)q0 * C3, C3, T - q0);
+        kc_tile_store<E, FM_LD>(Qs, q);
     }
     // This warp's 16 query rows are read back as A fragments at every key
     // block: holding them (16 registers) made the staging spill.
@@ -224,11 +185,11 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restric
         {
             // One tile at a time: both at once needed 32 registers of loads
             // in flight, and spilled.
-            E *d[1] = {Ks}, *d2[1] = {Vs};
-            const float *s[1] = {base + C + (size_t)k0 * C3}, *s2[1] = {base + 2 * (size_t)C + (size_t)k0 * C3};
-            const size_t p[1] = {C3};
-            fm_stage<E, FM_BC, FM_FWD_THREADS, 1>(d, s, p, T - k0);
-            fm_stage<E, FM_BC, FM_FWD_THREADS, 1>(d2, s2, p, T - k0);
+            kc_tile_regs<FM_BC, FM_FWD_THREADS, S> t;
+            kc_tile_load(t, base + C + (size_t)k0 * C3, C3, T - k0);
+            kc_tile_store<E, FM_LD>(Ks, t);
+            kc_tile_load(t, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+            kc_tile_store<E, FM_LD>(Vs, t);
         }
         __syncthreads();
         // Bands are 16-aligned and blocks 64-aligned: a band is wholly at or
@@ -321,12 +282,12 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restric
 // Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ are A operands of dV += Pᵀ·dO and dK += dSᵀ·Q
 // straight from the registers.  dQ = dS·K needs dS with queries as rows:
 // dSᵀ goes through shared memory once, read back transposed by ldmatrix.
-template <class E>
+template <class E, class S>
 __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restrict__ dinp,
                                                                  const float *__restrict__ dout,
                                                                  const float *__restrict__ lse,
                                                                  const float *__restrict__ D,
-                                                                 const float *__restrict__ inp, int T, int C, int NH,
+                                                                 const S *__restrict__ inp, int T, int C, int NH,
                                                                  float scale)
 {
     __shared__ __align__(128) E Ks[FM_BWD_B * FM_LD];
@@ -341,17 +302,18 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int k0 = kb * FM_BWD_B;
     const size_t C3 = 3 * (size_t)C;
-    const float *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * FM_HS;
     float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FM_HS;
     const float scale_log2 = scale * 1.44269504088896341f;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8}; // rows g, g+8 of this warp's Sᵀ
 
     {
-        E *d[2] = {Ks, Vs};
-        const float *s[2] = {base + C + (size_t)k0 * C3, base + 2 * (size_t)C + (size_t)k0 * C3};
-        const size_t p[2] = {C3, C3};
-        fm_stage<E, FM_BWD_B, FM_BWD_THREADS, 2>(d, s, p, T - k0);
+        kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, S> kt, vt;
+        kc_tile_load(kt, base + C + (size_t)k0 * C3, C3, T - k0);
+        kc_tile_load(vt, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+        kc_tile_store<E, FM_LD>(Ks, kt);
+        kc_tile_store<E, FM_LD>(Vs, vt);
     }
 
     float dk[8][4], dv[8][4]; // rows g, g+8 of this warp's keys; d = 8·j + 2c..
@@ -365,10 +327,12 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
         const int q0 = qb * FM_BWD_B;
         __syncthreads(); // Qs, dOs, dSs of the previous step are no longer read
         {
-            E *d[2] = {Qs, dOs};
-            const float *s[2] = {base + (size_t)q0 * C3, dbase + (size_t)q0 * C};
-            const size_t p[2] = {C3, (size_t)C};
-            fm_stage<E, FM_BWD_B, FM_BWD_THREADS, 2>(d, s, p, T - q0);
+            kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, S> qt;
+            kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, float> ot;
+            kc_tile_load(qt, base + (size_t)q0 * C3, C3, T - q0);
+            kc_tile_load(ot, dbase + (size_t)q0 * C, (size_t)C, T - q0);
+            kc_tile_store<E, FM_LD>(Qs, qt);
+            kc_tile_store<E, FM_LD>(dOs, ot);
         }
         if (threadIdx.x < FM_BWD_B) {
             int q = q0 + threadIdx.x;
@@ -504,36 +468,50 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
 // (Not under emulation: the test launches the kernels itself, with emu_launch.)
 #ifndef GRADD_CUDA_EMU
 
-template <class E> static void fm_launch_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T,
-                                                 int C, int NH)
+template <class E, class S>
+static void fm_launch_forward(kern_ctx *k, float *out, float *lse, const S *inp, int B, int T, int C, int NH)
 {
     dim3 grid((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH));
-    fm_forward<E><<<grid, FM_FWD_THREADS, 0, k->stream>>>(out, lse, inp, T, C, NH,
-                                                          1.44269504088896341f / sqrtf((float)FM_HS));
+    fm_forward<E, S><<<grid, FM_FWD_THREADS, 0, k->stream>>>(out, lse, inp, T, C, NH,
+                                                             1.44269504088896341f / sqrtf((float)FM_HS));
     kc_launched(k, "fused attention forward (mma)");
 }
 
-template <class E> static void fm_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse,
-                                                  const float *D, const float *inp, int B, int T, int C, int NH)
+template <class E, class S>
+static void fm_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
+                               const S *inp, int B, int T, int C, int NH)
 {
     dim3 grid((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH));
-    fm_backward<E><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
-                                                           1.0f / sqrtf((float)FM_HS));
+    fm_backward<E, S><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
+                                                              1.0f / sqrtf((float)FM_HS));
     kc_launched(k, "fused attention backward (mma)");
 }
 
-void kc_flash_mma_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
+// inp16: the 16-bit qkv of the context's type, in place of inp (the other NULL).
+void kc_flash_mma_forward(kern_ctx *k, float *out, float *lse, const float *inp, const uint16_t *inp16, int B, int T,
+                          int C, int NH)
 {
-    if (k->prec == KERN_BF16)
+    bool bf = k->prec == KERN_BF16;
+    if (inp16 && bf)
+        fm_launch_forward<__nv_bfloat16>(k, out, lse, reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
+    else if (inp16)
+        fm_launch_forward<__half>(k, out, lse, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+    else if (bf)
         fm_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
     else
         fm_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
 }
 
 void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
-                           const float *inp, int B, int T, int C, int NH)
+                           const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    if (k->prec == KERN_BF16)
+    bool bf = k->prec == KERN_BF16;
+    if (inp16 && bf)
+        fm_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, reinterpret_cast<const __nv_bfloat16 *>(inp16), B,
+                                          T, C, NH);
+    else if (inp16)
+        fm_launch_backward<__half>(k, dinp, dout, lse, D, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+    else if (bf)
         fm_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);
     else
         fm_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);

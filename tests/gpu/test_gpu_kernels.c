@@ -494,6 +494,41 @@ static void test_attention_fused(const char *prec, int B, int T, int C, int NH, 
         bfree(&datt);
 }
 
+/* Fused attention on a 16-bit qkv against the cpu's reference ops of the
+ * same name (the materialised attention on the widened qkv); backward from
+ * the same out and lse on both sides (the cpu's), into a dinp that starts
+ * random on both sides. */
+static void test_attention_fused16(const char *prec, int B, int T, int C, int NH, double rtol, double atol)
+{
+    char name[64];
+    snprintf(name, sizeof name, "fused attention16 %s B=%d T=%d C=%d NH=%d", prec, B, T, C, NH);
+    if (!have16(name, "attention_fused_forward16", H->attention_fused_forward16 != NULL,
+                G->attention_fused_forward16 != NULL) ||
+        !have16(name, "attention_fused_backward16", H->attention_fused_backward16 != NULL,
+                G->attention_fused_backward16 != NULL))
+        return;
+    if (!G->attention_fused_ok || !G->attention_fused_ok(gk, C, NH)) {
+        FAIL("%s: the cuda kernels decline this shape", name);
+        return;
+    }
+    size_t BTC = (size_t)B * T * C, rows = (size_t)B * NH * T;
+    buf16 inp = mk16(3 * BTC, 1);
+    buf out = mk(BTC, 0), lse = mk(rows, 0);
+    H->attention_fused_forward16(hk, out.h, lse.h, inp.h, B, T, C, NH);
+    G->attention_fused_forward16(gk, out.d, lse.d, inp.d, B, T, C, NH);
+    gsync(name);
+    cmp(name, "out", &out, rtol, atol);
+    cmp(name, "lse", &lse, 1e-2, 1e-3);
+    resync(&out);
+    resync(&lse);
+    buf dout = mk(BTC, 1), dinp = mk(3 * BTC, 1);
+    H->attention_fused_backward16(hk, dinp.h, dout.h, out.h, lse.h, inp.h, B, T, C, NH);
+    G->attention_fused_backward16(gk, dinp.d, dout.d, out.d, lse.d, inp.d, B, T, C, NH);
+    gsync(name);
+    cmp(name, "dinp", &dinp, rtol, atol);
+    b16free(&inp), bfree(&out), bfree(&lse), bfree(&dout), bfree(&dinp);
+}
+
 static void test_pointwise(size_t n, int offset)
 {
     char name[64];
@@ -1041,6 +1076,16 @@ static void run_fp32(void)
 static void run_lowp(const char *prec)
 {
     ctx_bf16 = !strcmp(prec, "bf16");
+    /* The cpu's 16-bit ops read and write the type their context's
+     * precision names (an fp32 context: bf16), so the reference side gets a
+     * context of the same precision for this pass. */
+    kern_ctx *h32 = hk;
+    hk = H->ctx_create(0, 0, ctx_bf16 ? KERN_BF16 : KERN_FP16, NULL);
+    if (!hk) {
+        FAIL("cpu %s ctx_create failed", prec);
+        hk = h32;
+        return;
+    }
     printf("%s context (GEMM inputs in 16 bits)\n", prec);
     test_matmul(prec, 256, 96, 288, true, true, 0, 2e-2, 2e-2);
     test_matmul(prec, 33, 17, 29, true, true, 0, 2e-2, 2e-2);
@@ -1054,6 +1099,9 @@ static void run_lowp(const char *prec)
     test_attention_fused(prec, 2, 512, 768, 12, 2e-2, 2e-2);
     /* T between two and four 64-row blocks, not a multiple of 64. */
     test_attention_fused(prec, 1, 200, 128, 2, 2e-2, 2e-2);
+    /* The same on a 16-bit qkv, as the model's 16-bit path runs it. */
+    test_attention_fused16(prec, 2, 133, 128, 2, 2e-2, 2e-2);
+    test_attention_fused16(prec, 2, 512, 768, 12, 2e-2, 2e-2);
     /* The 16-bit activation ops. */
     test_layernorm16(257, 96, 0);
     test_layernorm16(100, 63, 0);
@@ -1075,6 +1123,8 @@ static void run_lowp(const char *prec)
     test_logits16(64, 128, 50257, 50304); /* GPT-2's vocabulary, padded */
     test_logits16(33, 52, 37, 37);        /* odd: the scalar paths */
     test_determinism16();
+    H->ctx_destroy(hk);
+    hk = h32;
 }
 
 int main(int argc, char **argv)

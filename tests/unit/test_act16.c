@@ -2,7 +2,8 @@
  * on the cpu.
  *
  * In a bf16/fp16 job on a backend whose 16-bit ops pay (act16_native: cuda)
- * the model stores ln1, ln2, fch, fch_gelu, lnf and the logits in 16 bits,
+ * the model stores ln1, ln2, fch, fch_gelu, lnf and the logits in 16 bits
+ * (and qkv, where attention is fused),
  * and hands dfch_gelu, dfch and dlogits between their ops in 16 bits.  The cpu has the same ops as the reference but does
  * not claim they pay, so here a copy of its table that does, and the
  * engine's test-only seam for mixed precision on the cpu, make the model
@@ -25,13 +26,24 @@
 #include "kernels.h"
 #include "train.h"
 
-static kern_ops act16_ops;
+static kern_ops act16_ops, fused16_ops;
+
+/* The cpu's fused 16-bit attention ops are references with no
+ * attention_fused_ok: here one that says yes, as the GPU's does for head
+ * size 64, so that the model takes its 16-bit qkv path. */
+static bool fused_ok(kern_ctx *k, int C, int NH)
+{
+    (void)k;
+    return NH > 0 && C % NH == 0;
+}
 
 static int setup(void **state)
 {
     (void)state;
     act16_ops = *kern_cpu_ops();
     act16_ops.act16_native = true;
+    fused16_ops = act16_ops;
+    fused16_ops.attention_fused_ok = fused_ok;
     if (fx_setup("act16", (size_t)512 << 20, NULL) != 0 || fx_write_corpus() != 0)
         return -1;
     return 0;
@@ -101,10 +113,40 @@ static void test_bf16_activations(void **state)
     assert_true(fabs(r16.val_loss - r32.val_loss) <= 0.01 * r32.val_loss);
 }
 
+/* bf16 again with fused attention on a 16-bit qkv: the estimate shrinks
+ * by exactly what the layout says, and it learns the same. */
+static void test_bf16_fused_qkv16(void **state)
+{
+    (void)state;
+    job_config j32, j16, jf;
+    train_result r32, r16, rf;
+    job(&j32, "fp32-2", JOBCFG_FP32);
+    job(&j16, "bf16-2", JOBCFG_BF16);
+    job(&jf, "bf16-fused", JOBCFG_BF16);
+    train(&j32, kern_cpu_ops(), false, &r32);
+    train(&j16, &act16_ops, true, &r16);
+    train(&jf, &fused16_ops, true, &rf);
+
+    /* Per sample: att keeps lse (L·NH·T) instead of the probabilities
+     * (L·NH·T·T), the one-layer scratch preatt and datt (NH·T·T each) go,
+     * and qkv (L·T·3C) goes from 4 bytes to 2. */
+    size_t saved = 4 * ((size_t)L * NH * T * T - (size_t)L * NH * T) + 4 * 2 * (size_t)NH * T * T +
+                   2 * (size_t)L * T * 3 * C;
+    printf("activations per sample: bf16 %zu, bf16 fused with 16-bit qkv %zu bytes (saved %zu)\n",
+           r16.act_per_sample, rf.act_per_sample, r16.act_per_sample - rf.act_per_sample);
+    assert_int_equal(r16.act_per_sample - rf.act_per_sample, saved);
+
+    printf("final loss: fp32 %.4f, bf16 fused %.4f; validation %.4f, %.4f\n", r32.final_loss, rf.final_loss,
+           r32.val_loss, rf.val_loss);
+    assert_true(fabs(rf.final_loss - r32.final_loss) <= 0.01 * r32.final_loss);
+    assert_true(fabs(rf.val_loss - r32.val_loss) <= 0.01 * r32.val_loss);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_activations),
+        cmocka_unit_test(test_bf16_fused_qkv16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
