@@ -22,7 +22,7 @@
  *           and says they pay (act16_native), unless GRADD_ACT16=0: the
  *           layernorm outputs, the MLP's hidden layer before and after
  *           GELU (and its gradient), the logits and, with fused attention,
- *           qkv are 16-bit buffers, their producers and consumers the *16
+ *           qkv and the attention output are 16-bit buffers, their producers and consumers the *16
  *           ops (metrics named layernorm16_*, matmul16_*, gelu16_*,
  *           logits16_*, crossentropy16_*, attention16_*);
  *   fp32  — everything else (the cpu build always): the fp32 ops, which in
@@ -281,7 +281,8 @@ int main(int argc, char **argv)
      * buffers of every layer cost the same to read and write). */
     size_t N = (size_t)B * T, NC = N * C, nscore = (size_t)B * NH * T * T;
     float *encoded = buf(NC), *res2 = buf(NC), *res3 = buf(NC), *mean = buf(N), *rstd = buf(N);
-    float *qkv = qkv16_on ? NULL : buf(3 * NC), *att = buf(fused ? (size_t)B * NH * T : nscore), *atty = buf(NC), *proj = buf(NC);
+    float *qkv = qkv16_on ? NULL : buf(3 * NC), *atty = qkv16_on ? NULL : buf(NC);
+    float *att = buf(fused ? (size_t)B * NH * T : nscore), *proj = buf(NC);
     float *preatt = fused ? NULL : buf(nscore), *datt = fused ? NULL : buf(nscore);
     float *dres = buf(NC), *dqkv = buf(3 * NC), *dsmall = buf(NC);
     float *lse = buf(N), *losses = buf(N), *dlosses = buf(N);
@@ -289,7 +290,7 @@ int main(int argc, char **argv)
      * its gradient: fp32, or 16-bit on act16. */
     float *ln1 = NULL, *ln2 = NULL, *fch = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL, *dbig = NULL;
     uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL;
-    uint16_t *dfch16 = NULL, *qkv16 = qkv16_on ? buf16(3 * NC) : NULL;
+    uint16_t *dfch16 = NULL, *qkv16 = qkv16_on ? buf16(3 * NC) : NULL, *atty16 = qkv16_on ? buf16(NC) : NULL;
     if (lp16) {
         ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch16 = buf16(4 * NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
         logits16 = buf16(N * V), dfch16 = buf16(4 * NC);
@@ -359,14 +360,19 @@ int main(int argc, char **argv)
            ops->layernorm_forward(k, ln1, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
         OP("matmul_qkv_fwd", L, PART_GEMM, ops->matmul_forward(k, qkv, ln1, P + qkvw, P + qkvb, (int)N, C, 3 * C));
     }
-    if (qkv16_on)
-        OP("attention16_fwd", L, PART_ATTENTION, ops->attention_fused_forward16(k, atty, att, qkv16, B, T, C, NH));
-    else if (fused)
-        OP("attention_fwd", L, PART_ATTENTION, ops->attention_fused_forward(k, atty, att, qkv, B, T, C, NH));
-    else
-        OP("attention_fwd", L, PART_ATTENTION, ops->attention_forward(k, atty, preatt, att, qkv, B, T, C, NH));
-    OP("matmul_proj_fwd", L, PART_GEMM,
-       ops->matmul_forward(k, proj, atty, P + attprojw, P + attprojb, (int)N, C, C));
+    if (qkv16_on) {
+        OP("attention16_fwd", L, PART_ATTENTION,
+           ops->attention_fused_forward16(k, atty16, att, qkv16, B, T, C, NH));
+        OP("matmul16_proj_fwd", L, PART_GEMM,
+           ops->matmul_forward16(k, proj, atty16, P + attprojw, P + attprojb, (int)N, C, C));
+    } else {
+        if (fused)
+            OP("attention_fwd", L, PART_ATTENTION, ops->attention_fused_forward(k, atty, att, qkv, B, T, C, NH));
+        else
+            OP("attention_fwd", L, PART_ATTENTION, ops->attention_forward(k, atty, preatt, att, qkv, B, T, C, NH));
+        OP("matmul_proj_fwd", L, PART_GEMM,
+           ops->matmul_forward(k, proj, atty, P + attprojw, P + attprojb, (int)N, C, C));
+    }
     OP("residual_fwd", 2 * L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
     if (lp16) {
         OP("matmul16_fc_fwd", L, PART_GEMM,
@@ -419,12 +425,17 @@ int main(int argc, char **argv)
         OP("matmul_fc_bwd", L, PART_GEMM,
            ops->matmul_backward(k, dsmall, D + fcw, D + fcb, dbig, ln2, P + fcw, (int)N, C, 4 * C));
     }
-    OP("matmul_proj_bwd", L, PART_GEMM,
-       ops->matmul_backward(k, dsmall, D + attprojw, D + attprojb, dres, atty, P + attprojw, (int)N, C, C));
+    if (qkv16_on)
+        OP("matmul16_proj_bwd", L, PART_GEMM,
+           ops->matmul_backward16(k, dsmall, NULL, D + attprojw, D + attprojb, dres, NULL, atty16, P + attprojw,
+                                  (int)N, C, C));
+    else
+        OP("matmul_proj_bwd", L, PART_GEMM,
+           ops->matmul_backward(k, dsmall, D + attprojw, D + attprojb, dres, atty, P + attprojw, (int)N, C, C));
     OP("zero_dqkv", L, PART_REST, ops->zero(k, dqkv, 3 * NC));
     if (qkv16_on)
         OP("attention16_bwd", L, PART_ATTENTION,
-           ops->attention_fused_backward16(k, dqkv, dsmall, atty, att, qkv16, B, T, C, NH));
+           ops->attention_fused_backward16(k, dqkv, dsmall, atty16, att, qkv16, B, T, C, NH));
     else if (fused)
         OP("attention_bwd", L, PART_ATTENTION,
            ops->attention_fused_backward(k, dqkv, dsmall, atty, att, qkv, B, T, C, NH));

@@ -48,8 +48,10 @@ typedef struct {
      * 16 bits anyway.  Only where the backend says the 16-bit ops pay
      * (act16_native). */
     bool lp16;
-    /* lp16 with fused attention that reads a 16-bit qkv: the qkv GEMM
-     * writes it in 16 bits (qkv16), as the kernels' tensor cores take it. */
+    /* lp16 with fused attention on 16 bits: the qkv GEMM writes qkv in 16
+     * bits (qkv16), as the kernels' tensor cores take it, and the kernels
+     * write their output in 16 bits (atty16) for the attention
+     * projection's GEMM. */
     bool qkv16_on;
     gpt_layer *layer;
     size_t wte, wpe, lnfw, lnfb;
@@ -68,7 +70,7 @@ typedef struct {
     float *lnf, *lnf_mean, *lnf_rstd;                 /* (B,T,C), (B,T) */
     uint16_t *ln1_16, *ln2_16, *lnf16;                /* lp16: as ln1, ln2, lnf */
     uint16_t *fch16, *fch_gelu16;                     /* lp16: as fch, fch_gelu */
-    uint16_t *qkv16;                                  /* qkv16_on: as qkv */
+    uint16_t *qkv16, *atty16;                         /* qkv16_on: as qkv, atty */
     uint16_t *logits16;                               /* lp16: as logits (dlogits in backward) */
     float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
@@ -96,7 +98,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 36
+#define GPT_BUFFERS 37
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -124,7 +126,8 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(qkv, (1 - q16) * L * BT * 3 * C);
     TAKE16(qkv16, q16 * L * BT * 3 * C);
     TAKE(att, L * n * NH * (g->fused ? T : TT));
-    TAKE(atty, L * BT * C);
+    TAKE(atty, (1 - q16) * L * BT * C);
+    TAKE16(atty16, q16 * L * BT * C);
     TAKE(residual2, L * BT * C);
     TAKE(ln2, f32 * L * BT * C);
     TAKE16(ln2_16, h16 * L * BT * C);
@@ -255,13 +258,17 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
             k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
             k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
         }
-        if (g->qkv16_on)
-            k->attention_fused_forward16(kc, atty, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
-        else if (g->fused)
-            k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
-        else
-            k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
-        k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+        if (g->qkv16_on) {
+            uint16_t *atty16 = g->atty16 + l * BTC;
+            k->attention_fused_forward16(kc, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
+            k->matmul_forward16(kc, g->proj, atty16, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+        } else {
+            if (g->fused)
+                k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
+            else
+                k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
+            k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+        }
         k->residual_forward(kc, res2, residual, g->proj, BTC);
         if (g->lp16) {
             uint16_t *ln2 = g->ln2_16 + l * BTC, *fch = g->fch16 + l * BTC * 4;
@@ -476,11 +483,16 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
 
         /* residual2 = residual + attproj: dattproj is the stream gradient. */
         float *datty = g->dsmall, *dln1 = g->dsmall;
-        k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT, C,
-                           C);
+        const uint16_t *atty16 = g->qkv16_on ? g->atty16 + l * BTC : NULL;
+        if (atty16)
+            k->matmul_backward16(kc, datty, NULL, D + w->attprojw, D + w->attprojb, g->dres, NULL, atty16,
+                                 P + w->attprojw, (int)BT, C, C);
+        else
+            k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
+                               C, C);
         k->zero(kc, g->dqkv, BTC * 3);
-        if (g->qkv16_on)
-            k->attention_fused_backward16(kc, g->dqkv, datty, atty, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
+        if (atty16)
+            k->attention_fused_backward16(kc, g->dqkv, datty, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
         else if (g->fused)
             k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
         else

@@ -127,16 +127,18 @@ typedef struct kern_ops {
                                     int NH);
     void (*attention_fused_backward)(kern_ctx *k, float *dinp, const float *dout, const float *out,
                                      const float *lse, const float *inp, int B, int T, int C, int NH);
-    /* The same on a 16-bit inp16 (the context's type, as the 16-bit
-     * activation ops below): exactly the fp32 ops on its widening.  The qkv
-     * GEMM writes it so (matmul_forward16_out16), and the kernels, whose
-     * tensor cores read 16 bits anyway, take it as it is.  Wherever
+    /* The same with inp16 and out16 in 16 bits (the context's type, as
+     * the 16-bit activation ops below): exactly the fp32 ops on inp16's
+     * widening, out16 the fp32 out rounded once.  The qkv GEMM writes inp16
+     * so (matmul_forward16_out16) and the kernels, whose tensor cores read
+     * 16 bits anyway, take it as it is; out16 is read by the attention
+     * projection's GEMM and by backward's row sums.  Wherever
      * attention_fused_ok holds; NULL where a backend has none.  The cpu's
      * are references (for the GPU's tests and the 16-bit wiring's), with no
      * attention_fused_ok of their own. */
-    void (*attention_fused_forward16)(kern_ctx *k, float *out, float *lse, const uint16_t *inp16, int B, int T,
-                                      int C, int NH);
-    void (*attention_fused_backward16)(kern_ctx *k, float *dinp, const float *dout, const float *out,
+    void (*attention_fused_forward16)(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B,
+                                      int T, int C, int NH);
+    void (*attention_fused_backward16)(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
                                        const float *lse, const uint16_t *inp16, int B, int T, int C, int NH);
 
     /* Incremental decoding, optional (NULL where a backend has none):

@@ -169,16 +169,17 @@ void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16
 /* Fused attention on a 16-bit qkv: the materialised ops (attention.c) on its
  * widening, the (B,NH,T,T) matrices in scratch; lse is each row's
  * log-sum-exp of the scaled scores over the causal prefix, in double. */
-void kcpu_attention_fused_forward16(kern_ctx *k, float *out, float *lse, const uint16_t *inp16, int B, int T, int C,
-                                    int NH)
+void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
+                                    int C, int NH)
 {
-    size_t ni = (size_t)B * T * 3 * C, nt = (size_t)B * NH * T * T;
-    float *t = tmp_get(k, ni + 2 * nt);
+    size_t ni = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nt = (size_t)B * NH * T * T;
+    float *t = tmp_get(k, ni + no + 2 * nt);
     if (!t)
         return;
-    float *pre = t + ni, *att = pre + nt;
+    float *out = t + ni, *pre = out + no, *att = pre + nt;
     widen(k, t, inp16, ni);
     kcpu_attention_forward(k, out, pre, att, t, B, T, C, NH);
+    narrow(k, out16, out, no);
     for (size_t row = 0; row < (size_t)B * NH * T; row++) {
         size_t q = row % (size_t)T;
         const float *s = pre + row * T;
@@ -194,10 +195,10 @@ void kcpu_attention_fused_forward16(kern_ctx *k, float *out, float *lse, const u
 
 /* The probabilities again from the widened qkv (out and lse are what the
  * forward gave: the materialised backward needs neither). */
-void kcpu_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
-                                     const uint16_t *inp16, int B, int T, int C, int NH)
+void kcpu_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
+                                     const float *lse, const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    (void)out, (void)lse;
+    (void)out16, (void)lse;
     size_t ni = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nt = (size_t)B * NH * T * T;
     float *t = tmp_get(k, ni + no + 3 * nt);
     if (!t)

@@ -98,9 +98,9 @@ template <class E> static constexpr size_t fa_fwd_smem()
 }
 
 // out (B,T,C) = softmax(scale·Q·Kᵀ, causal)·V per head; lse (B,NH,T).
-// S: the element type of inp, fp32 or E.
-template <class E, class S>
-__global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out, float *__restrict__ lse,
+// S: the element type of inp, O of out: fp32 or E.
+template <class E, class S, class O>
+__global__ __launch_bounds__(FA_THREADS) void fa_forward(O *__restrict__ out, float *__restrict__ lse,
                                                          const S *__restrict__ inp, int T, int C, int NH,
                                                          float scale)
 {
@@ -199,11 +199,11 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
 
     if (t < T) {
         const float l = Ls[r], inv = 1.0f / l;
-        float *o = out + ((size_t)b * T + t) * C + (size_t)h * FA_HS + c0;
+        O *o = out + ((size_t)b * T + t) * C + (size_t)h * FA_HS + c0;
 #pragma unroll
         for (int c = 0; c < 32; c += 4)
-            *reinterpret_cast<float4 *>(o + c) =
-                make_float4(orow[c0 + c] * inv, orow[c0 + c + 1] * inv, orow[c0 + c + 2] * inv, orow[c0 + c + 3] * inv);
+            kc_store4(o + c, orow[c0 + c] * inv, orow[c0 + c + 1] * inv, orow[c0 + c + 2] * inv,
+                      orow[c0 + c + 3] * inv);
         if ((lane & 1) == 0)
             lse[(size_t)bh * T + t] = Ms[r] + logf(l);
     }
@@ -211,8 +211,10 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(float *__restrict__ out
 
 // D (B,NH,T) = Σ_d dout·out over each head's row: the softmax backward's
 // row term, computed once instead of once per key block.  One warp per row.
-__global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict__ dout,
-                                 const float *__restrict__ out, size_t rows, int T, int C, int NH)
+// O: out's element type (fp32, or 16 bits, widened exactly).
+template <class O>
+__global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict__ dout, const O *__restrict__ out,
+                                 size_t rows, int T, int C, int NH)
 {
     size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -220,7 +222,7 @@ __global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict_
         size_t bh = w / T;
         int t = (int)(w % T), b = (int)(bh / NH), h = (int)(bh % NH);
         size_t o = ((size_t)b * T + t) * C + (size_t)h * FA_HS;
-        float s = dout[o + lane] * out[o + lane] + dout[o + lane + 32] * out[o + lane + 32];
+        float s = dout[o + lane] * kc_widen(out[o + lane]) + dout[o + lane + 32] * kc_widen(out[o + lane + 32]);
         s = kc_warp_sum(s);
         if (lane == 0)
             D[w] = s;
@@ -380,15 +382,15 @@ static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, co
     return true;
 }
 
-template <class E, class S>
-static void fa_launch_forward(kern_ctx *k, float *out, float *lse, const S *inp, int B, int T, int C, int NH)
+template <class E, class S, class O>
+static void fa_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int B, int T, int C, int NH)
 {
     constexpr size_t smem = fa_fwd_smem<E>();
-    if (!kc_ok(k, cudaFuncSetAttribute(fa_forward<E, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_forward<E, S, O>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention forward: shared memory"))
         return;
     dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
-    fa_forward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(out, lse, inp, T, C, NH, 1.0f / sqrtf((float)FA_HS));
+    fa_forward<E, S, O><<<grid, FA_THREADS, smem, k->stream>>>(out, lse, inp, T, C, NH, 1.0f / sqrtf((float)FA_HS));
     kc_launched(k, "fused attention forward");
 }
 
@@ -406,44 +408,52 @@ static void fa_launch_backward(kern_ctx *k, float *dinp, const float *dout, cons
     kc_launched(k, "fused attention backward");
 }
 
-// inp (fp32) or inp16 (the context's 16-bit type; 8-byte aligned is enough
-// for its 8-byte loads), the other NULL.
-static void fa_forward_any(kern_ctx *k, float *out, float *lse, const float *inp, const uint16_t *inp16, int B,
-                           int T, int C, int NH)
+// fp32 inp and out, or inp16 and out16 in the context's 16-bit type (the
+// other pair NULL; 8-byte alignment is enough for their 8-byte accesses).
+static void fa_forward_any(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
+                           const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    const void *in = inp16 ? (const void *)inp16 : (const void *)inp;
-    if (!fa_check(k, B, T, C, NH, out, in, inp16 ? 8 : 16, "fused attention forward: unsupported shape or alignment"))
+    const char *what = "fused attention forward: unsupported shape or alignment";
+    if (!(inp16 ? fa_check(k, B, T, C, NH, out16, inp16, 8, what) : fa_check(k, B, T, C, NH, out, inp, 16, what)))
         return;
     kc_enter(k);
     bool bf = k->prec == KERN_BF16;
     if (k->flash_mma)
-        kc_flash_mma_forward(k, out, lse, inp, inp16, B, T, C, NH);
+        kc_flash_mma_forward(k, out, out16, lse, inp, inp16, B, T, C, NH);
     else if (inp16 && bf)
-        fa_launch_forward<__nv_bfloat16>(k, out, lse, reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
+        fa_launch_forward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(out16), lse,
+                                         reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
     else if (inp16)
-        fa_launch_forward<__half>(k, out, lse, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+        fa_launch_forward<__half>(k, reinterpret_cast<__half *>(out16), lse, reinterpret_cast<const __half *>(inp16),
+                                  B, T, C, NH);
     else if (bf)
         fa_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
     else
         fa_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
 }
 
-static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
-                            const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
+static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const float *out, const uint16_t *out16,
+                            const float *lse, const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    const void *in = inp16 ? (const void *)inp16 : (const void *)inp;
-    if (!fa_check(k, B, T, C, NH, dinp, in, inp16 ? 8 : 16,
-                  "fused attention backward: unsupported shape or alignment") ||
-        !fa_check(k, B, T, C, NH, dout, out, 16, "fused attention backward: unsupported shape or alignment"))
+    const char *what = "fused attention backward: unsupported shape or alignment";
+    if (!(inp16 ? fa_check(k, B, T, C, NH, dinp, inp16, 8, what) && fa_check(k, B, T, C, NH, dout, out16, 8, what)
+                : fa_check(k, B, T, C, NH, dinp, inp, 16, what) && fa_check(k, B, T, C, NH, dout, out, 16, what)))
         return;
     kc_enter(k);
     size_t rows = (size_t)B * NH * T;
     float *D = (float *)kc_scratch(k, rows * sizeof(float));
     if (!D)
         return;
-    fa_rowdot<<<kc_grid(k, rows * 32, 256), 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
-    kc_launched(k, "fused attention backward: row dot");
     bool bf = k->prec == KERN_BF16;
+    unsigned grid = kc_grid(k, rows * 32, 256);
+    if (!out16)
+        fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
+    else if (bf)
+        fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const __nv_bfloat16 *>(out16), rows, T, C,
+                                                NH);
+    else
+        fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const __half *>(out16), rows, T, C, NH);
+    kc_launched(k, "fused attention backward: row dot");
     if (k->flash_mma)
         kc_flash_mma_backward(k, dinp, dout, lse, D, inp, inp16, B, T, C, NH);
     else if (inp16 && bf)
@@ -459,23 +469,23 @@ static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const f
 
 void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
 {
-    fa_forward_any(k, out, lse, inp, NULL, B, T, C, NH);
+    fa_forward_any(k, out, NULL, lse, inp, NULL, B, T, C, NH);
 }
 
 void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
                                  const float *inp, int B, int T, int C, int NH)
 {
-    fa_backward_any(k, dinp, dout, out, lse, inp, NULL, B, T, C, NH);
+    fa_backward_any(k, dinp, dout, out, NULL, lse, inp, NULL, B, T, C, NH);
 }
 
-void kc_attention_fused_forward16(kern_ctx *k, float *out, float *lse, const uint16_t *inp16, int B, int T, int C,
-                                  int NH)
+void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
+                                  int C, int NH)
 {
-    fa_forward_any(k, out, lse, NULL, inp16, B, T, C, NH);
+    fa_forward_any(k, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }
 
-void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
-                                   const uint16_t *inp16, int B, int T, int C, int NH)
+void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
+                                   const float *lse, const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    fa_backward_any(k, dinp, dout, out, lse, NULL, inp16, B, T, C, NH);
+    fa_backward_any(k, dinp, dout, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }

@@ -1,7 +1,8 @@
 // flash_mma.cu — fused causal attention with the scores in registers.
 //
 // The same FlashAttention-2 scheme and the same interface as flash.cu (fp32
-// or 16-bit q,k,v in, fp32 out, each row's log-sum-exp kept for backward), but the
+// q,k,v in and out, or both 16-bit, each row's log-sum-exp kept for
+// backward), but the
 // tiles are multiplied with mma.sync m16n8k16 on operands loaded with
 // ldmatrix, and the score, probability and gradient tiles never leave the
 // registers.  Why: the WMMA kernels round-trip every score tile through
@@ -146,9 +147,9 @@ __device__ __forceinline__ void fm_mma_x64(float (&acc)[8][4], const uint32_t (&
 
 // Scores are kept in log2 units (scale·log2 e folded in) so exp2f does the
 // exponentials; lse is written back in natural units.
-// S: the element type of inp, fp32 or E (tile16.cuh).
-template <class E, class S>
-__global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restrict__ out, float *__restrict__ lse,
+// S: the element type of inp, O of out: fp32 or E (tile16.cuh).
+template <class E, class S, class O>
+__global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ out, float *__restrict__ lse,
                                                                 const S *__restrict__ inp, int T, int C, int NH,
                                                                 float scale_log2)
 {
@@ -266,10 +267,10 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(float *__restric
         if (t >= T)
             continue;
         const float inv = 1.0f / l[hr];
-        float *orow = out + ((size_t)b * T + t) * C + (size_t)h * FM_HS + 2 * c;
+        O *orow = out + ((size_t)b * T + t) * C + (size_t)h * FM_HS + 2 * c;
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            *reinterpret_cast<float2 *>(orow + 8 * j) = make_float2(o[j][2 * hr] * inv, o[j][2 * hr + 1] * inv);
+            kc_store2(orow + 8 * j, o[j][2 * hr] * inv, o[j][2 * hr + 1] * inv);
         if (c == 0)
             lse[(size_t)bh * T + t] = (m[hr] + log2f(l[hr])) * 0.69314718055994531f;
     }
@@ -468,12 +469,12 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
 // (Not under emulation: the test launches the kernels itself, with emu_launch.)
 #ifndef GRADD_CUDA_EMU
 
-template <class E, class S>
-static void fm_launch_forward(kern_ctx *k, float *out, float *lse, const S *inp, int B, int T, int C, int NH)
+template <class E, class S, class O>
+static void fm_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int B, int T, int C, int NH)
 {
     dim3 grid((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH));
-    fm_forward<E, S><<<grid, FM_FWD_THREADS, 0, k->stream>>>(out, lse, inp, T, C, NH,
-                                                             1.44269504088896341f / sqrtf((float)FM_HS));
+    fm_forward<E, S, O><<<grid, FM_FWD_THREADS, 0, k->stream>>>(out, lse, inp, T, C, NH,
+                                                                1.44269504088896341f / sqrtf((float)FM_HS));
     kc_launched(k, "fused attention forward (mma)");
 }
 
@@ -487,15 +488,18 @@ static void fm_launch_backward(kern_ctx *k, float *dinp, const float *dout, cons
     kc_launched(k, "fused attention backward (mma)");
 }
 
-// inp16: the 16-bit qkv of the context's type, in place of inp (the other NULL).
-void kc_flash_mma_forward(kern_ctx *k, float *out, float *lse, const float *inp, const uint16_t *inp16, int B, int T,
-                          int C, int NH)
+// fp32 inp and out, or (the 16-bit path) inp16 and out16 in the context's
+// 16-bit type: the other pair NULL.
+void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
+                          const uint16_t *inp16, int B, int T, int C, int NH)
 {
     bool bf = k->prec == KERN_BF16;
     if (inp16 && bf)
-        fm_launch_forward<__nv_bfloat16>(k, out, lse, reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
+        fm_launch_forward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(out16), lse,
+                                         reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
     else if (inp16)
-        fm_launch_forward<__half>(k, out, lse, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+        fm_launch_forward<__half>(k, reinterpret_cast<__half *>(out16), lse, reinterpret_cast<const __half *>(inp16),
+                                  B, T, C, NH);
     else if (bf)
         fm_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
     else

@@ -427,15 +427,16 @@ bool kc_attention_fused_ok(kern_ctx *k, int C, int NH);
 void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH);
 void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
                                  const float *inp, int B, int T, int C, int NH);
-void kc_attention_fused_forward16(kern_ctx *k, float *out, float *lse, const uint16_t *inp16, int B, int T, int C,
-                                  int NH);
-void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
-                                   const uint16_t *inp16, int B, int T, int C, int NH);
+void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
+                                  int C, int NH);
+void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
+                                   const float *lse, const uint16_t *inp16, int B, int T, int C, int NH);
 // The register-resident variant (flash_mma.cu), same shapes; flash.cu
 // checks them and picks between the two.  D (B,NH,T) = Σ dout·out per row.
-// inp (fp32) or inp16 (the context's 16-bit type), the other NULL.
-void kc_flash_mma_forward(kern_ctx *k, float *out, float *lse, const float *inp, const uint16_t *inp16, int B, int T,
-                          int C, int NH);
+// fp32 inp and out, or inp16 and out16 (the context's 16-bit type), the
+// other pair NULL.
+void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
+                          const uint16_t *inp16, int B, int T, int C, int NH);
 void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
                            const float *inp, const uint16_t *inp16, int B, int T, int C, int NH);
 

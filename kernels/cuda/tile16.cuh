@@ -10,9 +10,15 @@
 // tile after another, each load's latency was paid in turn, and on the H100
 // that was most of the WMMA kernels' time.
 //
+// The kernels' outputs may be 16 bits as well (kc_store2, kc_store4): the
+// attention output, which only the attention projection's GEMM and the
+// backward's row sums read.
+//
 // Included after kern_cuda.cuh, or after tests/emu/cuda_emu.h when the
 // kernels run under the CPU emulation.
 #pragma once
+
+#include <type_traits>
 
 #define KC_TILE_W 64 // values per row: the head size
 
@@ -80,4 +86,22 @@ __device__ __forceinline__ void kc_tile_store(E *dst, const kc_tile_regs<ROWS, T
         int i = threadIdx.x + u * THREADS, r = i / (KC_TILE_W / 4), c = (i % (KC_TILE_W / 4)) * 4;
         *reinterpret_cast<uint2 *>(dst + r * LD + c) = kc_quad_pack<E>(t.v[u]);
     }
+}
+
+// Output stores of two and four consecutive fp32 results as O: fp32 as they
+// are, or rounded to the 16-bit type (4- and 8-byte stores, aligned to it).
+template <class O> __device__ __forceinline__ void kc_store2(O *p, float a, float b)
+{
+    if constexpr (std::is_same_v<O, float>)
+        *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+    else
+        *reinterpret_cast<uint32_t *>(p) = kc_pack2<O>(a, b);
+}
+
+template <class O> __device__ __forceinline__ void kc_store4(O *p, float a, float b, float c, float d)
+{
+    if constexpr (std::is_same_v<O, float>)
+        *reinterpret_cast<float4 *>(p) = make_float4(a, b, c, d);
+    else
+        *reinterpret_cast<uint2 *>(p) = make_uint2(kc_pack2<O>(a, b), kc_pack2<O>(c, d));
 }

@@ -94,7 +94,8 @@ template <class E> float from_bits(uint16_t h)
 }
 
 // in16: q,k,v given to the kernels in E (as the qkv GEMM writes them on
-// the 16-bit path), the reference run on the same values widened.
+// the 16-bit path), the reference run on the same values widened, and the
+// output written in E too.
 template <class E>
 void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in16)
 {
@@ -120,18 +121,22 @@ void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in1
     const E *in_e = reinterpret_cast<const E *>(inp16.data());
     H->attention_forward(hk, out_ref.data(), pre.data(), att.data(), inp.data(), B, T, C, NH);
     std::vector<float> out(BTC, NAN), lse(rows, NAN); // NaN: an element never written fails
+    std::vector<uint16_t> out16(in16 ? BTC : 0, 0x7fc0);  // a NaN in bf16 and fp16 alike
     {
         float *o = out.data(), *l = lse.data();
+        E *o16 = reinterpret_cast<E *>(out16.data());
         const float *in = inp.data();
         const float scale_log2 = 1.44269504088896341f / sqrtf((float)FM_HS); // as fm_launch_forward
         emu_launch(dim3((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH)), dim3(FM_FWD_THREADS),
                    [=] {
                        if (in16)
-                           fm_forward<E, E>(o, l, in_e, T, C, NH, scale_log2);
+                           fm_forward<E, E, E>(o16, l, in_e, T, C, NH, scale_log2);
                        else
-                           fm_forward<E, float>(o, l, in, T, C, NH, scale_log2);
+                           fm_forward<E, float, float>(o, l, in, T, C, NH, scale_log2);
                    });
     }
+    for (size_t i = 0; i < out16.size(); i++) // what backward's row sums read, as fp32
+        out[i] = from_bits<E>(out16[i]);
     check(name, "out", out.data(), out_ref.data(), BTC, 2e-2, 2e-2);
 
     // lse: log Σ_{j ≤ t} exp(q_t·k_j / √hs), in double from the fp32 inputs.

@@ -494,10 +494,10 @@ static void test_attention_fused(const char *prec, int B, int T, int C, int NH, 
         bfree(&datt);
 }
 
-/* Fused attention on a 16-bit qkv against the cpu's reference ops of the
- * same name (the materialised attention on the widened qkv); backward from
- * the same out and lse on both sides (the cpu's), into a dinp that starts
- * random on both sides. */
+/* Fused attention on a 16-bit qkv, with a 16-bit out, against the cpu's
+ * reference ops of the same name (the materialised attention on the widened
+ * qkv); backward from the same out16 and lse on both sides (the cpu's),
+ * into a dinp that starts random on both sides. */
 static void test_attention_fused16(const char *prec, int B, int T, int C, int NH, double rtol, double atol)
 {
     char name[64];
@@ -512,21 +512,21 @@ static void test_attention_fused16(const char *prec, int B, int T, int C, int NH
         return;
     }
     size_t BTC = (size_t)B * T * C, rows = (size_t)B * NH * T;
-    buf16 inp = mk16(3 * BTC, 1);
-    buf out = mk(BTC, 0), lse = mk(rows, 0);
+    buf16 inp = mk16(3 * BTC, 1), out = mk16(BTC, 1);
+    buf lse = mk(rows, 0);
     H->attention_fused_forward16(hk, out.h, lse.h, inp.h, B, T, C, NH);
     G->attention_fused_forward16(gk, out.d, lse.d, inp.d, B, T, C, NH);
     gsync(name);
-    cmp(name, "out", &out, rtol, atol);
+    cmp16(name, "out16", &out, rtol, atol);
     cmp(name, "lse", &lse, 1e-2, 1e-3);
-    resync(&out);
+    G->copy_h2d(gk, out.d, out.h, BTC * 2);
     resync(&lse);
     buf dout = mk(BTC, 1), dinp = mk(3 * BTC, 1);
     H->attention_fused_backward16(hk, dinp.h, dout.h, out.h, lse.h, inp.h, B, T, C, NH);
     G->attention_fused_backward16(gk, dinp.d, dout.d, out.d, lse.d, inp.d, B, T, C, NH);
     gsync(name);
     cmp(name, "dinp", &dinp, rtol, atol);
-    b16free(&inp), bfree(&out), bfree(&lse), bfree(&dout), bfree(&dinp);
+    b16free(&inp), b16free(&out), bfree(&lse), bfree(&dout), bfree(&dinp);
 }
 
 static void test_pointwise(size_t n, int offset)
