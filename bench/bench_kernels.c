@@ -133,7 +133,8 @@ static bool act16_path(void)
 {
     const char *env = getenv("GRADD_ACT16");
     return prec != KERN_FP32 && ops->act16_native && ops->layernorm_forward16 && ops->gelu_forward16 &&
-           ops->gelu_backward16 && ops->matmul_forward16 && ops->matmul_backward16 && ops->matmul_forward16_out16 &&
+           ops->gelu_backward16 && ops->matmul_forward16 && ops->matmul_forward16_residual && ops->matmul_backward16 &&
+           ops->matmul_forward16_out16 &&
            ops->crossentropy_forward16 && ops->crossentropy_backward16 && !(env && !strcmp(env, "0"));
 }
 
@@ -364,7 +365,7 @@ int main(int argc, char **argv)
         OP("attention16_fwd", L, PART_ATTENTION,
            ops->attention_fused_forward16(k, atty16, att, qkv16, B, T, C, NH));
         OP("matmul16_proj_fwd", L, PART_GEMM,
-           ops->matmul_forward16(k, proj, atty16, P + attprojw, P + attprojb, (int)N, C, C));
+           ops->matmul_forward16_residual(k, res2, atty16, P + attprojw, P + attprojb, encoded, (int)N, C, C));
     } else {
         if (fused)
             OP("attention_fwd", L, PART_ATTENTION, ops->attention_fused_forward(k, atty, att, qkv, B, T, C, NH));
@@ -373,13 +374,17 @@ int main(int argc, char **argv)
         OP("matmul_proj_fwd", L, PART_GEMM,
            ops->matmul_forward(k, proj, atty, P + attprojw, P + attprojb, (int)N, C, C));
     }
-    OP("residual_fwd", 2 * L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
+    /* Both residual adds, where the projections do not make them (act16). */
+    if (!lp16)
+        OP("residual_fwd", 2 * L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
+    else if (!qkv16_on)
+        OP("residual_fwd", L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
     if (lp16) {
         OP("matmul16_fc_fwd", L, PART_GEMM,
            ops->matmul_forward16_out16(k, fch16, ln2_16, P + fcw, P + fcb, (int)N, C, 4 * C));
         OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch16, 4 * NC));
         OP("matmul16_fcproj_fwd", L, PART_GEMM,
-           ops->matmul_forward16(k, proj, fch_gelu16, P + fcprojw, P + fcprojb, (int)N, 4 * C, C));
+           ops->matmul_forward16_residual(k, res3, fch_gelu16, P + fcprojw, P + fcprojb, res2, (int)N, 4 * C, C));
         OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P + wte, NULL, (int)N, C, V));
         OP("crossentropy16_fwd", 1, PART_REST,
            ops->crossentropy_forward16(k, losses, lse, logits16, tok, (int)N, V, V));

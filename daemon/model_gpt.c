@@ -75,7 +75,7 @@ typedef struct {
     float *logits, *lse, *losses;                     /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
     /* One layer of scratch, forward and backward. */
     float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
-    float *proj;                                      /* (B,T,C) attproj/fcproj outputs */
+    float *proj;                                      /* (B,T,C) attproj/fcproj outputs (fp32 ones) */
     float *dres;                                      /* (B,T,C) residual-stream gradient */
     float *dbig;                                      /* (B,T,4C) dfch_gelu, then dfch over it */
     uint16_t *dfch16;                                 /* lp16: as dbig */
@@ -147,7 +147,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(lse, BT);
     TAKE(losses, BT);
     TAKE(preatt, n * NH * TT);
-    TAKE(proj, BT * C);
+    TAKE(proj, (1 - q16) * BT * C); /* qkv16_on: both projections add into the stream themselves */
     TAKE(dres, BT * C);
     TAKE(dbig, f32 * BT * 4 * C);
     TAKE16(dfch16, h16 * BT * 4 * C);
@@ -261,30 +261,32 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         if (g->qkv16_on) {
             uint16_t *atty16 = g->atty16 + l * BTC;
             k->attention_fused_forward16(kc, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
-            k->matmul_forward16(kc, g->proj, atty16, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+            k->matmul_forward16_residual(kc, res2, atty16, P + w->attprojw, P + w->attprojb, residual, (int)BT, C,
+                                         C);
         } else {
             if (g->fused)
                 k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
             else
                 k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
             k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+            k->residual_forward(kc, res2, residual, g->proj, BTC);
         }
-        k->residual_forward(kc, res2, residual, g->proj, BTC);
         if (g->lp16) {
             uint16_t *ln2 = g->ln2_16 + l * BTC, *fch = g->fch16 + l * BTC * 4;
             uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4;
             k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
             k->matmul_forward16_out16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
             k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
-            k->matmul_forward16(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+            k->matmul_forward16_residual(kc, res3, fch_gelu, P + w->fcprojw, P + w->fcprojb, res2, (int)BT, 4 * C,
+                                         C);
         } else {
             float *ln2 = g->ln2 + l * BTC, *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
             k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
             k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
             k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
             k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+            k->residual_forward(kc, res3, res2, g->proj, BTC);
         }
-        k->residual_forward(kc, res3, res2, g->proj, BTC);
     }
     const float *last = g->residual3 + (g->L - 1) * BTC;
     if (g->lp16) {
@@ -570,7 +572,8 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
      * compare the two paths or to rule the 16-bit one out. */
     const char *env = getenv("GRADD_ACT16");
     g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
-              k->gelu_backward16 && k->matmul_forward16 && k->matmul_backward16 && k->matmul_forward16_out16 &&
+              k->gelu_backward16 && k->matmul_forward16 && k->matmul_forward16_residual && k->matmul_backward16 &&
+              k->matmul_forward16_out16 &&
               k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
     g->qkv16_on = g->lp16 && g->fused && k->attention_fused_forward16 && k->attention_fused_backward16;
     m->impl = g;

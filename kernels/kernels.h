@@ -230,6 +230,12 @@ typedef struct kern_ops {
     /* out (N,OC) = inp16 (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
     void (*matmul_forward16)(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
                              const float *bias, int N, int C, int OC);
+    /* out (N,OC) = res (N,OC) + inp16 · weightᵀ + bias: matmul_forward16 and
+     * residual_forward in one, for the projections that end a block's two
+     * halves.  The GEMM adds res as it writes out (cuBLASLt's C operand), so
+     * the product is never stored on its own.  out may not be res. */
+    void (*matmul_forward16_residual)(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+                                      const float *bias, const float *res, int N, int C, int OC);
     /* As matmul_backward with inp given as inp16, dout as either dout
      * (fp32) or dout16 (the other NULL), and dinp written as either dinp
      * (fp32) or dinp16 (16 bits, the fp32 result rounded once), at most

@@ -150,6 +150,7 @@ static const kern_ops cpu_ops = {
     .gelu_forward16 = kcpu_gelu_forward16,
     .gelu_backward16 = kcpu_gelu_backward16,
     .matmul_forward16 = kcpu_matmul_forward16,
+    .matmul_forward16_residual = kcpu_matmul_forward16_residual,
     .matmul_backward16 = kcpu_matmul_backward16,
     .matmul_forward16_out16 = kcpu_matmul_forward16_out16,
     .crossentropy_forward16 = kcpu_crossentropy_forward16,

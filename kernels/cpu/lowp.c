@@ -102,6 +102,13 @@ void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const
     tmp_put(k, t);
 }
 
+void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+                                    const float *bias, const float *res, int N, int C, int OC)
+{
+    kcpu_matmul_forward16(k, out, inp16, weight, bias, N, C, OC);
+    kcpu_residual_forward(k, out, res, out, (size_t)N * OC);
+}
+
 void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
                             const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
                             int N, int C, int OC)

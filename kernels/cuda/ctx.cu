@@ -311,6 +311,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .gelu_forward16 = kc_gelu_forward16,
     .gelu_backward16 = kc_gelu_backward16,
     .matmul_forward16 = kc_matmul_forward16,
+    .matmul_forward16_residual = kc_matmul_forward16_residual,
     .matmul_backward16 = kc_matmul_backward16,
     .matmul_forward16_out16 = kc_matmul_forward16_out16,
     .crossentropy_forward16 = kc_crossentropy_forward16,

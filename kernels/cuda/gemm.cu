@@ -27,7 +27,7 @@ struct kc_gemm_key {
     int ta, tb, m, n, k, lda, ldb, ldd, batch;
     long long sA, sB, sD;
     int ab, dt, compute, epilogue;
-    unsigned align_a, align_b, align_d, align_bias;
+    unsigned align_a, align_b, align_c, align_d, align_bias;
 };
 
 struct kc_plan {
@@ -112,14 +112,14 @@ static cublasStatus_t plan_build(kern_ctx *k, kc_plan *p, const kc_gemm_args *g)
     if ((s = cublasLtMatmulPreferenceCreate(&pref)))
         return s;
     uint64_t ws = k->workspace_bytes;
-    uint32_t al_a = y->align_a, al_b = y->align_b, al_d = y->align_d;
+    uint32_t al_a = y->align_a, al_b = y->align_b, al_c = y->align_c, al_d = y->align_d;
     if (!(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
                                                    sizeof al_a)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
                                                    sizeof al_b)) &&
-        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
-                                                   sizeof al_d)) &&
+        !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                   sizeof al_c)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
                                                    sizeof al_d))) {
         cublasLtMatmulHeuristicResult_t res;
@@ -163,6 +163,7 @@ static kc_plan *plan_get(kern_ctx *k, const kc_gemm_args *g, int *err)
     y.align_a = kc_alignment(g->A);
     y.align_b = kc_alignment(g->B);
     y.align_d = kc_alignment(g->D);
+    y.align_c = kc_alignment(g->C ? g->C : g->D);
     y.align_bias = g->bias ? kc_alignment(g->bias) : 0;
     for (int i = 0; i < k->nplans; i++)
         if (!memcmp(&k->plans[i].key, &y, sizeof y))
@@ -212,8 +213,9 @@ int kc_gemm(kern_ctx *k, const kc_gemm_args *g)
         if (!kc_blas_ok(k, s, "cuBLASLt bias"))
             return -1;
     }
-    cublasStatus_t s = cublasLtMatmul(k->lt, p->op, &g->alpha, g->A, p->a, g->B, p->b, &g->beta, g->D, p->d, g->D,
-                                      p->d, &p->algo, k->workspace, k->workspace_bytes, k->stream);
+    cublasStatus_t s = cublasLtMatmul(k->lt, p->op, &g->alpha, g->A, p->a, g->B, p->b, &g->beta,
+                                      g->C ? g->C : g->D, p->d, g->D, p->d, &p->algo, k->workspace,
+                                      k->workspace_bytes, k->stream);
     return kc_blas_ok(k, s, "cublasLtMatmul") ? 0 : -1;
 }
 
@@ -443,6 +445,32 @@ void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const f
     widen(k, i32, inp16, (size_t)N * C);
     g32.B = i32;
     gemm_run(k, NULL, &g32, N);
+}
+
+// The residual in the GEMM's C operand (beta 1), the bias in its epilogue;
+// should cuBLASLt take neither, the plain op and the residual kernel.
+void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+                                  const float *bias, const float *res, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    kc_enter(k);
+    if (C > 0) {
+        size_t nw = (size_t)OC * C;
+        uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
+        if (!w16)
+            return;
+        kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
+        kc_gemm_args g = forward_args(out, inp16, w16, bias, N, C, OC);
+        g.ab = lowp_type(k);
+        g.C = res;
+        g.beta = 1.0f;
+        int r = kc_gemm(k, &g);
+        if (r != 1)
+            return;
+    }
+    kc_matmul_forward16(k, out, inp16, weight, bias, N, C, OC);
+    kc_residual_forward(k, out, res, out, (size_t)N * OC);
 }
 
 void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,

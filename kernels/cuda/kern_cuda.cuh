@@ -317,8 +317,8 @@ template <class F> static inline void kc_ew(kern_ctx *k, size_t n, bool vec, con
 
 // ---- GEMM (gemm.cu) --------------------------------------------------------------------
 
-// Column-major cuBLASLt call D = alpha·op(A)·op(B) + beta·D (+ bias), strided
-// batched when batch > 1.  A, B are of type ab (fp32, bf16 or fp16), D fp32.
+// Column-major cuBLASLt call D = alpha·op(A)·op(B) + beta·C (+ bias), C = D
+// unless given, strided batched when batch > 1.  A, B are of type ab (fp32, bf16 or fp16), D fp32.
 struct kc_gemm_args {
     bool ta, tb;
     int m, n, k;
@@ -331,6 +331,7 @@ struct kc_gemm_args {
     void *D;
     int ldd;
     long long sD;
+    const void *C; // the beta·C term's matrix, laid out as D; NULL: D itself
     int batch;
     float alpha, beta;
     const void *bias; // CUBLASLT_EPILOGUE_BIAS (length m, of D's type: cuBLASLt's default), or NULL
@@ -451,6 +452,8 @@ void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size
 void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
 void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
                          int N, int C, int OC);
+void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+                                  const float *bias, const float *res, int N, int C, int OC);
 void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
                           const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N,
                           int C, int OC);

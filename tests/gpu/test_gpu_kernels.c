@@ -889,6 +889,15 @@ static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int o
     G->matmul_forward16(gk, out.d + o, inp.d + o, w.d + o, bd, N, C, OC);
     gsync(name);
     cmp(name, "out", &out, tol, tol);
+    if (have16(name, "matmul_forward16_residual", H->matmul_forward16_residual != NULL,
+               G->matmul_forward16_residual != NULL)) {
+        buf res = mk((size_t)N * OC + o, 1), out2 = mk((size_t)N * OC + o, 1);
+        H->matmul_forward16_residual(hk, out2.h + o, inp.h + o, w.h + o, bh, res.h + o, N, C, OC);
+        G->matmul_forward16_residual(gk, out2.d + o, inp.d + o, w.d + o, bd, res.d + o, N, C, OC);
+        gsync(name);
+        cmp(name, "out+res", &out2, tol, tol);
+        bfree(&res), bfree(&out2);
+    }
     buf dout = mk((size_t)N * OC + o, 1);
     buf16 dout16 = mk16((size_t)N * OC + o, 1);
     for (int mode = 0; mode <= 2; mode++) {

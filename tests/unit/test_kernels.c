@@ -1010,6 +1010,14 @@ static void test_act16_ops(void **state)
         ops->matmul_forward(k, o1, iw, wt, bias, N, C, OC);
         ops->matmul_forward16(k, o2, i16, wt, bias, N, C, OC);
         assert_memory_equal(o1, o2, N * OC * sizeof *o1);
+        { /* with the residual added: the same product plus res */
+            float *res = randv(N * OC, 1), *o3 = randv(N * OC, 1);
+            ops->residual_forward(k, o1, res, o2, N * OC);
+            ops->matmul_forward16_residual(k, o3, i16, wt, bias, res, N, C, OC);
+            assert_memory_equal(o1, o3, N * OC * sizeof *o1);
+            ops->matmul_forward(k, o1, iw, wt, bias, N, C, OC); /* o1 as it was, for below */
+            free(res), free(o3);
+        }
         for (int dv = 0; dv < 4; dv++) { /* dout as fp32, then as 16 bits; dinp then in 16 bits too */
             float *gi1 = randv(N * C, 1), *gi2 = randv(N * C, 1), *gw1 = randv(OC * C, 1), *gb1 = randv(OC, 1);
             float *gw2 = malloc(OC * C * sizeof *gw2), *gb2 = malloc(OC * sizeof *gb2);
