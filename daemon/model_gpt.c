@@ -492,13 +492,15 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         else
             k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
                                C, C);
-        k->zero(kc, g->dqkv, BTC * 3);
-        if (atty16)
+        if (atty16) { /* overwrites dqkv */
             k->attention_fused_backward16(kc, g->dqkv, datty, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
-        else if (g->fused)
-            k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
-        else
-            k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
+        } else { /* the fp32 ops add into it */
+            k->zero(kc, g->dqkv, BTC * 3);
+            if (g->fused)
+                k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
+            else
+                k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
+        }
         if (g->lp16)
             k->matmul_backward16(kc, dln1, NULL, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
                                  P + w->qkvw, (int)BT, C, 3 * C);

@@ -132,7 +132,9 @@ typedef struct kern_ops {
      * widening, out16 the fp32 out rounded once.  The qkv GEMM writes inp16
      * so (matmul_forward16_out16) and the kernels, whose tensor cores read
      * 16 bits anyway, take it as it is; out16 is read by the attention
-     * projection's GEMM and by backward's row sums.  Wherever
+     * projection's GEMM and by backward's row sums.  Unlike the fp32
+     * backward, backward16 overwrites dinp (B,T,3C): no zeroing pass, and
+     * dk, dv are written without reading the old values.  Wherever
      * attention_fused_ok holds; NULL where a backend has none.  The cpu's
      * are references (for the GPU's tests and the 16-bit wiring's), with no
      * attention_fused_ok of their own. */

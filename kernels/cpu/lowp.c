@@ -9,6 +9,7 @@
  * speed, as nothing trains in 16 bits on this backend. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 
@@ -201,7 +202,7 @@ void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, co
 }
 
 /* The probabilities again from the widened qkv (out and lse are what the
- * forward gave: the materialised backward needs neither). */
+ * forward gave: the materialised backward needs neither); dinp overwritten. */
 void kcpu_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
                                      const float *lse, const uint16_t *inp16, int B, int T, int C, int NH)
 {
@@ -213,6 +214,7 @@ void kcpu_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout
     float *o = t + ni, *pre = o + no, *att = pre + nt, *datt = att + nt;
     widen(k, t, inp16, ni);
     kcpu_attention_forward(k, o, pre, att, t, B, T, C, NH);
+    memset(dinp, 0, ni * sizeof *dinp); /* overwritten, says kernels.h */
     kcpu_attention_backward(k, dinp, pre, datt, dout, t, att, B, T, C, NH);
     tmp_put(k, t);
 }

@@ -234,7 +234,8 @@ template <class E> static constexpr size_t fa_bwd_smem()
     return 6 * FA_B * FA_LD * sizeof(E) + FA_B * FA_FLD * sizeof(float) + 2 * FA_B * sizeof(float);
 }
 
-// dinp (B,T,3C) += the gradients of q, k, v.
+// dinp (B,T,3C) += the gradients of q, k, v; without acc, dk and dv
+// overwrite theirs (dq is always added, by atomics: the caller zeroes it).
 // Three CTAs per SM (12 warps), as the forward: at two, the backward sat
 // mostly idle waiting on shared memory (measured with ncu on the H100: 255
 // registers, 12.5% occupancy).
@@ -242,7 +243,7 @@ template <class E, class S>
 __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__ dinp, const float *__restrict__ dout,
                                                           const float *__restrict__ lse, const float *__restrict__ D,
                                                           const S *__restrict__ inp, int T, int C, int NH,
-                                                          float scale)
+                                                          float scale, bool acc)
 {
     extern __shared__ __align__(128) unsigned char fa_smem[];
     E *Ks = reinterpret_cast<E *>(fa_smem);
@@ -351,8 +352,8 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
             int kr = k0 + warp * 16 + i;
             if (kr < T) {
                 float *g = gbase + (size_t)kr * C3 + (size_t)part * C;
-                g[lane] += f * wst[i * FA_FLD + lane];
-                g[lane + 32] += f * wst[i * FA_FLD + lane + 32];
+                g[lane] = (acc ? g[lane] : 0.0f) + f * wst[i * FA_FLD + lane];
+                g[lane + 32] = (acc ? g[lane + 32] : 0.0f) + f * wst[i * FA_FLD + lane + 32];
             }
         }
         __syncwarp();
@@ -403,8 +404,9 @@ static void fa_launch_backward(kern_ctx *k, float *dinp, const float *dout, cons
                "fused attention backward: shared memory"))
         return;
     dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
+    // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
     fa_backward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
-                                                             1.0f / sqrtf((float)FA_HS));
+                                                             1.0f / sqrtf((float)FA_HS), std::is_same_v<S, float>);
     kc_launched(k, "fused attention backward");
 }
 
@@ -454,6 +456,11 @@ static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const f
     else
         fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const __half *>(out16), rows, T, C, NH);
     kc_launched(k, "fused attention backward: row dot");
+    if (inp16) // dinp is overwritten: dk and dv by the kernels, dq added by them to zeros
+        kc_ok(k,
+              cudaMemset2DAsync(dinp, 3 * (size_t)C * sizeof(float), 0, (size_t)C * sizeof(float), (size_t)B * T,
+                                k->stream),
+              "fused attention backward: zero dq");
     if (k->flash_mma)
         kc_flash_mma_backward(k, dinp, dout, lse, D, inp, inp16, B, T, C, NH);
     else if (inp16 && bf)

@@ -283,13 +283,15 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
 // Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ are A operands of dV += Pᵀ·dO and dK += dSᵀ·Q
 // straight from the registers.  dQ = dS·K needs dS with queries as rows:
 // dSᵀ goes through shared memory once, read back transposed by ldmatrix.
+// acc: dk and dv are added into dinp; else they overwrite it (dq is always
+// added, by atomics: the caller zeroes it first).
 template <class E, class S>
 __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restrict__ dinp,
                                                                  const float *__restrict__ dout,
                                                                  const float *__restrict__ lse,
                                                                  const float *__restrict__ D,
                                                                  const S *__restrict__ inp, int T, int C, int NH,
-                                                                 float scale)
+                                                                 float scale, bool acc)
 {
     __shared__ __align__(128) E Ks[FM_BWD_B * FM_LD];
     __shared__ __align__(128) E Vs[FM_BWD_B * FM_LD];
@@ -454,7 +456,11 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
         float *gk = gbase + (size_t)kr * C3 + C + 2 * c, *gv = gk + C;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float2 a = *reinterpret_cast<float2 *>(gk + 8 * j), v = *reinterpret_cast<float2 *>(gv + 8 * j);
+            float2 a = make_float2(0.0f, 0.0f), v = a;
+            if (acc) {
+                a = *reinterpret_cast<float2 *>(gk + 8 * j);
+                v = *reinterpret_cast<float2 *>(gv + 8 * j);
+            }
             a.x += scale * dk[j][2 * hr];
             a.y += scale * dk[j][2 * hr + 1];
             v.x += dv[j][2 * hr];
@@ -483,8 +489,9 @@ static void fm_launch_backward(kern_ctx *k, float *dinp, const float *dout, cons
                                const S *inp, int B, int T, int C, int NH)
 {
     dim3 grid((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH));
+    // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
     fm_backward<E, S><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
-                                                              1.0f / sqrtf((float)FM_HS));
+                                                              1.0f / sqrtf((float)FM_HS), std::is_same_v<S, float>);
     kc_launched(k, "fused attention backward (mma)");
 }
 

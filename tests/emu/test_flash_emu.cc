@@ -162,9 +162,17 @@ void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in1
             }
     check(name, "lse", lse.data(), lse_ref.data(), rows, 1e-2, 1e-3);
 
-    // ---- backward: dinp starts non-zero, both sides accumulate into it.
+    // ---- backward: dinp starts non-zero, both sides accumulate into it;
+    // in16, where the op overwrites it, dq is zeroed first (as the launcher
+    // does) and dk, dv are left as garbage the kernel must overwrite.
     std::vector<float> dout = mk(BTC, 1.0f), dinp0 = mk(3 * BTC, 1.0f), dpre(TT), datt(TT);
-    std::vector<float> dinp_ref = dinp0, dinp = dinp0;
+    std::vector<float> dinp = dinp0;
+    if (in16) {
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            std::fill(dinp.begin() + r * 3 * C, dinp.begin() + r * 3 * C + C, 0.0f);
+        std::fill(dinp0.begin(), dinp0.end(), 0.0f); // the increments below are then the values
+    }
+    std::vector<float> dinp_ref = dinp0;
     H->attention_backward(hk, dinp_ref.data(), dpre.data(), datt.data(), dout.data(), inp.data(), att.data(), B, T,
                           C, NH);
     // D (B,NH,T) = Σ_d dout·out over the head, from the kernel's own out (as
@@ -186,9 +194,9 @@ void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in1
         emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
                    [=] {
                        if (in16)
-                           fm_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale);
+                           fm_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale, false);
                        else
-                           fm_backward<E, float>(g, dO, l, d, in, T, C, NH, scale);
+                           fm_backward<E, float>(g, dO, l, d, in, T, C, NH, scale, true);
                    });
     }
     check(name, "dinp", dinp.data(), dinp_ref.data(), 3 * BTC, 2e-2, 2e-2);
