@@ -134,7 +134,7 @@ static bool act16_path(void)
     const char *env = getenv("GRADD_ACT16");
     return prec != KERN_FP32 && ops->act16_native && ops->layernorm_forward16 && ops->gelu_forward16 &&
            ops->gelu_backward16 && ops->matmul_forward16 && ops->matmul_forward16_residual && ops->matmul_backward16 &&
-           ops->matmul_forward16_out16 &&
+           ops->matmul_forward16_out16 && ops->layernorm_backward16 &&
            ops->crossentropy_forward16 && ops->crossentropy_backward16 && !(env && !strcmp(env, "0"));
 }
 
@@ -291,6 +291,7 @@ int main(int argc, char **argv)
      * its gradient: fp32, or 16-bit on act16. */
     float *ln1 = NULL, *ln2 = NULL, *fch = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL, *dbig = NULL;
     uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL;
+    uint16_t *dres16 = lp16 ? buf16(NC) : NULL;
     uint16_t *dfch16 = NULL, *qkv16 = qkv16_on ? buf16(3 * NC) : NULL, *atty16 = qkv16_on ? buf16(NC) : NULL;
     if (lp16) {
         ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch16 = buf16(4 * NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
@@ -413,11 +414,20 @@ int main(int argc, char **argv)
            ops->matmul_backward(k, dsmall, D + wte, NULL, logits, lnf, P + wte, (int)N, C, V));
     }
     OP("zero_dres", 1, PART_REST, ops->zero(k, dres, NC));
-    OP("layernorm_bwd", ln_calls, PART_REST,
-       ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
+    /* On act16 the layernorm backward whose dres a 16-bit GEMM backward
+     * reads next also writes dres16: lnf, ln1 of every layer but the first,
+     * and ln2 where attention is fused on 16 bits (model_gpt.c). */
+    int ln16_calls = lp16 ? 1 + (L - 1) + (qkv16_on ? L : 0) : 0;
+    if (ln16_calls)
+        OP("layernorm16_bwd", ln16_calls, PART_REST,
+           ops->layernorm_backward16(k, dres, dres16, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N,
+                                     C));
+    if (ln_calls > ln16_calls)
+        OP("layernorm_bwd", ln_calls - ln16_calls, PART_REST,
+           ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
     if (lp16) {
         OP("matmul16_fcproj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, dres, NULL, fch_gelu16, P + fcprojw,
+           ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, NULL, dres16, fch_gelu16, P + fcprojw,
                                   (int)N, 4 * C, C));
         OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch16, dfch16, 4 * NC));
         OP("matmul16_fc_bwd", L, PART_GEMM,
@@ -432,7 +442,7 @@ int main(int argc, char **argv)
     }
     if (qkv16_on)
         OP("matmul16_proj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, NULL, D + attprojw, D + attprojb, dres, NULL, atty16, P + attprojw,
+           ops->matmul_backward16(k, dsmall, NULL, D + attprojw, D + attprojb, NULL, dres16, atty16, P + attprojw,
                                   (int)N, C, C));
     else
         OP("matmul_proj_bwd", L, PART_GEMM,

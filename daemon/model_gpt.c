@@ -77,6 +77,7 @@ typedef struct {
     float *preatt;                                    /* (B,NH,T,T) forward; dpreatt in backward */
     float *proj;                                      /* (B,T,C) attproj/fcproj outputs (fp32 ones) */
     float *dres;                                      /* (B,T,C) residual-stream gradient */
+    uint16_t *dres16;                                 /* lp16: dres rounded, for the GEMMs that read it */
     float *dbig;                                      /* (B,T,4C) dfch_gelu, then dfch over it */
     uint16_t *dfch16;                                 /* lp16: as dbig */
     float *dqkv;                                      /* (B,T,3C) */
@@ -98,7 +99,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 37
+#define GPT_BUFFERS 38
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -149,6 +150,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE(preatt, n * NH * TT);
     TAKE(proj, (1 - q16) * BT * C); /* qkv16_on: both projections add into the stream themselves */
     TAKE(dres, BT * C);
+    TAKE16(dres16, h16 * BT * C);
     TAKE(dbig, f32 * BT * 4 * C);
     TAKE16(dfch16, h16 * BT * 4 * C);
     TAKE(dqkv, BT * 3 * C);
@@ -448,8 +450,15 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     }
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
-    k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
-                          g->lnf_rstd, (int)BT, C);
+    /* On the 16-bit path every layernorm backward whose dres a 16-bit
+     * GEMM backward reads next also writes it rounded (dres16), in the
+     * same pass: that GEMM would cast it otherwise. */
+    if (g->lp16)
+        k->layernorm_backward16(kc, g->dres, g->dres16, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw,
+                                g->lnf_mean, g->lnf_rstd, (int)BT, C);
+    else
+        k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
+                              g->lnf_rstd, (int)BT, C);
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
         const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
@@ -467,7 +476,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         if (g->lp16) {
             const uint16_t *fch = g->fch16 + l * BTC * 4, *fch_gelu = g->fch_gelu16 + l * BTC * 4;
             const uint16_t *ln2 = g->ln2_16 + l * BTC;
-            k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, g->dres, NULL, fch_gelu,
+            k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, NULL, g->dres16, fch_gelu,
                                  P + w->fcprojw, (int)BT, 4 * C, C);
             k->gelu_backward16(kc, g->dfch16, fch, g->dfch16, BTC * 4);
             k->matmul_backward16(kc, dln2, NULL, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw, (int)BT,
@@ -480,14 +489,18 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
             k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
         }
-        k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean, ln2_rstd,
-                              (int)BT, C);
+        const uint16_t *atty16 = g->qkv16_on ? g->atty16 + l * BTC : NULL;
+        if (atty16)
+            k->layernorm_backward16(kc, g->dres, g->dres16, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w,
+                                    ln2_mean, ln2_rstd, (int)BT, C);
+        else
+            k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean,
+                                  ln2_rstd, (int)BT, C);
 
         /* residual2 = residual + attproj: dattproj is the stream gradient. */
         float *datty = g->dsmall, *dln1 = g->dsmall;
-        const uint16_t *atty16 = g->qkv16_on ? g->atty16 + l * BTC : NULL;
         if (atty16)
-            k->matmul_backward16(kc, datty, NULL, D + w->attprojw, D + w->attprojb, g->dres, NULL, atty16,
+            k->matmul_backward16(kc, datty, NULL, D + w->attprojw, D + w->attprojb, NULL, g->dres16, atty16,
                                  P + w->attprojw, (int)BT, C, C);
         else
             k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
@@ -513,8 +526,12 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
          * into full-size steps of a parameter that never changes the loss
          * (and make runs differ with the micro-batch split).  Clear it. */
         k->zero(kc, D + w->qkvb + C, (size_t)C);
-        k->layernorm_backward(kc, g->dres, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w, ln1_mean,
-                              ln1_rstd, (int)BT, C);
+        if (g->lp16 && l > 0) /* the layer below's fcproj backward reads it */
+            k->layernorm_backward16(kc, g->dres, g->dres16, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w,
+                                    ln1_mean, ln1_rstd, (int)BT, C);
+        else
+            k->layernorm_backward(kc, g->dres, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w, ln1_mean,
+                                  ln1_rstd, (int)BT, C);
     }
     k->encoder_backward(kc, D + g->wte, D + g->wpe, g->dres, b->x, B, T, C);
 }
@@ -575,7 +592,7 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
     const char *env = getenv("GRADD_ACT16");
     g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
               k->gelu_backward16 && k->matmul_forward16 && k->matmul_forward16_residual && k->matmul_backward16 &&
-              k->matmul_forward16_out16 &&
+              k->matmul_forward16_out16 && k->layernorm_backward16 &&
               k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
     g->qkv16_on = g->lp16 && g->fused && k->attention_fused_forward16 && k->attention_fused_backward16;
     m->impl = g;

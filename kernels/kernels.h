@@ -223,6 +223,12 @@ typedef struct kern_ops {
     /* out16 (N,C) = layernorm(inp); mean, rstd (N) as layernorm_forward */
     void (*layernorm_forward16)(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int N, int C);
+    /* layernorm_backward, and dinp16 (N,C) = the updated dinp rounded: the
+     * residual stream's gradient as the next GEMM backward reads it (its
+     * dout16), written in the same pass instead of cast there. */
+    void (*layernorm_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                                 const float *dout, const float *inp, const float *weight, const float *mean,
+                                 const float *rstd, int N, int C);
     /* out16 (N) = gelu(inp16); backward: dinp16 = dout16·gelu'(inp16)
      * (overwritten; may be dout16).  The MLP's hidden layer lives in 16
      * bits end to end: its GEMM writes it (matmul_forward16_out16), the

@@ -147,6 +147,7 @@ static const kern_ops cpu_ops = {
     .count_nonfinite = kcpu_count_nonfinite,
     .act16_native = false,
     .layernorm_forward16 = kcpu_layernorm_forward16,
+    .layernorm_backward16 = kcpu_layernorm_backward16,
     .gelu_forward16 = kcpu_gelu_forward16,
     .gelu_backward16 = kcpu_gelu_backward16,
     .matmul_forward16 = kcpu_matmul_forward16,

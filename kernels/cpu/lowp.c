@@ -103,6 +103,14 @@ void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const
     tmp_put(k, t);
 }
 
+void kcpu_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    kcpu_layernorm_backward(k, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    narrow(k, dinp16, dinp, (size_t)N * C);
+}
+
 void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
                                     const float *bias, const float *res, int N, int C, int OC)
 {

@@ -308,6 +308,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .count_nonfinite = kc_count_nonfinite,
     .act16_native = true,
     .layernorm_forward16 = kc_layernorm_forward16,
+    .layernorm_backward16 = kc_layernorm_backward16,
     .gelu_forward16 = kc_gelu_forward16,
     .gelu_backward16 = kc_gelu_backward16,
     .matmul_forward16 = kc_matmul_forward16,

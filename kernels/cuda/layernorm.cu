@@ -61,11 +61,12 @@ __global__ static void ln_forward_kernel(O *__restrict__ out, float *__restrict_
     }
 }
 
-template <int W>
-__global__ static void ln_backward_kernel(float *__restrict__ dinp, const float *__restrict__ dout,
-                                          const float *__restrict__ inp, const float *__restrict__ weight,
-                                          const float *__restrict__ mean, const float *__restrict__ rstd, int N,
-                                          int C)
+// dinp += the gradient; with dinp16, also the updated dinp rounded to E.
+template <int W, class E>
+__global__ static void ln_backward_kernel(float *__restrict__ dinp, E *__restrict__ dinp16,
+                                          const float *__restrict__ dout, const float *__restrict__ inp,
+                                          const float *__restrict__ weight, const float *__restrict__ mean,
+                                          const float *__restrict__ rstd, int N, int C)
 {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
@@ -95,6 +96,8 @@ __global__ static void ln_backward_kernel(float *__restrict__ dinp, const float 
             gv.v[j] += (wv.v[j] * dv.v[j] - dn_mean - norm * dnn_mean) * s;
         }
         kc_st<W>(g + c, gv);
+        if (dinp16)
+            kc_stE<E, W>(dinp16 + off + c, gv);
     }
 }
 
@@ -140,9 +143,24 @@ void kc_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rs
     kc_launched(k, "layernorm_forward16");
 }
 
-void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
-                           const float *inp, const float *weight, const float *mean, const float *rstd, int N,
-                           int C)
+template <class E>
+static void ln_backward_launch(kern_ctx *k, float *dinp, E *dinp16, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int N, int C)
+{
+    unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
+    if (C % 4 == 0 && kc_aligned(16, dinp, dout, inp, weight) && kc_aligned(8, dinp16))
+        ln_backward_kernel<4, E><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dinp16, dout, inp, weight, mean, rstd,
+                                                                       N, C);
+    else
+        ln_backward_kernel<1, E><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dinp16, dout, inp, weight, mean, rstd,
+                                                                       N, C);
+    kc_launched(k, "layernorm_backward");
+}
+
+// dinp16 (NULL: none) in the context's 16-bit type: bf16 unless fp16, as
+// kc_layernorm_forward16.
+static void ln_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -152,13 +170,25 @@ void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbia
         if (part)
             kc_colsum(k, dweight, dbias, dout, inp, mean, rstd, N, C, part);
     }
-    if (dinp) {
-        unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
-        if (C % 4 == 0 && kc_aligned(16, dinp, dout, inp, weight))
-            ln_backward_kernel<4><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-        else
-            ln_backward_kernel<1><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-        kc_launched(k, "layernorm_backward");
-    }
+    if (!dinp)
+        return;
+    if (dinp16 && k->prec == KERN_FP16)
+        ln_backward_launch(k, dinp, reinterpret_cast<__half *>(dinp16), dout, inp, weight, mean, rstd, N, C);
+    else
+        ln_backward_launch(k, dinp, reinterpret_cast<__nv_bfloat16 *>(dinp16), dout, inp, weight, mean, rstd, N, C);
+}
+
+void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean, const float *rstd, int N,
+                           int C)
+{
+    ln_backward(k, dinp, NULL, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void kc_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C)
+{
+    ln_backward(k, dinp, dinp16, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 #endif

@@ -817,6 +817,31 @@ static void test_layernorm16(int N, int C, int out_off)
     if (d || !stats)
         FAIL("%s: not the fp32 forward followed by the cast: %zu outputs differ, mean/rstd %s", name, d,
              stats ? "equal" : "differ");
+
+    /* Backward with the 16-bit copy of the updated dinp: dinp and the
+     * weight gradients as the cpu's, and the copy bitwise the gpu's own
+     * cast of its dinp.  From the cpu's mean and rstd on both sides. */
+    if (have16(name, "layernorm_backward16", H->layernorm_backward16 != NULL, G->layernorm_backward16 != NULL)) {
+        resync(&mean);
+        resync(&rstd);
+        buf dout = mk(NC, 1), dinp = mk(NC, 1), dw = mk(C, 0), db = mk(C, 0);
+        buf16 d16 = mk16(NC + o, 0);
+        H->layernorm_backward16(hk, dinp.h, d16.h + o, dw.h, db.h, dout.h, inp.h, w.h, mean.h, rstd.h, N, C);
+        G->layernorm_backward16(gk, dinp.d, d16.d + o, dw.d, db.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+        gsync(name);
+        cmp(name, "dinp", &dinp, 1e-4, 1e-5);
+        cmp(name, "dweight", &dw, 1e-4, 1e-5);
+        cmp(name, "dbias", &db, 1e-4, 1e-5);
+        cmp16(name, "dinp16", &d16, 1e-4, 1e-5);
+        gcast16(again.d, dinp.d, NC);
+        gsync(name);
+        size_t dd = diff16(d16.d + o, again.d, NC);
+        printf("  %-22s %-9s %zu of dinp16 differ from the gpu's cast of its dinp %s\n", name, "self", dd,
+               dd ? "FAIL" : "ok");
+        if (dd)
+            FAIL("%s: dinp16 is not dinp rounded: %zu differ", name, dd);
+        bfree(&dout), bfree(&dinp), bfree(&dw), bfree(&db), b16free(&d16);
+    }
     bfree(&inp), bfree(&w), bfree(&b), b16free(&out), b16free(&again), bfree(&mean), bfree(&rstd);
     bfree(&out32), bfree(&mean32), bfree(&rstd32);
 }

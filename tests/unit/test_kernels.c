@@ -975,6 +975,20 @@ static void test_act16_ops(void **state)
         assert_memory_equal(got, want, N * C * sizeof *got);
         assert_memory_equal(m1, m2, N * sizeof *m1);
         assert_memory_equal(r1, r2, N * sizeof *r1);
+        { /* backward: as layernorm_backward, and the updated dinp rounded */
+            float *g1 = randv(N * C, 1), *g2 = malloc(N * C * sizeof *g2), *dw1 = zerov(C), *db1 = zerov(C);
+            float *dw2 = zerov(C), *db2 = zerov(C);
+            assert_non_null(g2);
+            memcpy(g2, g1, N * C * sizeof *g2);
+            ops->layernorm_backward(k, g1, dw1, db1, d, x, w, m1, r1, N, C);
+            narrow(k, want, g1, N * C);
+            ops->layernorm_backward16(k, g2, got, dw2, db2, d, x, w, m1, r1, N, C);
+            assert_memory_equal(g1, g2, N * C * sizeof *g1);
+            assert_memory_equal(got, want, N * C * sizeof *got);
+            assert_memory_equal(dw1, dw2, C * sizeof *dw1);
+            assert_memory_equal(db1, db2, C * sizeof *db1);
+            free(g1), free(g2), free(dw1), free(db1), free(dw2), free(db2);
+        }
 
         /* GELU: 16 bits in and out, the fp32 op on the widened inputs;
          * backward also in place over dout16. */
