@@ -22,10 +22,19 @@
 // last; dK and dV accumulate in registers, dQ goes to global memory with
 // atomicAdd (so dQ's summation order, unlike the rest, is not fixed).
 #include <math.h>
-#include <mma.h>
 #include <type_traits>
 
+#ifdef GRADD_CUDA_EMU
+// tests/emu: the kernels compiled by a host compiler and run on the CPU
+// (cuda_emu.h, WMMA included); the row sums and the host side are not.
+#include "cuda_emu.h"
+#define FA_DYNAMIC_SMEM(name) unsigned char *name = emu_dynamic_smem()
+#else
+#include <mma.h>
+
 #include "kern_cuda.cuh"
+#define FA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
 #include "tile16.cuh"
 
 using namespace nvcuda;
@@ -104,7 +113,7 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(O *__restrict__ out, fl
                                                          const S *__restrict__ inp, int T, int C, int NH,
                                                          float scale)
 {
-    extern __shared__ __align__(128) unsigned char fa_smem[];
+    FA_DYNAMIC_SMEM(fa_smem);
     E *Qs = reinterpret_cast<E *>(fa_smem);
     E *Ks = Qs + FA_B * FA_LD;
     E *Vs = Ks + FA_B * FA_LD;
@@ -209,6 +218,7 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(O *__restrict__ out, fl
     }
 }
 
+#ifndef GRADD_CUDA_EMU
 // D (B,NH,T) = Σ_d dout·out over each head's row: the softmax backward's
 // row term, computed once instead of once per key block.  One warp per row.
 // O: out's element type (fp32, or 16 bits, widened exactly).
@@ -228,6 +238,7 @@ __global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict_
             D[w] = s;
     }
 }
+#endif // !GRADD_CUDA_EMU
 
 template <class E> static constexpr size_t fa_bwd_smem()
 {
@@ -245,7 +256,7 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
                                                           const S *__restrict__ inp, int T, int C, int NH,
                                                           float scale, bool acc)
 {
-    extern __shared__ __align__(128) unsigned char fa_smem[];
+    FA_DYNAMIC_SMEM(fa_smem);
     E *Ks = reinterpret_cast<E *>(fa_smem);
     E *Vs = Ks + FA_B * FA_LD;
     E *Qs = Vs + FA_B * FA_LD;
@@ -361,6 +372,7 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
 }
 
 // ---- host side -------------------------------------------------------------------------
+#ifndef GRADD_CUDA_EMU
 
 bool kc_attention_fused_ok(kern_ctx *k, int C, int NH)
 {
@@ -496,3 +508,4 @@ void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, 
 {
     fa_backward_any(k, dinp, dout, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }
+#endif // !GRADD_CUDA_EMU

@@ -78,7 +78,7 @@ namespace emu {
     std::abort();
 }
 
-enum class Op : int { none = 0, shfl_xor, mma_bf16, mma_f16, ldm_x4, ldm_x4_trans, exited };
+enum class Op : int { none = 0, shfl_xor, mma_bf16, mma_f16, ldm_x4, ldm_x4_trans, syncwarp, exited };
 
 // One lane's operands and results of a warp collective.
 struct Lane {
@@ -237,6 +237,8 @@ inline void Complete::operator()() noexcept
     case Op::ldm_x4_trans:
         do_ldmatrix(L, op == Op::ldm_x4_trans);
         break;
+    case Op::syncwarp: // the meeting is all there is to it
+        break;
     default:
         fail("warp collective: unknown operation");
     }
@@ -328,6 +330,98 @@ inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
 {
     return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
 }
+
+// __syncwarp(): all 32 lanes meet (a partial mask is not emulated), which
+// orders their shared-memory accesses before and after, as on the GPU.
+inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    if (mask != 0xffffffffu)
+        emu::fail("__syncwarp: only a full mask is emulated");
+    emu::my_slot().op = emu::Op::syncwarp;
+    emu::cur_warp->bar.arrive_and_wait();
+}
+
+inline float __expf(float x) { return expf(x); }
+
+// Dynamic shared memory (extern __shared__): one buffer, as there is one CTA
+// alive at a time.  The kernels' sources take it through a macro of theirs.
+inline unsigned char *emu_dynamic_smem()
+{
+    alignas(128) static unsigned char buf[192 * 1024];
+    return buf;
+}
+
+// ---- WMMA (nvcuda::wmma), 16×16×16 ------------------------------------------------------
+// The fragments' register layout is opaque in CUDA, so code that only loads,
+// multiplies and stores them (as flash.cu does) is correct for any layout.
+// Here every lane holds the whole tile, widened to fp32: loads read all of
+// it, mma_sync computes all of it (products of 16-bit values are exact; the
+// 16 are summed in double and added to the accumulator once, like do_mma),
+// and store_matrix_sync is written by lane 0 alone, so that the lanes do not
+// race on identical stores (the kernel's own __syncwarp orders them with
+// other lanes' reads, as it must on the GPU, where each lane stores a part).
+namespace nvcuda {
+namespace wmma {
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "16x16x16 only");
+    float v[16][16];
+};
+
+template <class Use, class T, class L> inline void fill_fragment(fragment<Use, 16, 16, 16, T, L> &f, float x)
+{
+    for (auto &row : f.v)
+        for (float &e : row)
+            e = x;
+}
+
+inline float widen_elem(float x) { return x; }
+inline float widen_elem(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float widen_elem(__half x) { return __half2float(x); }
+
+// A (16×16, m×k) and B (k×n): element (r, c) of the operand at p[r·ldm + c]
+// row-major, p[c·ldm + r] column-major.
+template <class Use, class T, class L> inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p,
+                                                                   unsigned ldm)
+{
+    static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>, "operand layout");
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++)
+            f.v[r][c] = widen_elem(std::is_same_v<L, row_major> ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
+}
+
+template <class TA, class LA, class TB, class LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, TA, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, TB, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c)
+{
+    float out[16][16];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            double s = 0;
+            for (int k = 0; k < 16; k++)
+                s += (double)a.v[i][k] * b.v[k][j];
+            out[i][j] = (float)((double)c.v[i][j] + s);
+        }
+    std::memcpy(d.v, out, sizeof out);
+}
+
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
+                              layout_t layout)
+{
+    if (emu::cur_lane != 0)
+        return;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++)
+            (layout == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]) = f.v[r][c];
+}
+} // namespace wmma
+} // namespace nvcuda
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

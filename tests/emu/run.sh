@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# run.sh [tsan] — the emulated flash_mma test on every shape it knows (the
+# run.sh [tsan] — the emulated flash attention test (both kernel families)
+# on every shape it knows (the
 # meson test runs the first three), then the emulated cross-entropy,
 # layernorm, GELU16 and column-sum test (test_kernels_emu.cc, as the meson
 # test), built with g++ into /tmp.

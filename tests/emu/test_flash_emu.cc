@@ -1,5 +1,7 @@
-// test_flash_emu.cc — the mma.sync flash attention kernels (kernels/cuda/flash_mma.cu)
-// run on the CPU under cuda_emu.h, against the CPU backend's materialised attention.
+// test_flash_emu.cc — both fused attention kernel families, the WMMA ones
+// (kernels/cuda/flash.cu, the default) and the mma.sync ones (flash_mma.cu),
+// run on the CPU under cuda_emu.h, against the CPU backend's materialised
+// attention.
 //
 // No GPU is needed: the kernel source itself is compiled by g++ with
 // GRADD_CUDA_EMU, so what is checked is the kernels' own indexing, masking,
@@ -13,6 +15,7 @@
 //
 // Exit status: 0 pass, 1 failure.
 #define GRADD_CUDA_EMU 1
+#include "flash.cu"
 #include "flash_mma.cu"
 
 #include <chrono>
@@ -96,12 +99,15 @@ template <class E> float from_bits(uint16_t h)
 // in16: q,k,v given to the kernels in E (as the qkv GEMM writes them on
 // the 16-bit path), the reference run on the same values widened, and the
 // output written in E too.
+// wmma: flash.cu's kernels, launched as fa_launch_forward/backward do;
+// else flash_mma.cu's, as fm_launch_forward/backward do.
 template <class E>
-void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in16)
+void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float amp, bool in16)
 {
     const auto t0 = std::chrono::steady_clock::now();
     char buf[96];
-    std::snprintf(buf, sizeof buf, "%s%s B=%d T=%d C=%d NH=%d amp=%g", prec, in16 ? " in16" : "", B, T, C, NH, amp);
+    std::snprintf(buf, sizeof buf, "%s %s%s B=%d T=%d C=%d NH=%d amp=%g", wmma ? "wmma" : "mma", prec,
+                  in16 ? " in16" : "", B, T, C, NH, amp);
     const std::string name = buf;
     const int hs = C / NH;
     if (hs != FM_HS) {
@@ -127,28 +133,43 @@ void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in1
         E *o16 = reinterpret_cast<E *>(out16.data());
         const float *in = inp.data();
         const float scale_log2 = 1.44269504088896341f / sqrtf((float)FM_HS); // as fm_launch_forward
-        emu_launch(dim3((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH)), dim3(FM_FWD_THREADS),
-                   [=] {
-                       if (in16)
-                           fm_forward<E, E, E>(o16, l, in_e, T, C, NH, scale_log2);
-                       else
-                           fm_forward<E, float, float>(o, l, in, T, C, NH, scale_log2);
-                   });
+        const float scale = 1.0f / sqrtf((float)FA_HS);                      // as fa_launch_forward
+        if (wmma)
+            emu_launch(dim3((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH)), dim3(FA_THREADS), [=] {
+                if (in16)
+                    fa_forward<E, E, E>(o16, l, in_e, T, C, NH, scale);
+                else
+                    fa_forward<E, float, float>(o, l, in, T, C, NH, scale);
+            });
+        else
+            emu_launch(dim3((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH)), dim3(FM_FWD_THREADS),
+                       [=] {
+                           if (in16)
+                               fm_forward<E, E, E>(o16, l, in_e, T, C, NH, scale_log2);
+                           else
+                               fm_forward<E, float, float>(o, l, in, T, C, NH, scale_log2);
+                       });
     }
     for (size_t i = 0; i < out16.size(); i++) // what backward's row sums read, as fp32
         out[i] = from_bits<E>(out16[i]);
     check(name, "out", out.data(), out_ref.data(), BTC, 2e-2, 2e-2);
 
-    // lse: log Σ_{j ≤ t} exp(q_t·k_j / √hs), in double from the fp32 inputs.
+    // lse: log Σ_{j ≤ t} exp(q_t·k_j / √hs), in double from q and k as the
+    // kernels multiply them, rounded to E (exactly the inputs when in16):
+    // from the unrounded ones, a single key's lse near 0 is off by the
+    // rounding of q·k alone, far beyond the tolerance relative to it.
+    std::vector<float> qk(3 * BTC);
+    for (size_t i = 0; i < qk.size(); i++)
+        qk[i] = from_bits<E>(to_bits<E>(inp[i]));
     std::vector<float> lse_ref(rows);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
-                const float *q = &inp[((size_t)b * T + t) * 3 * C + (size_t)h * hs];
+                const float *q = &qk[((size_t)b * T + t) * 3 * C + (size_t)h * hs];
                 std::vector<double> s(t + 1);
                 double m = -INFINITY;
                 for (int j = 0; j <= t; j++) {
-                    const float *k = &inp[((size_t)b * T + j) * 3 * C + C + (size_t)h * hs];
+                    const float *k = &qk[((size_t)b * T + j) * 3 * C + C + (size_t)h * hs];
                     double d = 0;
                     for (int i = 0; i < hs; i++)
                         d += (double)q[i] * k[i];
@@ -190,14 +211,22 @@ void run_case(const char *prec, int B, int T, int C, int NH, float amp, bool in1
     {
         float *g = dinp.data();
         const float *dO = dout.data(), *l = lse.data(), *d = D.data(), *in = inp.data();
-        const float scale = 1.0f / sqrtf((float)FM_HS); // as fm_launch_backward
-        emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
-                   [=] {
-                       if (in16)
-                           fm_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale, false);
-                       else
-                           fm_backward<E, float>(g, dO, l, d, in, T, C, NH, scale, true);
-                   });
+        const float scale = 1.0f / sqrtf((float)FM_HS); // as fm_launch_backward and fa_launch_backward
+        if (wmma)
+            emu_launch(dim3((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH)), dim3(FA_THREADS), [=] {
+                if (in16)
+                    fa_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale, false);
+                else
+                    fa_backward<E, float>(g, dO, l, d, in, T, C, NH, scale, true);
+            });
+        else
+            emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
+                       [=] {
+                           if (in16)
+                               fm_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale, false);
+                           else
+                               fm_backward<E, float>(g, dO, l, d, in, T, C, NH, scale, true);
+                       });
     }
     check(name, "dinp", dinp.data(), dinp_ref.data(), 3 * BTC, 2e-2, 2e-2);
 
@@ -256,15 +285,16 @@ int main(int argc, char **argv)
     // fp32 q,k,v in both precisions; 16-bit ones (tile16.cuh's other
     // staging path) in one of the two per shape, alternately, which keeps
     // the quick run short while covering both types.
-    for (size_t i = 0; i < shapes.size(); i++) {
-        const Shape &s = shapes[i];
-        run_case<__nv_bfloat16>("bf16", s.B, s.T, s.C, s.NH, s.amp, false);
-        run_case<__half>("fp16", s.B, s.T, s.C, s.NH, s.amp, false);
-        if (i % 2 == 0 || all)
-            run_case<__nv_bfloat16>("bf16", s.B, s.T, s.C, s.NH, s.amp, true);
-        if (i % 2 == 1 || all)
-            run_case<__half>("fp16", s.B, s.T, s.C, s.NH, s.amp, true);
-    }
+    for (int wmma = 0; wmma < 2; wmma++)
+        for (size_t i = 0; i < shapes.size(); i++) {
+            const Shape &s = shapes[i];
+            run_case<__nv_bfloat16>(wmma, "bf16", s.B, s.T, s.C, s.NH, s.amp, false);
+            run_case<__half>(wmma, "fp16", s.B, s.T, s.C, s.NH, s.amp, false);
+            if (i % 2 == 0 || all)
+                run_case<__nv_bfloat16>(wmma, "bf16", s.B, s.T, s.C, s.NH, s.amp, true);
+            if (i % 2 == 1 || all)
+                run_case<__half>(wmma, "fp16", s.B, s.T, s.C, s.NH, s.amp, true);
+        }
     H->ctx_destroy(hk);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s: %d failure(s), %.1f s\n", failures ? "FAIL" : "PASS", failures, secs);
