@@ -293,6 +293,7 @@ int main(int argc, char **argv)
     uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL;
     uint16_t *dres16 = lp16 ? buf16(NC) : NULL;
     uint16_t *dfch16 = NULL, *qkv16 = qkv16_on ? buf16(3 * NC) : NULL, *atty16 = qkv16_on ? buf16(NC) : NULL;
+    uint16_t *dqkv16 = qkv16_on ? buf16(3 * NC) : NULL;
     if (lp16) {
         ln1_16 = buf16(NC), ln2_16 = buf16(NC), fch16 = buf16(4 * NC), fch_gelu16 = buf16(4 * NC), lnf16 = buf16(NC);
         logits16 = buf16(N * V), dfch16 = buf16(4 * NC);
@@ -447,17 +448,22 @@ int main(int argc, char **argv)
     else
         OP("matmul_proj_bwd", L, PART_GEMM,
            ops->matmul_backward(k, dsmall, D + attprojw, D + attprojb, dres, atty, P + attprojw, (int)N, C, C));
-    OP("zero_dqkv", L, PART_REST, ops->zero(k, dqkv, 3 * NC));
+    if (!qkv16_on) /* the 16-bit fused backward overwrites its gradient */
+        OP("zero_dqkv", L, PART_REST, ops->zero(k, dqkv, 3 * NC));
     if (qkv16_on)
         OP("attention16_bwd", L, PART_ATTENTION,
-           ops->attention_fused_backward16(k, dqkv, dsmall, atty16, att, qkv16, B, T, C, NH));
+           ops->attention_fused_backward16(k, dqkv16, dqkv, dsmall, atty16, att, qkv16, B, T, C, NH));
     else if (fused)
         OP("attention_bwd", L, PART_ATTENTION,
            ops->attention_fused_backward(k, dqkv, dsmall, atty, att, qkv, B, T, C, NH));
     else
         OP("attention_bwd", L, PART_ATTENTION,
            ops->attention_backward(k, dqkv, preatt, datt, dsmall, qkv, att, B, T, C, NH));
-    if (lp16)
+    if (qkv16_on)
+        OP("matmul16_qkv_bwd", L, PART_GEMM,
+           ops->matmul_backward16(k, dsmall, NULL, D + qkvw, D + qkvb, NULL, dqkv16, ln1_16, P + qkvw, (int)N, C,
+                                  3 * C));
+    else if (lp16)
         OP("matmul16_qkv_bwd", L, PART_GEMM,
            ops->matmul_backward16(k, dsmall, NULL, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C,
                                   3 * C));

@@ -80,7 +80,8 @@ typedef struct {
     uint16_t *dres16;                                 /* lp16: dres rounded, for the GEMMs that read it */
     float *dbig;                                      /* (B,T,4C) dfch_gelu, then dfch over it */
     uint16_t *dfch16;                                 /* lp16: as dbig */
-    float *dqkv;                                      /* (B,T,3C) */
+    float *dqkv;                                      /* (B,T,3C); qkv16_on: (B,T,C), dq's fp32 sums */
+    uint16_t *dqkv16;                                 /* qkv16_on: (B,T,3C) */
     float *dsmall;                                    /* (B,T,C) dln, datty */
     float *datt;                                      /* (B,NH,T,T) */
     float *dlosses;                                   /* (B,T) */
@@ -99,7 +100,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 38
+#define GPT_BUFFERS 39
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -153,7 +154,8 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE16(dres16, h16 * BT * C);
     TAKE(dbig, f32 * BT * 4 * C);
     TAKE16(dfch16, h16 * BT * 4 * C);
-    TAKE(dqkv, BT * 3 * C);
+    TAKE(dqkv, (q16 ? 1 : 3) * BT * C);
+    TAKE16(dqkv16, q16 * BT * 3 * C);
     TAKE(dsmall, BT * C);
     TAKE(datt, n * NH * TT);
     TAKE(dlosses, BT);
@@ -505,8 +507,9 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         else
             k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
                                C, C);
-        if (atty16) { /* overwrites dqkv */
-            k->attention_fused_backward16(kc, g->dqkv, datty, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
+        if (atty16) { /* overwrites dqkv16, with dqkv as dq's scratch */
+            k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty, atty16, att, g->qkv16 + l * BTC * 3, B, T,
+                                          C, NH);
         } else { /* the fp32 ops add into it */
             k->zero(kc, g->dqkv, BTC * 3);
             if (g->fused)
@@ -514,7 +517,10 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             else
                 k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
         }
-        if (g->lp16)
+        if (atty16)
+            k->matmul_backward16(kc, dln1, NULL, D + w->qkvw, D + w->qkvb, NULL, g->dqkv16, g->ln1_16 + l * BTC,
+                                 P + w->qkvw, (int)BT, C, 3 * C);
+        else if (g->lp16)
             k->matmul_backward16(kc, dln1, NULL, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
                                  P + w->qkvw, (int)BT, C, 3 * C);
         else

@@ -133,15 +133,19 @@ typedef struct kern_ops {
      * so (matmul_forward16_out16) and the kernels, whose tensor cores read
      * 16 bits anyway, take it as it is; out16 is read by the attention
      * projection's GEMM and by backward's row sums.  Unlike the fp32
-     * backward, backward16 overwrites dinp (B,T,3C): no zeroing pass, and
-     * dk, dv are written without reading the old values.  Wherever
+     * backward, backward16 overwrites its gradient, dinp16 (B,T,3C) in 16
+     * bits, which the qkv GEMM's backward reads as its dout16: dk and dv are
+     * written as the kernels finish them, and dq, summed over key blocks
+     * in fp32 in the caller's scratch dq (B,T,C, overwritten), is rounded
+     * into it at the end.  Wherever
      * attention_fused_ok holds; NULL where a backend has none.  The cpu's
      * are references (for the GPU's tests and the 16-bit wiring's), with no
      * attention_fused_ok of their own. */
     void (*attention_fused_forward16)(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B,
                                       int T, int C, int NH);
-    void (*attention_fused_backward16)(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
-                                       const float *lse, const uint16_t *inp16, int B, int T, int C, int NH);
+    void (*attention_fused_backward16)(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+                                       const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T,
+                                       int C, int NH);
 
     /* Incremental decoding, optional (NULL where a backend has none):
      * qkv (B,3C): q,k,v of one new position per sequence, t = Tc-1 (1 <= Tc <= Tmax);

@@ -245,13 +245,19 @@ template <class E> static constexpr size_t fa_bwd_smem()
     return 6 * FA_B * FA_LD * sizeof(E) + FA_B * FA_FLD * sizeof(float) + 2 * FA_B * sizeof(float);
 }
 
-// dinp (B,T,3C) += the gradients of q, k, v; without acc, dk and dv
-// overwrite theirs (dq is always added, by atomics: the caller zeroes it).
+// The gradients of q, k, v.  dk and dv go to dkv (B,T,3C: k at +C, v at
+// +2C) as G, fp32 or E: with acc added into it (fp32 only), else
+// overwriting it.  dq is summed by atomics into the fp32 dqg, rows qp apart
+// (zeroed by the caller): dkv itself (qp = 3C) when G is fp32, or a (B,T,C)
+// scratch (qp = C) that the caller rounds into dkv afterwards.  (No
+// __restrict__ on the two: in the fp32 case they are the same buffer,
+// written in disjoint columns.)
 // Three CTAs per SM (12 warps), as the forward: at two, the backward sat
 // mostly idle waiting on shared memory (measured with ncu on the H100: 255
 // registers, 12.5% occupancy).
-template <class E, class S>
-__global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__ dinp, const float *__restrict__ dout,
+template <class E, class S, class G>
+__global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(G *dkv, float *dqg, int qp,
+                                                          const float *__restrict__ dout,
                                                           const float *__restrict__ lse, const float *__restrict__ D,
                                                           const S *__restrict__ inp, int T, int C, int NH,
                                                           float scale, bool acc)
@@ -274,7 +280,8 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * FA_HS;
-    float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FA_HS;
+    G *gbase = dkv + (size_t)b * T * C3 + (size_t)h * FA_HS;
+    float *qbase = dqg + (size_t)b * T * qp + (size_t)h * FA_HS;
 
     fa_stage2<E>(Ks, base + C + (size_t)k0 * C3, C3, Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
 
@@ -344,7 +351,7 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
         for (int i = 0; i < 16; i++) {
             int q = q0 + warp * 16 + i;
             if (q < T) {
-                float *g = gbase + (size_t)q * C3;
+                float *g = qbase + (size_t)q * qp;
                 atomicAdd(g + lane, scale * wst[i * FA_FLD + lane]);
                 atomicAdd(g + lane + 32, scale * wst[i * FA_FLD + lane + 32]);
             }
@@ -361,10 +368,16 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(float *__restrict__
         const float f = part == 1 ? scale : 1.0f;
         for (int i = 0; i < 16; i++) {
             int kr = k0 + warp * 16 + i;
-            if (kr < T) {
-                float *g = gbase + (size_t)kr * C3 + (size_t)part * C;
-                g[lane] = (acc ? g[lane] : 0.0f) + f * wst[i * FA_FLD + lane];
-                g[lane + 32] = (acc ? g[lane + 32] : 0.0f) + f * wst[i * FA_FLD + lane + 32];
+            if (kr < T) { // two adjacent columns per lane
+                G *g = gbase + (size_t)kr * C3 + (size_t)part * C + 2 * lane;
+                float x = f * wst[i * FA_FLD + 2 * lane], y = f * wst[i * FA_FLD + 2 * lane + 1];
+                if constexpr (std::is_same_v<G, float>) {
+                    if (acc) {
+                        x = g[0] + x;
+                        y = g[1] + y;
+                    }
+                }
+                kc_store2(g, x, y);
             }
         }
         __syncwarp();
@@ -407,18 +420,18 @@ static void fa_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int
     kc_launched(k, "fused attention forward");
 }
 
-template <class E, class S>
-static void fa_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
-                               const S *inp, int B, int T, int C, int NH)
+template <class E, class S, class G>
+static void fa_launch_backward(kern_ctx *k, G *dkv, float *dq, int qp, const float *dout, const float *lse,
+                               const float *D, const S *inp, int B, int T, int C, int NH)
 {
     constexpr size_t smem = fa_bwd_smem<E>();
-    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E, S, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention backward: shared memory"))
         return;
     dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
     // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
-    fa_backward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
-                                                             1.0f / sqrtf((float)FA_HS), std::is_same_v<S, float>);
+    fa_backward<E, S, G><<<grid, FA_THREADS, smem, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
+                                                                1.0f / sqrtf((float)FA_HS), std::is_same_v<S, float>);
     kc_launched(k, "fused attention backward");
 }
 
@@ -446,15 +459,32 @@ static void fa_forward_any(kern_ctx *k, float *out, uint16_t *out16, float *lse,
         fa_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
 }
 
-static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const float *out, const uint16_t *out16,
-                            const float *lse, const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
+// dinp16's q columns (B,T,3C) = dq (B,T,C) rounded, four values a thread
+// (C is a multiple of 64).
+template <class E>
+__global__ static void fa_dq_round(uint16_t *__restrict__ dinp16, const float *__restrict__ dq, size_t rows, int C)
+{
+    size_t quads = rows * (size_t)(C / 4);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < quads; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / (C / 4), c = i % (C / 4) * 4;
+        kc_fv<4> v = kc_ld<4>(dq + row * C + c);
+        kc_stE<E, 4>(reinterpret_cast<E *>(dinp16) + row * 3 * C + c, v);
+    }
+}
+
+// fp32: dinp (+=), out, inp.  16-bit: dinp16 (overwritten), dq (a (B,T,C)
+// fp32 scratch of the caller's), out16, inp16.  The other set NULL.
+static void fa_backward_any(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq, const float *dout,
+                            const float *out, const uint16_t *out16, const float *lse, const float *inp,
+                            const uint16_t *inp16, int B, int T, int C, int NH)
 {
     const char *what = "fused attention backward: unsupported shape or alignment";
-    if (!(inp16 ? fa_check(k, B, T, C, NH, dinp, inp16, 8, what) && fa_check(k, B, T, C, NH, dout, out16, 8, what)
+    if (!(inp16 ? fa_check(k, B, T, C, NH, dq, inp16, 8, what) && fa_check(k, B, T, C, NH, dout, out16, 8, what) &&
+                      fa_check(k, B, T, C, NH, dout, dinp16, 8, what)
                 : fa_check(k, B, T, C, NH, dinp, inp, 16, what) && fa_check(k, B, T, C, NH, dout, out, 16, what)))
         return;
     kc_enter(k);
-    size_t rows = (size_t)B * NH * T;
+    size_t rows = (size_t)B * NH * T, BT = (size_t)B * T;
     float *D = (float *)kc_scratch(k, rows * sizeof(float));
     if (!D)
         return;
@@ -468,22 +498,28 @@ static void fa_backward_any(kern_ctx *k, float *dinp, const float *dout, const f
     else
         fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const __half *>(out16), rows, T, C, NH);
     kc_launched(k, "fused attention backward: row dot");
-    if (inp16) // dinp is overwritten: dk and dv by the kernels, dq added by them to zeros
-        kc_ok(k,
-              cudaMemset2DAsync(dinp, 3 * (size_t)C * sizeof(float), 0, (size_t)C * sizeof(float), (size_t)B * T,
-                                k->stream),
-              "fused attention backward: zero dq");
+    if (inp16) // dk and dv are written by the kernels; dq summed into zeros, then rounded into dinp16
+        kc_ok(k, cudaMemsetAsync(dq, 0, BT * C * sizeof(float), k->stream), "fused attention backward: zero dq");
     if (k->flash_mma)
-        kc_flash_mma_backward(k, dinp, dout, lse, D, inp, inp16, B, T, C, NH);
+        kc_flash_mma_backward(k, dinp, dinp16, dq, dout, lse, D, inp, inp16, B, T, C, NH);
     else if (inp16 && bf)
-        fa_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, reinterpret_cast<const __nv_bfloat16 *>(inp16), B,
-                                          T, C, NH);
+        fa_launch_backward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(dinp16), dq, C, dout, lse, D,
+                                          reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
     else if (inp16)
-        fa_launch_backward<__half>(k, dinp, dout, lse, D, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+        fa_launch_backward<__half>(k, reinterpret_cast<__half *>(dinp16), dq, C, dout, lse, D,
+                                   reinterpret_cast<const __half *>(inp16), B, T, C, NH);
     else if (bf)
-        fa_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+        fa_launch_backward<__nv_bfloat16>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
     else
-        fa_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+        fa_launch_backward<__half>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
+    if (inp16) {
+        unsigned g2 = kc_grid(k, BT * C / 4, 256);
+        if (bf)
+            fa_dq_round<__nv_bfloat16><<<g2, 256, 0, k->stream>>>(dinp16, dq, BT, C);
+        else
+            fa_dq_round<__half><<<g2, 256, 0, k->stream>>>(dinp16, dq, BT, C);
+        kc_launched(k, "fused attention backward: dq");
+    }
 }
 
 void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)
@@ -494,7 +530,7 @@ void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float
 void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
                                  const float *inp, int B, int T, int C, int NH)
 {
-    fa_backward_any(k, dinp, dout, out, NULL, lse, inp, NULL, B, T, C, NH);
+    fa_backward_any(k, dinp, NULL, NULL, dout, out, NULL, lse, inp, NULL, B, T, C, NH);
 }
 
 void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
@@ -503,9 +539,10 @@ void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, cons
     fa_forward_any(k, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }
 
-void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
-                                   const float *lse, const uint16_t *inp16, int B, int T, int C, int NH)
+void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+                                   const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T, int C,
+                                   int NH)
 {
-    fa_backward_any(k, dinp, dout, NULL, out16, lse, NULL, inp16, B, T, C, NH);
+    fa_backward_any(k, NULL, dinp16, dq, dout, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }
 #endif // !GRADD_CUDA_EMU

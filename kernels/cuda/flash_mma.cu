@@ -283,10 +283,14 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
 // Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ are A operands of dV += Pᵀ·dO and dK += dSᵀ·Q
 // straight from the registers.  dQ = dS·K needs dS with queries as rows:
 // dSᵀ goes through shared memory once, read back transposed by ldmatrix.
-// acc: dk and dv are added into dinp; else they overwrite it (dq is always
-// added, by atomics: the caller zeroes it first).
-template <class E, class S>
-__global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restrict__ dinp,
+// dk and dv go to dkv (B,T,3C: k at +C, v at +2C) as G, fp32 or E: with
+// acc added into it (fp32 only), else overwriting it.  dq is summed by
+// atomics into the fp32 dqg, rows qp apart (zeroed by the caller): dkv
+// itself (qp = 3C) when G is fp32, or a (B,T,C) scratch (qp = C) that the
+// caller rounds into dkv afterwards.  (No __restrict__ on the two: in the
+// fp32 case they are the same buffer, written in disjoint columns.)
+template <class E, class S, class G>
+__global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(G *dkv, float *dqg, int qp,
                                                                  const float *__restrict__ dout,
                                                                  const float *__restrict__ lse,
                                                                  const float *__restrict__ D,
@@ -307,7 +311,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * FM_HS;
-    float *gbase = dinp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    G *gbase = dkv + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    float *qbase = dqg + (size_t)b * T * qp + (size_t)h * FM_HS;
     const float scale_log2 = scale * 1.44269504088896341f;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8}; // rows g, g+8 of this warp's Sᵀ
 
@@ -438,7 +443,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
             const int q = q0 + warp * 16 + g + 8 * hr;
             if (q >= T)
                 continue;
-            float *gq = gbase + (size_t)q * C3 + 2 * c;
+            float *gq = qbase + (size_t)q * qp + 2 * c;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 atomicAdd(gq + 8 * j, scale * dq[j][2 * hr]);
@@ -453,20 +458,22 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(float *__restri
         const int kr = key[hr];
         if (kr >= T)
             continue;
-        float *gk = gbase + (size_t)kr * C3 + C + 2 * c, *gv = gk + C;
+        G *gk = gbase + (size_t)kr * C3 + C + 2 * c, *gv = gk + C;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float2 a = make_float2(0.0f, 0.0f), v = a;
-            if (acc) {
-                a = *reinterpret_cast<float2 *>(gk + 8 * j);
-                v = *reinterpret_cast<float2 *>(gv + 8 * j);
+            if constexpr (std::is_same_v<G, float>) {
+                if (acc) {
+                    a = *reinterpret_cast<float2 *>(gk + 8 * j);
+                    v = *reinterpret_cast<float2 *>(gv + 8 * j);
+                }
             }
             a.x += scale * dk[j][2 * hr];
             a.y += scale * dk[j][2 * hr + 1];
             v.x += dv[j][2 * hr];
             v.y += dv[j][2 * hr + 1];
-            *reinterpret_cast<float2 *>(gk + 8 * j) = a;
-            *reinterpret_cast<float2 *>(gv + 8 * j) = v;
+            kc_store2(gk + 8 * j, a.x, a.y);
+            kc_store2(gv + 8 * j, v.x, v.y);
         }
     }
 }
@@ -484,14 +491,15 @@ static void fm_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int
     kc_launched(k, "fused attention forward (mma)");
 }
 
-template <class E, class S>
-static void fm_launch_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
-                               const S *inp, int B, int T, int C, int NH)
+template <class E, class S, class G>
+static void fm_launch_backward(kern_ctx *k, G *dkv, float *dq, int qp, const float *dout, const float *lse,
+                               const float *D, const S *inp, int B, int T, int C, int NH)
 {
     dim3 grid((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH));
     // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
-    fm_backward<E, S><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dinp, dout, lse, D, inp, T, C, NH,
-                                                              1.0f / sqrtf((float)FM_HS), std::is_same_v<S, float>);
+    fm_backward<E, S, G><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
+                                                                 1.0f / sqrtf((float)FM_HS),
+                                                                 std::is_same_v<S, float>);
     kc_launched(k, "fused attention backward (mma)");
 }
 
@@ -513,18 +521,22 @@ void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, 
         fm_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
 }
 
-void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
-                           const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
+// fp32: dinp (+=), inp.  16-bit: dinp16 (dk, dv written), dq (dq summed,
+// zeroed by the caller), inp16.  The other set NULL.
+void kc_flash_mma_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq, const float *dout,
+                           const float *lse, const float *D, const float *inp, const uint16_t *inp16, int B, int T,
+                           int C, int NH)
 {
     bool bf = k->prec == KERN_BF16;
     if (inp16 && bf)
-        fm_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, reinterpret_cast<const __nv_bfloat16 *>(inp16), B,
-                                          T, C, NH);
+        fm_launch_backward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(dinp16), dq, C, dout, lse, D,
+                                          reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
     else if (inp16)
-        fm_launch_backward<__half>(k, dinp, dout, lse, D, reinterpret_cast<const __half *>(inp16), B, T, C, NH);
+        fm_launch_backward<__half>(k, reinterpret_cast<__half *>(dinp16), dq, C, dout, lse, D,
+                                   reinterpret_cast<const __half *>(inp16), B, T, C, NH);
     else if (bf)
-        fm_launch_backward<__nv_bfloat16>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+        fm_launch_backward<__nv_bfloat16>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
     else
-        fm_launch_backward<__half>(k, dinp, dout, lse, D, inp, B, T, C, NH);
+        fm_launch_backward<__half>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
 }
 #endif // !GRADD_CUDA_EMU

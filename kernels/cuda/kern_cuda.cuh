@@ -430,16 +430,20 @@ void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, co
                                  const float *inp, int B, int T, int C, int NH);
 void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
                                   int C, int NH);
-void kc_attention_fused_backward16(kern_ctx *k, float *dinp, const float *dout, const uint16_t *out16,
-                                   const float *lse, const uint16_t *inp16, int B, int T, int C, int NH);
+void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+                                   const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T, int C,
+                                   int NH);
 // The register-resident variant (flash_mma.cu), same shapes; flash.cu
 // checks them and picks between the two.  D (B,NH,T) = Σ dout·out per row.
 // fp32 inp and out, or inp16 and out16 (the context's 16-bit type), the
 // other pair NULL.
 void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
                           const uint16_t *inp16, int B, int T, int C, int NH);
-void kc_flash_mma_backward(kern_ctx *k, float *dinp, const float *dout, const float *lse, const float *D,
-                           const float *inp, const uint16_t *inp16, int B, int T, int C, int NH);
+// Backward: fp32 dinp (+=) and inp, or dinp16 (dk, dv written), dq (summed
+// into, zeroed by the caller) and inp16.
+void kc_flash_mma_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq, const float *dout,
+                           const float *lse, const float *D, const float *inp, const uint16_t *inp16, int B, int T,
+                           int C, int NH);
 
 void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                              const int32_t *targets, int N, int V, int Vp);

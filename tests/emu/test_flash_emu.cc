@@ -184,15 +184,14 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
     check(name, "lse", lse.data(), lse_ref.data(), rows, 1e-2, 1e-3);
 
     // ---- backward: dinp starts non-zero, both sides accumulate into it;
-    // in16, where the op overwrites it, dq is zeroed first (as the launcher
-    // does) and dk, dv are left as garbage the kernel must overwrite.
+    // in16, where the op overwrites its 16-bit dinp16, that starts as NaNs
+    // the kernel must overwrite (dk, dv; dq is rounded in from the zeroed
+    // fp32 dq scratch afterwards, as the launcher does).
     std::vector<float> dout = mk(BTC, 1.0f), dinp0 = mk(3 * BTC, 1.0f), dpre(TT), datt(TT);
-    std::vector<float> dinp = dinp0;
-    if (in16) {
-        for (size_t r = 0; r < (size_t)B * T; r++)
-            std::fill(dinp.begin() + r * 3 * C, dinp.begin() + r * 3 * C + C, 0.0f);
+    std::vector<float> dinp = dinp0, dq(in16 ? BTC : 0, 0.0f);
+    std::vector<uint16_t> dinp16(in16 ? 3 * BTC : 0, 0x7fc0);
+    if (in16)
         std::fill(dinp0.begin(), dinp0.end(), 0.0f); // the increments below are then the values
-    }
     std::vector<float> dinp_ref = dinp0;
     H->attention_backward(hk, dinp_ref.data(), dpre.data(), datt.data(), dout.data(), inp.data(), att.data(), B, T,
                           C, NH);
@@ -209,24 +208,32 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
                 D[((size_t)b * NH + h) * T + t] = s;
             }
     {
-        float *g = dinp.data();
+        float *g = dinp.data(), *gq = dq.data();
+        E *g16 = reinterpret_cast<E *>(dinp16.data());
         const float *dO = dout.data(), *l = lse.data(), *d = D.data(), *in = inp.data();
         const float scale = 1.0f / sqrtf((float)FM_HS); // as fm_launch_backward and fa_launch_backward
         if (wmma)
             emu_launch(dim3((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH)), dim3(FA_THREADS), [=] {
                 if (in16)
-                    fa_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale, false);
+                    fa_backward<E, E, E>(g16, gq, C, dO, l, d, in_e, T, C, NH, scale, false);
                 else
-                    fa_backward<E, float>(g, dO, l, d, in, T, C, NH, scale, true);
+                    fa_backward<E, float, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
             });
         else
             emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
                        [=] {
                            if (in16)
-                               fm_backward<E, E>(g, dO, l, d, in_e, T, C, NH, scale, false);
+                               fm_backward<E, E, E>(g16, gq, C, dO, l, d, in_e, T, C, NH, scale, false);
                            else
-                               fm_backward<E, float>(g, dO, l, d, in, T, C, NH, scale, true);
+                               fm_backward<E, float, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
                        });
+    }
+    if (in16) { // dq rounded into dinp16 (fa_dq_round), then all of it widened
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            for (int c = 0; c < C; c++)
+                dinp16[r * 3 * C + c] = to_bits<E>(dq[r * C + c]);
+        for (size_t i = 0; i < dinp.size(); i++)
+            dinp[i] = from_bits<E>(dinp16[i]);
     }
     check(name, "dinp", dinp.data(), dinp_ref.data(), 3 * BTC, 2e-2, 2e-2);
 

@@ -131,11 +131,12 @@ static void test_bf16_fused_qkv16(void **state)
 
     /* Per sample: att keeps lse (L·NH·T) instead of the probabilities
      * (L·NH·T·T), the one-layer scratch preatt and datt (NH·T·T each) go,
-     * qkv (L·T·3C) and atty (L·T·C) go from 4 bytes to 2, and the
-     * projections' scratch output (T·C, fp32) goes: both add into the
-     * residual stream in their GEMMs. */
+     * qkv (L·T·3C) and atty (L·T·C) go from 4 bytes to 2, the
+     * projections' scratch output (T·C, fp32) goes (both add into the
+     * residual stream in their GEMMs), and the qkv gradient (T·3C, fp32)
+     * becomes a 16-bit one and an fp32 one for dq alone (T·C). */
     size_t saved = 4 * ((size_t)L * NH * T * T - (size_t)L * NH * T) + 4 * 2 * (size_t)NH * T * T +
-                   2 * (size_t)L * T * 4 * C + 4 * (size_t)T * C;
+                   2 * (size_t)L * T * 4 * C + 4 * (size_t)T * C + (12 - 6 - 4) * (size_t)T * C;
     printf("activations per sample: bf16 %zu, bf16 fused with 16-bit qkv %zu bytes (saved %zu)\n",
            r16.act_per_sample, rf.act_per_sample, r16.act_per_sample - rf.act_per_sample);
     assert_int_equal(r16.act_per_sample - rf.act_per_sample, saved);
