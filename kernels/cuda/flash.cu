@@ -444,19 +444,17 @@ static void fa_forward_any(kern_ctx *k, float *out, uint16_t *out16, float *lse,
     if (!(inp16 ? fa_check(k, B, T, C, NH, out16, inp16, 8, what) : fa_check(k, B, T, C, NH, out, inp, 16, what)))
         return;
     kc_enter(k);
-    bool bf = k->prec == KERN_BF16;
-    if (k->flash_mma)
+    if (k->flash_mma) {
         kc_flash_mma_forward(k, out, out16, lse, inp, inp16, B, T, C, NH);
-    else if (inp16 && bf)
-        fa_launch_forward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(out16), lse,
-                                         reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
-    else if (inp16)
-        fa_launch_forward<__half>(k, reinterpret_cast<__half *>(out16), lse, reinterpret_cast<const __half *>(inp16),
-                                  B, T, C, NH);
-    else if (bf)
-        fa_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
-    else
-        fa_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
+        return;
+    }
+    kc_with16(k->prec == KERN_BF16, [&]<class E>() {
+        if (inp16)
+            fa_launch_forward<E>(k, reinterpret_cast<E *>(out16), lse, reinterpret_cast<const E *>(inp16), B, T, C,
+                                 NH);
+        else
+            fa_launch_forward<E>(k, out, lse, inp, B, T, C, NH);
+    });
 }
 
 // dinp16's q columns (B,T,3C) = dq (B,T,C) rounded, four values a thread
@@ -488,38 +486,27 @@ static void fa_backward_any(kern_ctx *k, float *dinp, uint16_t *dinp16, float *d
     float *D = (float *)kc_scratch(k, rows * sizeof(float));
     if (!D)
         return;
-    bool bf = k->prec == KERN_BF16;
-    unsigned grid = kc_grid(k, rows * 32, 256);
-    if (!out16)
-        fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
-    else if (bf)
-        fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const __nv_bfloat16 *>(out16), rows, T, C,
-                                                NH);
-    else
-        fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const __half *>(out16), rows, T, C, NH);
-    kc_launched(k, "fused attention backward: row dot");
-    if (inp16) // dk and dv are written by the kernels; dq summed into zeros, then rounded into dinp16
-        kc_ok(k, cudaMemsetAsync(dq, 0, BT * C * sizeof(float), k->stream), "fused attention backward: zero dq");
-    if (k->flash_mma)
-        kc_flash_mma_backward(k, dinp, dinp16, dq, dout, lse, D, inp, inp16, B, T, C, NH);
-    else if (inp16 && bf)
-        fa_launch_backward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(dinp16), dq, C, dout, lse, D,
-                                          reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
-    else if (inp16)
-        fa_launch_backward<__half>(k, reinterpret_cast<__half *>(dinp16), dq, C, dout, lse, D,
-                                   reinterpret_cast<const __half *>(inp16), B, T, C, NH);
-    else if (bf)
-        fa_launch_backward<__nv_bfloat16>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
-    else
-        fa_launch_backward<__half>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
-    if (inp16) {
-        unsigned g2 = kc_grid(k, BT * C / 4, 256);
-        if (bf)
-            fa_dq_round<__nv_bfloat16><<<g2, 256, 0, k->stream>>>(dinp16, dq, BT, C);
+    kc_with16(k->prec == KERN_BF16, [&]<class E>() {
+        unsigned grid = kc_grid(k, rows * 32, 256);
+        if (out16)
+            fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const E *>(out16), rows, T, C, NH);
         else
-            fa_dq_round<__half><<<g2, 256, 0, k->stream>>>(dinp16, dq, BT, C);
-        kc_launched(k, "fused attention backward: dq");
-    }
+            fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
+        kc_launched(k, "fused attention backward: row dot");
+        if (inp16) // dk and dv are written by the kernels; dq summed into zeros, then rounded into dinp16
+            kc_ok(k, cudaMemsetAsync(dq, 0, BT * C * sizeof(float), k->stream), "fused attention backward: zero dq");
+        if (k->flash_mma)
+            kc_flash_mma_backward(k, dinp, dinp16, dq, dout, lse, D, inp, inp16, B, T, C, NH);
+        else if (inp16)
+            fa_launch_backward<E>(k, reinterpret_cast<E *>(dinp16), dq, C, dout, lse, D,
+                                  reinterpret_cast<const E *>(inp16), B, T, C, NH);
+        else
+            fa_launch_backward<E>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
+        if (inp16) {
+            fa_dq_round<E><<<kc_grid(k, BT * C / 4, 256), 256, 0, k->stream>>>(dinp16, dq, BT, C);
+            kc_launched(k, "fused attention backward: dq");
+        }
+    });
 }
 
 void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float *inp, int B, int T, int C, int NH)

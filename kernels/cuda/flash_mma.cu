@@ -508,17 +508,13 @@ static void fm_launch_backward(kern_ctx *k, G *dkv, float *dq, int qp, const flo
 void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
                           const uint16_t *inp16, int B, int T, int C, int NH)
 {
-    bool bf = k->prec == KERN_BF16;
-    if (inp16 && bf)
-        fm_launch_forward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(out16), lse,
-                                         reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
-    else if (inp16)
-        fm_launch_forward<__half>(k, reinterpret_cast<__half *>(out16), lse, reinterpret_cast<const __half *>(inp16),
-                                  B, T, C, NH);
-    else if (bf)
-        fm_launch_forward<__nv_bfloat16>(k, out, lse, inp, B, T, C, NH);
-    else
-        fm_launch_forward<__half>(k, out, lse, inp, B, T, C, NH);
+    kc_with16(k->prec == KERN_BF16, [&]<class E>() {
+        if (inp16)
+            fm_launch_forward<E>(k, reinterpret_cast<E *>(out16), lse, reinterpret_cast<const E *>(inp16), B, T, C,
+                                 NH);
+        else
+            fm_launch_forward<E>(k, out, lse, inp, B, T, C, NH);
+    });
 }
 
 // fp32: dinp (+=), inp.  16-bit: dinp16 (dk, dv written), dq (dq summed,
@@ -527,16 +523,12 @@ void kc_flash_mma_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq
                            const float *lse, const float *D, const float *inp, const uint16_t *inp16, int B, int T,
                            int C, int NH)
 {
-    bool bf = k->prec == KERN_BF16;
-    if (inp16 && bf)
-        fm_launch_backward<__nv_bfloat16>(k, reinterpret_cast<__nv_bfloat16 *>(dinp16), dq, C, dout, lse, D,
-                                          reinterpret_cast<const __nv_bfloat16 *>(inp16), B, T, C, NH);
-    else if (inp16)
-        fm_launch_backward<__half>(k, reinterpret_cast<__half *>(dinp16), dq, C, dout, lse, D,
-                                   reinterpret_cast<const __half *>(inp16), B, T, C, NH);
-    else if (bf)
-        fm_launch_backward<__nv_bfloat16>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
-    else
-        fm_launch_backward<__half>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
+    kc_with16(k->prec == KERN_BF16, [&]<class E>() {
+        if (inp16)
+            fm_launch_backward<E>(k, reinterpret_cast<E *>(dinp16), dq, C, dout, lse, D,
+                                  reinterpret_cast<const E *>(inp16), B, T, C, NH);
+        else
+            fm_launch_backward<E>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
+    });
 }
 #endif // !GRADD_CUDA_EMU
