@@ -1,4 +1,4 @@
-// test_kernels_emu.cc — the CUDA cross-entropy, layernorm forward, 16-bit GELU
+// test_kernels_emu.cc — the CUDA cross-entropy, layernorm (forward, backward), 16-bit GELU
 // and column-sum kernels run on the CPU under cuda_emu.h, against the CPU
 // backend (kern_cpu_ops(); its *16 ops in kernels/cpu/lowp.c define the
 // 16-bit results: the fp32 op, then the cast).
@@ -204,7 +204,7 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
     verdict(name, "in place", bad_inplace, n, 0, "bitwise");
 }
 
-// ---- layernorm forward ----------------------------------------------------------------
+// ---- layernorm ----------------------------------------------------------------
 
 struct LnIn {
     int N, C;
@@ -293,6 +293,36 @@ template <int W> void test_ln(int N, int C)
     };
     run16((__nv_bfloat16 *)nullptr, cpu_bf16);
     run16((__half *)nullptr, cpu_f16);
+
+    // Backward from the CPU's mean and rstd: dinp += the gradient (from a
+    // random start), against the CPU's layernorm_backward; with dinp16, the
+    // same fp32 dinp and its rounding, bitwise (layernorm_backward16).
+    std::vector<float> dout(n), dinp0(n);
+    for (size_t i = 0; i < n; i++) {
+        dout[i] = rnd();
+        dinp0[i] = rnd();
+    }
+    std::vector<float> dref = dinp0, dw(C, 0.0f), db(C, 0.0f);
+    H->layernorm_backward(cpu32, dref.data(), dw.data(), db.data(), dout.data(), in.x.data(), in.w.data(),
+                          mean_ref.data(), rstd_ref.data(), N, C);
+    auto bwd = [&]<class E>(E *, const char *what) {
+        std::vector<float> g = dinp0;
+        std::vector<uint16_t> g16(n + 4, 0x7fff);
+        float *gp = g.data();
+        E *g16p = std::is_same_v<E, float> ? nullptr : reinterpret_cast<E *>(g16.data() + 4);
+        const float *d = dout.data(), *x = in.x.data(), *w = in.w.data(), *m = mean_ref.data(), *r = rstd_ref.data();
+        emu_launch(dim3((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), dim3(32 * LN_WARPS),
+                   [=] { ln_backward_kernel<W, E>(gp, g16p, d, x, w, m, r, N, C); });
+        cmp(what, g.data(), dref.data(), n, 1e-5, 1e-5);
+        if constexpr (!std::is_same_v<E, float>) {
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += g16[4 + i] != to_e<E>(g[i]);
+            verdict(name, std::is_same_v<E, __half> ? "dinp16 fp16" : "dinp16 bf16", bad, n, 0, "bitwise");
+        }
+    };
+    bwd((__nv_bfloat16 *)nullptr, "dinp");
+    bwd((__half *)nullptr, "dinp (fp16 copy)");
 }
 
 // ---- GELU with 16-bit results, through kc_ew's kernel --------------------------------------
