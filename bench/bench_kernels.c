@@ -443,7 +443,7 @@ int main(int argc, char **argv)
     }
     if (qkv16_on)
         OP("matmul16_proj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, NULL, D + attprojw, D + attprojb, NULL, dres16, atty16, P + attprojw,
+           ops->matmul_backward16(k, NULL, dfch16, D + attprojw, D + attprojb, NULL, dres16, atty16, P + attprojw,
                                   (int)N, C, C));
     else
         OP("matmul_proj_bwd", L, PART_GEMM,
@@ -452,7 +452,7 @@ int main(int argc, char **argv)
         OP("zero_dqkv", L, PART_REST, ops->zero(k, dqkv, 3 * NC));
     if (qkv16_on)
         OP("attention16_bwd", L, PART_ATTENTION,
-           ops->attention_fused_backward16(k, dqkv16, dqkv, dsmall, atty16, att, qkv16, B, T, C, NH));
+           ops->attention_fused_backward16(k, dqkv16, dqkv, dfch16, atty16, att, qkv16, B, T, C, NH));
     else if (fused)
         OP("attention_bwd", L, PART_ATTENTION,
            ops->attention_fused_backward(k, dqkv, dsmall, atty, att, qkv, B, T, C, NH));

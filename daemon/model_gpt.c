@@ -501,16 +501,18 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
 
         /* residual2 = residual + attproj: dattproj is the stream gradient. */
         float *datty = g->dsmall, *dln1 = g->dsmall;
-        if (atty16)
-            k->matmul_backward16(kc, datty, NULL, D + w->attprojw, D + w->attprojb, NULL, g->dres16, atty16,
+        /* On the 16-bit path datty is 16-bit too, in dfch16 (free until
+         * the layer below's MLP), and the attention backward overwrites
+         * dqkv16, with dqkv as dq's scratch. */
+        uint16_t *datty16 = g->dfch16;
+        if (atty16) {
+            k->matmul_backward16(kc, NULL, datty16, D + w->attprojw, D + w->attprojb, NULL, g->dres16, atty16,
                                  P + w->attprojw, (int)BT, C, C);
-        else
+            k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty16, atty16, att, g->qkv16 + l * BTC * 3, B,
+                                          T, C, NH);
+        } else { /* the fp32 ops add into dqkv */
             k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
                                C, C);
-        if (atty16) { /* overwrites dqkv16, with dqkv as dq's scratch */
-            k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty, atty16, att, g->qkv16 + l * BTC * 3, B, T,
-                                          C, NH);
-        } else { /* the fp32 ops add into it */
             k->zero(kc, g->dqkv, BTC * 3);
             if (g->fused)
                 k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);

@@ -127,12 +127,13 @@ typedef struct kern_ops {
                                     int NH);
     void (*attention_fused_backward)(kern_ctx *k, float *dinp, const float *dout, const float *out,
                                      const float *lse, const float *inp, int B, int T, int C, int NH);
-    /* The same with inp16 and out16 in 16 bits (the context's type, as
-     * the 16-bit activation ops below): exactly the fp32 ops on inp16's
-     * widening, out16 the fp32 out rounded once.  The qkv GEMM writes inp16
-     * so (matmul_forward16_out16) and the kernels, whose tensor cores read
-     * 16 bits anyway, take it as it is; out16 is read by the attention
-     * projection's GEMM and by backward's row sums.  Unlike the fp32
+    /* The same with inp16, out16 and dout16 in 16 bits (the context's
+     * type, as the 16-bit activation ops below): exactly the fp32 ops on
+     * their widening, out16 the fp32 out rounded once.  The qkv GEMM writes
+     * inp16 so (matmul_forward16_out16) and the kernels, whose tensor cores
+     * read 16 bits anyway, take it as it is; out16 is read by the attention
+     * projection's GEMM and by backward's row sums, and that GEMM's
+     * backward writes dout16 (matmul_backward16's dinp16).  Unlike the fp32
      * backward, backward16 overwrites its gradient, dinp16 (B,T,3C) in 16
      * bits, which the qkv GEMM's backward reads as its dout16: dk and dv are
      * written as the kernels finish them, and dq, summed over key blocks
@@ -143,7 +144,7 @@ typedef struct kern_ops {
      * attention_fused_ok of their own. */
     void (*attention_fused_forward16)(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B,
                                       int T, int C, int NH);
-    void (*attention_fused_backward16)(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+    void (*attention_fused_backward16)(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,
                                        const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T,
                                        int C, int NH);
 

@@ -177,7 +177,7 @@ void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *i
                                  const float *bias, int N, int C, int OC);
 void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
                                     int C, int NH);
-void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,
                                      const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T,
                                      int C, int NH);
 void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,

@@ -212,17 +212,18 @@ void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, co
 /* The probabilities again from the widened qkv (out and lse are what the
  * forward gave: the materialised backward needs neither); the fp32
  * gradient from zeros, then rounded into dinp16.  dq is not needed. */
-void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,
                                      const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T,
                                      int C, int NH)
 {
     (void)dq, (void)out16, (void)lse;
     size_t ni = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nt = (size_t)B * NH * T * T;
-    float *t = tmp_get(k, 2 * ni + no + 3 * nt);
+    float *t = tmp_get(k, 2 * ni + 2 * no + 3 * nt);
     if (!t)
         return;
-    float *g = t + ni, *o = g + ni, *pre = o + no, *att = pre + nt, *datt = att + nt;
+    float *g = t + ni, *o = g + ni, *dout = o + no, *pre = dout + no, *att = pre + nt, *datt = att + nt;
     widen(k, t, inp16, ni);
+    widen(k, dout, dout16, no);
     kcpu_attention_forward(k, o, pre, att, t, B, T, C, NH);
     memset(g, 0, ni * sizeof *g);
     kcpu_attention_backward(k, g, pre, datt, dout, t, att, B, T, C, NH);

@@ -221,9 +221,9 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(O *__restrict__ out, fl
 #ifndef GRADD_CUDA_EMU
 // D (B,NH,T) = Σ_d dout·out over each head's row: the softmax backward's
 // row term, computed once instead of once per key block.  One warp per row.
-// O: out's element type (fp32, or 16 bits, widened exactly).
-template <class O>
-__global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict__ dout, const O *__restrict__ out,
+// S: dout's and out's element type (fp32, or 16 bits, widened exactly).
+template <class S>
+__global__ static void fa_rowdot(float *__restrict__ D, const S *__restrict__ dout, const S *__restrict__ out,
                                  size_t rows, int T, int C, int NH)
 {
     size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
@@ -232,7 +232,8 @@ __global__ static void fa_rowdot(float *__restrict__ D, const float *__restrict_
         size_t bh = w / T;
         int t = (int)(w % T), b = (int)(bh / NH), h = (int)(bh % NH);
         size_t o = ((size_t)b * T + t) * C + (size_t)h * FA_HS;
-        float s = dout[o + lane] * kc_widen(out[o + lane]) + dout[o + lane + 32] * kc_widen(out[o + lane + 32]);
+        float s = kc_widen(dout[o + lane]) * kc_widen(out[o + lane]) +
+                  kc_widen(dout[o + lane + 32]) * kc_widen(out[o + lane + 32]);
         s = kc_warp_sum(s);
         if (lane == 0)
             D[w] = s;
@@ -245,19 +246,19 @@ template <class E> static constexpr size_t fa_bwd_smem()
     return 6 * FA_B * FA_LD * sizeof(E) + FA_B * FA_FLD * sizeof(float) + 2 * FA_B * sizeof(float);
 }
 
-// The gradients of q, k, v.  dk and dv go to dkv (B,T,3C: k at +C, v at
-// +2C) as G, fp32 or E: with acc added into it (fp32 only), else
-// overwriting it.  dq is summed by atomics into the fp32 dqg, rows qp apart
-// (zeroed by the caller): dkv itself (qp = 3C) when G is fp32, or a (B,T,C)
-// scratch (qp = C) that the caller rounds into dkv afterwards.  (No
-// __restrict__ on the two: in the fp32 case they are the same buffer,
-// written in disjoint columns.)
+// The gradients of q, k, v.  S, the element type of inp, dout and dkv: fp32
+// or E.  dk and dv go to dkv (B,T,3C: k at +C, v at +2C): with acc added
+// into it (fp32 only), else overwriting it.  dq is summed by atomics into
+// the fp32 dqg, rows qp apart (zeroed by the caller): dkv itself (qp = 3C)
+// when S is fp32, or a (B,T,C) scratch (qp = C) that the caller rounds
+// into dkv afterwards.  (No __restrict__ on the two: in the fp32 case they
+// are the same buffer, written in disjoint columns.)
 // Three CTAs per SM (12 warps), as the forward: at two, the backward sat
 // mostly idle waiting on shared memory (measured with ncu on the H100: 255
 // registers, 12.5% occupancy).
-template <class E, class S, class G>
-__global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(G *dkv, float *dqg, int qp,
-                                                          const float *__restrict__ dout,
+template <class E, class S>
+__global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(S *dkv, float *dqg, int qp,
+                                                          const S *__restrict__ dout,
                                                           const float *__restrict__ lse, const float *__restrict__ D,
                                                           const S *__restrict__ inp, int T, int C, int NH,
                                                           float scale, bool acc)
@@ -279,8 +280,8 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(G *dkv, float *dqg,
     const int k0 = kb * FA_B;
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
-    const float *dbase = dout + (size_t)b * T * C + (size_t)h * FA_HS;
-    G *gbase = dkv + (size_t)b * T * C3 + (size_t)h * FA_HS;
+    const S *dbase = dout + (size_t)b * T * C + (size_t)h * FA_HS;
+    S *gbase = dkv + (size_t)b * T * C3 + (size_t)h * FA_HS;
     float *qbase = dqg + (size_t)b * T * qp + (size_t)h * FA_HS;
 
     fa_stage2<E>(Ks, base + C + (size_t)k0 * C3, C3, Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
@@ -369,9 +370,9 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(G *dkv, float *dqg,
         for (int i = 0; i < 16; i++) {
             int kr = k0 + warp * 16 + i;
             if (kr < T) { // two adjacent columns per lane
-                G *g = gbase + (size_t)kr * C3 + (size_t)part * C + 2 * lane;
+                S *g = gbase + (size_t)kr * C3 + (size_t)part * C + 2 * lane;
                 float x = f * wst[i * FA_FLD + 2 * lane], y = f * wst[i * FA_FLD + 2 * lane + 1];
-                if constexpr (std::is_same_v<G, float>) {
+                if constexpr (std::is_same_v<S, float>) {
                     if (acc) {
                         x = g[0] + x;
                         y = g[1] + y;
@@ -420,17 +421,17 @@ static void fa_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int
     kc_launched(k, "fused attention forward");
 }
 
-template <class E, class S, class G>
-static void fa_launch_backward(kern_ctx *k, G *dkv, float *dq, int qp, const float *dout, const float *lse,
+template <class E, class S>
+static void fa_launch_backward(kern_ctx *k, S *dkv, float *dq, int qp, const S *dout, const float *lse,
                                const float *D, const S *inp, int B, int T, int C, int NH)
 {
     constexpr size_t smem = fa_bwd_smem<E>();
-    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E, S, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention backward: shared memory"))
         return;
     dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
     // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
-    fa_backward<E, S, G><<<grid, FA_THREADS, smem, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
+    fa_backward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
                                                                 1.0f / sqrtf((float)FA_HS), std::is_same_v<S, float>);
     kc_launched(k, "fused attention backward");
 }
@@ -470,15 +471,16 @@ __global__ static void fa_dq_round(uint16_t *__restrict__ dinp16, const float *_
     }
 }
 
-// fp32: dinp (+=), out, inp.  16-bit: dinp16 (overwritten), dq (a (B,T,C)
-// fp32 scratch of the caller's), out16, inp16.  The other set NULL.
+// fp32: dinp (+=), dout, out, inp.  16-bit: dinp16 (overwritten), dq (a
+// (B,T,C) fp32 scratch of the caller's), dout16, out16, inp16.  The other
+// set NULL.
 static void fa_backward_any(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq, const float *dout,
-                            const float *out, const uint16_t *out16, const float *lse, const float *inp,
-                            const uint16_t *inp16, int B, int T, int C, int NH)
+                            const uint16_t *dout16, const float *out, const uint16_t *out16, const float *lse,
+                            const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
 {
     const char *what = "fused attention backward: unsupported shape or alignment";
-    if (!(inp16 ? fa_check(k, B, T, C, NH, dq, inp16, 8, what) && fa_check(k, B, T, C, NH, dout, out16, 8, what) &&
-                      fa_check(k, B, T, C, NH, dout, dinp16, 8, what)
+    if (!(inp16 ? fa_check(k, B, T, C, NH, dq, inp16, 8, what) && fa_check(k, B, T, C, NH, dq, out16, 8, what) &&
+                      fa_check(k, B, T, C, NH, dq, dinp16, 8, what) && fa_check(k, B, T, C, NH, dq, dout16, 8, what)
                 : fa_check(k, B, T, C, NH, dinp, inp, 16, what) && fa_check(k, B, T, C, NH, dout, out, 16, what)))
         return;
     kc_enter(k);
@@ -488,18 +490,19 @@ static void fa_backward_any(kern_ctx *k, float *dinp, uint16_t *dinp16, float *d
         return;
     kc_with16(k->prec == KERN_BF16, [&]<class E>() {
         unsigned grid = kc_grid(k, rows * 32, 256);
-        if (out16)
-            fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, reinterpret_cast<const E *>(out16), rows, T, C, NH);
+        if (inp16)
+            fa_rowdot<<<grid, 256, 0, k->stream>>>(D, reinterpret_cast<const E *>(dout16),
+                                                    reinterpret_cast<const E *>(out16), rows, T, C, NH);
         else
             fa_rowdot<<<grid, 256, 0, k->stream>>>(D, dout, out, rows, T, C, NH);
         kc_launched(k, "fused attention backward: row dot");
         if (inp16) // dk and dv are written by the kernels; dq summed into zeros, then rounded into dinp16
             kc_ok(k, cudaMemsetAsync(dq, 0, BT * C * sizeof(float), k->stream), "fused attention backward: zero dq");
         if (k->flash_mma)
-            kc_flash_mma_backward(k, dinp, dinp16, dq, dout, lse, D, inp, inp16, B, T, C, NH);
+            kc_flash_mma_backward(k, dinp, dinp16, dq, dout, dout16, lse, D, inp, inp16, B, T, C, NH);
         else if (inp16)
-            fa_launch_backward<E>(k, reinterpret_cast<E *>(dinp16), dq, C, dout, lse, D,
-                                  reinterpret_cast<const E *>(inp16), B, T, C, NH);
+            fa_launch_backward<E>(k, reinterpret_cast<E *>(dinp16), dq, C, reinterpret_cast<const E *>(dout16), lse,
+                                  D, reinterpret_cast<const E *>(inp16), B, T, C, NH);
         else
             fa_launch_backward<E>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
         if (inp16) {
@@ -517,7 +520,7 @@ void kc_attention_fused_forward(kern_ctx *k, float *out, float *lse, const float
 void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, const float *out, const float *lse,
                                  const float *inp, int B, int T, int C, int NH)
 {
-    fa_backward_any(k, dinp, NULL, NULL, dout, out, NULL, lse, inp, NULL, B, T, C, NH);
+    fa_backward_any(k, dinp, NULL, NULL, dout, NULL, out, NULL, lse, inp, NULL, B, T, C, NH);
 }
 
 void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
@@ -526,10 +529,10 @@ void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, cons
     fa_forward_any(k, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }
 
-void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,
                                    const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T, int C,
                                    int NH)
 {
-    fa_backward_any(k, NULL, dinp16, dq, dout, NULL, out16, lse, NULL, inp16, B, T, C, NH);
+    fa_backward_any(k, NULL, dinp16, dq, NULL, dout16, NULL, out16, lse, NULL, inp16, B, T, C, NH);
 }
 #endif // !GRADD_CUDA_EMU

@@ -283,15 +283,16 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
 // Sᵀ = K·Qᵀ, so Pᵀ and dSᵀ are A operands of dV += Pᵀ·dO and dK += dSᵀ·Q
 // straight from the registers.  dQ = dS·K needs dS with queries as rows:
 // dSᵀ goes through shared memory once, read back transposed by ldmatrix.
-// dk and dv go to dkv (B,T,3C: k at +C, v at +2C) as G, fp32 or E: with
-// acc added into it (fp32 only), else overwriting it.  dq is summed by
-// atomics into the fp32 dqg, rows qp apart (zeroed by the caller): dkv
-// itself (qp = 3C) when G is fp32, or a (B,T,C) scratch (qp = C) that the
-// caller rounds into dkv afterwards.  (No __restrict__ on the two: in the
-// fp32 case they are the same buffer, written in disjoint columns.)
-template <class E, class S, class G>
-__global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(G *dkv, float *dqg, int qp,
-                                                                 const float *__restrict__ dout,
+// S, the element type of inp, dout and dkv: fp32 or E.  dk and dv go to
+// dkv (B,T,3C: k at +C, v at +2C): with acc added into it (fp32 only), else
+// overwriting it.  dq is summed by atomics into the fp32 dqg, rows qp apart
+// (zeroed by the caller): dkv itself (qp = 3C) when S is fp32, or a (B,T,C)
+// scratch (qp = C) that the caller rounds into dkv afterwards.  (No
+// __restrict__ on the two: in the fp32 case they are the same buffer,
+// written in disjoint columns.)
+template <class E, class S>
+__global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *dqg, int qp,
+                                                                 const S *__restrict__ dout,
                                                                  const float *__restrict__ lse,
                                                                  const float *__restrict__ D,
                                                                  const S *__restrict__ inp, int T, int C, int NH,
@@ -310,8 +311,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(G *dkv, float *
     const int k0 = kb * FM_BWD_B;
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
-    const float *dbase = dout + (size_t)b * T * C + (size_t)h * FM_HS;
-    G *gbase = dkv + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    const S *dbase = dout + (size_t)b * T * C + (size_t)h * FM_HS;
+    S *gbase = dkv + (size_t)b * T * C3 + (size_t)h * FM_HS;
     float *qbase = dqg + (size_t)b * T * qp + (size_t)h * FM_HS;
     const float scale_log2 = scale * 1.44269504088896341f;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8}; // rows g, g+8 of this warp's Sᵀ
@@ -335,8 +336,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(G *dkv, float *
         const int q0 = qb * FM_BWD_B;
         __syncthreads(); // Qs, dOs, dSs of the previous step are no longer read
         {
-            kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, S> qt;
-            kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, float> ot;
+            kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, S> qt, ot;
             kc_tile_load(qt, base + (size_t)q0 * C3, C3, T - q0);
             kc_tile_load(ot, dbase + (size_t)q0 * C, (size_t)C, T - q0);
             kc_tile_store<E, FM_LD>(Qs, qt);
@@ -458,11 +458,11 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(G *dkv, float *
         const int kr = key[hr];
         if (kr >= T)
             continue;
-        G *gk = gbase + (size_t)kr * C3 + C + 2 * c, *gv = gk + C;
+        S *gk = gbase + (size_t)kr * C3 + C + 2 * c, *gv = gk + C;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float2 a = make_float2(0.0f, 0.0f), v = a;
-            if constexpr (std::is_same_v<G, float>) {
+            if constexpr (std::is_same_v<S, float>) {
                 if (acc) {
                     a = *reinterpret_cast<float2 *>(gk + 8 * j);
                     v = *reinterpret_cast<float2 *>(gv + 8 * j);
@@ -491,13 +491,13 @@ static void fm_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int
     kc_launched(k, "fused attention forward (mma)");
 }
 
-template <class E, class S, class G>
-static void fm_launch_backward(kern_ctx *k, G *dkv, float *dq, int qp, const float *dout, const float *lse,
+template <class E, class S>
+static void fm_launch_backward(kern_ctx *k, S *dkv, float *dq, int qp, const S *dout, const float *lse,
                                const float *D, const S *inp, int B, int T, int C, int NH)
 {
     dim3 grid((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH));
     // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
-    fm_backward<E, S, G><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
+    fm_backward<E, S><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
                                                                  1.0f / sqrtf((float)FM_HS),
                                                                  std::is_same_v<S, float>);
     kc_launched(k, "fused attention backward (mma)");
@@ -517,16 +517,16 @@ void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, 
     });
 }
 
-// fp32: dinp (+=), inp.  16-bit: dinp16 (dk, dv written), dq (dq summed,
-// zeroed by the caller), inp16.  The other set NULL.
+// fp32: dinp (+=), dout, inp.  16-bit: dinp16 (dk, dv written), dq (dq
+// summed, zeroed by the caller), dout16, inp16.  The other set NULL.
 void kc_flash_mma_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq, const float *dout,
-                           const float *lse, const float *D, const float *inp, const uint16_t *inp16, int B, int T,
-                           int C, int NH)
+                           const uint16_t *dout16, const float *lse, const float *D, const float *inp,
+                           const uint16_t *inp16, int B, int T, int C, int NH)
 {
     kc_with16(k->prec == KERN_BF16, [&]<class E>() {
         if (inp16)
-            fm_launch_backward<E>(k, reinterpret_cast<E *>(dinp16), dq, C, dout, lse, D,
-                                  reinterpret_cast<const E *>(inp16), B, T, C, NH);
+            fm_launch_backward<E>(k, reinterpret_cast<E *>(dinp16), dq, C, reinterpret_cast<const E *>(dout16), lse,
+                                  D, reinterpret_cast<const E *>(inp16), B, T, C, NH);
         else
             fm_launch_backward<E>(k, dinp, dinp, 3 * C, dout, lse, D, inp, B, T, C, NH);
     });

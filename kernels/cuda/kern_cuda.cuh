@@ -430,7 +430,7 @@ void kc_attention_fused_backward(kern_ctx *k, float *dinp, const float *dout, co
                                  const float *inp, int B, int T, int C, int NH);
 void kc_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
                                   int C, int NH);
-void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const float *dout,
+void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,
                                    const uint16_t *out16, const float *lse, const uint16_t *inp16, int B, int T, int C,
                                    int NH);
 // The register-resident variant (flash_mma.cu), same shapes; flash.cu
@@ -439,11 +439,11 @@ void kc_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, con
 // other pair NULL.
 void kc_flash_mma_forward(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
                           const uint16_t *inp16, int B, int T, int C, int NH);
-// Backward: fp32 dinp (+=) and inp, or dinp16 (dk, dv written), dq (summed
-// into, zeroed by the caller) and inp16.
+// Backward: fp32 dinp (+=), dout and inp, or dinp16 (dk, dv written), dq
+// (summed into, zeroed by the caller), dout16 and inp16.
 void kc_flash_mma_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq, const float *dout,
-                           const float *lse, const float *D, const float *inp, const uint16_t *inp16, int B, int T,
-                           int C, int NH);
+                           const uint16_t *dout16, const float *lse, const float *D, const float *inp,
+                           const uint16_t *inp16, int B, int T, int C, int NH);
 
 void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                              const int32_t *targets, int N, int V, int Vp);

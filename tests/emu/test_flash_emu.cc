@@ -96,9 +96,9 @@ template <class E> float from_bits(uint16_t h)
         return __half2float(__ushort_as_half(h));
 }
 
-// in16: q,k,v given to the kernels in E (as the qkv GEMM writes them on
-// the 16-bit path), the reference run on the same values widened, and the
-// output written in E too.
+// in16: q,k,v and dout given to the kernels in E (as the GEMMs write them
+// on the 16-bit path), the reference run on the same values widened, and
+// the output and dinp written in E too.
 // wmma: flash.cu's kernels, launched as fa_launch_forward/backward do;
 // else flash_mma.cu's, as fm_launch_forward/backward do.
 template <class E>
@@ -188,6 +188,11 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
     // the kernel must overwrite (dk, dv; dq is rounded in from the zeroed
     // fp32 dq scratch afterwards, as the launcher does).
     std::vector<float> dout = mk(BTC, 1.0f), dinp0 = mk(3 * BTC, 1.0f), dpre(TT), datt(TT);
+    std::vector<uint16_t> dout16(in16 ? BTC : 0); // in16: dout in E as well, the reference on its widening
+    for (size_t i = 0; i < dout16.size(); i++) {
+        dout16[i] = to_bits<E>(dout[i]);
+        dout[i] = from_bits<E>(dout16[i]);
+    }
     std::vector<float> dinp = dinp0, dq(in16 ? BTC : 0, 0.0f);
     std::vector<uint16_t> dinp16(in16 ? 3 * BTC : 0, 0x7fc0);
     if (in16)
@@ -210,22 +215,23 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
     {
         float *g = dinp.data(), *gq = dq.data();
         E *g16 = reinterpret_cast<E *>(dinp16.data());
+        const E *dO16 = reinterpret_cast<const E *>(dout16.data());
         const float *dO = dout.data(), *l = lse.data(), *d = D.data(), *in = inp.data();
         const float scale = 1.0f / sqrtf((float)FM_HS); // as fm_launch_backward and fa_launch_backward
         if (wmma)
             emu_launch(dim3((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH)), dim3(FA_THREADS), [=] {
                 if (in16)
-                    fa_backward<E, E, E>(g16, gq, C, dO, l, d, in_e, T, C, NH, scale, false);
+                    fa_backward<E, E>(g16, gq, C, dO16, l, d, in_e, T, C, NH, scale, false);
                 else
-                    fa_backward<E, float, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
+                    fa_backward<E, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
             });
         else
             emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
                        [=] {
                            if (in16)
-                               fm_backward<E, E, E>(g16, gq, C, dO, l, d, in_e, T, C, NH, scale, false);
+                               fm_backward<E, E>(g16, gq, C, dO16, l, d, in_e, T, C, NH, scale, false);
                            else
-                               fm_backward<E, float, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
+                               fm_backward<E, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
                        });
     }
     if (in16) { // dq rounded into dinp16 (fa_dq_round), then all of it widened

@@ -494,7 +494,7 @@ static void test_attention_fused(const char *prec, int B, int T, int C, int NH, 
         bfree(&datt);
 }
 
-/* Fused attention on a 16-bit qkv, with a 16-bit out, against the cpu's
+/* Fused attention on a 16-bit qkv, with 16-bit out and dout, against the cpu's
  * reference ops of the same name (the materialised attention on the widened
  * qkv); backward from the same out16 and lse on both sides (the cpu's),
  * into a 16-bit dinp that starts random on both sides, dq's scratch random
@@ -522,13 +522,13 @@ static void test_attention_fused16(const char *prec, int B, int T, int C, int NH
     cmp(name, "lse", &lse, 1e-2, 1e-3);
     G->copy_h2d(gk, out.d, out.h, BTC * 2);
     resync(&lse);
-    buf dout = mk(BTC, 1), dq = mk(BTC, 1);
-    buf16 dinp = mk16(3 * BTC, 1);
+    buf dq = mk(BTC, 1);
+    buf16 dinp = mk16(3 * BTC, 1), dout = mk16(BTC, 1);
     H->attention_fused_backward16(hk, dinp.h, dq.h, dout.h, out.h, lse.h, inp.h, B, T, C, NH);
     G->attention_fused_backward16(gk, dinp.d, dq.d, dout.d, out.d, lse.d, inp.d, B, T, C, NH);
     gsync(name);
     cmp16(name, "dinp16", &dinp, rtol, atol);
-    b16free(&inp), b16free(&out), bfree(&lse), bfree(&dout), bfree(&dq), b16free(&dinp);
+    b16free(&inp), b16free(&out), bfree(&lse), b16free(&dout), bfree(&dq), b16free(&dinp);
 }
 
 static void test_pointwise(size_t n, int offset)
