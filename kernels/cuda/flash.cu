@@ -437,12 +437,13 @@ static void fa_launch_backward(kern_ctx *k, S *dkv, float *dq, int qp, const S *
 }
 
 // fp32 inp and out, or inp16 and out16 in the context's 16-bit type (the
-// other pair NULL; 8-byte alignment is enough for their 8-byte accesses).
+// other pair NULL).  Every pointer 16-byte aligned: float4 accesses, and
+// the mma kernels' 16-byte cp.async copies of 16-bit tiles.
 static void fa_forward_any(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
                            const uint16_t *inp16, int B, int T, int C, int NH)
 {
     const char *what = "fused attention forward: unsupported shape or alignment";
-    if (!(inp16 ? fa_check(k, B, T, C, NH, out16, inp16, 8, what) : fa_check(k, B, T, C, NH, out, inp, 16, what)))
+    if (!(inp16 ? fa_check(k, B, T, C, NH, out16, inp16, 16, what) : fa_check(k, B, T, C, NH, out, inp, 16, what)))
         return;
     kc_enter(k);
     if (k->flash_mma) {
@@ -479,8 +480,8 @@ static void fa_backward_any(kern_ctx *k, float *dinp, uint16_t *dinp16, float *d
                             const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
 {
     const char *what = "fused attention backward: unsupported shape or alignment";
-    if (!(inp16 ? fa_check(k, B, T, C, NH, dq, inp16, 8, what) && fa_check(k, B, T, C, NH, dq, out16, 8, what) &&
-                      fa_check(k, B, T, C, NH, dq, dinp16, 8, what) && fa_check(k, B, T, C, NH, dq, dout16, 8, what)
+    if (!(inp16 ? fa_check(k, B, T, C, NH, dq, inp16, 16, what) && fa_check(k, B, T, C, NH, dq, out16, 16, what) &&
+                      fa_check(k, B, T, C, NH, dq, dinp16, 16, what) && fa_check(k, B, T, C, NH, dq, dout16, 16, what)
                 : fa_check(k, B, T, C, NH, dinp, inp, 16, what) && fa_check(k, B, T, C, NH, dout, out, 16, what)))
         return;
     kc_enter(k);

@@ -26,7 +26,10 @@
 // Forward: 128 queries per CTA (8 warps × 16 rows), 64 keys per step.
 // Backward: 64 keys per CTA (4 warps × 16 rows of Sᵀ), 64 queries per step;
 // dK and dV stay in registers; dQ is summed with atomicAdd, so its order of
-// summation, unlike the rest, is not fixed.  Head size 64.
+// summation, unlike the rest, is not fixed.  Head size 64.  With 16-bit
+// inputs (the model's 16-bit path) the tiles are copied with cp.async,
+// each step's next tile loading behind math that does not read its buffer;
+// ptxas (sm_90): forward 128 registers, no spill; backward 168, 64 bytes.
 //
 // Selected with GRADD_FLASH=mma (read at context creation, ctx.cu; flash.cu
 // dispatches) until it has been measured against the WMMA kernels on a
@@ -99,6 +102,59 @@ template <bool TRANS> __device__ __forceinline__ void fm_ldm(uint32_t (&r)[4], c
 #endif
 }
 
+// ---- cp.async: a 16-bit tile copied to shared memory without registers ----------------------
+// With a 16-bit source (S == E) staging is a plain copy, so it can run
+// behind the math: cp.async moves 16 bytes from global to shared memory
+// asynchronously, in commit groups a thread waits for (PTX ISA, sm_80+).
+// The kernels issue the next tile's copies before the work that does not
+// read its buffer, and wait for them just before the barrier that hands
+// the buffer over.  valid false: the 16 bytes are zeros (src-size 0).
+__device__ __forceinline__ void fm_cp16(void *smem, const void *gmem, bool valid)
+{
+#ifdef GRADD_CUDA_EMU
+    emu_cp_async16(smem, gmem, valid ? 16 : 0);
+#else
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(n) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void fm_cp_commit()
+{
+#ifdef GRADD_CUDA_EMU
+    emu_cp_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most N of this thread's newest commit groups are pending.
+template <int N> __device__ __forceinline__ void fm_cp_wait()
+{
+#ifdef GRADD_CUDA_EMU
+    emu_cp_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// A ROWS × 64 tile of E (row r at src + r·pitch, 16-byte aligned; rows at or
+// past `rows` zeros) into dst[r·FM_LD ..], by THREADS threads, 16 bytes per
+// copy; the caller commits.
+template <int ROWS, int THREADS, class E>
+__device__ __forceinline__ void fm_tile_async(E *dst, const E *src, size_t pitch, int rows)
+{
+    constexpr int CHUNKS = ROWS * FM_HS / 8, PER = CHUNKS / THREADS;
+    static_assert(PER * THREADS == CHUNKS, "tile and threads");
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        int i = threadIdx.x + u * THREADS, r = i / (FM_HS / 8), c = (i % (FM_HS / 8)) * 8;
+        bool in = r < rows;
+        fm_cp16(dst + r * FM_LD + c, in ? src + (size_t)r * pitch + c : src, in);
+    }
+}
+
 // Pattern 1: lane L reads row L%16, column (L/16)·8 of the 16×16 block at s
 // (pitch FM_LD).  Without .trans: the A fragment of a row-major A[m][k].
 // With .trans on a row-major X[k][n]: the B fragments of n-tiles 0..7
@@ -163,8 +219,17 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
     const int q0 = qb * FM_FWD_BR, band = q0 + warp * 16; // this warp's first query
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
+    // 16-bit q,k,v: tiles by cp.async, K of the next block and V of this
+    // one each loading behind the math that does not read its buffer (the
+    // FlashAttention-2 schedule, with single buffers).  fp32: staged through
+    // registers (converted), before each block's math.
+    constexpr bool ASYNC = !std::is_same_v<S, float>;
 
-    {
+    if constexpr (ASYNC) {
+        fm_tile_async<FM_FWD_BR, FM_FWD_THREADS>(Qs, base + (size_t)q0 * C3, C3, T - q0);
+        fm_tile_async<FM_BC, FM_FWD_THREADS>(Ks, base + C, C3, T); // K of block 0
+        fm_cp_commit();
+    } else {
         kc_tile_regs<FM_FWD_BR, FM_FWD_THREADS, S> q;
         kc_tile_load(q, base + (size_t)q0 * C3, C3, T - q0);
         kc_tile_store<E, FM_LD>(Qs, q);
@@ -182,8 +247,13 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
     const int last = min(q0 + FM_FWD_BR - 1, T - 1) / FM_BC;
     for (int kb = 0; kb <= last; kb++) {
         const int k0 = kb * FM_BC;
-        __syncthreads(); // the previous K, V are no longer read
-        {
+        if constexpr (ASYNC) {
+            fm_cp_wait<0>(); // this block's K (and, first, Q)
+            __syncthreads(); // ... everyone's; and the previous V is no longer read
+            fm_tile_async<FM_BC, FM_FWD_THREADS>(Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
+            fm_cp_commit();
+        } else {
+            __syncthreads(); // the previous K, V are no longer read
             // One tile at a time: both at once needed 32 registers of loads
             // in flight, and spilled.
             kc_tile_regs<FM_BC, FM_FWD_THREADS, S> t;
@@ -191,71 +261,92 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
             kc_tile_store<E, FM_LD>(Ks, t);
             kc_tile_load(t, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
             kc_tile_store<E, FM_LD>(Vs, t);
+            __syncthreads();
         }
-        __syncthreads();
         // Bands are 16-aligned and blocks 64-aligned: a band is wholly at or
         // past k0 (it needs this block) or wholly before it (it does not).
-        if (k0 > band)
-            continue;
+        // A band that does not still meets every barrier.
+        const bool active = k0 <= band;
 
         float s[8][4]; // S = Q·Kᵀ for keys k0 + 8·j + 2c..
 #pragma unroll
         for (int j = 0; j < 8; j++)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        if (active) {
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t qf[4];
-            fm_ldm_p1<false>(qf, Qs + warp * 16 * FM_LD + kk * 16, lane);
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t qf[4];
+                fm_ldm_p1<false>(qf, Qs + warp * 16 * FM_LD + kk * 16, lane);
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                uint32_t kf[4];
-                fm_ldm_p2<false>(kf, Ks + jj * 16 * FM_LD + kk * 16, lane);
-                fm_mma<E>(s[2 * jj], qf, kf[0], kf[1]);
-                fm_mma<E>(s[2 * jj + 1], qf, kf[2], kf[3]);
+                for (int jj = 0; jj < 4; jj++) {
+                    uint32_t kf[4];
+                    fm_ldm_p2<false>(kf, Ks + jj * 16 * FM_LD + kk * 16, lane);
+                    fm_mma<E>(s[2 * jj], qf, kf[0], kf[1]);
+                    fm_mma<E>(s[2 * jj + 1], qf, kf[2], kf[3]);
+                }
             }
         }
 
-        const bool edge = k0 + FM_BC - 1 > band || k0 + FM_BC > T; // some key past some query, or past T
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + 8 * j + 2 * c + (e & 1), hr = e >> 1;
-                float v = s[j][e] * scale_log2;
-                if (edge && (key > row[hr] || key >= T))
-                    v = -INFINITY;
-                s[j][e] = v;
-                mx[hr] = fmaxf(mx[hr], v);
-            }
-        float alpha[2], mu[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-            const float mn = fmaxf(m[hr], mx[hr]);
-            mu[hr] = mn == -INFINITY ? 0.0f : mn; // a row with nothing unmasked yet
-            alpha[hr] = exp2f(m[hr] - mu[hr]);
-            m[hr] = mn;
-            l[hr] *= alpha[hr];
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int hr = e >> 1;
-                s[j][e] = exp2f(s[j][e] - mu[hr]);
-                l[hr] += s[j][e];
-                o[j][e] *= alpha[hr];
+        if constexpr (ASYNC) {
+            __syncthreads(); // Ks is no longer read: the next block's K may come in
+            if (kb < last) {
+                fm_tile_async<FM_BC, FM_FWD_THREADS>(Ks, base + C + (size_t)(k0 + FM_BC) * C3, C3, T - k0 - FM_BC);
+                fm_cp_commit();
             }
         }
 
+        if (active) { // online softmax over this block's keys, on the registers
+            const bool edge = k0 + FM_BC - 1 > band || k0 + FM_BC > T; // some key past some query, or past T
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + 8 * j + 2 * c + (e & 1), hr = e >> 1;
+                    float v = s[j][e] * scale_log2;
+                    if (edge && (key > row[hr] || key >= T))
+                        v = -INFINITY;
+                    s[j][e] = v;
+                    mx[hr] = fmaxf(mx[hr], v);
+                }
+            float alpha[2], mu[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+                const float mn = fmaxf(m[hr], mx[hr]);
+                mu[hr] = mn == -INFINITY ? 0.0f : mn; // a row with nothing unmasked yet
+                alpha[hr] = exp2f(m[hr] - mu[hr]);
+                m[hr] = mn;
+                l[hr] *= alpha[hr];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hr = e >> 1;
+                    s[j][e] = exp2f(s[j][e] - mu[hr]);
+                    l[hr] += s[j][e];
+                    o[j][e] *= alpha[hr];
+                }
+            }
+        }
+
+        if constexpr (ASYNC) {
+            if (kb < last) // this block's V, with the next K still in flight
+                fm_cp_wait<1>();
+            else
+                fm_cp_wait<0>();
+            __syncthreads();
+        }
         // O += P·V: P's accumulator tiles are the A operand directly.
+        if (active) {
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t pa[4];
-            fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
-            fm_mma_x64<E>(o, pa, Vs, kk, lane);
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t pa[4];
+                fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
+                fm_mma_x64<E>(o, pa, Vs, kk, lane);
+            }
         }
     }
 
@@ -316,6 +407,16 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
     float *qbase = dqg + (size_t)b * T * qp + (size_t)h * FM_HS;
     const float scale_log2 = scale * 1.44269504088896341f;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8}; // rows g, g+8 of this warp's Sᵀ
+    // 16-bit q and dout: each step's Q and dO tiles by cp.async, issued
+    // during the previous step's dQ (which reads neither), so they load
+    // behind its products and atomics.  fp32: staged through registers at
+    // the top of each step.
+    constexpr bool ASYNC = !std::is_same_v<S, float>;
+    if constexpr (ASYNC) {
+        fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(Qs, base + (size_t)k0 * C3, C3, T - k0);
+        fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(dOs, dbase + (size_t)k0 * C, (size_t)C, T - k0);
+        fm_cp_commit();
+    }
 
     {
         kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, S> kt, vt;
@@ -334,8 +435,11 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
 
     for (int qb = kb; qb < nqb; qb++) {
         const int q0 = qb * FM_BWD_B;
-        __syncthreads(); // Qs, dOs, dSs of the previous step are no longer read
-        {
+        if constexpr (ASYNC) {
+            fm_cp_wait<0>(); // this step's Q and dO
+            __syncthreads(); // ... everyone's; and dSs, Lq, Dq of the previous step are no longer read
+        } else {
+            __syncthreads(); // Qs, dOs, dSs of the previous step are no longer read
             kc_tile_regs<FM_BWD_B, FM_BWD_THREADS, S> qt, ot;
             kc_tile_load(qt, base + (size_t)q0 * C3, C3, T - q0);
             kc_tile_load(ot, dbase + (size_t)q0 * C, (size_t)C, T - q0);
@@ -424,7 +528,15 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
             *reinterpret_cast<uint32_t *>(r0 + 8) = da[2];
             *reinterpret_cast<uint32_t *>(r1 + 8) = da[3];
         }
-        __syncthreads(); // every warp's dSᵀ rows are in place
+        __syncthreads(); // every warp's dSᵀ rows are in place, and Qs, dOs are no longer read
+        if constexpr (ASYNC) {
+            if (qb + 1 < nqb) {
+                const int q1 = q0 + FM_BWD_B;
+                fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(Qs, base + (size_t)q1 * C3, C3, T - q1);
+                fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(dOs, dbase + (size_t)q1 * C, (size_t)C, T - q1);
+                fm_cp_commit();
+            }
+        }
 
         // dQ for queries q0 + 16·warp.. = dS·K: A = dS from dSᵀ (transposed
         // read), B = K (k = keys, n = d: read transposed).

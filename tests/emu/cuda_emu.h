@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <math.h>
 #include <memory>
 #include <source_location>
@@ -343,6 +344,50 @@ inline void __syncwarp(unsigned mask = 0xffffffffu)
 
 inline float __expf(float x) { return expf(x); }
 
+// ---- cp.async (16 bytes, global to shared) ----------------------------------------------
+// Each thread's copies wait in commit groups and land only when that thread
+// waits for their group (cp.async.wait_group n: all but the n newest), so a
+// kernel that reads a tile before its wait, or (with the barrier after the
+// wait left out) another thread's part of it, reads stale data here as it
+// might on the GPU.  src_bytes 0: the 16 bytes are zeros (the zfill form).
+namespace emu {
+struct CpAsync {
+    void *dst;
+    const void *src;
+    int bytes;
+};
+inline thread_local std::vector<CpAsync> cp_open;
+inline thread_local std::deque<std::vector<CpAsync>> cp_groups;
+} // namespace emu
+
+inline void emu_cp_async16(void *dst, const void *src, int src_bytes)
+{
+    if ((uintptr_t)dst % 16 || (src_bytes && (uintptr_t)src % 16))
+        emu::fail("cp.async: a 16-byte copy that is not 16-byte aligned");
+    if (src_bytes != 0 && src_bytes != 16)
+        emu::fail("cp.async: only 16 or 0 source bytes are emulated");
+    emu::cp_open.push_back({dst, src, src_bytes});
+}
+
+inline void emu_cp_commit()
+{
+    emu::cp_groups.push_back(std::move(emu::cp_open));
+    emu::cp_open.clear();
+}
+
+inline void emu_cp_wait(int newest_pending)
+{
+    while ((int)emu::cp_groups.size() > newest_pending) {
+        for (const emu::CpAsync &c : emu::cp_groups.front()) {
+            if (c.bytes)
+                std::memcpy(c.dst, c.src, 16);
+            else
+                std::memset(c.dst, 0, 16);
+        }
+        emu::cp_groups.pop_front();
+    }
+}
+
 // Dynamic shared memory (extern __shared__): one buffer, as there is one CTA
 // alive at a time.  The kernels' sources take it through a macro of theirs.
 inline unsigned char *emu_dynamic_smem()
@@ -452,6 +497,12 @@ template <class F> void emu_launch(dim3 grid, dim3 block, F &&kernel)
                         emu::cur_lane = (int)(t % 32);
                         emu::cur_tid = t;
                         kernel();
+                        bool pending = !emu::cp_open.empty();
+                        for (const auto &grp : emu::cp_groups)
+                            pending = pending || !grp.empty();
+                        if (pending)
+                            emu::fail("cp.async: copies still pending when the thread exits");
+                        emu::cp_groups.clear();
                         // An exited thread no longer counts at __syncthreads;
                         // in a warp collective its absence is an error.
                         emu::my_slot().op = emu::Op::exited;
