@@ -291,7 +291,7 @@ int main(int argc, char **argv)
      * its gradient: fp32, or 16-bit on act16. */
     float *ln1 = NULL, *ln2 = NULL, *fch = NULL, *fch_gelu = NULL, *lnf = NULL, *logits = NULL, *dbig = NULL;
     uint16_t *ln1_16 = NULL, *ln2_16 = NULL, *fch16 = NULL, *fch_gelu16 = NULL, *lnf16 = NULL, *logits16 = NULL;
-    uint16_t *dres16 = lp16 ? buf16(NC) : NULL;
+    uint16_t *dres16 = lp16 ? buf16(NC) : NULL, *dln16 = lp16 ? buf16(NC) : NULL;
     uint16_t *dfch16 = NULL, *qkv16 = qkv16_on ? buf16(3 * NC) : NULL, *atty16 = qkv16_on ? buf16(NC) : NULL;
     uint16_t *dqkv16 = qkv16_on ? buf16(3 * NC) : NULL;
     if (lp16) {
@@ -407,7 +407,7 @@ int main(int argc, char **argv)
         OP("crossentropy16_bwd", 1, PART_REST,
            ops->crossentropy_backward16(k, logits16, logits16, lse, tok, dlosses, (int)N, V, V));
         OP("logits16_bwd", 1, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, NULL, D + wte, NULL, NULL, logits16, lnf16, P + wte, (int)N, C, V));
+           ops->matmul_backward16(k, NULL, dln16, D + wte, NULL, NULL, logits16, lnf16, P + wte, (int)N, C, V));
     } else {
         OP("crossentropy_bwd", 1, PART_REST,
            ops->crossentropy_backward(k, logits, logits, lse, tok, dlosses, (int)N, V, V));
@@ -415,16 +415,15 @@ int main(int argc, char **argv)
            ops->matmul_backward(k, dsmall, D + wte, NULL, logits, lnf, P + wte, (int)N, C, V));
     }
     OP("zero_dres", 1, PART_REST, ops->zero(k, dres, NC));
-    /* On act16 the layernorm backward whose dres a 16-bit GEMM backward
-     * reads next also writes dres16: lnf, ln1 of every layer but the first,
-     * and ln2 where attention is fused on 16 bits (model_gpt.c). */
-    int ln16_calls = lp16 ? 1 + (L - 1) + (qkv16_on ? L : 0) : 0;
-    if (ln16_calls)
-        OP("layernorm16_bwd", ln16_calls, PART_REST,
-           ops->layernorm_backward16(k, dres, dres16, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N,
-                                     C));
-    if (ln_calls > ln16_calls)
-        OP("layernorm_bwd", ln_calls - ln16_calls, PART_REST,
+    /* On act16 the layernorm backwards read their dout in 16 bits (dln16,
+     * as the GEMM backwards write it) and most also write dres16 for the
+     * next GEMM backward (model_gpt.c; timed here as all of them). */
+    if (lp16)
+        OP("layernorm16_bwd", ln_calls, PART_REST,
+           ops->layernorm_backward16(k, dres, dres16, D + lnfw, D + lnfb, NULL, dln16, res3, P + lnfw, mean, rstd,
+                                     (int)N, C));
+    else
+        OP("layernorm_bwd", ln_calls, PART_REST,
            ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
     if (lp16) {
         OP("matmul16_fcproj_bwd", L, PART_GEMM,
@@ -432,7 +431,7 @@ int main(int argc, char **argv)
                                   (int)N, 4 * C, C));
         OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch16, dfch16, 4 * NC));
         OP("matmul16_fc_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, NULL, D + fcw, D + fcb, NULL, dfch16, ln2_16, P + fcw, (int)N, C,
+           ops->matmul_backward16(k, NULL, dln16, D + fcw, D + fcb, NULL, dfch16, ln2_16, P + fcw, (int)N, C,
                                   4 * C));
     } else {
         OP("matmul_fcproj_bwd", L, PART_GEMM,
@@ -461,11 +460,11 @@ int main(int argc, char **argv)
            ops->attention_backward(k, dqkv, preatt, datt, dsmall, qkv, att, B, T, C, NH));
     if (qkv16_on)
         OP("matmul16_qkv_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, NULL, D + qkvw, D + qkvb, NULL, dqkv16, ln1_16, P + qkvw, (int)N, C,
+           ops->matmul_backward16(k, NULL, dln16, D + qkvw, D + qkvb, NULL, dqkv16, ln1_16, P + qkvw, (int)N, C,
                                   3 * C));
     else if (lp16)
         OP("matmul16_qkv_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, dsmall, NULL, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C,
+           ops->matmul_backward16(k, NULL, dln16, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C,
                                   3 * C));
     else
         OP("matmul_qkv_bwd", L, PART_GEMM,

@@ -82,7 +82,8 @@ typedef struct {
     uint16_t *dfch16;                                 /* lp16: as dbig */
     float *dqkv;                                      /* (B,T,3C); qkv16_on: (B,T,C), dq's fp32 sums */
     uint16_t *dqkv16;                                 /* qkv16_on: (B,T,3C) */
-    float *dsmall;                                    /* (B,T,C) dln, datty */
+    float *dsmall;                                    /* (B,T,C) dln, datty (fp32 ones) */
+    uint16_t *dln16;                                  /* lp16: (B,T,C) dln, for the layernorm backwards */
     float *datt;                                      /* (B,NH,T,T) */
     float *dlosses;                                   /* (B,T) */
     float *dloss_host;                                /* host copy, (B,T) */
@@ -100,7 +101,7 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
 /* ---- activation layout ------------------------------------------------------------ */
 
 /* The number of buffers carve() takes: each may add up to ALIGN bytes. */
-#define GPT_BUFFERS 39
+#define GPT_BUFFERS 40
 
 /* Walk the activation buffers for n samples: with base != NULL assign the
  * pointers, always return the bytes used (each buffer 64-byte aligned).
@@ -156,7 +157,8 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE16(dfch16, h16 * BT * 4 * C);
     TAKE(dqkv, (q16 ? 1 : 3) * BT * C);
     TAKE16(dqkv16, q16 * BT * 3 * C);
-    TAKE(dsmall, BT * C);
+    TAKE(dsmall, (1 - q16) * BT * C); /* lp16: the dln are 16-bit; qkv16_on: so is datty */
+    TAKE16(dln16, h16 * BT * C);
     TAKE(datt, n * NH * TT);
     TAKE(dlosses, BT);
 #undef TAKE16
@@ -444,7 +446,8 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     if (g->lp16) {
         uint16_t *dlogits = g->logits16;
         k->crossentropy_backward16(kc, dlogits, g->logits16, g->lse, b->y, g->dlosses, (int)BT, V, V);
-        k->matmul_backward16(kc, dlnf, NULL, D + g->wte, NULL, NULL, dlogits, g->lnf16, P + g->wte, (int)BT, C, V);
+        k->matmul_backward16(kc, NULL, g->dln16, D + g->wte, NULL, NULL, dlogits, g->lnf16, P + g->wte, (int)BT, C,
+                             V);
     } else {
         float *dlogits = g->logits;
         k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
@@ -452,12 +455,13 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     }
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
-    /* On the 16-bit path every layernorm backward whose dres a 16-bit
-     * GEMM backward reads next also writes it rounded (dres16), in the
-     * same pass: that GEMM would cast it otherwise. */
+    /* On the 16-bit path the layernorm backwards read their dout as the
+     * GEMM backward before them wrote it, in 16 bits (dln16), and each one
+     * whose dres a 16-bit GEMM backward reads next also writes it rounded
+     * (dres16), in the same pass: that GEMM would cast it otherwise. */
     if (g->lp16)
-        k->layernorm_backward16(kc, g->dres, g->dres16, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw,
-                                g->lnf_mean, g->lnf_rstd, (int)BT, C);
+        k->layernorm_backward16(kc, g->dres, g->dres16, D + g->lnfw, D + g->lnfb, NULL, g->dln16, last,
+                                P + g->lnfw, g->lnf_mean, g->lnf_rstd, (int)BT, C);
     else
         k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
                               g->lnf_rstd, (int)BT, C);
@@ -481,8 +485,8 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, NULL, g->dres16, fch_gelu,
                                  P + w->fcprojw, (int)BT, 4 * C, C);
             k->gelu_backward16(kc, g->dfch16, fch, g->dfch16, BTC * 4);
-            k->matmul_backward16(kc, dln2, NULL, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw, (int)BT,
-                                 C, 4 * C);
+            k->matmul_backward16(kc, NULL, g->dln16, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw,
+                                 (int)BT, C, 4 * C);
         } else {
             const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
             const float *ln2 = g->ln2 + l * BTC;
@@ -492,9 +496,9 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
         }
         const uint16_t *atty16 = g->qkv16_on ? g->atty16 + l * BTC : NULL;
-        if (atty16)
-            k->layernorm_backward16(kc, g->dres, g->dres16, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w,
-                                    ln2_mean, ln2_rstd, (int)BT, C);
+        if (g->lp16) /* dres16 only for a 16-bit attention projection backward */
+            k->layernorm_backward16(kc, g->dres, atty16 ? g->dres16 : NULL, D + w->ln2w, D + w->ln2b, NULL, g->dln16,
+                                    res2, P + w->ln2w, ln2_mean, ln2_rstd, (int)BT, C);
         else
             k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean,
                                   ln2_rstd, (int)BT, C);
@@ -520,10 +524,10 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
                 k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
         }
         if (atty16)
-            k->matmul_backward16(kc, dln1, NULL, D + w->qkvw, D + w->qkvb, NULL, g->dqkv16, g->ln1_16 + l * BTC,
+            k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, NULL, g->dqkv16, g->ln1_16 + l * BTC,
                                  P + w->qkvw, (int)BT, C, 3 * C);
         else if (g->lp16)
-            k->matmul_backward16(kc, dln1, NULL, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
+            k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
                                  P + w->qkvw, (int)BT, C, 3 * C);
         else
             k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + l * BTC, P + w->qkvw, (int)BT,
@@ -534,9 +538,9 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
          * into full-size steps of a parameter that never changes the loss
          * (and make runs differ with the micro-batch split).  Clear it. */
         k->zero(kc, D + w->qkvb + C, (size_t)C);
-        if (g->lp16 && l > 0) /* the layer below's fcproj backward reads it */
-            k->layernorm_backward16(kc, g->dres, g->dres16, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w,
-                                    ln1_mean, ln1_rstd, (int)BT, C);
+        if (g->lp16) /* dres16 for the layer below's fcproj backward */
+            k->layernorm_backward16(kc, g->dres, l > 0 ? g->dres16 : NULL, D + w->ln1w, D + w->ln1b, NULL, g->dln16,
+                                    residual, P + w->ln1w, ln1_mean, ln1_rstd, (int)BT, C);
         else
             k->layernorm_backward(kc, g->dres, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w, ln1_mean,
                                   ln1_rstd, (int)BT, C);

@@ -228,12 +228,14 @@ typedef struct kern_ops {
     /* out16 (N,C) = layernorm(inp); mean, rstd (N) as layernorm_forward */
     void (*layernorm_forward16)(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                                 const float *weight, const float *bias, int N, int C);
-    /* layernorm_backward, and dinp16 (N,C) = the updated dinp rounded: the
-     * residual stream's gradient as the next GEMM backward reads it (its
-     * dout16), written in the same pass instead of cast there. */
+    /* layernorm_backward, with dout given as either dout (fp32) or dout16
+     * (the other NULL: the gradient a 16-bit GEMM backward wrote as its
+     * dinp16), and dinp16 (N,C) = the updated dinp rounded (may be NULL):
+     * the residual stream's gradient as the next GEMM backward reads it
+     * (its dout16), written in the same pass instead of cast there. */
     void (*layernorm_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const float *weight, const float *mean,
-                                 const float *rstd, int N, int C);
+                                 const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
+                                 const float *mean, const float *rstd, int N, int C);
     /* out16 (N) = gelu(inp16); backward: dinp16 = dout16·gelu'(inp16)
      * (overwritten; may be dout16).  The MLP's hidden layer lives in 16
      * bits end to end: its GEMM writes it (matmul_forward16_out16), the

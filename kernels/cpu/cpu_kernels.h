@@ -166,8 +166,8 @@ void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, 
 void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
                            int N, int C, int OC);
 void kcpu_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C);
+                               const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int N, int C);
 void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
                                     const float *bias, const float *res, int N, int C, int OC);
 void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,

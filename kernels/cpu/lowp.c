@@ -104,11 +104,22 @@ void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const
 }
 
 void kcpu_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C)
+                               const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int N, int C)
 {
-    kcpu_layernorm_backward(k, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
-    narrow(k, dinp16, dinp, (size_t)N * C);
+    if ((!dout) == (!dout16))
+        return; /* exactly one of them, says kernels.h */
+    size_t n = (size_t)N * C;
+    float *t = NULL;
+    if (dout16) {
+        if (!(t = tmp_get(k, n)))
+            return;
+        widen(k, t, dout16, n);
+    }
+    kcpu_layernorm_backward(k, dinp, dweight, dbias, dout16 ? t : dout, inp, weight, mean, rstd, N, C);
+    if (dinp16)
+        narrow(k, dinp16, dinp, n);
+    tmp_put(k, t);
 }
 
 void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,

@@ -525,7 +525,7 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
         if (dout)
             kc_colsum(k, dbias, NULL, dout, NULL, NULL, NULL, N, OC, (float *)(buf + op));
         else
-            kc_colsum16(k, dbias, dout16, N, OC, (float *)(buf + op));
+            kc_colsum16(k, dbias, NULL, dout16, NULL, NULL, NULL, N, OC, (float *)(buf + op));
     }
     if (r_in != 1 && r_w != 1)
         return;

@@ -291,6 +291,17 @@ template <class E, int W> __device__ __forceinline__ void kc_stE(E *p, const kc_
     }
 }
 
+// f.template operator()<E>() with E the 16-bit type a context's bf16 flag
+// names: the host side's one dispatch from the context to the kernels'
+// template parameter (a lambda `[&]<class E>() { ... }`).
+template <class F> inline void kc_with16(bool bf16, F &&f)
+{
+    if (bf16)
+        f.template operator()<__nv_bfloat16>();
+    else
+        f.template operator()<__half>();
+}
+
 // Elementwise launcher: f.template run<W>(i) handles elements [i, i+W).
 // With vec, the first n/4*4 elements go four at a time (every pointer f
 // touches must then be 16-byte aligned), the tail one at a time.
@@ -375,9 +386,10 @@ void kc_plans_destroy(kern_ctx *k);
 size_t kc_colsum_scratch(const kern_ctx *k, int N, int C, bool ln);
 void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
                const float *rstd, int N, int C, float *part);
-// dst[c] += Σ_r dout16[r][c] over a 16-bit (the context's type) (N, C) matrix,
-// with the same splits and order as kc_colsum; part: kc_colsum_scratch(k, N, C, false) floats.
-void kc_colsum16(kern_ctx *k, float *dst, const uint16_t *dout16, int N, int C, float *part);
+// The same over a 16-bit (the context's type) dout16, each element widened
+// exactly, with the same splits and order as kc_colsum (LN with inp, as there).
+void kc_colsum16(kern_ctx *k, float *dst_a, float *dst_b, const uint16_t *dout16, const float *inp, const float *mean,
+                 const float *rstd, int N, int C, float *part);
 
 // Cast fp32 to bf16 (bf16 = true) or fp16, round to nearest even (pointwise.cu).
 void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16);
@@ -457,8 +469,8 @@ void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, co
 void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
                          int N, int C, int OC);
 void kc_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int N, int C);
+                             const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
+                             const float *mean, const float *rstd, int N, int C);
 void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
                                   const float *bias, const float *res, int N, int C, int OC);
 void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,

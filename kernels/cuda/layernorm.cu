@@ -62,9 +62,10 @@ __global__ static void ln_forward_kernel(O *__restrict__ out, float *__restrict_
 }
 
 // dinp += the gradient; with dinp16, also the updated dinp rounded to E.
-template <int W, class E>
+// DO: dout's element type, fp32 or E (widened exactly).
+template <int W, class E, class DO>
 __global__ static void ln_backward_kernel(float *__restrict__ dinp, E *__restrict__ dinp16,
-                                          const float *__restrict__ dout, const float *__restrict__ inp,
+                                          const DO *__restrict__ dout, const float *__restrict__ inp,
                                           const float *__restrict__ weight, const float *__restrict__ mean,
                                           const float *__restrict__ rstd, int N, int C)
 {
@@ -73,12 +74,13 @@ __global__ static void ln_backward_kernel(float *__restrict__ dinp, E *__restric
     if (row >= N)
         return;
     size_t off = (size_t)row * C;
-    const float *x = inp + off, *d = dout + off;
+    const float *x = inp + off;
+    const DO *d = dout + off;
     float *g = dinp + off;
     float m = mean[row], s = rstd[row];
     float dn_mean = 0.0f, dnn_mean = 0.0f;
     for (int c = lane * W; c < C; c += 32 * W) {
-        kc_fv<W> xv = kc_ld<W>(x + c), dv = kc_ld<W>(d + c), wv = kc_ld<W>(weight + c);
+        kc_fv<W> xv = kc_ld<W>(x + c), dv = kc_ldE<DO, W>(d + c), wv = kc_ld<W>(weight + c);
 #pragma unroll
         for (int j = 0; j < W; j++) {
             float dn = wv.v[j] * dv.v[j];
@@ -89,7 +91,7 @@ __global__ static void ln_backward_kernel(float *__restrict__ dinp, E *__restric
     dn_mean = kc_warp_sum(dn_mean) / (float)C;
     dnn_mean = kc_warp_sum(dnn_mean) / (float)C;
     for (int c = lane * W; c < C; c += 32 * W) {
-        kc_fv<W> xv = kc_ld<W>(x + c), dv = kc_ld<W>(d + c), wv = kc_ld<W>(weight + c), gv = kc_ld<W>(g + c);
+        kc_fv<W> xv = kc_ld<W>(x + c), dv = kc_ldE<DO, W>(d + c), wv = kc_ld<W>(weight + c), gv = kc_ld<W>(g + c);
 #pragma unroll
         for (int j = 0; j < W; j++) {
             float norm = (xv.v[j] - m) * s;
@@ -143,52 +145,62 @@ void kc_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rs
     kc_launched(k, "layernorm_forward16");
 }
 
-template <class E>
-static void ln_backward_launch(kern_ctx *k, float *dinp, E *dinp16, const float *dout, const float *inp,
+template <class E, class DO>
+static void ln_backward_launch(kern_ctx *k, float *dinp, E *dinp16, const DO *dout, const float *inp,
                                const float *weight, const float *mean, const float *rstd, int N, int C)
 {
     unsigned grid = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
-    if (C % 4 == 0 && kc_aligned(16, dinp, dout, inp, weight) && kc_aligned(8, dinp16))
-        ln_backward_kernel<4, E><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dinp16, dout, inp, weight, mean, rstd,
-                                                                       N, C);
+    if (C % 4 == 0 && kc_aligned(16, dinp, inp, weight) && kc_aligned(sizeof(DO) * 4, dout) && kc_aligned(8, dinp16))
+        ln_backward_kernel<4, E, DO><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dinp16, dout, inp, weight, mean,
+                                                                           rstd, N, C);
     else
-        ln_backward_kernel<1, E><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dinp16, dout, inp, weight, mean, rstd,
-                                                                       N, C);
+        ln_backward_kernel<1, E, DO><<<grid, 32 * LN_WARPS, 0, k->stream>>>(dinp, dinp16, dout, inp, weight, mean,
+                                                                           rstd, N, C);
     kc_launched(k, "layernorm_backward");
 }
 
-// dinp16 (NULL: none) in the context's 16-bit type: bf16 unless fp16, as
-// kc_layernorm_forward16.
+// dinp16 (NULL: none) and dout16 (NULL: dout, fp32) in the context's 16-bit
+// type: bf16 unless fp16, as kc_layernorm_forward16.
 static void ln_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C)
+                        const uint16_t *dout16, const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C)
 {
     if (N <= 0 || C <= 0)
         return;
     kc_enter(k);
     if (dweight && dbias) {
         float *part = (float *)kc_scratch(k, kc_colsum_scratch(k, N, C, true) * sizeof(float));
-        if (part)
+        if (part && dout16)
+            kc_colsum16(k, dweight, dbias, dout16, inp, mean, rstd, N, C, part);
+        else if (part)
             kc_colsum(k, dweight, dbias, dout, inp, mean, rstd, N, C, part);
     }
     if (!dinp)
         return;
-    if (dinp16 && k->prec == KERN_FP16)
-        ln_backward_launch(k, dinp, reinterpret_cast<__half *>(dinp16), dout, inp, weight, mean, rstd, N, C);
-    else
-        ln_backward_launch(k, dinp, reinterpret_cast<__nv_bfloat16 *>(dinp16), dout, inp, weight, mean, rstd, N, C);
+    kc_with16(k->prec == KERN_BF16, [&]<class E>() {
+        if (dout16)
+            ln_backward_launch(k, dinp, reinterpret_cast<E *>(dinp16), reinterpret_cast<const E *>(dout16), inp,
+                               weight, mean, rstd, N, C);
+        else
+            ln_backward_launch(k, dinp, reinterpret_cast<E *>(dinp16), dout, inp, weight, mean, rstd, N, C);
+    });
 }
 
 void kc_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const float *mean, const float *rstd, int N,
                            int C)
 {
-    ln_backward(k, dinp, NULL, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    ln_backward(k, dinp, NULL, dweight, dbias, dout, NULL, inp, weight, mean, rstd, N, C);
 }
 
 void kc_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int N, int C)
+                             const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
+                             const float *mean, const float *rstd, int N, int C)
 {
-    ln_backward(k, dinp, dinp16, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    if ((!dout) == (!dout16)) {
+        kc_ok(k, cudaErrorInvalidValue, "layernorm_backward16: exactly one of dout and dout16");
+        return;
+    }
+    ln_backward(k, dinp, dinp16, dweight, dbias, dout, dout16, inp, weight, mean, rstd, N, C);
 }
 #endif

@@ -123,8 +123,10 @@ static void cs_final(kern_ctx *k, float *dst_a, float *dst_b, const float *part_
     kc_launched(k, "colsum_final");
 }
 
-void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
-               const float *rstd, int N, int C, float *part)
+// T: dout's element type.  With inp (LN), dst_a = Σ dout·norm and dst_b = Σ dout.
+template <class T>
+static void colsum_run(kern_ctx *k, float *dst_a, float *dst_b, const T *dout, const float *inp, const float *mean,
+                       const float *rstd, int N, int C, float *part)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -132,31 +134,28 @@ void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const
     cs_shape sh = cs_shape_of(N, C);
     float *part_a = part, *part_b = ln ? part + (size_t)sh.S * C : NULL;
     if (ln)
-        colsum_partial<true, float>
+        colsum_partial<true, T>
             <<<sh.grid, sh.block, 0, k->stream>>>(dout, inp, mean, rstd, part_a, part_b, N, C, sh.rows);
     else
-        colsum_partial<false, float>
+        colsum_partial<false, T>
             <<<sh.grid, sh.block, 0, k->stream>>>(dout, NULL, NULL, NULL, part_a, NULL, N, C, sh.rows);
     kc_launched(k, "colsum_partial");
     cs_final(k, dst_a, ln ? dst_b : NULL, part_a, part_b, sh.S, C);
 }
 
-template <class T> static void colsum16_run(kern_ctx *k, float *dst, const T *dout, int N, int C, float *part)
+void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const float *inp, const float *mean,
+               const float *rstd, int N, int C, float *part)
 {
-    cs_shape sh = cs_shape_of(N, C);
-    colsum_partial<false, T><<<sh.grid, sh.block, 0, k->stream>>>(dout, NULL, NULL, NULL, part, NULL, N, C, sh.rows);
-    kc_launched(k, "colsum16_partial");
-    cs_final(k, dst, NULL, part, NULL, sh.S, C);
+    colsum_run(k, dst_a, dst_b, dout, inp, mean, rstd, N, C, part);
 }
 
-void kc_colsum16(kern_ctx *k, float *dst, const uint16_t *dout16, int N, int C, float *part)
+void kc_colsum16(kern_ctx *k, float *dst_a, float *dst_b, const uint16_t *dout16, const float *inp, const float *mean,
+                 const float *rstd, int N, int C, float *part)
 {
-    if (N <= 0 || C <= 0)
-        return;
     // The context's 16-bit type: fp16 in an fp16 context, bf16 otherwise.
     if (k->prec == KERN_FP16)
-        colsum16_run(k, dst, reinterpret_cast<const __half *>(dout16), N, C, part);
+        colsum_run(k, dst_a, dst_b, reinterpret_cast<const __half *>(dout16), inp, mean, rstd, N, C, part);
     else
-        colsum16_run(k, dst, reinterpret_cast<const __nv_bfloat16 *>(dout16), N, C, part);
+        colsum_run(k, dst_a, dst_b, reinterpret_cast<const __nv_bfloat16 *>(dout16), inp, mean, rstd, N, C, part);
 }
 #endif

@@ -88,17 +88,6 @@ __device__ __forceinline__ void kc_tile_store(E *dst, const kc_tile_regs<ROWS, T
     }
 }
 
-// f.template operator()<E>() with E the 16-bit type a context's bf16 flag
-// names: the host side's one dispatch from the context to the kernels'
-// template parameter (a lambda `[&]<class E>() { ... }`).
-template <class F> inline void kc_with16(bool bf16, F &&f)
-{
-    if (bf16)
-        f.template operator()<__nv_bfloat16>();
-    else
-        f.template operator()<__half>();
-}
-
 // Output stores of two and four consecutive fp32 results as O: fp32 as they
 // are, or rounded to the 16-bit type (4- and 8-byte stores, aligned to it).
 template <class O> __device__ __forceinline__ void kc_store2(O *p, float a, float b)

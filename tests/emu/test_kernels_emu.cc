@@ -312,8 +312,25 @@ template <int W> void test_ln(int N, int C)
         E *g16p = std::is_same_v<E, float> ? nullptr : reinterpret_cast<E *>(g16.data() + 4);
         const float *d = dout.data(), *x = in.x.data(), *w = in.w.data(), *m = mean_ref.data(), *r = rstd_ref.data();
         emu_launch(dim3((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), dim3(32 * LN_WARPS),
-                   [=] { ln_backward_kernel<W, E>(gp, g16p, d, x, w, m, r, N, C); });
+                   [=] { ln_backward_kernel<W, E, float>(gp, g16p, d, x, w, m, r, N, C); });
         cmp(what, g.data(), dref.data(), n, 1e-5, 1e-5);
+        if constexpr (!std::is_same_v<E, float>) {
+            // dout in 16 bits (as the GEMM backwards write it): against the
+            // CPU's layernorm_backward16 from the same 16-bit dout.
+            std::vector<uint16_t> d16(n);
+            for (size_t i = 0; i < n; i++)
+                d16[i] = to_e<E>(dout[i]);
+            std::vector<float> g2 = dinp0, gref = dinp0, dw2(C, 0.0f), db2(C, 0.0f);
+            kern_ctx *ctx = std::is_same_v<E, __half> ? cpu_f16 : cpu_bf16;
+            H->layernorm_backward16(ctx, gref.data(), nullptr, dw2.data(), db2.data(), nullptr, d16.data(), in.x.data(),
+                                    in.w.data(), mean_ref.data(), rstd_ref.data(), N, C);
+            float *g2p = g2.data();
+            const E *d16p = reinterpret_cast<const E *>(d16.data());
+            emu_launch(dim3((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), dim3(32 * LN_WARPS),
+                       [=] { ln_backward_kernel<W, E, E>(g2p, nullptr, d16p, x, w, m, r, N, C); });
+            cmp(std::is_same_v<E, __half> ? "dinp from fp16" : "dinp from bf16", g2.data(), gref.data(), n, 1e-5,
+                1e-5);
+        }
         if constexpr (!std::is_same_v<E, float>) {
             size_t bad = 0;
             for (size_t i = 0; i < n; i++)

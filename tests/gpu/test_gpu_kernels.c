@@ -828,8 +828,8 @@ static void test_layernorm16(int N, int C, int out_off)
         resync(&rstd);
         buf dout = mk(NC, 1), dinp = mk(NC, 1), dw = mk(C, 0), db = mk(C, 0);
         buf16 d16 = mk16(NC + o, 0);
-        H->layernorm_backward16(hk, dinp.h, d16.h + o, dw.h, db.h, dout.h, inp.h, w.h, mean.h, rstd.h, N, C);
-        G->layernorm_backward16(gk, dinp.d, d16.d + o, dw.d, db.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+        H->layernorm_backward16(hk, dinp.h, d16.h + o, dw.h, db.h, dout.h, NULL, inp.h, w.h, mean.h, rstd.h, N, C);
+        G->layernorm_backward16(gk, dinp.d, d16.d + o, dw.d, db.d, dout.d, NULL, inp.d, w.d, mean.d, rstd.d, N, C);
         gsync(name);
         cmp(name, "dinp", &dinp, 1e-4, 1e-5);
         cmp(name, "dweight", &dw, 1e-4, 1e-5);
@@ -842,7 +842,17 @@ static void test_layernorm16(int N, int C, int out_off)
                dd ? "FAIL" : "ok");
         if (dd)
             FAIL("%s: dinp16 is not dinp rounded: %zu differ", name, dd);
-        bfree(&dout), bfree(&dinp), bfree(&dw), bfree(&db), b16free(&d16);
+        /* dout in 16 bits (as the GEMM backwards write it) */
+        buf16 o16 = mk16(NC, 1);
+        buf dinp2 = mk(NC, 1), dw2 = mk(C, 0), db2 = mk(C, 0);
+        H->layernorm_backward16(hk, dinp2.h, NULL, dw2.h, db2.h, NULL, o16.h, inp.h, w.h, mean.h, rstd.h, N, C);
+        G->layernorm_backward16(gk, dinp2.d, NULL, dw2.d, db2.d, NULL, o16.d, inp.d, w.d, mean.d, rstd.d, N, C);
+        gsync(name);
+        cmp(name, "dinp/d16", &dinp2, 1e-4, 1e-5);
+        cmp(name, "dweight/d16", &dw2, 1e-4, 1e-5);
+        cmp(name, "dbias/d16", &db2, 1e-4, 1e-5);
+        bfree(&dout), bfree(&dinp), bfree(&dw), bfree(&db), b16free(&d16), b16free(&o16), bfree(&dinp2), bfree(&dw2),
+            bfree(&db2);
     }
     bfree(&inp), bfree(&w), bfree(&b), b16free(&out), b16free(&again), bfree(&mean), bfree(&rstd);
     bfree(&out32), bfree(&mean32), bfree(&rstd32);

@@ -96,10 +96,11 @@ static void test_bf16_activations(void **state)
     /* Per sample, ln1 and ln2 (L·T·C each), fch and fch_gelu (L·T·4C
      * each), lnf (T·C) and the logits (T·V) go from 4 bytes to 2, and the
      * backward's dfch scratch (T·4C) too; the residual stream's gradient
-     * gets a 16-bit copy (T·C) for the GEMMs: every buffer here is a
-     * multiple of the 64-byte alignment, so exactly. */
+     * gets a 16-bit copy (T·C) for the GEMMs, and the layernorms' dout one
+     * (T·C) from them: every buffer here is a multiple of the 64-byte
+     * alignment, so exactly. */
     size_t saved = 2 * ((size_t)L * 10 * T * C + (size_t)T * C + (size_t)T * 256 + (size_t)T * 4 * C) -
-                   2 * (size_t)T * C;
+                   2 * 2 * (size_t)T * C;
     printf("activations per sample: fp32 %zu, bf16 %zu bytes (saved %zu)\n", r32.act_per_sample,
            r16.act_per_sample, r32.act_per_sample - r16.act_per_sample);
     assert_int_equal(r32.act_per_sample - r16.act_per_sample, saved);
@@ -133,10 +134,11 @@ static void test_bf16_fused_qkv16(void **state)
      * (L·NH·T·T), the one-layer scratch preatt and datt (NH·T·T each) go,
      * qkv (L·T·3C) and atty (L·T·C) go from 4 bytes to 2, the
      * projections' scratch output (T·C, fp32) goes (both add into the
-     * residual stream in their GEMMs), and the qkv gradient (T·3C, fp32)
-     * becomes a 16-bit one and an fp32 one for dq alone (T·C). */
+     * residual stream in their GEMMs), the qkv gradient (T·3C, fp32)
+     * becomes a 16-bit one and an fp32 one for dq alone (T·C), and the fp32
+     * scratch for datty (T·C) goes: it is 16-bit too. */
     size_t saved = 4 * ((size_t)L * NH * T * T - (size_t)L * NH * T) + 4 * 2 * (size_t)NH * T * T +
-                   2 * (size_t)L * T * 4 * C + 4 * (size_t)T * C + (12 - 6 - 4) * (size_t)T * C;
+                   2 * (size_t)L * T * 4 * C + 4 * (size_t)T * C + (12 - 6 - 4) * (size_t)T * C + 4 * (size_t)T * C;
     printf("activations per sample: bf16 %zu, bf16 fused with 16-bit qkv %zu bytes (saved %zu)\n",
            r16.act_per_sample, rf.act_per_sample, r16.act_per_sample - rf.act_per_sample);
     assert_int_equal(r16.act_per_sample - rf.act_per_sample, saved);

@@ -982,11 +982,23 @@ static void test_act16_ops(void **state)
             memcpy(g2, g1, N * C * sizeof *g2);
             ops->layernorm_backward(k, g1, dw1, db1, d, x, w, m1, r1, N, C);
             narrow(k, want, g1, N * C);
-            ops->layernorm_backward16(k, g2, got, dw2, db2, d, x, w, m1, r1, N, C);
+            ops->layernorm_backward16(k, g2, got, dw2, db2, d, NULL, x, w, m1, r1, N, C);
             assert_memory_equal(g1, g2, N * C * sizeof *g1);
             assert_memory_equal(got, want, N * C * sizeof *got);
             assert_memory_equal(dw1, dw2, C * sizeof *dw1);
             assert_memory_equal(db1, db2, C * sizeof *db1);
+            /* dout in 16 bits: the fp32 op on its widening */
+            uint16_t *d16 = h16(N * C);
+            float *dw = zerov(N * C);
+            narrow(k, d16, d, N * C);
+            widen(k, dw, d16, N * C);
+            memcpy(g2, g1, N * C * sizeof *g2);
+            ops->layernorm_backward(k, g1, dw1, db1, dw, x, w, m1, r1, N, C);
+            ops->layernorm_backward16(k, g2, NULL, dw2, db2, NULL, d16, x, w, m1, r1, N, C);
+            assert_memory_equal(g1, g2, N * C * sizeof *g1);
+            assert_memory_equal(dw1, dw2, C * sizeof *dw1);
+            assert_memory_equal(db1, db2, C * sizeof *db1);
+            free(d16), free(dw);
             free(g1), free(g2), free(dw1), free(db1), free(dw2), free(db2);
         }
 
