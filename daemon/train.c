@@ -767,9 +767,10 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
         fflush(r->metrics);
     }
     if (r->tb) {
-        const char *tags[] = {"train/loss", "train/lr", "train/grad_norm"};
-        const float vals[] = {(float)loss, (float)lr, (float)norm};
-        tb_scalars(r->tb, (int64_t)r->step, wall_s(), 3, tags, vals);
+        /* fp16 adds the loss scale, as metrics.jsonl does. */
+        const char *tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/loss_scale"};
+        const float vals[] = {(float)loss, (float)lr, (float)norm, (float)r->loss_scale};
+        tb_scalars(r->tb, (int64_t)r->step, wall_s(), r->j->precision == JOBCFG_FP16 ? 4 : 3, tags, vals);
     }
 }
 

@@ -3,6 +3,7 @@
  * step that changes nothing but the split, growing back when the pressure
  * leaves, tuning for throughput with a cost the test controls, and the
  * report when micro-batch 1 does not fit. */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +23,8 @@
 #include "kernels.h"
 #include "pool.h"
 #include "safetensors.h"
+#include "tboard.h"
+#include "tensorboard.pb-c.h"
 #include "train.h"
 
 /* A workspace of 2 MiB + 2 × the output of each matmul: large-pool sized,
@@ -747,6 +750,47 @@ static void expect_scale(const scale_watch *w, uint64_t step, double want)
         fail_msg("step %llu: loss scale %.17g, expected %.17g", (unsigned long long)step, w->scale[step], want);
 }
 
+/* The tensorboard/ event file of a run: train/loss_scale at each step it
+ * has, into scale[step] (NAN where a step has none), and how many. */
+typedef struct {
+    double scale[SCALE_STEPS];
+    int n;
+} tb_scales;
+
+static int tb_scale_record(void *ctx, const uint8_t *data, size_t len)
+{
+    tb_scales *t = ctx;
+    Gradd__Tb__Event *ev = gradd__tb__event__unpack(NULL, len, data);
+    assert_non_null(ev);
+    if (ev->what_case == GRADD__TB__EVENT__WHAT_SUMMARY && ev->step >= 0 && ev->step < SCALE_STEPS)
+        for (size_t i = 0; i < ev->summary->n_value; i++)
+            if (!strcmp(ev->summary->value[i]->tag, "train/loss_scale")) {
+                t->scale[ev->step] = ev->summary->value[i]->simple_value;
+                t->n++;
+            }
+    gradd__tb__event__free_unpacked(ev, NULL);
+    return 0;
+}
+
+static void read_tb_scales(const char *out_dir, tb_scales *t)
+{
+    for (int s = 0; s < SCALE_STEPS; s++)
+        t->scale[s] = NAN;
+    t->n = 0;
+    char dir[600], path[900], err[512];
+    snprintf(dir, sizeof dir, "%s/tensorboard", out_dir);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "events.out.tfevents.", 20)) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (tb_read_records(path, 0, tb_scale_record, t, err, sizeof err) < 0)
+                fail_msg("%s", err);
+        }
+    closedir(d);
+}
+
 static void expect_meta(const char *dir, const char *key, const char *want)
 {
     char got[64];
@@ -838,6 +882,17 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     for (int s = 1; s <= 8; s++)
         printf(" %.0f", w->scale[s]);
     printf("\n");
+    /* TensorBoard shows the same scale at every step (powers of two:
+     * exact as floats). */
+    {
+        tb_scales tb;
+        read_tb_scales(j.out_dir, &tb);
+        assert_int_equal(tb.n, 8);
+        for (int s = 1; s <= 8; s++)
+            if (tb.scale[s] != w->scale[s])
+                fail_msg("tensorboard step %d: train/loss_scale %.17g, metrics say %.17g", s, tb.scale[s],
+                         w->scale[s]);
+    }
 
     /* Steps 1 and 2 at the initial scale; the overflow at 3 halves it. */
     expect_scale(w, 1, S);
@@ -994,6 +1049,11 @@ static void test_fp16_resume_across_precisions(void **state)
                 assert_true(m.scale[s] == S);
             assert_false(m.skipped[s]);
         }
+        /* TensorBoard likewise (the directory holds both runs' files). */
+        tb_scales tb;
+        read_tb_scales(r16.out_dir, &tb);
+        for (int s = 1; s <= 6; s++)
+            assert_true(s <= 3 ? isnan(tb.scale[s]) : tb.scale[s] == S);
     }
 
     /* And back: the fp16 checkpoint (scale 65536) resumed as fp32 runs
