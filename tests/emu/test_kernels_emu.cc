@@ -544,6 +544,9 @@ int main()
         test_colsum<true, float>(43, 40, custom_S);
         test_colsum<false, __nv_bfloat16>(43, 40, custom_S);
         test_colsum<false, __half>(43, 40, custom_S);
+        // The layernorm form on a 16-bit dout (layernorm_backward16's dout16).
+        test_colsum<true, __nv_bfloat16>(43, 40, custom_S);
+        test_colsum<true, __half>(43, 40, custom_S);
     }
 
     H->ctx_destroy(cpu32);
