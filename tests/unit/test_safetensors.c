@@ -19,36 +19,20 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "tmpdir.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static char tmpdir[64];
 
 static int setup_dir(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-test-st-XXXXXX");
-    assert_non_null(mkdtemp(tmpdir));
-    return 0;
+    return td_make("st");
 }
 
 static int teardown_dir(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    chmod(tmpdir, 0700);
-    rmdir(tmpdir);
-    return 0;
+    return td_remove();
 }
 
 static const char *tpath(const char *name)
@@ -56,7 +40,7 @@ static const char *tpath(const char *name)
     static char p[4][256];
     static int k;
     k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
+    snprintf(p[k], sizeof p[k], "%s/%s", td_path, name);
     return p[k];
 }
 
@@ -99,7 +83,7 @@ static void write_raw(const char *path, const char *header, size_t hlen, size_t 
 static size_t count_tmp_files(void)
 {
     size_t n = 0;
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(td_path);
     assert_non_null(d);
     struct dirent *e;
     while ((e = readdir(d)))
@@ -575,7 +559,7 @@ static void test_bad_lengths_refused(void **state)
     write_bytes(path, huge, sizeof huge);
     expect_refused(path, "header length 9223372036854775808 exceeds the limit");
     expect_refused(tpath("missing.safetensors"), "cannot open: No such file or directory");
-    expect_refused(tmpdir, "not a regular file");
+    expect_refused(td_path, "not a regular file");
 }
 
 static void test_lenient_but_valid_headers_accepted(void **state)
@@ -723,7 +707,7 @@ static void test_atomic_real_failures(void **state)
     assert_non_null(strstr(err, "no/such/dir/m.safetensors: cannot create"));
     /* Target is a directory: rename fails; nothing is left behind. */
     char sub[300];
-    snprintf(sub, sizeof sub, "%s/adir", tmpdir);
+    snprintf(sub, sizeof sub, "%s/adir", td_path);
     assert_int_equal(mkdir(sub, 0700), 0);
     char inner[320];
     snprintf(inner, sizeof inner, "%s/keep", sub);
@@ -737,11 +721,11 @@ static void test_atomic_real_failures(void **state)
     if (geteuid() != 0) {
         const char *path = tpath("ro.safetensors");
         write_bytes(path, "OLD", 3);
-        assert_int_equal(chmod(tmpdir, 0500), 0);
+        assert_int_equal(chmod(td_path, 0500), 0);
         assert_int_equal(st_write_atomic(w, path, err, sizeof err), -1);
         assert_non_null(strstr(err, "ro.safetensors: cannot create"));
         assert_non_null(strstr(err, "Permission denied"));
-        assert_int_equal(chmod(tmpdir, 0700), 0);
+        assert_int_equal(chmod(td_path, 0700), 0);
         size_t n;
         unsigned char *b = read_bytes(path, &n);
         assert_int_equal(n, 3);
@@ -750,7 +734,7 @@ static void test_atomic_real_failures(void **state)
     /* A relative path (directory ".") works too. */
     char cwd[4096];
     assert_non_null(getcwd(cwd, sizeof cwd));
-    assert_int_equal(chdir(tmpdir), 0);
+    assert_int_equal(chdir(td_path), 0);
     assert_int_equal(st_write_atomic(w, "rel.safetensors", err, sizeof err), 0);
     assert_int_equal(chdir(cwd), 0);
     assert_int_equal(access(tpath("rel.safetensors"), F_OK), 0);

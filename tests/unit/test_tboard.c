@@ -19,33 +19,18 @@
 
 #include "tboard.h"
 #include "tensorboard.pb-c.h"
-
-static char tmpdir[64];
+#include "tmpdir.h"
 
 static int setup_dir(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gradd-test-tb-XXXXXX");
-    assert_non_null(mkdtemp(tmpdir));
-    return 0;
+    return td_make("tb");
 }
 
 static int teardown_dir(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-    return 0;
+    return td_remove();
 }
 
 /* ---- CRC32C ------------------------------------------------------------------ */
@@ -146,13 +131,13 @@ static void test_event_file_round_trip(void **state)
     char err[512];
     tb_writer *w;
     time_t before = time(NULL);
-    if (tb_open(tmpdir, &w, err, sizeof err) != 0)
+    if (tb_open(td_path, &w, err, sizeof err) != 0)
         fail_msg("%s", err);
     /* name: DIR/events.out.tfevents.<time>.<host>.<pid>.gradd */
     char path[512];
     snprintf(path, sizeof path, "%s", tb_path(w));
     char prefix[128];
-    snprintf(prefix, sizeof prefix, "%s/events.out.tfevents.", tmpdir);
+    snprintf(prefix, sizeof prefix, "%s/events.out.tfevents.", td_path);
     assert_int_equal(strncmp(path, prefix, strlen(prefix)), 0);
     long long t = atoll(path + strlen(prefix));
     assert_true(t >= (long long)before && t <= (long long)time(NULL));
@@ -217,8 +202,8 @@ static void test_many_records_and_second_file(void **state)
     (void)state;
     char err[512];
     tb_writer *a, *b;
-    assert_int_equal(tb_open(tmpdir, &a, err, sizeof err), 0);
-    assert_int_equal(tb_open(tmpdir, &b, err, sizeof err), 0);
+    assert_int_equal(tb_open(td_path, &a, err, sizeof err), 0);
+    assert_int_equal(tb_open(td_path, &b, err, sizeof err), 0);
     /* Same second, same pid: still two distinct files. */
     assert_string_not_equal(tb_path(a), tb_path(b));
     enum { N = 20000 }; /* well past the 64 KiB buffer */
@@ -238,13 +223,13 @@ static void test_bad_input_to_writer(void **state)
     char err[512];
     tb_writer *w = (tb_writer *)(uintptr_t)1;
     char missing[256];
-    snprintf(missing, sizeof missing, "%s/no/such", tmpdir);
+    snprintf(missing, sizeof missing, "%s/no/such", td_path);
     assert_int_equal(tb_open(missing, &w, err, sizeof err), -1);
     assert_null(w);
     assert_non_null(strstr(err, "/no/such/events.out.tfevents."));
     assert_non_null(strstr(err, "No such file or directory"));
 
-    assert_int_equal(tb_open(tmpdir, &w, err, sizeof err), 0);
+    assert_int_equal(tb_open(td_path, &w, err, sizeof err), 0);
     assert_string_equal(tb_error(w), "");
     assert_int_equal(tb_scalar(w, "bad\xff", 1, 1.0f, 0), -1);
     assert_non_null(strstr(tb_error(w), "not UTF-8"));
@@ -254,7 +239,7 @@ static void test_bad_input_to_writer(void **state)
     assert_int_equal(tb_close(w, err, sizeof err), -1);
     assert_non_null(strstr(err, "not UTF-8"));
 
-    assert_int_equal(tb_open(tmpdir, &w, err, sizeof err), 0);
+    assert_int_equal(tb_open(td_path, &w, err, sizeof err), 0);
     assert_int_equal(tb_scalar(w, "", 1, 1.0f, 0), -1);
     assert_int_equal(tb_close(w, err, sizeof err), -1);
 }
@@ -274,7 +259,7 @@ static void test_reader_refuses_damage(void **state)
     (void)state;
     char err[512], path[512];
     tb_writer *w;
-    assert_int_equal(tb_open(tmpdir, &w, err, sizeof err), 0);
+    assert_int_equal(tb_open(td_path, &w, err, sizeof err), 0);
     for (int i = 0; i < 3; i++)
         assert_int_equal(tb_scalar(w, "loss", i, (float)i, 2.0), 0);
     snprintf(path, sizeof path, "%s", tb_path(w));
@@ -295,7 +280,7 @@ static void test_reader_refuses_damage(void **state)
     assert_int_equal(off[4], n);
 
     char bad[600];
-    snprintf(bad, sizeof bad, "%s/damaged", tmpdir);
+    snprintf(bad, sizeof bad, "%s/damaged", td_path);
     uint8_t b[4096];
     char want[700];
 
@@ -350,7 +335,7 @@ static void test_reader_refuses_damage(void **state)
     /* empty file: zero records; missing file: an error naming it */
     write_file(bad, orig, 0);
     assert_int_equal(tb_read_records(bad, 0, NULL, NULL, err, sizeof err), 0);
-    snprintf(bad, sizeof bad, "%s/none", tmpdir);
+    snprintf(bad, sizeof bad, "%s/none", td_path);
     assert_int_equal(tb_read_records(bad, 0, NULL, NULL, err, sizeof err), -1);
     assert_non_null(strstr(err, "/none: cannot open"));
 }
@@ -367,7 +352,7 @@ static void test_reader_callback_stops(void **state)
     (void)state;
     char err[512];
     tb_writer *w;
-    assert_int_equal(tb_open(tmpdir, &w, err, sizeof err), 0);
+    assert_int_equal(tb_open(td_path, &w, err, sizeof err), 0);
     for (int i = 0; i < 5; i++)
         assert_int_equal(tb_scalar(w, "x", i, 1.0f, 1.0), 0);
     char path[512];
