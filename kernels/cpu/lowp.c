@@ -51,6 +51,15 @@ static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
         kcpu_cast_bf16_to_f32(k, dst, src, n);
 }
 
+/* A scratch copy of src (n) widened to fp32, or NULL (out of scratch). */
+static float *tmp_widened(kern_ctx *k, const uint16_t *src, size_t n)
+{
+    float *t = tmp_get(k, n);
+    if (t)
+        widen(k, t, src, n);
+    return t;
+}
+
 /* Out of scratch: the op leaves its outputs as they were.  The kern_ops
  * functions return nothing; callers that can run out (the engine) size
  * activations so that this does not happen, and the CPU backend is not
@@ -70,10 +79,9 @@ void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *
 
 void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N)
 {
-    float *t = tmp_get(k, N);
+    float *t = tmp_widened(k, inp16, N);
     if (!t)
         return;
-    widen(k, t, inp16, N);
     kcpu_gelu_forward(k, t, t, N);
     narrow(k, out16, t, N);
     tmp_put(k, t);
@@ -94,11 +102,9 @@ void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, 
 void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
                            int N, int C, int OC)
 {
-    size_t n = (size_t)N * C;
-    float *t = tmp_get(k, n);
+    float *t = tmp_widened(k, inp16, (size_t)N * C);
     if (!t)
         return;
-    widen(k, t, inp16, n);
     kcpu_matmul_forward(k, out, t, weight, bias, N, C, OC);
     tmp_put(k, t);
 }
@@ -111,11 +117,8 @@ void kcpu_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float
         return; /* exactly one of them, says kernels.h */
     size_t n = (size_t)N * C;
     float *t = NULL;
-    if (dout16) {
-        if (!(t = tmp_get(k, n)))
-            return;
-        widen(k, t, dout16, n);
-    }
+    if (dout16 && !(t = tmp_widened(k, dout16, n)))
+        return;
     kcpu_layernorm_backward(k, dinp, dweight, dbias, dout16 ? t : dout, inp, weight, mean, rstd, N, C);
     if (dinp16)
         narrow(k, dinp16, dinp, n);
@@ -171,11 +174,9 @@ void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *i
 void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
                                  const int32_t *targets, int N, int V, int Vp)
 {
-    size_t n = (size_t)N * Vp;
-    float *t = tmp_get(k, n);
+    float *t = tmp_widened(k, logits16, (size_t)N * Vp);
     if (!t)
         return;
-    widen(k, t, logits16, n);
     kcpu_crossentropy_forward(k, losses, lse, t, targets, N, V, Vp);
     tmp_put(k, t);
 }
@@ -184,10 +185,9 @@ void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16
                                   const int32_t *targets, const float *dloss, int N, int V, int Vp)
 {
     size_t n = (size_t)N * Vp;
-    float *t = tmp_get(k, n);
+    float *t = tmp_widened(k, logits16, n);
     if (!t)
         return;
-    widen(k, t, logits16, n);
     kcpu_crossentropy_backward(k, t, t, lse, targets, dloss, N, V, Vp);
     narrow(k, dlogits16, t, n);
     tmp_put(k, t);

@@ -393,8 +393,10 @@ bool kc_attention_fused_ok(kern_ctx *k, int C, int NH)
     return k->prec != KERN_FP32 && NH > 0 && C % NH == 0 && C / NH == FA_HS && NH <= 65535;
 }
 
-static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, const void *b, size_t align,
-                     const char *what)
+// The shape, and every pointer 16-byte aligned (float4 accesses, and the
+// mma kernels' 16-byte cp.async copies of 16-bit tiles; NULL passes, so the
+// fp32 and the 16-bit set of an op are given together).
+template <class... P> static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const char *what, const P *...p)
 {
     if (B <= 0 || T <= 0)
         return false;
@@ -402,7 +404,7 @@ static bool fa_check(kern_ctx *k, int B, int T, int C, int NH, const void *a, co
         kc_ok(k, cudaErrorInvalidValue, what);
         return false;
     }
-    if (!kc_aligned(16, a) || !kc_aligned(align, b)) {
+    if (!kc_aligned(16, p...)) {
         kc_ok(k, cudaErrorMisalignedAddress, what);
         return false;
     }
@@ -437,13 +439,12 @@ static void fa_launch_backward(kern_ctx *k, S *dkv, float *dq, int qp, const S *
 }
 
 // fp32 inp and out, or inp16 and out16 in the context's 16-bit type (the
-// other pair NULL).  Every pointer 16-byte aligned: float4 accesses, and
-// the mma kernels' 16-byte cp.async copies of 16-bit tiles.
+// other pair NULL).
 static void fa_forward_any(kern_ctx *k, float *out, uint16_t *out16, float *lse, const float *inp,
                            const uint16_t *inp16, int B, int T, int C, int NH)
 {
     const char *what = "fused attention forward: unsupported shape or alignment";
-    if (!(inp16 ? fa_check(k, B, T, C, NH, out16, inp16, 16, what) : fa_check(k, B, T, C, NH, out, inp, 16, what)))
+    if (!fa_check(k, B, T, C, NH, what, out, out16, inp, inp16))
         return;
     kc_enter(k);
     if (k->flash_mma) {
@@ -480,9 +481,7 @@ static void fa_backward_any(kern_ctx *k, float *dinp, uint16_t *dinp16, float *d
                             const float *inp, const uint16_t *inp16, int B, int T, int C, int NH)
 {
     const char *what = "fused attention backward: unsupported shape or alignment";
-    if (!(inp16 ? fa_check(k, B, T, C, NH, dq, inp16, 16, what) && fa_check(k, B, T, C, NH, dq, out16, 16, what) &&
-                      fa_check(k, B, T, C, NH, dq, dinp16, 16, what) && fa_check(k, B, T, C, NH, dq, dout16, 16, what)
-                : fa_check(k, B, T, C, NH, dinp, inp, 16, what) && fa_check(k, B, T, C, NH, dout, out, 16, what)))
+    if (!fa_check(k, B, T, C, NH, what, dinp, dinp16, dq, dout, dout16, out, out16, inp, inp16))
         return;
     kc_enter(k);
     size_t rows = (size_t)B * NH * T, BT = (size_t)B * T;

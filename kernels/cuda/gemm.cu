@@ -564,7 +564,7 @@ void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp
     kc_enter(k);
     bool bf = k->prec == KERN_BF16;
     size_t nw = C > 0 ? (size_t)OC * C : 0, ob = kc_round(nw * 2, 256);
-    char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0) + 1);
+    char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0));
     if (!buf)
         return;
     uint16_t *w16 = (uint16_t *)buf, *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
