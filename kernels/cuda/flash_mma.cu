@@ -30,6 +30,7 @@
 // inputs (the model's 16-bit path) the tiles are copied with cp.async,
 // each step's next tile loading behind math that does not read its buffer;
 // ptxas (sm_90): forward 128 registers, no spill; backward 168, 64 bytes.
+// On sm_90 dQ is summed with two-wide float atomics (fm_atomic_add2).
 //
 // Selected with GRADD_FLASH=mma (read at context creation, ctx.cu; flash.cu
 // dispatches) until it has been measured against the WMMA kernels on a
@@ -136,6 +137,21 @@ template <int N> __device__ __forceinline__ void fm_cp_wait()
     emu_cp_wait(N);
 #else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// p[0] += x, p[1] += y atomically, p 8-byte aligned.  sm_90 has a two-wide
+// float atomic: half the atomic operations of dQ's summation, the
+// backward's only traffic to global memory inside its loop.  (Each element
+// is still its own atomic add: the order of summation is as unfixed as
+// before.)  The emulation and the compute_80 PTX take the scalar form.
+__device__ __forceinline__ void fm_atomic_add2(float *p, float x, float y)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
 #endif
 }
 
@@ -492,17 +508,23 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
         }
 
         // dPᵀ = V·dOᵀ, 16 queries at a time, and at once dSᵀ = Pᵀ ⊙ (dPᵀ − D[q])
-        // over the Pᵀ registers.
+        // over the Pᵀ registers.  The warp's V band is loaded once for the
+        // four query groups (ldmatrix is volatile asm: the compiler would
+        // not merge repeated loads): 12 fewer ldmatrix per step, and ptxas
+        // gives the same 168 registers and spill either way.
+        uint32_t va[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            fm_ldm_p1<false>(va[kk], Vs + warp * 16 * FM_LD + kk * 16, lane);
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
             float dp[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                uint32_t va[4], of[4];
-                fm_ldm_p1<false>(va, Vs + warp * 16 * FM_LD + kk * 16, lane);
+                uint32_t of[4];
                 fm_ldm_p2<false>(of, dOs + jj * 16 * FM_LD + kk * 16, lane);
-                fm_mma<E>(dp[0], va, of[0], of[1]);
-                fm_mma<E>(dp[1], va, of[2], of[3]);
+                fm_mma<E>(dp[0], va[kk], of[0], of[1]);
+                fm_mma<E>(dp[1], va[kk], of[2], of[3]);
             }
 #pragma unroll
             for (int t = 0; t < 2; t++)
@@ -557,10 +579,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
                 continue;
             float *gq = qbase + (size_t)q * qp + 2 * c;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                atomicAdd(gq + 8 * j, scale * dq[j][2 * hr]);
-                atomicAdd(gq + 8 * j + 1, scale * dq[j][2 * hr + 1]);
-            }
+            for (int j = 0; j < 8; j++)
+                fm_atomic_add2(gq + 8 * j, scale * dq[j][2 * hr], scale * dq[j][2 * hr + 1]);
         }
     }
 
