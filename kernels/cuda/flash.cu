@@ -9,10 +9,11 @@
 // and saves only each row's log-sum-exp; backward recomputes the
 // probabilities block by block from it.
 //
-// Shape: head size 64 (GPT-2's), any T, any B·NH up to 65535.  Q·Kᵀ, P·V and
-// the four backward products run on the tensor cores through WMMA
-// (16×16×16 tiles, bf16 or fp16 inputs as the context's precision says, fp32
-// accumulate); softmax, masking and the running statistics are fp32.
+// Shape: head size 64 (GPT-2's), T up to 65535 blocks of 64 (the grid's y;
+// kc_attn_grid), any B·NH.  Q·Kᵀ, P·V and the four backward products run on
+// the tensor cores through WMMA (16×16×16 tiles, bf16 or fp16 inputs as the
+// context's precision says, fp32 accumulate); softmax, masking and the
+// running statistics are fp32.
 // Inputs and outputs stay fp32 like every other op; tiles are converted to
 // 16 bits as they are staged into shared memory.
 //
@@ -21,6 +22,7 @@
 // Backward: one CTA per (key block, b·h), query blocks from its own to the
 // last; dK and dV accumulate in registers, dQ goes to global memory with
 // atomicAdd (so dQ's summation order, unlike the rest, is not fixed).
+#include <limits.h>
 #include <math.h>
 #include <type_traits>
 
@@ -124,8 +126,8 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(O *__restrict__ out, fl
     float *Ls = Ms + FA_B;                                    // running sum per row
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int qb = gridDim.x - 1 - blockIdx.x; // the longest rows first
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int qb = gridDim.y - 1 - blockIdx.y; // the longest rows first (kc_attn_grid)
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = qb * FA_B;
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
@@ -275,8 +277,8 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(S *dkv, float *dqg,
     float *Dq = Lq + FA_B;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int kb = blockIdx.x, nqb = (T + FA_B - 1) / FA_B;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int kb = blockIdx.y, nqb = (T + FA_B - 1) / FA_B; // key block 0, the longest, first (kc_attn_grid)
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int k0 = kb * FA_B;
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FA_HS;
@@ -390,7 +392,7 @@ __global__ __launch_bounds__(FA_THREADS, 3) void fa_backward(S *dkv, float *dqg,
 
 bool kc_attention_fused_ok(kern_ctx *k, int C, int NH)
 {
-    return k->prec != KERN_FP32 && NH > 0 && C % NH == 0 && C / NH == FA_HS && NH <= 65535;
+    return k->prec != KERN_FP32 && NH > 0 && C % NH == 0 && C / NH == FA_HS;
 }
 
 // The shape, and every pointer 16-byte aligned (float4 accesses, and the
@@ -400,7 +402,7 @@ template <class... P> static bool fa_check(kern_ctx *k, int B, int T, int C, int
 {
     if (B <= 0 || T <= 0)
         return false;
-    if (!kc_attention_fused_ok(k, C, NH) || (size_t)B * NH > 65535) {
+    if (!kc_attention_fused_ok(k, C, NH) || (size_t)B * NH > INT_MAX || (T + FA_B - 1) / FA_B > 65535) {
         kc_ok(k, cudaErrorInvalidValue, what);
         return false;
     }
@@ -418,7 +420,7 @@ static void fa_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int
     if (!kc_ok(k, cudaFuncSetAttribute(fa_forward<E, S, O>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention forward: shared memory"))
         return;
-    dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
+    dim3 grid = kc_attn_grid(B, T, NH, FA_B);
     fa_forward<E, S, O><<<grid, FA_THREADS, smem, k->stream>>>(out, lse, inp, T, C, NH, 1.0f / sqrtf((float)FA_HS));
     kc_launched(k, "fused attention forward");
 }
@@ -431,7 +433,7 @@ static void fa_launch_backward(kern_ctx *k, S *dkv, float *dq, int qp, const S *
     if (!kc_ok(k, cudaFuncSetAttribute(fa_backward<E, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "fused attention backward: shared memory"))
         return;
-    dim3 grid((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH));
+    dim3 grid = kc_attn_grid(B, T, NH, FA_B);
     // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
     fa_backward<E, S><<<grid, FA_THREADS, smem, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
                                                                 1.0f / sqrtf((float)FA_HS), std::is_same_v<S, float>);

@@ -230,8 +230,8 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
     __shared__ __align__(128) E Vs[FM_BC * FM_LD];
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x; // the longest rows first
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int qb = gridDim.y - 1 - blockIdx.y; // the longest rows first (kc_attn_grid)
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = qb * FM_FWD_BR, band = q0 + warp * 16; // this warp's first query
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
@@ -413,8 +413,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
     __shared__ float Lq[FM_BWD_B], Dq[FM_BWD_B];         // lse·log2 e and D of the step's queries
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int kb = blockIdx.x, nqb = (T + FM_BWD_B - 1) / FM_BWD_B;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int kb = blockIdx.y, nqb = (T + FM_BWD_B - 1) / FM_BWD_B; // key block 0, the longest, first (kc_attn_grid)
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int k0 = kb * FM_BWD_B;
     const size_t C3 = 3 * (size_t)C;
     const S *base = inp + (size_t)b * T * C3 + (size_t)h * FM_HS;
@@ -617,7 +617,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
 template <class E, class S, class O>
 static void fm_launch_forward(kern_ctx *k, O *out, float *lse, const S *inp, int B, int T, int C, int NH)
 {
-    dim3 grid((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH));
+    dim3 grid = kc_attn_grid(B, T, NH, FM_FWD_BR);
     fm_forward<E, S, O><<<grid, FM_FWD_THREADS, 0, k->stream>>>(out, lse, inp, T, C, NH,
                                                                 1.44269504088896341f / sqrtf((float)FM_HS));
     kc_launched(k, "fused attention forward (mma)");
@@ -627,7 +627,7 @@ template <class E, class S>
 static void fm_launch_backward(kern_ctx *k, S *dkv, float *dq, int qp, const S *dout, const float *lse,
                                const float *D, const S *inp, int B, int T, int C, int NH)
 {
-    dim3 grid((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH));
+    dim3 grid = kc_attn_grid(B, T, NH, FM_BWD_B);
     // fp32 inp: the op adds into dinp (kernels.h); 16-bit: it overwrites.
     fm_backward<E, S><<<grid, FM_BWD_THREADS, 0, k->stream>>>(dkv, dq, qp, dout, lse, D, inp, T, C, NH,
                                                                  1.0f / sqrtf((float)FM_HS),

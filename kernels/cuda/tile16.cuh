@@ -22,6 +22,18 @@
 
 #define KC_TILE_W 64 // values per row: the head size
 
+// The grid of every fused attention kernel: (B·NH, blocks of `rows` rows),
+// the block index on y.  CTAs are issued in the order of their linear index,
+// x first, so all heads' block 0 come before any head's block 1: each kernel
+// numbers its blocks so that the longest come first (forward: the last
+// query rows, which see the most keys; backward: the first key rows, which
+// the most queries see), and the short ones fill the last wave.  With the
+// index on x, the longest blocks of the last heads were issued last.
+static inline dim3 kc_attn_grid(int B, int T, int NH, int rows)
+{
+    return dim3((unsigned)(B * NH), (unsigned)((T + rows - 1) / rows));
+}
+
 // Two fp32 values as a packed pair of E, low one first.
 template <class E> __device__ __forceinline__ uint32_t kc_pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t kc_pack2<__nv_bfloat16>(float lo, float hi)

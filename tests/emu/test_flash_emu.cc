@@ -135,14 +135,14 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
         const float scale_log2 = 1.44269504088896341f / sqrtf((float)FM_HS); // as fm_launch_forward
         const float scale = 1.0f / sqrtf((float)FA_HS);                      // as fa_launch_forward
         if (wmma)
-            emu_launch(dim3((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH)), dim3(FA_THREADS), [=] {
+            emu_launch(kc_attn_grid(B, T, NH, FA_B), dim3(FA_THREADS), [=] {
                 if (in16)
                     fa_forward<E, E, E>(o16, l, in_e, T, C, NH, scale);
                 else
                     fa_forward<E, float, float>(o, l, in, T, C, NH, scale);
             });
         else
-            emu_launch(dim3((unsigned)((T + FM_FWD_BR - 1) / FM_FWD_BR), (unsigned)(B * NH)), dim3(FM_FWD_THREADS),
+            emu_launch(kc_attn_grid(B, T, NH, FM_FWD_BR), dim3(FM_FWD_THREADS),
                        [=] {
                            if (in16)
                                fm_forward<E, E, E>(o16, l, in_e, T, C, NH, scale_log2);
@@ -219,14 +219,14 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
         const float *dO = dout.data(), *l = lse.data(), *d = D.data(), *in = inp.data();
         const float scale = 1.0f / sqrtf((float)FM_HS); // as fm_launch_backward and fa_launch_backward
         if (wmma)
-            emu_launch(dim3((unsigned)((T + FA_B - 1) / FA_B), (unsigned)(B * NH)), dim3(FA_THREADS), [=] {
+            emu_launch(kc_attn_grid(B, T, NH, FA_B), dim3(FA_THREADS), [=] {
                 if (in16)
                     fa_backward<E, E>(g16, gq, C, dO16, l, d, in_e, T, C, NH, scale, false);
                 else
                     fa_backward<E, float>(g, g, 3 * C, dO, l, d, in, T, C, NH, scale, true);
             });
         else
-            emu_launch(dim3((unsigned)((T + FM_BWD_B - 1) / FM_BWD_B), (unsigned)(B * NH)), dim3(FM_BWD_THREADS),
+            emu_launch(kc_attn_grid(B, T, NH, FM_BWD_B), dim3(FM_BWD_THREADS),
                        [=] {
                            if (in16)
                                fm_backward<E, E>(g16, gq, C, dO16, l, d, in_e, T, C, NH, scale, false);
