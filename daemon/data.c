@@ -2,11 +2,12 @@
  * .npy, and the seeded sample streams over them.  See data.h. */
 #include "data.h"
 
+#include "errmsg.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,22 +19,9 @@
 
 typedef unsigned long long ull;
 
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int oom(const char *path, char *err, size_t err_len)
 {
-    return fail(err, err_len, "%s: out of memory", path);
+    return errmsg_set(err, err_len, "%s: out of memory", path);
 }
 
 static uint32_t le32(const unsigned char *p)
@@ -77,19 +65,19 @@ static int src_open(src *s, const char *path, bool gz_ok, char *err, size_t err_
     s->path = path;
     s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (s->fd < 0)
-        return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(s->fd, &st) != 0) {
         int e = errno;
         close(s->fd);
         s->fd = -1;
-        return fail(err, err_len, "%s: cannot stat: %s", path, strerror(e));
+        return errmsg_set(err, err_len, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(s->fd);
         s->fd = -1;
-        return fail(err, err_len, "%s: %s", path,
-                    S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
+        return errmsg_set(err, err_len, "%s: %s", path,
+                          S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
     }
     s->size = (uint64_t)st.st_size;
     if (!gz_ok)
@@ -153,7 +141,7 @@ static int src_refill(src *s, char *err, size_t err_len)
         memmove(s->in, s->z.next_in, keep);
     ssize_t r = read_full(s->fd, s->in + keep, CHUNK - keep);
     if (r < 0)
-        return fail(err, err_len, "%s: read error: %s", s->path, strerror(errno));
+        return errmsg_set(err, err_len, "%s: read error: %s", s->path, strerror(errno));
     if ((size_t)r < CHUNK - keep)
         s->fd_eof = true;
     s->z.next_in = s->in;
@@ -181,7 +169,7 @@ static ssize_t src_read_(src *s, void *buf, size_t n, char *err, size_t err_len)
     if (!s->gz) {
         ssize_t r = read_full(s->fd, buf, n);
         if (r < 0)
-            return fail(err, err_len, "%s: read error: %s", s->path, strerror(errno));
+            return errmsg_set(err, err_len, "%s: read error: %s", s->path, strerror(errno));
         s->out += (uint64_t)r;
         return r;
     }
@@ -194,19 +182,19 @@ static ssize_t src_read_(src *s, void *buf, size_t n, char *err, size_t err_len)
                 break; /* clean end after the last member */
             if (s->z.avail_in < 2 || s->z.next_in[0] != 0x1f || s->z.next_in[1] != 0x8b) {
                 uint64_t rest = s->size > src_raw_pos(s) ? s->size - src_raw_pos(s) : 0;
-                return fail(err, err_len,
-                            "%s: %llu bytes of trailing garbage after the gzip stream "
-                            "(at file offset %llu)",
-                            s->path, (ull)rest, (ull)src_raw_pos(s));
+                return errmsg_set(err, err_len,
+                                  "%s: %llu bytes of trailing garbage after the gzip stream "
+                                  "(at file offset %llu)",
+                                  s->path, (ull)rest, (ull)src_raw_pos(s));
             }
             inflateReset(&s->z);
             s->member_done = false;
         }
         if (s->z.avail_in == 0)
-            return fail(err, err_len,
-                        "%s: truncated gzip stream (ends after %llu compressed bytes, "
-                        "%llu bytes decompressed)",
-                        s->path, (ull)src_raw_pos(s), (ull)(s->out + got));
+            return errmsg_set(err, err_len,
+                              "%s: truncated gzip stream (ends after %llu compressed bytes, "
+                              "%llu bytes decompressed)",
+                              s->path, (ull)src_raw_pos(s), (ull)(s->out + got));
         size_t chunk = n - got > UINT_MAX ? UINT_MAX : n - got;
         s->z.next_out = (Bytef *)buf + got;
         s->z.avail_out = (uInt)chunk;
@@ -219,17 +207,17 @@ static ssize_t src_read_(src *s, void *buf, size_t n, char *err, size_t err_len)
         } else if (zr == Z_BUF_ERROR) {
             /* no progress: inflate wants more input than there is */
             if (s->fd_eof && s->z.avail_in == in_before)
-                return fail(err, err_len,
-                            "%s: truncated gzip stream (ends after %llu compressed bytes, "
-                            "%llu bytes decompressed)",
-                            s->path, (ull)src_raw_pos(s), (ull)(s->out + got));
+                return errmsg_set(err, err_len,
+                                  "%s: truncated gzip stream (ends after %llu compressed bytes, "
+                                  "%llu bytes decompressed)",
+                                  s->path, (ull)src_raw_pos(s), (ull)(s->out + got));
             if (src_refill(s, err, err_len) != 0)
                 return -1;
         } else if (zr == Z_MEM_ERROR) {
             return oom(s->path, err, err_len);
         } else if (zr != Z_OK) {
-            return fail(err, err_len, "%s: corrupt gzip data near compressed offset %llu: %s",
-                        s->path, (ull)src_raw_pos(s), s->z.msg ? s->z.msg : "inflate failed");
+            return errmsg_set(err, err_len, "%s: corrupt gzip data near compressed offset %llu: %s",
+                              s->path, (ull)src_raw_pos(s), s->z.msg ? s->z.msg : "inflate failed");
         }
     }
     s->out += got;
@@ -379,7 +367,7 @@ static int read_text_dir(bytes *b, const char *dir, char *err, size_t err_len)
 {
     DIR *d = opendir(dir);
     if (!d)
-        return fail(err, err_len, "%s: cannot open directory: %s", dir, strerror(errno));
+        return errmsg_set(err, err_len, "%s: cannot open directory: %s", dir, strerror(errno));
     char **names = NULL;
     size_t nn = 0, cap = 0;
     int rc = 0;
@@ -414,7 +402,7 @@ static int read_text_dir(bytes *b, const char *dir, char *err, size_t err_len)
         char path[PATH_MAX];
         int l = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         if (l < 0 || (size_t)l >= sizeof path)
-            rc = fail(err, err_len, "%s/%s: path too long", dir, names[i]);
+            rc = errmsg_set(err, err_len, "%s/%s: path too long", dir, names[i]);
         else
             rc = append_file(b, path, err, err_len);
     }
@@ -422,10 +410,10 @@ static int read_text_dir(bytes *b, const char *dir, char *err, size_t err_len)
         free(names[i]);
     free(names);
     if (rc == 0 && b->n == 0)
-        rc = fail(err, err_len,
-                  "%s: no text in the directory (its regular files, less dotfiles, *.dat "
-                  "and *.u8, are empty or absent)",
-                  dir);
+        rc = errmsg_set(err, err_len,
+                        "%s: no text in the directory (its regular files, less dotfiles, *.dat "
+                        "and *.u8, are empty or absent)",
+                        dir);
     return rc;
 }
 
@@ -434,7 +422,7 @@ static int load_text(data_tokens *t, const char *path, bool is_dir, char *err, s
     bytes b = {0};
     int rc = is_dir ? read_text_dir(&b, path, err, err_len) : append_file(&b, path, err, err_len);
     if (rc == 0 && b.n == 0)
-        rc = fail(err, err_len, "%s: empty file (no tokens)", path);
+        rc = errmsg_set(err, err_len, "%s: empty file (no tokens)", path);
     if (rc == 0) {
         t->tok = malloc(b.n * sizeof *t->tok);
         if (!t->tok)
@@ -466,37 +454,37 @@ static int load_llmc(data_tokens *t, const char *path, char *err, size_t err_len
         goto out;
     }
     if (r >= 4 && le32(h) != DATA_LLMC_MAGIC) {
-        rc = fail(err, err_len, "%s: bad magic %d (expected %d for an llm.c token file)", path,
-                  (int32_t)le32(h), DATA_LLMC_MAGIC);
+        rc = errmsg_set(err, err_len, "%s: bad magic %d (expected %d for an llm.c token file)", path,
+                        (int32_t)le32(h), DATA_LLMC_MAGIC);
         goto out;
     }
     if ((size_t)r < sizeof h) {
-        rc = fail(err, err_len,
-                  "%s: truncated header: %zd bytes (an llm.c token file starts with a "
-                  "%d-byte header)",
-                  path, r, DATA_LLMC_HEADER_BYTES);
+        rc = errmsg_set(err, err_len,
+                        "%s: truncated header: %zd bytes (an llm.c token file starts with a "
+                        "%d-byte header)",
+                        path, r, DATA_LLMC_HEADER_BYTES);
         goto out;
     }
     int32_t version = (int32_t)le32(h + 4), count = (int32_t)le32(h + 8);
     if (version != DATA_LLMC_VERSION) {
-        rc = fail(err, err_len,
-                  "%s: bad version %d in header field 1 (expected %d: uint16 tokens%s)", path,
-                  version, DATA_LLMC_VERSION,
-                  version == 2 ? "; version 2 files hold uint32 tokens, not supported" : "");
+        rc = errmsg_set(err, err_len,
+                        "%s: bad version %d in header field 1 (expected %d: uint16 tokens%s)", path,
+                        version, DATA_LLMC_VERSION,
+                        version == 2 ? "; version 2 files hold uint32 tokens, not supported" : "");
         goto out;
     }
     if (count <= 0) {
-        rc = fail(err, err_len, "%s: token count %d in header field 2 (must be positive)", path,
-                  count);
+        rc = errmsg_set(err, err_len, "%s: token count %d in header field 2 (must be positive)", path,
+                        count);
         goto out;
     }
     uint64_t want = DATA_LLMC_HEADER_BYTES + 2 * (uint64_t)count;
     if (s.size != want) {
-        rc = fail(err, err_len,
-                  "%s: %s: the header says %d tokens, so the file should be %llu bytes "
-                  "(%d-byte header + 2 × %d), but it is %llu bytes",
-                  path, s.size < want ? "truncated body" : "trailing bytes", count, (ull)want,
-                  DATA_LLMC_HEADER_BYTES, count, (ull)s.size);
+        rc = errmsg_set(err, err_len,
+                        "%s: %s: the header says %d tokens, so the file should be %llu bytes "
+                        "(%d-byte header + 2 × %d), but it is %llu bytes",
+                        path, s.size < want ? "truncated body" : "trailing bytes", count, (ull)want,
+                        DATA_LLMC_HEADER_BYTES, count, (ull)s.size);
         goto out;
     }
     t->tok = malloc((size_t)count * sizeof *t->tok);
@@ -511,7 +499,7 @@ static int load_llmc(data_tokens *t, const char *path, char *err, size_t err_len
     }
     uint64_t rest = 0;
     if ((uint64_t)r < 2 * (uint64_t)count || src_drain(&s, &rest, err, err_len) != 0 || rest) {
-        rc = fail(err, err_len, "%s: the file changed size while being read", path);
+        rc = errmsg_set(err, err_len, "%s: the file changed size while being read", path);
         goto out;
     }
     if (!host_le())
@@ -707,18 +695,18 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
         goto out;
     }
     if (r < 6 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-        rc = fail(err, err_len, "%s: not a .npy file (no \\x93NUMPY magic at offset 0)", path);
+        rc = errmsg_set(err, err_len, "%s: not a .npy file (no \\x93NUMPY magic at offset 0)", path);
         goto out;
     }
     if (r < 10) {
-        rc = fail(err, err_len, "%s: truncated .npy preamble (%zd bytes)", path, r);
+        rc = errmsg_set(err, err_len, "%s: truncated .npy preamble (%zd bytes)", path, r);
         goto out;
     }
     unsigned major = pre[6], minor = pre[7];
     if ((major != 1 && major != 2 && major != 3) || minor != 0) {
-        rc = fail(err, err_len,
-                  "%s: unsupported .npy format version %u.%u (expected 1.0, 2.0 or 3.0)", path,
-                  major, minor);
+        rc = errmsg_set(err, err_len,
+                        "%s: unsupported .npy format version %u.%u (expected 1.0, 2.0 or 3.0)", path,
+                        major, minor);
         goto out;
     }
     uint64_t hlen, hstart;
@@ -727,16 +715,16 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
         hstart = 10;
     } else {
         if (src_read(&s, pre + 10, 2, err, err_len) != 2) {
-            rc = fail(err, err_len, "%s: truncated .npy preamble", path);
+            rc = errmsg_set(err, err_len, "%s: truncated .npy preamble", path);
             goto out;
         }
         hlen = le32(pre + 8);
         hstart = 12;
     }
     if (hlen > 65536) {
-        rc = fail(err, err_len,
-                  "%s: .npy header length %llu at offset 8 is too large (limit 65536)", path,
-                  (ull)hlen);
+        rc = errmsg_set(err, err_len,
+                        "%s: .npy header length %llu at offset 8 is too large (limit 65536)", path,
+                        (ull)hlen);
         goto out;
     }
     hdr = malloc(hlen + 1);
@@ -750,19 +738,19 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
         goto out;
     }
     if ((uint64_t)r < hlen) {
-        rc = fail(err, err_len, "%s: truncated .npy header: %llu bytes announced, %zd present",
-                  path, (ull)hlen, r);
+        rc = errmsg_set(err, err_len, "%s: truncated .npy header: %llu bytes announced, %zd present",
+                        path, (ull)hlen, r);
         goto out;
     }
     hdr[hlen] = '\0';
     if (hlen == 0 || hdr[hlen - 1] != '\n') {
-        rc = fail(err, err_len, "%s: .npy header does not end with a newline", path);
+        rc = errmsg_set(err, err_len, "%s: .npy header does not end with a newline", path);
         goto out;
     }
     for (uint64_t i = 0; i < hlen; i++)
         if (hdr[i] == '\0') {
-            rc = fail(err, err_len, "%s: .npy header holds a NUL byte at offset %llu", path,
-                      (ull)(hstart + i));
+            rc = errmsg_set(err, err_len, "%s: .npy header holds a NUL byte at offset %llu", path,
+                            (ull)(hstart + i));
             goto out;
         }
     char descr[32] = "";
@@ -770,8 +758,8 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
     cur c = {hdr, hdr + hlen};
     const char *why = npy_parse_header(&c, a, descr, sizeof descr, &fortran);
     if (why) {
-        rc = fail(err, err_len, "%s: bad .npy header at offset %llu: %s", path,
-                  (ull)(hstart + (uint64_t)(c.p - hdr)), why);
+        rc = errmsg_set(err, err_len, "%s: bad .npy header at offset %llu: %s", path,
+                        (ull)(hstart + (uint64_t)(c.p - hdr)), why);
         goto out;
     }
     unsigned esize = 0;
@@ -781,20 +769,20 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
             esize = npy_types[i].size;
         }
     if (!esize) {
-        rc = fail(err, err_len,
-                  "%s: unsupported .npy dtype '%s' (supported: '<f4', '<i4', '<u2', '|u1')", path,
-                  descr);
+        rc = errmsg_set(err, err_len,
+                        "%s: unsupported .npy dtype '%s' (supported: '<f4', '<i4', '<u2', '|u1')", path,
+                        descr);
         goto out;
     }
     if (fortran && a->ndim > 1) {
-        rc = fail(err, err_len, "%s: Fortran-order .npy arrays are not supported (save in C order)",
-                  path);
+        rc = errmsg_set(err, err_len, "%s: Fortran-order .npy arrays are not supported (save in C order)",
+                        path);
         goto out;
     }
     uint64_t count = 1;
     for (int i = 0; i < a->ndim; i++)
         if (__builtin_mul_overflow(count, a->shape[i], &count) || count > UINT64_MAX / 8) {
-            rc = fail(err, err_len, "%s: .npy shape is too large (element count overflows)", path);
+            rc = errmsg_set(err, err_len, "%s: .npy shape is too large (element count overflows)", path);
             goto out;
         }
     a->count = count;
@@ -810,11 +798,11 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
                                   (ull)a->shape[i]);
         if (o < sizeof shape)
             snprintf(shape + o, sizeof shape - o, "%s)", a->ndim == 1 ? "," : "");
-        rc = fail(err, err_len,
-                  "%s: %s: shape %s of %s needs %llu data bytes after the %llu-byte header, "
-                  "but the file has %llu",
-                  path, have < want ? "truncated data" : "trailing bytes", shape, descr,
-                  (ull)want, (ull)a->data_offset, (ull)have);
+        rc = errmsg_set(err, err_len,
+                        "%s: %s: shape %s of %s needs %llu data bytes after the %llu-byte header, "
+                        "but the file has %llu",
+                        path, have < want ? "truncated data" : "trailing bytes", shape, descr,
+                        (ull)want, (ull)a->data_offset, (ull)have);
         goto out;
     }
     uint64_t got;
@@ -824,7 +812,7 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
     }
     uint64_t rest = 0;
     if (got != want || src_drain(&s, &rest, err, err_len) != 0 || rest) {
-        rc = fail(err, err_len, "%s: the file changed size while being read", path);
+        rc = errmsg_set(err, err_len, "%s: the file changed size while being read", path);
         goto out;
     }
     if (!host_le() && esize > 1)
@@ -877,13 +865,13 @@ static int load_npy_tokens(data_tokens *t, const char *path, char *err, size_t e
         return -1;
     int rc = 0;
     if (a.ndim != 1 || a.dtype == DATA_F32) {
-        rc = fail(err, err_len,
-                  "%s: a token .npy must be 1-d '<u2', '<i4' or '|u1', not %d-d '%s'", path,
-                  a.ndim, dtype_name(a.dtype));
+        rc = errmsg_set(err, err_len,
+                        "%s: a token .npy must be 1-d '<u2', '<i4' or '|u1', not %d-d '%s'", path,
+                        a.ndim, dtype_name(a.dtype));
         goto out;
     }
     if (a.count == 0) {
-        rc = fail(err, err_len, "%s: empty array (no tokens)", path);
+        rc = errmsg_set(err, err_len, "%s: empty array (no tokens)", path);
         goto out;
     }
     if (a.dtype == DATA_U16) {
@@ -898,11 +886,11 @@ static int load_npy_tokens(data_tokens *t, const char *path, char *err, size_t e
         for (uint64_t i = 0; i < a.count; i++) {
             int64_t v = npy_int(&a, i);
             if (v < 0 || v > UINT16_MAX) {
-                rc = fail(err, err_len,
-                          "%s: token %lld at index %llu (byte offset %llu) does not fit uint16 "
-                          "token storage (0..65535)",
-                          path, (long long)v, (ull)i,
-                          (ull)(a.data_offset + i * dtype_size(a.dtype)));
+                rc = errmsg_set(err, err_len,
+                                "%s: token %lld at index %llu (byte offset %llu) does not fit uint16 "
+                                "token storage (0..65535)",
+                                path, (long long)v, (ull)i,
+                                (ull)(a.data_offset + i * dtype_size(a.dtype)));
                 free(t->tok);
                 t->tok = NULL;
                 goto out;
@@ -961,11 +949,11 @@ int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t
     memset(t, 0, sizeof *t);
     struct stat st;
     if (stat(path, &st) != 0)
-        return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     bool is_dir = S_ISDIR(st.st_mode);
     if (is_dir && fmt != DATA_FMT_AUTO && fmt != DATA_FMT_TEXT)
-        return fail(err, err_len, "%s: is a directory (only text can be read from a directory)",
-                    path);
+        return errmsg_set(err, err_len, "%s: is a directory (only text can be read from a directory)",
+                          path);
     if (fmt == DATA_FMT_AUTO) {
         fmt = DATA_FMT_TEXT;
         if (!is_dir) {
@@ -1017,10 +1005,10 @@ int data_tokens_check_vocab(const data_tokens *t, uint32_t vocab, char *err, siz
         return 0;
     for (size_t i = 0; i < t->n; i++)
         if (t->tok[i] >= vocab)
-            return fail(err, err_len,
-                        "%s: token %u at index %zu (byte offset %llu) is out of range for vocab %u",
-                        t->source, t->tok[i], i,
-                        (ull)(t->data_offset + (uint64_t)i * t->elem_size), vocab);
+            return errmsg_set(err, err_len,
+                              "%s: token %u at index %zu (byte offset %llu) is out of range for vocab %u",
+                              t->source, t->tok[i], i,
+                              (ull)(t->data_offset + (uint64_t)i * t->elem_size), vocab);
     return 0;
 }
 
@@ -1029,13 +1017,13 @@ int data_tokens_split(data_tokens *train, data_tokens *val, double fraction, cha
 {
     memset(val, 0, sizeof *val);
     if (!(fraction > 0 && fraction < 1))
-        return fail(err, err_len, "%s: validation fraction %g is not between 0 and 1",
-                    train->source, fraction);
+        return errmsg_set(err, err_len, "%s: validation fraction %g is not between 0 and 1",
+                          train->source, fraction);
     size_t nv = (size_t)((double)train->n * fraction);
     if (nv == 0 || nv >= train->n)
-        return fail(err, err_len,
-                    "%s: %zu tokens are too few to hold out a validation fraction of %g",
-                    train->source, train->n, fraction);
+        return errmsg_set(err, err_len,
+                          "%s: %zu tokens are too few to hold out a validation fraction of %g",
+                          train->source, train->n, fraction);
     size_t nt = train->n - nv;
     val->tok = malloc(nv * sizeof *val->tok);
     if (!val->tok)
@@ -1086,13 +1074,13 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
         goto out;
     }
     if (r < 4) {
-        rc = fail(err, err_len, "%s: too short for an IDX %s file: %zd bytes%s", path, what, r, z);
+        rc = errmsg_set(err, err_len, "%s: too short for an IDX %s file: %zd bytes%s", path, what, r, z);
         goto out;
     }
     if (be32(h) != want_magic) {
-        rc = fail(err, err_len, "%s: bad magic 0x%08x (expected 0x%08x for IDX ubyte %s%s)", path,
-                  be32(h), want_magic, what,
-                  be32(h) == (images ? DATA_IDX_LABELS_MAGIC : DATA_IDX_IMAGES_MAGIC)
+        rc = errmsg_set(err, err_len, "%s: bad magic 0x%08x (expected 0x%08x for IDX ubyte %s%s)", path,
+                        be32(h), want_magic, what,
+                        be32(h) == (images ? DATA_IDX_LABELS_MAGIC : DATA_IDX_IMAGES_MAGIC)
                       ? images ? "; this is a labels file" : "; this is an images file"
                       : "");
         goto out;
@@ -1103,8 +1091,8 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
         goto out;
     }
     if ((size_t)r < 4 * ndim) {
-        rc = fail(err, err_len, "%s: truncated IDX header: %zd of %u bytes%s", path, 4 + r,
-                  4 + 4 * ndim, z);
+        rc = errmsg_set(err, err_len, "%s: truncated IDX header: %zd of %u bytes%s", path, 4 + r,
+                        4 + 4 * ndim, z);
         goto out;
     }
     uint64_t d[3] = {be32(h + 4), 1, 1};
@@ -1115,14 +1103,14 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
     }
     for (unsigned i = 0; i < ndim; i++)
         if (d[i] == 0) {
-            rc = fail(err, err_len, "%s: IDX dimension %u (%s) is 0", path, i, dim_names[i]);
+            rc = errmsg_set(err, err_len, "%s: IDX dimension %u (%s) is 0", path, i, dim_names[i]);
             goto out;
         }
     uint64_t hbytes = 4 + 4 * (uint64_t)ndim;
     uint64_t rec = d[1] * d[2], total;
     if (__builtin_mul_overflow(d[0], rec, &total) || total > ((uint64_t)1 << 40)) {
-        rc = fail(err, err_len, "%s: IDX dimensions %llu×%llu×%llu are too large", path,
-                  (ull)d[0], (ull)d[1], (ull)d[2]);
+        rc = errmsg_set(err, err_len, "%s: IDX dimensions %llu×%llu×%llu are too large", path,
+                        (ull)d[0], (ull)d[1], (ull)d[2]);
         goto out;
     }
     char dims[96];
@@ -1131,10 +1119,10 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
     else
         snprintf(dims, sizeof dims, "%llu", (ull)d[0]);
     if (!s.gz && s.size < hbytes + total) {
-        rc = fail(err, err_len,
-                  "%s: truncated body: the header says %s %s, so the file should be %llu bytes "
-                  "(%llu-byte header + %llu), but it is %llu bytes",
-                  path, dims, what, (ull)(hbytes + total), (ull)hbytes, (ull)total, (ull)s.size);
+        rc = errmsg_set(err, err_len,
+                        "%s: truncated body: the header says %s %s, so the file should be %llu bytes "
+                        "(%llu-byte header + %llu), but it is %llu bytes",
+                        path, dims, what, (ull)(hbytes + total), (ull)hbytes, (ull)total, (ull)s.size);
         goto out;
     }
     uint64_t keep_n = limit && limit < d[0] ? limit : d[0];
@@ -1149,11 +1137,11 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
         goto out;
     }
     if (got < total || rest) {
-        rc = fail(err, err_len,
-                  "%s: %s: the header says %s %s, so %llu bytes should follow the %llu-byte "
-                  "header, but %llu do%s",
-                  path, got < total ? "truncated body" : "trailing bytes", dims, what, (ull)total,
-                  (ull)hbytes, (ull)(got + rest), z);
+        rc = errmsg_set(err, err_len,
+                        "%s: %s: the header says %s %s, so %llu bytes should follow the %llu-byte "
+                        "header, but %llu do%s",
+                        path, got < total ? "truncated body" : "trailing bytes", dims, what, (ull)total,
+                        (ull)hbytes, (ull)(got + rest), z);
         goto out;
     }
     f->n = d[0];
@@ -1202,15 +1190,15 @@ static int load_image_part(data_images *d, const char *path, uint64_t limit, uin
         return -1;
     int rc = 0;
     if ((a.ndim != 2 && a.ndim != 3) || (a.dtype != DATA_U8 && a.dtype != DATA_F32)) {
-        rc = fail(err, err_len,
-                  "%s: an image .npy must be (N, rows, cols) or (N, D) of '|u1' or '<f4', not "
-                  "%d-d '%s'",
-                  path, a.ndim, dtype_name(a.dtype));
+        rc = errmsg_set(err, err_len,
+                        "%s: an image .npy must be (N, rows, cols) or (N, D) of '|u1' or '<f4', not "
+                        "%d-d '%s'",
+                        path, a.ndim, dtype_name(a.dtype));
         goto out;
     }
     uint64_t rows = a.ndim == 3 ? a.shape[1] : 1, cols = a.shape[a.ndim - 1];
     if (a.shape[0] == 0 || rows == 0 || cols == 0) {
-        rc = fail(err, err_len, "%s: image .npy has a zero dimension", path);
+        rc = errmsg_set(err, err_len, "%s: image .npy has a zero dimension", path);
         goto out;
     }
     uint64_t dim = rows * cols;
@@ -1218,11 +1206,11 @@ static int load_image_part(data_images *d, const char *path, uint64_t limit, uin
         const float *x = a.data;
         for (uint64_t i = 0; i < a.count; i++)
             if (!isfinite(x[i])) {
-                rc = fail(err, err_len,
-                          "%s: pixel value %g at index %llu (image %llu, byte offset %llu) is not "
-                          "finite",
-                          path, (double)x[i], (ull)i, (ull)(i / dim),
-                          (ull)(a.data_offset + 4 * i));
+                rc = errmsg_set(err, err_len,
+                                "%s: pixel value %g at index %llu (image %llu, byte offset %llu) is not "
+                                "finite",
+                                path, (double)x[i], (ull)i, (ull)(i / dim),
+                                (ull)(a.data_offset + 4 * i));
                 goto out;
             }
     }
@@ -1258,9 +1246,9 @@ static int load_label_part(const char *path, uint64_t limit, uint32_t classes, i
         if (data_npy_load(&a, path, err, err_len) != 0)
             return -1;
         if (a.ndim != 1 || a.dtype == DATA_F32) {
-            rc = fail(err, err_len,
-                      "%s: a label .npy must be 1-d '|u1', '<u2' or '<i4', not %d-d '%s'", path,
-                      a.ndim, dtype_name(a.dtype));
+            rc = errmsg_set(err, err_len,
+                            "%s: a label .npy must be 1-d '|u1', '<u2' or '<i4', not %d-d '%s'", path,
+                            a.ndim, dtype_name(a.dtype));
             goto out;
         }
         count = a.count;
@@ -1274,7 +1262,7 @@ static int load_label_part(const char *path, uint64_t limit, uint32_t classes, i
         count = f.n;
     }
     if (count == 0) {
-        rc = fail(err, err_len, "%s: no labels", path);
+        rc = errmsg_set(err, err_len, "%s: no labels", path);
         goto out;
     }
     int64_t m = 0;
@@ -1284,10 +1272,10 @@ static int load_label_part(const char *path, uint64_t limit, uint32_t classes, i
             char range[48] = "";
             if (classes)
                 snprintf(range, sizeof range, " for %u classes", classes);
-            rc = fail(err, err_len,
-                      "%s: label %lld at record %llu (byte offset %llu) is out of range%s", path,
-                      (long long)v, (ull)i,
-                      (ull)(a.data_offset + i * dtype_size(a.dtype)), range);
+            rc = errmsg_set(err, err_len,
+                            "%s: label %lld at record %llu (byte offset %llu) is out of range%s", path,
+                            (long long)v, (ull)i,
+                            (ull)(a.data_offset + i * dtype_size(a.dtype)), range);
             goto out;
         }
         if (v > m)
@@ -1322,8 +1310,8 @@ int data_images_load(data_images *d, const char *images_path, const char *labels
     if (load_label_part(labels_path, limit, classes, &labels, &nl, &max_label, err, err_len) != 0)
         goto fail;
     if (nl != total) {
-        fail(err, err_len, "%s: %llu labels, but %s holds %llu images", labels_path, (ull)nl,
-             images_path, (ull)total);
+        errmsg_set(err, err_len, "%s: %llu labels, but %s holds %llu images", labels_path, (ull)nl,
+                   images_path, (ull)total);
         goto fail;
     }
     d->dim = d->rows * d->cols;
@@ -1406,6 +1394,19 @@ static void stream_epoch(data_stream *s)
     }
 }
 
+/* Whether t holds one sample of context T (T+1 tokens): 0, or -1 with the
+ * reason.  Training windows and evaluation windows alike need one. */
+static int tokens_fit(const data_tokens *t, size_t T, char *err, size_t err_len)
+{
+    if (T == 0)
+        return errmsg_set(err, err_len, "%s: context length 0", t->source);
+    if (t->n < 2 || t->n - 1 < T)
+        return errmsg_set(err, err_len,
+                          "%s: %zu tokens are too few for context %zu (a sample needs %zu)",
+                          t->source, t->n, T, T + 1);
+    return 0;
+}
+
 static int stream_init(data_stream *s, uint64_t size, const char *source, char *err,
                        size_t err_len)
 {
@@ -1423,12 +1424,8 @@ int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t 
                        char *err, size_t err_len)
 {
     memset(s, 0, sizeof *s);
-    if (T == 0)
-        return fail(err, err_len, "%s: context length 0", t->source);
-    if (t->n < 2 || t->n - 1 < T)
-        return fail(err, err_len,
-                    "%s: %zu tokens are too few for context %zu (a sample needs %zu)", t->source,
-                    t->n, T, T + 1);
+    if (tokens_fit(t, T, err, err_len) != 0)
+        return -1;
     /* Windows of T+1 tokens at stride T; keep room to shift them by up to
      * T-1 per epoch, at the price of one window when the tail is short. */
     uint64_t w = (t->n - 1) / T, slack = (t->n - 1) - w * T;
@@ -1448,7 +1445,7 @@ int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, char
 {
     memset(s, 0, sizeof *s);
     if (d->n == 0)
-        return fail(err, err_len, "%s: no images", d->source);
+        return errmsg_set(err, err_len, "%s: no images", d->source);
     s->images = d;
     s->seed = seed;
     return stream_init(s, d->n, d->source, err, err_len);
@@ -1469,10 +1466,10 @@ int data_stream_set_state(data_stream *s, uint64_t epoch, uint64_t index, char *
                           size_t err_len)
 {
     if (index >= s->size)
-        return fail(err, err_len,
-                    "%s: saved data position %llu is past the epoch's %llu samples (did the data "
-                    "or the context change since the checkpoint?)",
-                    s->tokens ? s->tokens->source : s->images->source, (ull)index, (ull)s->size);
+        return errmsg_set(err, err_len,
+                          "%s: saved data position %llu is past the epoch's %llu samples (did the data "
+                          "or the context change since the checkpoint?)",
+                          s->tokens ? s->tokens->source : s->images->source, (ull)index, (ull)s->size);
     if (epoch != s->epoch) {
         s->epoch = epoch;
         stream_epoch(s);
@@ -1535,12 +1532,8 @@ void data_stream_free(data_stream *s)
 int data_eval_tokens(data_eval *e, const data_tokens *t, size_t T, char *err, size_t err_len)
 {
     memset(e, 0, sizeof *e);
-    if (T == 0)
-        return fail(err, err_len, "%s: context length 0", t->source);
-    if (t->n < 2 || t->n - 1 < T)
-        return fail(err, err_len,
-                    "%s: %zu tokens are too few for context %zu (a sample needs %zu)", t->source,
-                    t->n, T, T + 1);
+    if (tokens_fit(t, T, err, err_len) != 0)
+        return -1;
     e->tokens = t;
     e->T = T;
     e->size = (t->n - 1) / T;

@@ -1,7 +1,9 @@
 /* safetensors.c — see safetensors.h for the format and the contracts. */
 #include "safetensors.h"
 
+#include "errmsg.h"
 #include "fileio.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,66 +49,6 @@ int st_dtype_from_name(const char *name, st_dtype *out)
             return 0;
         }
     return -1;
-}
-
-__attribute__((format(printf, 3, 4))) static void seterr(char *err, size_t len,
-                                                         const char *fmt, ...)
-{
-    if (!err || len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
-/* Length of the valid UTF-8 sequence starting at s (at most n bytes
- * available), or 0 if it is not one.  Rejects overlong forms, surrogates and
- * code points above U+10FFFF. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t k;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) {
-        k = 1;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        k = 2;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        k = 3;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n <= k)
-        return 0;
-    for (size_t j = 1; j <= k; j++) {
-        if ((s[j] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[j] & 0x3F);
-    }
-    if (k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)))
-        return 0;
-    if (k == 3 && (cp < 0x10000 || cp > 0x10FFFF))
-        return 0;
-    return k + 1;
-}
-
-static bool utf8_valid(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t n = strlen(str);
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
-        if (k == 0)
-            return false;
-        i += k;
-    }
-    return true;
 }
 
 /* A name made safe for a message: control bytes, quotes, backslashes and
@@ -312,7 +254,7 @@ __attribute__((format(printf, 4, 5))) static int add_fail(st_writer *w, char *er
         w->failed = true;
         snprintf(w->first_err, sizeof w->first_err, "%s", msg);
     }
-    seterr(err, len, "%s", msg);
+    errmsg_set(err, len, "%s", msg);
     return -1;
 }
 
@@ -423,20 +365,20 @@ static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size
 {
     char q[200];
     if (w->failed) {
-        seterr(err, len, "%s", w->first_err);
+        errmsg_set(err, len, "%s", w->first_err);
         return -1;
     }
     size_t nn = w->nt > w->nm ? w->nt : w->nm;
     const char **names = malloc((nn ? nn : 1) * sizeof *names);
     if (!names) {
-        seterr(err, len, "out of memory");
+        errmsg_set(err, len, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < w->nt; i++)
         names[i] = w->t[i].name;
     const char *dup = find_dup(names, w->nt);
     if (dup) {
-        seterr(err, len, "tensor '%s': added twice", qname(q, sizeof q, dup));
+        errmsg_set(err, len, "tensor '%s': added twice", qname(q, sizeof q, dup));
         free(names);
         return -1;
     }
@@ -445,7 +387,7 @@ static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size
     dup = find_dup(names, w->nm);
     free(names);
     if (dup) {
-        seterr(err, len, "metadata '%s': added twice", qname(q, sizeof q, dup));
+        errmsg_set(err, len, "metadata '%s': added twice", qname(q, sizeof q, dup));
         return -1;
     }
 
@@ -490,8 +432,8 @@ static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size
         buf_u64(out, off);
         buf_put(out, ",", 1);
         if (__builtin_add_overflow(off, t->bytes, &off)) {
-            seterr(err, len, "tensor '%s': total size overflows",
-                   qname(q, sizeof q, t->name));
+            errmsg_set(err, len, "tensor '%s': total size overflows",
+                       qname(q, sizeof q, t->name));
             return -1;
         }
         buf_u64(out, off);
@@ -501,13 +443,13 @@ static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size
     while (!out->oom && out->n % 8 != 0)
         buf_put(out, " ", 1);
     if (out->oom) {
-        seterr(err, len, "out of memory building the header");
+        errmsg_set(err, len, "out of memory building the header");
         return -1;
     }
     uint64_t hlen = out->n - 8;
     if (hlen > ST_MAX_HEADER) {
-        seterr(err, len, "header of %llu bytes exceeds the limit of %u bytes",
-               (unsigned long long)hlen, ST_MAX_HEADER);
+        errmsg_set(err, len, "header of %llu bytes exceeds the limit of %u bytes",
+                   (unsigned long long)hlen, ST_MAX_HEADER);
         return -1;
     }
     for (int i = 0; i < 8; i++)
@@ -543,11 +485,11 @@ static int prepare(st_writer *w, const char *name, buf_t *hdr, size_t **order, c
     *hdr = (buf_t){0};
     *order = malloc((w->nt ? w->nt : 1) * sizeof **order);
     if (!*order) {
-        seterr(err, len, "%s: out of memory", name);
+        errmsg_set(err, len, "%s: out of memory", name);
         return -1;
     }
     if (build_header(w, hdr, *order, msg, sizeof msg) != 0) {
-        seterr(err, len, "%s: %s", name, msg);
+        errmsg_set(err, len, "%s: %s", name, msg);
         free(hdr->p);
         free(*order);
         *hdr = (buf_t){0};
@@ -565,7 +507,7 @@ int st_write_fd(st_writer *w, int fd, const char *name, char *err, size_t err_le
         return -1;
     int rc = emit(w, fd, &hdr, order, 0);
     if (rc != 0)
-        seterr(err, err_len, "%s: write: %s", name, strerror(errno));
+        errmsg_set(err, err_len, "%s: write: %s", name, strerror(errno));
     free(hdr.p);
     free(order);
     return rc;
@@ -588,7 +530,7 @@ int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
     if (!tmp || !dir) {
         free(tmp);
         free(dir);
-        seterr(err, err_len, "%s: out of memory", path);
+        errmsg_set(err, err_len, "%s: out of memory", path);
         return -1;
     }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
@@ -608,7 +550,7 @@ int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
     if (prepare(w, path, &hdr, &order, err, err_len) != 0)
         goto out;
     if (injected(w, ST_STAGE_OPEN)) {
-        seterr(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+        errmsg_set(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
         goto out;
     }
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -620,37 +562,37 @@ int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
             break;
     }
     if (fd < 0) {
-        seterr(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+        errmsg_set(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
         goto out;
     }
     created = true;
     int fail_write = w->fail_stage != ST_STAGE_WRITE ? 0 : w->fail_errno ? w->fail_errno : EIO;
     if (emit(w, fd, &hdr, order, fail_write) != 0) {
-        seterr(err, err_len, "%s: write %s: %s", path, tmp, strerror(errno));
+        errmsg_set(err, err_len, "%s: write %s: %s", path, tmp, strerror(errno));
         goto out;
     }
     if (injected(w, ST_STAGE_FSYNC) || fsync(fd) != 0) {
-        seterr(err, err_len, "%s: fsync %s: %s", path, tmp, strerror(errno));
+        errmsg_set(err, err_len, "%s: fsync %s: %s", path, tmp, strerror(errno));
         goto out;
     }
     int crc = close(fd);
     fd = -1;
     if (injected(w, ST_STAGE_CLOSE) || crc != 0) {
-        seterr(err, err_len, "%s: close %s: %s", path, tmp, strerror(errno));
+        errmsg_set(err, err_len, "%s: close %s: %s", path, tmp, strerror(errno));
         goto out;
     }
     if (injected(w, ST_STAGE_RENAME) || rename(tmp, path) != 0) {
-        seterr(err, err_len, "%s: rename from %s: %s", path, tmp, strerror(errno));
+        errmsg_set(err, err_len, "%s: rename from %s: %s", path, tmp, strerror(errno));
         goto out;
     }
     created = false;
     int dfd = -1;
     if (injected(w, ST_STAGE_DIRSYNC) ||
         (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 || fsync(dfd) != 0) {
-        seterr(err, err_len,
-               "%s: written, but syncing directory %s failed (%s): it may not survive a "
-               "crash",
-               path, dir, strerror(errno));
+        errmsg_set(err, err_len,
+                   "%s: written, but syncing directory %s failed (%s): it may not survive a "
+                   "crash",
+                   path, dir, strerror(errno));
         if (dfd >= 0)
             close(dfd);
         goto out;
@@ -712,7 +654,7 @@ __attribute__((format(printf, 2, 3))) static int jfail(jp *p, const char *fmt, .
         o += (size_t)snprintf(ctx + o, sizeof ctx - o, "__metadata__: ");
     if (p->field && o < sizeof ctx)
         snprintf(ctx + o, sizeof ctx - o, "field '%s': ", p->field);
-    seterr(p->err, p->len, "%s: %sheader byte %zu: %s", p->path, ctx, p->i, msg);
+    errmsg_set(p->err, p->len, "%s: %sheader byte %zu: %s", p->path, ctx, p->i, msg);
     return -1;
 }
 
@@ -1197,29 +1139,29 @@ static int check_tensors(st_file *f, char *err, size_t len)
         qname(q, sizeof q, t->name);
         fmt_shape(sh, sizeof sh, t->ndim, t->shape);
         if (!shape_bytes(t->ndim, t->shape, st_dtype_size(t->dtype), &t->nelem, &t->bytes)) {
-            seterr(err, len, "%s: tensor '%s': shape %s of %s overflows 64 bits", path, q, sh,
-                   st_dtype_name(t->dtype));
+            errmsg_set(err, len, "%s: tensor '%s': shape %s of %s overflows 64 bits", path, q, sh,
+                       st_dtype_name(t->dtype));
             return -1;
         }
         if (t->end < t->begin) {
-            seterr(err, len, "%s: tensor '%s': data_offsets [%llu,%llu] end before they begin",
-                   path, q, (unsigned long long)t->begin, (unsigned long long)t->end);
+            errmsg_set(err, len, "%s: tensor '%s': data_offsets [%llu,%llu] end before they begin",
+                       path, q, (unsigned long long)t->begin, (unsigned long long)t->end);
             return -1;
         }
         if (t->end - t->begin != t->bytes) {
-            seterr(err, len,
-                   "%s: tensor '%s': data_offsets [%llu,%llu] do not match shape %s of %s "
-                   "(%llu bytes)",
-                   path, q, (unsigned long long)t->begin, (unsigned long long)t->end, sh,
-                   st_dtype_name(t->dtype), (unsigned long long)t->bytes);
+            errmsg_set(err, len,
+                       "%s: tensor '%s': data_offsets [%llu,%llu] do not match shape %s of %s "
+                       "(%llu bytes)",
+                       path, q, (unsigned long long)t->begin, (unsigned long long)t->end, sh,
+                       st_dtype_name(t->dtype), (unsigned long long)t->bytes);
             return -1;
         }
         if (t->end > f->data_len) {
-            seterr(err, len,
-                   "%s: tensor '%s': data_offsets [%llu,%llu] lie beyond the end of the data "
-                   "(%llu bytes after the header)",
-                   path, q, (unsigned long long)t->begin, (unsigned long long)t->end,
-                   (unsigned long long)f->data_len);
+            errmsg_set(err, len,
+                       "%s: tensor '%s': data_offsets [%llu,%llu] lie beyond the end of the data "
+                       "(%llu bytes after the header)",
+                       path, q, (unsigned long long)t->begin, (unsigned long long)t->end,
+                       (unsigned long long)f->data_len);
             return -1;
         }
     }
@@ -1230,7 +1172,7 @@ static int check_tensors(st_file *f, char *err, size_t len)
     f->meta_by_key = malloc((f->nm ? f->nm : 1) * sizeof *f->meta_by_key);
     if (!f->by_name || !by_off || !f->meta_by_key) {
         free(by_off);
-        seterr(err, len, "%s: out of memory", path);
+        errmsg_set(err, len, "%s: out of memory", path);
         return -1;
     }
     for (size_t i = 0; i < n; i++)
@@ -1244,14 +1186,14 @@ static int check_tensors(st_file *f, char *err, size_t len)
     int rc = -1;
     for (size_t i = 1; i < n; i++)
         if (strcmp(f->t[f->by_name[i - 1]].name, f->t[f->by_name[i]].name) == 0) {
-            seterr(err, len, "%s: tensor '%s': appears twice in the header", path,
-                   qname(q, sizeof q, f->t[f->by_name[i]].name));
+            errmsg_set(err, len, "%s: tensor '%s': appears twice in the header", path,
+                       qname(q, sizeof q, f->t[f->by_name[i]].name));
             goto out;
         }
     for (size_t i = 1; i < f->nm; i++)
         if (strcmp(f->mkey[f->meta_by_key[i - 1]], f->mkey[f->meta_by_key[i]]) == 0) {
-            seterr(err, len, "%s: metadata '%s': appears twice in the header", path,
-                   qname(q, sizeof q, f->mkey[f->meta_by_key[i]]));
+            errmsg_set(err, len, "%s: metadata '%s': appears twice in the header", path,
+                       qname(q, sizeof q, f->mkey[f->meta_by_key[i]]));
             goto out;
         }
     uint64_t pos = 0;
@@ -1259,36 +1201,36 @@ static int check_tensors(st_file *f, char *err, size_t len)
     for (size_t i = 0; i < n; i++) {
         const st_tensor *t = &f->t[by_off[i]];
         if (t->begin < pos) {
-            seterr(err, len,
-                   "%s: tensor '%s': data_offsets [%llu,%llu] overlap tensor '%s' [%llu,%llu]",
-                   path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                   (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
-                   (unsigned long long)prev->begin, (unsigned long long)prev->end);
+            errmsg_set(err, len,
+                       "%s: tensor '%s': data_offsets [%llu,%llu] overlap tensor '%s' [%llu,%llu]",
+                       path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
+                       (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
+                       (unsigned long long)prev->begin, (unsigned long long)prev->end);
             goto out;
         }
         if (t->begin > pos) {
             if (prev)
-                seterr(err, len,
-                       "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap after tensor "
-                       "'%s', which ends at %llu",
-                       path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                       (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
-                       (unsigned long long)pos);
+                errmsg_set(err, len,
+                           "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap after tensor "
+                           "'%s', which ends at %llu",
+                           path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
+                           (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
+                           (unsigned long long)pos);
             else
-                seterr(err, len,
-                       "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap: the first "
-                       "tensor must start at 0",
-                       path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                       (unsigned long long)t->end);
+                errmsg_set(err, len,
+                           "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap: the first "
+                           "tensor must start at 0",
+                           path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
+                           (unsigned long long)t->end);
             goto out;
         }
         pos = t->end;
         prev = t;
     }
     if (pos != f->data_len) {
-        seterr(err, len,
-               "%s: the file has %llu data bytes after the header but its tensors cover %llu",
-               path, (unsigned long long)f->data_len, (unsigned long long)pos);
+        errmsg_set(err, len,
+                   "%s: the file has %llu data bytes after the header but its tensors cover %llu",
+                   path, (unsigned long long)f->data_len, (unsigned long long)pos);
         goto out;
     }
     rc = 0;
@@ -1326,51 +1268,51 @@ int st_open(const char *path, st_file **out, char *err, size_t err_len)
     st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
-        seterr(err, err_len, "%s: out of memory", path);
+        errmsg_set(err, err_len, "%s: out of memory", path);
         return -1;
     }
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) {
-        seterr(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         goto fail;
     }
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) {
-        seterr(err, err_len, "%s: stat: %s", path, strerror(errno));
+        errmsg_set(err, err_len, "%s: stat: %s", path, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(sb.st_mode)) {
-        seterr(err, err_len, "%s: not a regular file", path);
+        errmsg_set(err, err_len, "%s: not a regular file", path);
         goto fail;
     }
     f->file_size = (uint64_t)sb.st_size;
     if (f->file_size < 8) {
-        seterr(err, err_len,
-               "%s: file is %llu bytes, too short for the 8-byte header length", path,
-               (unsigned long long)f->file_size);
+        errmsg_set(err, err_len,
+                   "%s: file is %llu bytes, too short for the 8-byte header length", path,
+                   (unsigned long long)f->file_size);
         goto fail;
     }
     unsigned char lenb[8];
     int r = pread_all(f->fd, lenb, 8, 0);
     if (r != 0) {
-        seterr(err, err_len, "%s: read: %s", path, r < 0 ? strerror(errno) : "file shrank");
+        errmsg_set(err, err_len, "%s: read: %s", path, r < 0 ? strerror(errno) : "file shrank");
         goto fail;
     }
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
         n = n << 8 | lenb[i];
     if (n == 0) {
-        seterr(err, err_len, "%s: header length is 0", path);
+        errmsg_set(err, err_len, "%s: header length is 0", path);
         goto fail;
     }
     if (n > ST_MAX_HEADER) {
-        seterr(err, err_len, "%s: header length %llu exceeds the limit of %u bytes", path,
-               (unsigned long long)n, ST_MAX_HEADER);
+        errmsg_set(err, err_len, "%s: header length %llu exceeds the limit of %u bytes", path,
+                   (unsigned long long)n, ST_MAX_HEADER);
         goto fail;
     }
     if (n > f->file_size - 8) {
-        seterr(err, err_len, "%s: header length %llu exceeds the file size (%llu bytes)", path,
-               (unsigned long long)n, (unsigned long long)f->file_size);
+        errmsg_set(err, err_len, "%s: header length %llu exceeds the file size (%llu bytes)", path,
+                   (unsigned long long)n, (unsigned long long)f->file_size);
         goto fail;
     }
     f->header_len = n;
@@ -1378,13 +1320,13 @@ int st_open(const char *path, st_file **out, char *err, size_t err_len)
     f->data_len = f->file_size - f->data_off;
     unsigned char *hdr = malloc((size_t)n);
     if (!hdr) {
-        seterr(err, err_len, "%s: out of memory for a %llu-byte header", path,
-               (unsigned long long)n);
+        errmsg_set(err, err_len, "%s: out of memory for a %llu-byte header", path,
+                   (unsigned long long)n);
         goto fail;
     }
     r = pread_all(f->fd, hdr, (size_t)n, 8);
     if (r != 0) {
-        seterr(err, err_len, "%s: read: %s", path, r < 0 ? strerror(errno) : "file shrank");
+        errmsg_set(err, err_len, "%s: read: %s", path, r < 0 ? strerror(errno) : "file shrank");
         free(hdr);
         goto fail;
     }
@@ -1442,7 +1384,7 @@ const st_tensor *st_expect(const st_file *f, const char *name, st_dtype dtype, i
     char q[200], a[200], b[200];
     const st_tensor *t = st_find(f, name);
     if (!t) {
-        seterr(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
+        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
         return NULL;
     }
     bool same = t->dtype == dtype && t->ndim == ndim;
@@ -1451,9 +1393,9 @@ const st_tensor *st_expect(const st_file *f, const char *name, st_dtype dtype, i
     if (!same) {
         fmt_shape(a, sizeof a, ndim < 0 ? 0 : ndim > ST_MAX_DIMS ? ST_MAX_DIMS : ndim, shape);
         fmt_shape(b, sizeof b, t->ndim, t->shape);
-        seterr(err, err_len, "%s: tensor '%s': expected %s %s, the file has %s %s", f->path,
-               qname(q, sizeof q, name), st_dtype_name(dtype) ? st_dtype_name(dtype) : "?",
-               a, st_dtype_name(t->dtype), b);
+        errmsg_set(err, err_len, "%s: tensor '%s': expected %s %s, the file has %s %s", f->path,
+                   qname(q, sizeof q, name), st_dtype_name(dtype) ? st_dtype_name(dtype) : "?",
+                   a, st_dtype_name(t->dtype), b);
         return NULL;
     }
     return t;
@@ -1469,20 +1411,20 @@ int st_read_tensor(st_file *f, const st_tensor *t, void *dst, size_t bytes, char
 {
     char q[200];
     if (!owns(f, t)) {
-        seterr(err, err_len, "%s: tensor is not from this file", f->path);
+        errmsg_set(err, err_len, "%s: tensor is not from this file", f->path);
         return -1;
     }
     if ((uint64_t)bytes != t->bytes) {
-        seterr(err, err_len, "%s: tensor '%s': has %llu bytes, the buffer %zu", f->path,
-               qname(q, sizeof q, t->name), (unsigned long long)t->bytes, bytes);
+        errmsg_set(err, err_len, "%s: tensor '%s': has %llu bytes, the buffer %zu", f->path,
+                   qname(q, sizeof q, t->name), (unsigned long long)t->bytes, bytes);
         return -1;
     }
     if (bytes == 0)
         return 0;
     int r = pread_all(f->fd, dst, bytes, f->data_off + t->begin);
     if (r != 0) {
-        seterr(err, err_len, "%s: tensor '%s': read: %s", f->path, qname(q, sizeof q, t->name),
-               r < 0 ? strerror(errno) : "the file ends before its data (it shrank)");
+        errmsg_set(err, err_len, "%s: tensor '%s': read: %s", f->path, qname(q, sizeof q, t->name),
+                   r < 0 ? strerror(errno) : "the file ends before its data (it shrank)");
         return -1;
     }
     return 0;
@@ -1493,7 +1435,7 @@ int st_read(st_file *f, const char *name, void *dst, size_t bytes, char *err, si
     char q[200];
     const st_tensor *t = st_find(f, name);
     if (!t) {
-        seterr(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
+        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
         return -1;
     }
     return st_read_tensor(f, t, dst, bytes, err, err_len);
@@ -1502,13 +1444,13 @@ int st_read(st_file *f, const char *name, void *dst, size_t bytes, char *err, si
 const void *st_data(st_file *f, const st_tensor *t, char *err, size_t err_len)
 {
     if (!owns(f, t)) {
-        seterr(err, err_len, "%s: tensor is not from this file", f->path);
+        errmsg_set(err, err_len, "%s: tensor is not from this file", f->path);
         return NULL;
     }
     if (!f->map) {
         void *m = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
         if (m == MAP_FAILED) {
-            seterr(err, err_len, "%s: mmap: %s", f->path, strerror(errno));
+            errmsg_set(err, err_len, "%s: mmap: %s", f->path, strerror(errno));
             return NULL;
         }
         f->map = m;

@@ -1,7 +1,9 @@
 /* tboard.c — see tboard.h. */
 #include "tboard.h"
 
+#include "errmsg.h"
 #include "fileio.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -139,17 +141,6 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-__attribute__((format(printf, 3, 4))) static void seterr(char *err, size_t len,
-                                                         const char *fmt, ...)
-{
-    if (!err || len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- writer ------------------------------------------------------------------ */
 
 #define TB_BUF_FLUSH (64u << 10) /* hand records to the kernel past this */
@@ -181,42 +172,6 @@ static double now(void)
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-static bool utf8_ok(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    while (*s) {
-        unsigned c = *s;
-        size_t k;
-        uint32_t cp;
-        if (c < 0x80) {
-            s++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            k = 1;
-            cp = c & 0x1F;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            cp = c & 0x0F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[j] & 0xC0) != 0x80) /* also stops at the NUL */
-                return false;
-            cp = (cp << 6) | (s[j] & 0x3F);
-        }
-        if ((k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-            (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-            return false;
-        s += k + 1;
-    }
-    return true;
-}
-
 
 int tb_flush(tb_writer *w)
 {
@@ -268,7 +223,7 @@ int tb_scalars(tb_writer *w, int64_t step, double wall_time, size_t n, const cha
     if (n == 0)
         return wfail(w, "%s: tb_scalars with no values", w->path);
     for (size_t i = 0; i < n; i++)
-        if (!tags[i] || !*tags[i] || !utf8_ok(tags[i]))
+        if (!tags[i] || !*tags[i] || !utf8_valid(tags[i]))
             return wfail(w, "%s: scalar tag %zu is empty or not UTF-8", w->path, i);
     Gradd__Tb__Summary__Value *vals = calloc(n, sizeof *vals);
     Gradd__Tb__Summary__Value **ptrs = calloc(n, sizeof *ptrs);
@@ -340,7 +295,7 @@ int tb_open(const char *dir, tb_writer **out, char *err, size_t err_len)
         if (w)
             free(w->path);
         free(w);
-        seterr(err, err_len, "%s: out of memory", dir);
+        errmsg_set(err, err_len, "%s: out of memory", dir);
         return -1;
     }
     w->fd = -1;
@@ -360,7 +315,7 @@ int tb_open(const char *dir, tb_writer **out, char *err, size_t err_len)
             break;
     }
     if (w->fd < 0) {
-        seterr(err, err_len, "%s: cannot create event file: %s", w->path, strerror(errno));
+        errmsg_set(err, err_len, "%s: cannot create event file: %s", w->path, strerror(errno));
         free_writer(w);
         return -1;
     }
@@ -369,7 +324,7 @@ int tb_open(const char *dir, tb_writer **out, char *err, size_t err_len)
     ev.what_case = GRADD__TB__EVENT__WHAT_FILE_VERSION;
     ev.file_version = (char *)"brain.Event:2";
     if (append_event(w, &ev) != 0 || tb_flush(w) != 0) {
-        seterr(err, err_len, "%s", w->err);
+        errmsg_set(err, err_len, "%s", w->err);
         unlink(w->path);
         free_writer(w);
         return -1;
@@ -390,7 +345,7 @@ int tb_close(tb_writer *w, char *err, size_t err_len)
         wfail(w, "%s: close: %s", w->path, strerror(errno));
     int rc = w->failed ? -1 : 0;
     if (rc)
-        seterr(err, err_len, "%s", w->err);
+        errmsg_set(err, err_len, "%s", w->err);
     free_writer(w);
     return rc;
 }
@@ -402,12 +357,12 @@ long tb_read_records(const char *path, unsigned flags, tb_record_fn fn, void *ct
 {
     FILE *fp = fopen(path, "rbe");
     if (!fp) {
-        seterr(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat sb;
     if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        seterr(err, err_len, "%s: not a readable regular file", path);
+        errmsg_set(err, err_len, "%s: not a readable regular file", path);
         fclose(fp);
         return -1;
     }
@@ -424,40 +379,40 @@ long tb_read_records(const char *path, unsigned flags, tb_record_fn fn, void *ct
             break; /* clean end */
         if (got < sizeof hdr) {
             if (ferror(fp)) {
-                seterr(err, err_len, "%s: record %ld at byte %llu: read: %s", path, count,
-                       (unsigned long long)off, strerror(errno));
+                errmsg_set(err, err_len, "%s: record %ld at byte %llu: read: %s", path, count,
+                           (unsigned long long)off, strerror(errno));
                 goto out;
             }
             if (allow_tail)
                 break;
-            seterr(err, err_len, "%s: record %ld at byte %llu: truncated header (%zu of 12 bytes)",
-                   path, count, (unsigned long long)off, got);
+            errmsg_set(err, err_len, "%s: record %ld at byte %llu: truncated header (%zu of 12 bytes)",
+                       path, count, (unsigned long long)off, got);
             goto out;
         }
         uint64_t len = get_u64(hdr);
         uint32_t want = tb_crc_unmask(get_u32(hdr + 8)), have = tb_crc32c(0, hdr, 8);
         if (want != have) {
-            seterr(err, err_len,
-                   "%s: record %ld at byte %llu: length CRC mismatch (stored 0x%08x, computed "
-                   "0x%08x)",
-                   path, count, (unsigned long long)off, want, have);
+            errmsg_set(err, err_len,
+                       "%s: record %ld at byte %llu: length CRC mismatch (stored 0x%08x, computed "
+                       "0x%08x)",
+                       path, count, (unsigned long long)off, want, have);
             goto out;
         }
         /* Never allocate more than the file could hold. */
         if (size < off + 12 || len > size - off - 12 || size - off - 12 - len < 4) {
             if (allow_tail)
                 break;
-            seterr(err, err_len,
-                   "%s: record %ld at byte %llu: length %llu runs past the end of the file "
-                   "(%llu bytes)",
-                   path, count, (unsigned long long)off, (unsigned long long)len,
-                   (unsigned long long)size);
+            errmsg_set(err, err_len,
+                       "%s: record %ld at byte %llu: length %llu runs past the end of the file "
+                       "(%llu bytes)",
+                       path, count, (unsigned long long)off, (unsigned long long)len,
+                       (unsigned long long)size);
             goto out;
         }
         uint8_t *d = realloc(data, (size_t)len + 4);
         if (!d) {
-            seterr(err, err_len, "%s: record %ld at byte %llu: out of memory (%llu bytes)",
-                   path, count, (unsigned long long)off, (unsigned long long)len);
+            errmsg_set(err, err_len, "%s: record %ld at byte %llu: out of memory (%llu bytes)",
+                       path, count, (unsigned long long)off, (unsigned long long)len);
             goto out;
         }
         data = d;
@@ -465,18 +420,18 @@ long tb_read_records(const char *path, unsigned flags, tb_record_fn fn, void *ct
         if (got < (size_t)len + 4) {
             if (!ferror(fp) && allow_tail)
                 break;
-            seterr(err, err_len, "%s: record %ld at byte %llu: %s", path, count,
-                   (unsigned long long)off,
-                   ferror(fp) ? strerror(errno) : "truncated data");
+            errmsg_set(err, err_len, "%s: record %ld at byte %llu: %s", path, count,
+                       (unsigned long long)off,
+                       ferror(fp) ? strerror(errno) : "truncated data");
             goto out;
         }
         want = tb_crc_unmask(get_u32(data + len));
         have = tb_crc32c(0, data, (size_t)len);
         if (want != have) {
-            seterr(err, err_len,
-                   "%s: record %ld at byte %llu: data CRC mismatch (stored 0x%08x, computed "
-                   "0x%08x)",
-                   path, count, (unsigned long long)off, want, have);
+            errmsg_set(err, err_len,
+                       "%s: record %ld at byte %llu: data CRC mismatch (stored 0x%08x, computed "
+                       "0x%08x)",
+                       path, count, (unsigned long long)off, want, have);
             goto out;
         }
         count++;
