@@ -9,10 +9,8 @@ import os
 import shutil
 import tempfile
 import time
-import unittest
 
 import harness
-from harness import Daemon
 
 JOB = """
 [job]
@@ -54,22 +52,18 @@ low_watermark = 8M
 """
 
 
-class Adaptive(unittest.TestCase):
+class Adaptive(harness.DaemonTest):
+    conf = CONF
+    test_hooks = True
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="gradd-adapt-")
+        # Cleanups run after DaemonTest.tearDown has stopped the daemon.
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         os.chmod(self.dir, 0o755)
         self.train = os.path.join(self.dir, "corpus.txt")
-        with open(self.train, "w") as f:
-            for i in range(300):
-                f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
-        self.d = Daemon(CONF, test_hooks=True)
-
-    def tearDown(self):
-        code = self.d.stop()
-        log = self.d.read_log()
-        self.d.cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.assertEqual(code, 0, "gradd exited %d:\n%s" % (code, log))
+        harness.write_corpus(self.train)
+        super().setUp()
 
     def submit(self, name, steps, limit="0", tune="on", grow_after=4):
         cfg = os.path.join(self.dir, name + ".cfg")

@@ -50,9 +50,7 @@ class Jobs(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="gradd-jobs-")
         os.chmod(self.dir, 0o755)
         self.train = os.path.join(self.dir, "corpus.txt")
-        with open(self.train, "w") as f:
-            for i in range(300):
-                f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
+        harness.write_corpus(self.train)
         os.chmod(self.train, 0o644)
         self.state = os.path.join(self.dir, "state")
         self.d = None

@@ -52,18 +52,12 @@ log_every = 1
 """
 
 
-def corpus(path):
-    with open(path, "w") as f:
-        for i in range(300):
-            f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
-
-
 @unittest.skipUnless(HAVE_READERS, "needs numpy, safetensors and tensorboard (scripts/pyenv.sh)")
 class Run(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="gradd-run-")
         self.train = os.path.join(self.dir, "corpus.txt")
-        corpus(self.train)
+        harness.write_corpus(self.train)
 
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -192,7 +186,7 @@ class Metrics(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="gradd-metrics-")
         try:
             train = os.path.join(tmp, "corpus.txt")
-            corpus(train)
+            harness.write_corpus(train)
             cfg = os.path.join(tmp, "job.cfg")
             with open(cfg, "w") as f:
                 f.write(JOB.format(fmt="text", train=train, steps=100000, out=os.path.join(tmp, "out")).replace(

@@ -10,7 +10,6 @@ import time
 import unittest
 
 import harness
-from harness import Daemon
 
 FORTUNES = "/usr/share/games/fortunes"
 FASHION = "/usr/share/datasets/fashion-mnist/"
@@ -45,18 +44,15 @@ checkpoint_every = {ckpt}
 
 
 @unittest.skipUnless(os.path.isdir(FORTUNES), "needs Debian's fortunes")
-class Sample(unittest.TestCase):
+class Sample(harness.DaemonTest):
+    conf = "[daemon]\nmax_jobs_per_device = 1\n"
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="gradd-sample-")
+        # Cleanups run after DaemonTest.tearDown has stopped the daemon.
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         os.chmod(self.dir, 0o755)
-        self.d = Daemon("[daemon]\nmax_jobs_per_device = 1\n")
-
-    def tearDown(self):
-        code = self.d.stop()
-        log = self.d.read_log()
-        self.d.cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.assertEqual(code, 0, "gradd exited %d:\n%s" % (code, log))
+        super().setUp()
 
     def submit(self, name, steps=40, priority=0, ckpt=0):
         cfg = os.path.join(self.dir, name + ".cfg")

@@ -87,6 +87,20 @@ static void gen(sample_model *m, const char *prompt, uint32_t n, double temp, ui
     gen_with(m, prompt, n, temp, seed, false, o);
 }
 
+/* A job that is only a GPT's shape: all model_create needs to build one
+ * without training it. */
+static void gpt_shape(job_config *j, uint32_t layers, uint32_t heads, uint32_t width, uint32_t context,
+                      uint32_t vocab)
+{
+    jobcfg_defaults(j);
+    j->model = JOBCFG_GPT;
+    j->layers = layers;
+    j->heads = heads;
+    j->width = width;
+    j->context = context;
+    j->vocab = vocab;
+}
+
 static void test_continues_the_pattern(void **state)
 {
     (void)state;
@@ -145,13 +159,7 @@ static void test_forward_logits_matches_forward(void **state)
 {
     (void)state;
     job_config j;
-    jobcfg_defaults(&j);
-    j.model = JOBCFG_GPT;
-    j.layers = 2;
-    j.heads = 2;
-    j.width = 16;
-    j.context = 8;
-    j.vocab = 256;
+    gpt_shape(&j, 2, 2, 16, 8, 256);
     const kern_ops *k = kern_cpu_ops();
     kern_ctx *kc = k->ctx_create(1, 0, KERN_FP32, NULL);
     model *m;
@@ -200,13 +208,7 @@ static void small_gpt_make(small_gpt *s, const kern_ops *k, uint32_t layers, uin
                            uint32_t context, uint32_t vocab, jobcfg_precision prec, uint32_t n)
 {
     job_config j;
-    jobcfg_defaults(&j);
-    j.model = JOBCFG_GPT;
-    j.layers = layers;
-    j.heads = heads;
-    j.width = width;
-    j.context = context;
-    j.vocab = vocab;
+    gpt_shape(&j, layers, heads, width, context, vocab);
     j.precision = prec;
     s->k = k;
     s->kc = k->ctx_create(1, 0, KERN_FP32, NULL);
@@ -308,13 +310,7 @@ static void test_decode_refuses_lp16(void **state)
     kern_ops k16 = *kern_cpu_ops();
     k16.act16_native = true;
     job_config j;
-    jobcfg_defaults(&j);
-    j.model = JOBCFG_GPT;
-    j.layers = 1;
-    j.heads = 2;
-    j.width = 8;
-    j.context = 4;
-    j.vocab = 16;
+    gpt_shape(&j, 1, 2, 8, 4, 16);
     j.precision = JOBCFG_BF16;
     model *m;
     char err[256];
@@ -439,13 +435,7 @@ static void test_other_vocab(void **state)
 {
     (void)state;
     job_config j;
-    jobcfg_defaults(&j);
-    j.model = JOBCFG_GPT;
-    j.layers = 1;
-    j.heads = 1;
-    j.width = 8;
-    j.context = 4;
-    j.vocab = 300;
+    gpt_shape(&j, 1, 1, 8, 4, 300);
     model *shape;
     char err[512];
     assert_int_equal(model_create(&j, 0, 0, kern_cpu_ops(), NULL, &shape, err, sizeof err), 0);
