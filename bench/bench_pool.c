@@ -75,7 +75,8 @@
  * The CUDA variant is bench_pool_cuda.c (built where CUDA is): the same
  * trace and figures on one GPU, against cudaMalloc, cudaMallocAsync and
  * PyTorch's caching allocator.  Both programs share bench/trace.c: the timer,
- * the trace reader, the replay loop, the statistics and the pool run.
+ * the trace reader, the replay loop, the statistics, the pool run, the
+ * options both take and the pair-time JSON lines.
  */
 #include "trace.h"
 
@@ -252,10 +253,8 @@ static int run_one(int which, const trace *t, replay_buf *rb, const bench_opts *
         return rc;
     }
 
-    memset(r, 0, sizeof *r);
+    run_reset(t, rb, r);
     alloc_ctx c = {0};
-    dev_calls = 0;
-    memset(rb->step_dev, 0, (t->nsteps + 1) * sizeof *rb->step_dev);
     int rc = 0;
     if (which == A_DEVICE) {
         c.d = counting_cpu_create(o->capacity);
@@ -270,11 +269,7 @@ static int run_one(int which, const trace *t, replay_buf *rb, const bench_opts *
         rc = replay_timed(t, rb, &c, je_a, je_f, NULL, r);
         r->hot_ns = hot_pairs(rb->pairs, 4 * t->nallocs, &c, je_a, je_f);
     }
-    if (rc != 0)
-        return -1;
-    summarise(t, rb, o->warm_steps, r);
-    r->ok = true;
-    return 0;
+    return run_finish(t, rb, o->warm_steps, rc, r);
 }
 
 /* ==== main ======================================================================================= */
@@ -290,27 +285,16 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL, *only = NULL, *timer = NULL;
-    int repeat = 5;
+    bench_args args = {.repeat = 5};
     bench_opts o = {.capacity = (size_t)16 << 30, .timeline = true, .warm_steps = 2,
                     .trim_at_step = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--repeat") && v) {
-            repeat = atoi(v);
-            i++;
-        } else if (!strcmp(a, "--warm-steps") && v) {
-            o.warm_steps = atoi(v);
-            i++;
-        } else if (!strcmp(a, "--capacity") && v) {
+        if (bench_arg(argc, argv, &i, &args, &o))
+            continue;
+        if (!strcmp(a, "--capacity") && v) {
             o.capacity = strtoull(v, NULL, 0);
-            i++;
-        } else if (!strcmp(a, "--timer") && v) {
-            timer = v;
-            i++;
-        } else if (!strcmp(a, "--only") && v) {
-            only = v;
             i++;
         } else if (!strcmp(a, "--trim-every-steps") && v) {
             o.trim_every_steps = strtoull(v, NULL, 0);
@@ -321,52 +305,31 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--gc-threshold") && v) {
             o.gc_threshold = atof(v);
             i++;
-        } else if (!strcmp(a, "--no-timeline")) {
-            o.timeline = false;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
-        } else if (a[0] != '-' && !path) {
-            path = a;
         } else {
             usage();
             return 2;
         }
     }
-    if (!path || repeat < 1 || o.warm_steps < 0 || o.capacity == 0) {
+    if (!args.path || args.repeat < 1 || o.warm_steps < 0 || o.capacity == 0) {
         usage();
         return 2;
     }
     bool want[A_COUNT];
-    for (int k = 0; k < A_COUNT; k++) {
-        if (!only) {
-            want[k] = true;
-            continue;
-        }
-        size_t l = strlen(alloc_names[k]);
-        const char *s = only;
-        want[k] = false;
-        while (s && *s) {
-            if (!strncmp(s, alloc_names[k], l) && (s[l] == ',' || s[l] == 0))
-                want[k] = true;
-            s = strchr(s, ',');
-            if (s)
-                s++;
-        }
-    }
+    if (only_select(args.only, alloc_names, A_COUNT, want) != 0)
+        return 2;
 
     if (want[A_JEMALLOC] && jemalloc_load(argv) != 0) {
         fprintf(stderr, "bench_pool: jemalloc unavailable (Debian: apt-get install libjemalloc2)\n");
         return 1;
     }
 
-    use_tsc = timer ? !strcmp(timer, "tsc") : tsc_invariant();
-    if (use_tsc && !tsc_invariant())
-        fprintf(stderr, "bench_pool: warning: the TSC is not invariant here; use --timer clock\n");
-    timer_calibrate();
+    timer_setup(args.timer);
 
     trace t;
-    if (trace_load(path, &t) != 0)
+    if (trace_load(args.path, &t) != 0)
         return 1;
     if (t.peak_live > o.capacity) {
         fprintf(stderr, "bench_pool: the trace's peak (%" PRIu64 " bytes) exceeds the device's %zu\n",
@@ -378,11 +341,10 @@ int main(int argc, char **argv)
     if (replay_buf_init(&rb, &t) != 0)
         return 1;
 
-    trace_describe(path, &t);
-    fprintf(stderr, "timer: %s, %.3f ticks/ns, %.1f ns overhead subtracted per call\n",
-            use_tsc ? "rdtsc" : "clock_gettime", ticks_per_ns, ticks_to_ns(tick_overhead));
+    trace_describe(args.path, &t);
+    timer_describe();
     fprintf(stderr, "timing: pairs allocated from step %d on; steady: steps >= %d of each phase; "
-            "%d repeats, figures are the median run\n", o.warm_steps, o.warm_steps, repeat);
+            "%d repeats, figures are the median run\n", o.warm_steps, o.warm_steps, args.repeat);
     fprintf(stderr, "pool config: default, timeline %s, trim_every_steps %" PRIu64
             ", gc_threshold %g, trim at step %ld\n", o.timeline ? "on" : "off",
             o.trim_every_steps, o.gc_threshold, o.trim_at_step);
@@ -391,10 +353,10 @@ int main(int argc, char **argv)
 
     /* Repeats interleaved across allocators, so slow drift of the machine
      * (another build, frequency) hits everyone alike. */
-    run_result *runs = calloc((size_t)repeat * A_COUNT, sizeof *runs);
+    run_result *runs = calloc((size_t)args.repeat * A_COUNT, sizeof *runs);
     if (!runs)
         return 1;
-    for (int r = 0; r < repeat; r++) {
+    for (int r = 0; r < args.repeat; r++) {
         for (int k = 0; k < A_COUNT; k++) {
             if (!want[k])
                 continue;
@@ -408,7 +370,7 @@ int main(int argc, char **argv)
     /* Medians over the repeats; the counts are the same in every run. */
     run_result res[A_COUNT];
     for (int k = 0; k < A_COUNT; k++)
-        res[k] = want[k] ? median_result(&runs[k], repeat, A_COUNT) : runs[k];
+        res[k] = want[k] ? median_result(&runs[k], args.repeat, A_COUNT) : runs[k];
 
     fprintf(stderr, "\n%-18s %8s %8s %8s %8s %8s %8s %7s %7s %9s %8s %8s\n", "allocator",
             "median", "p99", "mean", "hit med", "small", "large", "hot", "replay", "dev", "/1000",
@@ -455,24 +417,7 @@ int main(int argc, char **argv)
         const char *bench = k == A_POOL ? "pool_trace" : "pool_trace_expandable";
         run_result *r = &res[k];
         static const int peers[] = {A_JEMALLOC, A_GLIBC, A_DEVICE};
-        for (size_t i = 0; i < 3; i++)
-            if (want[peers[i]])
-                emit(bench, "pair_ns_median", round_to(r->median_ns, 0.1), "ns",
-                     alloc_names[peers[i]], round_to(res[peers[i]].median_ns, 0.1));
-        for (size_t i = 0; i < 3; i++)
-            if (want[peers[i]])
-                emit(bench, "pair_ns_p99", round_to(r->p99_ns, 0.1), "ns", alloc_names[peers[i]],
-                     round_to(res[peers[i]].p99_ns, 0.1));
-        /* The same split the summary shows: the bookkeeping cost where
-         * jemalloc makes no system call (small), and the hit path alone. */
-        if (want[A_JEMALLOC]) {
-            emit(bench, "pair_ns_median_small", round_to(r->small_median_ns, 0.1), "ns",
-                 "jemalloc", round_to(res[A_JEMALLOC].small_median_ns, 0.1));
-            emit(bench, "pair_ns_median_large", round_to(r->large_median_ns, 0.1), "ns",
-                 "jemalloc", round_to(res[A_JEMALLOC].large_median_ns, 0.1));
-            emit(bench, "pair_ns_hot_512B", round_to(r->hot_ns, 0.1), "ns", "jemalloc",
-                 round_to(res[A_JEMALLOC].hot_ns, 0.1));
-        }
+        emit_pair_ns(bench, r, peers, 3, A_JEMALLOC, alloc_names, res, want);
         double all = per_1000(&t, r);
         double steady = per_1000_steady(r);
         /* The every-time baseline makes one device call per request: 1000. */

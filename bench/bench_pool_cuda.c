@@ -167,11 +167,7 @@ out_stream:
     cudaStreamDestroy(c.stream);
 out_pool:
     cudaMemPoolDestroy(c.pool);
-    if (rc != 0)
-        return -1;
-    summarise(t, rb, o->warm_steps, r);
-    r->ok = true;
-    return 0;
+    return run_finish(t, rb, o->warm_steps, rc, r);
 }
 
 /* ==== one run ================================================================================ */
@@ -182,18 +178,12 @@ static int run_one(int which, dev *d, const trace *t, replay_buf *rb, const benc
     if (which == A_POOL || which == A_POOL_EXP)
         return pool_run(d, which == A_POOL_EXP, t, rb, o, alloc_names[which], r);
 
-    memset(r, 0, sizeof *r);
-    dev_calls = 0;
-    memset(rb->step_dev, 0, (t->nsteps + 1) * sizeof *rb->step_dev);
+    run_reset(t, rb, r);
     if (which == A_ASYNC)
         return run_async(d->index, t, rb, o, r);
 
     int rc = replay_timed(t, rb, NULL, cm_a, cm_f, NULL, r);
-    if (rc != 0)
-        return -1;
-    summarise(t, rb, o->warm_steps, r);
-    r->ok = true;
-    return 0;
+    return run_finish(t, rb, o->warm_steps, rc, r);
 }
 
 /* ==== main ======================================================================================= */
@@ -244,61 +234,39 @@ static const char *module_dir(const char *arg, char *buf, size_t len)
 int main(int argc, char **argv)
 {
     bench_prog = "bench_pool_cuda";
-    const char *path = NULL, *only = NULL, *timer = NULL, *module = NULL;
-    int repeat = 5, device = 0;
+    const char *module = NULL;
+    int device = 0;
+    bench_args args = {.repeat = 5};
     bench_opts o = {.timeline = true, .warm_steps = 2, .trim_at_step = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--repeat") && v) {
-            repeat = atoi(v);
-            i++;
-        } else if (!strcmp(a, "--warm-steps") && v) {
-            o.warm_steps = atoi(v);
-            i++;
-        } else if (!strcmp(a, "--device") && v) {
+        if (bench_arg(argc, argv, &i, &args, &o))
+            continue;
+        if (!strcmp(a, "--device") && v) {
             device = atoi(v);
             i++;
         } else if (!strcmp(a, "--module") && v) {
             module = v;
             i++;
-        } else if (!strcmp(a, "--timer") && v) {
-            timer = v;
-            i++;
-        } else if (!strcmp(a, "--only") && v) {
-            only = v;
-            i++;
-        } else if (!strcmp(a, "--no-timeline")) {
-            o.timeline = false;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
-        } else if (a[0] != '-' && !path) {
-            path = a;
         } else {
             usage();
             return 2;
         }
     }
-    if (!path || repeat < 1 || o.warm_steps < 0 || device < 0) {
+    if (!args.path || args.repeat < 1 || o.warm_steps < 0 || device < 0) {
         usage();
         return 2;
     }
     bool want[A_COUNT];
-    for (int k = 0; k < A_COUNT; k++) {
-        want[k] = !only;
-        for (const char *s = only; s && *s;) {
-            size_t l = strlen(alloc_names[k]);
-            if (!strncmp(s, alloc_names[k], l) && (s[l] == ',' || s[l] == 0))
-                want[k] = true;
-            s = strchr(s, ',');
-            if (s)
-                s++;
-        }
-    }
+    if (only_select(args.only, alloc_names, A_COUNT, want) != 0)
+        return 2;
 
     trace t;
-    if (trace_load(path, &t) != 0)
+    if (trace_load(args.path, &t) != 0)
         return 1;
 
     /* No usable GPU is a skip, not a failure: ask the runtime first, so the
@@ -357,31 +325,26 @@ int main(int argc, char **argv)
     cudaRuntimeGetVersion(&rtver);
     cudaDriverGetVersion(&drver);
 
-    use_tsc = timer ? !strcmp(timer, "tsc") : tsc_invariant();
-    if (use_tsc && !tsc_invariant())
-        fprintf(stderr, "%s: warning: the TSC is not invariant here; use --timer clock\n",
-                bench_prog);
-    timer_calibrate();
+    timer_setup(args.timer);
 
     replay_buf rb;
     if (replay_buf_init(&rb, &t) != 0)
         return 1;
 
-    trace_describe(path, &t);
+    trace_describe(args.path, &t);
     fprintf(stderr, "device: %s (%s), %.1f GiB free of %.1f GiB; runtime %d, driver %d; "
             "vmm granularity %zu KiB; module %s\n", d->id, d->name, (double)dfree / (1 << 30),
             (double)dtotal / (1 << 30), rtver, drver, gran >> 10, mdir ? mdir : "(default)");
-    fprintf(stderr, "timer: %s, %.3f ticks/ns, %.1f ns overhead subtracted per call\n",
-            use_tsc ? "rdtsc" : "clock_gettime", ticks_per_ns, ticks_to_ns(tick_overhead));
+    timer_describe();
     fprintf(stderr, "timing: host time per call; pairs allocated from step %d on; steady: steps "
             ">= %d of each phase; %d repeats, figures are the median run\n", o.warm_steps,
-            o.warm_steps, repeat);
+            o.warm_steps, args.repeat);
     fprintf(stderr, "pool config: default, timeline %s\n", o.timeline ? "on" : "off");
 
-    run_result *runs = calloc((size_t)repeat * A_COUNT, sizeof *runs);
+    run_result *runs = calloc((size_t)args.repeat * A_COUNT, sizeof *runs);
     if (!runs)
         return 1;
-    for (int r = 0; r < repeat; r++) {
+    for (int r = 0; r < args.repeat; r++) {
         for (int k = 0; k < A_COUNT; k++) {
             if (!want[k])
                 continue;
@@ -393,7 +356,7 @@ int main(int argc, char **argv)
     }
     run_result res[A_COUNT];
     for (int k = 0; k < A_COUNT; k++)
-        res[k] = want[k] ? median_result(&runs[k], repeat, A_COUNT) : runs[k];
+        res[k] = want[k] ? median_result(&runs[k], args.repeat, A_COUNT) : runs[k];
 
     /* ---- stderr: for people ---- */
     fprintf(stderr, "\n%-16s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %8s\n", "allocator",
@@ -443,25 +406,7 @@ int main(int argc, char **argv)
         const char *bench = k == A_POOL ? "pool_trace_cuda" : "pool_trace_cuda_expandable";
         const run_result *r = &res[k];
         static const int peers[] = {A_ASYNC, A_CUDAMALLOC};
-        for (size_t i = 0; i < 2; i++)
-            if (want[peers[i]])
-                emit(bench, "pair_ns_median", round_to(r->median_ns, 0.1), "ns",
-                     alloc_names[peers[i]], round_to(res[peers[i]].median_ns, 0.1));
-        for (size_t i = 0; i < 2; i++)
-            if (want[peers[i]])
-                emit(bench, "pair_ns_p99", round_to(r->p99_ns, 0.1), "ns", alloc_names[peers[i]],
-                     round_to(res[peers[i]].p99_ns, 0.1));
-        /* The split and the hit path against the other caching allocator;
-         * cudaMalloc has no hit path. */
-        if (want[A_ASYNC]) {
-            const run_result *a = &res[A_ASYNC];
-            emit(bench, "pair_ns_median_small", round_to(r->small_median_ns, 0.1), "ns",
-                 "cudaMallocAsync", round_to(a->small_median_ns, 0.1));
-            emit(bench, "pair_ns_median_large", round_to(r->large_median_ns, 0.1), "ns",
-                 "cudaMallocAsync", round_to(a->large_median_ns, 0.1));
-            emit(bench, "pair_ns_hot_512B", round_to(r->hot_ns, 0.1), "ns", "cudaMallocAsync",
-                 round_to(a->hot_ns, 0.1));
-        }
+        emit_pair_ns(bench, r, peers, 2, A_ASYNC, alloc_names, res, want);
         for (size_t i = 0; i < 2; i++)
             if (want[peers[i]])
                 emit(bench, "device_allocs_per_1000", round_to(per_1000(&t, r), 1e-4),

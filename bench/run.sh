@@ -9,6 +9,7 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
+. "$here/ensure_built.sh"
 if [ $# -gt 0 ]; then
     build=$1
     shift
@@ -20,15 +21,7 @@ else
     build=$root/build/bench
 fi
 
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" "$root" -Dbuildtype=release >&2
-fi
-if ! ninja -C "$build" -t query bench/bench_pool >/dev/null 2>&1; then
-    echo "bench/run.sh: $build has no bench/bench_pool target;" \
-         "is subdir('bench') in the top-level meson.build?" >&2
-    exit 1
-fi
-ninja -C "$build" bench/bench_pool >&2
+ensure_built "$root" "$build" bench/bench_pool
 
 trace=$build/bench/trace.txt
 if [ ! -s "$trace" ]; then

@@ -20,27 +20,14 @@ gradd=${1:?usage: run_gpu_train.sh GRADD [STEPS]}
 steps=${2:-30}
 batch=${BATCH:-16}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/gpt2_job.sh"
 py=${PEER_PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 "$py" "$here/make_tokens.py" "$work/tokens.bin"
 
-cat >"$work/gpt2.cfg" <<CFG
-[job]
-name = gpt2-124m-bench
-device = cuda:0
-[model]
-type = gpt
-layers = 12
-heads = 12
-width = 768
-context = 1024
-vocab = 50304
-[data]
-format = tokens
-train = $work/tokens.bin
-val_fraction = 0
+{ gpt2_job gpt2-124m-bench "$work/tokens.bin"; cat <<CFG
 [train]
 steps = $steps
 batch = $batch
@@ -57,6 +44,7 @@ dir = $work/out
 checkpoint_every = 0
 log_every = 1
 CFG
+} >"$work/gpt2.cfg"
 
 # VARIANTS lists the gradd runs, one training run each, as NAME or
 # NAME:VAR=VALUE,VAR=VALUE (environment for that run): the default runs with

@@ -34,6 +34,7 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
+. "$here/ensure_built.sh"
 build=${1:-$root/build/bench}
 case $build in
     /*) ;;
@@ -44,15 +45,7 @@ rounds=${ROUNDS:-3}
 only=${ONLY:-gpt_tiny,gpt_small,mlp}
 py=${PEER_PYTHON:-/usr/bin/python3}
 
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" "$root" -Dbuildtype=release >&2
-fi
-if ! ninja -C "$build" -t query bench/bench_train >/dev/null 2>&1; then
-    echo "bench/run_train.sh: $build has no bench/bench_train target;" \
-         "is subdir('bench') in the top-level meson.build?" >&2
-    exit 1
-fi
-ninja -C "$build" bench/bench_train >&2
+ensure_built "$root" "$build" bench/bench_train
 if ! "$py" -c 'import torch' 2>/dev/null; then
     echo "bench/run_train.sh: $py cannot import torch; apt-get install python3-torch" >&2
     exit 1

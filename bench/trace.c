@@ -65,6 +65,21 @@ void timer_calibrate(void)
 
 double ticks_to_ns(uint64_t ticks) { return (double)ticks / ticks_per_ns; }
 
+void timer_setup(const char *timer)
+{
+    use_tsc = timer ? !strcmp(timer, "tsc") : tsc_invariant();
+    if (use_tsc && !tsc_invariant())
+        fprintf(stderr, "%s: warning: the TSC is not invariant here; use --timer clock\n",
+                bench_prog);
+    timer_calibrate();
+}
+
+void timer_describe(void)
+{
+    fprintf(stderr, "timer: %s, %.3f ticks/ns, %.1f ns overhead subtracted per call\n",
+            use_tsc ? "rdtsc" : "clock_gettime", ticks_per_ns, ticks_to_ns(tick_overhead));
+}
+
 /* ==== the trace ======================================================================== */
 
 static void *xgrow(void *p, size_t *cap, size_t need, size_t elem)
@@ -348,6 +363,23 @@ void summarise(const trace *t, replay_buf *rb, int warm_steps, run_result *r)
     }
 }
 
+void run_reset(const trace *t, replay_buf *rb, run_result *r)
+{
+    memset(r, 0, sizeof *r);
+    dev_calls = 0;
+    dev_va_bytes = 0;
+    memset(rb->step_dev, 0, (t->nsteps + 1) * sizeof *rb->step_dev);
+}
+
+int run_finish(const trace *t, replay_buf *rb, int warm_steps, int rc, run_result *r)
+{
+    if (rc != 0)
+        return -1;
+    summarise(t, rb, warm_steps, r);
+    r->ok = true;
+    return 0;
+}
+
 /* ==== gradd's pool ================================================================================ */
 
 typedef struct {
@@ -394,11 +426,8 @@ static void pool_s(void *cv, uint32_t step)
 int pool_run(dev *d, bool expandable, const trace *t, replay_buf *rb, const bench_opts *o,
              const char *name, run_result *r)
 {
-    memset(r, 0, sizeof *r);
+    run_reset(t, rb, r);
     r->is_pool = true;
-    dev_calls = 0;
-    dev_va_bytes = 0;
-    memset(rb->step_dev, 0, (t->nsteps + 1) * sizeof *rb->step_dev);
 
     pool_config cfg;
     pool_config_default(&cfg);
@@ -514,6 +543,62 @@ run_result median_result(const run_result *runs, int repeat, int stride)
     return res;
 }
 
+/* ==== the command line ========================================================================== */
+
+bool bench_arg(int argc, char **argv, int *i, bench_args *a, bench_opts *o)
+{
+    const char *arg = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(arg, "--no-timeline")) {
+        o->timeline = false;
+        return true;
+    }
+    if (arg[0] != '-' && !a->path) {
+        a->path = arg;
+        return true;
+    }
+    if (!v)
+        return false;
+    if (!strcmp(arg, "--repeat"))
+        a->repeat = atoi(v);
+    else if (!strcmp(arg, "--warm-steps"))
+        o->warm_steps = atoi(v);
+    else if (!strcmp(arg, "--timer"))
+        a->timer = v;
+    else if (!strcmp(arg, "--only"))
+        a->only = v;
+    else
+        return false;
+    (*i)++;
+    return true;
+}
+
+int only_select(const char *only, const char *const *names, int n, bool *want)
+{
+    for (int k = 0; k < n; k++)
+        want[k] = !only;
+    for (const char *s = only; s && *s;) {
+        size_t l = strcspn(s, ",");
+        int k = 0;
+        while (k < n && !(strlen(names[k]) == l && !strncmp(s, names[k], l)))
+            k++;
+        if (k == n) {
+            fprintf(stderr, "--only: no allocator '%.*s'; there are:", (int)l, s);
+            for (k = 0; k < n; k++)
+                fprintf(stderr, " %s", names[k]);
+            fputc('\n', stderr);
+            return -1;
+        }
+        want[k] = true;
+        s += l + (s[l] == ',');
+    }
+    if (only && !*only) {
+        fprintf(stderr, "--only: an empty list\n");
+        return -1;
+    }
+    return 0;
+}
+
 /* ==== output ==================================================================================== */
 
 static int cmp_double(const void *a, const void *b)
@@ -561,4 +646,30 @@ double per_1000_steady(const run_result *r)
 {
     return r->requests_steady ? 1000.0 * (double)r->dev_allocs_steady / (double)r->requests_steady
                               : NAN;
+}
+
+void emit_pair_ns(const char *bench, const run_result *pool, const int *peers, size_t npeers,
+                  int cache, const char *const *names, const run_result *res, const bool *want)
+{
+    for (size_t i = 0; i < npeers; i++)
+        if (want[peers[i]])
+            emit(bench, "pair_ns_median", round_to(pool->median_ns, 0.1), "ns", names[peers[i]],
+                 round_to(res[peers[i]].median_ns, 0.1));
+    for (size_t i = 0; i < npeers; i++)
+        if (want[peers[i]])
+            emit(bench, "pair_ns_p99", round_to(pool->p99_ns, 0.1), "ns", names[peers[i]],
+                 round_to(res[peers[i]].p99_ns, 0.1));
+    if (!want[cache])
+        return;
+    /* The split the summary shows and the hit path alone, against the
+     * caching peer only: a peer that goes to the device every time has no
+     * hit path (and jemalloc makes no system call for the small requests,
+     * so there the split isolates the bookkeeping cost). */
+    const run_result *c = &res[cache];
+    emit(bench, "pair_ns_median_small", round_to(pool->small_median_ns, 0.1), "ns", names[cache],
+         round_to(c->small_median_ns, 0.1));
+    emit(bench, "pair_ns_median_large", round_to(pool->large_median_ns, 0.1), "ns", names[cache],
+         round_to(c->large_median_ns, 0.1));
+    emit(bench, "pair_ns_hot_512B", round_to(pool->hot_ns, 0.1), "ns", names[cache],
+         round_to(c->hot_ns, 0.1));
 }

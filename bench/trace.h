@@ -1,6 +1,7 @@
 /* trace.h — what the pool trace benchmarks share (bench_pool on the cpu
  * device, bench_pool_cuda on a GPU): the timer, the trace reader, the
- * replay loop, the pair statistics, gradd's pool run, and the JSON lines.
+ * replay loop, the pair statistics, gradd's pool run, the options both
+ * take, and the JSON lines.
  *
  * bench_pool.c's header defines what is measured and why; this file only
  * holds the code, so that both programs measure the very same way.
@@ -77,6 +78,12 @@ static inline uint64_t tick_end(void)
 bool tsc_invariant(void);
 /* Sets ticks_per_ns (TSC against CLOCK_MONOTONIC) and tick_overhead. */
 void timer_calibrate(void);
+/* --timer: the TSC where `timer` is "tsc", or with no --timer (NULL) where
+ * it is invariant (a warning when it is asked for but is not); then
+ * timer_calibrate. */
+void timer_setup(const char *timer);
+/* The stderr line that says which clock times the calls and what it costs. */
+void timer_describe(void);
 double ticks_to_ns(uint64_t ticks);
 int cmp_u64(const void *a, const void *b);
 
@@ -259,6 +266,12 @@ replay_timed(const trace *t, replay_buf *rb, void *ctx, void *(*A)(void *, size_
 /* Pair figures and device counts from the buffers of one replay. */
 void summarise(const trace *t, replay_buf *rb, int warm_steps, run_result *r);
 
+/* Before a run: a zeroed result, and the device counters at zero. */
+void run_reset(const trace *t, replay_buf *rb, run_result *r);
+/* After a peer's replay, which returned `rc`: its figures (summarise) and
+ * r->ok.  0, or -1 where rc says the replay failed. */
+int run_finish(const trace *t, replay_buf *rb, int warm_steps, int rc, run_result *r);
+
 /* ==== gradd's pool ================================================================================ */
 
 typedef struct {
@@ -287,6 +300,28 @@ void pool_report(const char *name, const trace *t, const run_result *med,
  * run (counts are the same in every run).  runs[r * stride]. */
 run_result median_result(const run_result *runs, int repeat, int stride);
 
+/* ==== the command line ========================================================================== */
+
+/* What both programs' command lines hold besides their own options. */
+typedef struct {
+    const char *path;  /* TRACE */
+    const char *only;  /* --only LIST; NULL: every allocator */
+    const char *timer; /* --timer tsc|clock; NULL: timer_setup decides */
+    int repeat;        /* --repeat N */
+} bench_args;
+
+/* Takes argv[*i] when it is TRACE (the first argument that is no option)
+ * or one of the options both programs share, --repeat, --warm-steps,
+ * --timer, --only with their values (*i then points at the value) and
+ * --no-timeline: true.  false for anything else, which is the program's
+ * own to take or refuse. */
+bool bench_arg(int argc, char **argv, int *i, bench_args *a, bench_opts *o);
+
+/* --only LIST: want[k] says whether the comma-separated LIST names
+ * names[k] (every one with no --only, NULL).  A name in LIST that is none of
+ * names is an error, reported with the names there are: -1, else 0. */
+int only_select(const char *only, const char *const *names, int n, bool *want);
+
 /* ==== output ==================================================================================== */
 
 double median_of(double *v, int n);
@@ -299,5 +334,12 @@ void emit(const char *bench, const char *metric, double value, const char *unit,
  * steady request). */
 double per_1000(const trace *t, const run_result *r);
 double per_1000_steady(const run_result *r);
+/* The pair-time lines of gradd's pool (`pool`, its median run) against its
+ * peers: pair_ns_median, then pair_ns_p99, against each wanted one of the
+ * npeers `peers`; then the small/large split and the hot path against
+ * `cache`, the peer that caches as the pool does, where it is wanted.
+ * names, res and want are the program's tables, by allocator number. */
+void emit_pair_ns(const char *bench, const run_result *pool, const int *peers, size_t npeers,
+                  int cache, const char *const *names, const run_result *res, const bool *want);
 
 #endif

@@ -16,6 +16,7 @@ exec > >(tee -a "$out/log.txt") 2>&1
 want() { [[ ",$steps," == *",$1,"* ]]; }
 section() { echo; echo "=== $* ($(date +%T))"; }
 gx() { ( . "$top/.device/env.sh"; "$@" ); }   # gradd's programs with the bundled libraries
+. "$top/bench/gpt2_job.sh"                      # gpt2_job: GPT-2 124M's job sections
 
 section machine
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
@@ -108,21 +109,7 @@ if want daemon; then
   # Adaptive batching on the GPU: GPT-2 124M under a 12 GiB budget, batch 64
   # of 1024 tokens: the controller probes the micro-batch that fits.
   "${PEER_PYTHON:-python3}" bench/make_tokens.py /tmp/tokens.bin $((1 << 21))
-  cat >/tmp/gpt2-auto.cfg <<CFG
-[job]
-name = gpt2-auto
-device = cuda:0
-[model]
-type = gpt
-layers = 12
-heads = 12
-width = 768
-context = 1024
-vocab = 50304
-[data]
-format = tokens
-train = /tmp/tokens.bin
-val_fraction = 0
+  { gpt2_job gpt2-auto /tmp/tokens.bin; cat <<CFG
 [train]
 steps = 12
 batch = 64
@@ -135,6 +122,7 @@ limit = 12G
 dir = /tmp/runs/gpt2-auto
 log_every = 1
 CFG
+  } >/tmp/gpt2-auto.cfg
   id=$(gx "$B/client/gradctl" -s $sock submit /tmp/gpt2-auto.cfg | grep -o '[0-9]\+' | head -1)
   gx timeout 240 "$B/client/gradctl" -s $sock watch "$id" | tail -3
   gx "$B/client/gradctl" -s $sock status "$id"
