@@ -74,6 +74,7 @@ __global__ static void att_softmax_backward(float *__restrict__ dpreatt, float *
     }
 }
 
+#ifndef GRADD_CUDA_EMU // the GEMMs and host launchers (tests/emu runs the kernels above itself)
 // ---- GEMMs ------------------------------------------------------------------------------
 
 static cublasComputeType_t att_compute(const kern_ctx *k)
@@ -201,3 +202,4 @@ void kc_attention_backward(kern_ctx *k, float *dinp, float *dpreatt, float *datt
         att_gemm(k, att_args(false, true, hs, T, T, q, C3, hs, dp, T, TT, dk, C3, hs, NH, scale, 1.0f));
     }
 }
+#endif

@@ -28,15 +28,14 @@
 
 #ifdef GRADD_CUDA_EMU
 // tests/emu: the kernels compiled by a host compiler and run on the CPU
-// (cuda_emu.h, WMMA included); the row sums and the host side are not.
-#include "cuda_emu.h"
+// (kern_cuda.cuh brings cuda_emu.h, WMMA included); the host side is not.
 #define FA_DYNAMIC_SMEM(name) unsigned char *name = emu_dynamic_smem()
 #else
 #include <mma.h>
 
-#include "kern_cuda.cuh"
 #define FA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
+#include "kern_cuda.cuh"
 #include "tile16.cuh"
 
 using namespace nvcuda;
@@ -220,7 +219,6 @@ __global__ __launch_bounds__(FA_THREADS) void fa_forward(O *__restrict__ out, fl
     }
 }
 
-#ifndef GRADD_CUDA_EMU
 // D (B,NH,T) = Σ_d dout·out over each head's row: the softmax backward's
 // row term, computed once instead of once per key block.  One warp per row.
 // S: dout's and out's element type (fp32, or 16 bits, widened exactly).
@@ -241,7 +239,6 @@ __global__ static void fa_rowdot(float *__restrict__ D, const S *__restrict__ do
             D[w] = s;
     }
 }
-#endif // !GRADD_CUDA_EMU
 
 template <class E> static constexpr size_t fa_bwd_smem()
 {
@@ -462,6 +459,8 @@ static void fa_forward_any(kern_ctx *k, float *out, uint16_t *out16, float *lse,
     });
 }
 
+#endif // !GRADD_CUDA_EMU (fa_dq_round runs under tests/emu too)
+
 // dinp16's q columns (B,T,3C) = dq (B,T,C) rounded, four values a thread
 // (C is a multiple of 64).
 template <class E>
@@ -474,6 +473,8 @@ __global__ static void fa_dq_round(uint16_t *__restrict__ dinp16, const float *_
         kc_stE<E, 4>(reinterpret_cast<E *>(dinp16) + row * 3 * C + c, v);
     }
 }
+
+#ifndef GRADD_CUDA_EMU
 
 // fp32: dinp (+=), dout, out, inp.  16-bit: dinp16 (overwritten), dq (a
 // (B,T,C) fp32 scratch of the caller's), dout16, out16, inp16.  The other

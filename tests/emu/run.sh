@@ -2,8 +2,10 @@
 # run.sh [tsan] — the emulated flash attention test (both kernel families)
 # on every shape it knows (the
 # meson test runs the first three), then the emulated cross-entropy,
-# layernorm, GELU16 and column-sum test (test_kernels_emu.cc, as the meson
-# test), built with g++ into /tmp.
+# layernorm, column-sum and elementwise test (test_kernels_emu.cc) and the
+# embedding, softmax, optimizer, GEMM fallback and fill test
+# (test_train_emu.cc), both as the meson tests run them, built with g++
+# into /tmp.
 #   tsan   under ThreadSanitizer: the CUDA threads of a CTA are real threads
 #          here, so a missing __syncthreads shows up as a data race report
 #          (about 5x slower).
@@ -21,12 +23,15 @@ if [ "${1:-}" = tsan ]; then
 fi
 exe=$(mktemp /tmp/test_flash_emu.XXXXXX)
 exe2=$(mktemp /tmp/test_kernels_emu.XXXXXX)
-trap 'rm -f "$exe" "$exe2"' EXIT
+exe3=$(mktemp /tmp/test_train_emu.XXXXXX)
+trap 'rm -f "$exe" "$exe2" "$exe3"' EXIT
 build() {
   g++ -std=c++20 -g "${flags[@]}" -Wall -Wextra -Wno-unknown-pragmas -fno-strict-aliasing -DGRADD_CUDA_EMU \
     -I"$cuda_inc" -Itests/emu -Ikernels -Ikernels/cuda "$1" "$lib" -lopenblas -fopenmp -lm -pthread -o "$2"
 }
 build tests/emu/test_flash_emu.cc "$exe"
 build tests/emu/test_kernels_emu.cc "$exe2"
+build tests/emu/test_train_emu.cc "$exe3"
 env "${env[@]}" "$exe" all
 env "${env[@]}" "$exe2"
+env "${env[@]}" "$exe3"

@@ -6,8 +6,11 @@
 // No GPU is needed: the kernel source itself is compiled by g++ with
 // GRADD_CUDA_EMU, so what is checked is the kernels' own indexing, masking,
 // online softmax and fragment plumbing, with mma/ldmatrix emulated from the
-// PTX ISA.  What it cannot check: timing, memory-model effects between CTAs
-// (they run one at a time), and the hardware's accumulation order.
+// PTX ISA.  flash.cu's two small backward kernels (fa_rowdot's row sums D,
+// fa_dq_round's rounding of dq into the 16-bit dinp) are checked on their
+// own; the attention cases compute D and round dq themselves.  What it
+// cannot check: timing, memory-model effects between CTAs (they run one at
+// a time), and the hardware's accumulation order.
 //
 // Tolerances as tests/gpu/test_gpu_kernels.c uses for fused attention:
 // |got − ref| ≤ rtol·|ref| + atol·max|ref|, 2e-2 and 2e-2 (16-bit operands),
@@ -268,6 +271,77 @@ void run_case(bool wmma, const char *prec, int B, int T, int C, int NH, float am
     std::printf("  %-40s %.2f s\n", name.c_str(), secs);
 }
 
+// ---- the backward's two small kernels -------------------------------------------------
+
+// fa_rowdot and fa_dq_round as fa_backward_any launches them, on kc_grid's
+// grid (within max_blocks, so that the loops go round).  D, from fp32 and
+// from 16-bit dout and out, against a double sum: each lane rounds two
+// products and their sum, five shuffle levels add, so within
+// 8·2⁻²⁴·Σ|dout·out|.  dq rounded into dinp16's q columns: one rounding,
+// bitwise; the k and v columns keep what they held.
+template <class E> void test_bwd_small(const char *prec, int B, int T, int NH, unsigned max_blocks)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "rowdot, dq_round %s B=%d T=%d NH=%d", prec, B, T, NH);
+    const std::string name = buf;
+    const int C = NH * FA_HS;
+    const size_t rows = (size_t)B * NH * T, BT = (size_t)B * T, BTC = BT * C;
+    kern_ctx k{};
+    k.sm_count = 1;
+    auto grid = [&](size_t work) { return dim3(std::min(kc_grid(&k, work, 256), max_blocks)); };
+    std::vector<float> dout = mk(BTC, 1.0f), out = mk(BTC, 1.0f);
+    std::vector<uint16_t> dout16(BTC), out16(BTC);
+    for (size_t i = 0; i < BTC; i++) {
+        dout16[i] = to_bits<E>(dout[i]);
+        out16[i] = to_bits<E>(out[i]);
+    }
+    for (int in16 = 0; in16 < 2; in16++) {
+        std::vector<float> D(rows, NAN);
+        float *d = D.data();
+        if (in16) {
+            const E *a = reinterpret_cast<const E *>(dout16.data()), *o = reinterpret_cast<const E *>(out16.data());
+            emu_launch(grid(rows * 32), dim3(256), [=] { fa_rowdot<E>(d, a, o, rows, T, C, NH); });
+        } else {
+            const float *a = dout.data(), *o = out.data();
+            emu_launch(grid(rows * 32), dim3(256), [=] { fa_rowdot<float>(d, a, o, rows, T, C, NH); });
+        }
+        size_t bad = 0;
+        double err = 0; // in units of the bound
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int t = 0; t < T; t++) {
+                    const size_t o = ((size_t)b * T + t) * C + (size_t)h * FA_HS;
+                    double sum = 0, mass = 0;
+                    for (int i = 0; i < FA_HS; i++) {
+                        const double x = in16 ? from_bits<E>(dout16[o + i]) : dout[o + i];
+                        const double y = in16 ? from_bits<E>(out16[o + i]) : out[o + i];
+                        sum += x * y;
+                        mass += std::fabs(x * y);
+                    }
+                    const double got = D[((size_t)b * NH + h) * T + t], bound = 8 * std::ldexp(mass, -24);
+                    err = std::fmax(err, std::fabs(got - sum) / bound);
+                    bad += !(std::fabs(got - sum) <= bound);
+                }
+        std::printf("  %-40s %-6s max err %-9.3g of bound %s\n", name.c_str(), in16 ? "D 16" : "D fp32", err,
+                    bad ? "FAIL" : "ok");
+        failures += bad != 0;
+    }
+
+    std::vector<float> dq = mk(BTC, 1.0f);
+    std::vector<uint16_t> dinp16(3 * BTC, 0x7fc0);
+    {
+        uint16_t *g = dinp16.data();
+        const float *q = dq.data();
+        emu_launch(grid(BTC / 4), dim3(256), [=] { fa_dq_round<E>(g, q, BT, C); });
+    }
+    size_t bad = 0;
+    for (size_t r = 0; r < BT; r++)
+        for (int c = 0; c < 3 * C; c++)
+            bad += dinp16[r * 3 * C + c] != (c < C ? to_bits<E>(dq[r * C + c]) : 0x7fc0);
+    std::printf("  %-40s %-6s bitwise %s\n", name.c_str(), "dq", bad ? "FAIL" : "ok");
+    failures += bad != 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -314,6 +388,10 @@ int main(int argc, char **argv)
             if (!odd || all)
                 run_case<__half>(wmma, "fp16", s.B, s.T, s.C, s.NH, s.amp, true);
         }
+    // Rows not a multiple of the 8 warps a block, on fewer blocks than
+    // rows (the warps go round).
+    test_bwd_small<__nv_bfloat16>("bf16", 1, 99, 2, 8);
+    test_bwd_small<__half>("fp16", 1, 99, 2, 8);
     H->ctx_destroy(hk);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s: %d failure(s), %.1f s\n", failures ? "FAIL" : "PASS", failures, secs);

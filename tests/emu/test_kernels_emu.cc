@@ -1,7 +1,10 @@
-// test_kernels_emu.cc — the CUDA cross-entropy, layernorm (forward, backward), 16-bit GELU
-// and column-sum kernels run on the CPU under cuda_emu.h, against the CPU
-// backend (kern_cpu_ops(); its *16 ops in kernels/cpu/lowp.c define the
-// 16-bit results: the fp32 op, then the cast).
+// test_kernels_emu.cc — the CUDA cross-entropy, layernorm (forward, backward), column-sum
+// and elementwise kernels (pointwise.cu: GELU in fp32 and 16 bits, ReLU,
+// residual, accumulate, scale, the fp32 <-> bf16/fp16 casts, the non-finite
+// count) run on the CPU under cuda_emu.h, against the CPU backend
+// (kern_cpu_ops(); its *16 ops in kernels/cpu/lowp.c define the 16-bit
+// results: the fp32 op, then the cast).  test_train_emu.cc covers the other
+// kernels of a training step, test_flash_emu.cc the fused attention.
 //
 // The real kernel sources are compiled by g++ with GRADD_CUDA_EMU (which
 // leaves out their <<<>>> host launchers); each kernel is launched here
@@ -13,10 +16,10 @@
 // What it cannot check: the device's own expf/tanhf/logf (glibc's run here;
 // CUDA's differ by an ulp or two, hence tolerances against the CPU) and FMA
 // contraction (nvcc contracts, g++ for x86-64 does not): comparisons said to
-// be bitwise are between two emulated runs, where both are the same.
-//
-// This translation unit sees CUDA's struct kern_ctx (kern_cuda.cuh); the CPU
-// contexts are only passed back to the CPU ops, never looked into.
+// be bitwise are between two emulated runs, where both are the same, or
+// with the CPU for ops of one rounding (ReLU, add, scale, the casts), which
+// contraction cannot change.  A NaN matches any NaN: the casts' NaN payloads
+// here are the host's, not the GPU's.
 //
 // Exit status: 0 pass, 1 failure.
 #define GRADD_CUDA_EMU 1
@@ -25,83 +28,12 @@
 #include "pointwise.cu"
 #include "reduce.cu"
 
-#include <algorithm>
-#include <chrono>
-#include <string>
-#include <type_traits>
+#include "emu_check.h"
 
 namespace {
 
-int failures;
-
 uint64_t rng_state = 0x13198A2E03707344ull;
 float rnd() { return emu_uniform(&rng_state); }
-
-void verdict(const std::string &name, const char *what, size_t bad, size_t n, double max_err, const char *unit)
-{
-    std::printf("  %-34s %-14s max err %-10.3g %-8s %s\n", name.c_str(), what, max_err, unit, bad ? "FAIL" : "ok");
-    if (bad) {
-        std::printf("    %zu of %zu elements wrong\n", bad, n);
-        failures++;
-    }
-}
-
-uint32_t fbits(float f)
-{
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-
-// ---- the element types -----------------------------------------------------------------
-// E's storage on the host: float, or the raw uint16 bits of a bf16/fp16.
-template <class E> using S = std::conditional_t<std::is_same_v<E, float>, float, uint16_t>;
-template <class E> constexpr bool is16 = !std::is_same_v<E, float>;
-
-template <class E> S<E> to_e(float f)
-{
-    if constexpr (std::is_same_v<E, float>)
-        return f;
-    else if constexpr (std::is_same_v<E, __nv_bfloat16>)
-        return kern_f32_to_bf16(f);
-    else
-        return __half_as_ushort(__float2half_rn(f));
-}
-
-template <class E> float from_e(S<E> h)
-{
-    if constexpr (std::is_same_v<E, float>)
-        return h;
-    else if constexpr (std::is_same_v<E, __nv_bfloat16>)
-        return kern_bf16_to_f32(h);
-    else
-        return __half2float(__ushort_as_half(h));
-}
-
-// The spacing of E's values at |x| (0 for fp32: "within one 16-bit ulp" is
-// only a 16-bit allowance).
-template <class E> double ulp_e(float x)
-{
-    if constexpr (std::is_same_v<E, float>) {
-        return 0;
-    } else {
-        S<E> h = to_e<E>(std::fabs(x));
-        return std::fabs((double)from_e<E>((S<E>)(h + 1)) - from_e<E>(h));
-    }
-}
-
-template <class E> const char *ename()
-{
-    return std::is_same_v<E, float> ? "fp32" : std::is_same_v<E, __nv_bfloat16> ? "bf16" : "fp16";
-}
-
-const kern_ops *H;
-kern_ctx *cpu32, *cpu_bf16, *cpu_f16; // CPU contexts: the *16 ops narrow to the context's type
-
-template <class E> kern_ctx *cpu_ctx()
-{
-    return std::is_same_v<E, float> ? cpu32 : std::is_same_v<E, __nv_bfloat16> ? cpu_bf16 : cpu_f16;
-}
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
@@ -248,21 +180,9 @@ template <int W> void test_ln(int N, int C)
     H->layernorm_forward(cpu32, out_ref.data(), mean_ref.data(), rstd_ref.data(), in.x.data(), in.w.data(),
                          in.b.data(), N, C);
     ln_run<W, float>(in, out.data(), mean.data(), rstd.data());
-    auto cmp = [&](const char *what, const float *got, const float *ref, size_t m, double rtol, double atol) {
-        double maxref = 0, err = 0;
-        for (size_t i = 0; i < m; i++)
-            maxref = std::fmax(maxref, std::fabs((double)ref[i]));
-        size_t bad = 0;
-        for (size_t i = 0; i < m; i++) {
-            double d = std::fabs((double)got[i] - ref[i]);
-            err = std::fmax(err, d / maxref);
-            bad += !(d <= rtol * std::fabs(ref[i]) + atol * maxref);
-        }
-        verdict(name, what, bad, m, err, "of max");
-    };
-    cmp("out fp32", out.data(), out_ref.data(), n, 1e-5, 1e-5);
-    cmp("mean", mean.data(), mean_ref.data(), N, 1e-5, 1e-6);
-    cmp("rstd", rstd.data(), rstd_ref.data(), N, 1e-5, 0);
+    compare(name, "out fp32", out.data(), out_ref.data(), n, 1e-5, 1e-5);
+    compare(name, "mean", mean.data(), mean_ref.data(), N, 1e-5, 1e-6);
+    compare(name, "rstd", rstd.data(), rstd_ref.data(), N, 1e-5, 0);
 
     auto run16 = [&]<class O>(O *, kern_ctx *ctx) {
         std::vector<uint16_t> buf16(n + 4, 0x7fff), ref16(n);
@@ -313,7 +233,7 @@ template <int W> void test_ln(int N, int C)
         const float *d = dout.data(), *x = in.x.data(), *w = in.w.data(), *m = mean_ref.data(), *r = rstd_ref.data();
         emu_launch(dim3((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), dim3(32 * LN_WARPS),
                    [=] { ln_backward_kernel<W, E, float>(gp, g16p, d, x, w, m, r, N, C); });
-        cmp(what, g.data(), dref.data(), n, 1e-5, 1e-5);
+        compare(name, what, g.data(), dref.data(), n, 1e-5, 1e-5);
         if constexpr (!std::is_same_v<E, float>) {
             // dout in 16 bits (as the GEMM backwards write it): against the
             // CPU's layernorm_backward16 from the same 16-bit dout.
@@ -328,8 +248,8 @@ template <int W> void test_ln(int N, int C)
             const E *d16p = reinterpret_cast<const E *>(d16.data());
             emu_launch(dim3((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), dim3(32 * LN_WARPS),
                        [=] { ln_backward_kernel<W, E, E>(g2p, nullptr, d16p, x, w, m, r, N, C); });
-            cmp(std::is_same_v<E, __half> ? "dinp from fp16" : "dinp from bf16", g2.data(), gref.data(), n, 1e-5,
-                1e-5);
+            compare(name, std::is_same_v<E, __half> ? "dinp from fp16" : "dinp from bf16", g2.data(), gref.data(), n,
+                    1e-5, 1e-5);
         }
         if constexpr (!std::is_same_v<E, float>) {
             size_t bad = 0;
@@ -343,25 +263,6 @@ template <int W> void test_ln(int N, int C)
 }
 
 // ---- GELU with 16-bit results, through kc_ew's kernel --------------------------------------
-
-// kc_ew's split: with vec, the first n/4·4 elements four at a time, the rest
-// one at a time; the grid kc_ew's (kc_grid), at most max_blocks: kc_grid's
-// cap, which on a large n makes the grid-stride loop go round, at a size a
-// CPU runs quickly (every CUDA thread is a thread here).
-template <class F> void ew_run(size_t n, bool vec, const F &f, unsigned max_blocks)
-{
-    kern_ctx k{};
-    k.sm_count = 1;
-    auto grid = [&](size_t work) { return dim3(std::min(kc_grid(&k, work, 256), max_blocks)); };
-    size_t head = 0;
-    if (vec && n >= 4) {
-        const size_t nv = n / 4;
-        emu_launch(grid(nv), dim3(256), [=] { kc_ew_kernel<4, F>(0, nv, f); });
-        head = nv * 4;
-    }
-    if (head < n)
-        emu_launch(grid(n - head), dim3(256), [=] { kc_ew_kernel<1, F>(head, n - head, f); });
-}
 
 template <bool BF16> void test_gelu16(size_t n, bool vec, unsigned max_blocks)
 {
@@ -416,6 +317,138 @@ template <bool BF16> void test_gelu16(size_t n, bool vec, unsigned max_blocks)
     }
     if (yb[0] != 0x7fff && off) // the element before the output is not the kernel's
         verdict(name, "out of range", 1, 1, 0, "");
+}
+
+// ---- the fp32 elementwise ops, through kc_ew's kernel ------------------------------------
+
+// Every pointer 16-byte aligned (vec: the launchers then go four at a time)
+// or one element in (they go one at a time); n odd, so the vector path has
+// a scalar tail.  The values where the ops' corner cases are (±0, ±inf,
+// NaN, fp32 subnormals, ±FLT_MAX) are mixed into their inputs, except
+// GELU's, whose CPU form is another formula.
+void test_pointwise(size_t n, bool vec, unsigned max_blocks)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "pointwise n=%zu %s grid<=%u", n, vec ? "vec" : "scalar", max_blocks);
+    const std::string name = buf;
+    const size_t off = vec ? 0 : 1;
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -3e-39f, FLT_MAX, -FLT_MAX};
+    auto input = [&](float scale, bool specials) {
+        std::vector<float> v(n + off);
+        for (size_t i = 0; i < v.size(); i++)
+            v[i] = specials && i % 23 == 5 ? special[i / 23 % std::size(special)] : scale * rnd();
+        return v;
+    };
+    std::vector<float> xb = input(4.0f, true), db = input(1.0f, true), gb = input(6.0f, false),
+                       eb = input(1.0f, false), yb(n + off), ref(n);
+    float *x = xb.data() + off, *d = db.data() + off, *g = gb.data() + off, *e = eb.data() + off,
+          *y = yb.data() + off;
+    if (kc_aligned(16, x, d, g, e, y) != vec)
+        emu::fail("test: the pointers do not make the launchers pick the path under test");
+    auto run = [&](const char *what, auto f, auto cpu_op, bool bitwise) {
+        std::fill(yb.begin(), yb.end(), NAN);
+        ew_run(n, vec, f, max_blocks);
+        cpu_op();
+        if (bitwise)
+            same<float>(name, what, y, ref.data(), n);
+        else // GELU: tanh here, the logistic function on the CPU; glibc's tanhf and expf
+            compare(name, what, y, ref.data(), n, 1e-5, 1e-6);
+    };
+    run("relu fwd", relu_fwd_f{y, x}, [&] { H->relu_forward(cpu32, ref.data(), x, n); }, true);
+    run("relu bwd", relu_bwd_f{y, x, d}, [&] { H->relu_backward(cpu32, ref.data(), x, d, n); }, true);
+    run("residual", add_f{y, x, d}, [&] { H->residual_forward(cpu32, ref.data(), x, d, n); }, true);
+    run("gelu fwd", gelu_fwd_f<float>{y, g}, [&] { H->gelu_forward(cpu32, ref.data(), g, n); }, false);
+    run("gelu bwd", gelu_bwd_f<float>{y, g, e}, [&] { H->gelu_backward(cpu32, ref.data(), g, e, n); }, false);
+    // In place, as kc_accumulate and kc_scale run (the output is an input).
+    std::copy(x, x + n, ref.data());
+    std::copy(x, x + n, y);
+    ew_run(n, vec, add_f{y, y, d}, max_blocks);
+    H->accumulate(cpu32, ref.data(), d, n);
+    same<float>(name, "accumulate", y, ref.data(), n);
+    for (float s : {0.37f, 0.0f, -INFINITY}) {
+        std::copy(x, x + n, ref.data());
+        std::copy(x, x + n, y);
+        ew_run(n, vec, scale_f{y, s}, max_blocks);
+        H->scale(cpu32, ref.data(), n, s);
+        same<float>(name, s == 0.37f ? "scale 0.37" : s == 0.0f ? "scale 0" : "scale -inf", y, ref.data(), n);
+    }
+}
+
+// ---- the casts ---------------------------------------------------------------------------
+
+// Both ways on every 16-bit value: widening each of the 65536 patterns;
+// narrowing each value, the midpoint between it and its neighbour away from
+// zero (a tie: to even), the fp32 values either side of that midpoint, and
+// values past the 16-bit range.  vec and the pointers as in test_pointwise
+// (the launchers' condition: fp32 side 16-byte, 16-bit side 8-byte aligned).
+template <bool BF16> void test_casts(bool vec, unsigned max_blocks)
+{
+    using E = kc_e16<BF16>;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "casts %s %s grid<=%u", ename<E>(), vec ? "vec" : "scalar", max_blocks);
+    const std::string name = buf;
+    const size_t off = vec ? 0 : 1;
+    std::vector<float> wide(off);
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float v = from_e<E>((uint16_t)h), w = from_e<E>((uint16_t)(h + 1));
+        wide.push_back(v);
+        if ((h & 0x7fff) == 0x7fff || !std::isfinite(v) || !std::isfinite(w))
+            continue;
+        const float mid = (float)(((double)v + w) / 2); // exact: one bit more than E has
+        wide.push_back(mid);
+        wide.push_back(std::nextafter(mid, -INFINITY));
+        wide.push_back(std::nextafter(mid, INFINITY));
+    }
+    for (float f : {FLT_MAX, -FLT_MAX, 65520.0f, 65519.99f, 1e-8f, 3e-8f, 1e-40f})
+        wide.push_back(f);
+    const size_t n = wide.size() - off;
+    std::vector<uint16_t> narrow(n + off, 0x7fff), narrow_ref(n), bits(65536 + off);
+    std::vector<float> back(65536 + off, NAN), back_ref(65536);
+    for (uint32_t h = 0; h < 65536; h++)
+        bits[off + h] = (uint16_t)h;
+    const float *src = wide.data() + off;
+    uint16_t *dst = narrow.data() + off, *b16 = bits.data() + off;
+    float *b32 = back.data() + off;
+    if ((kc_aligned(16, src) && kc_aligned(8, dst)) != vec || (kc_aligned(16, b32) && kc_aligned(8, b16)) != vec)
+        emu::fail("test: the pointers do not make the launchers pick the path under test");
+    ew_run(n, vec, to16_f<BF16>{dst, src}, max_blocks);
+    ew_run(65536, vec, from16_f<BF16>{b32, b16}, max_blocks);
+    if constexpr (BF16) {
+        H->cast_f32_to_bf16(cpu32, narrow_ref.data(), src, n);
+        H->cast_bf16_to_f32(cpu32, back_ref.data(), b16, 65536);
+    } else {
+        H->cast_f32_to_f16(cpu32, narrow_ref.data(), src, n);
+        H->cast_f16_to_f32(cpu32, back_ref.data(), b16, 65536);
+    }
+    same<E>(name, "fp32 to 16", dst, narrow_ref.data(), n);
+    same<float>(name, "16 to fp32", b32, back_ref.data(), 65536);
+}
+
+// ---- non-finite count ----------------------------------------------------------------------
+
+// nonfinite_kernel as kc_count_nonfinite launches it: W = 4 (p 16-byte
+// aligned; n % 4 elements left to block 0) on a grid for n/4 + 1 items, else
+// W = 1; ±inf and NaN among finite values (FLT_MAX, subnormals), at both
+// ends and in the tail.
+template <int W> void test_nonfinite(size_t n, unsigned max_blocks)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "nonfinite W=%d n=%zu grid<=%u", W, n, max_blocks);
+    const size_t off = W == 4 ? 0 : 1;
+    std::vector<float> pb(n + off);
+    float *p = pb.data() + off;
+    if (kc_aligned(16, p) != (W == 4))
+        emu::fail("test: p does not make the launcher pick W");
+    const float special[] = {INFINITY, FLT_MAX, NAN, 1e-40f, -INFINITY, -NAN};
+    for (size_t i = 0; i < n; i++)
+        p[i] = i % 31 == 3 ? special[i / 31 % std::size(special)] : rnd();
+    p[0] = p[n - 1] = INFINITY;
+    p[n - 2] = NAN;
+    unsigned long long count = 0, *c = &count;
+    emu_launch(grid_for(W == 4 ? n / 4 + 1 : n, 256, max_blocks), dim3(256),
+               [=] { nonfinite_kernel<W>(p, n, c); });
+    const size_t ref = H->count_nonfinite(cpu32, p, n);
+    verdict(buf, "count", count != ref, 1, (double)count - (double)ref, "");
 }
 
 // ---- column sums -----------------------------------------------------------------------
@@ -503,14 +536,8 @@ template <bool LN, class T> void test_colsum(int N, int C, int custom_S)
 int main()
 {
     const auto t0 = std::chrono::steady_clock::now();
-    H = kern_cpu_ops();
-    cpu32 = H->ctx_create(1, 0, KERN_FP32, nullptr);
-    cpu_bf16 = H->ctx_create(1, 0, KERN_BF16, nullptr);
-    cpu_f16 = H->ctx_create(1, 0, KERN_FP16, nullptr);
-    if (!cpu32 || !cpu_bf16 || !cpu_f16) {
-        std::fprintf(stderr, "cpu context\n");
+    if (!cpu_open())
         return 1;
-    }
 
     // Cross-entropy: W = 4 with Vp % 4 == 0 (V not: the forward's scalar
     // tail, and a padding), W = 1 with an odd Vp; V > 256·4 so that the
@@ -537,6 +564,22 @@ int main()
     test_gelu16<false>(2001, true, 1);
     test_gelu16<false>(1001, false, 2);
 
+    // The fp32 elementwise ops and the casts: the vector path with a grid
+    // of one block (the grid-stride loop goes round), and the scalar path.
+    test_pointwise(2001, true, 1);
+    test_pointwise(2001, false, 2);
+    test_casts<true>(true, 2);
+    test_casts<true>(false, 2);
+    test_casts<false>(true, 2);
+    test_casts<false>(false, 2);
+
+    // Non-finite count: the launcher's grid and a grid of one block (W = 4,
+    // the tail of 3 in block 0), W = 1, and n < 4 (all of it tail).
+    test_nonfinite<4>(2003, 32);
+    test_nonfinite<4>(2003, 1);
+    test_nonfinite<1>(2003, 32);
+    test_nonfinite<4>(3, 32);
+
     // Column sums: kc_colsum's splits (C not a multiple of 32: idle
     // columns), and fewer, longer splits (the last one shorter).
     for (int custom_S : {0, 2}) {
@@ -549,10 +592,5 @@ int main()
         test_colsum<true, __half>(43, 40, custom_S);
     }
 
-    H->ctx_destroy(cpu32);
-    H->ctx_destroy(cpu_bf16);
-    H->ctx_destroy(cpu_f16);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%s: %d failure(s), %.1f s\n", failures ? "FAIL" : "PASS", failures, secs);
-    return failures ? 1 : 0;
+    return cpu_close(t0);
 }
