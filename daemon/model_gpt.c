@@ -281,8 +281,12 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
             uint16_t *ln2 = g->ln2_16 + l * BTC, *fch = g->fch16 + l * BTC * 4;
             uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4;
             k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
-            k->matmul_forward16_out16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
-            k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
+            if (k->matmul_forward16_gelu) { /* the GELU in the GEMM's epilogue, where there is one */
+                k->matmul_forward16_gelu(kc, fch_gelu, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+            } else {
+                k->matmul_forward16_out16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+                k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
+            }
             k->matmul_forward16_residual(kc, res3, fch_gelu, P + w->fcprojw, P + w->fcprojb, res2, (int)BT, 4 * C,
                                          C);
         } else {
@@ -482,9 +486,14 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         if (g->lp16) {
             const uint16_t *fch = g->fch16 + l * BTC * 4, *fch_gelu = g->fch_gelu16 + l * BTC * 4;
             const uint16_t *ln2 = g->ln2_16 + l * BTC;
-            k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, NULL, g->dres16, fch_gelu,
-                                 P + w->fcprojw, (int)BT, 4 * C, C);
-            k->gelu_backward16(kc, g->dfch16, fch, g->dfch16, BTC * 4);
+            if (k->matmul_backward16_dgelu) {
+                k->matmul_backward16_dgelu(kc, g->dfch16, fch, D + w->fcprojw, D + w->fcprojb, g->dres16, fch_gelu,
+                                           P + w->fcprojw, (int)BT, 4 * C, C);
+            } else {
+                k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, NULL, g->dres16,
+                                     fch_gelu, P + w->fcprojw, (int)BT, 4 * C, C);
+                k->gelu_backward16(kc, g->dfch16, fch, g->dfch16, BTC * 4);
+            }
             k->matmul_backward16(kc, NULL, g->dln16, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw,
                                  (int)BT, C, 4 * C);
         } else {

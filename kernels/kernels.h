@@ -269,6 +269,19 @@ typedef struct kern_ops {
      * for the MLP's hidden layer, which only GELU reads. */
     void (*matmul_forward16_out16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
                                    const float *bias, int N, int C, int OC);
+    /* The MLP's fc layer with its GELU: pre16 = matmul_forward16_out16's
+     * out16, out16 (N,OC) = gelu of it; and the gradient through the next
+     * GEMM and the GELU: dinp16 (N,C) = (dout16 · weight) ⊙ gelu'(pre16),
+     * with dweight, dbias as matmul_backward16.  What they save is the
+     * GELU's own pass over the hidden layer (cuda: in the GEMM's epilogue,
+     * where GELU, or its derivative, is taken of the fp32 result before
+     * the rounding: within an ulp of E of the cpu's, which are the two ops
+     * one after the other).  Optional: a model runs the two ops without. */
+    void (*matmul_forward16_gelu)(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
+                                  const float *weight, const float *bias, int N, int C, int OC);
+    void (*matmul_backward16_dgelu)(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight,
+                                    float *dbias, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
+                                    int N, int C, int OC);
     /* crossentropy_forward/backward on 16-bit logits (widened exactly);
      * dlogits16 = the fp32 result rounded, overwritten, may be logits16. */
     void (*crossentropy_forward16)(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,

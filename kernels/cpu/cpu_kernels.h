@@ -175,6 +175,11 @@ void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *d
                             int N, int C, int OC);
 void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
                                  const float *bias, int N, int C, int OC);
+void kcpu_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
+                                const float *weight, const float *bias, int N, int C, int OC);
+void kcpu_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
+                                  const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                                  int OC);
 void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
                                     int C, int NH);
 void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,

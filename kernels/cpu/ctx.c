@@ -154,6 +154,8 @@ static const kern_ops cpu_ops = {
     .matmul_forward16_residual = kcpu_matmul_forward16_residual,
     .matmul_backward16 = kcpu_matmul_backward16,
     .matmul_forward16_out16 = kcpu_matmul_forward16_out16,
+    .matmul_forward16_gelu = kcpu_matmul_forward16_gelu,
+    .matmul_backward16_dgelu = kcpu_matmul_backward16_dgelu,
     .crossentropy_forward16 = kcpu_crossentropy_forward16,
     .crossentropy_backward16 = kcpu_crossentropy_backward16,
 };

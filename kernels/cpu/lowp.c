@@ -171,6 +171,23 @@ void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *i
     tmp_put(k, t);
 }
 
+/* The definitions of the two fused ops (kernels.h): the ops they fuse, one
+ * after the other. */
+void kcpu_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
+                                const float *weight, const float *bias, int N, int C, int OC)
+{
+    kcpu_matmul_forward16_out16(k, pre16, inp16, weight, bias, N, C, OC);
+    kcpu_gelu_forward16(k, out16, pre16, (size_t)N * OC);
+}
+
+void kcpu_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
+                                  const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                                  int OC)
+{
+    kcpu_matmul_backward16(k, NULL, dinp16, dweight, dbias, NULL, dout16, inp16, weight, N, C, OC);
+    kcpu_gelu_backward16(k, dinp16, pre16, dinp16, (size_t)N * C);
+}
+
 void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
                                  const int32_t *targets, int N, int V, int Vp)
 {

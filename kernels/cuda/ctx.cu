@@ -315,6 +315,8 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .matmul_forward16_residual = kc_matmul_forward16_residual,
     .matmul_backward16 = kc_matmul_backward16,
     .matmul_forward16_out16 = kc_matmul_forward16_out16,
+    .matmul_forward16_gelu = kc_matmul_forward16_gelu,
+    .matmul_backward16_dgelu = kc_matmul_backward16_dgelu,
     .crossentropy_forward16 = kc_crossentropy_forward16,
     .crossentropy_backward16 = kc_crossentropy_backward16,
 };

@@ -28,7 +28,7 @@ struct kc_gemm_key {
     int ta, tb, m, n, k, lda, ldb, ldd, batch;
     long long sA, sB, sD;
     int ab, dt, compute, epilogue;
-    unsigned align_a, align_b, align_c, align_d, align_bias;
+    unsigned align_a, align_b, align_c, align_d, align_bias, align_aux;
 };
 
 struct kc_plan {
@@ -102,6 +102,13 @@ static cublasStatus_t plan_build(kern_ctx *k, kc_plan *p, const kc_gemm_args *g)
         if (s != CUBLAS_STATUS_SUCCESS)
             return s;
     }
+    if (g->gelu) { // likewise the aux matrix's; laid out as D
+        int64_t ld = y->ldd;
+        if ((s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                sizeof g->aux)) ||
+            (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld)))
+            return s;
+    }
     cudaDataType_t ab = (cudaDataType_t)y->ab;
     // Stored shapes: op(A) is m×k, op(B) is k×n.
     if ((s = layout(&p->a, ab, y->ta ? y->k : y->m, y->ta ? y->m : y->k, y->lda, y->batch, y->sA)) ||
@@ -160,12 +167,18 @@ static kc_plan *plan_get(kern_ctx *k, const kc_gemm_args *g, int *err)
     y.ab = (int)g->ab;
     y.dt = (int)g->dt;
     y.compute = (int)g->compute;
-    y.epilogue = g->bias ? (int)CUBLASLT_EPILOGUE_BIAS : (int)CUBLASLT_EPILOGUE_DEFAULT;
+    if (g->gelu == KC_GELU_FWD)
+        y.epilogue = g->bias ? (int)CUBLASLT_EPILOGUE_GELU_AUX_BIAS : (int)CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (g->gelu == KC_GELU_BWD)
+        y.epilogue = (int)CUBLASLT_EPILOGUE_DGELU;
+    else
+        y.epilogue = g->bias ? (int)CUBLASLT_EPILOGUE_BIAS : (int)CUBLASLT_EPILOGUE_DEFAULT;
     y.align_a = kc_alignment(g->A);
     y.align_b = kc_alignment(g->B);
     y.align_d = kc_alignment(g->D);
     y.align_c = kc_alignment(g->C ? g->C : g->D);
     y.align_bias = g->bias ? kc_alignment(g->bias) : 0;
+    y.align_aux = g->gelu ? kc_alignment(g->aux) : 0;
     for (int i = 0; i < k->nplans; i++)
         if (!memcmp(&k->plans[i].key, &y, sizeof y))
             return &k->plans[i];
@@ -212,6 +225,12 @@ int kc_gemm(kern_ctx *k, const kc_gemm_args *g)
         cublasStatus_t s =
             cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
         if (!kc_blas_ok(k, s, "cuBLASLt bias"))
+            return -1;
+    }
+    if (g->gelu) {
+        cublasStatus_t s =
+            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux);
+        if (!kc_blas_ok(k, s, "cuBLASLt GELU aux"))
             return -1;
     }
     cublasStatus_t s = cublasLtMatmul(k->lt, p->op, &g->alpha, g->A, p->a, g->B, p->b, &g->beta,
@@ -602,5 +621,75 @@ void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp
             add_bias16_kernel<__half><<<grid, 256, 0, k->stream>>>(out16, b16, (size_t)N, OC);
         kc_launched(k, "matmul_forward16_out16(bias)");
     }
+}
+
+// The fc layer and its GELU in one GEMM (kernels.h): cuBLASLt's
+// GELU_AUX_BIAS epilogue writes pre16 (the aux matrix) and out16 =
+// gelu(acc + bias) from the same fp32 values, so the GELU kernel's pass
+// over the hidden layer (reading pre16, writing out16: 4·N·OC bytes) is
+// not made.  Should cuBLASLt decline the epilogue, or OC not be a multiple
+// of 8 (the aux leading dimension must be), the two ops.
+void kc_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
+                              const float *weight, const float *bias, int N, int C, int OC)
+{
+    if (N <= 0 || OC <= 0)
+        return;
+    kc_enter(k);
+    if (C > 0 && OC % 8 == 0) {
+        bool bf = k->prec == KERN_BF16;
+        size_t nw = (size_t)OC * C, ob = kc_round(nw * 2, 256);
+        char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0));
+        if (!buf)
+            return;
+        uint16_t *w16 = (uint16_t *)buf, *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
+        kc_cast_lowp(k, w16, weight, nw, bf);
+        if (bias)
+            kc_cast_lowp(k, b16, bias, (size_t)OC, bf);
+        kc_gemm_args g = forward_args(out16, inp16, w16, b16, N, C, OC);
+        g.ab = g.dt = lowp_type(k);
+        g.gelu = KC_GELU_FWD;
+        g.aux = pre16;
+        if (kc_gemm(k, &g) != 1)
+            return; // done, or an error recorded
+        // Only casts were queued on the scratch: the ops below may reuse it.
+    }
+    kc_matmul_forward16_out16(k, pre16, inp16, weight, bias, N, C, OC);
+    kc_gelu_forward16(k, out16, pre16, (size_t)N * OC);
+}
+
+// The gradient through the next GEMM and the GELU (kernels.h): the dinp
+// GEMM with cuBLASLt's DGELU epilogue, which multiplies by gelu'(pre16)
+// before rounding, so the GELU backward's pass (reading dinp16 and pre16,
+// writing dinp16: 6·N·C bytes) is not made; then dweight and dbias as
+// matmul_backward16 makes them.  Should cuBLASLt decline, or C not be a
+// multiple of 8, matmul_backward16 and gelu_backward16.
+void kc_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
+                                const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                                int OC)
+{
+    if (N <= 0 || OC <= 0 || C < 0)
+        return;
+    kc_enter(k);
+    if (C > 0 && C % 8 == 0) {
+        size_t nw = (size_t)OC * C;
+        uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
+        if (!w16)
+            return;
+        kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
+        // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
+        kc_gemm_args a = kc_gemm_plain(false, false, C, N, OC, w16, C, dout16, OC, dinp16, C, 0.0f);
+        a.ab = a.dt = lowp_type(k);
+        a.gelu = KC_GELU_BWD;
+        a.aux = pre16;
+        int r = kc_gemm(k, &a);
+        if (r < 0)
+            return;
+        if (r == 0) { // the parameters' gradients: matmul_backward16 without a dinp
+            kc_matmul_backward16(k, NULL, NULL, dweight, dbias, NULL, dout16, inp16, weight, N, C, OC);
+            return;
+        }
+    }
+    kc_matmul_backward16(k, NULL, dinp16, dweight, dbias, NULL, dout16, inp16, weight, N, C, OC);
+    kc_gelu_backward16(k, dinp16, pre16, dinp16, (size_t)N * C);
 }
 #endif

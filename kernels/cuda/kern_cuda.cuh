@@ -346,10 +346,17 @@ struct kc_gemm_args {
     int batch;
     float alpha, beta;
     const void *bias; // CUBLASLT_EPILOGUE_BIAS (length m, of D's type: cuBLASLt's default), or NULL
+    // cuBLASLt's GELU epilogues (the tanh form, GPT-2's), with aux of D's
+    // type and layout (ld ldd, a multiple of 8): KC_GELU_FWD: D = gelu(acc +
+    // bias), aux = acc + bias (GELU_AUX[_BIAS]); KC_GELU_BWD: D = acc ·
+    // gelu'(aux) (DGELU, no bias).  KC_GELU_NONE (0): neither.
+    int gelu;
+    const void *aux;
     cudaDataType_t ab;
     cudaDataType_t dt; // D's type: CUDA_R_32F (0, what a zeroed struct says) unless a 16-bit output
     cublasComputeType_t compute;
 };
+enum { KC_GELU_NONE, KC_GELU_FWD, KC_GELU_BWD };
 // One column-major GEMM, D (m×n) = op(A)·op(B) + beta·D, alpha 1, unbatched,
 // fp32 operands, output and compute; callers change what differs (16-bit
 // types, a bias, batch strides, alpha).
@@ -479,6 +486,11 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
 
 void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
                                const float *bias, int N, int C, int OC);
+void kc_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
+                              const float *weight, const float *bias, int N, int C, int OC);
+void kc_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
+                                const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                                int OC);
 void kc_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
                                const int32_t *targets, int N, int V, int Vp);
 void kc_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,

@@ -987,6 +987,48 @@ static void test_out16_bias(int N, int C, int OC, int offset)
     b16free(&inp), b16free(&out), bfree(&w), bfree(&b);
 }
 
+/* The MLP's GEMM+GELU ops, shaped as the model runs them: fc (N,C)→(N,Hd)
+ * writing pre16 and out16 = gelu(pre16), then the gradient through the
+ * fcproj GEMM (N,Hd)→(N,C) and the GELU into dinp16 (N,Hd).  On the GPU
+ * GELU (and its derivative) is taken in the GEMM's epilogue of the fp32
+ * value before rounding, where the cpu rounds first: the 16-bit GEMM
+ * tolerance covers that.  Hd not a multiple of 8 takes the GPU's fallback
+ * (the two ops).  The backward starts from the cpu's pre16 and out16 on both sides. */
+static void test_gelu_gemm16(int N, int C, int Hd, int offset)
+{
+    const char *prec = ctx_bf16 ? "bf16" : "fp16";
+    char name[80];
+    snprintf(name, sizeof name, "gemm+gelu16 %s %dx%dx%d%s", prec, N, C, Hd, offset ? " unal" : "");
+    if (!have16(name, "matmul_forward16_gelu", H->matmul_forward16_gelu != NULL,
+                G->matmul_forward16_gelu != NULL) ||
+        !have16(name, "matmul_backward16_dgelu", H->matmul_backward16_dgelu != NULL,
+                G->matmul_backward16_dgelu != NULL))
+        return;
+    size_t o = (size_t)offset, NH = (size_t)N * Hd;
+    buf16 inp = mk16((size_t)N * C + o, 1), pre = mk16(NH + o, 0), out = mk16(NH + o, 0);
+    buf w = mk((size_t)Hd * C + o, 1), b = mk((size_t)Hd + o, 1);
+    H->matmul_forward16_gelu(hk, out.h + o, pre.h + o, inp.h + o, w.h + o, b.h + o, N, C, Hd);
+    G->matmul_forward16_gelu(gk, out.d + o, pre.d + o, inp.d + o, w.d + o, b.d + o, N, C, Hd);
+    gsync(name);
+    cmp16(name, "pre16", &pre, 2e-2, 2e-2); /* 16-bit GEMM inputs, as test_matmul */
+    cmp16(name, "out16", &out, 2e-2, 2e-2);
+
+    G->copy_h2d(gk, pre.d, pre.h, pre.n * 2);
+    G->copy_h2d(gk, out.d, out.h, out.n * 2); /* the fcproj GEMM's input */
+    buf16 dout = mk16((size_t)N * C + o, 1), dinp = mk16(NH + o, 0);
+    buf wp = mk((size_t)C * Hd + o, 1), dw = mk((size_t)C * Hd + o, 1), db = mk((size_t)C + o, 1);
+    H->matmul_backward16_dgelu(hk, dinp.h + o, pre.h + o, dw.h + o, db.h + o, dout.h + o, out.h + o, wp.h + o, N,
+                               Hd, C);
+    G->matmul_backward16_dgelu(gk, dinp.d + o, pre.d + o, dw.d + o, db.d + o, dout.d + o, out.d + o, wp.d + o, N,
+                               Hd, C);
+    gsync(name);
+    cmp16(name, "dinp16", &dinp, 2e-2, 2e-2);
+    cmp(name, "dw", &dw, 2e-2, 2e-2);
+    cmp(name, "dbias", &db, 1e-4, 1e-5); /* fp32 sums of the same values */
+    b16free(&inp), b16free(&pre), b16free(&out), bfree(&w), bfree(&b), b16free(&dout), b16free(&dinp), bfree(&wp),
+        bfree(&dw), bfree(&db);
+}
+
 /* The output layer in 16 bits: logits16 = inp16·Wᵀ rounded once, then
  * cross-entropy on them and its 16-bit dlogits, in place as the model runs
  * it.  Both sides start from the same 16-bit logits (the CPU's), so the
@@ -1166,6 +1208,8 @@ static void run_lowp(const char *prec)
     test_matmul16(512, 768, 3072, true, true, 0);
     test_out16_bias(512, 768, 3072, 0);   /* GPT-2's MLP hidden layer */
     test_out16_bias(33, 17, 29, 1);       /* odd, pointers 2 or 4 bytes off */
+    test_gelu_gemm16(512, 768, 3072, 0);  /* GPT-2's MLP: the epilogue path */
+    test_gelu_gemm16(33, 17, 29, 1);      /* Hd not a multiple of 8: the two ops */
     test_logits16(64, 128, 50257, 50304); /* GPT-2's vocabulary, padded */
     test_logits16(33, 52, 37, 37);        /* odd: the scalar paths */
     test_determinism16();

@@ -149,11 +149,36 @@ static void test_bf16_fused_qkv16(void **state)
     assert_true(fabs(rf.val_loss - r32.val_loss) <= 0.01 * r32.val_loss);
 }
 
+/* The MLP's GEMM+GELU ops (matmul_forward16_gelu, matmul_backward16_dgelu)
+ * are optional: a backend without them gets the two ops each.  The cpu's
+ * are exactly those two ops, so the same job trained both ways must give
+ * the same bits: what differs is only which of the model's two wirings
+ * fed them, and a wrong buffer in either changes the losses. */
+static void test_gelu_ops_optional(void **state)
+{
+    (void)state;
+    kern_ops without = fused16_ops;
+    without.matmul_forward16_gelu = NULL;
+    without.matmul_backward16_dgelu = NULL;
+    job_config ja, jb;
+    train_result ra, rb;
+    job(&ja, "gelu-fused", JOBCFG_BF16);
+    job(&jb, "gelu-apart", JOBCFG_BF16);
+    train(&ja, &fused16_ops, true, &ra);
+    train(&jb, &without, true, &rb);
+    printf("final loss: with the GEMM+GELU ops %.6f, without %.6f; validation %.6f, %.6f\n", ra.final_loss,
+           rb.final_loss, ra.val_loss, rb.val_loss);
+    assert_memory_equal(&ra.final_loss, &rb.final_loss, sizeof ra.final_loss);
+    assert_memory_equal(&ra.val_loss, &rb.val_loss, sizeof ra.val_loss);
+    assert_int_equal(ra.act_per_sample, rb.act_per_sample);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_activations),
         cmocka_unit_test(test_bf16_fused_qkv16),
+        cmocka_unit_test(test_gelu_ops_optional),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
