@@ -28,13 +28,11 @@ struct adamw_f {
     }
 };
 
-} // namespace
-
-#ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the functor and kernels here itself)
-void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-              float beta2, float eps, float weight_decay, float grad_scale, int t)
+// The functor for step t, bias corrections computed on the host (tests/emu
+// builds it the same way).
+adamw_f adamw_make(float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2, float eps,
+                   float weight_decay, float grad_scale, int t)
 {
-    kc_enter(k);
     adamw_f f;
     f.p = p;
     f.m = m;
@@ -48,6 +46,17 @@ void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t 
     f.gs = grad_scale;
     f.bc1 = 1.0f - powf(beta1, (float)t);
     f.bc2 = 1.0f - powf(beta2, (float)t);
+    return f;
+}
+
+} // namespace
+
+#ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the functor and kernels here itself)
+void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+              float beta2, float eps, float weight_decay, float grad_scale, int t)
+{
+    kc_enter(k);
+    adamw_f f = adamw_make(p, g, m, v, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
     kc_ew(k, n, kc_aligned(16, p, g, m, v), f, "adamw");
 }
 #endif

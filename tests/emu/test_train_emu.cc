@@ -12,9 +12,10 @@
 // calls of gemm.cu and attention.cu); each kernel is launched here with its
 // launcher's grid and block, for both vector widths where the launcher
 // picks one.  What a launcher computes on the host is done here the same
-// way: kc_adamw's bias corrections, and kc_encoder_backward's sort of the
-// positions by token, cub's stable radix sort there, std::stable_sort here
-// (a stable sort has one result: equal tokens keep their positions' order).
+// way: kc_adamw's bias corrections (through its own adamw_make), and
+// kc_encoder_backward's sort of the positions by token, cub's stable radix
+// sort there, std::stable_sort here (a stable sort has one result: equal
+// tokens keep their positions' order).
 // The GEMMs that the fallback kernels follow are the CPU backend's.
 //
 // References: the CPU backend (kern_cpu_ops(), kern_cpu_check_pattern) for
@@ -325,19 +326,7 @@ void test_adamw(size_t n, bool vec, int t, float wd, float gs, unsigned max_bloc
     float *p = pb.data() + off, *g = gb.data() + off, *m = mb.data() + off, *v = vb.data() + off;
     if (kc_aligned(16, p, g, m, v) != vec)
         emu::fail("test: the pointers do not make the launcher pick the path under test");
-    adamw_f f;
-    f.p = p;
-    f.m = m;
-    f.v = v;
-    f.g = g;
-    f.lr = lr;
-    f.b1 = b1;
-    f.b2 = b2;
-    f.eps = eps;
-    f.wd = wd;
-    f.gs = gs;
-    f.bc1 = 1.0f - powf(b1, (float)t);
-    f.bc2 = 1.0f - powf(b2, (float)t);
+    const adamw_f f = adamw_make(p, g, m, v, lr, b1, b2, eps, wd, gs, t);
     ew_run(n, vec, f, max_blocks);
     std::vector<float> pr(p0.begin() + off, p0.end()), mr(m0.begin() + off, m0.end()), vr(v0.begin() + off, v0.end());
     H->adamw(cpu32, pr.data(), g, mr.data(), vr.data(), n, lr, b1, b2, eps, wd, gs, t);
