@@ -571,6 +571,27 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
         gemm_backward_part(k, 1.0f, true, C, OC, N, i32, C, d32, OC, dweight, C, NULL, NULL, false);
 }
 
+// The 16-bit GEMMs with a 16-bit output read the weight (OC,C) and the bias
+// (OC; may be NULL) rounded to the context's type, as cuBLASLt's epilogue
+// reads a bias for such an output: both cast into one scratch request.
+// false: no scratch (recorded).
+static bool weight_bias16(kern_ctx *k, const float *weight, const float *bias, int C, int OC, uint16_t **w16,
+                          uint16_t **b16)
+{
+    bool bf = k->prec == KERN_BF16;
+    size_t nw = C > 0 ? (size_t)OC * C : 0, ob = kc_round(nw * 2, 256);
+    char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0));
+    if (!buf)
+        return false;
+    *w16 = (uint16_t *)buf;
+    *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
+    if (nw)
+        kc_cast_lowp(k, *w16, weight, nw, bf);
+    if (bias)
+        kc_cast_lowp(k, *b16, bias, (size_t)OC, bf);
+    return true;
+}
+
 // A 16-bit output: the logits, and the MLP's hidden layer; rounded once
 // from the fp32 accumulator by cuBLASLt, the bias (cast to the output's
 // type, as cuBLASLt's epilogue reads it) added before that rounding.  No
@@ -584,19 +605,13 @@ void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
-    bool bf = k->prec == KERN_BF16;
-    size_t nw = C > 0 ? (size_t)OC * C : 0, ob = kc_round(nw * 2, 256);
-    char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0));
-    if (!buf)
+    uint16_t *w16, *b16;
+    if (!weight_bias16(k, weight, bias, C, OC, &w16, &b16))
         return;
-    uint16_t *w16 = (uint16_t *)buf, *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
-    if (bias)
-        kc_cast_lowp(k, b16, bias, (size_t)OC, bf);
     int r = 0;
     if (C <= 0) { // an empty sum: zeros (the same bits in bf16 and fp16), then the bias
         kc_ok(k, cudaMemsetAsync(out16, 0, (size_t)N * OC * 2, k->stream), "matmul_forward16_out16(C=0)");
     } else {
-        kc_cast_lowp(k, w16, weight, nw, bf);
         kc_gemm_args g = forward_args(out16, inp16, w16, b16, N, C, OC);
         g.ab = lowp_type(k);
         g.dt = lowp_type(k);
@@ -615,7 +630,7 @@ void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp
     }
     if (r == 0 && b16) {
         unsigned grid = kc_grid(k, (size_t)N * OC, 256);
-        if (bf)
+        if (k->prec == KERN_BF16)
             add_bias16_kernel<__nv_bfloat16><<<grid, 256, 0, k->stream>>>(out16, b16, (size_t)N, OC);
         else
             add_bias16_kernel<__half><<<grid, 256, 0, k->stream>>>(out16, b16, (size_t)N, OC);
@@ -636,15 +651,9 @@ void kc_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, con
         return;
     kc_enter(k);
     if (C > 0 && OC % 8 == 0) {
-        bool bf = k->prec == KERN_BF16;
-        size_t nw = (size_t)OC * C, ob = kc_round(nw * 2, 256);
-        char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0));
-        if (!buf)
+        uint16_t *w16, *b16;
+        if (!weight_bias16(k, weight, bias, C, OC, &w16, &b16))
             return;
-        uint16_t *w16 = (uint16_t *)buf, *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
-        kc_cast_lowp(k, w16, weight, nw, bf);
-        if (bias)
-            kc_cast_lowp(k, b16, bias, (size_t)OC, bf);
         kc_gemm_args g = forward_args(out16, inp16, w16, b16, N, C, OC);
         g.ab = g.dt = lowp_type(k);
         g.gelu = KC_GELU_FWD;
