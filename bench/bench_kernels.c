@@ -208,12 +208,12 @@ static size_t add_tensor(tensors *t, size_t numel, bool decay)
 }
 
 /* AdamW as train.c calls it: once per tensor, decay on the matrices. */
-static void adamw_tensors(const tensors *t, float *P, const float *D, float *m, float *v)
+static void adamw_tensors(const tensors *t, float *P, uint16_t *P16, const float *D, float *m, float *v)
 {
     for (int i = 0; i < t->n; i++) {
         size_t o = t->off[i];
-        ops->adamw(k, P + o, D + o, m + o, v + o, t->numel[i], 1e-4f, 0.9f, 0.95f, 1e-8f, t->decay[i] ? 0.1f : 0.0f,
-                   1.0f, 1);
+        ops->adamw(k, P + o, P16 ? P16 + o : NULL, D + o, m + o, v + o, t->numel[i], 1e-4f, 0.9f, 0.95f, 1e-8f,
+                   t->decay[i] ? 0.1f : 0.0f, 1.0f, 1);
     }
 }
 
@@ -343,6 +343,9 @@ int main(int argc, char **argv)
     size_t lnfw = add_tensor(&tl, Cz, false), lnfb = add_tensor(&tl, Cz, false);
     size_t nparams = tl.total;
     float *P = buf(nparams), *D = buf(nparams), *mom = buf(nparams), *vel = buf_of(nparams, true);
+    /* act16: the weights as the 16-bit GEMMs read them, which AdamW writes
+     * beside P (train.c). */
+    uint16_t *P16 = lp16 ? buf16(nparams) : NULL;
 
     /* ---- forward (gpt_body, then the loss) ----
      * Ops made several times per step at one shape (the layernorms, the
@@ -354,10 +357,10 @@ int main(int argc, char **argv)
            ops->layernorm_forward16(k, ln1_16, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
         if (qkv16_on)
             OP("matmul16_qkv_fwd", L, PART_GEMM,
-               ops->matmul_forward16_out16(k, qkv16, ln1_16, P + qkvw, P + qkvb, (int)N, C, 3 * C));
+               ops->matmul_forward16_out16(k, qkv16, ln1_16, P16 + qkvw, P + qkvb, (int)N, C, 3 * C));
         else
             OP("matmul16_qkv_fwd", L, PART_GEMM,
-               ops->matmul_forward16(k, qkv, ln1_16, P + qkvw, P + qkvb, (int)N, C, 3 * C));
+               ops->matmul_forward16(k, qkv, ln1_16, P16 + qkvw, P + qkvb, (int)N, C, 3 * C));
     } else {
         OP("layernorm_fwd", ln_calls, PART_REST,
            ops->layernorm_forward(k, ln1, mean, rstd, encoded, P + ln1w, P + ln1b, (int)N, C));
@@ -367,7 +370,7 @@ int main(int argc, char **argv)
         OP("attention16_fwd", L, PART_ATTENTION,
            ops->attention_fused_forward16(k, atty16, att, qkv16, B, T, C, NH));
         OP("matmul16_proj_fwd", L, PART_GEMM,
-           ops->matmul_forward16_residual(k, res2, atty16, P + attprojw, P + attprojb, encoded, (int)N, C, C));
+           ops->matmul_forward16_residual(k, res2, atty16, P16 + attprojw, P + attprojb, encoded, (int)N, C, C));
     } else {
         if (fused)
             OP("attention_fwd", L, PART_ATTENTION, ops->attention_fused_forward(k, atty, att, qkv, B, T, C, NH));
@@ -383,11 +386,11 @@ int main(int argc, char **argv)
         OP("residual_fwd", L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
     if (lp16) {
         OP("matmul16_fc_fwd", L, PART_GEMM,
-           ops->matmul_forward16_out16(k, fch16, ln2_16, P + fcw, P + fcb, (int)N, C, 4 * C));
+           ops->matmul_forward16_out16(k, fch16, ln2_16, P16 + fcw, P + fcb, (int)N, C, 4 * C));
         OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch16, 4 * NC));
         OP("matmul16_fcproj_fwd", L, PART_GEMM,
-           ops->matmul_forward16_residual(k, res3, fch_gelu16, P + fcprojw, P + fcprojb, res2, (int)N, 4 * C, C));
-        OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P + wte, NULL, (int)N, C, V));
+           ops->matmul_forward16_residual(k, res3, fch_gelu16, P16 + fcprojw, P + fcprojb, res2, (int)N, 4 * C, C));
+        OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P16 + wte, NULL, (int)N, C, V));
         OP("crossentropy16_fwd", 1, PART_REST,
            ops->crossentropy_forward16(k, losses, lse, logits16, tok, (int)N, V, V));
     } else {
@@ -407,7 +410,7 @@ int main(int argc, char **argv)
         OP("crossentropy16_bwd", 1, PART_REST,
            ops->crossentropy_backward16(k, logits16, logits16, lse, tok, dlosses, (int)N, V, V));
         OP("logits16_bwd", 1, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dln16, D + wte, NULL, NULL, logits16, lnf16, P + wte, (int)N, C, V));
+           ops->matmul_backward16(k, NULL, dln16, D + wte, NULL, NULL, logits16, lnf16, P16 + wte, (int)N, C, V));
     } else {
         OP("crossentropy_bwd", 1, PART_REST,
            ops->crossentropy_backward(k, logits, logits, lse, tok, dlosses, (int)N, V, V));
@@ -427,11 +430,11 @@ int main(int argc, char **argv)
            ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
     if (lp16) {
         OP("matmul16_fcproj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, NULL, dres16, fch_gelu16, P + fcprojw,
+           ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, NULL, dres16, fch_gelu16, P16 + fcprojw,
                                   (int)N, 4 * C, C));
         OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch16, dfch16, 4 * NC));
         OP("matmul16_fc_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dln16, D + fcw, D + fcb, NULL, dfch16, ln2_16, P + fcw, (int)N, C,
+           ops->matmul_backward16(k, NULL, dln16, D + fcw, D + fcb, NULL, dfch16, ln2_16, P16 + fcw, (int)N, C,
                                   4 * C));
     } else {
         OP("matmul_fcproj_bwd", L, PART_GEMM,
@@ -442,7 +445,7 @@ int main(int argc, char **argv)
     }
     if (qkv16_on)
         OP("matmul16_proj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dfch16, D + attprojw, D + attprojb, NULL, dres16, atty16, P + attprojw,
+           ops->matmul_backward16(k, NULL, dfch16, D + attprojw, D + attprojb, NULL, dres16, atty16, P16 + attprojw,
                                   (int)N, C, C));
     else
         OP("matmul_proj_bwd", L, PART_GEMM,
@@ -460,11 +463,11 @@ int main(int argc, char **argv)
            ops->attention_backward(k, dqkv, preatt, datt, dsmall, qkv, att, B, T, C, NH));
     if (qkv16_on)
         OP("matmul16_qkv_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dln16, D + qkvw, D + qkvb, NULL, dqkv16, ln1_16, P + qkvw, (int)N, C,
+           ops->matmul_backward16(k, NULL, dln16, D + qkvw, D + qkvb, NULL, dqkv16, ln1_16, P16 + qkvw, (int)N, C,
                                   3 * C));
     else if (lp16)
         OP("matmul16_qkv_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dln16, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P + qkvw, (int)N, C,
+           ops->matmul_backward16(k, NULL, dln16, D + qkvw, D + qkvb, dqkv, NULL, ln1_16, P16 + qkvw, (int)N, C,
                                   3 * C));
     else
         OP("matmul_qkv_bwd", L, PART_GEMM,
@@ -479,8 +482,8 @@ int main(int argc, char **argv)
     double sq;
     OP("zero", 1, PART_REST, ops->zero(k, D, nparams));
     OP("sumsq", 1, PART_REST, ops->sumsq(k, &sq, D, nparams));
-    OP("adamw", 0, PART_REST, ops->adamw(k, P, D, mom, vel, nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1));
-    OP("adamw_per_tensor", 1, PART_REST, adamw_tensors(&tl, P, D, mom, vel));
+    OP("adamw", 0, PART_REST, ops->adamw(k, P, P16, D, mom, vel, nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1));
+    OP("adamw_per_tensor", 1, PART_REST, adamw_tensors(&tl, P, P16, D, mom, vel));
 
     double part[3] = {0, 0, 0};
     for (int i = 0; i < ntimes; i++) {

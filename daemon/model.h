@@ -97,6 +97,15 @@ struct model {
     int ntensors;
     model_tensor tensors[MODEL_MAX_TENSORS];
     float *params, *grads; /* device memory, num_params floats each */
+    /* A model whose 16-bit GEMMs read their weights in 16 bits (gpt with
+     * 16-bit activations) sets needs_params16 when it is created; whoever
+     * owns params then provides params16 (device memory, num_params values
+     * at the tensors' offsets) and keeps it equal to params rounded to the
+     * context's 16-bit type: cast after writing params, and refreshed by
+     * adamw's p16 after every update.  One copy made where the parameters
+     * change, not one per GEMM call. */
+    uint16_t *params16;
+    bool needs_params16;
     uint32_t max_n;        /* activations bound for this many samples */
     void *impl;
 };

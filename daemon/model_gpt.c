@@ -240,6 +240,7 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     int C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
     size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
     const float *P = m->params;
+    const uint16_t *P16 = m->params16; /* lp16: the weights as the 16-bit GEMMs read them */
 
     k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
     for (uint32_t l = 0; l < g->L; l++) {
@@ -254,11 +255,11 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         if (g->qkv16_on) {
             uint16_t *ln1 = g->ln1_16 + l * BTC, *qkv16 = g->qkv16 + l * BTC * 3;
             k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-            k->matmul_forward16_out16(kc, qkv16, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+            k->matmul_forward16_out16(kc, qkv16, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
         } else if (g->lp16) {
             uint16_t *ln1 = g->ln1_16 + l * BTC;
             k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-            k->matmul_forward16(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+            k->matmul_forward16(kc, qkv, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
         } else {
             float *ln1 = g->ln1 + l * BTC;
             k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
@@ -267,7 +268,7 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         if (g->qkv16_on) {
             uint16_t *atty16 = g->atty16 + l * BTC;
             k->attention_fused_forward16(kc, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
-            k->matmul_forward16_residual(kc, res2, atty16, P + w->attprojw, P + w->attprojb, residual, (int)BT, C,
+            k->matmul_forward16_residual(kc, res2, atty16, P16 + w->attprojw, P + w->attprojb, residual, (int)BT, C,
                                          C);
         } else {
             if (g->fused)
@@ -282,12 +283,12 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
             uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4;
             k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
             if (k->matmul_forward16_gelu) { /* the GELU in the GEMM's epilogue, where there is one */
-                k->matmul_forward16_gelu(kc, fch_gelu, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+                k->matmul_forward16_gelu(kc, fch_gelu, fch, ln2, P16 + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
             } else {
-                k->matmul_forward16_out16(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+                k->matmul_forward16_out16(kc, fch, ln2, P16 + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
                 k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
             }
-            k->matmul_forward16_residual(kc, res3, fch_gelu, P + w->fcprojw, P + w->fcprojb, res2, (int)BT, 4 * C,
+            k->matmul_forward16_residual(kc, res3, fch_gelu, P16 + w->fcprojw, P + w->fcprojb, res2, (int)BT, 4 * C,
                                          C);
         } else {
             float *ln2 = g->ln2 + l * BTC, *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
@@ -301,7 +302,7 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     const float *last = g->residual3 + (g->L - 1) * BTC;
     if (g->lp16) {
         k->layernorm_forward16(kc, g->lnf16, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
-        k->matmul_forward16_out16(kc, g->logits16, g->lnf16, P + g->wte, NULL, (int)BT, C, V);
+        k->matmul_forward16_out16(kc, g->logits16, g->lnf16, P16 + g->wte, NULL, (int)BT, C, V);
     } else {
         k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
         k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
@@ -438,6 +439,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
     size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
     const float *P = m->params;
+    const uint16_t *P16 = m->params16;
     float *D = m->grads;
 
     for (size_t i = 0; i < BT; i++)
@@ -450,7 +452,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     if (g->lp16) {
         uint16_t *dlogits = g->logits16;
         k->crossentropy_backward16(kc, dlogits, g->logits16, g->lse, b->y, g->dlosses, (int)BT, V, V);
-        k->matmul_backward16(kc, NULL, g->dln16, D + g->wte, NULL, NULL, dlogits, g->lnf16, P + g->wte, (int)BT, C,
+        k->matmul_backward16(kc, NULL, g->dln16, D + g->wte, NULL, NULL, dlogits, g->lnf16, P16 + g->wte, (int)BT, C,
                              V);
     } else {
         float *dlogits = g->logits;
@@ -488,13 +490,13 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
             const uint16_t *ln2 = g->ln2_16 + l * BTC;
             if (k->matmul_backward16_dgelu) {
                 k->matmul_backward16_dgelu(kc, g->dfch16, fch, D + w->fcprojw, D + w->fcprojb, g->dres16, fch_gelu,
-                                           P + w->fcprojw, (int)BT, 4 * C, C);
+                                           P16 + w->fcprojw, (int)BT, 4 * C, C);
             } else {
                 k->matmul_backward16(kc, NULL, g->dfch16, D + w->fcprojw, D + w->fcprojb, NULL, g->dres16,
-                                     fch_gelu, P + w->fcprojw, (int)BT, 4 * C, C);
+                                     fch_gelu, P16 + w->fcprojw, (int)BT, 4 * C, C);
                 k->gelu_backward16(kc, g->dfch16, fch, g->dfch16, BTC * 4);
             }
-            k->matmul_backward16(kc, NULL, g->dln16, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P + w->fcw,
+            k->matmul_backward16(kc, NULL, g->dln16, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P16 + w->fcw,
                                  (int)BT, C, 4 * C);
         } else {
             const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
@@ -520,7 +522,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         uint16_t *datty16 = g->dfch16;
         if (atty16) {
             k->matmul_backward16(kc, NULL, datty16, D + w->attprojw, D + w->attprojb, NULL, g->dres16, atty16,
-                                 P + w->attprojw, (int)BT, C, C);
+                                 P16 + w->attprojw, (int)BT, C, C);
             k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty16, atty16, att, g->qkv16 + l * BTC * 3, B,
                                           T, C, NH);
         } else { /* the fp32 ops add into dqkv */
@@ -534,10 +536,10 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
         }
         if (atty16)
             k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, NULL, g->dqkv16, g->ln1_16 + l * BTC,
-                                 P + w->qkvw, (int)BT, C, 3 * C);
+                                 P16 + w->qkvw, (int)BT, C, 3 * C);
         else if (g->lp16)
             k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
-                                 P + w->qkvw, (int)BT, C, 3 * C);
+                                 P16 + w->qkvw, (int)BT, C, 3 * C);
         else
             k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + l * BTC, P + w->qkvw, (int)BT,
                                C, 3 * C);
@@ -616,6 +618,7 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
               k->matmul_forward16_out16 && k->layernorm_backward16 &&
               k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
     g->qkv16_on = g->lp16 && g->fused && k->attention_fused_forward16 && k->attention_fused_backward16;
+    m->needs_params16 = g->lp16;
     m->impl = g;
     m->ops = &gpt_ops;
 

@@ -47,6 +47,7 @@ typedef struct {
 
     /* device memory, all from the pool */
     float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
+    uint16_t *params16;          /* the model's needs_params16, else NULL */
     void *acts, *x, *y;
     size_t act_bytes, x_bytes, y_bytes;
     uint32_t micro;            /* what acts/x/y are sized for (0: nothing held) */
@@ -384,10 +385,16 @@ static train_outcome alloc_memory(run *r)
     r->opt = alloc_tagged(r, 2 * P * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
     if (!r->opt)
         return TRAIN_FAILED;
+    if (r->m->needs_params16) {
+        r->params16 = alloc_tagged(r, P * sizeof(uint16_t), POOL_TAG_PARAMS, "16-bit parameters");
+        if (!r->params16)
+            return TRAIN_FAILED;
+    }
     r->m->params = r->params;
+    r->m->params16 = r->params16;
     r->m->grads = r->grads;
     r->persistent = pool_block_size(r->p, r->params) + pool_block_size(r->p, r->grads) +
-                    pool_block_size(r->p, r->opt);
+                    pool_block_size(r->p, r->opt) + pool_block_size(r->p, r->params16);
     r->res->persistent_bytes = r->persistent;
 
     size_t fixed, per;
@@ -397,10 +404,23 @@ static train_outcome alloc_memory(run *r)
     return TRAIN_DONE;
 }
 
+/* params16 = params rounded (model.h), after anything but the optimizer
+ * wrote params: initialisation and a checkpoint's load. */
+static void refresh_params16(run *r)
+{
+    if (!r->params16)
+        return;
+    size_t P = r->m->num_params;
+    if (r->j->precision == JOBCFG_FP16)
+        r->k->cast_f32_to_f16(r->kc, r->params16, r->params, P);
+    else
+        r->k->cast_f32_to_bf16(r->kc, r->params16, r->params, P);
+}
+
 static void free_memory(run *r)
 {
     free_micro(r);
-    void *bufs[] = {r->opt, r->grads, r->params};
+    void *bufs[] = {r->opt, r->grads, r->params, r->params16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         pool_free(r->p, bufs[i]);
     free(r->x_host);
@@ -1121,8 +1141,8 @@ static int try_step(run *r, const train_hooks *h)
     size_t P = m->num_params;
     for (int i = 0; i < m->ntensors; i++) {
         const model_tensor *t = &m->tensors[i];
-        k->adamw(r->kc, r->params + t->offset, r->grads + t->offset, r->opt + t->offset, r->opt + P + t->offset,
-                 t->numel, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps,
+        k->adamw(r->kc, r->params + t->offset, r->params16 ? r->params16 + t->offset : NULL, r->grads + t->offset,
+                 r->opt + t->offset, r->opt + P + t->offset, t->numel, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps,
                  t->decay ? (float)j->weight_decay : 0.0f, (float)scale, (int)(r->opt_steps + 1));
     }
     k->sync(r->kc);
@@ -1243,6 +1263,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
     int resumed = load_resume(r);
     if (resumed < 0)
         return TRAIN_FAILED;
+    refresh_params16(r);
     r->prog.resumed = resumed == 1;
     if (setup_outputs(r, resumed == 1) != TRAIN_DONE)
         return TRAIN_FAILED;

@@ -199,9 +199,14 @@ typedef struct kern_ops {
     void (*sumsq)(kern_ctx *k, double *out, const float *g, size_t n);
     /* AdamW for one tensor: m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
      * p -= lr·( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd·p ).
-     * g is read as grad_scale·g (clipping and loss scaling fold in here). */
-    void (*adamw)(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, float grad_scale, int t);
+     * g is read as grad_scale·g (clipping and loss scaling fold in here).
+     * p16 (n) may be NULL; else (bf16/fp16 contexts only) it receives the
+     * updated p rounded to the context's 16-bit type, as the casts round:
+     * the weights as the 16-bit GEMMs read them (weight16), written where
+     * the optimizer writes p anyway instead of cast again by every GEMM
+     * that reads them, forward and backward, at every micro-batch. */
+    void (*adamw)(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t);
 
     /* ---- casts (device memory; bf16/fp16 as raw uint16) ------------------------------- */
     void (*cast_f32_to_bf16)(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
@@ -218,9 +223,12 @@ typedef struct kern_ops {
      * the context's 16-bit type (raw uint16: bf16, or fp16, as the context's
      * precision; rounded to nearest even like the casts), so that it is
      * rounded once, written at half the size and read by the GEMMs as it
-     * is.  What they compute is exactly the fp32 op on the exact widening
-     * of their 16-bit inputs, followed by that cast where the output is 16
-     * bits.  All NULL where a backend has none;
+     * is.  The GEMMs' weights come in 16 bits too (weight16 (OC,C): the
+     * fp32 weight rounded as the casts round, which the model keeps beside
+     * the fp32 parameters and adamw's p16 refreshes), so no GEMM casts a
+     * weight; their biases stay fp32.  What the ops compute is exactly the
+     * fp32 op on the exact widening of their 16-bit inputs, followed by
+     * that cast where the output is 16 bits.  All NULL where a backend has none;
      * called only in bf16/fp16 contexts.  act16_native says whether they
      * pay: true where the GEMMs compute in 16 bits (cuda); the cpu's are the
      * reference, slower than its fp32 ops, which a model should prefer. */
@@ -242,46 +250,47 @@ typedef struct kern_ops {
      * next GEMM writes its gradient (matmul_backward16's dinp16). */
     void (*gelu_forward16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N);
     void (*gelu_backward16)(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
-    /* out (N,OC) = inp16 (N,C) · weight (OC,C)^T + bias (OC); bias may be NULL */
-    void (*matmul_forward16)(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+    /* out (N,OC) = inp16 (N,C) · weight16 (OC,C)^T + bias (OC); bias may be NULL */
+    void (*matmul_forward16)(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
                              const float *bias, int N, int C, int OC);
-    /* out (N,OC) = res (N,OC) + inp16 · weightᵀ + bias: matmul_forward16 and
+    /* out (N,OC) = res (N,OC) + inp16 · weight16ᵀ + bias: matmul_forward16 and
      * residual_forward in one, for the projections that end a block's two
      * halves.  The GEMM adds res as it writes out (cuBLASLt's C operand), so
      * the product is never stored on its own.  out may not be res. */
-    void (*matmul_forward16_residual)(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+    void (*matmul_forward16_residual)(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
                                       const float *bias, const float *res, int N, int C, int OC);
-    /* As matmul_backward with inp given as inp16, dout as either dout
-     * (fp32) or dout16 (the other NULL), and dinp written as either dinp
-     * (fp32) or dinp16 (16 bits, the fp32 result rounded once), at most
-     * one of them (overwritten; both NULL: no dinp): dinp = dout·weight;
+    /* As matmul_backward with inp and weight given as inp16 and weight16,
+     * dout as either dout (fp32) or dout16 (the other NULL), and dinp
+     * written as either dinp (fp32) or dinp16 (16 bits, the fp32 result
+     * rounded once), at most one of them (overwritten; both NULL: no
+     * dinp): dinp = dout·weight16;
      * dweight += doutᵀ·inp; dbias += Σ dout (may be NULL). */
     void (*matmul_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                              const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
-                              int N, int C, int OC);
+                              const float *dout, const uint16_t *dout16, const uint16_t *inp16,
+                              const uint16_t *weight16, int N, int C, int OC);
     /* A 16-bit output as well (as autocast leaves it): out16 (N,OC) =
-     * inp16 · weightᵀ + bias16, rounded once from the fp32 accumulator,
+     * inp16 · weight16ᵀ + bias16, rounded once from the fp32 accumulator,
      * where bias16 is the bias (may be NULL) rounded to 16 bits first, as
      * autocast rounds it and as cuBLASLt's epilogue reads it for a 16-bit
      * output.  For the logits (no bias), which cross-entropy then reads and
      * overwrites with its 16-bit dlogits for the output GEMM's backward
      * (dout16): at a vocabulary of 50k the biggest tensors of a step; and
      * for the MLP's hidden layer, which only GELU reads. */
-    void (*matmul_forward16_out16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+    void (*matmul_forward16_out16)(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const uint16_t *weight16,
                                    const float *bias, int N, int C, int OC);
     /* The MLP's fc layer with its GELU: pre16 = matmul_forward16_out16's
      * out16, out16 (N,OC) = gelu of it; and the gradient through the next
-     * GEMM and the GELU: dinp16 (N,C) = (dout16 · weight) ⊙ gelu'(pre16),
+     * GEMM and the GELU: dinp16 (N,C) = (dout16 · weight16) ⊙ gelu'(pre16),
      * with dweight, dbias as matmul_backward16.  What they save is the
      * GELU's own pass over the hidden layer (cuda: in the GEMM's epilogue,
      * where GELU, or its derivative, is taken of the fp32 result before
      * the rounding: within an ulp of E of the cpu's, which are the two ops
      * one after the other).  Optional: a model runs the two ops without. */
     void (*matmul_forward16_gelu)(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
-                                  const float *weight, const float *bias, int N, int C, int OC);
+                                  const uint16_t *weight16, const float *bias, int N, int C, int OC);
     void (*matmul_backward16_dgelu)(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight,
-                                    float *dbias, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
-                                    int N, int C, int OC);
+                                    float *dbias, const uint16_t *dout16, const uint16_t *inp16,
+                                    const uint16_t *weight16, int N, int C, int OC);
     /* crossentropy_forward/backward on 16-bit logits (widened exactly);
      * dlogits16 = the fp32 result rounded, overwritten, may be logits16. */
     void (*crossentropy_forward16)(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,

@@ -151,8 +151,12 @@ void kcpu_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const flo
 void kcpu_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,
                                 const int32_t *targets, const float *dloss, int N, int V, int Vp);
 void kcpu_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
-void kcpu_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, float grad_scale, int t);
+void kcpu_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t);
+/* dst (n) = src rounded to bf16 / fp16 as the casts round, on the calling
+ * thread (for use inside another op's parallel region). */
+void kcpu_round_bf16(uint16_t *dst, const float *src, size_t n);
+void kcpu_round_f16(uint16_t *dst, const float *src, size_t n);
 void kcpu_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
 void kcpu_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
@@ -163,23 +167,23 @@ void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *
                               const float *weight, const float *bias, int N, int C);
 void kcpu_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N);
 void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
-void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
-                           int N, int C, int OC);
+void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
+                           const float *bias, int N, int C, int OC);
 void kcpu_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
                                const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
                                const float *mean, const float *rstd, int N, int C);
-void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
                                     const float *bias, const float *res, int N, int C, int OC);
 void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                            const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
-                            int N, int C, int OC);
-void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+                            const float *dout, const uint16_t *dout16, const uint16_t *inp16,
+                            const uint16_t *weight16, int N, int C, int OC);
+void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const uint16_t *weight16,
                                  const float *bias, int N, int C, int OC);
 void kcpu_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
-                                const float *weight, const float *bias, int N, int C, int OC);
+                                const uint16_t *weight16, const float *bias, int N, int C, int OC);
 void kcpu_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
-                                  const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
-                                  int OC);
+                                  const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16, int N,
+                                  int C, int OC);
 void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
                                     int C, int NH);
 void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,

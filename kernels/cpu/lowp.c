@@ -99,13 +99,16 @@ void kcpu_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, 
     tmp_put(k, t);
 }
 
-void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
-                           int N, int C, int OC)
+void kcpu_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
+                           const float *bias, int N, int C, int OC)
 {
-    float *t = tmp_widened(k, inp16, (size_t)N * C);
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C;
+    float *t = tmp_get(k, ni + nw);
     if (!t)
         return;
-    kcpu_matmul_forward(k, out, t, weight, bias, N, C, OC);
+    widen(k, t, inp16, ni);
+    widen(k, t + ni, weight16, nw);
+    kcpu_matmul_forward(k, out, t, t + ni, bias, N, C, OC);
     tmp_put(k, t);
 }
 
@@ -125,34 +128,35 @@ void kcpu_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float
     tmp_put(k, t);
 }
 
-void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+void kcpu_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
                                     const float *bias, const float *res, int N, int C, int OC)
 {
-    kcpu_matmul_forward16(k, out, inp16, weight, bias, N, C, OC);
+    kcpu_matmul_forward16(k, out, inp16, weight16, bias, N, C, OC);
     kcpu_residual_forward(k, out, res, out, (size_t)N * OC);
 }
 
 void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                            const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight,
-                            int N, int C, int OC)
+                            const float *dout, const uint16_t *dout16, const uint16_t *inp16,
+                            const uint16_t *weight16, int N, int C, int OC)
 {
     if ((!dout) == (!dout16) || (dinp && dinp16))
         return; /* exactly one dout, at most one dinp, says kernels.h */
-    size_t ni = (size_t)N * C, nd = dout16 ? (size_t)N * OC : 0, nx = dinp16 ? ni : 0;
-    float *t = tmp_get(k, ni + nd + nx);
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, nd = dout16 ? (size_t)N * OC : 0, nx = dinp16 ? ni : 0;
+    float *t = tmp_get(k, ni + nw + nd + nx);
     if (!t)
         return;
+    float *w = t + ni, *d = w + nw, *di = dinp16 ? d + nd : dinp;
     widen(k, t, inp16, ni);
+    widen(k, w, weight16, nw);
     if (dout16)
-        widen(k, t + ni, dout16, nd);
-    float *di = dinp16 ? t + ni + nd : dinp;
-    kcpu_matmul_backward(k, di, dweight, dbias, dout16 ? t + ni : dout, t, weight, N, C, OC);
+        widen(k, d, dout16, nd);
+    kcpu_matmul_backward(k, di, dweight, dbias, dout16 ? d : dout, t, w, N, C, OC);
     if (dinp16)
         narrow(k, dinp16, di, ni);
     tmp_put(k, t);
 }
 
-void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const uint16_t *weight16,
                                  const float *bias, int N, int C, int OC)
 {
     size_t no = (size_t)N * OC, nb = bias ? (size_t)OC : 0;
@@ -166,7 +170,7 @@ void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *i
         narrow(k, b16, bias, nb);
         widen(k, b, b16, nb);
     }
-    kcpu_matmul_forward16(k, t, inp16, weight, b, N, C, OC);
+    kcpu_matmul_forward16(k, t, inp16, weight16, b, N, C, OC);
     narrow(k, out16, t, no);
     tmp_put(k, t);
 }
@@ -174,17 +178,17 @@ void kcpu_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *i
 /* The definitions of the two fused ops (kernels.h): the ops they fuse, one
  * after the other. */
 void kcpu_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
-                                const float *weight, const float *bias, int N, int C, int OC)
+                                const uint16_t *weight16, const float *bias, int N, int C, int OC)
 {
-    kcpu_matmul_forward16_out16(k, pre16, inp16, weight, bias, N, C, OC);
+    kcpu_matmul_forward16_out16(k, pre16, inp16, weight16, bias, N, C, OC);
     kcpu_gelu_forward16(k, out16, pre16, (size_t)N * OC);
 }
 
 void kcpu_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
-                                  const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
-                                  int OC)
+                                  const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16, int N,
+                                  int C, int OC)
 {
-    kcpu_matmul_backward16(k, NULL, dinp16, dweight, dbias, NULL, dout16, inp16, weight, N, C, OC);
+    kcpu_matmul_backward16(k, NULL, dinp16, dweight, dbias, NULL, dout16, inp16, weight16, N, C, OC);
     kcpu_gelu_backward16(k, dinp16, pre16, dinp16, (size_t)N * C);
 }
 

@@ -83,8 +83,8 @@ KCPU_CLONES static void adamw_span(float *restrict p, const float *restrict g, f
     }
 }
 
-void kcpu_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, float grad_scale, int t)
+void kcpu_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t)
 {
     /* Bias corrections in double: 1 - b2^t loses digits in float for small t. */
     float inv_bc1 = (float)(1.0 / (1.0 - pow(beta1, t)));
@@ -96,5 +96,11 @@ void kcpu_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_
         kcpu_split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
         adamw_span(p + lo, g + lo, m + lo, v + lo, hi - lo, lr, beta1, beta2, eps, weight_decay, grad_scale,
                    inv_bc1, inv_bc2);
+        /* The 16-bit copy of the slice this thread just wrote, while it is
+         * in cache (the context's type, as lowp.c's ops read it). */
+        if (p16 && k->prec == KERN_FP16)
+            kcpu_round_f16(p16 + lo, p + lo, hi - lo);
+        else if (p16)
+            kcpu_round_bf16(p16 + lo, p + lo, hi - lo);
     }
 }

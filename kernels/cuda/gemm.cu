@@ -11,8 +11,10 @@
 // Precision: KERN_FP32 runs fp32 inputs with CUBLAS_COMPUTE_32F (true fp32,
 // no TF32), so it matches the CPU to ~1e-5.  KERN_BF16 / KERN_FP16 cast both
 // inputs into scratch (round to nearest even) and run 16-bit × 16-bit → fp32
-// with CUBLAS_COMPUTE_32F.  Outputs and accumulation are always fp32.  Should
+// with CUBLAS_COMPUTE_32F.  Outputs and accumulation are fp32.  Should
 // cuBLASLt offer no algorithm for the 16-bit case, the fp32 path runs instead.
+// The *16 ops (kernels.h's 16-bit activations) take their activations and
+// weights in 16 bits already and cast nothing but an fp32 dout or bias.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,55 +437,48 @@ static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
         kc_cast_bf16_to_f32(k, dst, src, n);
 }
 
-// The weight is cast as in kc_matmul_forward; inp16 is used as it is.
-// Should cuBLASLt have no 16-bit algorithm, inp16 is widened (exactly) and
-// the fp32 GEMM runs, as kc_matmul_forward falls back.
-void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
-                         int N, int C, int OC)
+// Both operands as they are.  Should cuBLASLt have no 16-bit algorithm,
+// they are widened (exactly) and the fp32 GEMM runs, as kc_matmul_forward
+// falls back.
+void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
+                         const float *bias, int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
-    kc_gemm_args g32 = forward_args(out, NULL, weight, bias, N, C, OC); // B: widened inp16, if it comes to that
+    kc_gemm_args g32 = forward_args(out, NULL, NULL, bias, N, C, OC); // A, B: widened, if it comes to that
     if (C <= 0) { // an empty sum: out = bias (or 0), no operand read
         gemm_run(k, NULL, &g32, N);
         return;
     }
-    size_t nw = (size_t)OC * C;
-    uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
-    if (!w16)
-        return;
-    kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
     kc_gemm_args g16 = g32;
-    g16.A = w16;
+    g16.A = weight16;
     g16.B = inp16;
     g16.ab = lowp_type(k);
     if (gemm_try(k, &g16, N) != 1)
         return;
-    // Nothing was queued on w16: the scratch may be reused.
-    float *i32 = (float *)kc_scratch(k, (size_t)N * C * sizeof(float));
-    if (!i32)
+    size_t nw = (size_t)OC * C, ni = (size_t)N * C;
+    float *w32 = (float *)kc_scratch(k, (kc_round(nw, 64) + ni) * sizeof(float));
+    if (!w32)
         return;
-    widen(k, i32, inp16, (size_t)N * C);
+    float *i32 = w32 + kc_round(nw, 64);
+    widen(k, w32, weight16, nw);
+    widen(k, i32, inp16, ni);
+    g32.A = w32;
     g32.B = i32;
     gemm_run(k, NULL, &g32, N);
 }
 
 // The residual in the GEMM's C operand (beta 1), the bias in its epilogue;
 // should cuBLASLt take neither, the plain op and the residual kernel.
-void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
                                   const float *bias, const float *res, int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
     if (C > 0) {
-        size_t nw = (size_t)OC * C;
-        uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
-        if (!w16)
-            return;
-        kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
-        kc_gemm_args g = forward_args(out, inp16, w16, bias, N, C, OC);
+        kc_gemm_args g = forward_args(out, inp16, weight16, bias, N, C, OC);
         g.ab = lowp_type(k);
         g.C = res;
         g.beta = 1.0f;
@@ -491,13 +486,13 @@ void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16
         if (r != 1)
             return;
     }
-    kc_matmul_forward16(k, out, inp16, weight, bias, N, C, OC);
+    kc_matmul_forward16(k, out, inp16, weight16, bias, N, C, OC);
     kc_residual_forward(k, out, res, out, (size_t)N * OC);
 }
 
 void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                          const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N,
-                          int C, int OC)
+                          const float *dout, const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16,
+                          int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0 || C < 0 || (!dout) == (!dout16) || (dinp && dinp16)) {
         if (!dout == !dout16 || (dinp && dinp16))
@@ -506,27 +501,23 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
     }
     kc_enter(k);
     bool bf = k->prec == KERN_BF16, want_in = (dinp || dinp16) && C > 0;
-    size_t nd = (size_t)N * OC, nw = (size_t)OC * C;
-    // One scratch request: the weight's and dout's 16-bit copies, then the
+    size_t nd = (size_t)N * OC;
+    // One scratch request: dout's 16-bit copy (an fp32 dout), then the
     // dbias partials.
-    size_t ow = 0, od = want_in ? kc_round(nw * 2, 256) : 0;
-    size_t op = od + (dout ? kc_round(nd * 2, 256) : 0);
+    size_t op = dout ? kc_round(nd * 2, 256) : 0;
     size_t end = op + (dbias ? kc_colsum_scratch(k, N, OC, false) * sizeof(float) : 0);
     char *buf = end ? (char *)kc_scratch(k, end) : NULL;
     if (end && !buf)
         return;
-    uint16_t *w16 = (uint16_t *)(buf + ow);
     const uint16_t *d16 = dout16;
-    if (want_in)
-        kc_cast_lowp(k, w16, weight, nw, bf);
     if (dout) {
-        kc_cast_lowp(k, (uint16_t *)(buf + od), dout, nd, bf);
-        d16 = (const uint16_t *)(buf + od);
+        kc_cast_lowp(k, (uint16_t *)buf, dout, nd, bf);
+        d16 = (const uint16_t *)buf;
     }
     int r_in = 0, r_w = 0;
     if (want_in) { // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
-        kc_gemm_args a =
-            kc_gemm_plain(false, false, C, N, OC, w16, C, d16, OC, dinp16 ? (void *)dinp16 : (void *)dinp, C, 0.0f);
+        kc_gemm_args a = kc_gemm_plain(false, false, C, N, OC, weight16, C, d16, OC,
+                                       dinp16 ? (void *)dinp16 : (void *)dinp, C, 0.0f);
         a.ab = lowp_type(k);
         if (dinp16)
             a.dt = lowp_type(k);
@@ -553,8 +544,8 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
         return;
     // No 16-bit algorithm: fp32 GEMMs on operands widened exactly.  The
     // scratch is reused after the work queued on it, in stream order.
-    size_t ni = r_w == 1 ? (size_t)N * C : 0, nd32 = dout16 ? nd : 0;
-    float *f = (float *)kc_scratch(k, (ni + nd32) * sizeof(float) + 256);
+    size_t ni = r_w == 1 ? (size_t)N * C : 0, nw = r_in == 1 ? (size_t)OC * C : 0, nd32 = dout16 ? nd : 0;
+    float *f = (float *)kc_scratch(k, (kc_round(nd32, 64) + kc_round(ni, 64) + nw) * sizeof(float));
     if (!f)
         return;
     const float *d32 = dout;
@@ -562,33 +553,29 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
         widen(k, f, dout16, nd);
         d32 = f;
     }
-    float *i32 = f + kc_round(nd32, 64);
+    float *i32 = f + kc_round(nd32, 64), *w32 = i32 + kc_round(ni, 64);
     if (ni)
         widen(k, i32, inp16, ni);
+    if (nw)
+        widen(k, w32, weight16, nw);
     if (r_in == 1)
-        gemm_backward_part(k, 0.0f, false, C, N, OC, weight, C, d32, OC, dinp, C, NULL, NULL, false);
+        gemm_backward_part(k, 0.0f, false, C, N, OC, w32, C, d32, OC, dinp, C, NULL, NULL, false);
     if (r_w == 1)
         gemm_backward_part(k, 1.0f, true, C, OC, N, i32, C, d32, OC, dweight, C, NULL, NULL, false);
 }
 
-// The 16-bit GEMMs with a 16-bit output read the weight (OC,C) and the bias
-// (OC; may be NULL) rounded to the context's type, as cuBLASLt's epilogue
-// reads a bias for such an output: both cast into one scratch request.
-// false: no scratch (recorded).
-static bool weight_bias16(kern_ctx *k, const float *weight, const float *bias, int C, int OC, uint16_t **w16,
-                          uint16_t **b16)
+// The 16-bit GEMMs with a 16-bit output read the bias (OC; may be NULL)
+// rounded to the context's type, as cuBLASLt's epilogue reads a bias for
+// such an output: cast into scratch.  false: no scratch (recorded).
+static bool bias16(kern_ctx *k, const float *bias, int OC, uint16_t **b16)
 {
-    bool bf = k->prec == KERN_BF16;
-    size_t nw = C > 0 ? (size_t)OC * C : 0, ob = kc_round(nw * 2, 256);
-    char *buf = (char *)kc_scratch(k, ob + (bias ? (size_t)OC * 2 : 0));
-    if (!buf)
+    *b16 = NULL;
+    if (!bias)
+        return true;
+    *b16 = (uint16_t *)kc_scratch(k, (size_t)OC * 2);
+    if (!*b16)
         return false;
-    *w16 = (uint16_t *)buf;
-    *b16 = bias ? (uint16_t *)(buf + ob) : NULL;
-    if (nw)
-        kc_cast_lowp(k, *w16, weight, nw, bf);
-    if (bias)
-        kc_cast_lowp(k, *b16, bias, (size_t)OC, bf);
+    kc_cast_lowp(k, *b16, bias, (size_t)OC, k->prec == KERN_BF16);
     return true;
 }
 
@@ -599,20 +586,20 @@ static bool weight_bias16(kern_ctx *k, const float *weight, const float *bias, i
 // this op exists to avoid; cuBLASLt has algorithms for 16-bit in and out
 // with fp32 compute on every GPU this module is built for, so a refusal is
 // reported as an error.
-void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const uint16_t *weight16,
                                const float *bias, int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
-    uint16_t *w16, *b16;
-    if (!weight_bias16(k, weight, bias, C, OC, &w16, &b16))
+    uint16_t *b16;
+    if (!bias16(k, bias, OC, &b16))
         return;
     int r = 0;
     if (C <= 0) { // an empty sum: zeros (the same bits in bf16 and fp16), then the bias
         kc_ok(k, cudaMemsetAsync(out16, 0, (size_t)N * OC * 2, k->stream), "matmul_forward16_out16(C=0)");
     } else {
-        kc_gemm_args g = forward_args(out16, inp16, w16, b16, N, C, OC);
+        kc_gemm_args g = forward_args(out16, inp16, weight16, b16, N, C, OC);
         g.ab = lowp_type(k);
         g.dt = lowp_type(k);
         r = kc_gemm(k, &g);
@@ -645,24 +632,24 @@ void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp
 // not made.  Should cuBLASLt decline the epilogue, or OC not be a multiple
 // of 8 (the aux leading dimension must be), the two ops.
 void kc_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
-                              const float *weight, const float *bias, int N, int C, int OC)
+                              const uint16_t *weight16, const float *bias, int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0)
         return;
     kc_enter(k);
     if (C > 0 && OC % 8 == 0) {
-        uint16_t *w16, *b16;
-        if (!weight_bias16(k, weight, bias, C, OC, &w16, &b16))
+        uint16_t *b16;
+        if (!bias16(k, bias, OC, &b16))
             return;
-        kc_gemm_args g = forward_args(out16, inp16, w16, b16, N, C, OC);
+        kc_gemm_args g = forward_args(out16, inp16, weight16, b16, N, C, OC);
         g.ab = g.dt = lowp_type(k);
         g.gelu = KC_GELU_FWD;
         g.aux = pre16;
         if (kc_gemm(k, &g) != 1)
             return; // done, or an error recorded
-        // Only casts were queued on the scratch: the ops below may reuse it.
+        // Only the bias cast was queued on the scratch: the ops below may reuse it.
     }
-    kc_matmul_forward16_out16(k, pre16, inp16, weight, bias, N, C, OC);
+    kc_matmul_forward16_out16(k, pre16, inp16, weight16, bias, N, C, OC);
     kc_gelu_forward16(k, out16, pre16, (size_t)N * OC);
 }
 
@@ -673,20 +660,15 @@ void kc_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, con
 // matmul_backward16 makes them.  Should cuBLASLt decline, or C not be a
 // multiple of 8, matmul_backward16 and gelu_backward16.
 void kc_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
-                                const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                                const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16, int N, int C,
                                 int OC)
 {
     if (N <= 0 || OC <= 0 || C < 0)
         return;
     kc_enter(k);
     if (C > 0 && C % 8 == 0) {
-        size_t nw = (size_t)OC * C;
-        uint16_t *w16 = (uint16_t *)kc_scratch(k, nw * 2);
-        if (!w16)
-            return;
-        kc_cast_lowp(k, w16, weight, nw, k->prec == KERN_BF16);
         // dinp (N,C) = dout·W: column-major D(C,N) = W(C,OC) · dout(OC,N), beta 0
-        kc_gemm_args a = kc_gemm_plain(false, false, C, N, OC, w16, C, dout16, OC, dinp16, C, 0.0f);
+        kc_gemm_args a = kc_gemm_plain(false, false, C, N, OC, weight16, C, dout16, OC, dinp16, C, 0.0f);
         a.ab = a.dt = lowp_type(k);
         a.gelu = KC_GELU_BWD;
         a.aux = pre16;
@@ -694,11 +676,11 @@ void kc_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *p
         if (r < 0)
             return;
         if (r == 0) { // the parameters' gradients: matmul_backward16 without a dinp
-            kc_matmul_backward16(k, NULL, NULL, dweight, dbias, NULL, dout16, inp16, weight, N, C, OC);
+            kc_matmul_backward16(k, NULL, NULL, dweight, dbias, NULL, dout16, inp16, weight16, N, C, OC);
             return;
         }
     }
-    kc_matmul_backward16(k, NULL, dinp16, dweight, dbias, NULL, dout16, inp16, weight, N, C, OC);
+    kc_matmul_backward16(k, NULL, dinp16, dweight, dbias, NULL, dout16, inp16, weight16, N, C, OC);
     kc_gelu_backward16(k, dinp16, pre16, dinp16, (size_t)N * C);
 }
 #endif

@@ -473,23 +473,23 @@ void kc_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rs
                             const float *weight, const float *bias, int N, int C);
 void kc_gelu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, size_t N);
 void kc_gelu_backward16(kern_ctx *k, uint16_t *dinp16, const uint16_t *inp16, const uint16_t *dout16, size_t N);
-void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight, const float *bias,
-                         int N, int C, int OC);
+void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
+                         const float *bias, int N, int C, int OC);
 void kc_layernorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
                              const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
                              const float *mean, const float *rstd, int N, int C);
-void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const float *weight,
+void kc_matmul_forward16_residual(kern_ctx *k, float *out, const uint16_t *inp16, const uint16_t *weight16,
                                   const float *bias, const float *res, int N, int C, int OC);
 void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
-                          const float *dout, const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N,
-                          int C, int OC);
+                          const float *dout, const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16,
+                          int N, int C, int OC);
 
-void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const float *weight,
+void kc_matmul_forward16_out16(kern_ctx *k, uint16_t *out16, const uint16_t *inp16, const uint16_t *weight16,
                                const float *bias, int N, int C, int OC);
 void kc_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, const uint16_t *inp16,
-                              const float *weight, const float *bias, int N, int C, int OC);
+                              const uint16_t *weight16, const float *bias, int N, int C, int OC);
 void kc_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
-                                const uint16_t *dout16, const uint16_t *inp16, const float *weight, int N, int C,
+                                const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16, int N, int C,
                                 int OC);
 void kc_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,
                                const int32_t *targets, int N, int V, int Vp);
@@ -497,7 +497,7 @@ void kc_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t
                                 const int32_t *targets, const float *dloss, int N, int V, int Vp);
 
 void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
-void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-              float beta2, float eps, float weight_decay, float grad_scale, int t);
+void kc_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+              float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t);
 
 #endif

@@ -5,8 +5,10 @@
 
 namespace {
 
-struct adamw_f {
+// E: the 16-bit type of p16, the context's (bf16 or fp16); p16 NULL: none.
+template <class E> struct adamw_f {
     float *p, *m, *v;
+    E *p16;
     const float *g;
     float lr, b1, b2, eps, wd, gs, bc1, bc2;
     template <int W> __device__ void run(size_t i) const
@@ -25,16 +27,20 @@ struct adamw_f {
         kc_st<W>(p + i, pv);
         kc_st<W>(m + i, mv);
         kc_st<W>(v + i, vv);
+        if (p16)
+            kc_stE<E, W>(p16 + i, pv);
     }
 };
 
 // The functor for step t, bias corrections computed on the host (tests/emu
 // builds it the same way).
-adamw_f adamw_make(float *p, const float *g, float *m, float *v, float lr, float beta1, float beta2, float eps,
-                   float weight_decay, float grad_scale, int t)
+template <class E>
+adamw_f<E> adamw_make(float *p, uint16_t *p16, const float *g, float *m, float *v, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, float grad_scale, int t)
 {
-    adamw_f f;
+    adamw_f<E> f;
     f.p = p;
+    f.p16 = reinterpret_cast<E *>(p16);
     f.m = m;
     f.v = v;
     f.g = g;
@@ -49,15 +55,23 @@ adamw_f adamw_make(float *p, const float *g, float *m, float *v, float lr, float
     return f;
 }
 
+// Four elements at a time need p, g, m, v 16-byte aligned and p16 8-byte.
+inline bool adamw_vec(const float *p, const uint16_t *p16, const float *g, const float *m, const float *v)
+{
+    return kc_aligned(16, p, g, m, v) && (!p16 || kc_aligned(8, p16));
+}
+
 } // namespace
 
 #ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the functor and kernels here itself)
-void kc_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-              float beta2, float eps, float weight_decay, float grad_scale, int t)
+void kc_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+              float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t)
 {
     kc_enter(k);
-    adamw_f f = adamw_make(p, g, m, v, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
-    kc_ew(k, n, kc_aligned(16, p, g, m, v), f, "adamw");
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
+        adamw_f<E> f = adamw_make<E>(p, p16, g, m, v, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+        kc_ew(k, n, adamw_vec(p, p16, g, m, v), f, "adamw");
+    });
 }
 #endif
 

@@ -306,30 +306,42 @@ void test_sumsq_final()
 
 // ---- AdamW -----------------------------------------------------------------------------
 
-// adamw_f set up as kc_adamw does (bias corrections 1 − βᵗ in fp32 with
+// adamw_f<E> set up as kc_adamw does (bias corrections 1 − βᵗ in fp32 with
 // powf; the CPU takes them in double), through kc_ew's kernel: vec when p,
-// g, m and v are 16-byte aligned, one element in otherwise.
-void test_adamw(size_t n, bool vec, int t, float wd, float gs, unsigned max_blocks)
+// g, m and v are 16-byte aligned (and p16 8-byte), one element in
+// otherwise.  With with16 it also writes p16, which must be the updated p
+// rounded to E bit for bit; p, m and v are checked against the CPU's
+// without a copy.
+template <class E> void test_adamw(size_t n, bool vec, int t, float wd, float gs, unsigned max_blocks, bool with16)
 {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "adamw n=%zu %s t=%d grid<=%u", n, vec ? "vec" : "scalar", t, max_blocks);
+    char buf[112];
+    std::snprintf(buf, sizeof buf, "adamw n=%zu %s t=%d grid<=%u%s", n, vec ? "vec" : "scalar", t, max_blocks,
+                  !with16 ? "" : std::is_same_v<E, __half> ? " p16 fp16" : " p16 bf16");
     const std::string name = buf;
     // A large lr, so that the step, not p's own rounding, decides p.
     const float lr = 0.05f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
     const size_t off = vec ? 0 : 1;
     std::vector<float> pb = random_vec(n + off, 1.0f), gb(n + off), mb = random_vec(n + off, 0.1f), vb(n + off);
+    std::vector<uint16_t> p16b(n + off, 0xffffu);
     for (size_t i = 0; i < n + off; i++) {
         gb[i] = std::ldexp(rnd(), (int)(i % 9) - 6); // gradients over 2⁻⁶..2²
         vb[i] = 0.01f * (1.0f + rnd());
     }
     const std::vector<float> p0 = pb, m0 = mb, v0 = vb;
     float *p = pb.data() + off, *g = gb.data() + off, *m = mb.data() + off, *v = vb.data() + off;
-    if (kc_aligned(16, p, g, m, v) != vec)
+    uint16_t *p16 = with16 ? p16b.data() + off : nullptr;
+    if (adamw_vec(p, p16, g, m, v) != vec)
         emu::fail("test: the pointers do not make the launcher pick the path under test");
-    const adamw_f f = adamw_make(p, g, m, v, lr, b1, b2, eps, wd, gs, t);
+    const adamw_f<E> f = adamw_make<E>(p, p16, g, m, v, lr, b1, b2, eps, wd, gs, t);
     ew_run(n, vec, f, max_blocks);
     std::vector<float> pr(p0.begin() + off, p0.end()), mr(m0.begin() + off, m0.end()), vr(v0.begin() + off, v0.end());
-    H->adamw(cpu32, pr.data(), g, mr.data(), vr.data(), n, lr, b1, b2, eps, wd, gs, t);
+    H->adamw(cpu32, pr.data(), nullptr, g, mr.data(), vr.data(), n, lr, b1, b2, eps, wd, gs, t);
+    if (with16) {
+        std::vector<uint16_t> want(n);
+        for (size_t i = 0; i < n; i++)
+            want[i] = to_e<E>(p[i]);
+        same<uint16_t>(name, "p16", p16, want.data(), n);
+    }
 
     // m and v: each side rounds the scaled gradient, two products and a sum
     // (the CPU's may be contracted), so within 4·2⁻²⁴ of the terms' sum each
@@ -398,10 +410,13 @@ void test_gemm_fallbacks(int N, int C, int OC, unsigned max_blocks)
         std::vector<uint16_t> in16((size_t)N * C), out16(no), ref16(no), b16(OC);
         for (size_t i = 0; i < in16.size(); i++)
             in16[i] = to_e<E>(inp[i]);
+        std::vector<uint16_t> w16((size_t)OC * C);
+        for (size_t i = 0; i < w16.size(); i++)
+            w16[i] = to_e<E>(weight[i]);
         for (int c = 0; c < OC; c++)
             b16[c] = to_e<E>(bias[c]); // kc_cast_lowp's rounding
-        H->matmul_forward16_out16(cpu_ctx<E>(), out16.data(), in16.data(), weight.data(), nullptr, N, C, OC);
-        H->matmul_forward16_out16(cpu_ctx<E>(), ref16.data(), in16.data(), weight.data(), bias.data(), N, C, OC);
+        H->matmul_forward16_out16(cpu_ctx<E>(), out16.data(), in16.data(), w16.data(), nullptr, N, C, OC);
+        H->matmul_forward16_out16(cpu_ctx<E>(), ref16.data(), in16.data(), w16.data(), bias.data(), N, C, OC);
         const std::vector<uint16_t> gemm16 = out16;
         uint16_t *o16 = out16.data();
         const uint16_t *b = b16.data();
@@ -493,8 +508,10 @@ int main()
 
     // AdamW: the vector path on one block (the loop goes round) with weight
     // decay at t = 1; the scalar path at t = 10 with a gradient scale.
-    test_adamw(2001, true, 1, 0.1f, 1.0f, 1);
-    test_adamw(2001, false, 10, 0.0f, 0.5f, 2);
+    test_adamw<__nv_bfloat16>(2001, true, 1, 0.1f, 1.0f, 1, false);
+    test_adamw<__nv_bfloat16>(2001, false, 10, 0.0f, 0.5f, 2, false);
+    test_adamw<__nv_bfloat16>(2001, true, 3, 0.1f, 1.0f, 3, true);
+    test_adamw<__half>(2001, false, 2, 0.1f, 0.5f, 2, true);
 
     // GEMM fallbacks: N·OC over two blocks, and one block (the loop).
     test_gemm_fallbacks(13, 24, 40, 32);

@@ -642,14 +642,42 @@ static void test_adamw(size_t n)
         v.h[i] = 0.01f * fabsf(rnd());
     G->copy_h2d(gk, v.d, v.h, n * sizeof(float));
     for (int t = 1; t <= 3; t++) {
-        H->adamw(hk, p.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
-        G->adamw(gk, p.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        H->adamw(hk, p.h, NULL, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        G->adamw(gk, p.d, NULL, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
     }
     gsync("adamw");
     cmp("adamw", "p", &p, 1e-6, 1e-6);
     cmp("adamw", "m", &m, 1e-6, 1e-7);
     cmp("adamw", "v", &v, 1e-6, 1e-7);
     bfree(&p), bfree(&g), bfree(&m), bfree(&v);
+}
+
+/* AdamW in a 16-bit context with the 16-bit copy of p (p16), at an offset
+ * that takes the scalar path too: p16 is exactly the GPU's own cast of the
+ * GPU's p (bitwise), and within an ulp16 of the cpu's p16. */
+static void test_adamw16(size_t n, int offset)
+{
+    const char *name = ctx_bf16 ? "adamw16 bf16" : "adamw16 fp16";
+    size_t o = (size_t)offset;
+    buf p = mk(n + o, 1), g = mk(n + o, 1), m = mk(n + o, 0.1f), v = mk(n + o, 0);
+    buf16 p16 = mk16(n + o, 0), again = mk16(n + o, 0);
+    for (size_t i = 0; i < n + o; i++)
+        v.h[i] = 0.01f * fabsf(rnd());
+    G->copy_h2d(gk, v.d, v.h, (n + o) * sizeof(float));
+    for (int t = 1; t <= 3; t++) {
+        H->adamw(hk, p.h + o, p16.h + o, g.h + o, m.h + o, v.h + o, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        G->adamw(gk, p.d + o, p16.d + o, g.d + o, m.d + o, v.d + o, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+    }
+    gcast16(again.d + o, p.d + o, n);
+    gsync(name);
+    cmp(name, "p", &p, 1e-6, 1e-6);
+    cmp16(name, "p16", &p16, 1e-6, 1e-6);
+    size_t d = diff16(p16.d + o, again.d + o, n);
+    printf("  %-22s %-9s %zu of p16 differ from the gpu's cast of its p %s\n", name, o ? "unal" : "", d,
+           d ? "FAIL" : "ok");
+    if (d)
+        FAIL("%s: %zu values of p16 are not the cast of the updated p", name, d);
+    bfree(&p), bfree(&g), bfree(&m), bfree(&v), b16free(&p16), b16free(&again);
 }
 
 static bool same16(uint16_t a, uint16_t b, bool bf16)
@@ -920,7 +948,8 @@ static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int o
         return;
     size_t o = (size_t)offset;
     buf16 inp = mk16((size_t)N * C + o, 1);
-    buf w = mk((size_t)OC * C + o, 1), b = mk((size_t)OC + o, 1), out = mk((size_t)N * OC + o, 1);
+    buf16 w = mk16((size_t)OC * C + o, 1);
+    buf b = mk((size_t)OC + o, 1), out = mk((size_t)N * OC + o, 1);
     const float *bh = bias ? b.h + o : NULL, *bd = bias ? b.d + o : NULL;
     H->matmul_forward16(hk, out.h + o, inp.h + o, w.h + o, bh, N, C, OC);
     G->matmul_forward16(gk, out.d + o, inp.d + o, w.d + o, bd, N, C, OC);
@@ -964,7 +993,7 @@ static void test_matmul16(int N, int C, int OC, bool bias, bool want_dinp, int o
         cmp(name, what, &db, 1e-4, 1e-5); /* fp32 sums of the same values */
         bfree(&dinp), bfree(&dw), bfree(&db), b16free(&dinp16);
     }
-    b16free(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&dout), b16free(&dout16);
+    b16free(&inp), b16free(&w), bfree(&b), bfree(&out), bfree(&dout), b16free(&dout16);
 }
 
 /* A 16-bit GEMM output with a bias, as the MLP's hidden layer: out16 =
@@ -978,13 +1007,13 @@ static void test_out16_bias(int N, int C, int OC, int offset)
                 G->matmul_forward16_out16 != NULL))
         return;
     size_t o = (size_t)offset;
-    buf16 inp = mk16((size_t)N * C + o, 1), out = mk16((size_t)N * OC + o, 1);
-    buf w = mk((size_t)OC * C + o, 1), b = mk((size_t)OC + o, 1);
+    buf16 inp = mk16((size_t)N * C + o, 1), out = mk16((size_t)N * OC + o, 1), w = mk16((size_t)OC * C + o, 1);
+    buf b = mk((size_t)OC + o, 1);
     H->matmul_forward16_out16(hk, out.h + o, inp.h + o, w.h + o, b.h + o, N, C, OC);
     G->matmul_forward16_out16(gk, out.d + o, inp.d + o, w.d + o, b.d + o, N, C, OC);
     gsync(name);
     cmp16(name, "out16", &out, 2e-2, 2e-2); /* 16-bit GEMM inputs, as test_matmul */
-    b16free(&inp), b16free(&out), bfree(&w), bfree(&b);
+    b16free(&inp), b16free(&out), b16free(&w), bfree(&b);
 }
 
 /* The MLP's GEMM+GELU ops, shaped as the model runs them: fc (N,C)→(N,Hd)
@@ -1006,7 +1035,8 @@ static void test_gelu_gemm16(int N, int C, int Hd, int offset)
         return;
     size_t o = (size_t)offset, NH = (size_t)N * Hd;
     buf16 inp = mk16((size_t)N * C + o, 1), pre = mk16(NH + o, 0), out = mk16(NH + o, 0);
-    buf w = mk((size_t)Hd * C + o, 1), b = mk((size_t)Hd + o, 1);
+    buf16 w = mk16((size_t)Hd * C + o, 1);
+    buf b = mk((size_t)Hd + o, 1);
     H->matmul_forward16_gelu(hk, out.h + o, pre.h + o, inp.h + o, w.h + o, b.h + o, N, C, Hd);
     G->matmul_forward16_gelu(gk, out.d + o, pre.d + o, inp.d + o, w.d + o, b.d + o, N, C, Hd);
     gsync(name);
@@ -1016,7 +1046,8 @@ static void test_gelu_gemm16(int N, int C, int Hd, int offset)
     G->copy_h2d(gk, pre.d, pre.h, pre.n * 2);
     G->copy_h2d(gk, out.d, out.h, out.n * 2); /* the fcproj GEMM's input */
     buf16 dout = mk16((size_t)N * C + o, 1), dinp = mk16(NH + o, 0);
-    buf wp = mk((size_t)C * Hd + o, 1), dw = mk((size_t)C * Hd + o, 1), db = mk((size_t)C + o, 1);
+    buf16 wp = mk16((size_t)C * Hd + o, 1);
+    buf dw = mk((size_t)C * Hd + o, 1), db = mk((size_t)C + o, 1);
     H->matmul_backward16_dgelu(hk, dinp.h + o, pre.h + o, dw.h + o, db.h + o, dout.h + o, out.h + o, wp.h + o, N,
                                Hd, C);
     G->matmul_backward16_dgelu(gk, dinp.d + o, pre.d + o, dw.d + o, db.d + o, dout.d + o, out.d + o, wp.d + o, N,
@@ -1025,8 +1056,8 @@ static void test_gelu_gemm16(int N, int C, int Hd, int offset)
     cmp16(name, "dinp16", &dinp, 2e-2, 2e-2);
     cmp(name, "dw", &dw, 2e-2, 2e-2);
     cmp(name, "dbias", &db, 1e-4, 1e-5); /* fp32 sums of the same values */
-    b16free(&inp), b16free(&pre), b16free(&out), bfree(&w), bfree(&b), b16free(&dout), b16free(&dinp), bfree(&wp),
-        bfree(&dw), bfree(&db);
+    b16free(&inp), b16free(&pre), b16free(&out), b16free(&w), bfree(&b), b16free(&dout), b16free(&dinp),
+        b16free(&wp), bfree(&dw), bfree(&db);
 }
 
 /* The output layer in 16 bits: logits16 = inp16·Wᵀ rounded once, then
@@ -1045,8 +1076,7 @@ static void test_logits16(int N, int C, int V, int Vp)
         !have16(name, "crossentropy_backward16", H->crossentropy_backward16 != NULL,
                 G->crossentropy_backward16 != NULL))
         return;
-    buf16 inp = mk16((size_t)N * C, 1), out = mk16((size_t)N * Vp, 0);
-    buf w = mk((size_t)Vp * C, 1);
+    buf16 inp = mk16((size_t)N * C, 1), out = mk16((size_t)N * Vp, 0), w = mk16((size_t)Vp * C, 1);
     H->matmul_forward16_out16(hk, out.h, inp.h, w.h, NULL, N, C, Vp);
     G->matmul_forward16_out16(gk, out.d, inp.d, w.d, NULL, N, C, Vp);
     gsync(name);
@@ -1079,7 +1109,7 @@ static void test_logits16(int N, int C, int V, int Vp)
     printf("  %-22s %-9s %s\n", name, "in place", d ? "FAIL" : "ok (bitwise)");
     if (d)
         FAIL("%s: %zu dlogits16 computed in place differ from out of place", name, d);
-    b16free(&inp), b16free(&out), bfree(&w), bfree(&lse), bfree(&losses), bfree(&dloss), ibfree(&tg), b16free(&dl);
+    b16free(&inp), b16free(&out), b16free(&w), bfree(&lse), bfree(&losses), bfree(&dloss), ibfree(&tg), b16free(&dl);
 }
 
 /* dbias from dout16 (the 16-bit column sums) is deterministic: twice from
@@ -1089,8 +1119,8 @@ static void test_determinism16(void)
     int N = 1000, C = 40, OC = 777;
     if (!have16("determinism16", "matmul_backward16", H->matmul_backward16 != NULL, G->matmul_backward16 != NULL))
         return;
-    buf16 dout = mk16((size_t)N * OC, 1), inp = mk16((size_t)N * C, 1);
-    buf w = mk((size_t)OC * C, 1), dw = mk((size_t)OC * C, 0), b1 = mk(OC, 0), b2 = mk(OC, 0);
+    buf16 dout = mk16((size_t)N * OC, 1), inp = mk16((size_t)N * C, 1), w = mk16((size_t)OC * C, 1);
+    buf dw = mk((size_t)OC * C, 0), b1 = mk(OC, 0), b2 = mk(OC, 0);
     G->matmul_backward16(gk, NULL, NULL, dw.d, b1.d, NULL, dout.d, inp.d, w.d, N, C, OC);
     G->matmul_backward16(gk, NULL, NULL, dw.d, b2.d, NULL, dout.d, inp.d, w.d, N, C, OC);
     gsync("determinism16");
@@ -1098,7 +1128,7 @@ static void test_determinism16(void)
     printf("  %-22s matmul_backward16 dbias from dout16 %s\n", "determinism16", same ? "ok" : "FAIL");
     if (!same)
         FAIL("determinism16: dbias from dout16 gave different bits on a second run");
-    b16free(&dout), b16free(&inp), bfree(&w), bfree(&dw), bfree(&b1), bfree(&b2);
+    b16free(&dout), b16free(&inp), b16free(&w), bfree(&dw), bfree(&b1), bfree(&b2);
 }
 
 /* ---- scratch through a callback, as the pool provides it ----------------------------------- */
@@ -1213,6 +1243,8 @@ static void run_lowp(const char *prec)
     test_logits16(64, 128, 50257, 50304); /* GPT-2's vocabulary, padded */
     test_logits16(33, 52, 37, 37);        /* odd: the scalar paths */
     test_determinism16();
+    test_adamw16(10007, 0);
+    test_adamw16(4099, 1);
     H->ctx_destroy(hk);
     hk = h32;
 }

@@ -173,12 +173,76 @@ static void test_gelu_ops_optional(void **state)
     assert_int_equal(ra.act_per_sample, rb.act_per_sample);
 }
 
+/* ---- resume on the 16-bit path ---------------------------------------------------------------
+ * The 16-bit GEMMs read the weights' 16-bit copy, which the optimizer
+ * keeps and which a checkpoint does not hold: a resumed run must rebuild
+ * it from the loaded parameters (a stale or missing copy changes every
+ * loss after the resume), and then match the uninterrupted run bit for
+ * bit, as fp32 does. */
+
+typedef struct {
+    uint64_t stop_after, seen;
+    bool resumed;
+    double losses[16];
+} stopper;
+
+static void record(void *user, const train_progress *pr)
+{
+    stopper *s = user;
+    s->seen = pr->step;
+    s->resumed = pr->resumed;
+    if (pr->step < 16)
+        s->losses[pr->step] = pr->loss;
+}
+
+static bool stop_now(void *user)
+{
+    stopper *s = user;
+    return s->stop_after && s->seen >= s->stop_after;
+}
+
+static void test_resume_bitwise16(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    stopper full = {0}, part = {.stop_after = 4};
+    train_hooks hf = {.on_step = record, .user = &full, .cpu_mixed_precision = true};
+    train_hooks hp = {.on_step = record, .should_stop = stop_now, .user = &part, .cpu_mixed_precision = true};
+    /* The interrupted run first, then the whole one: the resumed run gets
+     * its pool blocks back holding the whole run's last values, not the
+     * copy the stopped run left behind, so a copy not rebuilt shows. */
+    job(&j, "resume16-parts", JOBCFG_BF16);
+    j.steps = 9;
+    j.checkpoint_every = 3;
+    assert_int_equal(train_run(&j, fx_pool, &fused16_ops, 1, &hp, &res), TRAIN_STOPPED);
+    pool_job_forget(fx_pool, 1);
+    assert_int_equal(res.steps_done, 4);
+
+    job_config jf;
+    job(&jf, "resume16-full", JOBCFG_BF16);
+    jf.steps = 9;
+    jf.checkpoint_every = 3;
+    assert_int_equal(train_run(&jf, fx_pool, &fused16_ops, 1, &hf, &res), TRAIN_DONE);
+    pool_job_forget(fx_pool, 1);
+
+    part.stop_after = 0;
+    assert_int_equal(train_run(&j, fx_pool, &fused16_ops, 1, &hp, &res), TRAIN_DONE);
+    pool_job_forget(fx_pool, 1);
+    assert_true(part.resumed);
+    for (int s = 1; s <= 9; s++)
+        if (memcmp(&full.losses[s], &part.losses[s], sizeof(double)) != 0)
+            fail_msg("step %d: loss %.17g uninterrupted, %.17g resumed", s, full.losses[s], part.losses[s]);
+    printf("bf16 losses at steps 5 and 9: %.6f %.6f, resumed and not\n", part.losses[5], part.losses[9]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_activations),
         cmocka_unit_test(test_bf16_fused_qkv16),
         cmocka_unit_test(test_gelu_ops_optional),
+        cmocka_unit_test(test_resume_bitwise16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -678,13 +678,13 @@ static void ovf_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
             *out = INFINITY;
 }
 
-static void ovf_adamw(kern_ctx *k, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                      float beta2, float eps, float weight_decay, float grad_scale, int t)
+static void ovf_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t)
 {
     uint64_t s = ovf_done + 1;
     if (s < T_STEPS)
         ovf_t[s] = ovf_t[s] == 0 || ovf_t[s] == t ? t : -1;
-    kops->adamw(k, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+    kops->adamw(k, p, p16, g, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
 }
 
 static const kern_ops *overflow_at(uint64_t a, uint64_t b)

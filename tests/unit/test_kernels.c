@@ -1024,22 +1024,24 @@ static void test_act16_ops(void **state)
             free(x16), free(dd16), free(xw), free(dw);
         }
 
-        /* matmul: 16-bit inp (and dout) are the widened fp32 ones. */
-        uint16_t *i16 = h16(N * C), *d16 = h16(N * OC);
+        /* matmul: 16-bit inp, weight (and dout) are the widened fp32 ones. */
+        uint16_t *i16 = h16(N * C), *d16 = h16(N * OC), *wt16 = h16(OC * C);
         float *wt = randv(OC * C, 1), *bias = randv(OC, 1), *dout = randv(N * OC, 1);
         narrow(k, i16, x, N * C);
         narrow(k, d16, dout, N * OC);
+        narrow(k, wt16, wt, OC * C);
+        widen(k, wt, wt16, OC * C);
         float *iw = zerov(N * C), *dw32 = zerov(N * OC);
         widen(k, iw, i16, N * C);
         widen(k, dw32, d16, N * OC);
         float *o1 = zerov(N * OC), *o2 = randv(N * OC, 1);
         ops->matmul_forward(k, o1, iw, wt, bias, N, C, OC);
-        ops->matmul_forward16(k, o2, i16, wt, bias, N, C, OC);
+        ops->matmul_forward16(k, o2, i16, wt16, bias, N, C, OC);
         assert_memory_equal(o1, o2, N * OC * sizeof *o1);
         { /* with the residual added: the same product plus res */
             float *res = randv(N * OC, 1), *o3 = randv(N * OC, 1);
             ops->residual_forward(k, o1, res, o2, N * OC);
-            ops->matmul_forward16_residual(k, o3, i16, wt, bias, res, N, C, OC);
+            ops->matmul_forward16_residual(k, o3, i16, wt16, bias, res, N, C, OC);
             assert_memory_equal(o1, o3, N * OC * sizeof *o1);
             ops->matmul_forward(k, o1, iw, wt, bias, N, C, OC); /* o1 as it was, for below */
             free(res), free(o3);
@@ -1055,7 +1057,7 @@ static void test_act16_ops(void **state)
             uint16_t *gi16 = h16(N * C), *gi16w = h16(N * C);
             ops->matmul_backward(k, gi1, gw1, gb1, d16in ? dw32 : dout, iw, wt, N, C, OC);
             ops->matmul_backward16(k, d16out ? NULL : gi2, d16out ? gi16 : NULL, gw2, gb2, d16in ? NULL : dout,
-                                   d16in ? d16 : NULL, i16, wt, N, C, OC);
+                                   d16in ? d16 : NULL, i16, wt16, N, C, OC);
             if (d16out) {
                 narrow(k, gi16w, gi1, N * C);
                 assert_memory_equal(gi16, gi16w, N * C * sizeof *gi16);
@@ -1076,7 +1078,7 @@ static void test_act16_ops(void **state)
             widen(k, bw, b16, OC);
             ops->matmul_forward(k, o1, iw, wt, bw, N, C, OC);
             narrow(k, want, o1, N * OC);
-            ops->matmul_forward16_out16(k, o16, i16, wt, bias, N, C, OC);
+            ops->matmul_forward16_out16(k, o16, i16, wt16, bias, N, C, OC);
             assert_memory_equal(o16, want, N * OC * sizeof *o16);
             free(b16), free(o16), free(bw);
         }
@@ -1085,7 +1087,7 @@ static void test_act16_ops(void **state)
         uint16_t *l16 = h16(N * OC), *g16 = h16(N * OC);
         ops->matmul_forward(k, o1, iw, wt, NULL, N, C, OC);
         narrow(k, want, o1, N * OC);
-        ops->matmul_forward16_out16(k, l16, i16, wt, NULL, N, C, OC);
+        ops->matmul_forward16_out16(k, l16, i16, wt16, NULL, N, C, OC);
         assert_memory_equal(l16, want, N * OC * sizeof *l16);
         int32_t tg[N];
         for (int i = 0; i < N; i++)
@@ -1106,7 +1108,7 @@ static void test_act16_ops(void **state)
         free(l16), free(g16), free(lw), free(ls1), free(le1), free(ls2), free(le2), free(dl);
 
         free(x), free(w), free(b), free(d), free(t), free(m1), free(r1), free(m2), free(r2), free(want), free(got);
-        free(i16), free(d16), free(wt), free(bias), free(dout), free(iw), free(dw32), free(o1), free(o2);
+        free(i16), free(d16), free(wt16), free(wt), free(bias), free(dout), free(iw), free(dw32), free(o1), free(o2);
         ops->ctx_destroy(k);
     }
     assert_false(ops->act16_native); /* the cpu's are the reference, not the fast path */
@@ -1128,7 +1130,7 @@ static void test_adamw(void **state)
             rp[i] = p[i];
         /* t = 1 with m = v = 0 and no decay: the step is lr·g/(|g| + eps), i.e. ±lr. */
         float *p1 = dupv(p, n), *m1 = zerov(n), *v1 = zerov(n);
-        ops->adamw(k, p1, g, m1, v1, n, lr, b1, b2, eps, 0.0f, 1.0f, 1);
+        ops->adamw(k, p1, NULL, g, m1, v1, n, lr, b1, b2, eps, 0.0f, 1.0f, 1);
         for (size_t i = 0; i < n; i++) {
             double want = p[i] - lr * g[i] / (fabs(g[i]) + eps);
             assert_true(fabs(p1[i] - want) <= 1e-6 * fabs(want) + 1e-7);
@@ -1136,7 +1138,7 @@ static void test_adamw(void **state)
         for (int t = 1; t <= 4; t++) {
             for (size_t i = 0; i < n; i++)
                 g[i] = rng_f();
-            ops->adamw(k, p, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+            ops->adamw(k, p, NULL, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
             for (size_t i = 0; i < n; i++) {
                 double gi = (double)gs * g[i];
                 rm[i] = b1 * rm[i] + (1.0 - b1) * gi;
@@ -1152,6 +1154,36 @@ static void test_adamw(void **state)
         free(p), free(m), free(v), free(g), free(rp), free(rm), free(rv), free(p1), free(m1), free(v1);
     }
     ops->ctx_destroy(k);
+}
+
+/* The 16-bit copy adamw writes (p16) is the updated p rounded as the
+ * context's cast rounds it, bit for bit, and p, m, v are the bits they are
+ * without it: the copy changes nothing else. */
+static void test_adamw_p16(void **state)
+{
+    (void)state;
+    const size_t n = 50001; /* parallel, with a tail */
+    for (int pi = 0; pi < 2; pi++) {
+        kern_precision prec = pi ? KERN_FP16 : KERN_BF16;
+        kern_ctx *k = ops->ctx_create(2, 0, prec, NULL);
+        assert_non_null(k);
+        float *p = randv(n, 1), *m = zerov(n), *v = zerov(n), *g = randv(n, 1);
+        float *p2 = dupv(p, n), *m2 = zerov(n), *v2 = zerov(n);
+        uint16_t *p16 = h16(n), *want = h16(n);
+        void (*narrow)(kern_ctx *, uint16_t *, const float *, size_t) =
+            pi ? ops->cast_f32_to_f16 : ops->cast_f32_to_bf16;
+        for (int t = 1; t <= 3; t++) {
+            ops->adamw(k, p, p16, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+            ops->adamw(k, p2, NULL, g, m2, v2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+            narrow(k, want, p, n);
+            assert_memory_equal(p16, want, n * sizeof *p16);
+        }
+        assert_memory_equal(p, p2, n * sizeof *p);
+        assert_memory_equal(m, m2, n * sizeof *m);
+        assert_memory_equal(v, v2, n * sizeof *v);
+        free(p), free(m), free(v), free(g), free(p2), free(m2), free(v2), free(p16), free(want);
+        ops->ctx_destroy(k);
+    }
 }
 
 static void test_sumsq_and_helpers(void **state)
@@ -1469,6 +1501,7 @@ int main(void)
         cmocka_unit_test(test_overwrites),
         cmocka_unit_test(test_act16_ops),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_adamw_p16),
         cmocka_unit_test(test_sumsq_and_helpers),
         cmocka_unit_test(test_casts),
         cmocka_unit_test(test_determinism_and_threads),
