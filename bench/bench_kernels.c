@@ -385,9 +385,14 @@ int main(int argc, char **argv)
     else if (!qkv16_on)
         OP("residual_fwd", L, PART_REST, ops->residual_forward(k, res2, encoded, proj, NC));
     if (lp16) {
-        OP("matmul16_fc_fwd", L, PART_GEMM,
-           ops->matmul_forward16_out16(k, fch16, ln2_16, P16 + fcw, P + fcb, (int)N, C, 4 * C));
-        OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch16, 4 * NC));
+        if (ops->matmul_forward16_gelu) { /* GELU in the GEMM's epilogue, as the model runs it where it can */
+            OP("matmul16_fc_gelu_fwd", L, PART_GEMM,
+               ops->matmul_forward16_gelu(k, fch_gelu16, fch16, ln2_16, P16 + fcw, P + fcb, (int)N, C, 4 * C));
+        } else {
+            OP("matmul16_fc_fwd", L, PART_GEMM,
+               ops->matmul_forward16_out16(k, fch16, ln2_16, P16 + fcw, P + fcb, (int)N, C, 4 * C));
+            OP("gelu16_fwd", L, PART_REST, ops->gelu_forward16(k, fch_gelu16, fch16, 4 * NC));
+        }
         OP("matmul16_fcproj_fwd", L, PART_GEMM,
            ops->matmul_forward16_residual(k, res3, fch_gelu16, P16 + fcprojw, P + fcprojb, res2, (int)N, 4 * C, C));
         OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P16 + wte, NULL, (int)N, C, V));
@@ -429,10 +434,16 @@ int main(int argc, char **argv)
         OP("layernorm_bwd", ln_calls, PART_REST,
            ops->layernorm_backward(k, dres, D + lnfw, D + lnfb, dsmall, res3, P + lnfw, mean, rstd, (int)N, C));
     if (lp16) {
-        OP("matmul16_fcproj_bwd", L, PART_GEMM,
-           ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, NULL, dres16, fch_gelu16, P16 + fcprojw,
-                                  (int)N, 4 * C, C));
-        OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch16, dfch16, 4 * NC));
+        if (ops->matmul_backward16_dgelu) {
+            OP("matmul16_fcproj_dgelu_bwd", L, PART_GEMM,
+               ops->matmul_backward16_dgelu(k, dfch16, fch16, D + fcprojw, D + fcprojb, dres16, fch_gelu16,
+                                            P16 + fcprojw, (int)N, 4 * C, C));
+        } else {
+            OP("matmul16_fcproj_bwd", L, PART_GEMM,
+               ops->matmul_backward16(k, NULL, dfch16, D + fcprojw, D + fcprojb, NULL, dres16, fch_gelu16,
+                                      P16 + fcprojw, (int)N, 4 * C, C));
+            OP("gelu16_bwd", L, PART_REST, ops->gelu_backward16(k, dfch16, fch16, dfch16, 4 * NC));
+        }
         OP("matmul16_fc_bwd", L, PART_GEMM,
            ops->matmul_backward16(k, NULL, dln16, D + fcw, D + fcb, NULL, dfch16, ln2_16, P16 + fcw, (int)N, C,
                                   4 * C));
