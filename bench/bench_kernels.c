@@ -396,8 +396,12 @@ int main(int argc, char **argv)
         OP("matmul16_fcproj_fwd", L, PART_GEMM,
            ops->matmul_forward16_residual(k, res3, fch_gelu16, P16 + fcprojw, P + fcprojb, res2, (int)N, 4 * C, C));
         OP("logits16_fwd", 1, PART_GEMM, ops->matmul_forward16_out16(k, logits16, lnf16, P16 + wte, NULL, (int)N, C, V));
-        OP("crossentropy16_fwd", 1, PART_REST,
-           ops->crossentropy_forward16(k, losses, lse, logits16, tok, (int)N, V, V));
+        if (ops->crossentropy_fused16) /* the loss and its gradient in one pass, as training runs it */
+            OP("crossentropy16_fused", 1, PART_REST,
+               ops->crossentropy_fused16(k, losses, logits16, tok, dlosses, (int)N, V, V));
+        else
+            OP("crossentropy16_fwd", 1, PART_REST,
+               ops->crossentropy_forward16(k, losses, lse, logits16, tok, (int)N, V, V));
     } else {
         OP("matmul_fc_fwd", L, PART_GEMM, ops->matmul_forward(k, fch, ln2, P + fcw, P + fcb, (int)N, C, 4 * C));
         OP("gelu_fwd", L, PART_REST, ops->gelu_forward(k, fch_gelu, fch, 4 * NC));
@@ -412,8 +416,9 @@ int main(int argc, char **argv)
      * is of the two sums (the residual stream's gradient, the fused q/k/v
      * gradient) and of the key bias's gradient. ---- */
     if (lp16) {
-        OP("crossentropy16_bwd", 1, PART_REST,
-           ops->crossentropy_backward16(k, logits16, logits16, lse, tok, dlosses, (int)N, V, V));
+        if (!ops->crossentropy_fused16)
+            OP("crossentropy16_bwd", 1, PART_REST,
+               ops->crossentropy_backward16(k, logits16, logits16, lse, tok, dlosses, (int)N, V, V));
         OP("logits16_bwd", 1, PART_GEMM,
            ops->matmul_backward16(k, NULL, dln16, D + wte, NULL, NULL, logits16, lnf16, P16 + wte, (int)N, C, V));
     } else {

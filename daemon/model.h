@@ -59,6 +59,11 @@ typedef struct model_ops {
      * with each unit's loss weighted by `dloss` (1 / units in the whole
      * optimizer step, so any split into micro-batches gives the same step). */
     void (*backward)(model *m, const model_batch *b, float dloss);
+    /* forward (without *correct) then backward in one call, for training:
+     * the same result, and a model may fuse across the two (gpt: the loss
+     * and its gradient in one pass over the logits).  NULL: the trainer
+     * calls the two. */
+    double (*forward_backward)(model *m, const model_batch *b, float dloss);
     void (*destroy)(model *m);
     /* Sampling: forward n sequences of len tokens each (tokens (n,len)
      * int32 in device memory, 1 <= len <= context, n <= the bound batch)

@@ -309,6 +309,18 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     }
 }
 
+/* Σ of the BT losses, on the host in a fixed order: deterministic whatever
+ * the backend (dloss_host is the staging). */
+static double sum_losses(model *m, size_t BT)
+{
+    gpt *g = G(m);
+    m->k->copy_d2h(m->kc, g->dloss_host, g->losses, BT * sizeof(float));
+    double sum = 0;
+    for (size_t i = 0; i < BT; i++)
+        sum += g->dloss_host[i];
+    return sum;
+}
+
 static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
 {
     gpt *g = G(m);
@@ -322,14 +334,9 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     else
         k->crossentropy_forward(kc, g->losses, g->lse, g->logits, b->y, (int)BT, V, V);
 
-    /* Sum on the host in a fixed order: deterministic whatever the backend. */
-    k->copy_d2h(kc, g->dloss_host, g->losses, BT * sizeof(float));
-    double sum = 0;
-    for (size_t i = 0; i < BT; i++)
-        sum += g->dloss_host[i];
     if (correct)
         *correct = 0;
-    return sum;
+    return sum_losses(m, BT);
 }
 
 static int gpt_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
@@ -431,7 +438,19 @@ static int gpt_decode_step(model *m, const int32_t *tokens, uint32_t pos, float 
 
 /* ---- backward ------------------------------------------------------------------------ */
 
-static void gpt_backward(model *m, const model_batch *b, float dloss)
+/* Every token's loss weighted by dloss: the cross-entropy's dloss (B,T). */
+static void upload_dloss(model *m, size_t BT, float dloss)
+{
+    gpt *g = G(m);
+    for (size_t i = 0; i < BT; i++)
+        g->dloss_host[i] = dloss;
+    m->k->copy_h2d(m->kc, g->dlosses, g->dloss_host, BT * sizeof(float));
+}
+
+/* The backward from the logits' gradient on: the cross-entropy backward
+ * has overwritten the logits with dlogits (in place: it is their last
+ * reader, and it reads each element before writing it). */
+static void gpt_backward_body(model *m, const model_batch *b)
 {
     gpt *g = G(m);
     const kern_ops *k = m->k;
@@ -442,21 +461,13 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     const uint16_t *P16 = m->params16;
     float *D = m->grads;
 
-    for (size_t i = 0; i < BT; i++)
-        g->dloss_host[i] = dloss;
-    k->copy_h2d(kc, g->dlosses, g->dloss_host, BT * sizeof(float));
-
-    /* dlogits overwrite the logits in place: cross-entropy backward is
-     * their last reader, and it reads each element before writing it. */
     float *dlnf = g->dsmall;
     if (g->lp16) {
         uint16_t *dlogits = g->logits16;
-        k->crossentropy_backward16(kc, dlogits, g->logits16, g->lse, b->y, g->dlosses, (int)BT, V, V);
         k->matmul_backward16(kc, NULL, g->dln16, D + g->wte, NULL, NULL, dlogits, g->lnf16, P16 + g->wte, (int)BT, C,
                              V);
     } else {
         float *dlogits = g->logits;
-        k->crossentropy_backward(kc, dlogits, g->logits, g->lse, b->y, g->dlosses, (int)BT, V, V);
         k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
     }
     k->zero(kc, g->dres, BTC);
@@ -559,6 +570,40 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     k->encoder_backward(kc, D + g->wte, D + g->wpe, g->dres, b->x, B, T, C);
 }
 
+static void gpt_backward(model *m, const model_batch *b, float dloss)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    int BT = (int)(b->n * g->T), V = (int)g->V;
+    upload_dloss(m, (size_t)BT, dloss);
+    if (g->lp16)
+        k->crossentropy_backward16(m->kc, g->logits16, g->logits16, g->lse, b->y, g->dlosses, BT, V, V);
+    else
+        k->crossentropy_backward(m->kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
+    gpt_backward_body(m, b);
+}
+
+/* Training's forward and backward: with 16-bit logits and a fused
+ * cross-entropy, the loss and its gradient in one pass over the logits,
+ * and the losses read back only after the whole backward is queued, so
+ * the device does not wait for the host between the two halves. */
+static double gpt_forward_backward(model *m, const model_batch *b, float dloss)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    if (!g->lp16 || !k->crossentropy_fused16) {
+        double sum = gpt_forward(m, b, NULL);
+        gpt_backward(m, b, dloss);
+        return sum;
+    }
+    size_t BT = (size_t)b->n * g->T;
+    gpt_body(m, b->x, (int)b->n, (int)g->T);
+    upload_dloss(m, BT, dloss);
+    k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, (int)BT, (int)g->V, (int)g->V);
+    gpt_backward_body(m, b);
+    return sum_losses(m, BT);
+}
+
 static void gpt_destroy(model *m)
 {
     gpt *g = G(m);
@@ -582,6 +627,7 @@ static const model_ops gpt_ops = {
     .decode_start = gpt_decode_start,
     .decode_step = gpt_decode_step,
     .backward = gpt_backward,
+    .forward_backward = gpt_forward_backward,
     .destroy = gpt_destroy,
 };
 

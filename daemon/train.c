@@ -953,6 +953,20 @@ static train_outcome shrink_after_oom(run *r)
     }
 }
 
+/* A micro-batch's forward and backward, in one call where the model has
+ * one (it may fuse across the two); Σ of its losses.  An allocation that
+ * fails on the way sets r->oom (the step is then redone smaller). */
+static double forward_backward(run *r, const model_batch *mb, float dloss)
+{
+    model *m = r->m;
+    if (m->ops->forward_backward)
+        return m->ops->forward_backward(m, mb, dloss);
+    double loss = m->ops->forward(m, mb, NULL);
+    if (!r->oom)
+        m->ops->backward(m, mb, dloss);
+    return loss;
+}
+
 /* One probe: a forward and backward of n real samples at micro-batch n,
  * measuring the job's pool peak.  Nothing of it survives: the gradients are
  * zeroed and the data position is put back.  0 with *peak, 1 when it ran
@@ -967,9 +981,7 @@ static int probe(run *r, uint32_t n, size_t *peak)
     r->oom = false;
     next_batch(r, n, false);
     model_batch mb = {r->x, r->y, n};
-    r->m->ops->forward(r->m, &mb, NULL);
-    if (!r->oom)
-        r->m->ops->backward(r->m, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
+    forward_backward(r, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
     r->k->sync(r->kc);
     *peak = job_peak(r);
     r->k->zero(r->kc, r->grads, r->m->num_params);
@@ -1090,10 +1102,7 @@ static int try_step(run *r, const train_hooks *h)
         uint32_t n = j->batch - done < r->micro ? j->batch - done : r->micro;
         next_batch(r, n, false);
         model_batch mb = {r->x, r->y, n};
-        loss_sum += m->ops->forward(m, &mb, NULL);
-        if (r->oom)
-            return STEP_OOM;
-        m->ops->backward(m, &mb, dloss);
+        loss_sum += forward_backward(r, &mb, dloss);
         if (r->oom)
             return STEP_OOM;
         done += n;

@@ -297,6 +297,16 @@ typedef struct kern_ops {
                                    const int32_t *targets, int N, int V, int Vp);
     void (*crossentropy_backward16)(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
                                     const int32_t *targets, const float *dloss, int N, int V, int Vp);
+    /* Both in one, for a training step, where dloss is known before the
+     * forward: losses (N) as crossentropy_forward16 gives them, and the
+     * logits16 (N,Vp) overwritten by the dlogits16 crossentropy_backward16
+     * gives from that forward's lse (which is not kept).  Its definition
+     * is the two ops one after the other; what it saves is the backward's
+     * read of the logits from memory, a row being read again right after
+     * its forward (cuda: from L2).  Optional: a model runs the two ops
+     * without it. */
+    void (*crossentropy_fused16)(kern_ctx *k, float *losses, uint16_t *logits16, const int32_t *targets,
+                                 const float *dloss, int N, int V, int Vp);
 } kern_ops;
 
 /* The CPU backend (always present). */

@@ -193,6 +193,8 @@ void kcpu_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const u
                                  const int32_t *targets, int N, int V, int Vp);
 void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
                                   const int32_t *targets, const float *dloss, int N, int V, int Vp);
+void kcpu_crossentropy_fused16(kern_ctx *k, float *losses, uint16_t *logits16, const int32_t *targets,
+                               const float *dloss, int N, int V, int Vp);
 size_t kcpu_count_nonfinite(kern_ctx *k, const float *p, size_t n);
 
 #endif

@@ -158,6 +158,7 @@ static const kern_ops cpu_ops = {
     .matmul_backward16_dgelu = kcpu_matmul_backward16_dgelu,
     .crossentropy_forward16 = kcpu_crossentropy_forward16,
     .crossentropy_backward16 = kcpu_crossentropy_backward16,
+    .crossentropy_fused16 = kcpu_crossentropy_fused16,
 };
 
 const kern_ops *kern_cpu_ops(void)

@@ -214,6 +214,18 @@ void kcpu_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16
     tmp_put(k, t);
 }
 
+/* The definition (kernels.h): the two ops, the lse in scratch between them. */
+void kcpu_crossentropy_fused16(kern_ctx *k, float *losses, uint16_t *logits16, const int32_t *targets,
+                               const float *dloss, int N, int V, int Vp)
+{
+    float *lse = tmp_get(k, (size_t)N);
+    if (!lse)
+        return;
+    kcpu_crossentropy_forward16(k, losses, lse, logits16, targets, N, V, Vp);
+    kcpu_crossentropy_backward16(k, logits16, logits16, lse, targets, dloss, N, V, Vp);
+    tmp_put(k, lse);
+}
+
 /* Fused attention on a 16-bit qkv: the materialised ops (attention.c) on its
  * widening, the (B,NH,T,T) matrices in scratch; lse is each row's
  * log-sum-exp of the scaled scores over the causal prefix, in double. */

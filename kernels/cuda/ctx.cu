@@ -319,4 +319,5 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .matmul_backward16_dgelu = kc_matmul_backward16_dgelu,
     .crossentropy_forward16 = kc_crossentropy_forward16,
     .crossentropy_backward16 = kc_crossentropy_backward16,
+    .crossentropy_fused16 = kc_crossentropy_fused16,
 };

@@ -495,6 +495,8 @@ void kc_crossentropy_forward16(kern_ctx *k, float *losses, float *lse, const uin
                                const int32_t *targets, int N, int V, int Vp);
 void kc_crossentropy_backward16(kern_ctx *k, uint16_t *dlogits16, const uint16_t *logits16, const float *lse,
                                 const int32_t *targets, const float *dloss, int N, int V, int Vp);
+void kc_crossentropy_fused16(kern_ctx *k, float *losses, uint16_t *logits16, const int32_t *targets,
+                             const float *dloss, int N, int V, int Vp);
 
 void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kc_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,

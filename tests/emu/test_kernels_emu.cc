@@ -134,6 +134,24 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
     verdict(name, "dlogits", bad_g, n, err_g, "of max");
     verdict(name, "padding == 0", bad_pad, n, 0, "");
     verdict(name, "in place", bad_inplace, n, 0, "bitwise");
+
+    // ---- fused (16 bits, as the launcher exists for): the two kernels'
+    // bits, the backward taken from the emulated forward's own lse.
+    if constexpr (is16<E>) {
+        std::vector<S<E>> two = x, one = x;
+        std::vector<float> loss1(N, 12345.0f);
+        {
+            const float *s = lse.data(), *dl = dloss.data();
+            const int32_t *t = tg.data();
+            float *l1 = loss1.data();
+            E *io2 = reinterpret_cast<E *>(two.data()), *io1 = reinterpret_cast<E *>(one.data());
+            emu_launch(dim3((unsigned)N), dim3(CE_THREADS),
+                       [=] { ce_backward_kernel<E, W>(io2, io2, s, t, dl, V, Vp); });
+            emu_launch(dim3((unsigned)N), dim3(CE_THREADS), [=] { ce_fused_kernel<E, W>(l1, io1, t, dl, V, Vp); });
+        }
+        same<float>(name, "fused loss", loss1.data(), loss.data(), N);
+        same<S<E>>(name, "fused dlogits", one.data(), two.data(), n);
+    }
 }
 
 // ---- layernorm ----------------------------------------------------------------

@@ -1109,6 +1109,22 @@ static void test_logits16(int N, int C, int V, int Vp)
     printf("  %-22s %-9s %s\n", name, "in place", d ? "FAIL" : "ok (bitwise)");
     if (d)
         FAIL("%s: %zu dlogits16 computed in place differ from out of place", name, d);
+    /* Fused: the two kernels' bits, losses and dlogits16 (from the GPU's own lse). */
+    if (have16(name, "crossentropy_fused16", H->crossentropy_fused16 != NULL, G->crossentropy_fused16 != NULL)) {
+        buf lse2 = mk(N, 0), l2 = mk(N, 0), l3 = mk(N, 0);
+        G->copy_h2d(gk, out.d, out.h, (size_t)N * Vp * 2);
+        G->crossentropy_forward16(gk, l2.d, lse2.d, out.d, tg.d, N, V, Vp);
+        G->crossentropy_backward16(gk, dl.d, out.d, lse2.d, tg.d, dloss.d, N, V, Vp);
+        G->crossentropy_fused16(gk, l3.d, out.d, tg.d, dloss.d, N, V, Vp);
+        gsync(name);
+        size_t dg = diff16(out.d, dl.d, (size_t)N * Vp);
+        bool sl = same_bits(l2.d, l3.d, N);
+        printf("  %-22s %-9s losses %s, %zu dlogits16 differ from the two kernels' %s\n", name, "fused",
+               sl ? "same" : "differ", dg, sl && !dg ? "ok" : "FAIL");
+        if (!sl || dg)
+            FAIL("%s: the fused cross-entropy is not the two kernels (%zu dlogits16 differ)", name, dg);
+        bfree(&lse2), bfree(&l2), bfree(&l3);
+    }
     b16free(&inp), b16free(&out), b16free(&w), bfree(&lse), bfree(&losses), bfree(&dloss), ibfree(&tg), b16free(&dl);
 }
 

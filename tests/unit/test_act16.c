@@ -173,6 +173,28 @@ static void test_gelu_ops_optional(void **state)
     assert_int_equal(ra.act_per_sample, rb.act_per_sample);
 }
 
+/* The fused cross-entropy (crossentropy_fused16) is optional too, and the
+ * cpu's is the two ops: training with and without it gives the same bits,
+ * so the model's fused wiring (the loss and its gradient before the
+ * backward, the losses read back after it) feeds the same buffers. */
+static void test_ce_fused_optional(void **state)
+{
+    (void)state;
+    kern_ops without = fused16_ops;
+    without.crossentropy_fused16 = NULL;
+    job_config ja, jb;
+    train_result ra, rb;
+    job(&ja, "ce-fused", JOBCFG_BF16);
+    job(&jb, "ce-apart", JOBCFG_BF16);
+    train(&ja, &fused16_ops, true, &ra);
+    train(&jb, &without, true, &rb);
+    printf("final loss: with the fused cross-entropy %.6f, without %.6f; validation %.6f, %.6f\n", ra.final_loss,
+           rb.final_loss, ra.val_loss, rb.val_loss);
+    assert_true(ra.final_loss < log(256.0) - 1.5);
+    assert_memory_equal(&ra.final_loss, &rb.final_loss, sizeof ra.final_loss);
+    assert_memory_equal(&ra.val_loss, &rb.val_loss, sizeof ra.val_loss);
+}
+
 /* ---- resume on the 16-bit path ---------------------------------------------------------------
  * The 16-bit GEMMs read the weights' 16-bit copy, which the optimizer
  * keeps and which a checkpoint does not hold: a resumed run must rebuild
@@ -242,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_bf16_activations),
         cmocka_unit_test(test_bf16_fused_qkv16),
         cmocka_unit_test(test_gelu_ops_optional),
+        cmocka_unit_test(test_ce_fused_optional),
         cmocka_unit_test(test_resume_bitwise16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1105,6 +1105,13 @@ static void test_act16_ops(void **state)
         assert_memory_equal(g16, want, N * OC * sizeof *g16);
         ops->crossentropy_backward16(k, l16, l16, le2, tg, dl, N, OC - 3, OC);
         assert_memory_equal(l16, want, N * OC * sizeof *l16);
+        /* Both in one: the same losses, and the same dlogits16 in place. */
+        ops->matmul_forward16_out16(k, l16, i16, wt16, NULL, N, C, OC);
+        float *ls3 = randv(N, 1);
+        ops->crossentropy_fused16(k, ls3, l16, tg, dl, N, OC - 3, OC);
+        assert_memory_equal(ls3, ls1, N * sizeof *ls1);
+        assert_memory_equal(l16, want, N * OC * sizeof *l16);
+        free(ls3);
         free(l16), free(g16), free(lw), free(ls1), free(le1), free(ls2), free(le2), free(dl);
 
         free(x), free(w), free(b), free(d), free(t), free(m1), free(r1), free(m2), free(r2), free(want), free(got);
