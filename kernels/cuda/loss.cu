@@ -120,18 +120,27 @@ __global__ static void ce_fused_kernel(float *__restrict__ losses, E *logits, co
 }
 
 #ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the kernels above itself)
+// One block of CE_THREADS per row: launch.template operator()<W>() with
+// W = 4 where Vp allows it and the logits (and dlogits) are aligned to it.
+template <class F> static void ce_launch(kern_ctx *k, bool vec, const char *what, F &&launch)
+{
+    kc_enter(k);
+    if (vec)
+        launch.template operator()<4>();
+    else
+        launch.template operator()<1>();
+    kc_launched(k, what);
+}
+
 template <class E>
 static void ce_forward(kern_ctx *k, float *losses, float *lse, const E *logits, const int32_t *targets, int N, int V,
                        int Vp)
 {
     if (N <= 0 || V <= 0)
         return;
-    kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits))
-        ce_forward_kernel<E, 4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
-    else
-        ce_forward_kernel<E, 1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
-    kc_launched(k, "crossentropy_forward");
+    ce_launch(k, Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits), "crossentropy_forward", [&]<int W>() {
+        ce_forward_kernel<E, W><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, lse, logits, targets, V, Vp);
+    });
 }
 
 template <class E>
@@ -140,14 +149,10 @@ static void ce_backward(kern_ctx *k, E *dlogits, const E *logits, const float *l
 {
     if (N <= 0 || Vp <= 0)
         return;
-    kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits, dlogits))
-        ce_backward_kernel<E, 4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
-                                                                            Vp);
-    else
-        ce_backward_kernel<E, 1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V,
-                                                                            Vp);
-    kc_launched(k, "crossentropy_backward");
+    ce_launch(k, Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits, dlogits), "crossentropy_backward", [&]<int W>() {
+        ce_backward_kernel<E, W>
+            <<<(unsigned)N, CE_THREADS, 0, k->stream>>>(dlogits, logits, lse, targets, dloss, V, Vp);
+    });
 }
 
 template <class E>
@@ -156,12 +161,9 @@ static void ce_fused(kern_ctx *k, float *losses, E *logits, const int32_t *targe
 {
     if (N <= 0 || Vp <= 0)
         return;
-    kc_enter(k);
-    if (Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits))
-        ce_fused_kernel<E, 4><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, logits, targets, dloss, V, Vp);
-    else
-        ce_fused_kernel<E, 1><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, logits, targets, dloss, V, Vp);
-    kc_launched(k, "crossentropy_fused16");
+    ce_launch(k, Vp % 4 == 0 && kc_aligned(4 * sizeof(E), logits), "crossentropy_fused16", [&]<int W>() {
+        ce_fused_kernel<E, W><<<(unsigned)N, CE_THREADS, 0, k->stream>>>(losses, logits, targets, dloss, V, Vp);
+    });
 }
 
 void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,

@@ -188,3 +188,18 @@ double fx_worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, s
     st_close(fb);
     return worst;
 }
+
+void fx_record(void *user, const train_progress *pr)
+{
+    fx_stopper *s = user;
+    s->seen = pr->step;
+    s->resumed = pr->resumed;
+    if (pr->step < sizeof s->losses / sizeof s->losses[0])
+        s->losses[pr->step] = pr->loss;
+}
+
+bool fx_stop_now(void *user)
+{
+    fx_stopper *s = user;
+    return s->stop_after && s->seen >= s->stop_after;
+}

@@ -15,6 +15,7 @@
 #include "dev.h"
 #include "jobcfg.h"
 #include "pool.h"
+#include "train.h"
 
 extern char fx_dir[64]; /* /tmp/gradd-TAG-XXXXXX */
 extern dev *fx_dev;     /* the simulated cpu device */
@@ -59,5 +60,16 @@ void fx_resume_drop_meta(const char *dir, const char *key);
  * hold the same tensors (a cmocka failure otherwise); the tensor's name into
  * which[which_len] when which is not NULL. */
 double fx_worst_tensor_diff(const char *dir_a, const char *dir_b, char *which, size_t which_len);
+
+/* Train hooks for a run that is stopped and resumed: fx_record (on_step)
+ * keeps each step's loss and whether the run resumed; fx_stop_now
+ * (should_stop) asks to stop once stop_after steps are done (0: never). */
+typedef struct {
+    uint64_t stop_after, seen;
+    bool resumed;
+    double losses[64];
+} fx_stopper;
+void fx_record(void *user, const train_progress *pr);
+bool fx_stop_now(void *user);
 
 #endif

@@ -201,36 +201,14 @@ static void test_ce_fused_optional(void **state)
  * it from the loaded parameters (a stale or missing copy changes every
  * loss after the resume), and then match the uninterrupted run bit for
  * bit, as fp32 does. */
-
-typedef struct {
-    uint64_t stop_after, seen;
-    bool resumed;
-    double losses[16];
-} stopper;
-
-static void record(void *user, const train_progress *pr)
-{
-    stopper *s = user;
-    s->seen = pr->step;
-    s->resumed = pr->resumed;
-    if (pr->step < 16)
-        s->losses[pr->step] = pr->loss;
-}
-
-static bool stop_now(void *user)
-{
-    stopper *s = user;
-    return s->stop_after && s->seen >= s->stop_after;
-}
-
 static void test_resume_bitwise16(void **state)
 {
     (void)state;
     job_config j;
     train_result res;
-    stopper full = {0}, part = {.stop_after = 4};
-    train_hooks hf = {.on_step = record, .user = &full, .cpu_mixed_precision = true};
-    train_hooks hp = {.on_step = record, .should_stop = stop_now, .user = &part, .cpu_mixed_precision = true};
+    fx_stopper full = {0}, part = {.stop_after = 4};
+    train_hooks hf = {.on_step = fx_record, .user = &full, .cpu_mixed_precision = true};
+    train_hooks hp = {.on_step = fx_record, .should_stop = fx_stop_now, .user = &part, .cpu_mixed_precision = true};
     /* The interrupted run first, then the whole one: the resumed run gets
      * its pool blocks back holding the whole run's last values, not the
      * copy the stopped run left behind, so a copy not rebuilt shows. */

@@ -88,33 +88,13 @@ static void test_accumulation_equivalence(void **state)
 
 /* ---- resume: bitwise equal to an uninterrupted run ---------------------------- */
 
-typedef struct {
-    uint64_t stop_after;
-    uint64_t seen;
-    double losses[64];
-} stopper;
-
-static void record(void *user, const train_progress *pr)
-{
-    stopper *s = user;
-    s->seen = pr->step;
-    if (pr->step < 64)
-        s->losses[pr->step] = pr->loss;
-}
-
-static bool stop_now(void *user)
-{
-    stopper *s = user;
-    return s->stop_after && s->seen >= s->stop_after;
-}
-
 static void test_resume_bitwise(void **state)
 {
     (void)state;
     job_config j;
     train_result res;
-    stopper full = {0}, part = {.stop_after = 4};
-    train_hooks hf = {.on_step = record, .user = &full}, hp = {.on_step = record, .should_stop = stop_now, .user = &part};
+    fx_stopper full = {0}, part = {.stop_after = 4};
+    train_hooks hf = {.on_step = fx_record, .user = &full}, hp = {.on_step = fx_record, .should_stop = fx_stop_now, .user = &part};
 
     tiny_gpt(&j, "full", 5, 9);
     j.checkpoint_every = 3;
