@@ -14,23 +14,6 @@
 #include "fileio.h"
 #include "log.h"
 
-static const char *const state_names[JOB_STATE_COUNT] = {"queued", "running", "completed", "failed", "cancelled"};
-
-const char *job_state_name(job_state s)
-{
-    return s < JOB_STATE_COUNT ? state_names[s] : "?";
-}
-
-int job_state_parse(const char *name, job_state *out)
-{
-    for (int i = 0; i < JOB_STATE_COUNT; i++)
-        if (strcmp(name, state_names[i]) == 0) {
-            *out = (job_state)i;
-            return 0;
-        }
-    return -1;
-}
-
 /* ---- files ------------------------------------------------------------------------- */
 
 static int fsync_dir(const char *dir)
@@ -92,57 +75,14 @@ static int mkdir_p(const char *path, mode_t mode)
     return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* Values are one line: escape backslashes and newlines. */
-static void put_escaped(FILE *f, const char *key, const char *v)
-{
-    fprintf(f, "%s=", key);
-    for (; *v; v++) {
-        if (*v == '\\')
-            fputs("\\\\", f);
-        else if (*v == '\n')
-            fputs("\\n", f);
-        else
-            fputc(*v, f);
-    }
-    fputc('\n', f);
-}
-
-static void unescape(char *s)
-{
-    char *o = s;
-    for (; *s; s++) {
-        if (*s == '\\' && s[1]) {
-            s++;
-            *o++ = *s == 'n' ? '\n' : *s;
-        } else {
-            *o++ = *s;
-        }
-    }
-    *o = '\0';
-}
-
 int queue_persist(queue *q, job *j, char *err, size_t err_len)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) {
+    size_t len;
+    char *buf = queue_format_state(j, &len);
+    if (!buf) {
         snprintf(err, err_len, "out of memory");
         return -1;
     }
-    fprintf(f, "id=%u\n", j->id);
-    put_escaped(f, "name", j->name);
-    fprintf(f, "uid=%u\ngid=%u\n", (unsigned)j->uid, (unsigned)j->gid);
-    put_escaped(f, "user", j->user);
-    fprintf(f, "state=%s\npriority=%lld\nseq=%llu\n", job_state_name(j->state), (long long)j->priority,
-            (unsigned long long)j->seq);
-    fprintf(f, "submitted_at=%.6f\nstarted_at=%.6f\nfinished_at=%.6f\n", j->submitted_at, j->started_at,
-            j->finished_at);
-    put_escaped(f, "device", j->device);
-    put_escaped(f, "reason", j->reason);
-    put_escaped(f, "source", j->source);
-    fprintf(f, "resumes=%u\n", j->resumes);
-    fclose(f);
     char dir[PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s/%u", q->dir, j->id);
     int rc = atomic_write(dir, "state", buf, len, err, err_len);
@@ -298,21 +238,43 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
 
 /* ---- loading --------------------------------------------------------------------------- */
 
+/* Far more than any state file queue_persist writes (a few KiB at most). */
+#define QUEUE_STATE_MAX (1u << 20)
+
+/* The whole of path with its length, NUL-terminated for convenience (the
+ * parsers take the length, so a NUL inside is seen, not a cut).  NULL with
+ * errno set where it cannot be read, EFBIG where it is longer than max. */
 static char *read_file(const char *path, size_t max, size_t *len)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f)
         return NULL;
     char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    if (!buf) {
+        fclose(f);
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t n = fread(buf, 1, max + 1, f);
+    int e = ferror(f) ? errno : n > max ? EFBIG : 0;
     fclose(f);
-    if (!buf || n > max) {
+    if (e) {
         free(buf);
+        errno = e;
         return NULL;
     }
     buf[n] = '\0';
     *len = n;
     return buf;
+}
+
+static const char *read_error(int e, size_t max)
+{
+    static _Thread_local char why[64];
+    if (e != EFBIG)
+        return strerror(e);
+    snprintf(why, sizeof why, "longer than %zu bytes", max);
+    return why;
 }
 
 /* Read one job directory; NULL (logged) if it is unusable. */
@@ -321,44 +283,23 @@ static job *load_job(queue *q, uint32_t id)
     char path[PATH_MAX + 64];
     size_t len;
     snprintf(path, sizeof path, "%s/%u/state", q->dir, id);
-    char *state = read_file(path, 1 << 20, &len);
+    char *state = read_file(path, QUEUE_STATE_MAX, &len);
     if (!state) {
-        log_job(LOG_WARN, id, NULL, "queue: %s is missing or unreadable; job %u skipped", path, id);
+        log_job(LOG_WARN, id, NULL, "queue: %s: %s; job %u skipped", path, read_error(errno, QUEUE_STATE_MAX), id);
         return NULL;
     }
-    job *j = calloc(1, sizeof *j);
+    job *j = malloc(sizeof *j);
+    char perr[512];
     if (!j) {
+        log_job(LOG_WARN, id, NULL, "queue: %s: out of memory; job %u skipped", path, id);
         free(state);
         return NULL;
     }
-    j->id = id;
-    bool have_state = false;
-    char *save = NULL;
-    for (char *line = strtok_r(state, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        char *eq = strchr(line, '=');
-        if (!eq)
-            continue;
-        *eq = '\0';
-        char *k = line, *v = eq + 1;
-        unescape(v);
-        if (!strcmp(k, "name")) snprintf(j->name, sizeof j->name, "%s", v);
-        else if (!strcmp(k, "uid")) j->uid = (uid_t)strtoul(v, NULL, 10);
-        else if (!strcmp(k, "gid")) j->gid = (gid_t)strtoul(v, NULL, 10);
-        else if (!strcmp(k, "user")) snprintf(j->user, sizeof j->user, "%s", v);
-        else if (!strcmp(k, "state")) have_state = job_state_parse(v, &j->state) == 0;
-        else if (!strcmp(k, "priority")) j->priority = strtoll(v, NULL, 10);
-        else if (!strcmp(k, "seq")) j->seq = strtoull(v, NULL, 10);
-        else if (!strcmp(k, "submitted_at")) j->submitted_at = strtod(v, NULL);
-        else if (!strcmp(k, "started_at")) j->started_at = strtod(v, NULL);
-        else if (!strcmp(k, "finished_at")) j->finished_at = strtod(v, NULL);
-        else if (!strcmp(k, "device")) snprintf(j->device, sizeof j->device, "%s", v);
-        else if (!strcmp(k, "reason")) snprintf(j->reason, sizeof j->reason, "%s", v);
-        else if (!strcmp(k, "source")) snprintf(j->source, sizeof j->source, "%s", v);
-        else if (!strcmp(k, "resumes")) j->resumes = (uint32_t)strtoul(v, NULL, 10);
-    }
+    int rc = queue_parse_state(state, len, id, j, perr, sizeof perr);
     free(state);
-    if (!have_state) {
-        log_job(LOG_WARN, id, NULL, "queue: %s has no valid state; job %u skipped", path, id);
+    if (rc != 0) {
+        /* perr starts with the line number: PATH:LINE: KEY: what. */
+        log_job(LOG_WARN, id, NULL, "queue: %s:%s; job %u skipped", path, perr, id);
         free(j);
         return NULL;
     }
@@ -405,10 +346,16 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     char path[PATH_MAX + 16];
     size_t len;
     snprintf(path, sizeof path, "%s/next_id", q->dir);
+    /* A missing or bad next_id costs nothing but a warning: the scan below
+     * moves next_id past every job directory, which is all it protects. */
     char *s = read_file(path, 64, &len);
     if (s) {
-        q->next_id = (uint32_t)strtoul(s, NULL, 10);
+        char perr[256];
+        if (queue_parse_next_id(s, len, &q->next_id, perr, sizeof perr) != 0)
+            log_warn("queue: %s:%s; the next id comes from the job directories", path, perr);
         free(s);
+    } else if (errno != ENOENT) {
+        log_warn("queue: %s: %s; the next id comes from the job directories", path, read_error(errno, 64));
     }
     DIR *d = opendir(q->dir);
     if (!d) {

@@ -88,6 +88,26 @@ size_t queue_active_for(queue *q, uid_t uid);
 /* Path of the job's log file. */
 void queue_log_path(const queue *q, uint32_t id, char *buf, size_t len);
 
+/* ---- the state file (queue_state.c) ---- */
+
+/* The text of j's state file: key=value lines, backslash and newline
+ * escaped in strings.  malloc'd, with its length in *len; NULL if out of
+ * memory. */
+char *queue_format_state(const job *j, size_t *len);
+
+/* Parse a state file's text, buf[0..len) (NULs included), as
+ * queue_format_state writes it, for the job in directory want_id.  Every
+ * field must be there exactly once, be well formed and in range, and fit
+ * its field; id must be want_id.  0 with *out holding the file's fields
+ * and zero elsewhere (cfg and the live state); or -1 with *out untouched
+ * and err saying "LINE: KEY: what is wrong" (without the path, which the
+ * caller puts in front). */
+int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, char *err, size_t err_len);
+
+/* Parse the next_id file: a job id (1 or more) and a newline.  0 with *out
+ * set, or -1 with err as for queue_parse_state. */
+int queue_parse_next_id(const char *buf, size_t len, uint32_t *out, char *err, size_t err_len);
+
 /* Call the notify callback (without the lock). */
 void queue_notify(queue *q);
 
