@@ -307,8 +307,8 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
             t = strtod(num, NULL);
         }
         if (n >= sizeof num || !(t < QS_TIME_MAX))
-            return qs_fail(err, err_len, line, f->key, "'%s' is out of range (0 to %.0f)", qs_show(shown, v, n),
-                           QS_TIME_MAX);
+            return qs_fail(err, err_len, line, f->key, "'%s' is out of range (times are below %.0f)",
+                           qs_show(shown, v, n), QS_TIME_MAX);
         *(double *)p = t;
         return 0;
     }
