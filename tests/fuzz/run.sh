@@ -24,6 +24,8 @@
 #           `gradctl sample` loads them (via a memfd), the metadata line
 #           parser, and two generated tokens from whatever loads (with the
 #           CPU kernels: OpenBLAS and OpenMP)
+#   queue   daemon/queue_state.c: a job's state file and the next_id file as
+#           queue_open parses them, persist -> parse round trip of what parses
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -97,7 +99,7 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
 EXTRA=(${FUZZ_CFLAGS:-})
 LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 
-HARNESSES=(wire units config jobcfg safetensors data sample)
+HARNESSES=(wire units config jobcfg safetensors data sample queue)
 sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
@@ -109,6 +111,7 @@ sources() {
     sample) echo "$ROOT/daemon/sample.c $ROOT/daemon/model.c $ROOT/daemon/model_gpt.c $ROOT/daemon/model_mlp.c" \
         "$ROOT/daemon/safetensors.c $ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
+    queue) echo "$ROOT/daemon/queue_state.c" ;;
     esac
 }
 # Extra flags and libraries per harness.

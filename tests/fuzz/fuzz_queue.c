@@ -1,0 +1,125 @@
+/* fuzz_queue.c — libFuzzer harness for daemon/queue_state.c: a job's state
+ * file as queue_open reads it (queue_parse_state, for the directory of job
+ * 7), and the same bytes as a next_id file (queue_parse_next_id).
+ * Properties (abort() on violation):
+ *   - on failure err is non-empty and starts with "LINE: ", and the output
+ *     is untouched;
+ *   - on success id is 7, every string is terminated inside its field, the
+ *     state is a known one, no uid or gid is (uid_t)-1, and every time is
+ *     finite, at least 0 and below 1e12;
+ *   - what parses, written by queue_format_state (what queue_persist
+ *     writes), parses back to the same job, and writing that gives the
+ *     same bytes again;
+ *   - a next_id that parses is at least 1 and reads back from "%u\n".
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "queue.h"
+
+#define CHECK(cond)                                                                                         \
+    do {                                                                                                    \
+        if (!(cond)) {                                                                                      \
+            fprintf(stderr, "fuzz_queue: property failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);       \
+            abort();                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+enum { WANT_ID = 7 };
+
+static int is_line_error(const char *err)
+{
+    size_t i = 0;
+    while (err[i] >= '0' && err[i] <= '9')
+        i++;
+    return i > 0 && err[i] == ':' && err[i + 1] == ' ';
+}
+
+static int terminated(const char *s, size_t size)
+{
+    return memchr(s, '\0', size) != NULL;
+}
+
+static int time_ok(double t)
+{
+    return isfinite(t) && t >= 0 && t < 1e12;
+}
+
+static void check_same(const job *a, const job *b)
+{
+    CHECK(a->id == b->id);
+    CHECK(strcmp(a->name, b->name) == 0);
+    CHECK(a->uid == b->uid && a->gid == b->gid);
+    CHECK(strcmp(a->user, b->user) == 0);
+    CHECK(a->state == b->state);
+    CHECK(a->priority == b->priority && a->seq == b->seq);
+    CHECK(a->submitted_at == b->submitted_at);
+    CHECK(a->started_at == b->started_at);
+    CHECK(a->finished_at == b->finished_at);
+    CHECK(strcmp(a->device, b->device) == 0);
+    CHECK(strcmp(a->reason, b->reason) == 0);
+    CHECK(strcmp(a->source, b->source) == 0);
+    CHECK(a->resumes == b->resumes);
+}
+
+static void fuzz_state(const char *data, size_t size)
+{
+    /* Static: a job is tens of KiB, three of them on the stack is a lot for
+     * a fuzzer's frame under ASan. */
+    static job j, canary, back;
+    memset(&j, 0xA5, sizeof j);
+    memset(&canary, 0xA5, sizeof canary);
+    char err[512] = "";
+    if (queue_parse_state(data, size, WANT_ID, &j, err, sizeof err) != 0) {
+        CHECK(is_line_error(err));
+        CHECK(memcmp(&j, &canary, sizeof j) == 0);
+        return;
+    }
+    CHECK(j.id == WANT_ID);
+    CHECK(terminated(j.name, sizeof j.name) && terminated(j.user, sizeof j.user));
+    CHECK(terminated(j.device, sizeof j.device) && terminated(j.reason, sizeof j.reason));
+    CHECK(terminated(j.source, sizeof j.source));
+    CHECK(j.state < JOB_STATE_COUNT);
+    CHECK(j.uid != (uid_t)-1 && j.gid != (gid_t)-1);
+    CHECK(time_ok(j.submitted_at) && time_ok(j.started_at) && time_ok(j.finished_at));
+
+    size_t len1, len2;
+    char *text1 = queue_format_state(&j, &len1);
+    CHECK(text1 != NULL);
+    memset(&back, 0x5A, sizeof back);
+    if (queue_parse_state(text1, len1, WANT_ID, &back, err, sizeof err) != 0) {
+        fprintf(stderr, "fuzz_queue: what queue_format_state wrote does not parse: %s\n", err);
+        abort();
+    }
+    check_same(&j, &back);
+    char *text2 = queue_format_state(&back, &len2);
+    CHECK(text2 != NULL);
+    CHECK(len1 == len2 && memcmp(text1, text2, len1) == 0);
+    free(text1);
+    free(text2);
+}
+
+static void fuzz_next_id(const char *data, size_t size)
+{
+    uint32_t id = 0xA5A5A5A5u, again = 0;
+    char err[256] = "";
+    if (queue_parse_next_id(data, size, &id, err, sizeof err) != 0) {
+        CHECK(is_line_error(err));
+        CHECK(id == 0xA5A5A5A5u);
+        return;
+    }
+    CHECK(id >= 1);
+    char buf[16];
+    int n = snprintf(buf, sizeof buf, "%u\n", id);
+    CHECK(queue_parse_next_id(buf, (size_t)n, &again, err, sizeof err) == 0 && again == id);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_state((const char *)data, size);
+    fuzz_next_id((const char *)data, size);
+    return 0;
+}
