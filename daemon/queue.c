@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +204,14 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     snprintf(j->source, sizeof j->source, "%s", cfg->source);
 
     pthread_mutex_lock(&q->lock);
-    j->id = q->next_id;
+    if (q->next_id >= QUEUE_ID_END) {
+        pthread_mutex_unlock(&q->lock);
+        free(j);
+        snprintf(err, err_len, "every job id (1 to %" PRIu32 ") has been given; no new job can be numbered",
+                 UINT32_MAX);
+        return -1;
+    }
+    j->id = (uint32_t)q->next_id;
     j->seq = j->id;
     char dir[PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s/%u", q->dir, j->id);
@@ -211,11 +219,11 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     /* The next id first: a crash after it only skips an id, never reuses
      * one that a user was told about. */
     char idbuf[32];
-    int n = snprintf(idbuf, sizeof idbuf, "%u\n", j->id + 1);
+    int n = snprintf(idbuf, sizeof idbuf, "%" PRIu64 "\n", (uint64_t)j->id + 1);
     char parent[PATH_MAX];
     snprintf(parent, sizeof parent, "%s", q->dir);
     if (atomic_write(parent, "next_id", idbuf, (size_t)n, err, err_len) == 0) {
-        q->next_id = j->id + 1;
+        q->next_id = (uint64_t)j->id + 1;
         if (mkdir(dir, 0750) != 0 && errno != EEXIST)
             snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
         else if (atomic_write(dir, "job.cfg", contents, len, err, err_len) == 0 &&
@@ -240,6 +248,8 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
 
 /* Far more than any state file queue_persist writes (a few KiB at most). */
 #define QUEUE_STATE_MAX (1u << 20)
+/* A job file is far smaller; this bounds only a damaged one. */
+#define QUEUE_JOBCFG_MAX (16u << 20)
 
 /* The whole of path with its length, NUL-terminated for convenience (the
  * parsers take the length, so a NUL inside is seen, not a cut).  NULL with
@@ -249,14 +259,27 @@ static char *read_file(const char *path, size_t max, size_t *len)
     FILE *f = fopen(path, "re");
     if (!f)
         return NULL;
-    char *buf = malloc(max + 1);
-    if (!buf) {
-        fclose(f);
-        errno = ENOMEM;
-        return NULL;
+    /* Sized by the file, not by max: a start reads every job's files, and
+     * max is only the bound on a damaged or hostile one.  The loop still
+     * ends at max + 1 bytes if the file grows under us. */
+    struct stat st;
+    size_t cap = fstat(fileno(f), &st) == 0 && st.st_size >= 0 && (uint64_t)st.st_size < max ? (size_t)st.st_size
+                                                                                              : max;
+    char *buf = malloc(cap + 1);
+    size_t n = buf ? fread(buf, 1, cap + 1, f) : 0;
+    while (buf && n == cap + 1 && cap < max) {
+        size_t grow = cap < max / 2 ? cap * 2 + 64 : max;
+        cap = grow < max ? grow : max;
+        char *b = realloc(buf, cap + 1);
+        if (!b) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = b;
+        n += fread(buf + n, 1, cap + 1 - n, f);
     }
-    size_t n = fread(buf, 1, max + 1, f);
-    int e = ferror(f) ? errno : n > max ? EFBIG : 0;
+    int e = !buf ? ENOMEM : ferror(f) ? errno : n > max ? EFBIG : 0;
     fclose(f);
     if (e) {
         free(buf);
@@ -304,21 +327,33 @@ static job *load_job(queue *q, uint32_t id)
         return NULL;
     }
     snprintf(path, sizeof path, "%s/%u/job.cfg", q->dir, id);
-    char *contents = read_file(path, 16 << 20, &len);
+    char *contents = read_file(path, QUEUE_JOBCFG_MAX, &len);
     char err[1024];
     if (!contents) {
-        snprintf(err, sizeof err, "cannot read %s", path);
+        snprintf(err, sizeof err, "cannot read %s: %s", path, read_error(errno, QUEUE_JOBCFG_MAX));
     } else if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0) {
         err[0] = '\0';
     }
     free(contents);
+    if (err[0]) {
+        /* It stays listed, but without its settings: a half-parsed cfg
+         * must not be taken for the job's (its model type, its output
+         * directory). */
+        memset(&j->cfg, 0, sizeof j->cfg);
+        j->cfg_unread = true;
+    }
     if (err[0] && (j->state == JOB_QUEUED || j->state == JOB_RUNNING)) {
         /* The job can no longer run (a data file vanished, say): say why
          * rather than dropping it. */
         j->state = JOB_FAILED;
         snprintf(j->reason, sizeof j->reason, "at restart: %s", err);
         char perr[256];
-        queue_persist(q, j, perr, sizeof perr);
+        if (queue_persist(q, j, perr, sizeof perr) != 0)
+            log_job(LOG_WARN, id, NULL, "queue: job %u: %s", id, perr);
+        log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s", id, j->name, err);
+    } else if (err[0]) {
+        log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s; listed without its settings", id, j->name,
+                job_state_name(j->state), err);
     }
     if (j->state == JOB_RUNNING) {
         /* It was running when the daemon stopped: run it again; the
@@ -371,7 +406,7 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
         /* The directory takes its id even when the job in it is unusable:
          * a new job must not be given the same one. */
         if (id >= q->next_id)
-            q->next_id = (uint32_t)id + 1;
+            q->next_id = (uint64_t)id + 1;
         job *j = load_job(q, (uint32_t)id);
         if (j && table_add(q, j) != 0)
             free(j);

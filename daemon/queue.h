@@ -45,6 +45,10 @@ typedef struct job {
     uint32_t resumes;      /* times it started from a checkpoint */
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
+    /* A finished job whose job.cfg could not be read back at start: cfg is
+     * all zero, so nothing may be taken from it (the model type, its
+     * output directory). */
+    bool cfg_unread;
 
     /* Live state, guarded by the queue lock. */
     bool cancel_requested;
@@ -59,7 +63,7 @@ typedef struct queue {
     char dir[PATH_MAX]; /* STATE_DIR/jobs */
     job **jobs;         /* ascending id */
     size_t n, cap;
-    uint32_t next_id;
+    uint64_t next_id;   /* QUEUE_ID_END once every id has been given */
     bool stopping;
     void (*notify)(void *user);
     void *notify_user;
@@ -104,9 +108,15 @@ char *queue_format_state(const job *j, size_t *len);
  * caller puts in front). */
 int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, char *err, size_t err_len);
 
-/* Parse the next_id file: a job id (1 or more) and a newline.  0 with *out
- * set, or -1 with err as for queue_parse_state. */
-int queue_parse_next_id(const char *buf, size_t len, uint32_t *out, char *err, size_t err_len);
+/* One past the last job id: ids are uint32_t (directory names, protocol
+ * fields), and a queue that has given UINT32_MAX refuses new jobs rather
+ * than wrap to ids that name old ones. */
+#define QUEUE_ID_END ((uint64_t)UINT32_MAX + 1)
+
+/* Parse the next_id file: a job id (1 to QUEUE_ID_END, the last meaning
+ * "all given") and a newline.  0 with *out set, or -1 with err as for
+ * queue_parse_state. */
+int queue_parse_next_id(const char *buf, size_t len, uint64_t *out, char *err, size_t err_len);
 
 /* Call the notify callback (without the lock). */
 void queue_notify(queue *q);

@@ -202,12 +202,24 @@ static int qs_digits(const char *v, size_t n, uint64_t max, uint64_t *out)
     return 0;
 }
 
+/* The error for qs_digits' rc (-1 or -2) on value v[0..n) of key; range
+ * is what the field holds, as text. */
+static int qs_number_fail(char *err, size_t err_len, unsigned line, const char *key, int rc, const char *v, size_t n,
+                          const char *range)
+{
+    char shown[QS_SHOW_MAX + 4];
+    if (rc == -1)
+        return qs_fail(err, err_len, line, key, "'%s' is not a number", qs_show(shown, v, n));
+    return qs_fail(err, err_len, line, key, "'%s' is out of range (%s)", qs_show(shown, v, n), range);
+}
+
 /* The value of line `line` for field f, into tmp.  0, or -1 with err. */
 static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id, job *tmp, unsigned line,
                     char *err, size_t err_len)
 {
     char shown[QS_SHOW_MAX + 4];
     void *p = qs_at(tmp, f);
+    char range[64];
     uint64_t u;
     int rc;
     switch (f->kind) {
@@ -243,11 +255,9 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
          * chown, never the identity of a peer: not an owner. */
         uint64_t max = f->kind == QS_U32 ? UINT32_MAX : UINT32_MAX - 1;
         rc = qs_digits(v, n, max, &u);
-        if (rc == -1)
-            return qs_fail(err, err_len, line, f->key, "'%s' is not a number", qs_show(shown, v, n));
-        if (rc == -2)
-            return qs_fail(err, err_len, line, f->key, "'%s' is out of range (0 to %" PRIu64 ")",
-                           qs_show(shown, v, n), max);
+        snprintf(range, sizeof range, "0 to %" PRIu64, max);
+        if (rc != 0)
+            return qs_number_fail(err, err_len, line, f->key, rc, v, n, range);
         if (f->kind == QS_UID)
             *(uid_t *)p = (uid_t)u;
         else if (f->kind == QS_GID)
@@ -261,11 +271,9 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
     }
     case QS_U64:
         rc = qs_digits(v, n, UINT64_MAX, &u);
-        if (rc == -1)
-            return qs_fail(err, err_len, line, f->key, "'%s' is not a number", qs_show(shown, v, n));
-        if (rc == -2)
-            return qs_fail(err, err_len, line, f->key, "'%s' is out of range (0 to %" PRIu64 ")",
-                           qs_show(shown, v, n), UINT64_MAX);
+        snprintf(range, sizeof range, "0 to %" PRIu64, UINT64_MAX);
+        if (rc != 0)
+            return qs_number_fail(err, err_len, line, f->key, rc, v, n, range);
         *(uint64_t *)p = u;
         return 0;
     case QS_I64: {
@@ -273,11 +281,9 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
         /* The magnitude of INT64_MIN is one more than INT64_MAX's. */
         uint64_t max = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
         rc = qs_digits(v + neg, n - neg, max, &u);
-        if (rc == -1)
-            return qs_fail(err, err_len, line, f->key, "'%s' is not a number", qs_show(shown, v, n));
-        if (rc == -2)
-            return qs_fail(err, err_len, line, f->key, "'%s' is out of range (%" PRId64 " to %" PRId64 ")",
-                           qs_show(shown, v, n), INT64_MIN, INT64_MAX);
+        snprintf(range, sizeof range, "%" PRId64 " to %" PRId64, INT64_MIN, INT64_MAX);
+        if (rc != 0)
+            return qs_number_fail(err, err_len, line, f->key, rc, v, n, range);
         /* -(u - 1) - 1: the negation of INT64_MIN's magnitude without an
          * overflow on the way. */
         *(int64_t *)p = neg && u ? -(int64_t)(u - 1) - 1 : (int64_t)u;
@@ -382,20 +388,20 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
     return 0;
 }
 
-int queue_parse_next_id(const char *buf, size_t len, uint32_t *out, char *err, size_t err_len)
+int queue_parse_next_id(const char *buf, size_t len, uint64_t *out, char *err, size_t err_len)
 {
     char shown[QS_SHOW_MAX + 4];
     size_t n = len > 0 && buf[len - 1] == '\n' ? len - 1 : len;
     uint64_t u;
-    int rc = qs_digits(buf, n, UINT32_MAX, &u);
+    int rc = qs_digits(buf, n, QUEUE_ID_END, &u);
     if (rc == -1 || (rc == 0 && u == 0))
-        return qs_fail(err, err_len, 1, NULL, "'%s' is not a job id (1 to %" PRIu32 ")", qs_show(shown, buf, n),
-                       UINT32_MAX);
+        return qs_fail(err, err_len, 1, NULL, "'%s' is not a job id (1 to %" PRIu64 ")", qs_show(shown, buf, n),
+                       QUEUE_ID_END);
     if (rc == -2)
-        return qs_fail(err, err_len, 1, NULL, "'%s' is out of range (1 to %" PRIu32 ")", qs_show(shown, buf, n),
-                       UINT32_MAX);
+        return qs_fail(err, err_len, 1, NULL, "'%s' is out of range (1 to %" PRIu64 ")", qs_show(shown, buf, n),
+                       QUEUE_ID_END);
     if (n == len)
         return qs_fail(err, err_len, 1, NULL, "no newline at the end (the file is cut short)");
-    *out = (uint32_t)u;
+    *out = u;
     return 0;
 }

@@ -395,6 +395,11 @@ static void start_sample(server_conn *c, const Gradd__SampleRequest *rq)
         if (!j) {
             snprintf(msg, sizeof msg, "no job %u", rq->id);
             code = GRADD__ERROR__CODE__NOT_FOUND;
+        } else if (j->cfg_unread) {
+            snprintf(msg, sizeof msg,
+                     "job %u (%s): its job file could not be read when gradd started (the log says why), so "
+                     "its model is unknown",
+                     j->id, j->name);
         } else if (j->cfg.model != JOBCFG_GPT) {
             snprintf(msg, sizeof msg, "job %u (%s) trains an mlp classifier; only gpt jobs generate text", j->id,
                      j->name);

@@ -10,8 +10,10 @@
  *   - what parses, written by queue_format_state (what queue_persist
  *     writes), parses back to the same job, and writing that gives the
  *     same bytes again;
- *   - a next_id that parses is at least 1 and reads back from "%u\n".
+ *   - a next_id that parses is 1 to QUEUE_ID_END and reads back from
+ *     "%" PRIu64 "\n".
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -104,16 +106,16 @@ static void fuzz_state(const char *data, size_t size)
 
 static void fuzz_next_id(const char *data, size_t size)
 {
-    uint32_t id = 0xA5A5A5A5u, again = 0;
+    uint64_t id = 0xA5A5A5A5A5A5u, again = 0;
     char err[256] = "";
     if (queue_parse_next_id(data, size, &id, err, sizeof err) != 0) {
         CHECK(is_line_error(err));
-        CHECK(id == 0xA5A5A5A5u);
+        CHECK(id == 0xA5A5A5A5A5A5u);
         return;
     }
-    CHECK(id >= 1);
-    char buf[16];
-    int n = snprintf(buf, sizeof buf, "%u\n", id);
+    CHECK(id >= 1 && id <= QUEUE_ID_END);
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%" PRIu64 "\n", id);
     CHECK(queue_parse_next_id(buf, (size_t)n, &again, err, sizeof err) == 0 && again == id);
 }
 

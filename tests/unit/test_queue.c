@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "log.h"
@@ -363,12 +364,15 @@ static void test_nul_and_truncation(void **state)
 static void test_next_id(void **state)
 {
     (void)state;
-    uint32_t id = 99;
+    uint64_t id = 99;
     char err[256];
     assert_int_equal(queue_parse_next_id("12\n", 3, &id, err, sizeof err), 0);
     assert_int_equal(id, 12);
     assert_int_equal(queue_parse_next_id("4294967295\n", 11, &id, err, sizeof err), 0);
     assert_int_equal(id, UINT32_MAX);
+    /* One past the last id: what a queue that has given them all writes. */
+    assert_int_equal(queue_parse_next_id("4294967296\n", 11, &id, err, sizeof err), 0);
+    assert_int_equal(id, QUEUE_ID_END);
     const char *bad[][2] = {
         {"", "1: '' is not a job id"},
         {"\n", "1: '' is not a job id"},
@@ -378,7 +382,8 @@ static void test_next_id(void **state)
         {"12 \n", "1: '12 ' is not a job id"},
         {"12\n\n", "1: '12?' is not a job id"},
         {"12", "1: no newline at the end"},
-        {"4294967296\n", "1: '4294967296' is out of range"},
+        {"4294967297\n", "1: '4294967297' is out of range (1 to 4294967296)"},
+        {"18446744073709551616\n", "1: '18446744073709551616' is out of range"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         id = 99;
@@ -513,7 +518,7 @@ static void test_open_with_bad_next_id(void **state)
     assert_int_equal(q.n, 1);
     assert_int_equal(q.next_id, 6);
     snprintf(want, sizeof want,
-             "queue: %s/next_id:1: 'banana' is not a job id (1 to 4294967295); the next id comes from the job "
+             "queue: %s/next_id:1: 'banana' is not a job id (1 to 4294967296); the next id comes from the job "
              "directories",
              jobs);
     expect_logged(want);
@@ -524,6 +529,91 @@ static void test_open_with_bad_next_id(void **state)
     put_file(path, "40\n", 3);
     open_capturing(&q);
     assert_int_equal(q.next_id, 40);
+    queue_close(&q);
+}
+
+/* A job whose job.cfg is gone: a finished one stays, marked and logged; a
+ * queued one cannot run and fails, saying why. */
+static void test_open_without_job_file(void **state)
+{
+    (void)state;
+    char jobs[128], want[512];
+    snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
+    assert_int_equal(mkdir(jobs, 0700), 0);
+    job j;
+    base_job(&j, 1);
+    size_t len;
+    char *t = queue_format_state(&j, &len);
+    put_job(jobs, 1, t, len);
+    free(t);
+    base_job(&j, 2);
+    j.state = JOB_QUEUED;
+    j.started_at = j.finished_at = 0;
+    t = queue_format_state(&j, &len);
+    put_job(jobs, 2, t, len);
+    free(t);
+
+    queue q;
+    open_capturing(&q);
+    assert_int_equal(q.n, 2);
+    job *done = queue_find(&q, 1), *queued = queue_find(&q, 2);
+    assert_non_null(done);
+    assert_non_null(queued);
+    assert_true(done->cfg_unread);
+    assert_int_equal(done->state, JOB_COMPLETED);
+    snprintf(want, sizeof want,
+             "queue: job 1 (tiny, completed): cannot read %s/1/job.cfg: No such file or directory; listed without "
+             "its settings",
+             jobs);
+    expect_logged(want);
+    assert_true(queued->cfg_unread);
+    assert_int_equal(queued->state, JOB_FAILED);
+    snprintf(want, sizeof want, "at restart: cannot read %s/2/job.cfg: No such file or directory", jobs);
+    assert_string_equal(queued->reason, want);
+    expect_logged("queue: job 2 (tiny) failed at restart: cannot read");
+    queue_close(&q);
+
+    /* The failure was persisted: the next start reads it as failed. */
+    open_capturing(&q);
+    assert_int_equal(queue_find(&q, 2)->state, JOB_FAILED);
+    queue_close(&q);
+}
+
+/* The last id is given, then submit refuses: the id must not wrap to 0 or
+ * to 1, whose directory may hold an old job. */
+static void test_ids_run_out(void **state)
+{
+    (void)state;
+    char jobs[128], path[192], err[256];
+    snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
+    assert_int_equal(mkdir(jobs, 0700), 0);
+    snprintf(path, sizeof path, "%s/next_id", jobs);
+    put_file(path, "4294967295\n", 11);
+
+    queue q;
+    open_capturing(&q);
+    job_config cfg = {0};
+    snprintf(cfg.name, sizeof cfg.name, "last");
+    uint32_t id = 0;
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(id, UINT32_MAX);
+    id = 7;
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_non_null(strstr(err, "every job id (1 to 4294967295) has been given"));
+    assert_int_equal(id, 7);
+    assert_int_equal(q.n, 1);
+    queue_close(&q);
+
+    /* Read back from next_id, and from the directory alone. */
+    open_capturing(&q);
+    assert_int_equal(q.next_id, QUEUE_ID_END);
+    assert_null(strstr(logged, "next_id"));
+    assert_non_null(queue_find(&q, UINT32_MAX));
+    queue_close(&q);
+    assert_int_equal(unlink(path), 0);
+    open_capturing(&q);
+    assert_int_equal(q.next_id, QUEUE_ID_END);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
     queue_close(&q);
 }
 
@@ -539,6 +629,8 @@ int main(void)
         cmocka_unit_test(test_next_id),
         cmocka_unit_test_setup_teardown(test_open_skips_damaged_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_with_bad_next_id, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_without_job_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ids_run_out, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
