@@ -106,9 +106,7 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
     train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &v};
     static train_result res;
     train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-
+    int rc;
     switch (o) {
     case TRAIN_DONE:
         printf("done: %llu steps, final loss %.4f", (unsigned long long)res.steps_done, res.final_loss);
@@ -117,14 +115,23 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
         if (!isnan(res.val_accuracy))
             printf(", val accuracy %.2f%%", res.val_accuracy * 100);
         printf("\noutputs in %s (model.safetensors, metrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir);
-        return 0;
+        rc = 0;
+        break;
     case TRAIN_STOPPED:
         printf("stopped at step %llu; run the same command again to resume from %s/resume.safetensors\n",
                (unsigned long long)res.steps_done, j.out_dir);
-        return 130;
+        rc = 130;
+        break;
     case TRAIN_FAILED:
     default:
         fprintf(stderr, "gradd: job %s failed: %s\n", j.name, res.message);
-        return 1;
+        rc = 1;
+        break;
     }
+    fflush(stdout);
+    /* Only now: a ^C that comes after the last step must not kill the run
+     * before it has said that it finished and where its outputs are. */
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return rc;
 }

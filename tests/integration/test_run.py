@@ -24,6 +24,11 @@ except ImportError:  # the plain python3 of a build without the venv
 
 GRADD = harness.GRADD
 
+
+def read_lines(path):
+    with open(path) as f:
+        return f.readlines()
+
 JOB = """
 [model]
 type = gpt
@@ -100,7 +105,7 @@ class Run(unittest.TestCase):
         n = sum(v.size for v in t.values())
         self.assertEqual({k: v.shape for k, v in rs.items()}, {"params": (n,), "adam_m": (n,), "adam_v": (n,)})
         # metrics.jsonl: one line per step, then validations.
-        lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+        lines = [json.loads(l) for l in read_lines(os.path.join(out, "metrics.jsonl"))]
         steps = [l["step"] for l in lines if "loss" in l]
         self.assertEqual(steps, list(range(1, 11)))
         first = lines[0]
@@ -121,15 +126,18 @@ class Run(unittest.TestCase):
         self.assertEqual([e.step for e in ea.Scalars("val/loss")], [5, 10])
 
     def test_interrupt_and_resume_is_bitwise(self):
-        cfg_a, out_a = self.job("straight", steps=12)
+        # Long enough (some 0.5 s) that the interrupt lands mid-run: a few
+        # ms a step, where 12 steps were over before the poll below saw 4.
+        steps = 300
+        cfg_a, out_a = self.job("straight", steps=steps)
         self.run_gradd(cfg_a)
-        cfg_b, out_b = self.job("interrupted", steps=12)
+        cfg_b, out_b = self.job("interrupted", steps=steps)
         p = subprocess.Popen([GRADD, "run", cfg_b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Interrupt once a few steps are logged.
         metrics = os.path.join(out_b, "metrics.jsonl")
         deadline = time.time() + 120
         while time.time() < deadline:
-            if os.path.exists(metrics) and sum(1 for l in open(metrics) if '"loss"' in l) >= 4:
+            if os.path.exists(metrics) and sum(1 for l in read_lines(metrics) if '"loss"' in l) >= 4:
                 break
             time.sleep(0.01)
         p.send_signal(signal.SIGINT)
@@ -138,13 +146,15 @@ class Run(unittest.TestCase):
             self.skipTest("the run finished before the interrupt arrived")
         self.assertEqual(p.returncode, 130, err)
         self.assertIn("run the same command again to resume", out)
+        stopped = int(out.split("stopped at step ")[1].split(";")[0])
+        self.assertLess(stopped, steps)
         r = self.run_gradd(cfg_b)
-        self.assertIn("done: 12 steps", r.stdout)
+        self.assertIn("done: %d steps" % steps, r.stdout)
         with open(os.path.join(out_a, "model.safetensors"), "rb") as a, \
                 open(os.path.join(out_b, "model.safetensors"), "rb") as b:
             self.assertEqual(a.read(), b.read(), "resumed model differs from the uninterrupted one")
-        la = [l for l in open(os.path.join(out_a, "metrics.jsonl")) if '"loss"' in l]
-        lb = [l for l in open(os.path.join(out_b, "metrics.jsonl")) if '"loss"' in l]
+        la = [l for l in read_lines(os.path.join(out_a, "metrics.jsonl")) if '"loss"' in l]
+        lb = [l for l in read_lines(os.path.join(out_b, "metrics.jsonl")) if '"loss"' in l]
         strip = lambda l: {k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "step_ms")}
         self.assertEqual([strip(l) for l in la], [strip(l) for l in lb])
 
@@ -169,7 +179,8 @@ class Run(unittest.TestCase):
 
     def test_token_file_trains(self):
         tok = os.path.join(self.dir, "tokens.bin")
-        data = open(self.train, "rb").read()
+        with open(self.train, "rb") as f:
+            data = f.read()
         with open(tok, "wb") as f:
             f.write(struct.pack("<256i", 20240520, 1, len(data), *([0] * 253)))
             f.write(struct.pack("<%dH" % len(data), *data))
