@@ -813,37 +813,51 @@ static void do_metrics(gradd_ctx *ctx, rpc_send_fn send, void *conn)
     fprintf(f, "# HELP gradd_up Whether gradd is serving.\n# TYPE gradd_up gauge\ngradd_up 1\n");
     fprintf(f, "# HELP gradd_uptime_seconds Seconds since gradd started.\n# TYPE gradd_uptime_seconds gauge\n");
     fprintf(f, "gradd_uptime_seconds %.3f\n", (double)(ctx_now_ns() - ctx->start_ns) / 1e9);
+    /* The type is spelled out: "_total" in a name is no guide, since
+     * gradd_device_memory_total_bytes is a gauge. */
     static const struct {
-        const char *name, *help;
+        const char *name, *type, *help;
     } dm[] = {
-        {"gradd_device_memory_total_bytes", "Device memory as the device reports it."},
-        {"gradd_device_memory_free_bytes", "Free device memory, other processes included."},
-        {"gradd_pool_allocated_bytes", "Bytes in live blocks of the pool."},
-        {"gradd_pool_reserved_bytes", "Bytes the pool holds from the device."},
-        {"gradd_pool_cap_bytes", "The pool's cap (memory_fraction of the device)."},
-        {"gradd_pool_largest_free_block_bytes", "Largest cached free block."},
-        {"gradd_pool_fragmentation_ratio", "1 - largest free block / cached bytes."},
-        {"gradd_pool_device_allocs_total", "Device allocations made by the pool."},
-        {"gradd_pool_cache_hits_total", "Allocations served from the cache."},
-        {"gradd_pool_ooms_total", "Allocations that failed."},
-        {"gradd_pool_trims_total", "Cache trims."},
-        {"gradd_pool_trimmed_bytes_total", "Bytes returned to the device by trims."},
+        {"gradd_device_memory_total_bytes", "gauge", "Device memory as the device reports it."},
+        {"gradd_device_memory_free_bytes", "gauge", "Free device memory, other processes included."},
+        {"gradd_pool_allocated_bytes", "gauge", "Bytes in live blocks of the pool."},
+        {"gradd_pool_reserved_bytes", "gauge", "Bytes the pool holds from the device."},
+        {"gradd_pool_cap_bytes", "gauge", "The pool's cap (memory_fraction of the device)."},
+        {"gradd_pool_largest_free_block_bytes", "gauge", "Largest cached free block."},
+        {"gradd_pool_fragmentation_ratio", "gauge", "1 - largest free block / cached bytes."},
+        {"gradd_pool_device_allocs_total", "counter", "Device allocations made by the pool."},
+        {"gradd_pool_cache_hits_total", "counter", "Allocations served from the cache."},
+        {"gradd_pool_ooms_total", "counter", "Allocations that failed."},
+        {"gradd_pool_trims_total", "counter", "Cache trims."},
+        {"gradd_pool_trimmed_bytes_total", "counter", "Bytes returned to the device by trims."},
     };
-    for (size_t m = 0; m < sizeof dm / sizeof dm[0]; m++) {
-        bool counter = strstr(dm[m].name, "_total") != NULL;
-        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", dm[m].name, dm[m].help, dm[m].name, counter ? "counter" : "gauge");
-        for (int i = 0; i < ctx->ndev; i++) {
-            size_t fr = 0, tot = 0;
-            dev_mem_info(ctx->devs[i], &fr, &tot);
-            pool_stats_read(ctx->pools[i], ps);
-            double v[] = {(double)tot, (double)fr, (double)ps->allocated_bytes[POOL_ALL].current,
-                          (double)ps->reserved_bytes[POOL_ALL].current, (double)ps->cap,
-                          (double)ps->largest_free_block, ps->fragmentation, (double)ps->device_allocs,
-                          (double)ps->cache_hits, (double)ps->ooms, (double)ps->trims, (double)ps->trimmed_bytes};
-            fprintf(f, "%s{device=\"%s\",kind=\"%s\"} %.17g\n", dm[m].name, ctx->devs[i]->id,
-                    dev_kind_str(ctx->devs[i]->kind), v[m]);
-        }
+    enum { NDM = sizeof dm / sizeof dm[0] };
+    /* One reading per device, so that the families agree with each other. */
+    double(*dv)[NDM] = calloc(ctx->ndev > 0 ? (size_t)ctx->ndev : 1, sizeof *dv);
+    if (!dv) {
+        fclose(f);
+        free(text);
+        free(ps);
+        send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
     }
+    for (int i = 0; i < ctx->ndev; i++) {
+        size_t fr = 0, tot = 0;
+        dev_mem_info(ctx->devs[i], &fr, &tot);
+        pool_stats_read(ctx->pools[i], ps);
+        double v[NDM] = {(double)tot, (double)fr, (double)ps->allocated_bytes[POOL_ALL].current,
+                         (double)ps->reserved_bytes[POOL_ALL].current, (double)ps->cap,
+                         (double)ps->largest_free_block, ps->fragmentation, (double)ps->device_allocs,
+                         (double)ps->cache_hits, (double)ps->ooms, (double)ps->trims, (double)ps->trimmed_bytes};
+        memcpy(dv[i], v, sizeof v);
+    }
+    for (size_t m = 0; m < NDM; m++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", dm[m].name, dm[m].help, dm[m].name, dm[m].type);
+        for (int i = 0; i < ctx->ndev; i++)
+            fprintf(f, "%s{device=\"%s\",kind=\"%s\"} %.17g\n", dm[m].name, ctx->devs[i]->id,
+                    dev_kind_str(ctx->devs[i]->kind), dv[i][m]);
+    }
+    free(dv);
     fprintf(f, "# HELP gradd_pool_tag_allocated_bytes Live bytes by tag.\n# TYPE gradd_pool_tag_allocated_bytes gauge\n");
     for (int i = 0; i < ctx->ndev; i++) {
         pool_stats_read(ctx->pools[i], ps);

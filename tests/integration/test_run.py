@@ -223,6 +223,9 @@ class Metrics(unittest.TestCase):
                     if s.labels["device"] == "cpu0"}
             self.assertGreater(tags["params"], 0)
             self.assertEqual(fams["gradd_pool_ooms"].type, "counter")
+            # Total device memory is a level, not a count, whatever its name says.
+            self.assertEqual(fams["gradd_device_memory_total_bytes"].type, "gauge")
+            self.assertEqual(fams["gradd_pool_reserved_bytes"].type, "gauge")
             d.ctl("cancel", str(jid))
         finally:
             d.stop()
