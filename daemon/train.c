@@ -2,11 +2,13 @@
 #include "train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,6 +81,7 @@ typedef struct {
     void *x_host, *y_host; /* staging when device memory is not host memory */
 
     /* outputs */
+    int lock_fd; /* out_dir/.lock, flock'd for the run; -1: none */
     FILE *metrics;
     tb_writer *tb;
     char path_resume[4096], path_model[4096], path_metrics[4096];
@@ -1213,6 +1216,39 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
+/* Hold out_dir/.lock for the run: two runs writing one directory (two
+ * devices given the same job file, or `gradd run` beside the daemon)
+ * would interleave checkpoints and metrics, and each would resume from
+ * the other's state.  flock, so that a crash or kill -9 releases it. */
+static train_outcome lock_out_dir(run *r)
+{
+    char path[4200], holder[128] = "";
+    snprintf(path, sizeof path, "%s/.lock", r->j->out_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fail(r, "cannot open %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        ssize_t n = e == EWOULDBLOCK ? pread(fd, holder, sizeof holder - 1, 0) : -1;
+        close(fd);
+        if (e != EWOULDBLOCK)
+            return fail(r, "cannot lock %s: %s", path, strerror(e));
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        return fail(r, "output directory %s is in use by another run (%s); give this job another [output] dir, or "
+                       "wait for that one to end",
+                    r->j->out_dir, holder[0] ? holder : "holder unknown");
+    }
+    /* Who holds it, for the message above; best effort. */
+    char who[128];
+    int n = snprintf(who, sizeof who, "pid %ld, job %u\n", (long)getpid(), r->job);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)n, 0) != n) {
+        /* The lock holds without the note. */
+    }
+    r->lock_fd = fd;
+    return TRAIN_DONE;
+}
+
 static train_outcome setup_outputs(run *r, bool resumed)
 {
     char err[1024];
@@ -1242,6 +1278,8 @@ static train_outcome run_job(run *r, const train_hooks *h)
     char err[1024];
     if (make_dir(j->out_dir, err, sizeof err) != 0)
         return fail(r, "%s", err);
+    if (lock_out_dir(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
     snprintf(r->path_resume, sizeof r->path_resume, "%s/resume.safetensors", j->out_dir);
     snprintf(r->path_model, sizeof r->path_model, "%s/model.safetensors", j->out_dir);
     snprintf(r->path_metrics, sizeof r->path_metrics, "%s/metrics.jsonl", j->out_dir);
@@ -1343,6 +1381,7 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     r->job = job_id;
     r->res = res;
     r->hooks = h;
+    r->lock_fd = -1;
     dev *d = pool_device(p);
     r->host_visible = d->kind == DEV_KIND_CPU;
     train_outcome o;
@@ -1371,6 +1410,10 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     if (r->kc)
         k->ctx_destroy(r->kc);
     free_data(r);
+    /* Last: the outputs are complete (or the run failed) before another
+     * run may take the directory. */
+    if (r->lock_fd >= 0)
+        close(r->lock_fd);
     res->outcome = o;
     free(r);
     return o;

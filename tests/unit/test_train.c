@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -205,6 +207,46 @@ static void test_resume_mismatch_refused(void **state)
     assert_non_null(strstr(res.message, "use another [output] dir"));
 }
 
+/* ---- one run per output directory ------------------------------------------------ */
+
+static void test_out_dir_locked(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "locked", 8, 2);
+    assert_int_equal(mkdir(j.out_dir, 0755), 0);
+    char path[600], buf[64] = "";
+    snprintf(path, sizeof path, "%s/.lock", j.out_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("pid 4242, job 9\n", f);
+    fflush(f);
+    assert_int_equal(flock(fileno(f), LOCK_EX | LOCK_NB), 0);
+
+    /* Refused while held, naming the holder, with nothing written. */
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    char want[700];
+    snprintf(want, sizeof want, "output directory %s is in use by another run (pid 4242, job 9)", j.out_dir);
+    if (!strstr(res.message, want))
+        fail_msg("got '%s'", res.message);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", j.out_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/resume.safetensors", j.out_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+
+    /* Free once the holder lets go (a crashed holder's lock goes with it). */
+    fclose(f);
+    run_ok(&j, &res, NULL);
+    snprintf(path, sizeof path, "%s/.lock", j.out_dir);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(buf, sizeof buf, f));
+    fclose(f);
+    snprintf(want, sizeof want, "pid %ld, job 1\n", (long)getpid());
+    assert_string_equal(buf, want);
+}
+
 /* ---- the pool sees the job's memory by tag ----------------------------------- */
 
 typedef struct {
@@ -346,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_resume_bitwise),
         cmocka_unit_test(test_resume_mismatch_refused),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
+        cmocka_unit_test(test_out_dir_locked),
         cmocka_unit_test(test_memory_tags),
         cmocka_unit_test(test_trim_every_steps),
         cmocka_unit_test(test_gpt_learns_fortunes),
