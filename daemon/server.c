@@ -663,24 +663,57 @@ static int bind_socket(server *s, const char *path, char *err, size_t err_len)
         s->activated = true;
         return 0;
     }
-    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    /* The socket is made under a temporary name and linked into place only
+     * once it listens and has its group: a client (or a script waiting for
+     * the file) never finds it refusing connections or in the wrong group.
+     * link(), unlike rename(), fails where the path exists, so two daemons
+     * starting at once cannot replace each other's socket.  The fd is ours,
+     * not bound through libuv, whose close would unlink the path even when
+     * it is no longer our socket. */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, ".%ld.new", (long)getpid());
+    if (strlen(path) + strlen(suffix) >= sizeof sa.sun_path) {
         snprintf(err, err_len, "socket path %s is too long (at most %zu bytes)", path,
-                 sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+                 sizeof sa.sun_path - 1 - strlen(suffix));
         return -1;
     }
     if (prepare_dir(path, err, err_len) != 0 || server_probe_path(path, err, err_len) != 0)
         return -1;
-    uv_pipe_init(&s->loop, &s->listener, 0);
-    s->listener.data = s;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s%s", path, suffix);
+    const char *tmp = sa.sun_path;
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, err_len, "socket: %s", strerror(errno));
+        return -1;
+    }
+    unlink(tmp); /* a leftover of a crashed daemon that had our pid */
     /* Created 0660 from the start: no window where others could connect. */
     mode_t old = umask(0117);
-    int rc = uv_pipe_bind(&s->listener, path);
+    int brc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    int e = errno;
     umask(old);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
-    if (rc != 0) {
-        snprintf(err, err_len, "cannot listen on %s: %s", path, uv_strerror(rc));
-        uv_close((uv_handle_t *)&s->listener, NULL);
+    if (brc != 0 || listen(fd, 1024) != 0) {
+        e = brc != 0 ? e : errno;
+        snprintf(err, err_len, "cannot listen on %s: %s", tmp, strerror(e));
+        if (brc == 0)
+            unlink(tmp);
+        close(fd);
+        return -1;
+    }
+    /* Hand the socket to the admin group when we may. */
+    struct group *g = s->ctx->cfg.admin_group[0] ? getgrnam(s->ctx->cfg.admin_group) : NULL;
+    if (g && chown(tmp, (uid_t)-1, g->gr_gid) != 0)
+        log_debug("socket %s stays in its current group: %s", path, strerror(errno));
+    int lrc = link(tmp, path);
+    e = errno;
+    unlink(tmp);
+    if (lrc != 0) {
+        if (e == EEXIST)
+            snprintf(err, err_len, "%s appeared while gradd was starting (another gradd?); not replaced", path);
+        else
+            snprintf(err, err_len, "cannot create %s: %s", path, strerror(e));
+        close(fd);
         return -1;
     }
     struct stat st;
@@ -688,10 +721,17 @@ static int bind_socket(server *s, const char *path, char *err, size_t err_len)
         s->sock_dev = st.st_dev;
         s->sock_ino = st.st_ino;
     }
-    /* Hand the socket to the admin group when we may. */
-    struct group *g = s->ctx->cfg.admin_group[0] ? getgrnam(s->ctx->cfg.admin_group) : NULL;
-    if (g && chown(path, (uid_t)-1, g->gr_gid) != 0)
-        log_debug("socket %s stays in its current group: %s", path, strerror(errno));
+    uv_pipe_init(&s->loop, &s->listener, 0);
+    s->listener.data = s;
+    int rc = uv_pipe_open(&s->listener, fd);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+    if (rc != 0) {
+        snprintf(err, err_len, "cannot listen on %s: %s", path, uv_strerror(rc));
+        unlink(path);
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        return -1;
+    }
     snprintf(s->path, sizeof s->path, "%s", path);
     return 0;
 }

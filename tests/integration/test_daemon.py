@@ -124,6 +124,45 @@ class Lifecycle(unittest.TestCase):
         finally:
             d.cleanup()
 
+    def test_socket_appears_ready(self):
+        # Scripts wait for the file: once it exists it must accept, with no
+        # window between bind and listen (the hung-job test saw one).
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "g.sock")
+            for _ in range(5):
+                p = subprocess.Popen([GRADD, "-s", path, "--state-dir", tmp + "/state"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    deadline = time.time() + 20
+                    while not os.path.exists(path):
+                        self.assertLess(time.time(), deadline, "no socket")
+                        self.assertIsNone(p.poll())
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                        c.connect(path)  # ConnectionRefusedError would fail the test
+                    # No temporary name is left beside it.
+                    self.assertEqual(sorted(os.listdir(tmp)), ["g.sock", "state"])
+                finally:
+                    p.terminate()
+                    self.assertEqual(p.wait(timeout=30), 0)
+                self.assertFalse(os.path.exists(path))
+
+    def test_stop_leaves_a_socket_not_its_own(self):
+        # Someone replaced the path while gradd ran (an admin, a second
+        # daemon after removing ours): stopping must not unlink theirs.
+        d = Daemon()
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(d.sock)
+            other.bind(d.sock)
+            other.listen(1)
+            self.assertEqual(d.stop(), 0, d.read_log())
+            self.assertTrue(os.path.exists(d.sock))
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.connect(d.sock)
+        finally:
+            other.close()
+            d.cleanup()
+
     def test_live_daemon_refused(self):
         d = Daemon()
         try:
