@@ -126,9 +126,10 @@ class Run(unittest.TestCase):
         self.assertEqual([e.step for e in ea.Scalars("val/loss")], [5, 10])
 
     def test_interrupt_and_resume_is_bitwise(self):
-        # Long enough (some 0.5 s) that the interrupt lands mid-run: a few
-        # ms a step, where 12 steps were over before the poll below saw 4.
-        steps = 300
+        # Long enough (some 0.3 s, ten times the poll's reaction) that the
+        # interrupt lands mid-run: 12 steps were over before the poll below
+        # saw 4, and the SIGINT found the run exiting.
+        steps = 150
         cfg_a, out_a = self.job("straight", steps=steps)
         self.run_gradd(cfg_a)
         cfg_b, out_b = self.job("interrupted", steps=steps)
