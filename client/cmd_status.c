@@ -14,7 +14,7 @@ static int run(ctl *c, int argc, char **argv);
 const ctl_cmd cmd_status = {
     .name = "status",
     .args = "[ID]",
-    .summary = "show the daemon's version, uptime and devices, or one job in detail",
+    .summary = "show the daemon, its devices and active jobs, or one job in detail",
     .run = run,
 };
 
@@ -63,14 +63,40 @@ static void print_json(const Gradd__StatusResponse *st)
     json_end(&w);
 }
 
-static void print_text(const Gradd__StatusResponse *st)
+/* The jobs in one state, or NULL where the daemon would not list them
+ * (it said why on stderr). */
+static Gradd__Response *list_state(ctl *c, const char *state)
+{
+    Gradd__ListRequest lr;
+    gradd__list_request__init(&lr);
+    lr.state = (char *)state;
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_LIST;
+    req.list = &lr;
+    Gradd__Response *resp;
+    if (ctl_call(c, &req, &resp) != CTL_OK)
+        return NULL;
+    if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
+        gradd__response__free_unpacked(resp, NULL);
+        return NULL;
+    }
+    return resp;
+}
+
+/* The overview: devices with their running jobs, then the running and
+ * queued jobs as `gradctl list` shows them (finished ones are left to
+ * list: on a long-lived daemon they are most of the table). */
+static void print_text(ctl *c, const Gradd__StatusResponse *st)
 {
     char up[32];
     printf("gradd %s  protocol %u  pid %d  up %s\n\n", st->daemon_version, st->protocol_version, st->pid,
            units_format_duration(st->uptime_s, up, sizeof up));
-    static const char *const head[] = {"DEVICE", "NAME", "KIND", ">MEM USED/TOTAL", ">FREE", ">RESERVED", ">FRAG"};
+    Gradd__Response *active[2] = {list_state(c, "running"), list_state(c, "queued")};
+    static const char *const head[] = {"DEVICE", "NAME",  "KIND", ">MEM USED/TOTAL",
+                                       ">FREE",  ">RESERVED", ">FRAG", ">JOBS"};
     table t;
-    table_init(&t, 7, head);
+    table_init(&t, 8, head);
     for (size_t i = 0; i < st->n_devices; i++) {
         const Gradd__Device *d = st->devices[i];
         char a[16], b[16], f[16], r[16];
@@ -82,11 +108,29 @@ static void print_text(const Gradd__StatusResponse *st)
         table_cell(&t, "%s", units_format_size(d->mem_free, f, sizeof f));
         table_cell(&t, "%s", units_format_size(d->pool_reserved, r, sizeof r));
         table_cell(&t, "%.0f%%", d->fragmentation * 100);
+        size_t running = 0;
+        for (size_t k = 0; active[0] && k < active[0]->list->n_jobs; k++)
+            running += active[0]->list->jobs[k]->device && strcmp(active[0]->list->jobs[k]->device, d->id) == 0;
+        table_cell(&t, "%zu", running);
     }
     table_print(&t, stdout);
     table_free(&t);
     if (st->cuda_note && *st->cuda_note)
         printf("\n%s\n", st->cuda_note);
+    size_t n = (active[0] ? active[0]->list->n_jobs : 0) + (active[1] ? active[1]->list->n_jobs : 0);
+    if (n) {
+        double now = jobfmt_now();
+        table_init(&t, JOBFMT_COLS, jobfmt_head);
+        for (int s = 0; s < 2; s++)
+            for (size_t k = 0; active[s] && k < active[s]->list->n_jobs; k++)
+                jobfmt_row(&t, active[s]->list->jobs[k], now);
+        printf("\n");
+        table_print(&t, stdout);
+        table_free(&t);
+    }
+    for (int s = 0; s < 2; s++)
+        if (active[s])
+            gradd__response__free_unpacked(active[s], NULL);
 }
 
 /* gradctl status ID: one job, in full. */
@@ -144,7 +188,7 @@ static int run(ctl *c, int argc, char **argv)
     if (c->json)
         print_json(resp->status);
     else
-        print_text(resp->status);
+        print_text(c, resp->status);
     gradd__response__free_unpacked(resp, NULL);
     return CTL_OK;
 }

@@ -22,6 +22,8 @@ class Status(DaemonTest):
         self.assertEqual(len(line), 1, out)
         self.assertIn("cpu (sim)", line[0])
         self.assertIn("0/4.00G", line[0])
+        self.assertIn("JOBS", out)
+        self.assertEqual(line[0].split()[-1], "0")
         self.assertIn("no CUDA devices", out)
 
     def test_json(self):

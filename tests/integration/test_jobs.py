@@ -172,6 +172,13 @@ class Jobs(unittest.TestCase):
         run = self.submit(self.job("running", steps=100000, ckpt=0))
         queued = self.submit(self.job("waiting", steps=5))
         self.wait_step(run, 2)
+        # The overview: the device counts its running job; both active jobs
+        # follow, running first.
+        text = self.d.ctl("status").stdout
+        dev = [l.split() for l in text.splitlines() if l.startswith("cpu0")]
+        self.assertEqual(dev[0][-1], "1", text)
+        rows = [l.split() for l in text.splitlines() if l.strip()[:1].isdigit()]
+        self.assertEqual([(int(r[0]), r[3]) for r in rows], [(run, "running"), (queued, "queued")], text)
         r = self.d.ctl("cancel", str(queued))
         self.assertIn("job %d cancelled" % queued, r.stdout)
         self.assertEqual(self.info(queued)["state"], "cancelled")
@@ -187,6 +194,8 @@ class Jobs(unittest.TestCase):
         r = self.d.ctl("cancel", "999", check=False)
         self.assertEqual(r.returncode, 1)
         self.assertIn("no job 999", r.stderr)
+        # Nothing active: no job table.
+        self.assertNotIn("STATE", self.d.ctl("status").stdout)
 
     # ---- kill -9 and resume ------------------------------------------------------
 
