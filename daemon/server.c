@@ -641,20 +641,29 @@ static int prepare_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
+/* Accept connections on the listening socket fd: 0, or a libuv error with
+ * the handle closed. */
+static int serve_fd(server *s, int fd)
+{
+    uv_pipe_init(&s->loop, &s->listener, 0);
+    s->listener.data = s;
+    int rc = uv_pipe_open(&s->listener, fd);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+    if (rc != 0)
+        uv_close((uv_handle_t *)&s->listener, NULL);
+    return rc;
+}
+
 static int bind_socket(server *s, const char *path, char *err, size_t err_len)
 {
     int fd = svc_listen_fd();
     if (fd >= 0) {
         /* systemd made and owns the socket (gradd.socket): serve it, and
          * leave it in place at shutdown. */
-        uv_pipe_init(&s->loop, &s->listener, 0);
-        s->listener.data = s;
-        int rc = uv_pipe_open(&s->listener, fd);
-        if (rc == 0)
-            rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+        int rc = serve_fd(s, fd);
         if (rc != 0) {
             snprintf(err, err_len, "cannot serve the socket systemd passed (fd %d): %s", fd, uv_strerror(rc));
-            uv_close((uv_handle_t *)&s->listener, NULL);
             return -1;
         }
         size_t len = sizeof s->path;
@@ -721,15 +730,10 @@ static int bind_socket(server *s, const char *path, char *err, size_t err_len)
         s->sock_dev = st.st_dev;
         s->sock_ino = st.st_ino;
     }
-    uv_pipe_init(&s->loop, &s->listener, 0);
-    s->listener.data = s;
-    int rc = uv_pipe_open(&s->listener, fd);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+    int rc = serve_fd(s, fd);
     if (rc != 0) {
         snprintf(err, err_len, "cannot listen on %s: %s", path, uv_strerror(rc));
         unlink(path);
-        uv_close((uv_handle_t *)&s->listener, NULL);
         return -1;
     }
     snprintf(s->path, sizeof s->path, "%s", path);
