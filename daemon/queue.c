@@ -244,6 +244,22 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     return 0;
 }
 
+void queue_save_unsaved(queue *q)
+{
+    pthread_mutex_lock(&q->lock);
+    for (size_t i = 0; q->any_unsaved && i < q->n; i++) {
+        job *j = q->jobs[i];
+        if (!j->unsaved)
+            continue;
+        j->unsaved = false;
+        char err[512];
+        if (queue_persist(q, j, err, sizeof err) != 0)
+            log_job(LOG_WARN, j->id, NULL, "job %u: cannot record its state: %s", j->id, err);
+    }
+    q->any_unsaved = false;
+    pthread_mutex_unlock(&q->lock);
+}
+
 /* ---- loading --------------------------------------------------------------------------- */
 
 /* Far more than any state file queue_persist writes (a few KiB at most). */

@@ -51,6 +51,9 @@ typedef struct job {
     bool cfg_unread;
 
     /* Live state, guarded by the queue lock. */
+    bool unsaved; /* changed by its worker, which runs as the owner and so
+                     cannot write the state dir: queue_save_unsaved does;
+                     set q->any_unsaved with it */
     bool cancel_requested;
     bool have_progress;
     train_progress prog;
@@ -65,6 +68,7 @@ typedef struct queue {
     size_t n, cap;
     uint64_t next_id;   /* QUEUE_ID_END once every id has been given */
     bool stopping;
+    bool any_unsaved; /* some job is marked unsaved */
     void (*notify)(void *user);
     void *notify_user;
 } queue;
@@ -117,6 +121,11 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
  * "all given") and a newline.  0 with *out set, or -1 with err as for
  * queue_parse_state. */
 int queue_parse_next_id(const char *buf, size_t len, uint64_t *out, char *err, size_t err_len);
+
+/* Persist every job marked unsaved (takes the lock; on the daemon's own
+ * identity, from the event loop when a worker notifies).  Failures are
+ * logged. */
+void queue_save_unsaved(queue *q);
 
 /* Call the notify callback (without the lock). */
 void queue_notify(queue *q);

@@ -272,6 +272,8 @@ static void start_watch(server_conn *c, uint32_t id)
 static void on_notify(uv_async_t *a)
 {
     server *s = a->data;
+    if (s->ctx->q)
+        queue_save_unsaved(s->ctx->q);
     for (server_conn *c = s->conns; c; c = c->next)
         push_watch(c);
 }

@@ -34,7 +34,12 @@ static void on_step(void *user, const train_progress *p)
     r->j->prog = *p;
     r->j->have_progress = true;
     if (p->resumed && !r->counted_resume) {
+        /* Saved by the loop on the notify below, not at the job's end: a
+         * crash before then would lose the count (this thread, as the
+         * owner, cannot write the state dir). */
         r->j->resumes++;
+        r->j->unsaved = true;
+        q->any_unsaved = true;
         r->counted_resume = true;
     }
     queue_touch(q, r->j);

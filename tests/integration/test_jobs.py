@@ -15,6 +15,11 @@ import unittest
 import harness
 from harness import GRADCTL, GRADD, Daemon
 
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
 JOB = """
 [job]
 name = {name}
@@ -201,16 +206,28 @@ class Jobs(unittest.TestCase):
 
     def test_kill9_resume_is_bitwise(self):
         # The reference: the same job file trained straight through.
-        ref_cfg = self.job("reference", steps=600, ckpt=50)
+        # Long enough (2000 steps, a few seconds) to be running still after
+        # the resume has been recorded.
+        ref_cfg = self.job("reference", steps=2000, ckpt=50)
         subprocess.run([GRADD, "run", ref_cfg], check=True, capture_output=True, timeout=300)
         self.start()
-        jid = self.submit(self.job("crashy", steps=600, ckpt=50))
+        jid = self.submit(self.job("crashy", steps=2000, ckpt=50))
         j = self.wait_step(jid, 60)
         self.assertEqual(j["state"], "running", "the job finished before the test could interrupt it")
         self.restart()
+        # Once resumed, the count is on disk at once, not
+        # only at the job's end: a second crash must not lose it.
+        state = os.path.join(self.state, "jobs", str(jid), "state")
+        deadline = time.time() + 30
+        while "resumes=1\n" not in read_text(state):
+            self.assertLess(time.time(), deadline, "the resume was never recorded")
+            time.sleep(0.05)
+        j = self.info(jid)
+        self.assertEqual(j["state"], "running", "the job finished before the test could interrupt it again")
+        self.restart()
         j = self.wait_state(jid, ("completed", "failed"), timeout=300)
         self.assertEqual(j["state"], "completed", j["reason"])
-        self.assertGreaterEqual(j["resumes"], 1)
+        self.assertEqual(j["resumes"], 2)
         a = open(os.path.join(self.dir, "out-reference", "model.safetensors"), "rb").read()
         b = open(os.path.join(self.dir, "out-crashy", "model.safetensors"), "rb").read()
         self.assertEqual(a, b, "the resumed job's model differs from an uninterrupted run")
