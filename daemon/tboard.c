@@ -253,6 +253,22 @@ int tb_scalars(tb_writer *w, int64_t step, double wall_time, size_t n, const cha
     return rc;
 }
 
+int tb_session_start(tb_writer *w, int64_t step, double wall_time)
+{
+    if (w->failed)
+        return -1;
+    Gradd__Tb__SessionLog log = GRADD__TB__SESSION_LOG__INIT;
+    log.status = GRADD__TB__SESSION_LOG__SESSION_STATUS__START;
+    Gradd__Tb__Event ev = GRADD__TB__EVENT__INIT;
+    ev.wall_time = (wall_time > 0) ? wall_time : now();
+    ev.step = step;
+    ev.what_case = GRADD__TB__EVENT__WHAT_SESSION_LOG;
+    ev.session_log = &log;
+    if (append_event(w, &ev) != 0)
+        return -1;
+    return tb_flush(w);
+}
+
 int tb_scalar(tb_writer *w, const char *tag, int64_t step, float value, double wall_time)
 {
     return tb_scalars(w, step, wall_time, 1, &tag, &value);

@@ -12,8 +12,8 @@
  * with file_version "brain.Event:2".  Each tb_scalar call appends one Event
  * whose Summary holds one simple_value.  Records are buffered; tb_flush hands
  * them to the kernel (so a reader, or a kill -9, sees them), tb_close also
- * fsyncs.  After a resume, open a new file: TensorBoard reads every event
- * file in the directory.
+ * fsyncs.  After a resume, open a new file and start it with
+ * tb_session_start: TensorBoard reads every event file in the directory.
  *
  * A tb_writer is not thread-safe; use one per job.  After a write error the
  * writer stays failed: every later call returns -1 and tb_error tells why.
@@ -39,6 +39,12 @@ int tb_scalar(tb_writer *w, const char *tag, int64_t step, float value, double w
 /* Several scalars of one step in one Event (n ≥ 1). */
 int tb_scalars(tb_writer *w, int64_t step, double wall_time, size_t n, const char *const *tags,
                const float *values);
+
+/* The run starts (or resumes) at step: an Event with SessionLog START, on
+ * which TensorBoard discards what earlier event files hold for steps at or
+ * past it (written after the checkpoint the run resumes from, then lost
+ * to a crash, and now done again).  Flushed at once. */
+int tb_session_start(tb_writer *w, int64_t step, double wall_time);
 
 /* Write buffered records to the file (no fsync). */
 int tb_flush(tb_writer *w);

@@ -794,6 +794,10 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
         const char *tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/loss_scale"};
         const float vals[] = {(float)loss, (float)lr, (float)norm, (float)r->loss_scale};
         tb_scalars(r->tb, (int64_t)r->step, wall_s(), r->j->precision == JOBCFG_FP16 ? 4 : 3, tags, vals);
+        /* To the kernel at every logged step, as metrics.jsonl: a live
+         * tensorboard sees it, and a kill -9 loses nothing logged before
+         * the checkpoint a resume starts after. */
+        tb_flush(r->tb);
     }
 }
 
@@ -1261,12 +1265,20 @@ static train_outcome setup_outputs(run *r, bool resumed)
     snprintf(tbdir, sizeof tbdir, "%s/tensorboard", r->j->out_dir);
     if (make_dir(tbdir, err, sizeof err) != 0 || tb_open(tbdir, &r->tb, err, sizeof err) != 0)
         return fail(r, "%s", err);
+    /* The next step is the first this run logs: earlier files' events from
+     * it on are a crashed run's, past the checkpoint resumed from. */
+    if (tb_session_start(r->tb, (int64_t)r->step + 1, wall_s()) != 0)
+        return fail(r, "%s", tb_error(r->tb));
     return TRAIN_DONE;
 }
 
 static train_outcome checkpoint(run *r, uint64_t epoch, uint64_t index)
 {
     char err[1024];
+    /* Everything logged up to here (the step's validation too) is on disk
+     * before the state that a resume would continue after it. */
+    if (r->tb)
+        tb_flush(r->tb);
     if (write_resume(r, epoch, index, err, sizeof err) != 0)
         return fail(r, "checkpoint failed (the previous one is intact): %s", err);
     return TRAIN_DONE;

@@ -159,6 +159,40 @@ class Run(unittest.TestCase):
         strip = lambda l: {k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "step_ms")}
         self.assertEqual([strip(l) for l in la], [strip(l) for l in lb])
 
+    def test_kill9_tensorboard_sees_each_step_once(self):
+        # kill -9 after step 5 of a run that checkpoints every 3: steps 4-5
+        # were logged but are redone by the resumed run.  Its event file
+        # opens with SessionLog START at step 4, so TensorBoard drops the
+        # orphans instead of drawing the curve back over itself.
+        cfg, out = self.job("killed", steps=150)
+        p = subprocess.Popen([GRADD, "run", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        metrics = os.path.join(out, "metrics.jsonl")
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if os.path.exists(metrics) and sum(1 for l in read_lines(metrics) if '"loss"' in l) >= 5:
+                break
+            time.sleep(0.005)
+        p.kill()
+        p.wait()
+        resume = os.path.join(out, "resume.safetensors")
+        if not os.path.exists(resume):
+            self.skipTest("killed before the first checkpoint")
+        with safe_open(resume, "np") as f:
+            kept = int(f.metadata()["step"])
+        logged = [json.loads(l)["step"] for l in read_lines(metrics) if '"loss"' in l]
+        if logged[-1] == kept:
+            self.skipTest("killed right after a checkpoint (step %d): nothing orphaned" % kept)
+        r = self.run_gradd(cfg)
+        self.assertIn("done: 150 steps", r.stdout)
+        self.assertGreater(len(os.listdir(os.path.join(out, "tensorboard"))), 1)
+        ea = EventAccumulator(os.path.join(out, "tensorboard"))
+        ea.Reload()
+        loss = ea.Scalars("train/loss")
+        self.assertEqual([e.step for e in loss], list(range(1, 151)))
+        final = {json.loads(l)["step"]: json.loads(l)["loss"] for l in read_lines(metrics) if '"loss"' in l}
+        for e in loss:
+            self.assertAlmostEqual(e.value, final[e.step], places=5)
+
     def test_bad_job_file(self):
         cfg = os.path.join(self.dir, "bad.cfg")
         with open(cfg, "w") as f:

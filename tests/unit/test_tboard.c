@@ -197,6 +197,28 @@ static void test_event_file_round_trip(void **state)
     free_events(&e);
 }
 
+/* SessionLog START goes to disk at once, with its step: the event on which
+ * TensorBoard drops a crashed run's events from that step on. */
+static void test_session_start(void **state)
+{
+    (void)state;
+    char err[512], path[512];
+    tb_writer *w;
+    if (tb_open(td_path, &w, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    snprintf(path, sizeof path, "%s", tb_path(w));
+    assert_int_equal(tb_session_start(w, 42, 1700000000.25), 0);
+    events e = {0};
+    assert_int_equal(tb_read_records(path, 0, collect, &e, err, sizeof err), 2);
+    Gradd__Tb__Event *ev = e.ev[1];
+    assert_int_equal(ev->what_case, GRADD__TB__EVENT__WHAT_SESSION_LOG);
+    assert_int_equal(ev->step, 42);
+    assert_true(ev->wall_time == 1700000000.25);
+    assert_int_equal(ev->session_log->status, GRADD__TB__SESSION_LOG__SESSION_STATUS__START);
+    free_events(&e);
+    assert_int_equal(tb_close(w, err, sizeof err), 0);
+}
+
 static void test_many_records_and_second_file(void **state)
 {
     (void)state;
@@ -370,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_crc32c_paths_agree),
         cmocka_unit_test(test_crc_mask),
         cmocka_unit_test_setup_teardown(test_event_file_round_trip, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_session_start, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_many_records_and_second_file, setup_dir,
                                         teardown_dir),
         cmocka_unit_test_setup_teardown(test_bad_input_to_writer, setup_dir, teardown_dir),
