@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -383,9 +384,44 @@ static job *load_job(queue *q, uint32_t id)
     return j;
 }
 
+/* Take STATE_DIR/lock for this process, writing our pid into it for the
+ * message a second daemon gives.  The fd, or -1 with err. */
+static int lock_state_dir(const char *state_dir, char *err, size_t err_len)
+{
+    char path[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s/lock", state_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0) {
+        snprintf(err, err_len, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t n = e == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+        close(fd);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        if (e == EWOULDBLOCK)
+            snprintf(err, err_len,
+                     "state directory %s is in use by another gradd (pid %s); give this one its own --state-dir",
+                     state_dir, pid[0] ? pid : "unknown");
+        else
+            snprintf(err, err_len, "cannot lock %s: %s", path, strerror(e));
+        return -1;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+        /* The lock holds without the note. */
+    }
+    return fd;
+}
+
 int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
 {
     memset(q, 0, sizeof *q);
+    q->lock_fd = -1;
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     snprintf(q->dir, sizeof q->dir, "%s/jobs", state_dir);
@@ -393,6 +429,11 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
         snprintf(err, err_len, "cannot create %s: %s", q->dir, strerror(errno));
         return -1;
     }
+    /* Before anything is read: a second daemon must not requeue the
+     * first one's running jobs. */
+    q->lock_fd = lock_state_dir(state_dir, err, err_len);
+    if (q->lock_fd < 0)
+        return -1;
     q->next_id = 1;
     char path[PATH_MAX + 16];
     size_t len;
@@ -411,6 +452,8 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     DIR *d = opendir(q->dir);
     if (!d) {
         snprintf(err, err_len, "cannot read %s: %s", q->dir, strerror(errno));
+        close(q->lock_fd);
+        q->lock_fd = -1;
         return -1;
     }
     struct dirent *e;
@@ -442,4 +485,7 @@ void queue_close(queue *q)
     q->n = q->cap = 0;
     pthread_cond_destroy(&q->cond);
     pthread_mutex_destroy(&q->lock);
+    if (q->lock_fd >= 0)
+        close(q->lock_fd);
+    q->lock_fd = -1;
 }

@@ -69,12 +69,15 @@ typedef struct queue {
     uint64_t next_id;   /* QUEUE_ID_END once every id has been given */
     bool stopping;
     bool any_unsaved; /* some job is marked unsaved */
+    int lock_fd;      /* STATE_DIR/lock, flock'd while open */
     void (*notify)(void *user);
     void *notify_user;
 } queue;
 
-/* Load the queue from state_dir (creating it).  Jobs found running are
- * queued again.  0, or -1 with the reason in err. */
+/* Load the queue from state_dir (creating it), which it holds (flock on
+ * STATE_DIR/lock) until queue_close: a second daemon on the same state
+ * would run the same jobs.  Jobs found running are queued again.  0, or -1
+ * with the reason in err. */
 int queue_open(queue *q, const char *state_dir, char *err, size_t err_len);
 void queue_close(queue *q);
 

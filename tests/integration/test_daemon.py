@@ -177,6 +177,21 @@ class Lifecycle(unittest.TestCase):
         finally:
             d.cleanup()
 
+    def test_shared_state_dir_refused(self):
+        # Another socket, the same state: the second would requeue and run
+        # the first one's jobs.
+        d = Daemon()
+        try:
+            r = subprocess.run([GRADD, "-c", d.conf, "-s", d.sock + "2", "--state-dir", d.dir + "/state"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("state directory %s/state is in use by another gradd (pid %d)" % (d.dir, d.proc.pid),
+                          r.stderr)
+            self.assertFalse(os.path.exists(d.sock + "2"))
+            self.assertEqual(d.ctl_json("status")["pid"], d.proc.pid)
+        finally:
+            d.cleanup()
+
     def test_not_a_socket_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "regular-file")

@@ -579,6 +579,23 @@ static void test_open_without_job_file(void **state)
     queue_close(&q);
 }
 
+/* One queue per state dir: a second open is refused, naming the holder,
+ * and succeeds once the first is closed. */
+static void test_state_dir_locked(void **state)
+{
+    (void)state;
+    queue a, b;
+    char err[512], want[512];
+    open_capturing(&a);
+    assert_int_equal(queue_open(&b, td_path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory %s is in use by another gradd (pid %ld)", td_path, (long)getpid());
+    if (!strstr(err, want))
+        fail_msg("got '%s'", err);
+    queue_close(&a);
+    open_capturing(&b);
+    queue_close(&b);
+}
+
 /* The last id is given, then submit refuses: the id must not wrap to 0 or
  * to 1, whose directory may hold an old job. */
 static void test_ids_run_out(void **state)
@@ -631,6 +648,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_with_bad_next_id, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_without_job_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ids_run_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_dir_locked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
