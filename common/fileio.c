@@ -1,7 +1,10 @@
-/* fileio.c — write_all. */
+/* fileio.c — write_all, and a lock file that names its holder. */
 #include "fileio.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 int fileio_write_all(int fd, const void *buf, size_t n)
@@ -24,4 +27,28 @@ int fileio_write_all(int fd, const void *buf, size_t n)
         n -= (size_t)w;
     }
     return 0;
+}
+
+int fileio_lock(const char *path, const char *note, char *holder, size_t holder_len)
+{
+    if (holder_len)
+        holder[0] = '\0';
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        if (e == EWOULDBLOCK && holder_len > 1) {
+            ssize_t n = pread(fd, holder, holder_len - 1, 0);
+            holder[n > 0 ? n : 0] = '\0';
+            holder[strcspn(holder, "\n")] = '\0';
+        }
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    /* The note is best effort: the lock holds without it. */
+    if (ftruncate(fd, 0) == 0 && fileio_write_all(fd, note, strlen(note)) == 0)
+        (void)fileio_write_all(fd, "\n", 1);
+    return fd;
 }

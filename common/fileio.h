@@ -8,4 +8,11 @@
  * set (EIO when the descriptor accepts nothing). */
 int fileio_write_all(int fd, const void *buf, size_t n);
 
+/* Hold path (created 0640 if missing) with flock for as long as the
+ * returned descriptor is open; a crash releases it.  The file then says
+ * who holds it (note, e.g. "pid 12, job 3").  -1 with errno set where it
+ * cannot; EWOULDBLOCK where another holds it, with that holder's note (up
+ * to its first newline) in holder[0..holder_len). */
+int fileio_lock(const char *path, const char *note, char *holder, size_t holder_len);
+
 #endif

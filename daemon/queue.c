@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -384,37 +383,18 @@ static job *load_job(queue *q, uint32_t id)
     return j;
 }
 
-/* Take STATE_DIR/lock for this process, writing our pid into it for the
- * message a second daemon gives.  The fd, or -1 with err. */
+/* Take STATE_DIR/lock for this process.  The fd, or -1 with err. */
 static int lock_state_dir(const char *state_dir, char *err, size_t err_len)
 {
-    char path[PATH_MAX + 8];
+    char path[PATH_MAX + 8], note[32], holder[64];
     snprintf(path, sizeof path, "%s/lock", state_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
-    if (fd < 0) {
-        snprintf(err, err_len, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        char pid[32] = "";
-        ssize_t n = e == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
-        close(fd);
-        pid[n > 0 ? n : 0] = '\0';
-        pid[strcspn(pid, "\n")] = '\0';
-        if (e == EWOULDBLOCK)
-            snprintf(err, err_len,
-                     "state directory %s is in use by another gradd (pid %s); give this one its own --state-dir",
-                     state_dir, pid[0] ? pid : "unknown");
-        else
-            snprintf(err, err_len, "cannot lock %s: %s", path, strerror(e));
-        return -1;
-    }
-    char pid[32];
-    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
-        /* The lock holds without the note. */
-    }
+    snprintf(note, sizeof note, "%ld", (long)getpid());
+    int fd = fileio_lock(path, note, holder, sizeof holder);
+    if (fd < 0 && errno == EWOULDBLOCK)
+        snprintf(err, err_len, "state directory %s is in use by another gradd (pid %s); give this one its own --state-dir",
+                 state_dir, holder[0] ? holder : "unknown");
+    else if (fd < 0)
+        snprintf(err, err_len, "cannot lock %s: %s", path, strerror(errno));
     return fd;
 }
 

@@ -2,13 +2,11 @@
 #include "train.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 #include "batch.h"
 #include "data.h"
 #include "dev.h"
+#include "fileio.h"
 #include "model.h"
 #include "safetensors.h"
 #include "tboard.h"
@@ -1226,31 +1225,17 @@ static int make_dir(const char *path, char *err, size_t err_len)
  * the other's state.  flock, so that a crash or kill -9 releases it. */
 static train_outcome lock_out_dir(run *r)
 {
-    char path[4200], holder[128] = "";
+    char path[4200], note[64], holder[128];
     snprintf(path, sizeof path, "%s/.lock", r->j->out_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return fail(r, "cannot open %s: %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        ssize_t n = e == EWOULDBLOCK ? pread(fd, holder, sizeof holder - 1, 0) : -1;
-        close(fd);
-        if (e != EWOULDBLOCK)
-            return fail(r, "cannot lock %s: %s", path, strerror(e));
-        holder[n > 0 ? n : 0] = '\0';
-        holder[strcspn(holder, "\n")] = '\0';
-        return fail(r, "output directory %s is in use by another run (%s); give this job another [output] dir, or "
-                       "wait for that one to end",
-                    r->j->out_dir, holder[0] ? holder : "holder unknown");
-    }
-    /* Who holds it, for the message above; best effort. */
-    char who[128];
-    int n = snprintf(who, sizeof who, "pid %ld, job %u\n", (long)getpid(), r->job);
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)n, 0) != n) {
-        /* The lock holds without the note. */
-    }
-    r->lock_fd = fd;
-    return TRAIN_DONE;
+    snprintf(note, sizeof note, "pid %ld, job %u", (long)getpid(), r->job);
+    r->lock_fd = fileio_lock(path, note, holder, sizeof holder);
+    if (r->lock_fd >= 0)
+        return TRAIN_DONE;
+    if (errno != EWOULDBLOCK)
+        return fail(r, "cannot lock %s: %s", path, strerror(errno));
+    return fail(r, "output directory %s is in use by another run (%s); give this job another [output] dir, or "
+                   "wait for that one to end",
+                r->j->out_dir, holder[0] ? holder : "holder unknown");
 }
 
 static train_outcome setup_outputs(run *r, bool resumed)
