@@ -29,6 +29,15 @@ def read_lines(path):
     with open(path) as f:
         return f.readlines()
 
+
+def wait_logged(metrics, n, poll):
+    """Until metrics.jsonl has n step lines (or two minutes pass)."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if os.path.exists(metrics) and sum(1 for l in read_lines(metrics) if '"loss"' in l) >= n:
+            return
+        time.sleep(poll)
+
 JOB = """
 [model]
 type = gpt
@@ -135,12 +144,7 @@ class Run(unittest.TestCase):
         cfg_b, out_b = self.job("interrupted", steps=steps)
         p = subprocess.Popen([GRADD, "run", cfg_b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Interrupt once a few steps are logged.
-        metrics = os.path.join(out_b, "metrics.jsonl")
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if os.path.exists(metrics) and sum(1 for l in read_lines(metrics) if '"loss"' in l) >= 4:
-                break
-            time.sleep(0.01)
+        wait_logged(os.path.join(out_b, "metrics.jsonl"), 4, 0.01)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=120)
         if p.returncode == 0:
@@ -167,11 +171,7 @@ class Run(unittest.TestCase):
         cfg, out = self.job("killed", steps=150)
         p = subprocess.Popen([GRADD, "run", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         metrics = os.path.join(out, "metrics.jsonl")
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if os.path.exists(metrics) and sum(1 for l in read_lines(metrics) if '"loss"' in l) >= 5:
-                break
-            time.sleep(0.005)
+        wait_logged(metrics, 5, 0.005)
         p.kill()
         p.wait()
         resume = os.path.join(out, "resume.safetensors")
