@@ -24,6 +24,7 @@ void batch_init(batch_ctl *c, uint32_t batch, uint32_t ceiling, double margin, u
 void batch_set_tune(batch_ctl *c, bool on)
 {
     c->tune = on ? BATCH_TUNE_WAIT : BATCH_TUNE_OFF;
+    c->tune_on = on;
 }
 
 int batch_tune_candidates(uint32_t batch, uint32_t max, uint32_t *out, int cap)
@@ -394,10 +395,28 @@ uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail
         c->blocked = false;
     uint32_t cap = c->best && c->best < c->max_fit ? c->best : c->max_fit;
     uint32_t target = pred < cap ? pred : cap;
+    /* The fit (and the tuning below it) was made under a smaller budget:
+     * another job's probing or a process that has since let go.  Not after
+     * an OOM that lowered max_fit under the same budget: that budget has not
+     * grown, so the size stays known not to fit. */
+    bool refit = pred > c->max_fit && (double)budget > BATCH_REFIT_GROWTH * (double)c->fit_budget;
+    if (refit)
+        target = pred;
     if (c->blocked)
         target = c->micro;
     if (c->grow_after && target > c->micro) {
         if (++c->stable_steps >= c->grow_after) {
+            if (target > c->max_fit) {
+                c->max_fit = target;
+                c->fit_budget = budget;
+                c->fit_avail = avail;
+                if (c->tune_on) {
+                    /* Tune again from the new size down (tune_step starts
+                     * at the next boundary: this step is the first there). */
+                    c->best = 0;
+                    c->tune = BATCH_TUNE_WAIT;
+                }
+            }
             *why = BATCH_REASON_GROW;
             record(c, target, step, BATCH_REASON_GROW);
             return target;

@@ -35,7 +35,11 @@
  *             shrink before an OOM (the budget fell under the current need)
  *             or grow back after grow_after steps of stable headroom, never
  *             beyond the largest micro-batch found to fit, nor beyond the
- *             tuned size.
+ *             tuned size — unless the budget has grown well past the one
+ *             the fit was found under (BATCH_REFIT_GROWTH): a job that
+ *             started while another job or process held the memory then
+ *             grows to what the budget now allows, as a new fit, and tunes
+ *             again among the sizes that opens up.
  *
  * Budgets are the bytes the job may hold at its peak (its limit, or its
  * share of what the device can give the pool); the controller keeps
@@ -70,6 +74,11 @@
 #define BATCH_TUNE_STEPS 3
 #define BATCH_TUNE_SLOWER 0.95
 #define BATCH_TUNE_PATIENCE 2
+
+/* How far the budget must grow past the one the fit was found under before
+ * growth may go beyond that fit (and the size tuned below it): far enough
+ * that the ordinary wobble of what other jobs hold does not re-tune. */
+#define BATCH_REFIT_GROWTH 1.10
 
 typedef enum {
     BATCH_REASON_NONE = 0,
@@ -142,6 +151,7 @@ typedef struct batch_ctl {
     uint32_t tune_slower;          /* clearly slower candidates in a row */
     double tune_fastest;           /* the fastest measured step at cand[ci], seconds */
     uint32_t best;                 /* the tuned size (0: none); growth returns to it, not beyond */
+    bool tune_on;                  /* tuning was asked for (batch_set_tune): a refit tunes again */
 
     /* resuming (batch_resume) */
     uint32_t resume_n;   /* the size to verify with the next probe (0: none, or done) */

@@ -549,6 +549,7 @@ void pool_job_release_slot(pool *p, int slot)
     POOL_ST(j->job, 0);
     POOL_ST(j->peak, 0);
     POOL_ST(j->limit, 0);
+    POOL_ST(j->need, 0);
 }
 
 /* The job's row, made when create is set; -1 when the table is full of
@@ -593,6 +594,18 @@ int pool_job_set_limit(pool *p, uint32_t job, size_t bytes)
     int s = job_slot(p, job, true);
     if (s >= 0)
         POOL_ST(p->live.jobs[s].limit, bytes);
+    pool_stats_end(p);
+    pthread_mutex_unlock(&p->lock);
+    return s >= 0 ? 0 : -1;
+}
+
+int pool_job_set_need(pool *p, uint32_t job, size_t bytes)
+{
+    pthread_mutex_lock(&p->lock);
+    pool_stats_begin(p);
+    int s = job_slot(p, job, true);
+    if (s >= 0)
+        POOL_ST(p->live.jobs[s].need, bytes);
     pool_stats_end(p);
     pthread_mutex_unlock(&p->lock);
     return s >= 0 ? 0 : -1;

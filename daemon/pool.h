@@ -87,6 +87,11 @@ void pool_free(pool *p, void *ptr);
 size_t pool_block_size(pool *p, const void *ptr); /* rounded size of a live block; 0 if none */
 /* 0, or -1 when the job table is full.  bytes = 0 removes the limit. */
 int pool_job_set_limit(pool *p, uint32_t job, size_t bytes);
+/* What the job will hold at its peak as it runs now (the batch controller's
+ * model at its current micro-batch).  Other jobs' budgets count this rather
+ * than the job's all-time peak, which its probing and tuning inflate for
+ * good.  0 clears it.  0, or -1 when the job table is full. */
+int pool_job_set_need(pool *p, uint32_t job, size_t bytes);
 /* Drop the job's row from the table (its peak included).  A job that still
  * holds memory keeps its row. */
 void pool_job_forget(pool *p, uint32_t job);
@@ -150,6 +155,7 @@ typedef struct pool_stats {
         uint32_t job;
         int64_t current, peak;
         size_t limit;
+        size_t need; /* pool_job_set_need; 0: not given */
         int64_t tag_current[POOL_TAG_COUNT];
     } jobs[POOL_MAX_JOBS];
     uint64_t timeline_events, timeline_dropped; /* recorded since creation; overwritten */

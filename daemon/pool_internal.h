@@ -161,6 +161,7 @@ typedef struct {
     _Atomic uint32_t used;
     _Atomic int64_t current, peak;
     _Atomic uint64_t limit;
+    _Atomic uint64_t need;
     _Atomic int64_t tag_current[POOL_TAG_COUNT];
 } pool_live_job;
 

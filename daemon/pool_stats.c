@@ -56,6 +56,7 @@ static void copy_live(pool_live *d, pool_live *s)
         POOL_ST(dj->current, POOL_LD(sj->current));
         POOL_ST(dj->peak, POOL_LD(sj->peak));
         POOL_ST(dj->limit, POOL_LD(sj->limit));
+        POOL_ST(dj->need, POOL_LD(sj->need));
         for (int t = 0; t < POOL_TAG_COUNT; t++)
             POOL_ST(dj->tag_current[t], POOL_LD(sj->tag_current[t]));
     }
@@ -127,6 +128,7 @@ static bool try_read(pool_live *l, pool_stats *o)
         o->jobs[n].current = POOL_LD(lj->current);
         o->jobs[n].peak = POOL_LD(lj->peak);
         o->jobs[n].limit = (size_t)POOL_LD(lj->limit);
+        o->jobs[n].need = (size_t)POOL_LD(lj->need);
         for (int t = 0; t < POOL_TAG_COUNT; t++)
             o->jobs[n].tag_current[t] = POOL_LD(lj->tag_current[t]);
         n++;

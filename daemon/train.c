@@ -309,7 +309,12 @@ static size_t job_budget(run *r, size_t *avail)
     for (size_t i = 0; i < ps->njobs; i++) {
         if (ps->jobs[i].job == r->job)
             continue;
-        int64_t need = ps->jobs[i].peak > ps->jobs[i].current ? ps->jobs[i].peak : ps->jobs[i].current;
+        /* Its need at the size it runs now where it said (a job's all-time
+         * peak keeps its probes and tuning, which would hold the others at
+         * what they found while it searched); else its peak. */
+        int64_t need = ps->jobs[i].need ? (int64_t)ps->jobs[i].need : ps->jobs[i].peak;
+        if (ps->jobs[i].current > need)
+            need = ps->jobs[i].current;
         others += need > 0 ? (size_t)need : 0;
     }
     size_t b = room > others ? room - others : 0;
@@ -364,6 +369,9 @@ static int set_micro(run *r, uint32_t n, int trim)
         return -1;
     }
     r->m->ops->bind_activations(r->m, r->acts, n);
+    /* What the other jobs' budgets leave for this one from now on. */
+    double need = batch_peak(&r->ctl, n);
+    pool_job_set_need(r->p, r->job, need > 0 ? (size_t)need : 0);
     if (!r->host_visible) {
         free(r->x_host);
         free(r->y_host);

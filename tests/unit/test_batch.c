@@ -353,6 +353,59 @@ static void test_tune_off(void **state)
     assert_int_equal(c.last.reason, BATCH_REASON_FIT);
 }
 
+/* A job fitted while memory was short (another job probing, a process
+ * since gone) is not held to that fit: once the budget has grown well past
+ * the one it was found under, it grows to what the model says fits now and
+ * tunes again among the larger sizes.  A small rise, or an OOM under an
+ * unchanged budget, keeps the old limits. */
+static void test_refit_when_memory_frees(void **state)
+{
+    (void)state;
+    batch_ctl c;
+    batch_reason why;
+    uint32_t n, tried[BATCH_TUNE_MAX];
+    int ntried;
+    batch_init(&c, 64, 64, 0, 3);
+    batch_set_tune(&c, true);
+    batch_prior(&c, 10 << 20, 1 << 20);
+    while ((n = batch_probe_next(&c, 20u << 20)) != 0)
+        batch_probe_result(&c, n, (10u << 20) + ((size_t)n << 20), true, 20u << 20);
+    assert_int_equal(c.micro, 10);
+    cost_model gpu = {.cliff = 0};
+    uint64_t s = tune_until_done(&c, &gpu, 20u << 20, tried, &ntried, 40) + 1;
+    assert_int_equal(c.best, 10);
+
+    /* 5% more: ordinary wobble, nothing changes. */
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(batch_step_end(&c, s++, 21u << 20, 21u << 20, 1e-3, &why), 10);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+    /* 50M: after grow_after steps, a new fit of 40 (10M + 1M·40). */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why), 10);
+    assert_int_equal(batch_step_end(&c, s++, 50u << 20, 50u << 20, 1e-3, &why), 40);
+    assert_int_equal(why, BATCH_REASON_GROW);
+    assert_int_equal(c.max_fit, 40);
+    assert_int_equal(c.fit_budget, 50u << 20);
+    assert_int_equal(c.tune, BATCH_TUNE_WAIT);
+    /* ...then tunes among 40 and below; CPU-like, 16 is fastest. */
+    cost_model cpu = {.cliff = 16, .last_micro = 10};
+    for (int i = 0; i < 40 && c.tune != BATCH_TUNE_DONE; i++)
+        batch_step_end(&c, s++, 50u << 20, 50u << 20, step_cost(&cpu, c.micro), &why);
+    assert_int_equal(c.tune, BATCH_TUNE_DONE);
+    assert_int_equal(c.best, 16);
+    assert_int_equal(c.micro, 16);
+
+    /* An OOM at 40 under the same budget lowers the fit; growth never
+     * returns past it, since the budget has not grown since. */
+    fit_40(&c, false, 3);
+    assert_int_equal(batch_on_oom(&c, 1, 50u << 20, 50u << 20), 20);
+    assert_true(c.max_fit < 40);
+    uint32_t fit = c.max_fit;
+    for (uint64_t t = 2; t < 20; t++)
+        assert_true(batch_step_end(&c, t, 52u << 20, 52u << 20, 1e-3, &why) <= fit);
+}
+
 /* Pressure in the middle of tuning ends it with the fastest size measured
  * so far as the size growth returns to. */
 static void test_tune_cut_short(void **state)
@@ -503,6 +556,57 @@ static void test_probes_gpt_wide(void **state)
     (void)state;
     shape s = {"gpt L1 C64 T32", false, 1, 4, 64, 32, 24};
     probes_within_10_percent(&s);
+}
+
+/* ---- another job on the device: its need, not its all-time peak ---------------------- */
+
+/* Job 77 once peaked at most of the device (its probes, say) and now holds
+ * 1 MiB.  Counted by that peak it leaves the job a few MiB; by the need it
+ * declared for the size it runs now, nearly all of it. */
+static void test_budget_counts_others_need(void **state)
+{
+    (void)state;
+    shape s = {"gpt L2 C32 T16", false, 2, 2, 32, 16, 32};
+    job_config j;
+    train_result res;
+    make_job(&j, &s, "estimate", 1, 1);
+    assert_int_equal(run(&j, NULL, &res), TRAIN_DONE);
+    size_t one = res.persistent_bytes + res.act_fixed + res.act_per_sample + WS_FIXED;
+
+    size_t cap = (size_t)256 << 20, peak = cap - one - res.act_per_sample * 8;
+    void *big = pool_alloc(fx_pool, peak, POOL_TAG_ACTIVATIONS, 77, NULL);
+    assert_non_null(big);
+    pool_free(fx_pool, big);
+    pool_trim(fx_pool, POOL_TRIM_REQUEST, 0);
+    void *held = pool_alloc(fx_pool, (size_t)1 << 20, POOL_TAG_ACTIVATIONS, 77, NULL);
+    assert_non_null(held);
+
+    make_job(&j, &s, "by-peak", 0, 1);
+    j.tune = false;
+    assert_int_equal(run(&j, NULL, &res), TRAIN_DONE);
+    uint32_t by_peak = res.micro_fit;
+
+    assert_int_equal(pool_job_set_need(fx_pool, 77, (size_t)1 << 20), 0);
+    pool_stats st;
+    pool_stats_read(fx_pool, &st);
+    bool seen = false;
+    for (size_t i = 0; i < st.njobs; i++)
+        if (st.jobs[i].job == 77) {
+            seen = true;
+            assert_int_equal(st.jobs[i].need, (size_t)1 << 20);
+            assert_true(st.jobs[i].peak >= (int64_t)peak);
+        }
+    assert_true(seen);
+    make_job(&j, &s, "by-need", 0, 1);
+    j.tune = false;
+    assert_int_equal(run(&j, NULL, &res), TRAIN_DONE);
+    printf("micro-batch fit beside a job that peaked at %zu MiB and needs 1 MiB: %u by its peak, %u by its need\n",
+           peak >> 20, by_peak, res.micro_fit);
+    assert_true(by_peak < s.batch / 2);
+    assert_int_equal(res.micro_fit, s.batch);
+
+    pool_free(fx_pool, held);
+    pool_job_forget(fx_pool, 77);
 }
 
 /* ---- an OOM in the middle of a step --------------------------------------------------- */
@@ -1289,6 +1393,8 @@ int main(void)
         cmocka_unit_test(test_tune_keeps_faster_of_two),
         cmocka_unit_test(test_tune_off),
         cmocka_unit_test(test_tune_cut_short),
+        cmocka_unit_test(test_refit_when_memory_frees),
+        cmocka_unit_test(test_budget_counts_others_need),
         cmocka_unit_test(test_resume_controller),
         cmocka_unit_test(test_probes_mlp),
         cmocka_unit_test(test_probes_gpt_small),
