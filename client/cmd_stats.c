@@ -126,6 +126,8 @@ static void print_json(const Gradd__StatsResponse *sr)
             json_uint(&w, u->peak);
             json_key(&w, "limit");
             json_uint(&w, u->limit);
+            json_key(&w, "need");
+            json_uint(&w, u->need);
             json_key(&w, "tags");
             json_tags(&w, u->tags, u->n_tags, false);
             json_end_object(&w);
@@ -173,7 +175,7 @@ static void rows(table *t, const char *name, const Gradd__PoolStat *p, bool byte
 
 static void print_pool(const Gradd__PoolStats *p)
 {
-    char a[16], b[16], c[16], d[16];
+    char a[16], b[16], c[16], d[16], e[16];
     printf("%s  cap %s of %s  device free %s  expandable segments %s  max split %s\n", p->device,
            sz(p->cap, a), sz(p->device_total, b), sz(p->device_free, c), p->expandable_segments ? "on" : "off",
            p->max_split_size >= (uint64_t)1 << 60 ? "unlimited" : sz(p->max_split_size, d));
@@ -215,9 +217,9 @@ static void print_pool(const Gradd__PoolStats *p)
     }
     printf("%s\n", shown ? "" : " nothing allocated yet");
     if (p->n_jobs) {
-        static const char *const jhead[] = {"JOB", ">ALLOCATED", ">PEAK", ">LIMIT", "BY TAG"};
+        static const char *const jhead[] = {"JOB", ">ALLOCATED", ">PEAK", ">NEED", ">LIMIT", "BY TAG"};
         table j;
-        table_init(&j, 5, jhead);
+        table_init(&j, 6, jhead);
         for (size_t i = 0; i < p->n_jobs; i++) {
             const Gradd__JobUsage *u = p->jobs[i];
             char tags[512] = "";
@@ -228,6 +230,7 @@ static void print_pool(const Gradd__PoolStats *p)
             table_cell(&j, "%u", u->job);
             table_cell(&j, "%s", sz(u->allocated, b));
             table_cell(&j, "%s", sz(u->peak, c));
+            table_cell(&j, "%s", u->need ? sz(u->need, e) : "-");
             table_cell(&j, "%s", u->limit ? sz(u->limit, d) : "-");
             table_cell(&j, "%s", tags);
         }

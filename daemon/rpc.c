@@ -185,6 +185,7 @@ static void fill_pool_stats(stats_store *s, const char *device_id)
         u->allocated = (uint64_t)ps->jobs[j].current;
         u->peak = (uint64_t)ps->jobs[j].peak;
         u->limit = ps->jobs[j].limit;
+        u->need = ps->jobs[j].need;
         size_t nt = 0;
         for (int t = 0; t < POOL_TAG_COUNT; t++) {
             if (!ps->jobs[j].tag_current[t])

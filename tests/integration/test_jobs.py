@@ -184,6 +184,13 @@ class Jobs(unittest.TestCase):
         self.assertEqual(dev[0][-1], "1", text)
         rows = [l.split() for l in text.splitlines() if l.strip()[:1].isdigit()]
         self.assertEqual([(int(r[0]), r[3]) for r in rows], [(run, "running"), (queued, "queued")], text)
+        # The running job tells the pool what it needs at its micro-batch
+        # (what other jobs' budgets count), which covers what it holds.
+        usage = [u for u in self.d.ctl_json("stats")["pools"][0]["jobs"] if u["job"] == run]
+        self.assertEqual(len(usage), 1)
+        self.assertGreater(usage[0]["need"], 0)
+        self.assertGreaterEqual(usage[0]["need"], usage[0]["allocated"])
+        self.assertIn("NEED", self.d.ctl("stats").stdout)
         r = self.d.ctl("cancel", str(queued))
         self.assertIn("job %d cancelled" % queued, r.stdout)
         self.assertEqual(self.info(queued)["state"], "cancelled")
