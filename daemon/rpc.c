@@ -618,14 +618,29 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         snprintf(cfg->name, sizeof cfg->name, "%s", rq->name);
     if (rq->has_priority)
         cfg->priority = rq->priority;
-    bool have_cuda = false, found = false;
+    bool have_cuda = false, found = false, found_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)
         have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;
-    for (int i = 0; i < ctx->ndev && !found; i++)
-        found = queue_device_matches(cfg->device, ctx->devs[i]->id, ctx->devs[i]->kind == DEV_KIND_CUDA, have_cuda);
+    for (int i = 0; i < ctx->ndev; i++) {
+        bool is_cuda = ctx->devs[i]->kind == DEV_KIND_CUDA;
+        if (queue_device_matches(cfg->device, ctx->devs[i]->id, is_cuda, have_cuda)) {
+            found = true;
+            found_cuda |= is_cuda;
+        }
+    }
     if (!found) {
         snprintf(msg, sizeof msg, "%s: [job] device: no device '%s' on this daemon%s%s", path, cfg->device,
                  ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        goto out;
+    }
+    /* Refused now rather than queued to fail when it starts: the devices
+     * it may run on are all CPUs, which train in fp32 only. */
+    if (cfg->precision != JOBCFG_FP32 && !found_cuda) {
+        snprintf(msg, sizeof msg, "%s: [train] precision: %s needs a CUDA device, and [job] device '%s' runs on a CPU "
+                 "on this daemon (use precision = fp32)%s%s",
+                 path, cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
+                 ctx->cuda_note);
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         goto out;
     }

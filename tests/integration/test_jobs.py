@@ -334,6 +334,17 @@ class Jobs(unittest.TestCase):
         r = self.d.ctl("submit", bad, check=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("[data] train: cannot read /nonexistent/data.txt", r.stderr)
+        # A 16-bit job that could only land on a CPU device would fail when
+        # it starts: refused at submit instead (no GPU in CI; with one,
+        # device = cpu says the same).
+        for prec in ("bf16", "fp16"):
+            with open(bad, "w") as f:
+                f.write(JOB.format(name="x", train=self.train, steps=2, ckpt=0, out=self.dir + "/o")
+                        .replace("[train]", "[train]\nprecision = %s" % prec).replace("[job]", "[job]\ndevice = cpu"))
+            r = self.d.ctl("submit", bad, check=False)
+            self.assertEqual(r.returncode, 1, r.stdout)
+            self.assertIn("%s: [train] precision: %s needs a CUDA device, and [job] device 'cpu' runs on a CPU"
+                          % (bad, prec), r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
 
     # ---- watchers ------------------------------------------------------------------
