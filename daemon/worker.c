@@ -77,6 +77,31 @@ static bool should_stop(void *user)
     return stop;
 }
 
+/* threads = 0 ("all cores") on a daemon that runs more than one CPU job at
+ * a time: each job gets an even share of the cores it may use, rather than
+ * every job's OpenMP threads contending for all of them (two such jobs on
+ * two cores: 3.2 s together, 2.3 s with a core each).  Fixed by the
+ * configuration, not by load, so a job's thread count, and with it its
+ * bits, is the same on every run and resume. */
+static int cpu_slots(const gradd_ctx *ctx)
+{
+    int n = 0;
+    for (int i = 0; i < ctx->ndev; i++)
+        n += ctx->devs[i]->kind == DEV_KIND_CPU;
+    return n * (int)ctx->cfg.max_jobs_per_device;
+}
+
+/* The threads for such a job; 0 where it runs alone (all cores). */
+static int cpu_share(const gradd_ctx *ctx)
+{
+    int slots = cpu_slots(ctx);
+    if (slots <= 1)
+        return 0;
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return cores / slots > 1 ? cores / slots : 1;
+}
+
 static void run_one(worker *w, job *j)
 {
     gradd_ctx *ctx = w->ctx;
@@ -103,7 +128,19 @@ static void run_one(worker *w, job *j)
         snprintf(res.message, sizeof res.message, "%s", err);
     } else {
         train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &r};
-        o = train_run(&j->cfg, ctx->pools[w->dev], k, j->id, &h, &res);
+        const job_config *cfg = &j->cfg;
+        job_config *shared = NULL;
+        int share = d->kind == DEV_KIND_CPU && j->cfg.threads == 0 ? cpu_share(ctx) : 0;
+        if (share && (shared = malloc(sizeof *shared))) {
+            *shared = j->cfg;
+            shared->threads = (uint32_t)share;
+            cfg = shared;
+            if (r.log)
+                fprintf(r.log, "== threads = 0: %d, this job's share of the cores among %d CPU job slots\n", share,
+                        cpu_slots(ctx));
+        }
+        o = train_run(cfg, ctx->pools[w->dev], k, j->id, &h, &res);
+        free(shared);
         access_restore(&saved);
     }
     pool_job_forget(ctx->pools[w->dev], j->id);

@@ -347,6 +347,28 @@ class Jobs(unittest.TestCase):
                           % (bad, prec), r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
 
+    def test_all_cores_shared_among_cpu_slots(self):
+        # threads = 0 with two CPU job slots: each job gets half the cores
+        # (OpenMP threads of two jobs on the same cores stall each other).
+        self.start("[cpu]\ndevices = 2\n")
+        cfg = self.job("share", steps=3)
+        with open(cfg) as f:
+            text = f.read().replace("threads = 1\n", "")
+        with open(cfg, "w") as f:
+            f.write(text)
+        jid = self.submit(cfg)
+        self.assertEqual(self.wait_state(jid, ("completed", "failed"))["state"], "completed")
+        share = max(1, len(os.sched_getaffinity(0)) // 2)
+        self.assertIn("threads = 0: %d, this job's share of the cores among 2 CPU job slots" % share,
+                      self.d.ctl("logs", str(jid)).stdout)
+        # One slot: all cores, nothing said.
+        self.d.stop()
+        self.d.cleanup()
+        self.start("[cpu]\ndevices = 1\n")
+        jid = self.submit(cfg)
+        self.assertEqual(self.wait_state(jid, ("completed", "failed"))["state"], "completed")
+        self.assertNotIn("share of the cores", self.d.ctl("logs", str(jid)).stdout)
+
     # ---- watchers ------------------------------------------------------------------
 
     def test_watcher_hanging_up_does_not_disturb_the_job(self):
