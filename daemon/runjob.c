@@ -96,10 +96,13 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
     }
     runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
     stop_requested = 0;
-    struct sigaction sa = {0}, old_int, old_term;
+    /* SIGHUP too: a closed terminal stops the run with a checkpoint, as
+     * ^C does, instead of losing the steps since the last one. */
+    struct sigaction sa = {0}, old_int, old_term, old_hup;
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup);
 
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
@@ -133,5 +136,6 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
      * before it has said that it finished and where its outputs are. */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGHUP, &old_hup, NULL);
     return rc;
 }

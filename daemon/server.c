@@ -830,9 +830,13 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
      * telling us to stop, and SIGTERM must then mean a clean shutdown. */
     uv_signal_init(&s->loop, &s->sig_term);
     uv_signal_init(&s->loop, &s->sig_int);
-    s->sig_term.data = s->sig_int.data = s;
+    uv_signal_init(&s->loop, &s->sig_hup);
+    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
+    /* The terminal gradd ran in went away: stop as cleanly as on SIGTERM
+     * (running jobs checkpoint), rather than die on the default action. */
+    uv_signal_start(&s->sig_hup, on_signal, SIGHUP);
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
     uv_async_init(&s->loop, &s->notify, on_notify);
@@ -840,6 +844,7 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
     if (bind_socket(s, path, err, err_len) != 0) {
         uv_close((uv_handle_t *)&s->sig_term, NULL);
         uv_close((uv_handle_t *)&s->sig_int, NULL);
+        uv_close((uv_handle_t *)&s->sig_hup, NULL);
         uv_close((uv_handle_t *)&s->tick, NULL);
         uv_close((uv_handle_t *)&s->notify, NULL);
         uv_run(&s->loop, UV_RUN_DEFAULT);
@@ -885,6 +890,7 @@ void server_stop(server *s)
     uv_close((uv_handle_t *)&s->listener, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);
     uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->sig_hup, NULL);
     uv_close((uv_handle_t *)&s->tick, NULL);
     /* Workers may still report while they checkpoint: stop them from
      * touching the loop before its handle goes away. */

@@ -19,7 +19,7 @@ typedef struct server_conn server_conn;
 typedef struct server {
     uv_loop_t loop;
     uv_pipe_t listener;
-    uv_signal_t sig_term, sig_int;
+    uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;
     uv_async_t notify; /* workers: a job changed; push to watchers */
     gradd_ctx *ctx;

@@ -90,7 +90,8 @@ class Unreachable(unittest.TestCase):
 
 class Lifecycle(unittest.TestCase):
     def test_sigterm_and_sigint_unlink_socket(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too (the terminal closed): a clean stop, not the default death.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             d = Daemon()
             try:
                 # An idle client must not hold the shutdown up.

@@ -163,6 +163,20 @@ class Run(unittest.TestCase):
         strip = lambda l: {k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "step_ms")}
         self.assertEqual([strip(l) for l in la], [strip(l) for l in lb])
 
+    def test_sighup_stops_with_a_checkpoint(self):
+        # The terminal went away: as ^C, not the default death.
+        cfg, out = self.job("hup", steps=150)
+        p = subprocess.Popen([GRADD, "run", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_logged(os.path.join(out, "metrics.jsonl"), 4, 0.01)
+        p.send_signal(signal.SIGHUP)
+        stdout, stderr = p.communicate(timeout=120)
+        if p.returncode == 0:
+            self.skipTest("the run finished before the signal arrived")
+        self.assertEqual(p.returncode, 130, stderr)
+        self.assertIn("run the same command again to resume", stdout)
+        with safe_open(os.path.join(out, "resume.safetensors"), "np") as f:
+            self.assertEqual(f.metadata()["step"], stdout.split("stopped at step ")[1].split(";")[0])
+
     def test_kill9_tensorboard_sees_each_step_once(self):
         # kill -9 after step 5 of a run that checkpoints every 3: steps 4-5
         # were logged but are redone by the resumed run.  Its event file
