@@ -260,6 +260,59 @@ void queue_save_unsaved(queue *q)
     pthread_mutex_unlock(&q->lock);
 }
 
+/* A job directory and the files in it (it has no subdirectories).  0, or
+ * -1 with errno. */
+static int remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+            unlinkat(dirfd(d), e->d_name, 0) != 0 && errno != ENOENT)
+            rc = -1;
+    int e_saved = errno;
+    closedir(d);
+    if (rc == 0 && rmdir(dir) != 0)
+        return -1;
+    errno = e_saved;
+    return rc;
+}
+
+int queue_remove(queue *q, uint32_t id, char *err, size_t err_len)
+{
+    job *j = queue_find(q, id);
+    if (!j) {
+        snprintf(err, err_len, "no job %u", id);
+        return -1;
+    }
+    if (j->state == JOB_QUEUED || j->state == JOB_RUNNING) {
+        snprintf(err, err_len, "job %u is %s; cancel it first", id, job_state_name(j->state));
+        return -1;
+    }
+    /* Out of the way in one step, then emptied: a crash in between leaves a
+     * tombstone that the next start clears, never half a job. */
+    char dir[PATH_MAX + 16], tomb[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s/%u", q->dir, id);
+    snprintf(tomb, sizeof tomb, "%s/" QUEUE_TOMB "%u", q->dir, id);
+    if (rename(dir, tomb) != 0 && errno != ENOENT) {
+        snprintf(err, err_len, "cannot remove %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    fsync_dir(q->dir);
+    if (remove_tree(tomb) != 0)
+        log_warn("queue: cannot finish removing %s: %s; the next start will", tomb, strerror(errno));
+    size_t i = 0;
+    while (q->jobs[i] != j)
+        i++;
+    memmove(&q->jobs[i], &q->jobs[i + 1], (q->n - i - 1) * sizeof q->jobs[0]);
+    q->n--;
+    free(j);
+    return 0;
+}
+
 /* ---- loading --------------------------------------------------------------------------- */
 
 /* Far more than any state file queue_persist writes (a few KiB at most). */
@@ -438,14 +491,24 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     }
     struct dirent *e;
     while ((e = readdir(d))) {
+        /* A removal that a crash cut short: finish it.  Its id stays used. */
+        bool tomb = strncmp(e->d_name, QUEUE_TOMB, strlen(QUEUE_TOMB)) == 0;
+        const char *num = tomb ? e->d_name + strlen(QUEUE_TOMB) : e->d_name;
         char *end;
-        unsigned long id = strtoul(e->d_name, &end, 10);
-        if (*end || end == e->d_name || id == 0 || id > UINT32_MAX)
+        unsigned long id = strtoul(num, &end, 10);
+        if (*end || end == num || id == 0 || id > UINT32_MAX)
             continue;
         /* The directory takes its id even when the job in it is unusable:
          * a new job must not be given the same one. */
         if (id >= q->next_id)
             q->next_id = (uint64_t)id + 1;
+        if (tomb) {
+            char path[PATH_MAX + 64];
+            snprintf(path, sizeof path, "%s/%s", q->dir, e->d_name);
+            if (remove_tree(path) != 0)
+                log_warn("queue: cannot finish removing %s: %s", path, strerror(errno));
+            continue;
+        }
         job *j = load_job(q, (uint32_t)id);
         if (j && table_add(q, j) != 0)
             free(j);

@@ -125,6 +125,15 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
  * queue_parse_state. */
 int queue_parse_next_id(const char *buf, size_t len, uint64_t *out, char *err, size_t err_len);
 
+/* Forget finished job `id`: its directory (job file, state, log) is
+ * deleted and it leaves the table (the pointer is freed); its id is never
+ * given again, and its output directory, the owner's, is untouched.  Lock
+ * held.  0, or -1 with err (no such job, not finished, or the directory
+ * could not be moved). */
+int queue_remove(queue *q, uint32_t id, char *err, size_t err_len);
+/* What a job directory is renamed to while queue_remove empties it. */
+#define QUEUE_TOMB ".removed-"
+
 /* Persist every job marked unsaved (takes the lock; on the daemon's own
  * identity, from the event loop when a worker notifies).  Failures are
  * logged. */

@@ -774,6 +774,38 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
     queue_notify(ctx->q);
 }
 
+static void do_remove(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
+{
+    job *j = locked_job(ctx, id, send, conn);
+    if (!j)
+        return;
+    char msg[512], name[sizeof j->name];
+    if (j->uid != peer->uid && !access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group)) {
+        snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may remove it", id,
+                 j->user, ctx->cfg.admin_group);
+        pthread_mutex_unlock(&ctx->q->lock);
+        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        return;
+    }
+    snprintf(name, sizeof name, "%s", j->name);
+    int rc = queue_remove(ctx->q, id, msg, sizeof msg);
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (rc != 0) {
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        return;
+    }
+    log_job(LOG_INFO, id, NULL, "job %u (%s) removed by uid %u", id, name, (unsigned)peer->uid);
+    Gradd__RemoveResponse rr;
+    gradd__remove_response__init(&rr);
+    rr.id = id;
+    rr.name = name;
+    Gradd__Response resp;
+    response_init(&resp);
+    resp.body_case = GRADD__RESPONSE__BODY_REMOVE;
+    resp.remove = &rr;
+    send(conn, &resp);
+}
+
 static void do_logs(gradd_ctx *ctx, uint32_t id, rpc_send_fn send, void *conn)
 {
     job *j = locked_job(ctx, id, send, conn);
@@ -973,6 +1005,9 @@ void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *re
     }
     case GRADD__REQUEST__BODY_CANCEL:
         do_cancel(ctx, peer, req->cancel->id, send, conn);
+        return;
+    case GRADD__REQUEST__BODY_REMOVE:
+        do_remove(ctx, peer, req->remove->id, send, conn);
         return;
     case GRADD__REQUEST__BODY_LOGS:
         do_logs(ctx, req->logs->id, send, conn);

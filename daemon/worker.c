@@ -171,12 +171,17 @@ static void run_one(worker *w, job *j)
     char perr[512];
     if (queue_persist(q, j, perr, sizeof perr) != 0)
         log_job(LOG_ERR, j->id, d->id, "job %u: cannot record its state: %s", j->id, perr);
+    /* Said from copies: once the lock is let go a finished job may be
+     * removed (gradctl rm) and freed. */
+    uint32_t id = j->id;
+    char outcome[1200], name[sizeof j->name];
+    snprintf(outcome, sizeof outcome, "%s%s%s", job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
+    snprintf(name, sizeof name, "%s", j->name);
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
-    log_job(LOG_INFO, j->id, d->id, "job %u (%s) on %s: %s%s%s", j->id, j->name, d->id, job_state_name(j->state), j->reason[0] ? ": " : "",
-             j->reason);
+    log_job(LOG_INFO, id, d->id, "job %u (%s) on %s: %s", id, name, d->id, outcome);
     if (r.log) {
-        fprintf(r.log, "== job %u %s%s%s\n", j->id, job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
+        fprintf(r.log, "== job %u %s\n", id, outcome);
         fclose(r.log);
     }
 }

@@ -301,6 +301,11 @@ class Jobs(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("only its owner, root or group", r.stderr)
         self.assertEqual(self.info(jid)["state"], "running")
+        r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "rm", str(jid)],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("only its owner, root or group", r.stderr)
+        self.assertIn("may remove it", r.stderr)
         # Anyone may list and watch.
         r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "--json", "list"],
                            capture_output=True, text=True, timeout=30)
@@ -346,6 +351,32 @@ class Jobs(unittest.TestCase):
             self.assertIn("%s: [train] precision: %s needs a CUDA device, and [job] device 'cpu' runs on a CPU"
                           % (bad, prec), r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
+
+    def test_rm_forgets_a_finished_job(self):
+        self.start()
+        done = self.submit(self.job("done", steps=3))
+        self.assertEqual(self.wait_state(done, ("completed",))["state"], "completed")
+        out = self.info(done)["out_dir"]
+        running = self.submit(self.job("busy", steps=100000))
+        self.wait_step(running, 1)
+        r = self.d.ctl("rm", str(running), check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job %d is running; cancel it first" % running, r.stderr)
+        r = self.d.ctl("rm", str(done))
+        self.assertEqual(r.stdout, "job %d removed (done)\n" % done)
+        self.assertEqual([x["id"] for x in self.d.ctl_json("list")["jobs"]], [running])
+        self.assertFalse(os.path.exists(os.path.join(self.state, "jobs", str(done))))
+        # Its outputs are the owner's, and stay.
+        self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
+        r = self.d.ctl("rm", str(done), check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no job %d" % done, r.stderr)
+        self.d.ctl("cancel", str(running))
+        self.wait_state(running, ("cancelled",))
+        # Gone after a restart too, and its id is not given again.
+        self.restart()
+        self.assertEqual([x["id"] for x in self.d.ctl_json("list")["jobs"]], [running])
+        self.assertEqual(self.submit(self.job("next", steps=2)), running + 1)
 
     def test_all_cores_shared_among_cpu_slots(self):
         # threads = 0 with two CPU job slots: each job gets half the cores

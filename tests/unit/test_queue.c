@@ -579,6 +579,63 @@ static void test_open_without_job_file(void **state)
     queue_close(&q);
 }
 
+/* A finished job is removed whole, its id stays used, and a removal a
+ * crash cut short (the tombstone) is finished at the next open. */
+static void test_remove(void **state)
+{
+    (void)state;
+    char jobs[128], path[256], err[256];
+    snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
+    assert_int_equal(mkdir(jobs, 0700), 0);
+    size_t len;
+    for (uint32_t id = 1; id <= 3; id++) {
+        job j;
+        base_job(&j, id);
+        if (id == 2)
+            j.state = JOB_QUEUED;
+        char *t = queue_format_state(&j, &len);
+        put_job(jobs, id, t, len);
+        free(t);
+    }
+    snprintf(path, sizeof path, "%s/1/log", jobs);
+    put_file(path, "step 1\n", 7);
+
+    queue q;
+    open_capturing(&q);
+    assert_int_equal(q.n, 3);
+    assert_int_equal(queue_remove(&q, 1, err, sizeof err), 0);
+    assert_null(queue_find(&q, 1));
+    assert_int_equal(q.n, 2);
+    snprintf(path, sizeof path, "%s/1", jobs);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/.removed-1", jobs);
+    assert_int_not_equal(access(path, F_OK), 0);
+    /* Queued (here: failed at restart, its job.cfg missing, so finished)
+     * vs not there at all. */
+    assert_int_equal(queue_remove(&q, 1, err, sizeof err), -1);
+    assert_string_equal(err, "no job 1");
+    job *three = queue_find(&q, 3);
+    three->state = JOB_RUNNING;
+    assert_int_equal(queue_remove(&q, 3, err, sizeof err), -1);
+    assert_string_equal(err, "job 3 is running; cancel it first");
+    three->state = JOB_COMPLETED;
+    assert_int_equal(q.next_id, 4);
+    queue_close(&q);
+
+    /* A crash between the rename and the emptying: the tombstone holds
+     * files; the next open removes it, and its id is not given again. */
+    snprintf(path, sizeof path, "%s/.removed-9", jobs);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/.removed-9/log", jobs);
+    put_file(path, "x\n", 2);
+    open_capturing(&q);
+    snprintf(path, sizeof path, "%s/.removed-9", jobs);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(q.n, 2);
+    assert_true(q.next_id >= 10);
+    queue_close(&q);
+}
+
 /* One queue per state dir: a second open is refused, naming the holder,
  * and succeeds once the first is closed. */
 static void test_state_dir_locked(void **state)
@@ -649,6 +706,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_without_job_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ids_run_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_state_dir_locked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
