@@ -763,8 +763,8 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
         /* The worker stops at the next micro-step and checkpoints. */
         j->cancel_requested = true;
     } else {
-        pthread_mutex_unlock(&ctx->q->lock);
         snprintf(msg, sizeof msg, "job %u is already %s", id, job_state_name(j->state));
+        pthread_mutex_unlock(&ctx->q->lock);
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         return;
     }
