@@ -575,6 +575,22 @@ static job *locked_job(gradd_ctx *ctx, uint32_t id, rpc_send_fn send, void *conn
     return j;
 }
 
+/* locked_job, for a change only its owner, root or the admin group may
+ * make (`verb`): NULL, unlocked and answered, for anyone else. */
+static job *owned_job(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, const char *verb, rpc_send_fn send,
+                      void *conn)
+{
+    job *j = locked_job(ctx, id, send, conn);
+    if (!j || j->uid == peer->uid || access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group))
+        return j;
+    char msg[256];
+    snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may %s it", id, j->user,
+             ctx->cfg.admin_group, verb);
+    pthread_mutex_unlock(&ctx->q->lock);
+    send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+    return NULL;
+}
+
 static void user_name(uid_t uid, char *buf, size_t len)
 {
     struct passwd pw, *res = NULL;
@@ -741,17 +757,10 @@ static double now_unix(void)
 
 static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
 {
-    job *j = locked_job(ctx, id, send, conn);
+    job *j = owned_job(ctx, peer, id, "cancel", send, conn);
     if (!j)
         return;
     char msg[256];
-    if (j->uid != peer->uid && !access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group)) {
-        pthread_mutex_unlock(&ctx->q->lock);
-        snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may cancel it", id,
-                 j->user, ctx->cfg.admin_group);
-        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
-        return;
-    }
     if (j->state == JOB_QUEUED) {
         j->state = JOB_CANCELLED;
         j->finished_at = now_unix();
@@ -776,17 +785,10 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
 
 static void do_remove(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
 {
-    job *j = locked_job(ctx, id, send, conn);
+    job *j = owned_job(ctx, peer, id, "remove", send, conn);
     if (!j)
         return;
     char msg[512], name[sizeof j->name];
-    if (j->uid != peer->uid && !access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group)) {
-        snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may remove it", id,
-                 j->user, ctx->cfg.admin_group);
-        pthread_mutex_unlock(&ctx->q->lock);
-        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
-        return;
-    }
     snprintf(name, sizeof name, "%s", j->name);
     int rc = queue_remove(ctx->q, id, msg, sizeof msg);
     pthread_mutex_unlock(&ctx->q->lock);

@@ -89,6 +89,19 @@ class Run(unittest.TestCase):
             raise AssertionError("gradd run -> %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr))
         return r
 
+    def interrupt(self, cfg, out, sig):
+        """gradd run cfg, sent sig once four steps are logged: it must stop
+        with a checkpoint (exit 130).  The step it stopped at."""
+        p = subprocess.Popen([GRADD, "run", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_logged(os.path.join(out, "metrics.jsonl"), 4, 0.01)
+        p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=120)
+        if p.returncode == 0:
+            self.skipTest("the run finished before the signal arrived")
+        self.assertEqual(p.returncode, 130, stderr)
+        self.assertIn("run the same command again to resume", stdout)
+        return int(stdout.split("stopped at step ")[1].split(";")[0])
+
     def test_outputs_read_by_their_consumers(self):
         cfg, out = self.job("outputs")
         r = self.run_gradd(cfg)
@@ -142,17 +155,7 @@ class Run(unittest.TestCase):
         cfg_a, out_a = self.job("straight", steps=steps)
         self.run_gradd(cfg_a)
         cfg_b, out_b = self.job("interrupted", steps=steps)
-        p = subprocess.Popen([GRADD, "run", cfg_b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Interrupt once a few steps are logged.
-        wait_logged(os.path.join(out_b, "metrics.jsonl"), 4, 0.01)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=120)
-        if p.returncode == 0:
-            self.skipTest("the run finished before the interrupt arrived")
-        self.assertEqual(p.returncode, 130, err)
-        self.assertIn("run the same command again to resume", out)
-        stopped = int(out.split("stopped at step ")[1].split(";")[0])
-        self.assertLess(stopped, steps)
+        self.assertLess(self.interrupt(cfg_b, out_b, signal.SIGINT), steps)
         r = self.run_gradd(cfg_b)
         self.assertIn("done: %d steps" % steps, r.stdout)
         with open(os.path.join(out_a, "model.safetensors"), "rb") as a, \
@@ -166,16 +169,9 @@ class Run(unittest.TestCase):
     def test_sighup_stops_with_a_checkpoint(self):
         # The terminal went away: as ^C, not the default death.
         cfg, out = self.job("hup", steps=150)
-        p = subprocess.Popen([GRADD, "run", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_logged(os.path.join(out, "metrics.jsonl"), 4, 0.01)
-        p.send_signal(signal.SIGHUP)
-        stdout, stderr = p.communicate(timeout=120)
-        if p.returncode == 0:
-            self.skipTest("the run finished before the signal arrived")
-        self.assertEqual(p.returncode, 130, stderr)
-        self.assertIn("run the same command again to resume", stdout)
+        stopped = self.interrupt(cfg, out, signal.SIGHUP)
         with safe_open(os.path.join(out, "resume.safetensors"), "np") as f:
-            self.assertEqual(f.metadata()["step"], stdout.split("stopped at step ")[1].split(";")[0])
+            self.assertEqual(int(f.metadata()["step"]), stopped)
 
     def test_kill9_tensorboard_sees_each_step_once(self):
         # kill -9 after step 5 of a run that checkpoints every 3: steps 4-5
