@@ -718,6 +718,12 @@ static int bind_socket(server *s, const char *path, char *err, size_t err_len)
         log_debug("socket %s stays in its current group: %s", path, strerror(errno));
     int lrc = link(tmp, path);
     e = errno;
+    if (lrc != 0 && (e == EPERM || e == EOPNOTSUPP || e == ENOSYS)) {
+        /* A filesystem without hard links: rename, which replaces what is
+         * there, after the probe above found nothing live at path. */
+        lrc = rename(tmp, path);
+        e = errno;
+    }
     unlink(tmp);
     if (lrc != 0) {
         if (e == EEXIST)
