@@ -818,8 +818,12 @@ static void evaluate(run *r)
     double loss = 0;
     uint64_t units = 0, correct = 0, samples = 0;
     uint32_t upb = r->m->ops->units_per_sample(r->m);
-    for (uint32_t b = 0; r->j->eval_batches == 0 || b < r->j->eval_batches; b++) {
-        size_t n = next_batch(r, r->micro, true);
+    /* eval_batches counts effective batches, run in micro-batches: the set
+     * is the same whatever the micro-batch (which tuning chooses by speed),
+     * so validation losses compare across runs and across size changes. */
+    uint64_t want = r->j->eval_batches ? (uint64_t)r->j->eval_batches * r->j->batch : UINT64_MAX;
+    while (samples < want) {
+        size_t n = next_batch(r, want - samples < r->micro ? (uint32_t)(want - samples) : r->micro, true);
         if (n == 0)
             break;
         model_batch mb = {r->x, r->y, (uint32_t)n};
