@@ -25,7 +25,7 @@ static int run(ctl *c, int argc, char **argv);
 
 const ctl_cmd cmd_submit = {
     .name = "submit",
-    .args = "FILE [--name NAME] [--priority P]",
+    .args = "FILE|- [--name NAME] [--priority P]",
     .summary = "check a job file and queue it",
     .run = run,
 };
@@ -34,13 +34,15 @@ const ctl_cmd cmd_submit = {
  * 0, or -1 after printing why. */
 static int read_job_file(const char *path, uint8_t **out, size_t *out_len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* "-": standard input (a script's generated job), read to its end. */
+    bool in = strcmp(path, "-") == 0;
+    int fd = in ? dup(STDIN_FILENO) : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         fprintf(stderr, "gradctl submit: %s: cannot open: %s\n", path, strerror(errno));
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (!in && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
         fprintf(stderr, "gradctl submit: %s: not a regular file\n", path);
         close(fd);
         return -1;
@@ -139,22 +141,35 @@ static int run(ctl *c, int argc, char **argv)
     size_t len;
     if (read_job_file(path, &contents, &len) != 0)
         return CTL_ERR_USAGE;
+    /* Where the job came from: it names the file in messages and anchors
+     * relative paths.  From standard input that is "(stdin)" in the
+     * current directory, so relative paths mean what they do in the shell
+     * that piped it. */
+    char abs[PATH_MAX + 16];
+    bool in = strcmp(path, "-") == 0;
+    if (in) {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) {
+            fprintf(stderr, "gradctl submit: the current directory: %s\n", strerror(errno));
+            free(contents);
+            return CTL_ERR_USAGE;
+        }
+        snprintf(abs, sizeof abs, "%s/(stdin)", strcmp(cwd, "/") == 0 ? "" : cwd);
+    } else if (!realpath(path, abs)) {
+        fprintf(stderr, "gradctl submit: %s: %s\n", path, strerror(errno));
+        free(contents);
+        return CTL_ERR_USAGE;
+    }
     /* The message names FILE:LINE: [section] key, as the user wrote FILE. */
     char err[PATH_MAX + 512];
     job_config *cfg = malloc(sizeof *cfg);
-    if (!cfg || jobcfg_load_mem(contents, len, path, cfg, err, sizeof err) != 0) {
+    if (!cfg || jobcfg_load_mem(contents, len, in ? abs : path, cfg, err, sizeof err) != 0) {
         fprintf(stderr, "gradctl submit: %s\n", cfg ? err : "out of memory");
         free(cfg);
         free(contents);
         return CTL_ERR_USAGE;
     }
     free(cfg);
-    char abs[PATH_MAX];
-    if (!realpath(path, abs)) {
-        fprintf(stderr, "gradctl submit: %s: %s\n", path, strerror(errno));
-        free(contents);
-        return CTL_ERR_USAGE;
-    }
     sr.path = abs;
     sr.contents.data = contents;
     sr.contents.len = len;

@@ -352,6 +352,25 @@ class Jobs(unittest.TestCase):
                           % (bad, prec), r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
 
+    def test_submit_from_stdin(self):
+        # A generated job piped in: relative paths mean what they do in the
+        # shell that piped it, and messages name "(stdin)" there.
+        self.start()
+        text = JOB.format(name="piped", train=os.path.basename(self.train), steps=2, ckpt=0, out="rel-out")
+        r = subprocess.run([GRADCTL, "-s", self.d.sock, "submit", "-"], input=text, capture_output=True, text=True,
+                           timeout=60, cwd=os.path.dirname(self.train))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        jid = int(r.stdout.split()[1])
+        j = self.wait_state(jid, ("completed", "failed"))
+        self.assertEqual(j["state"], "completed", j["reason"])
+        base = os.path.realpath(os.path.dirname(self.train))
+        self.assertEqual(j["out_dir"], os.path.join(base, "rel-out"))
+        self.assertEqual(j["job_file"], os.path.join(base, "(stdin)"))
+        r = subprocess.run([GRADCTL, "-s", self.d.sock, "submit", "-"], input="[model]\ntype = gpt\nlayers = x\n",
+                           capture_output=True, text=True, timeout=60, cwd=base)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("%s/(stdin):3: [model] layers: 'x' is not a whole number" % base, r.stderr)
+
     def test_rm_forgets_a_finished_job(self):
         self.start()
         done = self.submit(self.job("done", steps=3))
