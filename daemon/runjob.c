@@ -97,12 +97,15 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
     runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
     stop_requested = 0;
     /* SIGHUP too: a closed terminal stops the run with a checkpoint, as
-     * ^C does, instead of losing the steps since the last one. */
+     * ^C does, instead of losing the steps since the last one.  Not when
+     * it is ignored: `nohup gradd run` asks to outlive the terminal. */
     struct sigaction sa = {0}, old_int, old_term, old_hup;
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup);
+    sigaction(SIGHUP, NULL, &old_hup);
+    if (old_hup.sa_handler != SIG_IGN)
+        sigaction(SIGHUP, &sa, NULL);
 
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);

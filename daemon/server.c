@@ -841,8 +841,11 @@ int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t e
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
     /* The terminal gradd ran in went away: stop as cleanly as on SIGTERM
-     * (running jobs checkpoint), rather than die on the default action. */
-    uv_signal_start(&s->sig_hup, on_signal, SIGHUP);
+     * (running jobs checkpoint), rather than die on the default action.
+     * Not when it is ignored: `nohup gradd` asks to outlive the terminal. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
+        uv_signal_start(&s->sig_hup, on_signal, SIGHUP);
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
     uv_async_init(&s->loop, &s->notify, on_notify);

@@ -104,6 +104,27 @@ class Lifecycle(unittest.TestCase):
             finally:
                 d.cleanup()
 
+    def test_nohup_daemon_ignores_sighup(self):
+        # Started under nohup, gradd keeps serving when the terminal goes.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "g.sock")
+            p = subprocess.Popen([GRADD, "-s", path, "--state-dir", tmp + "/state"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL,
+                                 preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+            try:
+                deadline = time.time() + 20
+                while not os.path.exists(path):
+                    self.assertLess(time.time(), deadline, "no socket")
+                    time.sleep(0.02)
+                p.send_signal(signal.SIGHUP)
+                time.sleep(0.3)
+                self.assertIsNone(p.poll())
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                    c.connect(path)
+            finally:
+                p.terminate()
+                self.assertEqual(p.wait(timeout=30), 0)
+
     def test_stale_socket_replaced(self):
         d = Daemon()
         try:

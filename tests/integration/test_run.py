@@ -172,6 +172,15 @@ class Run(unittest.TestCase):
         stopped = self.interrupt(cfg, out, signal.SIGHUP)
         with safe_open(os.path.join(out, "resume.safetensors"), "np") as f:
             self.assertEqual(int(f.metadata()["step"]), stopped)
+        # Under nohup (SIGHUP ignored) it is not a stop: the run goes on.
+        cfg, out = self.job("nohup", steps=150)
+        p = subprocess.Popen([GRADD, "run", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        wait_logged(os.path.join(out, "metrics.jsonl"), 4, 0.01)
+        p.send_signal(signal.SIGHUP)
+        stdout, stderr = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, stderr)
+        self.assertIn("done: 150 steps", stdout)
 
     def test_kill9_tensorboard_sees_each_step_once(self):
         # kill -9 after step 5 of a run that checkpoints every 3: steps 4-5
