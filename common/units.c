@@ -110,8 +110,10 @@ int units_parse_duration_ms(const char *text, uint64_t *out_ms, char *err, size_
         mult = 60e3;
     else if (strcmp(s, "h") == 0)
         mult = 3600e3;
+    else if (strcmp(s, "d") == 0)
+        mult = 86400e3;
     else {
-        snprintf(err, err_len, "'%s' has an unknown unit (use ms, s, m or h)", text);
+        snprintf(err, err_len, "'%s' has an unknown unit (use ms, s, m, h or d)", text);
         return -1;
     }
     double ms = v * mult;

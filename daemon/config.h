@@ -40,6 +40,7 @@ typedef struct gradd_config {
     char state_dir[PATH_MAX];   /* empty: the default for this user */
     uint64_t max_frame;
     uint64_t client_timeout_ms;
+    uint64_t keep_finished_ms; /* 0: keep finished jobs for good */
     uint64_t max_clients;
     char admin_group[64];
     char log_level[16];

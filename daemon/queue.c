@@ -313,6 +313,34 @@ int queue_remove(queue *q, uint32_t id, char *err, size_t err_len)
     return 0;
 }
 
+size_t queue_prune(queue *q, double now, double max_age)
+{
+    size_t gone = 0;
+    for (size_t i = 0; i < q->n;) {
+        job *j = q->jobs[i];
+        bool done = j->state != JOB_QUEUED && j->state != JOB_RUNNING;
+        if (!done || j->prune_failed || j->finished_at <= 0 || now - j->finished_at <= max_age) {
+            i++;
+            continue;
+        }
+        uint32_t id = j->id;
+        double age = now - j->finished_at;
+        char name[sizeof j->name], err[512];
+        snprintf(name, sizeof name, "%s", j->name);
+        if (queue_remove(q, id, err, sizeof err) != 0) {
+            /* Said once: the next try is at the next start. */
+            j->prune_failed = true;
+            log_job(LOG_WARN, id, NULL, "queue: job %u is past [daemon] keep_finished but stays: %s", id, err);
+            i++;
+            continue;
+        }
+        log_job(LOG_INFO, id, NULL, "queue: job %u (%s) forgotten %.0f s after it ended ([daemon] keep_finished)", id,
+                name, age);
+        gone++;
+    }
+    return gone;
+}
+
 /* ---- loading --------------------------------------------------------------------------- */
 
 /* Far more than any state file queue_persist writes (a few KiB at most). */

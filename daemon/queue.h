@@ -55,6 +55,7 @@ typedef struct job {
                      cannot write the state dir: queue_save_unsaved does;
                      set q->any_unsaved with it */
     bool cancel_requested;
+    bool prune_failed; /* queue_prune could not remove it: not tried again */
     bool have_progress;
     train_progress prog;
     uint64_t version; /* bumped on every change a watcher should see */
@@ -131,6 +132,9 @@ int queue_parse_next_id(const char *buf, size_t len, uint64_t *out, char *err, s
  * held.  0, or -1 with err (no such job, not finished, or the directory
  * could not be moved). */
 int queue_remove(queue *q, uint32_t id, char *err, size_t err_len);
+/* queue_remove every job that finished more than max_age seconds before
+ * `now` (unix seconds); each is logged.  Lock held.  How many went. */
+size_t queue_prune(queue *q, double now, double max_age);
 /* What a job directory is renamed to while queue_remove empties it. */
 #define QUEUE_TOMB ".removed-"
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -819,6 +820,13 @@ static void on_tick(uv_timer_t *t)
      * also run on idle devices, where no worker calls pool_tick. */
     for (int i = 0; i < s->ctx->ndev; i++)
         pool_tick(s->ctx->pools[i], 0);
+    if (s->ctx->q && s->ctx->cfg.keep_finished_ms) {
+        pthread_mutex_lock(&s->ctx->q->lock);
+        size_t gone = queue_prune(s->ctx->q, (double)time(NULL), (double)s->ctx->cfg.keep_finished_ms / 1e3);
+        pthread_mutex_unlock(&s->ctx->q->lock);
+        if (gone)
+            queue_notify(s->ctx->q);
+    }
     if (s->ctx->q)
         svc_status_update(s);
 }

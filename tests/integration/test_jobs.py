@@ -397,6 +397,24 @@ class Jobs(unittest.TestCase):
         self.assertEqual([x["id"] for x in self.d.ctl_json("list")["jobs"]], [running])
         self.assertEqual(self.submit(self.job("next", steps=2)), running + 1)
 
+    def test_keep_finished_forgets_old_jobs(self):
+        # [daemon] keep_finished = 1s: a finished job goes about a second
+        # after it ends, as gradctl rm; a running one stays.
+        self.start("[daemon]\nkeep_finished = 1s\n")
+        done = self.submit(self.job("short", steps=2))
+        self.wait_state(done, ("completed",))
+        busy = self.submit(self.job("long", steps=100000))
+        deadline = time.time() + 30
+        while done in [x["id"] for x in self.d.ctl_json("list")["jobs"]]:
+            self.assertLess(time.time(), deadline, "job %d was never forgotten" % done)
+            time.sleep(0.1)
+        self.assertFalse(os.path.exists(os.path.join(self.state, "jobs", str(done))))
+        self.assertIn("job %d (short) forgotten" % done, self.d.read_log())
+        self.assertIn("[daemon] keep_finished", self.d.read_log())
+        self.assertEqual(self.info(busy)["state"], "running")
+        self.d.ctl("cancel", str(busy))
+        self.wait_state(busy, ("cancelled",))
+
     def test_all_cores_shared_among_cpu_slots(self):
         # threads = 0 with two CPU job slots: each job gets half the cores
         # (OpenMP threads of two jobs on the same cores stall each other).

@@ -636,6 +636,43 @@ static void test_remove(void **state)
     queue_close(&q);
 }
 
+/* keep_finished: only jobs that ended more than max_age ago go; queued and
+ * running ones stay whatever their age. */
+static void test_prune(void **state)
+{
+    (void)state;
+    char jobs[128];
+    snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
+    assert_int_equal(mkdir(jobs, 0700), 0);
+    size_t len;
+    for (uint32_t id = 1; id <= 3; id++) {
+        job j;
+        base_job(&j, id); /* finished at 1712345680.125 */
+        char *t = queue_format_state(&j, &len);
+        put_job(jobs, id, t, len);
+        free(t);
+    }
+    queue q;
+    open_capturing(&q);
+    /* Their job.cfg is missing, so they load as finished; make 2 a live one. */
+    queue_find(&q, 2)->state = JOB_RUNNING;
+    queue_find(&q, 3)->finished_at += 100;
+    double t0 = 1712345680.125;
+    assert_int_equal(queue_prune(&q, t0 + 50, 60), 0);
+    logged[0] = '\0';
+    log_set_sink(capture, NULL);
+    assert_int_equal(queue_prune(&q, t0 + 70, 60), 1);
+    log_set_sink(NULL, NULL);
+    expect_logged("queue: job 1 (tiny) forgotten 70 s after it ended ([daemon] keep_finished)");
+    assert_null(queue_find(&q, 1));
+    assert_non_null(queue_find(&q, 2));
+    assert_non_null(queue_find(&q, 3));
+    assert_int_equal(queue_prune(&q, t0 + 1e6, 60), 1);
+    assert_int_equal(q.n, 1);
+    assert_non_null(queue_find(&q, 2));
+    queue_close(&q);
+}
+
 /* One queue per state dir: a second open is refused, naming the holder,
  * and succeeds once the first is closed. */
 static void test_state_dir_locked(void **state)
@@ -707,6 +744,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ids_run_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_state_dir_locked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

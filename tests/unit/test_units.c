@@ -53,6 +53,8 @@ static void test_durations(void **state)
     assert_int_equal(ms, 90000);
     assert_int_equal(units_parse_duration_ms("2h", &ms, err, sizeof err), 0);
     assert_int_equal(ms, 7200000);
+    assert_int_equal(units_parse_duration_ms("30d", &ms, err, sizeof err), 0);
+    assert_int_equal(ms, 30ull * 86400000);
     assert_int_equal(units_parse_duration_ms("5 parsecs", &ms, err, sizeof err), -1);
     assert_non_null(strstr(err, "unknown unit"));
 }
