@@ -430,6 +430,16 @@ static void put_job(const char *jobs, uint32_t id, const char *text, size_t len)
     put_file(path, text, len);
 }
 
+/* jobs/ID/state as queue_persist would write j's record. */
+static void put_state(const char *jobs, const job *j)
+{
+    size_t len;
+    char *t = queue_format_state(j, &len);
+    assert_non_null(t);
+    put_job(jobs, j->id, t, len);
+    free(t);
+}
+
 static void open_capturing(queue *q)
 {
     logged[0] = '\0';
@@ -542,16 +552,11 @@ static void test_open_without_job_file(void **state)
     assert_int_equal(mkdir(jobs, 0700), 0);
     job j;
     base_job(&j, 1);
-    size_t len;
-    char *t = queue_format_state(&j, &len);
-    put_job(jobs, 1, t, len);
-    free(t);
+    put_state(jobs, &j);
     base_job(&j, 2);
     j.state = JOB_QUEUED;
     j.started_at = j.finished_at = 0;
-    t = queue_format_state(&j, &len);
-    put_job(jobs, 2, t, len);
-    free(t);
+    put_state(jobs, &j);
 
     queue q;
     open_capturing(&q);
@@ -587,15 +592,12 @@ static void test_remove(void **state)
     char jobs[128], path[256], err[256];
     snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
     assert_int_equal(mkdir(jobs, 0700), 0);
-    size_t len;
     for (uint32_t id = 1; id <= 3; id++) {
         job j;
         base_job(&j, id);
         if (id == 2)
             j.state = JOB_QUEUED;
-        char *t = queue_format_state(&j, &len);
-        put_job(jobs, id, t, len);
-        free(t);
+        put_state(jobs, &j);
     }
     snprintf(path, sizeof path, "%s/1/log", jobs);
     put_file(path, "step 1\n", 7);
@@ -644,13 +646,10 @@ static void test_prune(void **state)
     char jobs[128];
     snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
     assert_int_equal(mkdir(jobs, 0700), 0);
-    size_t len;
     for (uint32_t id = 1; id <= 3; id++) {
         job j;
         base_job(&j, id); /* finished at 1712345680.125 */
-        char *t = queue_format_state(&j, &len);
-        put_job(jobs, id, t, len);
-        free(t);
+        put_state(jobs, &j);
     }
     queue q;
     open_capturing(&q);
