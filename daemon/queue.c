@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,6 +247,10 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
 
 void queue_save_unsaved(queue *q)
 {
+    /* Called on every worker notify (each step of each job): the lock only
+     * when there is something to save. */
+    if (!atomic_load(&q->any_unsaved))
+        return;
     pthread_mutex_lock(&q->lock);
     for (size_t i = 0; q->any_unsaved && i < q->n; i++) {
         job *j = q->jobs[i];

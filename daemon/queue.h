@@ -69,7 +69,7 @@ typedef struct queue {
     size_t n, cap;
     uint64_t next_id;   /* QUEUE_ID_END once every id has been given */
     bool stopping;
-    bool any_unsaved; /* some job is marked unsaved */
+    _Atomic bool any_unsaved; /* some job is marked unsaved; read without the lock */
     int lock_fd;      /* STATE_DIR/lock, flock'd while open */
     void (*notify)(void *user);
     void *notify_user;
