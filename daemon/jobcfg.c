@@ -23,7 +23,7 @@ static const opts_def opts[] = {
     {"model", "heads", OPTS_COUNT, J(heads), 1, 128, false, "4", "gpt: attention heads (divide width)", NULL},
     {"model", "width", OPTS_COUNT, J(width), 1, 16384, false, "64", "gpt: channels", NULL},
     {"model", "context", OPTS_COUNT, J(context), 2, 65536, false, "64", "gpt: tokens per sequence", NULL},
-    {"model", "vocab", OPTS_COUNT, J(vocab), 2, 1 << 20, false, "256", "gpt: vocabulary (256 for raw bytes)", NULL},
+    {"model", "vocab", OPTS_COUNT, J(vocab), 2, 65536, false, "256", "gpt: vocabulary (256 for raw bytes)", NULL},
     {"model", "hidden", OPTS_STRING, J(hidden_text), 0, 0, false, "256", "mlp: hidden sizes, e.g. 256,128", NULL},
 
     {"data", "format", OPTS_CHOICE, J(format), 0, 0, false, "auto", "auto, text, tokens (llm.c .bin), idx or npy",
