@@ -5,6 +5,7 @@
 #include "fileio.h"
 #include "utf8.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -520,6 +521,31 @@ static int injected(const st_writer *w, st_stage stage)
         return 1;
     }
     return 0;
+}
+
+int st_clear_temps(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t blen = strlen(base);
+    char *dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+    DIR *d = dir ? opendir(dir) : NULL;
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        /* Exactly the names st_write_atomic gives: BASE.tmp.DIGITS. */
+        const char *s = e->d_name;
+        if (strncmp(s, base, blen) != 0 || strncmp(s + blen, ".tmp.", 5) != 0 || !s[blen + 5])
+            continue;
+        if (strspn(s + blen + 5, "0123456789") != strlen(s + blen + 5))
+            continue;
+        if (unlinkat(dirfd(d), s, 0) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    free(dir);
+    return n;
 }
 
 int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)

@@ -103,6 +103,12 @@ int st_writer_meta(st_writer *w, const char *key, const char *value, char *err,
  * The writer can be written again (e.g. to a second path). */
 int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len);
 
+/* Remove the PATH.tmp.PID files that writers killed before their rename
+ * left behind (st_write_atomic removes its own on every error it sees).
+ * Only for a caller that knows no writer of PATH is running, e.g. one that
+ * holds the lock of PATH's directory.  Returns how many were removed. */
+int st_clear_temps(const char *path);
+
 /* Write the file's bytes to an open descriptor at its current offset,
  * without any fsync or rename (st_write_atomic uses it; tests and the fuzzer
  * use it with a memfd).  name is only used in messages. */

@@ -1,6 +1,7 @@
 /* train.c — the training loop, its memory, checkpoints and outputs. */
 #include "train.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -464,8 +465,15 @@ static void model_signature(const run *r, char *buf, size_t len)
     if (j->model == JOBCFG_GPT)
         snprintf(buf, len, "gpt layers=%u heads=%u width=%u context=%u vocab=%u", j->layers, j->heads, j->width,
                  j->context, j->vocab);
-    else
-        snprintf(buf, len, "mlp inputs=%u hidden=%s classes=%u", r->input_dim, j->hidden_text, r->classes);
+    else {
+        /* From the parsed sizes, not the text: "256, 128" is the same model
+         * as "256,128" (which is what older checkpoints recorded). */
+        char hidden[JOBCFG_MAX_HIDDEN * 12] = "";
+        size_t at = 0;
+        for (int i = 0; i < j->nhidden && at < sizeof hidden; i++)
+            at += (size_t)snprintf(hidden + at, sizeof hidden - at, "%s%u", i ? "," : "", j->hidden[i]);
+        snprintf(buf, len, "mlp inputs=%u hidden=%s classes=%u", r->input_dim, hidden, r->classes);
+    }
 }
 
 /* The device a micro-batch was found on: its id and its name, so that
@@ -501,6 +509,8 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("data_epoch", "%llu", (unsigned long long)epoch);
     META("data_index", "%llu", (unsigned long long)index);
     META("seed", "%llu", (unsigned long long)r->j->seed);
+    /* With the seed, what the data position means: see check_data_meta. */
+    META("epoch_size", "%llu", (unsigned long long)data_stream_epoch_size(&r->stream));
     META("batch", "%u", r->j->batch);
     META("optimizer_steps", "%llu", (unsigned long long)r->opt_steps);
     /* The precision says whose loss scale this is: see load_loss_scale. */
@@ -536,7 +546,8 @@ static uint64_t meta_u64(const st_file *f, const char *key, bool *ok)
 {
     const char *s = st_meta(f, key);
     char *end;
-    if (!s || !*s) {
+    /* strtoull would take "-1" as 2^64-1. */
+    if (!s || !isdigit((unsigned char)*s)) {
         *ok = false;
         return 0;
     }
@@ -597,6 +608,42 @@ static void load_loss_scale(run *r, const st_file *f)
     r->good_steps = gs ? strtoull(gs, NULL, 10) : 0;
 }
 
+/* The data position counts samples of an order that the seed shuffles over
+ * an epoch of epoch_size samples: under another seed, or over other data,
+ * it would point into another sequence and the run would follow neither.
+ * Checkpoints written before epoch_size was recorded lack it. */
+static bool same_data_order(run *r, const st_file *f)
+{
+    bool ok = true;
+    uint64_t seed = st_meta(f, "seed") ? meta_u64(f, "seed", &ok) : r->j->seed;
+    uint64_t size = data_stream_epoch_size(&r->stream);
+    uint64_t was = st_meta(f, "epoch_size") ? meta_u64(f, "epoch_size", &ok) : size;
+    if (!ok)
+        fail(r, "cannot resume: %s: bad seed or epoch_size metadata", r->path_resume);
+    else if (seed != r->j->seed)
+        fail(r, "cannot resume: %s was written with [train] seed %llu but the job has %llu; use another [output] dir",
+             r->path_resume, (unsigned long long)seed, (unsigned long long)r->j->seed);
+    else if (was != size)
+        fail(r,
+             "cannot resume: %s was written over %llu training samples per epoch, but [data] now gives %llu (the "
+             "data changed); use another [output] dir",
+             r->path_resume, (unsigned long long)was, (unsigned long long)size);
+    return ok && seed == r->j->seed && was == size;
+}
+
+/* A checkpoint's tensors are not checksummed: a NaN or a negative second
+ * moment would otherwise surface steps later as a diverged loss. */
+static bool finite_state(run *r, const char *name, const float *x, size_t n)
+{
+    bool nonneg = strcmp(name, "adam_v") == 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]) || (nonneg && x[i] < 0)) {
+            fail(r, "cannot resume: %s: tensor %s holds %g at index %zu", r->path_resume, name, (double)x[i], i);
+            return false;
+        }
+    return true;
+}
+
 /* Load out_dir/resume.safetensors if present.  Returns 1 when resumed, 0
  * when there is none, -1 (with res->message) when it is unusable. */
 static int load_resume(run *r)
@@ -634,6 +681,8 @@ static int load_resume(run *r)
              "%llu, batch %llu vs %u)",
              r->path_resume, (unsigned long long)step, (unsigned long long)r->j->steps,
              (unsigned long long)opt_steps, (unsigned long long)batch, r->j->batch);
+    } else if (!same_data_order(r, f)) {
+        /* failed */
     } else if (!st_expect(f, "params", ST_F32, 1, shape, err, sizeof err) ||
                !st_expect(f, "adam_m", ST_F32, 1, shape, err, sizeof err) ||
                !st_expect(f, "adam_v", ST_F32, 1, shape, err, sizeof err)) {
@@ -647,6 +696,8 @@ static int load_resume(run *r)
             float *into = r->host_visible ? dst[i] : stage;
             if (!into || st_read(f, names[i], into, P * sizeof(float), err, sizeof err) != 0) {
                 fail(r, "cannot resume: %s", into ? err : "out of host memory");
+                rc = -1;
+            } else if (!finite_state(r, names[i], into, P)) {
                 rc = -1;
             } else if (!r->host_visible) {
                 r->k->copy_h2d(r->kc, dst[i], stage, P * sizeof(float));
@@ -1285,6 +1336,10 @@ static train_outcome run_job(run *r, const train_hooks *h)
 {
     const job_config *j = r->j;
     char err[1024];
+    /* The data first: a job whose data is refused leaves no output
+     * directory behind. */
+    if (load_data(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
     if (make_dir(j->out_dir, err, sizeof err) != 0)
         return fail(r, "%s", err);
     if (lock_out_dir(r) != TRAIN_DONE)
@@ -1292,9 +1347,10 @@ static train_outcome run_job(run *r, const train_hooks *h)
     snprintf(r->path_resume, sizeof r->path_resume, "%s/resume.safetensors", j->out_dir);
     snprintf(r->path_model, sizeof r->path_model, "%s/model.safetensors", j->out_dir);
     snprintf(r->path_metrics, sizeof r->path_metrics, "%s/metrics.jsonl", j->out_dir);
-
-    if (load_data(r) != TRAIN_DONE)
-        return TRAIN_FAILED;
+    /* Holding the lock, no writer of ours is alive here: temporary files
+     * are what a run killed mid-checkpoint left, each as large as one. */
+    st_clear_temps(r->path_resume);
+    st_clear_temps(r->path_model);
     /* The job's budget: the pool refuses it more, as an OOM, before the
      * device runs out for everyone. */
     if (j->mem_limit && pool_job_set_limit(r->p, r->job, j->mem_limit) != 0)

@@ -1,12 +1,14 @@
 /* fixture.c — see fixture.h. */
 #include "fixture.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "safetensors.h"
@@ -126,7 +128,7 @@ const char *fx_resume_meta(const char *dir, const char *key, char *buf, size_t l
     return buf;
 }
 
-void fx_resume_drop_meta(const char *dir, const char *key)
+void fx_resume_set_meta(const char *dir, const char *key, const char *value)
 {
     char path[256], err[512];
     snprintf(path, sizeof path, "%s/resume.safetensors", dir);
@@ -145,14 +147,30 @@ void fx_resume_drop_meta(const char *dir, const char *key)
     for (size_t i = 0; i < st_meta_count(f); i++) {
         const char *k, *v;
         st_meta_at(f, i, &k, &v);
-        if (strcmp(k, key) != 0)
-            st_writer_meta(w, k, v, err, sizeof err);
+        if (strcmp(k, key) != 0 || value)
+            st_writer_meta(w, k, strcmp(k, key) != 0 ? v : value, err, sizeof err);
     }
     /* The tensors are read from f's mapping while the new file is written
      * beside it; the rename leaves the mapping valid until st_close. */
     if (st_write_atomic(w, path, err, sizeof err) != 0)
         fail_msg("%s", err);
     st_writer_free(w);
+    st_close(f);
+}
+
+void fx_resume_poke(const char *dir, const char *name, size_t i, float v)
+{
+    st_file *f = open_resume(dir);
+    const st_tensor *t = st_find(f, name);
+    if (!t || t->dtype != ST_F32 || i >= t->nelem)
+        fail_msg("%s/resume.safetensors has no f32 element %s[%zu]", dir, name, i);
+    off_t at = (off_t)(st_data_offset(f) + t->begin + i * sizeof(float));
+    char path[256];
+    snprintf(path, sizeof path, "%s/resume.safetensors", dir);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, &v, sizeof v, at), (ssize_t)sizeof v);
+    close(fd);
     st_close(f);
 }
 

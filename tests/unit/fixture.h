@@ -49,11 +49,14 @@ float *fx_read_resume(const char *dir, const char *name, size_t *n);
  * failure when there is none.  Returns buf. */
 const char *fx_resume_meta(const char *dir, const char *key, char *buf, size_t len);
 
-/* Rewrite DIR/resume.safetensors without the metadata KEY, as a checkpoint
- * written before the engine kept it would be; a cmocka failure when there
- * is no such key (the test would prove nothing) or the file cannot be
- * rewritten. */
-void fx_resume_drop_meta(const char *dir, const char *key);
+/* Rewrite DIR/resume.safetensors with the metadata KEY set to VALUE, or
+ * without it when VALUE is NULL (as a checkpoint written before the engine
+ * kept it would be); a cmocka failure when there is no such key (the test
+ * would prove nothing) or the file cannot be rewritten. */
+void fx_resume_set_meta(const char *dir, const char *key, const char *value);
+/* Overwrite element I of the f32 tensor NAME of DIR/resume.safetensors in
+ * place, as a damaged file would hold it. */
+void fx_resume_poke(const char *dir, const char *name, size_t i, float v);
 
 /* The largest per-tensor relative difference ||a - b|| / ||b|| between the
  * tensors of DIR_A/model.safetensors and DIR_B/model.safetensors, which must

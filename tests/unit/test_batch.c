@@ -1037,8 +1037,8 @@ static void test_fp16_scale_across_oom_and_resume(void **state)
     char cmd[2 * PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", old.out_dir, j.out_dir, old.out_dir);
     assert_int_equal(system(cmd), 0);
-    fx_resume_drop_meta(old.out_dir, "optimizer_steps");
-    fx_resume_drop_meta(old.out_dir, "precision");
+    fx_resume_set_meta(old.out_dir, "optimizer_steps", NULL);
+    fx_resume_set_meta(old.out_dir, "precision", NULL);
 
     /* Resume: the scale is the checkpoint's, the second overflow halves it. */
     *w = (scale_watch){.dir = j.out_dir, .read_state = true};
@@ -1123,7 +1123,7 @@ static void test_fp16_resume_across_precisions(void **state)
     char cmd[2 * PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", old.out_dir, j.out_dir, old.out_dir);
     assert_int_equal(system(cmd), 0);
-    fx_resume_drop_meta(old.out_dir, "precision");
+    fx_resume_set_meta(old.out_dir, "precision", NULL);
 
     /* Resumed as fp16, from the checkpoint and from its older twin. */
     const job_config *as16[2] = {&j, &old};

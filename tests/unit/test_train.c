@@ -214,6 +214,90 @@ static void test_resume_mismatch_refused(void **state)
     assert_non_null(strstr(res.message, "use another [output] dir"));
 }
 
+/* ---- a checkpoint that cannot be continued is refused, and left as it was -------- */
+
+static void expect_refused(const job_config *j, const char *want)
+{
+    train_result res;
+    char step[32];
+    assert_int_equal(train_run(j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    if (!strstr(res.message, want))
+        fail_msg("got '%s', want '%s'", res.message, want);
+    assert_string_equal(fx_resume_meta(j->out_dir, "step", step, sizeof step), "2");
+}
+
+static void test_resume_guards(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    char path[700], want[800];
+    tiny_gpt(&j, "guards", 8, 2);
+    run_ok(&j, &res, NULL);
+    j.steps = 4;
+
+    /* The data position indexes an order the seed shuffles over the data. */
+    j.seed++;
+    snprintf(want, sizeof want, "was written with [train] seed %llu but the job has %llu",
+             (unsigned long long)j.seed - 1, (unsigned long long)j.seed);
+    expect_refused(&j, want);
+    j.seed--;
+    snprintf(path, sizeof path, "%s/half.txt", fx_dir);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 200; i++)
+        fprintf(f, "the quick brown fox %d jumps over the lazy dog; pack my box with five dozen jugs.\n", i % 17);
+    fclose(f);
+    char train[sizeof j.train];
+    memcpy(train, j.train, sizeof train);
+    snprintf(j.train, sizeof j.train, "%s", path);
+    expect_refused(&j, "training samples per epoch, but [data] now gives");
+    memcpy(j.train, train, sizeof train);
+
+    /* Files a checkpoint killed before its rename left are removed; others
+     * that only look alike stay. */
+    const char *stale[] = {"resume.safetensors.tmp.99999", "model.safetensors.tmp.7"},
+               *kept[] = {"resume.safetensors.tmp.x7", "resume.safetensors.tmp.", "other.tmp.5"};
+    for (size_t i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", j.out_dir, i < 2 ? stale[i] : kept[i - 2]);
+        f = fopen(path, "w");
+        fputs("partial", f);
+        fclose(f);
+    }
+    run_ok(&j, &res, NULL);
+    assert_int_equal(res.steps_done, 4);
+    for (size_t i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", j.out_dir, i < 2 ? stale[i] : kept[i - 2]);
+        assert_int_equal(access(path, F_OK) == 0, i >= 2);
+    }
+
+    /* Damage the tensors hold is refused, naming the tensor. */
+    tiny_gpt(&j, "damaged", 8, 2);
+    run_ok(&j, &res, NULL);
+    j.steps = 4;
+    fx_resume_poke(j.out_dir, "adam_v", 5, -1.0f);
+    expect_refused(&j, "resume.safetensors: tensor adam_v holds -1 at index 5");
+    fx_resume_poke(j.out_dir, "adam_v", 5, 0.0f);
+    fx_resume_poke(j.out_dir, "params", 3, NAN);
+    expect_refused(&j, "resume.safetensors: tensor params holds nan at index 3");
+    /* strtoull would read "-1" as 2^64 - 1. */
+    fx_resume_set_meta(j.out_dir, "seed", "-1");
+    expect_refused(&j, "bad seed or epoch_size metadata");
+}
+
+/* A job whose data is refused leaves no output directory. */
+static void test_bad_data_leaves_nothing(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "nodata", 8, 2);
+    snprintf(j.train, sizeof j.train, "%s/empty.txt", fx_dir);
+    fclose(fopen(j.train, "w"));
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    assert_non_null(strstr(res.message, "empty.txt"));
+    assert_int_not_equal(access(j.out_dir, F_OK), 0);
+}
+
 /* ---- one run per output directory ------------------------------------------------ */
 
 static void test_out_dir_locked(void **state)
@@ -394,6 +478,8 @@ int main(void)
         cmocka_unit_test(test_accumulation_equivalence),
         cmocka_unit_test(test_resume_bitwise),
         cmocka_unit_test(test_resume_mismatch_refused),
+        cmocka_unit_test(test_resume_guards),
+        cmocka_unit_test(test_bad_data_leaves_nothing),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_out_dir_locked),
         cmocka_unit_test(test_memory_tags),
