@@ -77,13 +77,15 @@ void access_restore(const access_saved *saved)
 }
 
 /* Open for reading as the current filesystem identity. */
-static int check_readable(const char *key, const char *path, char *err, size_t err_len)
+static int check_readable(const job_config *j, const char *key, const char *path, char *err, size_t err_len)
 {
     if (!path[0])
         return 0;
+    char where[PATH_MAX + 64];
+    jobcfg_where(j, "data", key, where, sizeof where);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-        snprintf(err, err_len, "[data] %s: %s: %s", key, path, strerror(errno));
+        snprintf(err, err_len, "%s: %s: %s", where, path, strerror(errno));
         return -1;
     }
     struct stat st;
@@ -97,7 +99,7 @@ static int check_readable(const char *key, const char *path, char *err, size_t e
                 continue;
             int f = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
             if (f < 0 && errno != ELOOP) {
-                snprintf(err, err_len, "[data] %s: %s/%s: %s", key, path, e->d_name, strerror(errno));
+                snprintf(err, err_len, "%s: %s/%s: %s", where, path, e->d_name, strerror(errno));
                 rc = -1;
             }
             if (f >= 0)
@@ -111,9 +113,11 @@ static int check_readable(const char *key, const char *path, char *err, size_t e
     return 0;
 }
 
-static int make_writable_dir(const char *path, char *err, size_t err_len)
+static int make_writable_dir(const job_config *j, char *err, size_t err_len)
 {
-    char tmp[PATH_MAX];
+    const char *path = j->out_dir;
+    char where[PATH_MAX + 64], tmp[PATH_MAX];
+    jobcfg_where(j, "output", "dir", where, sizeof where);
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *s = tmp + 1;; s++) {
         if (*s != '/' && *s)
@@ -121,7 +125,7 @@ static int make_writable_dir(const char *path, char *err, size_t err_len)
         char c = *s;
         *s = '\0';
         if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, err_len, "[output] dir: cannot create %s: %s", tmp, strerror(errno));
+            snprintf(err, err_len, "%s: cannot create %s: %s", where, tmp, strerror(errno));
             return -1;
         }
         *s = c;
@@ -133,7 +137,7 @@ static int make_writable_dir(const char *path, char *err, size_t err_len)
     snprintf(probe, sizeof probe, "%s/.gradd-probe-%d", path, (int)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-        snprintf(err, err_len, "[output] dir: cannot write in %s: %s", path, strerror(errno));
+        snprintf(err, err_len, "%s: cannot write in %s: %s", where, path, strerror(errno));
         return -1;
     }
     close(fd);
@@ -146,15 +150,15 @@ int access_check_job(uid_t uid, gid_t gid, const job_config *j, char *err, size_
     access_saved saved;
     if (access_become(uid, gid, &saved, err, err_len) != 0)
         return -1;
-    int rc = check_readable("train", j->train, err, err_len);
+    int rc = check_readable(j, "train", j->train, err, err_len);
     if (rc == 0)
-        rc = check_readable("train_labels", j->train_labels, err, err_len);
+        rc = check_readable(j, "train_labels", j->train_labels, err, err_len);
     if (rc == 0)
-        rc = check_readable("val", j->val, err, err_len);
+        rc = check_readable(j, "val", j->val, err, err_len);
     if (rc == 0)
-        rc = check_readable("val_labels", j->val_labels, err, err_len);
+        rc = check_readable(j, "val_labels", j->val_labels, err, err_len);
     if (rc == 0)
-        rc = make_writable_dir(j->out_dir, err, err_len);
+        rc = make_writable_dir(j, err, err_len);
     access_restore(&saved);
     return rc;
 }

@@ -39,7 +39,7 @@ void access_restore(const access_saved *saved);
 
 /* As the owner: every data file of the job is readable, and the output
  * directory exists (created if needed) and is writable.  0, or -1 with a
- * message naming the key and path. */
+ * message naming the file, line, key and path (jobcfg_where). */
 int access_check_job(uid_t uid, gid_t gid, const job_config *j, char *err, size_t err_len);
 
 /* Is uid root or a member of `group` (by name)? */

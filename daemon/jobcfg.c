@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "opts.h"
+#include "utf8.h"
 
 /* ---- the option table ---------------------------------------------------- */
 
@@ -16,7 +17,7 @@
 static const opts_def opts[] = {
     {"job", "name", OPTS_STRING, J(name), 0, 0, false, "", "shown in gradctl list (default: the file name)", NULL},
     {"job", "device", OPTS_STRING, J(device), 0, 0, false, "auto", "auto, cpu, cpuN or cuda:N", NULL},
-    {"job", "priority", OPTS_COUNT, J(priority), 0, 1000, false, "0", "higher runs first", NULL},
+    {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
 
     {"model", "type", OPTS_CHOICE, J(model), 0, 0, false, "gpt", "mlp or gpt", "mlp|gpt"},
     {"model", "layers", OPTS_COUNT, J(layers), 1, 96, false, "2", "gpt: transformer blocks", NULL},
@@ -82,9 +83,10 @@ void jobcfg_print_defaults(FILE *f)
 
 /* ---- parsing ------------------------------------------------------------------ */
 
+_Static_assert(NOPTS <= JOBCFG_MAX_KEYS, "job_config.key_line must have a slot for every key");
+
 typedef struct {
     job_config *j;
-    int line[NOPTS]; /* where each key was set, for errors found after parsing */
 } parse_ctx;
 
 static int on_entry(void *user, const char *section, const char *key, const char *value, int line, char *why,
@@ -94,16 +96,21 @@ static int on_entry(void *user, const char *section, const char *key, const char
     opts_simple s = {opts, NOPTS, p->j};
     if (opts_simple_entry(&s, section, key, value, line, why, why_len, name_key) != 0)
         return -1;
-    p->line[opts_find(opts, NOPTS, section, key) - opts] = line;
+    p->j->key_line[opts_find(opts, NOPTS, section, key) - opts] = line;
     return 0;
 }
 
 /* ---- validation after parsing ------------------------------------------------ */
 
-static int line_of(const parse_ctx *p, const char *section, const char *key)
+const char *jobcfg_where(const job_config *j, const char *section, const char *key, char *buf, size_t len)
 {
     const opts_def *o = opts_find(opts, NOPTS, section, key);
-    return o ? p->line[o - opts] : 0;
+    int line = o ? j->key_line[o - opts] : 0;
+    if (line)
+        snprintf(buf, len, "%s:%d: [%s] %s", j->source, line, section, key);
+    else
+        snprintf(buf, len, "%s: [%s] %s", j->source, section, key);
+    return buf;
 }
 
 /* "FILE:LINE: [section] key: why", or "FILE: [section] key: why" when the
@@ -111,12 +118,24 @@ static int line_of(const parse_ctx *p, const char *section, const char *key)
 static int complain(const parse_ctx *p, const char *path, const char *section, const char *key, char *err,
                     size_t err_len, const char *why)
 {
-    int line = line_of(p, section, key);
-    if (line)
-        snprintf(err, err_len, "%s:%d: [%s] %s: %s", path, line, section, key, why);
-    else
-        snprintf(err, err_len, "%s: [%s] %s: %s", path, section, key, why);
+    (void)path; /* p->j->source */
+    char where[PATH_MAX + 64];
+    snprintf(err, err_len, "%s: %s", jobcfg_where(p->j, section, key, where, sizeof where), why);
     return -1;
+}
+
+const char *jobcfg_name_problem(const char *name)
+{
+    if (!name[0])
+        return "is empty";
+    if (!utf8_valid(name))
+        return "is not valid UTF-8";
+    for (const unsigned char *s = (const unsigned char *)name; *s; s++)
+        /* C0 controls, DEL, and the C1 controls U+0080..U+009F (C2 80..9F):
+         * terminals act on them. */
+        if (*s < 0x20 || *s == 0x7f || (s[0] == 0xc2 && s[1] >= 0x80 && s[1] <= 0x9f))
+            return "contains a control character";
+    return NULL;
 }
 
 /* Drop "." and "name/.." components, so that paths shown to people read
@@ -218,9 +237,20 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     else
         snprintf(dir, sizeof dir, ".");
 
-    if (!j->name[0]) {
+    bool named = j->name[0];
+    if (!named) {
         const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
         snprintf(j->name, sizeof j->name, "%.*s", (int)strcspn(base, "."), base);
+        /* A long name cut inside a character: end it before that one. */
+        size_t n = strlen(j->name);
+        for (size_t k = 0; k < 3 && n && !utf8_valid(j->name) && ((unsigned char)j->name[n - 1] & 0x80); k++)
+            j->name[--n] = '\0';
+    }
+    const char *bad = jobcfg_name_problem(j->name);
+    if (bad) {
+        char why[160];
+        snprintf(why, sizeof why, "%s%s", bad, named ? "" : " (it is the file's name, as no name is set)");
+        return complain(p, path, "job", "name", err, err_len, why);
     }
     const char *d = j->device;
     if (strcmp(d, "auto") && strncmp(d, "cpu", 3) && strncmp(d, "cuda:", 5))

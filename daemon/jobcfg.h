@@ -12,6 +12,8 @@
 #include <stdio.h>
 
 #define JOBCFG_MAX_HIDDEN 8
+#define JOBCFG_PRIORITY_MAX 1000 /* [job] priority is 0 to this */
+#define JOBCFG_MAX_KEYS 64 /* at least the number of keys a job file may set */
 
 typedef enum { JOBCFG_MLP = 0, JOBCFG_GPT = 1 } jobcfg_model;
 typedef enum { JOBCFG_DATA_AUTO = 0, JOBCFG_DATA_TEXT, JOBCFG_DATA_TOKENS, JOBCFG_DATA_IDX, JOBCFG_DATA_NPY } jobcfg_format;
@@ -64,6 +66,10 @@ typedef struct job_config {
     char out_dir[PATH_MAX];
     uint64_t checkpoint_every; /* 0: only at the end */
     uint64_t log_every;
+
+    /* The line each key was set on (0: left at its default), so that errors
+     * found later, by the daemon, still name it: see jobcfg_where. */
+    int key_line[JOBCFG_MAX_KEYS];
 } job_config;
 
 void jobcfg_defaults(job_config *j);
@@ -74,6 +80,13 @@ int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len);
  * names the file in errors and anchors relative paths. */
 int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
                     size_t err_len);
+/* "SOURCE:LINE: [section] key" (or "SOURCE: [section] key" for a key the
+ * file did not set) into buf, for errors found after the file was read: the
+ * device it names is missing, its data cannot be read as its owner. */
+const char *jobcfg_where(const job_config *j, const char *section, const char *key, char *buf, size_t len);
+/* NULL if `name` may name a job, else why not: it is shown in every user's
+ * terminal and JSON, so it must be valid UTF-8 without control characters. */
+const char *jobcfg_name_problem(const char *name);
 /* Every key with its default, as a commented job file. */
 void jobcfg_print_defaults(FILE *f);
 

@@ -630,10 +630,29 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, err);
         goto out;
     }
-    if (rq->name && *rq->name)
+    /* The overrides are checked as the file's keys are: gradctl checks
+     * them too, but any client can send a request. */
+    if (rq->name && *rq->name) {
+        const char *bad = jobcfg_name_problem(rq->name);
+        if (!bad && strlen(rq->name) >= sizeof cfg->name)
+            bad = "is too long";
+        if (bad) {
+            snprintf(msg, sizeof msg, "submit: the job name %s", bad);
+            send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+            goto out;
+        }
         snprintf(cfg->name, sizeof cfg->name, "%s", rq->name);
-    if (rq->has_priority)
+    }
+    if (rq->has_priority) {
+        if (rq->priority < 0 || rq->priority > JOBCFG_PRIORITY_MAX) {
+            snprintf(msg, sizeof msg, "submit: priority %lld is not from 0 to %d", (long long)rq->priority,
+                     JOBCFG_PRIORITY_MAX);
+            send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+            goto out;
+        }
         cfg->priority = rq->priority;
+    }
+    char where[PATH_MAX + 64];
     bool have_cuda = false, found = false, found_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)
         have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;
@@ -645,17 +664,18 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         }
     }
     if (!found) {
-        snprintf(msg, sizeof msg, "%s: [job] device: no device '%s' on this daemon%s%s", path, cfg->device,
-                 ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
+        snprintf(msg, sizeof msg, "%s: no device '%s' on this daemon%s%s",
+                 jobcfg_where(cfg, "job", "device", where, sizeof where), cfg->device, ctx->cuda_note[0] ? "; " : "",
+                 ctx->cuda_note);
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         goto out;
     }
     /* Refused now rather than queued to fail when it starts: the devices
      * it may run on are all CPUs, which train in fp32 only. */
     if (cfg->precision != JOBCFG_FP32 && !found_cuda) {
-        snprintf(msg, sizeof msg, "%s: [train] precision: %s needs a CUDA device, and [job] device '%s' runs on a CPU "
+        snprintf(msg, sizeof msg, "%s: %s needs a CUDA device, and [job] device '%s' runs on a CPU "
                  "on this daemon (use precision = fp32)%s%s",
-                 path, cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
+                 jobcfg_where(cfg, "train", "precision", where, sizeof where), cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
                  ctx->cuda_note);
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         goto out;
@@ -671,8 +691,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
     }
     /* Everything the job will read or write, checked as its owner. */
     if (access_check_job(peer->uid, peer->gid, cfg, err, sizeof err) != 0) {
-        snprintf(msg, sizeof msg, "%s: %s", path, err);
-        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, err);
         goto out;
     }
     char user[64];

@@ -342,15 +342,70 @@ class Jobs(unittest.TestCase):
         # A 16-bit job that could only land on a CPU device would fail when
         # it starts: refused at submit instead (no GPU in CI; with one,
         # device = cpu says the same).
+        # What only the daemon can find out still names the line.
+        def line_of(text, key):
+            return [l.split(" =")[0] for l in text.split("\n")].index(key) + 1
         for prec in ("bf16", "fp16"):
+            text = (JOB.format(name="x", train=self.train, steps=2, ckpt=0, out=self.dir + "/o")
+                    .replace("[train]", "[train]\nprecision = %s" % prec).replace("[job]", "[job]\ndevice = cpu"))
             with open(bad, "w") as f:
-                f.write(JOB.format(name="x", train=self.train, steps=2, ckpt=0, out=self.dir + "/o")
-                        .replace("[train]", "[train]\nprecision = %s" % prec).replace("[job]", "[job]\ndevice = cpu"))
+                f.write(text)
             r = self.d.ctl("submit", bad, check=False)
             self.assertEqual(r.returncode, 1, r.stdout)
-            self.assertIn("%s: [train] precision: %s needs a CUDA device, and [job] device 'cpu' runs on a CPU"
-                          % (bad, prec), r.stderr)
+            self.assertIn("%s:%d: [train] precision: %s needs a CUDA device, and [job] device 'cpu' runs on a CPU"
+                          % (bad, line_of(text, "precision"), prec), r.stderr)
+        text = JOB.format(name="x", train=self.train, steps=2, ckpt=0, out=self.dir + "/o").replace(
+            "[job]", "[job]\ndevice = cpu7")
+        with open(bad, "w") as f:
+            f.write(text)
+        r = self.d.ctl("submit", bad, check=False)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("%s:%d: [job] device: no device 'cpu7'" % (bad, line_of(text, "device")), r.stderr)
+        # A name is shown in every user's terminal: no control characters,
+        # whether it comes from the key or from the file's name.
+        with open(bad, "w") as f:
+            f.write(JOB.format(name="x\x1b]0;pwned\x07", train=self.train, steps=2, ckpt=0, out=self.dir + "/o"))
+        r = self.d.ctl("submit", bad, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("%s:3: [job] name: contains a control character" % bad, r.stderr)
+        odd = os.path.join(self.dir, "odd\x1b[2J.cfg")
+        with open(odd, "w") as f:
+            f.write(JOB.format(name="x", train=self.train, steps=2, ckpt=0, out=self.dir + "/o")
+                    .replace("name = x\n", ""))
+        r = self.d.ctl("submit", odd, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("[job] name: contains a control character (it is the file's name", r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
+
+    def test_submit_overrides_checked_by_the_daemon(self):
+        # Any client can send a SubmitRequest: its name and priority are
+        # held to the job file's rules, not only gradctl's.
+        self.start()
+        cfg = self.job("raw", steps=2)
+        with open(cfg, "rb") as f:
+            contents = f.read()
+
+        def submit(extra):
+            body = harness.field_bytes(1, cfg.encode()) + harness.field_bytes(2, contents) + extra
+            s = harness.connect(self.d.sock)
+            s.sendall(harness.frame(harness.field_varint(1, harness.PROTOCOL_VERSION) + harness.field_bytes(20, body)))
+            reply = harness.recv_frame(s)
+            s.close()
+            return harness.error_message(reply)
+
+        self.assertEqual(submit(harness.field_bytes(3, b"a\nb\x1b[2J")),
+                         "submit: the job name contains a control character")
+        self.assertEqual(submit(harness.field_bytes(3, b"\xff\xfe")), "submit: the job name is not valid UTF-8")
+        self.assertEqual(submit(harness.field_bytes(3, b"n" * 64)), "submit: the job name is too long")
+        self.assertEqual(submit(harness.field_varint(4, 1) + harness.field_varint(5, 10**15)),
+                         "submit: priority 1000000000000000 is not from 0 to 1000")
+        self.assertEqual(submit(harness.field_varint(4, 1) + harness.field_varint(5, (1 << 64) - 2)),
+                         "submit: priority -2 is not from 0 to 1000")
+        self.assertEqual(self.d.ctl_json("list")["jobs"], [])
+        self.assertIsNone(submit(harness.field_bytes(3, "größe".encode()) + harness.field_varint(4, 1)
+                                 + harness.field_varint(5, 1000)))
+        j = self.d.ctl_json("list")["jobs"][0]
+        self.assertEqual((j["name"], j["priority"]), ("größe", 1000))
 
     def test_submit_from_stdin(self):
         # A generated job piped in: relative paths mean what they do in the
