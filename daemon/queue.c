@@ -428,6 +428,9 @@ static job *load_job(queue *q, uint32_t id)
         free(j);
         return NULL;
     }
+    /* A finished job's results as it last reported them (a job that will
+     * run again reports its own once it does). */
+    j->have_progress = j->state != JOB_QUEUED && j->state != JOB_RUNNING && j->prog.step > 0;
     snprintf(path, sizeof path, "%s/%u/job.cfg", q->dir, id);
     char *contents = read_file(path, QUEUE_JOBCFG_MAX, &len);
     char err[1024];

@@ -15,6 +15,7 @@
 #include "queue.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -49,6 +50,7 @@ typedef enum {
     QS_U64,   /* uint64_t */
     QS_TIME,  /* double, unix seconds */
     QS_STATE, /* job_state, by name */
+    QS_F64,   /* double: finite, or nan */
 } qs_kind;
 
 typedef struct {
@@ -56,9 +58,13 @@ typedef struct {
     qs_kind kind;
     size_t off;
     size_t size; /* of the field, for QS_STR the room including the NUL */
+    bool optional; /* added after the first release: older files lack it */
 } qs_field;
 
-#define QS_FIELD(k, kind, member) {k, kind, offsetof(job, member), sizeof(((job *)0)->member)}
+#define QS_FIELD(k, kind, member) {k, kind, offsetof(job, member), sizeof(((job *)0)->member), false}
+/* The job's progress as it last reported it, so that a finished job's
+ * results outlive the daemon.  Absent: 0, and nan for the doubles. */
+#define QS_PROG(k, kind, member) {k, kind, offsetof(job, prog.member), sizeof(((job *)0)->prog.member), true}
 
 static const qs_field qs_fields[] = {
     QS_FIELD("id", QS_U32, id),
@@ -76,6 +82,22 @@ static const qs_field qs_fields[] = {
     QS_FIELD("reason", QS_STR, reason),
     QS_FIELD("source", QS_STR, source),
     QS_FIELD("resumes", QS_U32, resumes),
+    QS_PROG("step", QS_U64, step),
+    QS_PROG("loss", QS_F64, loss),
+    QS_PROG("val_loss", QS_F64, val_loss),
+    QS_PROG("val_accuracy", QS_F64, val_accuracy),
+    QS_PROG("units_per_s", QS_F64, units_per_s),
+    QS_PROG("elapsed_s", QS_F64, elapsed_s),
+    QS_PROG("micro", QS_U32, micro),
+    QS_PROG("accum", QS_U32, accum),
+    QS_PROG("micro_max", QS_U32, micro_max),
+    QS_PROG("micro_fit", QS_U32, micro_fit),
+    QS_PROG("oom_recoveries", QS_U64, oom_recoveries),
+    QS_PROG("batch_changes", QS_U64, batch_changes),
+    QS_PROG("change_from", QS_U32, change_from),
+    QS_PROG("change_to", QS_U32, change_to),
+    QS_PROG("change_step", QS_U64, change_step),
+    QS_PROG("change_reason", QS_STR, change_reason),
 };
 #define QS_NFIELDS (sizeof qs_fields / sizeof qs_fields[0])
 
@@ -133,6 +155,16 @@ char *queue_format_state(const job *j, size_t *len)
         case QS_U64: fprintf(f, "%" PRIu64, *(const uint64_t *)p); break;
         case QS_TIME: fprintf(f, "%.6f", *(const double *)p); break;
         case QS_STATE: fputs(job_state_name(*(const job_state *)p), f); break;
+        case QS_F64: {
+            double v = *(const double *)p;
+            /* One spelling for every nan (%g may write -nan), and inf,
+             * which progress never holds, as none. */
+            if (isfinite(v))
+                fprintf(f, "%.17g", v);
+            else
+                fputs("nan", f);
+            break;
+        }
         }
         fputc('\n', f);
     }
@@ -318,6 +350,28 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
         *(double *)p = t;
         return 0;
     }
+    case QS_F64: {
+        /* What %.17g writes, or nan: no hex, inf, spaces or a leading +,
+         * which strtod would also take. */
+        char num[40];
+        bool ok = n > 0 && n < sizeof num && v[0] != '+' && v[0] != 'e';
+        for (size_t i = 0; ok && i < n; i++)
+            ok = (v[i] >= '0' && v[i] <= '9') || v[i] == '.' || v[i] == '-' || v[i] == 'e' || v[i] == '+';
+        double x = NAN;
+        if (n == 3 && memcmp(v, "nan", 3) == 0) {
+            ok = true;
+        } else if (ok) {
+            memcpy(num, v, n);
+            num[n] = '\0';
+            char *end;
+            x = strtod(num, &end);
+            ok = *end == '\0' && isfinite(x);
+        }
+        if (!ok)
+            return qs_fail(err, err_len, line, f->key, "'%s' is not a number (or nan)", qs_show(shown, v, n));
+        *(double *)p = x;
+        return 0;
+    }
     case QS_STATE: {
         char name[16] = "";
         job_state s;
@@ -339,6 +393,7 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
     /* Parsed into a copy so that a bad file leaves *out as it was. */
     static const job zero;
     job tmp = zero;
+    tmp.prog.loss = tmp.prog.val_loss = tmp.prog.val_accuracy = NAN;
     unsigned seen[QS_NFIELDS] = {0}; /* the line each key was on; 0: not yet */
     char shown[QS_SHOW_MAX + 4];
     unsigned line = 0;
@@ -382,7 +437,7 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
             return qs_fail(err, err_len, line, f->key, "no newline at the end (the file is cut short)");
     }
     for (size_t i = 0; i < QS_NFIELDS; i++)
-        if (!seen[i])
+        if (!seen[i] && !qs_fields[i].optional)
             return qs_fail(err, err_len, line + 1, qs_fields[i].key, "missing (the file ends before it)");
     *out = tmp;
     return 0;

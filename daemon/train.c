@@ -518,6 +518,13 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("loss_scale", "%.17g", r->loss_scale);
     META("loss_scale_good_steps", "%llu", (unsigned long long)r->good_steps);
     META("micro", "%u", r->micro);
+    /* The results so far, so that a resumed run reports them until it has
+     * its own, and one resumed at its last step reports them at all; the
+     * time is the training's across runs. */
+    META("loss", "%.17g", r->prog.loss);
+    META("val_loss", "%.17g", r->prog.val_loss);
+    META("val_accuracy", "%.17g", r->prog.val_accuracy);
+    META("elapsed_s", "%.17g", r->prog.elapsed_s);
     /* What probing (and tuning) found, so that a resumed job need not
      * search again: see choose_micro. */
     const batch_ctl *c = &r->ctl;
@@ -556,6 +563,16 @@ static uint64_t meta_u64(const st_file *f, const char *key, bool *ok)
     if (*end || errno)
         *ok = false;
     return v;
+}
+
+/* A number write_resume stored with %.17g: finite, or nan where there was
+ * none yet (no validation).  Missing (older checkpoints) or malformed: nan. */
+static double meta_f64(const st_file *f, const char *key)
+{
+    const char *s = st_meta(f, key);
+    char *end;
+    double v = s && *s ? strtod(s, &end) : NAN;
+    return s && *s && !*end && !isinf(v) ? v : NAN;
 }
 
 /* The micro-batch an earlier run found (write_resume), into r->found; any
@@ -713,6 +730,13 @@ static int load_resume(run *r)
             r->opt_steps = opt_steps;
             load_loss_scale(r, f);
             load_found(r, f);
+            r->prog.step = step;
+            r->prog.loss = meta_f64(f, "loss");
+            r->prog.val_loss = meta_f64(f, "val_loss");
+            r->prog.val_accuracy = meta_f64(f, "val_accuracy");
+            double el = meta_f64(f, "elapsed_s");
+            r->prog.elapsed_s = el >= 0 ? el : 0;
+            r->res->final_loss = r->prog.loss;
             rc = 1;
         }
     }
@@ -1103,6 +1127,10 @@ static train_outcome choose_micro(run *r)
         }
     }
     c->predicted_max = batch_max_for(c, (double)budget * (1.0 - c->margin));
+    /* The fit is made before this run's first step: after the resumed
+     * one, not before step 1. */
+    if (c->changes)
+        c->last.step = r->step;
     if (set_micro(r, c->micro, -1) != 0 && shrink_after_oom(r) != TRAIN_DONE)
         return TRAIN_FAILED;
     if (!j->micro_batch)
@@ -1372,6 +1400,10 @@ static train_outcome run_job(run *r, const train_hooks *h)
     }
     r->k->zero(r->kc, r->opt, 2 * P);
     r->loss_scale = j->precision == JOBCFG_FP16 ? TRAIN_LOSS_SCALE_INIT : 1.0;
+    r->prog.steps = j->steps;
+    r->prog.loss = NAN;
+    r->prog.val_loss = NAN;
+    r->prog.val_accuracy = NAN;
     int resumed = load_resume(r);
     if (resumed < 0)
         return TRAIN_FAILED;
@@ -1385,10 +1417,15 @@ static train_outcome run_job(run *r, const train_hooks *h)
     if (choose_micro(r) != TRAIN_DONE)
         return TRAIN_FAILED;
 
-    r->prog.steps = j->steps;
-    r->prog.val_loss = NAN;
-    r->prog.val_accuracy = NAN;
-    double start = now_s();
+    double start = now_s(), before = r->prog.elapsed_s;
+    if (r->step == j->steps) {
+        /* Resumed at its last step: nothing to train, but what it reached
+         * is the job's progress. */
+        r->prog.micro = r->micro;
+        r->prog.accum = r->micro ? (j->batch + r->micro - 1) / r->micro : 0;
+        if (h && h->on_step)
+            h->on_step(h->user, &r->prog);
+    }
     while (r->step < j->steps) {
         uint64_t epoch, index;
         data_stream_state(&r->stream, &epoch, &index);
@@ -1412,7 +1449,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
             return TRAIN_FAILED;
         if ((j->eval_every && r->step % j->eval_every == 0) || last)
             evaluate(r);
-        r->prog.elapsed_s = now_s() - start;
+        r->prog.elapsed_s = before + (now_s() - start);
         if (h && h->on_step)
             h->on_step(h->user, &r->prog);
         if ((j->checkpoint_every && r->step % j->checkpoint_every == 0) || last) {

@@ -65,6 +65,17 @@ static void check_same(const job *a, const job *b)
     CHECK(strcmp(a->reason, b->reason) == 0);
     CHECK(strcmp(a->source, b->source) == 0);
     CHECK(a->resumes == b->resumes);
+    /* The progress fields: nan reads back as nan. */
+    const double da[] = {a->prog.loss, a->prog.val_loss, a->prog.val_accuracy, a->prog.units_per_s, a->prog.elapsed_s};
+    const double db[] = {b->prog.loss, b->prog.val_loss, b->prog.val_accuracy, b->prog.units_per_s, b->prog.elapsed_s};
+    for (size_t i = 0; i < sizeof da / sizeof da[0]; i++)
+        CHECK(isnan(da[i]) ? isnan(db[i]) : da[i] == db[i] && isfinite(da[i]));
+    CHECK(a->prog.step == b->prog.step && a->prog.micro == b->prog.micro && a->prog.accum == b->prog.accum);
+    CHECK(a->prog.micro_max == b->prog.micro_max && a->prog.micro_fit == b->prog.micro_fit);
+    CHECK(a->prog.oom_recoveries == b->prog.oom_recoveries && a->prog.batch_changes == b->prog.batch_changes);
+    CHECK(a->prog.change_from == b->prog.change_from && a->prog.change_to == b->prog.change_to);
+    CHECK(a->prog.change_step == b->prog.change_step);
+    CHECK(strcmp(a->prog.change_reason, b->prog.change_reason) == 0);
 }
 
 static void fuzz_state(const char *data, size_t size)
@@ -83,7 +94,7 @@ static void fuzz_state(const char *data, size_t size)
     CHECK(j.id == WANT_ID);
     CHECK(terminated(j.name, sizeof j.name) && terminated(j.user, sizeof j.user));
     CHECK(terminated(j.device, sizeof j.device) && terminated(j.reason, sizeof j.reason));
-    CHECK(terminated(j.source, sizeof j.source));
+    CHECK(terminated(j.source, sizeof j.source) && terminated(j.prog.change_reason, sizeof j.prog.change_reason));
     CHECK(j.state < JOB_STATE_COUNT);
     CHECK(j.uid != (uid_t)-1 && j.gid != (gid_t)-1);
     CHECK(time_ok(j.submitted_at) && time_ok(j.started_at) && time_ok(j.finished_at));

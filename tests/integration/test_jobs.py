@@ -136,6 +136,27 @@ class Jobs(unittest.TestCase):
         m = self.d.ctl("metrics").stdout
         self.assertIn('gradd_jobs{state="completed"} 1', m)
 
+    def test_results_outlive_the_daemon(self):
+        # A finished job's step, losses and time are in its state, not only
+        # in the daemon's memory: a restart keeps them.
+        self.start()
+        jid = self.submit(self.job("kept", steps=8, ckpt=4))
+        before = self.wait_state(jid, ("completed", "failed"))
+        self.assertEqual(before["state"], "completed", before["reason"])
+        self.restart()
+        after = self.info(jid)
+        keys = ("state", "step", "loss", "val_loss", "micro", "accum", "elapsed_s")
+        self.assertEqual({k: after[k] for k in keys}, {k: before[k] for k in keys})
+        self.assertEqual(after["step"], 8)
+        self.assertIn("8/8", self.d.ctl("list").stdout)
+        # The same job again on its finished output: nothing to train, and
+        # it reports where the checkpoint left it, not step 0 and no loss.
+        again = self.submit(self.job("kept", steps=8, ckpt=4))
+        j = self.wait_state(again, ("completed", "failed"))
+        self.assertEqual((j["state"], j["step"], j["loss"], j["val_loss"]),
+                         ("completed", 8, before["loss"], before["val_loss"]))
+        self.assertGreaterEqual(j["elapsed_s"], before["elapsed_s"])
+
     @unittest.skipUnless(os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"),
                          "needs Debian's dataset-fashion-mnist")
     def test_mlp_job(self):

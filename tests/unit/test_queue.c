@@ -2,6 +2,7 @@
  * parses back to the same job, every kind of damage is an error naming the
  * line and key, and queue_open skips a damaged job (saying which file, line
  * and key) while still reserving its id. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,6 +64,19 @@ static char *base_text(uint32_t id, size_t *len)
     return t;
 }
 
+/* "LINE: rest" where LINE is `past` lines after the base text's last. */
+static const char *past_end(char *buf, size_t len, int past, const char *rest)
+{
+    size_t n;
+    char *t = base_text(7, &n);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += t[i] == '\n';
+    free(t);
+    snprintf(buf, len, "%d: %s", lines + past, rest);
+    return buf;
+}
+
 /* Job 7's text with the line of `key` replaced by rep[0..rep_len) (which
  * carries its own newline; an empty one deletes the line).  malloc'd. */
 static char *edit(const char *key, const char *rep, size_t rep_len, size_t *len)
@@ -107,6 +121,22 @@ static void assert_same_job(const job *a, const job *b)
     assert_string_equal(a->reason, b->reason);
     assert_string_equal(a->source, b->source);
     assert_int_equal(a->resumes, b->resumes);
+    const double da[] = {a->prog.loss, a->prog.val_loss, a->prog.val_accuracy, a->prog.units_per_s, a->prog.elapsed_s};
+    const double db[] = {b->prog.loss, b->prog.val_loss, b->prog.val_accuracy, b->prog.units_per_s, b->prog.elapsed_s};
+    for (size_t i = 0; i < sizeof da / sizeof da[0]; i++)
+        if (isnan(da[i]) ? !isnan(db[i]) : memcmp(&da[i], &db[i], sizeof(double)) != 0)
+            fail_msg("progress double %zu: %.17g != %.17g", i, da[i], db[i]);
+    assert_true(a->prog.step == b->prog.step);
+    assert_int_equal(a->prog.micro, b->prog.micro);
+    assert_int_equal(a->prog.accum, b->prog.accum);
+    assert_int_equal(a->prog.micro_max, b->prog.micro_max);
+    assert_int_equal(a->prog.micro_fit, b->prog.micro_fit);
+    assert_true(a->prog.oom_recoveries == b->prog.oom_recoveries);
+    assert_true(a->prog.batch_changes == b->prog.batch_changes);
+    assert_int_equal(a->prog.change_from, b->prog.change_from);
+    assert_int_equal(a->prog.change_to, b->prog.change_to);
+    assert_true(a->prog.change_step == b->prog.change_step);
+    assert_string_equal(a->prog.change_reason, b->prog.change_reason);
 }
 
 /* Parsing text[0..len) for directory want_id fails with an error that
@@ -169,6 +199,23 @@ static void test_round_trip_through_persist(void **state)
     j.started_at = 1712345678.123456;
     j.finished_at = 999999999999.999;
     j.resumes = UINT32_MAX;
+    /* A finished job's results, exactly: %.17g round-trips any double. */
+    j.prog.step = UINT64_MAX;
+    j.prog.loss = 0.1 + 0.2;
+    j.prog.val_loss = -1.5e-300;
+    j.prog.val_accuracy = NAN;
+    j.prog.units_per_s = 1.7976931348623157e308;
+    j.prog.elapsed_s = 4.9406564584124654e-324;
+    j.prog.micro = UINT32_MAX;
+    j.prog.accum = 1;
+    j.prog.micro_max = 7;
+    j.prog.micro_fit = 9;
+    j.prog.oom_recoveries = 3;
+    j.prog.batch_changes = UINT64_MAX;
+    j.prog.change_from = 16;
+    j.prog.change_to = 8;
+    j.prog.change_step = 1234;
+    strcpy(j.prog.change_reason, "pressure");
 
     char dir[128], path[160];
     snprintf(dir, sizeof dir, "%s/7", q.dir);
@@ -273,16 +320,43 @@ static void test_numbers(void **state)
     }
 }
 
+/* A state file written before the results were kept still loads, with
+ * none; malformed results are damage like any other field's. */
+static void test_progress_fields(void **state)
+{
+    (void)state;
+    size_t n;
+    char *t = base_text(7, &n);
+    char *cut = strstr(t, "step=");
+    assert_non_null(cut);
+    static job j;
+    char err[512];
+    if (queue_parse_state(t, (size_t)(cut - t), 7, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_true(j.prog.step == 0);
+    assert_true(isnan(j.prog.loss) && isnan(j.prog.val_loss) && isnan(j.prog.val_accuracy));
+    free(t);
+    expect_edit_error("loss", "loss=inf\n", ": loss: 'inf' is not a number (or nan)");
+    expect_edit_error("loss", "loss=0x1p3\n", ": loss: '0x1p3' is not a number");
+    expect_edit_error("loss", "loss= 1\n", ": loss: ' 1' is not a number");
+    expect_edit_error("loss", "loss=+1\n", ": loss: '+1' is not a number");
+    expect_edit_error("loss", "loss=1e999\n", ": loss: '1e999' is not a number");
+    expect_edit_error("loss", "loss=\n", ": loss: '' is not a number");
+    expect_edit_error("loss", "loss=-nan\n", ": loss: '-nan' is not a number");
+    expect_edit_error("step", "step=-1\n", ": step: '-1' is not a number");
+}
+
 static void test_keys(void **state)
 {
     (void)state;
     size_t len;
     /* A missing uid must not become root. */
+    char want[64];
     char *t = edit("uid", "", 0, &len);
-    expect_error_in(t, len, 7, "15: uid: missing");
+    expect_error_in(t, len, 7, past_end(want, sizeof want, 0, "uid: missing"));
     free(t);
     t = edit("resumes", "", 0, &len);
-    expect_error_in(t, len, 7, "15: resumes: missing");
+    expect_error_in(t, len, 7, past_end(want, sizeof want, 0, "resumes: missing"));
     free(t);
     expect_error_in("", 0, 7, "1: id: missing");
 
@@ -291,11 +365,11 @@ static void test_keys(void **state)
     char *t2 = malloc(len + 16);
     memcpy(t2, t, len);
     memcpy(t2 + len, "uid=0\n", 6);
-    expect_error_in(t2, len + 6, 7, "16: uid: given twice (first on line 3)");
+    expect_error_in(t2, len + 6, 7, past_end(want, sizeof want, 1, "uid: given twice (first on line 3)"));
     memcpy(t2 + len, "color=red\n", 10);
-    expect_error_in(t2, len + 10, 7, "16: 'color' is not a key");
+    expect_error_in(t2, len + 10, 7, past_end(want, sizeof want, 1, "'color' is not a key"));
     memcpy(t2 + len, "\n", 1);
-    expect_error_in(t2, len + 1, 7, "16: an empty line");
+    expect_error_in(t2, len + 1, 7, past_end(want, sizeof want, 1, "an empty line"));
     free(t2);
     free(t);
 
@@ -353,7 +427,8 @@ static void test_nul_and_truncation(void **state)
 
     /* Cut inside the last line, inside a middle line, and at a line end. */
     t = base_text(7, &len);
-    expect_error_in(t, len - 1, 7, "15: resumes: no newline at the end (the file is cut short)");
+    char want[96];
+    expect_error_in(t, len - 1, 7, past_end(want, sizeof want, 0, "change_reason: no newline at the end (the file is cut short)"));
     char *at = strstr(t, "source=") + 10;
     expect_error_in(t, (size_t)(at - t), 7, "14: source: no newline at the end");
     at = strstr(t, "uid=");
@@ -734,6 +809,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_every_state),
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_progress_fields),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_nul_and_truncation),
         cmocka_unit_test(test_next_id),
