@@ -4,7 +4,7 @@
  * default, bounds), so defaults live in one place and every error can name
  * file:line, section and key.  Sections:
  *   [daemon]      socket, state_dir, max_frame, client_timeout, max_clients,
- *                 admin_group, log_level
+ *                 socket_group, admin_group, log_level
  *   [cpu]         capacity, devices
  *   [cuda]        enabled, module_dir
  *   [pool]        defaults for every device's memory pool
@@ -42,7 +42,8 @@ typedef struct gradd_config {
     uint64_t client_timeout_ms;
     uint64_t keep_finished_ms; /* 0: keep finished jobs for good */
     uint64_t max_clients;
-    char admin_group[64];
+    char socket_group[64]; /* who may connect: the socket is 0660 to it */
+    char admin_group[64];  /* who may act on any job */
     char log_level[16];
     int log_target;      /* config_log_target: auto | journal | stderr */
     uint64_t max_jobs_per_device;

@@ -575,17 +575,17 @@ static job *locked_job(gradd_ctx *ctx, uint32_t id, rpc_send_fn send, void *conn
     return j;
 }
 
-/* locked_job, for a change only its owner, root or the admin group may
- * make (`verb`): NULL, unlocked and answered, for anyone else. */
-static job *owned_job(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, const char *verb, rpc_send_fn send,
+/* locked_job, for what only its owner, root or the admin group may do
+ * (`what`, e.g. "cancel it"): NULL, unlocked and answered, for anyone else. */
+static job *owned_job(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, const char *what, rpc_send_fn send,
                       void *conn)
 {
     job *j = locked_job(ctx, id, send, conn);
     if (!j || j->uid == peer->uid || access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group))
         return j;
     char msg[256];
-    snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may %s it", id, j->user,
-             ctx->cfg.admin_group, verb);
+    snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may %s", id, j->user,
+             ctx->cfg.admin_group, what);
     pthread_mutex_unlock(&ctx->q->lock);
     send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
     return NULL;
@@ -776,7 +776,7 @@ static double now_unix(void)
 
 static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
 {
-    job *j = owned_job(ctx, peer, id, "cancel", send, conn);
+    job *j = owned_job(ctx, peer, id, "cancel it", send, conn);
     if (!j)
         return;
     char msg[256];
@@ -804,7 +804,7 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
 
 static void do_remove(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
 {
-    job *j = owned_job(ctx, peer, id, "remove", send, conn);
+    job *j = owned_job(ctx, peer, id, "remove it", send, conn);
     if (!j)
         return;
     char msg[512], name[sizeof j->name];
@@ -827,9 +827,11 @@ static void do_remove(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
     send(conn, &resp);
 }
 
-static void do_logs(gradd_ctx *ctx, uint32_t id, rpc_send_fn send, void *conn)
+/* A job's log is its owner's, as a batch job's output file would be: it
+ * can name their files and say why they failed. */
+static void do_logs(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_send_fn send, void *conn)
 {
-    job *j = locked_job(ctx, id, send, conn);
+    job *j = owned_job(ctx, peer, id, "read its log", send, conn);
     if (!j)
         return;
     char path[PATH_MAX + 32];
@@ -1031,7 +1033,7 @@ void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *re
         do_remove(ctx, peer, req->remove->id, send, conn);
         return;
     case GRADD__REQUEST__BODY_LOGS:
-        do_logs(ctx, req->logs->id, send, conn);
+        do_logs(ctx, peer, req->logs->id, send, conn);
         return;
     case GRADD__REQUEST__BODY_METRICS:
         do_metrics(ctx, send, conn);

@@ -713,8 +713,8 @@ static int bind_socket(server *s, const char *path, char *err, size_t err_len)
         close(fd);
         return -1;
     }
-    /* Hand the socket to the admin group when we may. */
-    struct group *g = s->ctx->cfg.admin_group[0] ? getgrnam(s->ctx->cfg.admin_group) : NULL;
+    /* Hand the socket to the group of gradd's users when we may. */
+    struct group *g = s->ctx->cfg.socket_group[0] ? getgrnam(s->ctx->cfg.socket_group) : NULL;
     if (g && chown(tmp, (uid_t)-1, g->gr_gid) != 0)
         log_debug("socket %s stays in its current group: %s", path, strerror(errno));
     int lrc = link(tmp, path);

@@ -90,6 +90,7 @@ static void check_config(const gradd_config *c)
     CHECK(terminated(c->socket_path, sizeof c->socket_path));
     CHECK(terminated(c->state_dir, sizeof c->state_dir));
     CHECK(terminated(c->admin_group, sizeof c->admin_group));
+    CHECK(terminated(c->socket_group, sizeof c->socket_group));
     CHECK(terminated(c->log_level, sizeof c->log_level));
     CHECK(terminated(c->cuda_module_dir, sizeof c->cuda_module_dir));
     CHECK(c->noverrides >= 0 && c->noverrides <= CONFIG_MAX_OVERRIDES);

@@ -327,6 +327,12 @@ class Jobs(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("only its owner, root or group", r.stderr)
         self.assertIn("may remove it", r.stderr)
+        # Its log is its owner's, as a batch job's output file would be.
+        r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "logs", str(jid)],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("may read its log", r.stderr)
+        self.assertEqual(r.stdout, "")
         # Anyone may list and watch.
         r = subprocess.run(nobody + [GRADCTL, "-s", self.d.sock, "--json", "list"],
                            capture_output=True, text=True, timeout=30)
@@ -346,6 +352,33 @@ class Jobs(unittest.TestCase):
         self.assertIn("secret.txt", r.stderr)
         self.assertIn("ermission denied", r.stderr)
         self.d.ctl("cancel", str(jid))
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to act as other users (setpriv)")
+    def test_admin_group_is_not_the_socket_group(self):
+        # The socket's group may use gradd; only admin_group acts on others' jobs.
+        import grp
+        self.start("[daemon]\nsocket_group = daemon\nadmin_group = nogroup\n")
+        self.assertEqual(os.stat(self.d.sock).st_gid, grp.getgrnam("daemon").gr_gid)
+        self.assertEqual(os.stat(self.d.sock).st_mode & 0o777, 0o660)
+        os.chmod(self.d.dir, 0o755)
+        jid = self.submit(self.job("roots", steps=100000))
+        self.wait_state(jid, ("running",))
+
+        def ctl_as(group, *args):
+            return subprocess.run(["setpriv", "--reuid=daemon", "--regid=" + group, "--groups=daemon", GRADCTL,
+                                   "-s", self.d.sock] + list(args), capture_output=True, text=True, timeout=30)
+        r = ctl_as("daemon", "logs", str(jid))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("only its owner, root or group 'nogroup' may read its log", r.stderr)
+        r = ctl_as("daemon", "cancel", str(jid))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(self.info(jid)["state"], "running")
+        r = ctl_as("nogroup", "logs", str(jid))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("== job %d (roots) starting on cpu0" % jid, r.stdout)
+        r = ctl_as("nogroup", "cancel", str(jid))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.wait_state(jid, ("cancelled",))["state"], "cancelled")
 
     def test_bad_job_files(self):
         self.start()
