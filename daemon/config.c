@@ -83,6 +83,12 @@ void config_defaults(gradd_config *c)
     opts_defaults(opts, NOPTS, "pool", &c->pool);
 }
 
+uint64_t config_job_file_limit(const gradd_config *c)
+{
+    uint64_t room = c->max_frame > 2 * CONFIG_SUBMIT_ENVELOPE ? c->max_frame - CONFIG_SUBMIT_ENVELOPE : c->max_frame / 2;
+    return c->max_job_file < room ? c->max_job_file : room;
+}
+
 void config_print_defaults(FILE *f)
 {
     opts_print(opts, NOPTS, f);

@@ -77,4 +77,12 @@ void config_pool_for(const gradd_config *c, const char *device_id, pool_config *
 /* Print every option with its default, as a commented gradd.conf. */
 void config_print_defaults(FILE *f);
 
+/* A submit request carries the job file with its path and name: this much
+ * room is left for them in a frame. */
+#define CONFIG_SUBMIT_ENVELOPE 8192
+/* The largest job file a submit can bring: max_job_file, but no more than
+ * fits in a frame of max_frame with its envelope, so that every file under
+ * the limit can be sent and one over it is told so by name. */
+uint64_t config_job_file_limit(const gradd_config *c);
+
 #endif

@@ -614,9 +614,12 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, "submit: the job file path must be absolute");
         return;
     }
-    if (rq->contents.len > ctx->cfg.max_job_file) {
-        snprintf(msg, sizeof msg, "%s: %zu bytes is more than this daemon accepts ([daemon] max_job_file = %llu)",
-                 path, rq->contents.len, (unsigned long long)ctx->cfg.max_job_file);
+    uint64_t limit = config_job_file_limit(&ctx->cfg);
+    if (rq->contents.len > limit) {
+        snprintf(msg, sizeof msg,
+                 "%s: %zu bytes is more than this daemon accepts (%llu: [daemon] max_job_file, at most max_frame "
+                 "less %d)",
+                 path, rq->contents.len, (unsigned long long)limit, CONFIG_SUBMIT_ENVELOPE);
         send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         return;
     }

@@ -431,6 +431,27 @@ class Jobs(unittest.TestCase):
         self.assertIn("[job] name: contains a control character (it is the file's name", r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
 
+    def test_job_file_limit_fits_the_frame(self):
+        # Every file under the limit can be sent, and one over it is told
+        # its size, not that a frame was too big.
+        self.start("[daemon]\nmax_frame = 64K\nmax_job_file = 1M\n")
+        text = JOB.format(name="big", train=self.train, steps=2, ckpt=0, out=os.path.join(self.dir, "o"))
+        limit = 64 * 1024 - 8192
+        cfg = os.path.join(self.dir, "big.cfg")
+        for size, ok in ((limit, True), (limit + 1, False)):
+            pad = size - len(text.encode())
+            lines, rest = divmod(pad, 100)
+            with open(cfg, "w") as f:
+                f.write(text + ("#" * 99 + "\n") * lines + "#" * (rest - 1) + "\n")
+            self.assertEqual(os.path.getsize(cfg), size)
+            r = self.d.ctl("submit", cfg, check=False)
+            if ok:
+                self.assertEqual(r.returncode, 0, r.stderr)
+            else:
+                self.assertEqual(r.returncode, 1, r.stdout)
+                self.assertIn("%s: %d bytes is more than this daemon accepts (%d: [daemon] max_job_file, at most "
+                              "max_frame less 8192)" % (cfg, size, limit), r.stderr)
+
     def test_submit_overrides_checked_by_the_daemon(self):
         # Any client can send a SubmitRequest: its name and priority are
         # held to the job file's rules, not only gradctl's.
