@@ -971,8 +971,17 @@ static void do_metrics(gradd_ctx *ctx, rpc_send_fn send, void *conn)
                     name[o++] = *c == '\n' ? ' ' : *c;
                 }
                 name[o] = '\0';
-                fprintf(f, "%s{job=\"%u\",name=\"%s\",user=\"%s\",device=\"%s\"} %.17g\n", jm[m][0], j->id,
-                        name, j->user, j->device, isfinite(v[m]) ? v[m] : 0.0);
+                /* The exposition format spells these out; a skipped fp16
+                 * step's loss is not 0. */
+                char val[32];
+                if (isnan(v[m]))
+                    snprintf(val, sizeof val, "NaN");
+                else if (isinf(v[m]))
+                    snprintf(val, sizeof val, "%cInf", v[m] > 0 ? '+' : '-');
+                else
+                    snprintf(val, sizeof val, "%.17g", v[m]);
+                fprintf(f, "%s{job=\"%u\",name=\"%s\",user=\"%s\",device=\"%s\"} %s\n", jm[m][0], j->id,
+                        name, j->user, j->device, val);
             }
         }
         pthread_mutex_unlock(&ctx->q->lock);
