@@ -5,6 +5,7 @@
 
 #include "ctl.h"
 #include "jobfmt.h"
+#include "table.h"
 
 static int run(ctl *c, int argc, char **argv);
 
@@ -50,6 +51,11 @@ static int run(ctl *c, int argc, char **argv)
     Gradd__Response *resp;
     char *all = NULL;
     size_t len = 0, cap = 0;
+    /* Text: the log made safe for the terminal, its lines kept.  A chunk
+     * may end inside a UTF-8 character; those bytes wait in `cut` for the
+     * rest, so that an "é" split in two is not shown as two bad bytes. */
+    char cut[8];
+    size_t ncut = 0;
     rc = ctl_call(c, &req, &resp);
     while (rc == CTL_OK) {
         if (resp->body_case != GRADD__RESPONSE__BODY_LOGS || !resp->logs) {
@@ -66,8 +72,21 @@ static int run(ctl *c, int argc, char **argv)
                 rc = CTL_ERR_DAEMON;
                 break;
             }
-        } else if (l->chunk.len) {
-            fwrite(l->chunk.data, 1, l->chunk.len, stdout);
+        } else if (ncut + l->chunk.len) {
+            char *text = malloc(ncut + l->chunk.len);
+            if (!text) {
+                fprintf(stderr, "gradctl: out of memory\n");
+                gradd__response__free_unpacked(resp, NULL);
+                rc = CTL_ERR_DAEMON;
+                break;
+            }
+            memcpy(text, cut, ncut);
+            memcpy(text + ncut, l->chunk.data, l->chunk.len);
+            size_t n = ncut + l->chunk.len;
+            size_t done = table_put_text(stdout, text, n, TABLE_TEXT_LINES | (l->last ? 0 : TABLE_TEXT_MORE));
+            ncut = n - done; /* at most 3: the start of one character */
+            memcpy(cut, text + done, ncut);
+            free(text);
         }
         bool last = l->last;
         gradd__response__free_unpacked(resp, NULL);

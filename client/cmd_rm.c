@@ -45,7 +45,9 @@ static int run(ctl *c, int argc, char **argv)
         json_end_object(&w);
         json_end(&w);
     } else {
-        printf("job %u removed (%s)\n", resp->remove->id, resp->remove->name);
+        printf("job %u removed (", resp->remove->id);
+        table_puts(stdout, resp->remove->name);
+        printf(")\n");
     }
     gradd__response__free_unpacked(resp, NULL);
     return CTL_OK;

@@ -16,6 +16,7 @@
 
 #include "ctl.h"
 #include "jobfmt.h"
+#include "table.h"
 
 /* The daemon's limit (daemon/sample.h), checked here too for a usage error
  * rather than a daemon error. */
@@ -75,6 +76,27 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
+/* A negative number where the id goes ("sample -1"), or NULL.  getopt
+ * would take it for option "-1" and say "invalid option"; it is a bad id
+ * like any other.  Every option here takes a value, so an option word
+ * without "=" or an attached value is followed by its value: skipped, so
+ * that "--seed -1" stays the seed's to refuse. */
+static const char *negative_id(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0)
+            break;
+        if (a[0] == '-' && a[1] >= '0' && a[1] <= '9')
+            return a;
+        if (a[0] == '-' && a[1] == '-' && !strchr(a, '='))
+            i++;
+        else if (a[0] == '-' && a[1] && a[1] != '-' && !a[2])
+            i++;
+    }
+    return NULL;
+}
+
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -87,6 +109,9 @@ static int run(ctl *c, int argc, char **argv)
     Gradd__SampleRequest sr;
     gradd__sample_request__init(&sr);
     const char *prompt = "";
+    const char *neg = negative_id(argc, argv);
+    if (neg)
+        return ctl_usage(&cmd_sample, "'%s' is not a job id (a number, as `gradctl list` shows)", neg);
     int ch;
     while ((ch = getopt_long(argc, argv, "p:n:t:s:", longopts, NULL)) != -1) {
         uint64_t v;
@@ -170,8 +195,11 @@ static int run(ctl *c, int argc, char **argv)
         json_end(&w);
         free(text);
     } else {
-        fprintf(stderr, "# job %u: %s (step %" PRIu64 "), seed %" PRIu64 ", %zu tokens in %.2fs\n", sr.id,
-                s->model_path, s->step, s->seed, s->n_token_ids, s->elapsed_s);
+        /* The model's path is the job's output dir: made safe to print. */
+        fprintf(stderr, "# job %u: ", sr.id);
+        table_puts(stderr, s->model_path);
+        fprintf(stderr, " (step %" PRIu64 "), seed %" PRIu64 ", %zu tokens in %.2fs\n", s->step, s->seed,
+                s->n_token_ids, s->elapsed_s);
         if (s->vocab == 256) {
             char *text = to_utf8(s->text.data, s->text.len);
             fputs(prompt, stdout);

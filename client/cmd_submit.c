@@ -13,6 +13,7 @@
 
 #include "ctl.h"
 #include "jobcfg.h"
+#include "table.h"
 #include "units.h"
 
 /* The largest job file gradctl sends; the daemon has its own limit. */
@@ -200,7 +201,9 @@ static int run(ctl *c, int argc, char **argv)
         json_end_object(&w);
         json_end(&w);
     } else {
-        printf("job %u queued (%s)\n", s->id, s->name);
+        printf("job %u queued (", s->id);
+        table_puts(stdout, s->name);
+        printf(")\n");
     }
     gradd__response__free_unpacked(resp, NULL);
     return CTL_OK;

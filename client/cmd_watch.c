@@ -10,6 +10,7 @@
 
 #include "ctl.h"
 #include "jobfmt.h"
+#include "table.h"
 #include "units.h"
 
 static int run(ctl *c, int argc, char **argv);
@@ -40,7 +41,10 @@ static void live_line(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     int cols = term_columns();
     if (strcmp(j->state, "queued") == 0) {
-        snprintf(buf, len, "job %u queued for %s, waiting for its turn", j->id, *j->device ? j->device : "a device");
+        /* Made safe before the line is cut to the terminal's width. */
+        char dev[128];
+        snprintf(buf, len, "job %u queued for %s, waiting for its turn", j->id,
+                 j->device && *j->device ? table_text(j->device, dev, sizeof dev) : "a device");
     } else {
         char loss[32], val[48] = "", speed[48], eta[32], mem[16], figures[256];
         if (isfinite(j->val_loss))
@@ -64,6 +68,16 @@ static void live_line(char *buf, size_t len, const Gradd__JobInfo *j)
     }
     if (cols > 1 && strlen(buf) >= (size_t)cols)
         buf[cols - 1] = '\0';
+}
+
+/* How the job ended.  A reason can be several lines (an OOM report): the
+ * line breaks are kept, anything else unsafe is shown escaped. */
+static void final_line(const Gradd__JobInfo *j)
+{
+    char line[1024];
+    jobfmt_final(line, sizeof line, j);
+    table_put_text(stdout, line, strlen(line), TABLE_TEXT_LINES);
+    putchar('\n');
 }
 
 static void print_json_event(const Gradd__WatchEvent *e)
@@ -95,8 +109,8 @@ static int run(ctl *c, int argc, char **argv)
     /* The live line is printed with its newline and redrawn by moving up
      * one line: the cursor always rests on an empty line, so an error from
      * ctl_recv or a ^C never lands in the middle of the bar. */
-    bool drawn = false;
-    char prev[512] = "";
+    bool drawn = false, shown = false;
+    uint64_t shown_step = 0;
     rc = ctl_call(c, &req, &resp);
     while (rc == CTL_OK) {
         if (resp->body_case != GRADD__RESPONSE__BODY_WATCH || !resp->watch || !resp->watch->job) {
@@ -112,22 +126,26 @@ static int run(ctl *c, int argc, char **argv)
         } else if (live) {
             if (drawn)
                 fputs("\033[1A\r\033[K", stdout);
-            if (e->final)
-                jobfmt_final(line, sizeof line, j);
-            else
-                live_line(line, sizeof line, j);
-            printf("%s\n", line);
-            drawn = true;
-        } else {
-            jobfmt_progress(line, sizeof line, j);
-            /* The final event repeats the last progress line more often than not. */
-            if (!e->final || strcmp(line, prev) != 0)
-                printf("%s\n", line);
-            snprintf(prev, sizeof prev, "%s", line);
             if (e->final) {
-                jobfmt_final(line, sizeof line, j);
+                final_line(j);
+            } else {
+                live_line(line, sizeof line, j);
                 printf("%s\n", line);
             }
+            drawn = true;
+        } else {
+            /* The final event repeats the last step, with the job no longer
+             * running (no eta, its memory freed): a step already shown is
+             * not shown again. */
+            if (!e->final || !shown || j->step != shown_step) {
+                jobfmt_progress(line, sizeof line, j);
+                table_puts(stdout, line);
+                putchar('\n');
+                shown = true;
+                shown_step = j->step;
+            }
+            if (e->final)
+                final_line(j);
         }
         fflush(stdout);
         if (e->final) {

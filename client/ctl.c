@@ -10,6 +10,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "table.h"
+
 int ctl_connect(ctl *c)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -46,10 +48,16 @@ int ctl_recv(ctl *c, Gradd__Response **out)
     *out = NULL;
     uint8_t *body = NULL;
     size_t len = 0;
+    errno = 0;
     wire_status ws = wire_read_frame(c->fd, WIRE_MAX_FRAME_DEFAULT * 16, &body, &len);
     if (ws != WIRE_OK) {
-        fprintf(stderr, "gradctl: reading the reply from %s: %s\n", c->socket_path,
-                ws == WIRE_CLOSED ? "the daemon closed the connection" : wire_status_str(ws));
+        /* A reset is what a daemon that refuses the connection (max_clients)
+         * or stops mid-request looks like from here: say so plainly. */
+        const char *why = ws == WIRE_CLOSED || (ws == WIRE_IO && errno == ECONNRESET)
+                              ? "the daemon closed the connection"
+                          : ws == WIRE_IO && errno ? strerror(errno)
+                                                   : wire_status_str(ws);
+        fprintf(stderr, "gradctl: reading the reply from %s: %s (its log may say why)\n", c->socket_path, why);
         return CTL_ERR_UNREACHABLE;
     }
     char err[256];
@@ -60,13 +68,36 @@ int ctl_recv(ctl *c, Gradd__Response **out)
         return CTL_ERR_DAEMON;
     }
     if (resp->body_case == GRADD__RESPONSE__BODY_ERROR) {
-        fprintf(stderr, "gradctl: %s\n", resp->error->message && *resp->error->message ? resp->error->message
-                                                                                        : "the daemon reported an error");
+        /* The message can quote a job file's paths: made safe to print. */
+        const char *m = resp->error->message && *resp->error->message ? resp->error->message
+                                                                      : "the daemon reported an error";
+        fputs("gradctl: ", stderr);
+        table_put_text(stderr, m, strlen(m), TABLE_TEXT_LINES);
+        fputc('\n', stderr);
         gradd__response__free_unpacked(resp, NULL);
         return CTL_ERR_DAEMON;
     }
     *out = resp;
     return CTL_OK;
+}
+
+/* Write all of buf to the socket.  send with MSG_NOSIGNAL rather than
+ * write: a daemon that closes the connection first (a request over its
+ * max_frame, a client over its max_clients) would otherwise kill gradctl
+ * with SIGPIPE, silently.  SIGPIPE stays on for stdout, so that
+ * `gradctl watch ID | head` still ends when head does.  0, or an errno. */
+static int send_all(int fd, const uint8_t *buf, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno;
+        buf += n;
+        len -= (size_t)n;
+    }
+    return 0;
 }
 
 int ctl_call(ctl *c, Gradd__Request *req, Gradd__Response **out)
@@ -84,10 +115,24 @@ int ctl_call(ctl *c, Gradd__Request *req, Gradd__Response **out)
         fprintf(stderr, "gradctl: out of memory\n");
         return CTL_ERR_DAEMON;
     }
-    wire_status ws = wire_write_all(c->fd, buf, len);
+    int e = send_all(c->fd, buf, len);
     free(buf);
-    if (ws != WIRE_OK) {
-        fprintf(stderr, "gradctl: sending the request to %s failed: %s\n", c->socket_path, strerror(errno));
+    if (e == EPIPE || e == ECONNRESET) {
+        /* The daemon hung up before taking the whole request.  It says why
+         * first where it can (a frame over its max_frame): that reply is
+         * already here, and reading it cannot block on a closed peer. */
+        int rc = ctl_recv(c, out);
+        if (rc == CTL_OK) {
+            gradd__response__free_unpacked(*out, NULL);
+            *out = NULL;
+            fprintf(stderr, "gradctl: gradd at %s closed the connection before the whole request was sent\n",
+                    c->socket_path);
+            return CTL_ERR_UNREACHABLE;
+        }
+        return rc;
+    }
+    if (e) {
+        fprintf(stderr, "gradctl: sending the request to %s failed: %s\n", c->socket_path, strerror(e));
         return CTL_ERR_UNREACHABLE;
     }
     return ctl_recv(c, out);

@@ -61,7 +61,8 @@ int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
             dashdash = true;
             continue;
         }
-        if (!dashdash && argv[i][0] == '-' && argv[i][1])
+        /* "-1" is a bad id, not an unknown option "-1". */
+        if (!dashdash && argv[i][0] == '-' && argv[i][1] && !(argv[i][1] >= '0' && argv[i][1] <= '9'))
             return ctl_usage(cmd, "unknown option '%s'", argv[i]);
         if (arg)
             return ctl_usage(cmd, "unexpected argument '%s'", argv[i]);
@@ -125,7 +126,6 @@ const char *jobfmt_eta(const Gradd__JobInfo *j, char *buf, size_t len)
 
 const char *jobfmt_batch(const Gradd__JobInfo *j, char *buf, size_t len)
 {
-    /* Always one "×", so that the table's byte-counted widths stay aligned. */
     char m[16], a[16];
     if (j->micro)
         snprintf(m, sizeof m, "%u", j->micro);
@@ -183,7 +183,7 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
     else
         table_cell(t, "-");
     /* The batch controller: predicted maximum micro-batch, OOMs survived,
-     * and the last change as "13->6 oom@9" (ASCII: widths count bytes). */
+     * and the last change as "13->6 oom@9". */
     if (j->micro_max)
         table_cell(t, "%u", j->micro_max);
     else
@@ -200,28 +200,43 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
 
 #define LABEL "  %-11s "
 
-/* Print text whose later lines (an OOM report, say) line up under the first. */
+/* "  LABEL       TEXT\n", TEXT made safe (it comes from the daemon). */
+static void field(FILE *f, const char *label, const char *text)
+{
+    fprintf(f, LABEL, label);
+    table_puts(f, text);
+    fputc('\n', f);
+}
+
+/* Print text whose later lines (an OOM report, say) line up under the
+ * first; each line made safe, the line breaks kept. */
 static void indented(FILE *f, const char *label, const char *text)
 {
     fprintf(f, LABEL, label);
-    for (const char *p = text; *p; p++) {
-        fputc(*p, f);
-        if (*p == '\n' && p[1])
-            fprintf(f, LABEL, "");
-    }
-    if (!*text || text[strlen(text) - 1] != '\n')
+    for (const char *p = text;;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        table_put_text(f, p, n, 0);
         fputc('\n', f);
+        if (!nl || !nl[1])
+            break;
+        p = nl + 1;
+        fprintf(f, LABEL, "");
+    }
 }
 
 void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
 {
     char a[64], b[64];
-    fprintf(f, "job %u  %s\n", j->id, j->name && *j->name ? j->name : "(unnamed)");
-    fprintf(f, LABEL "%s (uid %u)\n", "user", j->user && *j->user ? j->user : "?", j->uid);
-    fprintf(f, LABEL "%s\n", "state", j->state && *j->state ? j->state : "?");
+    fprintf(f, "job %u  ", j->id);
+    table_puts(f, j->name && *j->name ? j->name : "(unnamed)");
+    fprintf(f, "\n" LABEL, "user");
+    table_puts(f, j->user && *j->user ? j->user : "?");
+    fprintf(f, " (uid %u)\n", j->uid);
+    field(f, "state", j->state && *j->state ? j->state : "?");
     if ((is_state(j, "failed") || is_state(j, "cancelled")) && j->reason && *j->reason)
         indented(f, "reason", j->reason);
-    fprintf(f, LABEL "%s\n", "device", j->device && *j->device ? j->device : "-");
+    field(f, "device", j->device && *j->device ? j->device : "-");
     fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
     fprintf(f, LABEL "%llu/%llu steps (%.1f%%)\n", "progress", (unsigned long long)j->step,
             (unsigned long long)j->steps, percent(j));
@@ -238,7 +253,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     if (j->change_reason && *j->change_reason)
         fprintf(f, LABEL "%u → %u at step %llu (%s)\n", "last change", j->change_from, j->change_to,
                 (unsigned long long)j->change_step, j->change_reason);
-    fprintf(f, LABEL "%s\n", "speed", jobfmt_speed(j, a, sizeof a));
+    field(f, "speed", jobfmt_speed(j, a, sizeof a));
 
     fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");
     int w = 0;
@@ -266,8 +281,8 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     if (is_state(j, "running"))
         fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
     fprintf(f, LABEL "%u\n", "resumes", j->resumes);
-    fprintf(f, LABEL "%s\n", "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
-    fprintf(f, LABEL "%s\n", "job file", j->job_file && *j->job_file ? j->job_file : "-");
+    field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
+    field(f, "job file", j->job_file && *j->job_file ? j->job_file : "-");
 }
 
 /* ---- progress and final lines --------------------------------------------- */

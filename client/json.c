@@ -2,6 +2,9 @@
 #include "json.h"
 
 #include <math.h>
+#include <string.h>
+
+#include "utf8.h"
 
 void json_init(json_writer *w, FILE *f)
 {
@@ -44,22 +47,40 @@ void json_end_object(json_writer *w) { close_container(w, '}'); }
 void json_begin_array(json_writer *w) { open_container(w, '['); }
 void json_end_array(json_writer *w) { close_container(w, ']'); }
 
+/* JSON text must be UTF-8: a byte that does not start a valid sequence
+ * (a path from an old job, a name in another encoding) is written as
+ * U+FFFD, one per byte, so that the document always parses.  Controls and
+ * DEL are \u-escaped, so that the output is also safe on a terminal. */
 static void put_escaped(FILE *f, const char *s)
 {
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = strlen((const char *)p);
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        switch (*p) {
+    for (size_t i = 0; i < n;) {
+        size_t k = p[i] < 0x80 ? 1 : utf8_seq(p + i, n - i);
+        if (k == 0) {
+            fputs("\\ufffd", f);
+            i++;
+            continue;
+        }
+        if (k > 1) {
+            fwrite(p + i, 1, k, f);
+            i += k;
+            continue;
+        }
+        switch (p[i]) {
         case '"': fputs("\\\"", f); break;
         case '\\': fputs("\\\\", f); break;
         case '\n': fputs("\\n", f); break;
         case '\r': fputs("\\r", f); break;
         case '\t': fputs("\\t", f); break;
         default:
-            if (*p < 0x20)
-                fprintf(f, "\\u%04x", *p);
+            if (p[i] < 0x20 || p[i] == 0x7f)
+                fprintf(f, "\\u%04x", p[i]);
             else
-                fputc(*p, f);
+                fputc(p[i], f);
         }
+        i++;
     }
     fputc('"', f);
 }

@@ -1,10 +1,93 @@
 /* table.c — collect cells, then print with each column as wide as its
- * widest cell. */
+ * widest cell; and the terminal-safe form of daemon-supplied text. */
 #include "table.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "utf8.h"
+
+/* ---- terminal-safe text --------------------------------------------------- */
+
+/* Whether s[0..n) starts a UTF-8 sequence that the end of the piece cuts
+ * short: with TABLE_TEXT_MORE its rest is in the next piece. */
+static bool cut_short(const unsigned char *s, size_t n)
+{
+    size_t need = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+                : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    if (n >= need)
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return false;
+    return true;
+}
+
+/* One step of the safe form: the bytes at s consumed (n > 0 available) and
+ * what they print as in out (at most 4 bytes, not terminated). */
+static size_t text_step(const unsigned char *s, size_t n, unsigned flags, char out[4], size_t *out_len)
+{
+    size_t k = utf8_seq(s, n);
+    bool control = *s < 0x20 || *s == 0x7f;
+    if ((flags & TABLE_TEXT_LINES) && (*s == '\n' || *s == '\t'))
+        control = false;
+    if (k == 0 || control) {
+        static const char hex[] = "0123456789abcdef";
+        out[0] = '\\';
+        out[1] = 'x';
+        out[2] = hex[*s >> 4];
+        out[3] = hex[*s & 15];
+        *out_len = 4;
+        return 1;
+    }
+    memcpy(out, s, k);
+    *out_len = k;
+    return k;
+}
+
+size_t table_put_text(FILE *f, const char *s, size_t n, unsigned flags)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        if ((flags & TABLE_TEXT_MORE) && cut_short(p + i, n - i))
+            break;
+        char out[4];
+        size_t len;
+        i += text_step(p + i, n - i, flags, out, &len);
+        fwrite(out, 1, len, f);
+    }
+    return i;
+}
+
+void table_puts(FILE *f, const char *s)
+{
+    if (s)
+        table_put_text(f, s, strlen(s), 0);
+}
+
+const char *table_text(const char *s, char *buf, size_t len)
+{
+    if (!len)
+        return buf;
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = strlen((const char *)p), i = 0, o = 0;
+    while (i < n) {
+        char out[4];
+        size_t olen;
+        size_t k = text_step(p + i, n - i, 0, out, &olen);
+        if (o + olen >= len)
+            break;
+        memcpy(buf + o, out, olen);
+        o += olen;
+        i += k;
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* ---- tables --------------------------------------------------------------- */
 
 void table_init(table *t, int ncols, const char *const *head)
 {
@@ -30,21 +113,47 @@ void table_cell(table *t, const char *fmt, ...)
     }
     va_list ap;
     va_start(ap, fmt);
-    if (vasprintf(&t->cells[n], fmt, ap) < 0)
-        t->cells[n] = NULL;
+    char *raw;
+    if (vasprintf(&raw, fmt, ap) < 0)
+        raw = NULL;
     va_end(ap);
+    /* Made safe here, once, so that the widths below measure what prints:
+     * each byte becomes at most 4. */
+    t->cells[n] = NULL;
+    if (raw) {
+        size_t len = strlen(raw) * 4 + 1;
+        t->cells[n] = malloc(len);
+        if (t->cells[n])
+            table_text(raw, t->cells[n], len);
+        free(raw);
+    }
     t->ncells = n + 1;
     t->nrows = t->ncells / t->ncols;
+}
+
+/* Characters, not bytes: cells are valid UTF-8 once made safe. */
+static int text_width(const char *s)
+{
+    int w = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        w += (*p & 0xC0) != 0x80;
+    return w;
+}
+
+static void pad(FILE *f, int n)
+{
+    for (; n > 0; n--)
+        fputc(' ', f);
 }
 
 void table_print(const table *t, FILE *f)
 {
     int w[TABLE_MAX_COLS];
     for (int c = 0; c < t->ncols; c++) {
-        w[c] = (int)strlen(t->head[c]);
+        w[c] = text_width(t->head[c]);
         for (int r = 0; r < t->nrows; r++) {
             const char *s = t->cells[r * t->ncols + c];
-            int l = s ? (int)strlen(s) : 0;
+            int l = s ? text_width(s) : 0;
             if (l > w[c])
                 w[c] = l;
         }
@@ -55,12 +164,12 @@ void table_print(const table *t, FILE *f)
             if (!s)
                 s = "";
             int last = c == t->ncols - 1;
+            int gap = w[c] - text_width(s);
             if (t->right[c])
-                fprintf(f, "%*s%s", w[c], s, last ? "" : "  ");
-            else if (last)
-                fputs(s, f);
-            else
-                fprintf(f, "%-*s  ", w[c], s);
+                pad(f, gap);
+            fputs(s, f);
+            if (!last)
+                pad(f, (t->right[c] ? 0 : gap) + 2);
         }
         fputc('\n', f);
     }

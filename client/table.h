@@ -1,7 +1,10 @@
-/* table.h — aligned text tables for gradctl's human output. */
+/* table.h — aligned text tables for gradctl's human output, and the
+ * terminal-safe form that every daemon-supplied string takes there. */
 #ifndef GRADCTL_TABLE_H
 #define GRADCTL_TABLE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #define TABLE_MAX_COLS 16
@@ -10,15 +13,40 @@ typedef struct {
     int ncols;
     const char *head[TABLE_MAX_COLS];
     int right[TABLE_MAX_COLS]; /* right-align numbers */
-    char **cells;              /* nrows × ncols, owned */
+    char **cells;              /* nrows × ncols, owned, already made safe */
     int ncells, nrows, cap;
 } table;
 
 /* Column names; a name starting with '>' is right-aligned. */
 void table_init(table *t, int ncols, const char *const *head);
-/* Append one cell; every ncols cells make a row. */
+/* Append one cell, made safe as table_text does; every ncols cells make a
+ * row. */
 void table_cell(table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Columns are as wide as their widest cell in characters (UTF-8 sequences),
+ * so that names with accents line up too. */
 void table_print(const table *t, FILE *f);
 void table_free(table *t);
+
+/* ---- terminal-safe text --------------------------------------------------- */
+
+/* Job names, paths and reasons come from the daemon and, through it, from
+ * other users and old state: printed raw, an ESC sequence or a BEL in one
+ * would act on the reader's terminal.  The safe form keeps valid UTF-8 and
+ * shows C0 controls and DEL as "\x1b", and each byte that is not part of a
+ * valid UTF-8 sequence as "\xff". */
+enum {
+    TABLE_TEXT_LINES = 1, /* keep \n and \t (log text is multi-line) */
+    TABLE_TEXT_MORE = 2,  /* more text follows: leave a sequence cut at the end */
+};
+
+/* Write the safe form of s[0..n) to f.  Returns the bytes consumed: n, or
+ * with TABLE_TEXT_MORE, less by a UTF-8 sequence that the end cuts short
+ * (the caller puts it in front of the next piece). */
+size_t table_put_text(FILE *f, const char *s, size_t n, unsigned flags);
+/* The safe form of the NUL-terminated s (NULL prints as ""), one line. */
+void table_puts(FILE *f, const char *s);
+/* The safe form of s, one line, into buf (always terminated, cut before an
+ * escape or character that does not fit); returns buf. */
+const char *table_text(const char *s, char *buf, size_t len);
 
 #endif
