@@ -21,7 +21,7 @@ PROTOCOL_VERSION = 1
 
 
 class Daemon:
-    def __init__(self, conf="", args=(), test_hooks=False):
+    def __init__(self, conf="", args=(), test_hooks=False, env=None):
         self.dir = tempfile.mkdtemp(prefix="gradd-it-")
         self.sock = os.path.join(self.dir, "gradd.sock")
         self.conf = os.path.join(self.dir, "gradd.conf")
@@ -33,7 +33,7 @@ class Daemon:
         if test_hooks:
             cmd.append("--test-hooks")
         cmd += list(args)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_ready()
 
     def wait_ready(self, timeout=20):
@@ -53,7 +53,7 @@ class Daemon:
     def read_log(self):
         if not self.log.closed:
             self.log.flush()
-        with open(self.log_path) as f:
+        with open(self.log_path, errors="replace") as f:
             return f.read()
 
     def ctl(self, *args, check=True, env=None):

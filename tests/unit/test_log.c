@@ -96,6 +96,18 @@ static void test_plain_and_device_lines(void **state)
     assert_string_equal(field(&c, "PRIORITY"), "7");
 }
 
+/* What users wrote is quoted in messages: it can neither start a line of
+ * its own nor act on a terminal, and valid UTF-8 stays as it is. */
+static void test_user_text_is_escaped(void **state)
+{
+    (void)state;
+    capture c = {0};
+    log_set_sink(capture_sink, &c);
+    log_info("job 3 (%s) from %s", "a\nb\x1b[2J\x07", "/home/d\xc3\xa9j\xe0/x\\y\x7f\xff.cfg");
+    assert_string_equal(field(&c, "MESSAGE"),
+                        "job 3 (a\\x0ab\\x1b[2J\\x07) from /home/d\xc3\xa9j\\xe0/x\\\\y\\x7f\\xff.cfg");
+}
+
 /* A sink that refuses a line (journald gone) sends it to stderr instead;
  * with no sink every line is a plain stderr line. */
 static void test_fallback_to_stderr(void **state)
@@ -155,6 +167,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_job_fields, teardown),
         cmocka_unit_test_teardown(test_plain_and_device_lines, teardown),
+        cmocka_unit_test_teardown(test_user_text_is_escaped, teardown),
         cmocka_unit_test_teardown(test_fallback_to_stderr, teardown),
         cmocka_unit_test_teardown(test_journal_stream, teardown),
     };
