@@ -104,6 +104,24 @@ class Lifecycle(unittest.TestCase):
             finally:
                 d.cleanup()
 
+    def test_openmp_spins_politely_unless_told(self):
+        # gradd runs itself again with a short OpenMP spin, in the same
+        # process, unless the user chose a wait policy.
+        def environ(pid):
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                return [e.decode() for e in f.read().split(b"\0") if e]
+        base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+        for extra, want in (({}, ["GOMP_SPINCOUNT=1000"]),
+                            ({"OMP_WAIT_POLICY": "active"}, []),
+                            ({"GOMP_SPINCOUNT": "300000"}, ["GOMP_SPINCOUNT=300000"])):
+            d = Daemon(env=dict(base, **extra))
+            try:
+                self.assertEqual(d.ctl_json("status")["pid"], d.proc.pid)
+                self.assertEqual([e for e in environ(d.proc.pid) if e.startswith("GOMP_SPINCOUNT=")], want)
+                self.assertEqual(d.stop(), 0, d.read_log())
+            finally:
+                d.cleanup()
+
     def test_nohup_daemon_ignores_sighup(self):
         # Started under nohup, gradd keeps serving when the terminal goes.
         with tempfile.TemporaryDirectory() as tmp:
