@@ -27,6 +27,9 @@
 #                       on a loaded machine PASSIVE helps both a lot (spinning
 #                       workers steal the cores), on an idle one ACTIVE (the
 #                       default) is faster for short steps.
+#   GOMP_SPINCOUNT      gradd's side runs with what gradd itself sets when
+#                       neither is given (1000, see gradd(8) ENVIRONMENT);
+#                       the peer with libgomp's default, as torch runs.
 # The peer gets OPENBLAS_NUM_THREADS=THREADS (torch's GEMMs are threaded by
 # OpenBLAS, not by torch.set_num_threads); gradd runs one single-threaded
 # OpenBLAS per OpenMP thread itself.
@@ -76,6 +79,10 @@ wait_quiet() {
     done
 }
 
+# gradd's own spin (daemon/main.c): what its side runs with.
+spin=${GOMP_SPINCOUNT:-}
+[ -z "$spin" ] && [ -z "${OMP_WAIT_POLICY:-}" ] && spin=1000
+
 tmp=$(mktemp -d /tmp/run_train.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
@@ -90,7 +97,8 @@ for cfg in $(echo "$only" | tr ',' ' '); do
             echo "run_train: $cfg round $r/$rounds: $side (load average $load)" >&2
             if [ "$side" = gradd ]; then
                 # shellcheck disable=SC2086
-                "$build/bench/bench_train" --threads "$threads" --only "$cfg" $steps_args >>"$tmp/gradd.jsonl"
+                env ${spin:+GOMP_SPINCOUNT=$spin} "$build/bench/bench_train" --threads "$threads" --only "$cfg" \
+                    $steps_args >>"$tmp/gradd.jsonl"
             else
                 # shellcheck disable=SC2086
                 OPENBLAS_NUM_THREADS=$threads "$py" "$here/torch_peer.py" --threads "$threads" --only "$cfg" \
@@ -103,9 +111,9 @@ for cfg in $(echo "$only" | tr ',' ' '); do
 done
 
 # Join: one line per configuration in the bench/ convention.
-"$py" - "$tmp/gradd.jsonl" "$tmp/torch.jsonl" "$tmp/load.txt" "$threads" "${OMP_WAIT_POLICY:-}" <<'EOF'
+"$py" - "$tmp/gradd.jsonl" "$tmp/torch.jsonl" "$tmp/load.txt" "$threads" "${OMP_WAIT_POLICY:-}" "$spin" <<'EOF'
 import json, statistics, sys
-gradd_path, torch_path, load_path, threads, wait = sys.argv[1:6]
+gradd_path, torch_path, load_path, threads, wait, spin = sys.argv[1:7]
 def read(path):
     out = {}
     for line in open(path):
@@ -132,7 +140,8 @@ for bench in g:
             "gradd_engine_ms": round(statistics.median(r["engine_ms"] for r in g[bench]), 4),
             "peer_torch_threads": [r["torch_threads"] for r in t[bench]],
             "peer_attn": [r["attn"] for r in t[bench]], "peer_foreach": [r["foreach"] for r in t[bench]],
-            "omp_wait_policy": wait or "default", "max_load_average": max(loads.get(bench, [0.0]))}
+            "omp_wait_policy": wait or "default", "gradd_gomp_spincount": spin or "default",
+            "max_load_average": max(loads.get(bench, [0.0]))}
     print(json.dumps(line, separators=(",", ":")), flush=True)
     print(f"run_train: {bench:16s} gradd {gm:10.3f} ms  {peer} {tm:10.3f} ms  ratio {gm / tm:.3f}",
           file=sys.stderr)
