@@ -475,6 +475,11 @@ int rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->val_accuracy = NAN;
     m->loss = NAN;
     m->unit = j->cfg.model == JOBCFG_GPT ? "tok" : "samples";
+    if (!j->have_progress && j->cfg.micro_batch) {
+        /* Not started yet: a fixed micro-batch is already known. */
+        m->micro = j->cfg.micro_batch;
+        m->accum = (j->cfg.batch + j->cfg.micro_batch - 1) / j->cfg.micro_batch;
+    }
     if (j->have_progress) {
         m->step = j->prog.step;
         m->loss = j->prog.loss;

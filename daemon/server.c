@@ -546,6 +546,22 @@ static void on_connection(uv_stream_t *l, int status)
     if (s->nconns > s->ctx->cfg.max_clients) {
         if (s->refused++ % 100 == 0)
             log_warn("refusing connection: %zu clients already (daemon max_clients)", s->nconns - 1);
+        /* Say why, in one non-blocking write that nobody waits for: a
+         * flood of connections costs no queue, and a client that reads
+         * learns it is the daemon's limit, not a crash. */
+        uv_os_fd_t fd;
+        Gradd__Response resp;
+        Gradd__Error err;
+        char msg[128];
+        snprintf(msg, sizeof msg, "gradd is serving %zu clients, its [daemon] max_clients; try again later",
+                 s->nconns - 1);
+        wire_error_response(&resp, &err, GRADD__ERROR__CODE__UNAVAILABLE, msg);
+        size_t len;
+        uint8_t *buf = wire_pack_response(&resp, &len);
+        if (buf && uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+            send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            log_debug("conn %llu: refusal not sent: %s", (unsigned long long)c->id, strerror(errno));
+        free(buf);
         conn_close(c);
         return;
     }

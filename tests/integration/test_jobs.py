@@ -301,6 +301,10 @@ class Jobs(unittest.TestCase):
         self.assertEqual([a[:3] for a in after], [b[:3] for b in before])
         self.assertEqual(len(after), 51)
         self.assertTrue(all(a[3] == "queued" for a in after[1:]), after)
+        # A job not started yet shows the micro-batch its file fixes.
+        queued = [x for x in self.d.ctl_json("list")["jobs"] if x["state"] == "queued"]
+        self.assertEqual({(x["micro"], x["accum"]) for x in queued}, {(4, 2)})
+        self.assertIn(" 4×2 ", self.d.ctl("list", "--state", "queued").stdout)
         # Newly submitted jobs get fresh ids after a restart.
         nid = self.submit(cfg)
         self.assertEqual(nid, ids[-1] + 1)
