@@ -11,15 +11,59 @@ import unittest
 
 import harness
 
+try:
+    import numpy as np
+    from safetensors.numpy import load_file
+except ImportError:  # the test venv has both; a bare python may not
+    np = None
+
+
+def gpt2_logits(t, ids):
+    """GPT-2's forward, written from its definition, over the tensors of a
+    model.safetensors in GPT-2's layout (Conv1D weights are (in, out)), in
+    float64: the logits at every position, (T, V)."""
+    x = t["wte.weight"][ids].astype(np.float64) + t["wpe.weight"][: len(ids)]
+    C = x.shape[1]
+    L = 1 + max(int(k.split(".")[1]) for k in t if k.startswith("h."))
+
+    def ln(v, w, b):
+        m = v.mean(-1, keepdims=True)
+        var = ((v - m) ** 2).mean(-1, keepdims=True)
+        return (v - m) / np.sqrt(var + 1e-5) * w + b
+
+    def gelu(v):
+        return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+
+    T = len(ids)
+    for l in range(L):
+        p = "h.%d." % l
+        a = ln(x, t[p + "ln_1.weight"], t[p + "ln_1.bias"])
+        qkv = a @ t[p + "attn.c_attn.weight"] + t[p + "attn.c_attn.bias"]
+        q, k, v = np.split(qkv, 3, axis=-1)
+        H = HEADS
+        q, k, v = (m.reshape(T, H, C // H).transpose(1, 0, 2) for m in (q, k, v))
+        att = q @ k.transpose(0, 2, 1) / np.sqrt(C // H)
+        att = np.where(np.tril(np.ones((T, T), bool)), att, -np.inf)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        y = (att @ v).transpose(1, 0, 2).reshape(T, C)
+        x = x + y @ t[p + "attn.c_proj.weight"] + t[p + "attn.c_proj.bias"]
+        m = ln(x, t[p + "ln_2.weight"], t[p + "ln_2.bias"])
+        x = x + gelu(m @ t[p + "mlp.c_fc.weight"] + t[p + "mlp.c_fc.bias"]) @ t[p + "mlp.c_proj.weight"] \
+            + t[p + "mlp.c_proj.bias"]
+    x = ln(x, t["ln_f.weight"], t["ln_f.bias"])
+    return x @ t["wte.weight"].T.astype(np.float64)
+
 FORTUNES = "/usr/share/games/fortunes"
 FASHION = "/usr/share/datasets/fashion-mnist/"
 
+HEADS = 2
 GPT = """[job]
 name = {name}
 priority = {priority}
 [model]
 type = gpt
-layers = 1
+layers = {layers}
 heads = 2
 width = 32
 context = 32
@@ -54,11 +98,11 @@ class Sample(harness.DaemonTest):
         os.chmod(self.dir, 0o755)
         super().setUp()
 
-    def submit(self, name, steps=40, priority=0, ckpt=0):
+    def submit(self, name, steps=40, priority=0, ckpt=0, layers=1):
         cfg = os.path.join(self.dir, name + ".cfg")
         with open(cfg, "w") as f:
             f.write(GPT.format(name=name, priority=priority, train=FORTUNES, steps=steps, ckpt=ckpt,
-                               out=os.path.join(self.dir, name)))
+                               out=os.path.join(self.dir, name), layers=layers))
         return json.loads(self.d.ctl("--json", "submit", cfg).stdout)["id"]
 
     def test_sample_a_trained_job(self):
@@ -87,6 +131,55 @@ class Sample(harness.DaemonTest):
         self.assertEqual(len(fresh["token_ids"]), 8)
         self.assertIsInstance(fresh["seed"], int)
         self.assertIn("sampled 120 tokens", self.d.read_log())
+
+    @unittest.skipIf(np is None, "needs numpy and safetensors")
+    def test_exported_model_is_gpt2(self):
+        # The exported tensors, run by an independent GPT-2 forward, choose
+        # the tokens the daemon's own model chooses: names, layouts (the
+        # transposed Conv1D weights, q/k/v order, tied output) all agree.
+        jid = self.submit("gpt2", steps=30, layers=2)
+        self.d.ctl("watch", str(jid))
+        t = load_file(os.path.join(self.dir, "gpt2", "model.safetensors"))
+        s = self.d.ctl_json("sample", str(jid), "--prompt", "Q: ", "--tokens", "28", "--temperature", "0")
+        ids = list(b"Q: ")
+        for i, tok in enumerate(s["token_ids"]):
+            logits = gpt2_logits(t, ids)[-1]
+            # The daemon computes in fp32: its pick is the reference's
+            # argmax, or within fp32 noise of it (a near tie).
+            self.assertLessEqual(logits.max() - logits[tok], 1e-4 * max(1.0, abs(logits.max())),
+                                 "token %d: gradd chose %d, the reference %d" % (i, tok, int(logits.argmax())))
+            ids.append(tok)
+
+    @unittest.skipIf(np is None, "needs numpy and safetensors")
+    def test_exported_model_gives_the_validation_loss(self):
+        # Every logit, not only the argmax: the reference's mean loss over
+        # the validation windows (stride T from the start of the val file,
+        # gradd-job(5)) is the one gradd reported for its own model.
+        val = os.path.join(self.dir, "val.txt")
+        with open(os.path.join(FORTUNES, "fortunes"), "rb") as f:
+            text = f.read(32 * 12 + 1)
+        with open(val, "wb") as f:
+            f.write(text)
+        os.chmod(val, 0o644)
+        cfg = os.path.join(self.dir, "valtest.cfg")
+        with open(cfg, "w") as f:
+            f.write(GPT.format(name="valtest", priority=0, train=FORTUNES, steps=30, ckpt=0,
+                               out=os.path.join(self.dir, "valtest"), layers=2)
+                    .replace("val_fraction = 0.01", "val = " + val).replace("eval_batches = 1", "eval_batches = 0"))
+        jid = json.loads(self.d.ctl("--json", "submit", cfg).stdout)["id"]
+        self.d.ctl("watch", str(jid))
+        j = self.d.ctl_json("status", str(jid))
+        t = load_file(os.path.join(self.dir, "valtest", "model.safetensors"))
+        T, losses = 32, []
+        for w in range((len(text) - 1) // T):
+            ids = list(text[w * T:w * T + T + 1])
+            logits = gpt2_logits(t, ids[:-1])
+            m = logits.max(-1, keepdims=True)
+            lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
+            losses += list(lse - logits[np.arange(T), ids[1:]])
+        self.assertEqual(len(losses), 12 * T)
+        # fp32 against float64 over a few hundred tokens: 1e-5 relative.
+        self.assertAlmostEqual(j["val_loss"], float(np.mean(losses)), delta=1e-5 * float(np.mean(losses)))
 
     def test_running_job_samples_its_checkpoint(self):
         jid = self.submit("long", steps=100000, ckpt=5)
