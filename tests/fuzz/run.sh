@@ -105,7 +105,7 @@ sources() {
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/config.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
-    jobcfg) echo "$ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
+    jobcfg) echo "$ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
     safetensors) echo "$ROOT/daemon/safetensors.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
     data) echo "$ROOT/daemon/data.c $ROOT/common/errmsg.c" ;;
     sample) echo "$ROOT/daemon/sample.c $ROOT/daemon/model.c $ROOT/daemon/model_gpt.c $ROOT/daemon/model_mlp.c" \
