@@ -44,21 +44,17 @@ static void json_pool_stat(json_writer *w, const char *key, const Gradd__PoolSta
     json_end_object(w);
 }
 
-static void json_tags(json_writer *w, Gradd__TagUsage **tags, size_t n, bool peaks)
+static void json_tags(json_writer *w, Gradd__TagUsage **tags, size_t n)
 {
     json_begin_object(w);
     for (size_t i = 0; i < n; i++) {
         json_key(w, tags[i]->tag);
-        if (peaks) {
-            json_begin_object(w);
-            json_key(w, "current");
-            json_uint(w, tags[i]->allocated);
-            json_key(w, "peak");
-            json_uint(w, tags[i]->peak);
-            json_end_object(w);
-        } else {
-            json_uint(w, tags[i]->allocated);
-        }
+        json_begin_object(w);
+        json_key(w, "current");
+        json_uint(w, tags[i]->allocated);
+        json_key(w, "peak");
+        json_uint(w, tags[i]->peak);
+        json_end_object(w);
     }
     json_end_object(w);
 }
@@ -112,7 +108,7 @@ static void print_json(const Gradd__StatsResponse *sr)
         json_key(&w, "fragmentation");
         json_double(&w, p->fragmentation);
         json_key(&w, "tags");
-        json_tags(&w, p->tags, p->n_tags, true);
+        json_tags(&w, p->tags, p->n_tags);
         json_key(&w, "jobs");
         json_begin_array(&w);
         for (size_t j = 0; j < p->n_jobs; j++) {
@@ -129,7 +125,7 @@ static void print_json(const Gradd__StatsResponse *sr)
             json_key(&w, "need");
             json_uint(&w, u->need);
             json_key(&w, "tags");
-            json_tags(&w, u->tags, u->n_tags, false);
+            json_tags(&w, u->tags, u->n_tags);
             json_end_object(&w);
         }
         json_end_array(&w);

@@ -536,8 +536,10 @@ static void job_claim(pool *p, int slot, uint32_t job)
     POOL_ST(j->current, 0);
     POOL_ST(j->peak, 0);
     POOL_ST(j->limit, 0);
-    for (int t = 0; t < POOL_TAG_COUNT; t++)
+    for (int t = 0; t < POOL_TAG_COUNT; t++) {
         POOL_ST(j->tag_current[t], 0);
+        POOL_ST(j->tag_peak[t], 0);
+    }
     POOL_ST(j->used, 1);
 }
 
@@ -834,7 +836,10 @@ static void take_block(pool *p, pool_block *b, size_t size, size_t requested, po
     POOL_ST(j->current, jc);
     if (jc > POOL_LD(j->peak))
         POOL_ST(j->peak, jc);
-    POOL_ST(j->tag_current[tag], POOL_LD(j->tag_current[tag]) + (int64_t)sz);
+    int64_t jt = POOL_LD(j->tag_current[tag]) + (int64_t)sz;
+    POOL_ST(j->tag_current[tag], jt);
+    if (jt > POOL_LD(j->tag_peak[tag]))
+        POOL_ST(j->tag_peak[tag], jt);
 }
 
 /* ==== growth: fixed segments ============================================================================ */

@@ -156,7 +156,7 @@ typedef struct pool_stats {
         int64_t current, peak;
         size_t limit;
         size_t need; /* pool_job_set_need; 0: not given */
-        int64_t tag_current[POOL_TAG_COUNT];
+        int64_t tag_current[POOL_TAG_COUNT], tag_peak[POOL_TAG_COUNT];
     } jobs[POOL_MAX_JOBS];
     uint64_t timeline_events, timeline_dropped; /* recorded since creation; overwritten */
 } pool_stats;

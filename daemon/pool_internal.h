@@ -162,7 +162,7 @@ typedef struct {
     _Atomic int64_t current, peak;
     _Atomic uint64_t limit;
     _Atomic uint64_t need;
-    _Atomic int64_t tag_current[POOL_TAG_COUNT];
+    _Atomic int64_t tag_current[POOL_TAG_COUNT], tag_peak[POOL_TAG_COUNT];
 } pool_live_job;
 
 typedef struct {

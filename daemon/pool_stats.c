@@ -57,8 +57,10 @@ static void copy_live(pool_live *d, pool_live *s)
         POOL_ST(dj->peak, POOL_LD(sj->peak));
         POOL_ST(dj->limit, POOL_LD(sj->limit));
         POOL_ST(dj->need, POOL_LD(sj->need));
-        for (int t = 0; t < POOL_TAG_COUNT; t++)
+        for (int t = 0; t < POOL_TAG_COUNT; t++) {
             POOL_ST(dj->tag_current[t], POOL_LD(sj->tag_current[t]));
+            POOL_ST(dj->tag_peak[t], POOL_LD(sj->tag_peak[t]));
+        }
     }
     POOL_ST(d->tl_events, POOL_LD(s->tl_events));
     POOL_ST(d->tl_dropped, POOL_LD(s->tl_dropped));
@@ -129,8 +131,10 @@ static bool try_read(pool_live *l, pool_stats *o)
         o->jobs[n].peak = POOL_LD(lj->peak);
         o->jobs[n].limit = (size_t)POOL_LD(lj->limit);
         o->jobs[n].need = (size_t)POOL_LD(lj->need);
-        for (int t = 0; t < POOL_TAG_COUNT; t++)
+        for (int t = 0; t < POOL_TAG_COUNT; t++) {
             o->jobs[n].tag_current[t] = POOL_LD(lj->tag_current[t]);
+            o->jobs[n].tag_peak[t] = POOL_LD(lj->tag_peak[t]);
+        }
         n++;
     }
     o->njobs = n;
@@ -187,8 +191,11 @@ void pool_stats_reset_peaks(pool *p)
     }
     for (int t = 0; t < POOL_TAG_COUNT; t++)
         POOL_ST(l->tag_peak[t], POOL_LD(l->tag_current[t]));
-    for (int j = 0; j < POOL_MAX_JOBS; j++)
+    for (int j = 0; j < POOL_MAX_JOBS; j++) {
         POOL_ST(l->jobs[j].peak, POOL_LD(l->jobs[j].current));
+        for (int t = 0; t < POOL_TAG_COUNT; t++)
+            POOL_ST(l->jobs[j].tag_peak[t], POOL_LD(l->jobs[j].tag_current[t]));
+    }
     pool_stats_end(p);
     pthread_mutex_unlock(&p->lock);
 }

@@ -188,12 +188,13 @@ static void fill_pool_stats(stats_store *s, const char *device_id)
         u->need = ps->jobs[j].need;
         size_t nt = 0;
         for (int t = 0; t < POOL_TAG_COUNT; t++) {
-            if (!ps->jobs[j].tag_current[t])
+            if (!ps->jobs[j].tag_current[t] && !ps->jobs[j].tag_peak[t])
                 continue;
             Gradd__TagUsage *tu = &s->job_tags[j][nt];
             gradd__tag_usage__init(tu);
             tu->tag = (char *)pool_tag_name((pool_tag)t);
             tu->allocated = (uint64_t)ps->jobs[j].tag_current[t];
+            tu->peak = (uint64_t)ps->jobs[j].tag_peak[t];
             s->job_tag_ptrs[j][nt++] = tu;
         }
         u->n_tags = nt;
@@ -520,12 +521,13 @@ int rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
                     continue;
                 m->mem_allocated = (uint64_t)ps->jobs[r].current;
                 for (int t = 0; t < POOL_TAG_COUNT; t++) {
-                    if (!ps->jobs[r].tag_current[t])
+                    if (!ps->jobs[r].tag_current[t] && !ps->jobs[r].tag_peak[t])
                         continue;
                     Gradd__TagUsage *u = &st->tags[m->n_mem_tags];
                     gradd__tag_usage__init(u);
                     u->tag = (char *)pool_tag_name((pool_tag)t);
                     u->allocated = (uint64_t)ps->jobs[r].tag_current[t];
+                    u->peak = (uint64_t)ps->jobs[r].tag_peak[t];
                     st->tag_ptrs[m->n_mem_tags++] = u;
                 }
             }

@@ -212,6 +212,15 @@ class Jobs(unittest.TestCase):
         self.assertGreater(usage[0]["need"], 0)
         self.assertGreaterEqual(usage[0]["need"], usage[0]["allocated"])
         self.assertIn("NEED", self.d.ctl("stats").stdout)
+        # Its memory by tag, each with the peak since it started: the
+        # activations come and go, the parameters stay.
+        tags = self.info(run)["mem_tags"]
+        self.assertGreater(tags["activations"]["peak"], 0)
+        for name, t in tags.items():
+            self.assertGreaterEqual(t["peak"], t["current"], name)
+        self.assertEqual(tags["params"]["peak"], tags["params"]["current"])
+        job_tags = usage[0]["tags"]
+        self.assertGreater(job_tags["activations"]["peak"], 0)
         r = self.d.ctl("cancel", str(queued))
         self.assertIn("job %d cancelled" % queued, r.stdout)
         self.assertEqual(self.info(queued)["state"], "cancelled")

@@ -40,7 +40,8 @@ class PoolOverSocket(DaemonTest):
         self.assertEqual(p["tags"]["params"]["current"], 3072 + MiB)
         jobs = {j["job"]: j for j in p["jobs"]}
         self.assertEqual(jobs[7]["allocated"], 100 * MiB + 3072)
-        self.assertEqual(jobs[7]["tags"], {"params": 3072, "activations": 100 * MiB})
+        self.assertEqual(jobs[7]["tags"], {"params": {"current": 3072, "peak": 3072},
+                                           "activations": {"current": 100 * MiB, "peak": 100 * MiB}})
         self.assertEqual(jobs[8]["allocated"], MiB)
         self.assertGreaterEqual(p["reserved_bytes"]["all"]["current"], a["all"]["current"])
         self.assertGreaterEqual(p["device_allocs"], 2)
