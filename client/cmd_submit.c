@@ -16,8 +16,9 @@
 #include "table.h"
 #include "units.h"
 
-/* The largest job file gradctl sends; the daemon has its own limit. */
-#define SUBMIT_MAX_FILE ((size_t)1 << 20)
+/* The most gradctl reads: the largest [daemon] max_job_file any gradd can
+ * be given.  The daemon's own limit decides, and says so. */
+#define SUBMIT_MAX_FILE ((size_t)64 << 20)
 /* [job] priority's bounds in the job file's option table (jobcfg.c). */
 #define SUBMIT_PRIORITY_MIN 0
 #define SUBMIT_PRIORITY_MAX 1000

@@ -74,8 +74,11 @@ int ctl_recv(ctl *c, Gradd__Response **out)
         fputs("gradctl: ", stderr);
         table_put_text(stderr, m, strlen(m), TABLE_TEXT_LINES);
         fputc('\n', stderr);
+        /* A job file refused by the daemon is a bad input file, as one
+         * refused here is. */
+        int rc = resp->error->code == GRADD__ERROR__CODE__BAD_JOB ? CTL_ERR_USAGE : CTL_ERR_DAEMON;
         gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
+        return rc;
     }
     *out = resp;
     return CTL_OK;

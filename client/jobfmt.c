@@ -182,10 +182,11 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
         table_cell(t, "%s", units_format_duration(now - j->submitted_at, age, sizeof age));
     else
         table_cell(t, "-");
-    /* The batch controller: predicted maximum micro-batch, OOMs survived,
-     * and the last change as "13->6 oom@9". */
-    if (j->micro_max)
-        table_cell(t, "%u", j->micro_max);
+    /* The batch controller: the largest micro-batch found to fit (where
+     * growth stops; status ID also shows what the budget now predicts),
+     * OOMs survived, and the last change as "13->6 oom@9". */
+    if (j->micro_fit)
+        table_cell(t, "%u", j->micro_fit);
     else
         table_cell(t, "-");
     table_cell(t, "%llu", (unsigned long long)j->oom_recoveries);

@@ -627,7 +627,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
                  "%s: %zu bytes is more than this daemon accepts (%llu: [daemon] max_job_file, at most max_frame "
                  "less %d)",
                  path, rq->contents.len, (unsigned long long)limit, CONFIG_SUBMIT_ENVELOPE);
-        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, msg);
         return;
     }
     job_config *cfg = malloc(sizeof *cfg);
@@ -637,7 +637,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
     }
     char err[1024];
     if (jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err) != 0) {
-        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, err);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
     /* The overrides are checked as the file's keys are: gradctl checks
@@ -677,7 +677,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         snprintf(msg, sizeof msg, "%s: no device '%s' on this daemon%s%s",
                  jobcfg_where(cfg, "job", "device", where, sizeof where), cfg->device, ctx->cuda_note[0] ? "; " : "",
                  ctx->cuda_note);
-        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }
     /* Refused now rather than queued to fail when it starts: the devices
@@ -687,7 +687,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
                  "on this daemon (use precision = fp32)%s%s",
                  jobcfg_where(cfg, "train", "precision", where, sizeof where), cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
                  ctx->cuda_note);
-        send_error(send, conn, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }
     pthread_mutex_lock(&ctx->q->lock);
@@ -701,7 +701,7 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
     }
     /* Everything the job will read or write, checked as its owner. */
     if (access_check_job(peer->uid, peer->gid, cfg, err, sizeof err) != 0) {
-        send_error(send, conn, GRADD__ERROR__CODE__PERMISSION_DENIED, err);
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
     char user[64];

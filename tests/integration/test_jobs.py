@@ -418,7 +418,7 @@ class Jobs(unittest.TestCase):
             with open(bad, "w") as f:
                 f.write(text)
             r = self.d.ctl("submit", bad, check=False)
-            self.assertEqual(r.returncode, 1, r.stdout)
+            self.assertEqual(r.returncode, 2, r.stdout)
             self.assertIn("%s:%d: [train] precision: %s needs a CUDA device, and [job] device 'cpu' runs on a CPU"
                           % (bad, line_of(text, "precision"), prec), r.stderr)
         text = JOB.format(name="x", train=self.train, steps=2, ckpt=0, out=self.dir + "/o").replace(
@@ -426,7 +426,7 @@ class Jobs(unittest.TestCase):
         with open(bad, "w") as f:
             f.write(text)
         r = self.d.ctl("submit", bad, check=False)
-        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertEqual(r.returncode, 2, r.stdout)
         self.assertIn("%s:%d: [job] device: no device 'cpu7'" % (bad, line_of(text, "device")), r.stderr)
         # A name is shown in every user's terminal: no control characters,
         # whether it comes from the key or from the file's name.
@@ -461,7 +461,7 @@ class Jobs(unittest.TestCase):
             if ok:
                 self.assertEqual(r.returncode, 0, r.stderr)
             else:
-                self.assertEqual(r.returncode, 1, r.stdout)
+                self.assertEqual(r.returncode, 2, r.stdout)
                 self.assertIn("%s: %d bytes is more than this daemon accepts (%d: [daemon] max_job_file, at most "
                               "max_frame less 8192)" % (cfg, size, limit), r.stderr)
 
