@@ -553,8 +553,8 @@ static void on_connection(uv_stream_t *l, int status)
         Gradd__Response resp;
         Gradd__Error err;
         char msg[128];
-        snprintf(msg, sizeof msg, "gradd is serving %zu clients, its [daemon] max_clients; try again later",
-                 s->nconns - 1);
+        snprintf(msg, sizeof msg, "gradd is serving as many clients as its [daemon] max_clients (%llu); try again later",
+                 (unsigned long long)s->ctx->cfg.max_clients);
         wire_error_response(&resp, &err, GRADD__ERROR__CODE__UNAVAILABLE, msg);
         size_t len;
         uint8_t *buf = wire_pack_response(&resp, &len);
