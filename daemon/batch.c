@@ -49,6 +49,13 @@ void batch_prior(batch_ctl *c, size_t fixed, size_t per_sample)
     c->per_sample = per_sample ? (double)per_sample : 1.0;
 }
 
+void batch_min_per_sample(batch_ctl *c, size_t per_sample)
+{
+    c->min_per_sample = (double)per_sample;
+    if (c->per_sample < c->min_per_sample)
+        c->per_sample = c->min_per_sample;
+}
+
 uint32_t batch_accum(uint32_t batch, uint32_t micro)
 {
     return micro ? (batch + micro - 1) / micro : 0;
@@ -87,16 +94,39 @@ static void record(batch_ctl *c, uint32_t to, uint64_t step, batch_reason why)
  * the prior's: memory does not shrink as the batch grows. */
 static void refit(batch_ctl *c)
 {
-    if (c->npts == 0)
-        return;
-    const batch_point *b = &c->pts[c->npts - 1];
     if (c->npts >= 2) {
-        const batch_point *a = &c->pts[c->npts - 2];
+        const batch_point *a = &c->pts[c->npts - 2], *b = &c->pts[c->npts - 1];
         double slope = (b->peak - a->peak) / (double)(b->n - a->n);
         if (slope > 0)
-            c->per_sample = slope;
+            c->per_sample = slope > c->min_per_sample ? slope : c->min_per_sample;
     }
-    c->fixed = b->peak - c->per_sample * (double)b->n;
+    /* The line lies on or above every measured peak, and above the bound
+     * an OOM gave: rounding leaves a peak up to a block's leftover above
+     * the truth's line at one size and not at another, and a line under
+     * any measurement predicts sizes that do not fit. */
+    double f = c->npts ? -INFINITY : c->fixed;
+    for (int i = 0; i < c->npts; i++) {
+        double at = c->pts[i].peak - c->per_sample * (double)c->pts[i].n;
+        if (at > f)
+            f = at;
+    }
+    if (c->bound.n) {
+        double at = c->bound.peak - c->per_sample * (double)c->bound.n;
+        if (at > f)
+            f = at;
+    }
+    c->fixed = f;
+}
+
+/* An OOM at n with `peak` held and asked for: peak(n) is above it. */
+static void add_bound(batch_ctl *c, uint32_t n, double peak)
+{
+    if (peak <= 0)
+        return;
+    double at = peak - c->per_sample * (double)n;
+    if (!c->bound.n || at > c->bound.peak - c->per_sample * (double)c->bound.n)
+        c->bound = (batch_point){n, peak};
+    refit(c);
 }
 
 static void add_point(batch_ctl *c, uint32_t n, double peak)
@@ -190,6 +220,8 @@ void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t b
     c->probes++;
     if (ok)
         add_point(c, n, (double)peak);
+    else
+        add_bound(c, n, (double)peak);
     bool fits = ok && (double)peak <= usable(c, budget);
     if (!fits && n <= c->upper)
         c->upper = n > 1 ? n - 1 : 0;
@@ -234,7 +266,7 @@ void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, doub
      * start than the model's estimate should the size no longer fit. */
     if (per_sample > 0) {
         c->fixed = fixed;
-        c->per_sample = per_sample;
+        c->per_sample = per_sample > c->min_per_sample ? per_sample : c->min_per_sample;
     }
     c->resume_fit = fit;
     c->resume_tuned = tuned != 0;
@@ -341,11 +373,12 @@ static uint32_t tune_step(batch_ctl *c, uint64_t step, uint32_t pred, double ste
     return c->micro;
 }
 
-uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail)
+uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail, size_t bound)
 {
     c->oom_recoveries++;
     if (c->micro <= 1)
         return 0;
+    add_bound(c, c->micro, (double)bound);
     uint32_t pred = batch_max_for(c, usable(c, budget));
     /* The model said the current size fits, so the model is wrong for it
      * now: halve, the classic response, rather than trust it. */
@@ -381,6 +414,12 @@ uint32_t batch_step_end(batch_ctl *c, uint64_t step, size_t budget, size_t avail
         if (next < c->micro) {
             /* Steps squeezed by another process time nothing useful. */
             tune_abort(c);
+            /* And no growth until more memory comes back than there is
+             * now: growing on the same reading would take the pool back
+             * under the pressure that shrank it (its segments round up
+             * past what the line counts), and flip back and forth. */
+            c->blocked = true;
+            c->blocked_avail = avail;
             *why = BATCH_REASON_PRESSURE;
             record(c, next, step, BATCH_REASON_PRESSURE);
             return next;

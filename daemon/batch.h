@@ -121,8 +121,10 @@ typedef struct batch_ctl {
 
     /* the model of peak(n) */
     double fixed, per_sample;
+    double min_per_sample;             /* batch_min_per_sample; 0: none */
     batch_point pts[BATCH_MAX_PROBES]; /* measured, n ascending */
     int npts;
+    batch_point bound;                 /* the largest peak known to be exceeded (an OOM); n 0: none */
 
     /* probing */
     bool probing_done, verifying;
@@ -175,6 +177,12 @@ void batch_set_tune(batch_ctl *c, bool on);
 int batch_tune_candidates(uint32_t batch, uint32_t max, uint32_t *out, int cap);
 /* The engine's estimate of peak(n), used until measurements replace it. */
 void batch_prior(batch_ctl *c, size_t fixed, size_t per_sample);
+/* What each sample itself requests, which peak(n) grows by at least.  The
+ * pool rounds blocks (a large block keeps a leftover of up to 1 MiB), so
+ * two measured peaks can lie on a shallower line than the truth; a slope
+ * under this one is rounding, not the model, and would predict sizes that
+ * do not fit. */
+void batch_min_per_sample(batch_ctl *c, size_t per_sample);
 /* Micro-batches per step: ceil(batch / micro); the last one may be smaller. */
 uint32_t batch_accum(uint32_t batch, uint32_t micro);
 /* The model's peak for a micro-batch of n. */
@@ -186,7 +194,8 @@ uint32_t batch_max_for(const batch_ctl *c, double bytes);
 /* The next size to probe, or 0 when probing is over (c->micro is then the
  * choice).  A probe runs one forward and backward of n samples and reports
  * the job's pool peak with batch_probe_result (ok false: it ran out of
- * memory, peak ignored). */
+ * memory, and peak is what the job held plus what it asked for when it
+ * did, a bound the true peak exceeds; 0 when unknown). */
 uint32_t batch_probe_next(batch_ctl *c, size_t budget);
 void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t budget);
 /* Resuming a job whose earlier run probed (and maybe tuned) on the same
@@ -212,8 +221,10 @@ void batch_probe_skip(batch_ctl *c, size_t budget);
  * under pressure, and growth waits until more than `avail` is available —
  * the free memory the budget counts may be memory the job cannot use (slack
  * inside partly used segments), so the same reading is not a reason to try
- * again. */
-uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail);
+ * again.  `bound` is what the job held plus what it asked for when it ran
+ * out (0: unknown): the peak at this size is above it, which lifts the
+ * model's line there. */
+uint32_t batch_on_oom(batch_ctl *c, uint64_t step, size_t budget, size_t avail, size_t bound);
 
 /* At a step boundary, with the budget as it is now: the micro-batch the next
  * step should run (c->micro unchanged when nothing changes), with *why the

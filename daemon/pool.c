@@ -613,6 +613,16 @@ int pool_job_set_need(pool *p, uint32_t job, size_t bytes)
     return s >= 0 ? 0 : -1;
 }
 
+void pool_fit_begin(pool *p)
+{
+    pthread_mutex_lock(&p->fit_lock);
+}
+
+void pool_fit_end(pool *p)
+{
+    pthread_mutex_unlock(&p->fit_lock);
+}
+
 void pool_job_reset_peak(pool *p, uint32_t job)
 {
     pthread_mutex_lock(&p->lock);
@@ -668,6 +678,11 @@ int pool_create(dev *d, const pool_config *c, pool **out)
     p->device_total = total;
     p->cap = pool_round_down((size_t)((double)total * cfg.memory_fraction), POOL_ROUND);
     if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        return -1;
+    }
+    if (pthread_mutex_init(&p->fit_lock, NULL) != 0) {
+        pthread_mutex_destroy(&p->lock);
         free(p);
         return -1;
     }
@@ -743,6 +758,7 @@ void pool_destroy(pool *p)
     }
     free(p->map);
     free(p->ring);
+    pthread_mutex_destroy(&p->fit_lock);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }

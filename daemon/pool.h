@@ -169,6 +169,15 @@ void pool_stats_reset_peaks(pool *p);
  * without disturbing what `gradctl stats` shows for other jobs.  A job the
  * pool has no row for is ignored. */
 void pool_job_reset_peak(pool *p, uint32_t job);
+
+/* Jobs of one pool find their micro-batch one at a time, between these two:
+ * a job's budget counts what the others need at the size they run, and one
+ * still probing has only said its need at a small probe, so two jobs
+ * fitting at once would each count the other small and together take more
+ * than the device has.  The second waits while the first probes (a few
+ * forward and backward passes). */
+void pool_fit_begin(pool *p);
+void pool_fit_end(pool *p);
 /* The configuration the pool runs with (the engine reads low_watermark). */
 void pool_get_config(const pool *p, pool_config *out);
 

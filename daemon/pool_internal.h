@@ -184,6 +184,7 @@ struct pool {
     size_t granularity; /* expandable segments' mapping unit; 0 without them */
     bool expandable;
     pthread_mutex_t lock;
+    pthread_mutex_t fit_lock; /* pool_fit_begin/end; never taken with lock held */
 
     pool_sub sub[POOL_NSUB]; /* by pool_sub_index */
     /* The largest free block's size, kept as blocks come and go so that

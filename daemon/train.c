@@ -1035,7 +1035,7 @@ static train_outcome shrink_after_oom(run *r)
     pool_oom_report rep = r->last_oom;
     for (;;) {
         size_t avail, bud = job_budget(r, &avail);
-        uint32_t n = batch_on_oom(&r->ctl, r->step, bud, avail);
+        uint32_t n = batch_on_oom(&r->ctl, r->step, bud, avail, rep.job_allocated + rep.requested);
         if (n == 0)
             return fail_no_fit(r, &rep);
         int rc = set_micro(r, n, POOL_TRIM_OOM);
@@ -1063,11 +1063,14 @@ static double forward_backward(run *r, const model_batch *mb, float dloss)
 /* One probe: a forward and backward of n real samples at micro-batch n,
  * measuring the job's pool peak.  Nothing of it survives: the gradients are
  * zeroed and the data position is put back.  0 with *peak, 1 when it ran
- * out of memory, -1 on another failure (message set). */
+ * out of memory (*peak then what the job held plus what it asked for, which
+ * the peak at n exceeds), -1 on another failure (message set). */
 static int probe(run *r, uint32_t n, size_t *peak)
 {
-    if (set_micro(r, n, -1) != 0)
+    if (set_micro(r, n, -1) != 0) {
+        *peak = r->last_oom.job_allocated + r->last_oom.requested;
         return 1;
+    }
     uint64_t epoch, index;
     data_stream_state(&r->stream, &epoch, &index);
     pool_job_reset_peak(r->p, r->job);
@@ -1085,6 +1088,8 @@ static int probe(run *r, uint32_t n, size_t *peak)
     }
     bool oom = r->oom;
     r->oom = false;
+    if (oom)
+        *peak = r->last_oom.job_allocated + r->last_oom.requested;
     return oom ? 1 : 0;
 }
 
@@ -1104,7 +1109,7 @@ static bool found_still_holds(run *r, size_t budget)
 /* Choose the first micro-batch: the configured one; by probing; or, when
  * resuming, the size the checkpoint's run had found, verified by one probe.
  * Then allocate for it (shrinking if even that does not fit). */
-static train_outcome choose_micro(run *r)
+static train_outcome choose_micro_fitting(run *r)
 {
     const job_config *j = r->j;
     batch_ctl *c = &r->ctl;
@@ -1112,6 +1117,7 @@ static train_outcome choose_micro(run *r)
     batch_set_tune(c, j->tune && !j->micro_batch);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
     batch_prior(c, r->persistent + r->act_fixed + 2 * 512, r->act_per + r->x_bytes + r->y_bytes);
+    batch_min_per_sample(c, r->act_per + r->x_bytes + r->y_bytes);
     size_t budget = job_budget(r, &c->fit_avail);
     if (j->micro_batch) {
         batch_probe_skip(c, budget);
@@ -1131,12 +1137,23 @@ static train_outcome choose_micro(run *r)
      * one, not before step 1. */
     if (c->changes)
         c->last.step = r->step;
-    if (set_micro(r, c->micro, -1) != 0 && shrink_after_oom(r) != TRAIN_DONE)
-        return TRAIN_FAILED;
+    /* Said before it is applied: should the size then not fit, the OOM
+     * that shrinks it is the next change, not a replacement of this one. */
+    r->act_bytes = r->act_fixed + r->act_per * c->micro;
     if (!j->micro_batch)
         note_change(r);
+    if (set_micro(r, c->micro, -1) != 0 && shrink_after_oom(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
     sync_progress(r);
     return TRAIN_DONE;
+}
+
+static train_outcome choose_micro(run *r)
+{
+    pool_fit_begin(r->p);
+    train_outcome o = choose_micro_fitting(r);
+    pool_fit_end(r->p);
+    return o;
 }
 
 /* At a step boundary: shrink before an OOM, grow back, or tune. */

@@ -174,6 +174,44 @@ class Adaptive(harness.DaemonTest):
         self.assertFalse(any(e["reason"] == "grow" and e["to"] != m0 for e in self.events(jid)), self.events(jid))
         self.d.ctl("cancel", str(jid))
 
+    def test_two_jobs_fitting_at_once_share_the_device(self):
+        self.d.stop()
+        self.d.cleanup()
+        # No watermark: only the two jobs' own budgets keep them apart.
+        self.d = harness.Daemon("[daemon]\nmax_jobs_per_device = 2\n[cpu]\ncapacity = 48M\n", test_hooks=True)
+        # Each alone would take more than half the device (batch 32 at about
+        # 1M a sample).  Submitted together they fit one after the other,
+        # each counting what the other settled on: no OOM, and each has
+        # exactly one fit.
+        ids = []
+        for name in ("first", "second"):
+            cfg = os.path.join(self.dir, name + ".cfg")
+            with open(cfg, "w") as f:
+                f.write(JOB.format(name=name, train=self.train, steps=12, limit="0", tune="on", grow_after=0,
+                                   out=os.path.join(self.dir, "out-" + name))
+                        .replace("width = 32", "width = 64").replace("context = 32", "context = 64")
+                        .replace("batch = 64", "batch = 32"))
+            ids.append(cfg)
+        ids = [int(self.d.ctl("submit", cfg).stdout.split()[1]) for cfg in ids]
+        deadline = time.time() + 240
+        while time.time() < deadline and any(self.info(j)["state"] in ("queued", "running") for j in ids):
+            time.sleep(0.05)
+        fits = []
+        for jid in ids:
+            j = self.info(jid)
+            self.assertEqual(j["state"], "completed", j)
+            self.assertEqual(j["oom_recoveries"], 0, (j, self.events(jid)))
+            # One fit, said once; the pool's rounding may still take the
+            # device under its watermark and shrink one of them (pressure).
+            ev = self.events(jid)
+            reasons = [e["reason"] for e in ev]
+            self.assertEqual(reasons[:1], ["fit"], ev)
+            self.assertTrue(set(reasons[1:]) <= {"pressure", "grow", "tuning", "tuned"}, ev)
+            self.assertNotIn("fit", reasons[1:], ev)
+            fits.append(ev[0]["to"])
+        # Not both at the full batch: together they would not have fitted.
+        self.assertLess(min(fits), 32, fits)
+
     def test_two_jobs_with_limits_share_a_device(self):
         a = self.submit("left", steps=40, limit="20M")
         b = self.submit("right", steps=40, limit="20M")

@@ -159,12 +159,83 @@ static void test_controller_model(void **state)
     assert_int_equal(batch_step_end(&c, 6, budget, budget, 0.01, &why), before);
     assert_int_equal(why, BATCH_REASON_GROW);
     /* An OOM at an unchanged budget: the size was wrong; never back to it. */
-    uint32_t after = batch_on_oom(&c, 7, budget, budget);
+    uint32_t after = batch_on_oom(&c, 7, budget, budget, 0);
     assert_true(after < before);
     assert_true(c.max_fit < before);
     /* Micro-batch 1 out of memory: nothing left to try. */
     batch_init(&c, 8, 1, 0, 0);
-    assert_int_equal(batch_on_oom(&c, 1, 1, 1), 0);
+    assert_int_equal(batch_on_oom(&c, 1, 1, 1, 0), 0);
+}
+
+/* The pool rounds: a large block keeps a leftover of up to 1 MiB, so the
+ * peak measured at n lies up to 1 MiB above the line of what n requests,
+ * by an amount that varies with n.  Two small probes can then see a slope
+ * well under the truth.  Truth here: 2.86M + 921K·n + leftover(n). */
+static size_t rounded_peak(uint32_t n)
+{
+    static const double left[] = {0.9, 0.1, 0.6, 0.3, 0.8, 0.0, 0.5, 0.2, 0.7, 0.4};
+    return (size_t)(2.86 * (1 << 20) + 921.0 * 1024 * n + left[n % 10] * ((1 << 20) - 1));
+}
+
+static void test_controller_rounded_peaks(void **state)
+{
+    (void)state;
+    const size_t cap = (size_t)(40.27 * (1 << 20));
+    const double usable = 0.95 * (double)cap;
+    /* The two small probes (4 and 9, leftovers 0.8M and 0.4M) lie on a
+     * line too shallow by a tenth: it predicts a size over the cap.
+     * Knowing what a sample requests, the prediction fits. */
+    batch_ctl c;
+    batch_init(&c, 64, 64, 0.05, 10);
+    batch_prior(&c, (size_t)(2.86 * (1 << 20)), 921 * 1024);
+    batch_min_per_sample(&c, 921 * 1024);
+    for (int i = 0; i < 2; i++) {
+        uint32_t n = batch_probe_next(&c, cap);
+        assert_int_equal(n, i ? 9 : 4);
+        batch_probe_result(&c, n, rounded_peak(n), true, cap);
+    }
+    uint32_t pred = batch_max_for(&c, usable);
+    assert_true((double)rounded_peak(pred) <= usable);
+    assert_true(pred >= 36); /* the truth under 95% of the cap is 38 */
+
+    /* A line that thinks 42 fits, and 42 does not: the OOM's bound (what
+     * the job held plus what it asked for) lifts the line there, and the
+     * size goes down by what that says, not by half. */
+    batch_init(&c, 64, 64, 0.05, 10);
+    batch_prior(&c, (size_t)(3.7 * (1 << 20)), 838 * 1024);
+    batch_probe_skip(&c, cap);
+    c.micro = 42;
+    assert_true(batch_max_for(&c, usable) >= 42);
+    uint32_t next = batch_on_oom(&c, 0, cap, cap, (size_t)(2.86 * (1 << 20) + 921.0 * 1024 * 42));
+    assert_true(next >= 36 && next < 42);
+    assert_true(rounded_peak(next) <= cap);
+}
+
+static void fit_40(batch_ctl *c, bool tune, uint64_t grow_after);
+
+/* Shrunk by pressure: growth waits for memory to come back, rather than
+ * growing on the same reading and being shrunk again at the next step. */
+static void test_pressure_shrink_waits_for_memory(void **state)
+{
+    (void)state;
+    batch_ctl c;
+    batch_reason why;
+    fit_40(&c, false, 3);
+    uint32_t m = batch_step_end(&c, 1, 40u << 20, 40u << 20, 1e-3, &why);
+    assert_int_equal(why, BATCH_REASON_PRESSURE);
+    assert_true(m < 40);
+    /* The budget reads a little higher (the pool trimmed), but the memory
+     * available did not come back. */
+    for (uint64_t s = 2; s < 30; s++) {
+        assert_int_equal(batch_step_end(&c, s, 44u << 20, 40u << 20, 1e-3, &why), m);
+        assert_int_equal(why, BATCH_REASON_NONE);
+    }
+    /* It comes back: growth after grow_after steps. */
+    uint32_t g = m;
+    for (uint64_t s = 30; s < 40 && g == m; s++)
+        g = batch_step_end(&c, s, 50u << 20, 50u << 20, 1e-3, &why);
+    assert_int_equal(g, 40);
+    assert_int_equal(why, BATCH_REASON_GROW);
 }
 
 /* ---- tuning for throughput, with a cost the test controls --------------------------- */
@@ -399,7 +470,7 @@ static void test_refit_when_memory_frees(void **state)
     /* An OOM at 40 under the same budget lowers the fit; growth never
      * returns past it, since the budget has not grown since. */
     fit_40(&c, false, 3);
-    assert_int_equal(batch_on_oom(&c, 1, 50u << 20, 50u << 20), 20);
+    assert_int_equal(batch_on_oom(&c, 1, 50u << 20, 50u << 20, 0), 20);
     assert_true(c.max_fit < 40);
     uint32_t fit = c.max_fit;
     for (uint64_t t = 2; t < 20; t++)
@@ -1388,6 +1459,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_controller_model),
+        cmocka_unit_test(test_controller_rounded_peaks),
+        cmocka_unit_test(test_pressure_shrink_waits_for_memory),
         cmocka_unit_test(test_tune_candidates),
         cmocka_unit_test(test_tune_picks_fastest),
         cmocka_unit_test(test_tune_keeps_faster_of_two),
