@@ -109,9 +109,16 @@ static void spin_politely(char **argv)
 {
     if (getenv("GOMP_SPINCOUNT") || getenv("OMP_WAIT_POLICY"))
         return;
+    /* The file /proc/self/exe points to, not the link itself: the process
+     * is named after the path it runs (ps -C gradd, pidof). */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || (size_t)n >= sizeof self - 1)
+        return;
+    self[n] = '\0';
     if (setenv("GOMP_SPINCOUNT", "1000", 1) == 0)
-        execv("/proc/self/exe", argv);
-    /* No /proc: go on with libgomp's default. */
+        execv(self, argv);
+    /* No /proc, or the file is gone: go on with libgomp's default. */
 }
 
 int main(int argc, char **argv)

@@ -118,6 +118,9 @@ class Lifecycle(unittest.TestCase):
             try:
                 self.assertEqual(d.ctl_json("status")["pid"], d.proc.pid)
                 self.assertEqual([e for e in environ(d.proc.pid) if e.startswith("GOMP_SPINCOUNT=")], want)
+                # Still named gradd (ps -C gradd, pidof), not "exe".
+                with open("/proc/%d/comm" % d.proc.pid) as f:
+                    self.assertEqual(f.read().strip(), os.path.basename(harness.GRADD))
                 self.assertEqual(d.stop(), 0, d.read_log())
             finally:
                 d.cleanup()
