@@ -39,7 +39,8 @@ static const opts_def opts[] = {
      NULL},
     {"daemon", "max_job_file", OPTS_SIZE, D(max_job_file), 1024, 64 << 20, false, "1M",
      "largest job file accepted by submit", NULL},
-    {"daemon", "log_level", OPTS_STRING, D(log_level), 0, 0, false, "info", "error, warning, info or debug", NULL},
+    {"daemon", "log_level", OPTS_CHOICE, D(log_level), 0, 0, false, "info", "error, warning, info or debug",
+     "error|warning|info|debug"},
     {"daemon", "log_target", OPTS_CHOICE, D(log_target), 0, 0, false, "auto",
      "auto (journald when stderr is systemd's journal stream), journal or stderr", "auto|journal|stderr"},
 

@@ -31,6 +31,8 @@ typedef struct {
 } config_pool_override;
 
 typedef enum { CONFIG_LOG_AUTO = 0, CONFIG_LOG_JOURNAL = 1, CONFIG_LOG_STDERR = 2 } config_log_target;
+/* In the order of the choice's spelling in config.c. */
+typedef enum { CONFIG_LOG_ERROR = 0, CONFIG_LOG_WARNING, CONFIG_LOG_INFO, CONFIG_LOG_DEBUG } config_log_level;
 
 typedef struct gradd_config {
     char source[PATH_MAX];   /* the file these came from, or "(defaults)" */
@@ -44,7 +46,7 @@ typedef struct gradd_config {
     uint64_t max_clients;
     char socket_group[64]; /* who may connect: the socket is 0660 to it */
     char admin_group[64];  /* who may act on any job */
-    char log_level[16];
+    int log_level;       /* config_log_level */
     int log_target;      /* config_log_target: auto | journal | stderr */
     uint64_t max_jobs_per_device;
     uint64_t max_queued_per_user;

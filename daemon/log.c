@@ -18,15 +18,6 @@ static _Atomic int threshold = LOG_INFO;
 static _Atomic(log_sink_fn) sink;
 static void *_Atomic sink_user;
 
-int log_level_parse(const char *s)
-{
-    if (strcmp(s, "error") == 0) return LOG_ERR;
-    if (strcmp(s, "warning") == 0 || strcmp(s, "warn") == 0) return LOG_WARN;
-    if (strcmp(s, "info") == 0) return LOG_INFO;
-    if (strcmp(s, "debug") == 0) return LOG_DEBUG;
-    return -1;
-}
-
 void log_set_level(log_level l) { atomic_store(&threshold, (int)l); }
 log_level log_get_level(void) { return (log_level)atomic_load(&threshold); }
 

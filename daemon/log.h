@@ -20,8 +20,6 @@
 
 typedef enum { LOG_ERR = 3, LOG_WARN = 4, LOG_INFO = 6, LOG_DEBUG = 7 } log_level;
 
-/* Parse "error", "warning", "info", "debug"; -1 if unknown. */
-int log_level_parse(const char *s);
 void log_set_level(log_level l);
 log_level log_get_level(void);
 

@@ -183,13 +183,8 @@ int main(int argc, char **argv)
     } else {
         config_defaults(&ctx.cfg);
     }
-    int lvl = log_level_parse(ctx.cfg.log_level);
-    if (lvl < 0) {
-        fprintf(stderr, "gradd: %s: [daemon] log_level: '%s' is not error, warning, info or debug\n",
-                ctx.cfg.source, ctx.cfg.log_level);
-        return 2;
-    }
-    log_set_level(verbose ? LOG_DEBUG : (log_level)lvl);
+    static const log_level levels[] = {LOG_ERR, LOG_WARN, LOG_INFO, LOG_DEBUG};
+    log_set_level(verbose ? LOG_DEBUG : levels[ctx.cfg.log_level]);
     /* Under systemd the journal gets structured entries (job id, device);
      * in a terminal or a pipe, plain lines. */
     if (ctx.cfg.log_target == CONFIG_LOG_JOURNAL ||

@@ -67,7 +67,10 @@ int opts_set(const opts_def *o, void *base, const char *value, char *err, size_t
             if (units_parse_size(value, &u, err, err_len) != 0)
                 return -1;
             if ((double)u < o->min || (double)u > o->max) {
-                snprintf(err, err_len, "'%s' is out of range (at least %.0f bytes)", value, o->min);
+                char lo[16], hi[16];
+                units_format_size((uint64_t)o->min, lo, sizeof lo);
+                units_format_size((uint64_t)o->max, hi, sizeof hi);
+                snprintf(err, err_len, "'%s' is out of range (%s to %s)", value, lo, hi);
                 return -1;
             }
         }

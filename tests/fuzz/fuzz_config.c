@@ -91,7 +91,7 @@ static void check_config(const gradd_config *c)
     CHECK(terminated(c->state_dir, sizeof c->state_dir));
     CHECK(terminated(c->admin_group, sizeof c->admin_group));
     CHECK(terminated(c->socket_group, sizeof c->socket_group));
-    CHECK(terminated(c->log_level, sizeof c->log_level));
+    CHECK(c->log_level >= 0 && c->log_level <= 3);
     CHECK(terminated(c->cuda_module_dir, sizeof c->cuda_module_dir));
     CHECK(c->noverrides >= 0 && c->noverrides <= CONFIG_MAX_OVERRIDES);
     for (int i = 0; i < c->noverrides; i++) {
