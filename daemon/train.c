@@ -145,9 +145,22 @@ static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
 {
     pool_oom_report oom;
     void *ptr = pool_alloc(r->p, bytes ? bytes : 1, tag, r->job, &oom);
-    if (!ptr)
-        fail(r, "out of memory for the %s: %s", what, oom.message);
-    return ptr;
+    if (ptr)
+        return ptr;
+    /* The state that lives as long as the job does not fit: say how much
+     * it is, and what to change, as the micro-batch-1 report does. */
+    size_t P = r->m->num_params, lasting = P * 4 * sizeof(float) + (r->m->needs_params16 ? P * sizeof(uint16_t) : 0);
+    size_t act1 = 0, per = 0;
+    r->m->ops->activation_bytes(r->m, &act1, &per);
+    char need[16], act[16], sum[16];
+    units_format_size(lasting, need, sizeof need);
+    units_format_size(act1 + per, act, sizeof act);
+    units_format_size(lasting + act1 + per, sum, sizeof sum);
+    fail(r,
+         "out of memory for the %s: %s; the parameters, gradients and optimizer state alone take %s, and "
+         "micro-batch 1 about %s more: %s at least %s, or train a smaller model",
+         what, oom.message, need, act, oom.job_limit_hit ? "raise [memory] limit to" : "the job needs free", sum);
+    return NULL;
 }
 
 double train_lr(const job_config *j, uint64_t step)

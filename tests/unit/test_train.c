@@ -284,6 +284,23 @@ static void test_resume_guards(void **state)
     expect_refused(&j, "bad seed or epoch_size metadata");
 }
 
+/* A limit under what the model's lasting state takes: the report says how
+ * much it takes and what to raise the limit to. */
+static void test_limit_under_the_model(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "tiny-limit", 8, 2);
+    j.mem_limit = 64 << 10;
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    pool_job_forget(fx_pool, 1); /* the limit goes with the job, as a worker's does */
+    if (!strstr(res.message, "out of memory for the parameters") ||
+        !strstr(res.message, "the parameters, gradients and optimizer state alone take") ||
+        !strstr(res.message, "raise [memory] limit to at least"))
+        fail_msg("got '%s'", res.message);
+}
+
 /* A job whose data is refused leaves no output directory. */
 static void test_bad_data_leaves_nothing(void **state)
 {
@@ -480,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_resume_mismatch_refused),
         cmocka_unit_test(test_resume_guards),
         cmocka_unit_test(test_bad_data_leaves_nothing),
+        cmocka_unit_test(test_limit_under_the_model),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_out_dir_locked),
         cmocka_unit_test(test_memory_tags),
