@@ -85,6 +85,7 @@ typedef struct {
     FILE *metrics;
     tb_writer *tb;
     char path_resume[4096], path_model[4096], path_metrics[4096];
+    char out_err[1024]; /* the first failed metrics or TensorBoard write; "": none */
 
     /* progress */
     uint64_t step;
@@ -812,31 +813,46 @@ out:
 /* ---- metrics ------------------------------------------------------------------------------ */
 
 /* On resume keep the lines of steps the checkpoint covers and drop the
- * rest: they belong to work that is about to be redone. */
-static void trim_metrics(const char *path, uint64_t upto)
+ * rest: they belong to work that is about to be redone, and so does a last
+ * line cut short by a crash or a full disk.  The copy replaces the file
+ * only when all of it was written: 0, or -1 with err (the file as it was). */
+static int trim_metrics(const char *path, uint64_t upto, char *err, size_t err_len)
 {
     FILE *in = fopen(path, "r");
     if (!in)
-        return;
+        return 0; /* none yet: nothing to keep */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *out = fopen(tmp, "w");
     if (!out) {
+        snprintf(err, err_len, "cannot trim %s (for the resumed run): %s: %s", path, tmp, strerror(errno));
         fclose(in);
-        return;
+        return -1;
     }
-    char line[4096];
-    while (fgets(line, sizeof line, in)) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, in)) > 0) {
         const char *s = strstr(line, "\"step\":");
         unsigned long long st = s ? strtoull(s + 7, NULL, 10) : 0;
-        if (st <= upto)
-            fputs(line, out);
+        if (st <= upto && line[n - 1] == '\n')
+            fwrite(line, 1, (size_t)n, out);
     }
+    free(line);
+    int e = ferror(in) ? EIO : 0;
     fclose(in);
-    fflush(out);
-    fsync(fileno(out));
-    fclose(out);
-    rename(tmp, path);
+    if (!e && (fflush(out) != 0 || ferror(out) || fsync(fileno(out)) != 0))
+        e = errno ? errno : EIO;
+    if (fclose(out) != 0 && !e)
+        e = errno;
+    if (!e && rename(tmp, path) != 0)
+        e = errno;
+    if (e) {
+        snprintf(err, err_len, "cannot trim %s (for the resumed run): %s", path, strerror(e));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
 }
 
 /* v as a JSON number, or null: JSON has neither inf nor nan, and a skipped
@@ -851,6 +867,24 @@ static const char *json_num(char *buf, size_t len, double v)
 }
 
 /* skipped: an fp16 step whose gradients overflowed, not applied. */
+/* A metrics or TensorBoard write failed (a full disk, say): the run stops
+ * at the step's end, before any checkpoint, naming the file, rather than
+ * finishing "done" with its logs cut short.  The first failure is kept. */
+static void output_failed(run *r, const char *why)
+{
+    if (!r->out_err[0])
+        snprintf(r->out_err, sizeof r->out_err, "%s", why);
+}
+
+static void metrics_written(run *r)
+{
+    if (fflush(r->metrics) != 0 || ferror(r->metrics)) {
+        char why[4200];
+        snprintf(why, sizeof why, "cannot write %s: %s", r->path_metrics, strerror(errno));
+        output_failed(r, why);
+    }
+}
+
 static void log_step(run *r, double loss, double lr, double norm, double ups, double dt, bool skipped)
 {
     train_progress *pr = &r->prog;
@@ -882,17 +916,18 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
                 (unsigned long long)r->step, json_num(l, sizeof l, loss), lr, json_num(g, sizeof g, norm),
                 r->j->model == JOBCFG_GPT ? "tokens_per_s" : "samples_per_s", ups, dt * 1e3, pr->micro, pr->accum,
                 pr->allocated, pr->reserved, fp16);
-        fflush(r->metrics);
+        metrics_written(r);
     }
     if (r->tb) {
         /* fp16 adds the loss scale, as metrics.jsonl does. */
         const char *tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/loss_scale"};
         const float vals[] = {(float)loss, (float)lr, (float)norm, (float)r->loss_scale};
-        tb_scalars(r->tb, (int64_t)r->step, wall_s(), r->j->precision == JOBCFG_FP16 ? 4 : 3, tags, vals);
         /* To the kernel at every logged step, as metrics.jsonl: a live
          * tensorboard sees it, and a kill -9 loses nothing logged before
          * the checkpoint a resume starts after. */
-        tb_flush(r->tb);
+        if (tb_scalars(r->tb, (int64_t)r->step, wall_s(), r->j->precision == JOBCFG_FP16 ? 4 : 3, tags, vals) != 0 ||
+            tb_flush(r->tb) != 0)
+            output_failed(r, tb_error(r->tb));
     }
 }
 
@@ -932,12 +967,13 @@ static void evaluate(run *r)
         else
             fprintf(r->metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_tokens\":%llu}\n", (unsigned long long)r->step,
                     r->prog.val_loss, (unsigned long long)units);
-        fflush(r->metrics);
+        metrics_written(r);
     }
     if (r->tb) {
-        tb_scalar(r->tb, "val/loss", (int64_t)r->step, (float)r->prog.val_loss, wall_s());
-        if (r->j->model == JOBCFG_MLP)
-            tb_scalar(r->tb, "val/accuracy", (int64_t)r->step, (float)r->prog.val_accuracy, wall_s());
+        if (tb_scalar(r->tb, "val/loss", (int64_t)r->step, (float)r->prog.val_loss, wall_s()) != 0 ||
+            (r->j->model == JOBCFG_MLP &&
+             tb_scalar(r->tb, "val/accuracy", (int64_t)r->step, (float)r->prog.val_accuracy, wall_s()) != 0))
+            output_failed(r, tb_error(r->tb));
     }
 }
 
@@ -984,7 +1020,7 @@ static void note_change(run *r)
                 (unsigned long long)ch->step, ch->from, ch->to, batch_reason_name(ch->reason),
                 batch_accum(r->j->batch, ch->to), r->ctl.predicted_max, r->ctl.max_fit,
                 (unsigned long long)r->ctl.oom_recoveries);
-        fflush(r->metrics);
+        metrics_written(r);
     }
     char note[24];
     snprintf(note, sizeof note, "%u>%u %s", ch->from, ch->to, batch_reason_name(ch->reason));
@@ -1362,8 +1398,8 @@ static train_outcome lock_out_dir(run *r)
 static train_outcome setup_outputs(run *r, bool resumed)
 {
     char err[1024];
-    if (resumed)
-        trim_metrics(r->path_metrics, r->step);
+    if (resumed && trim_metrics(r->path_metrics, r->step, err, sizeof err) != 0)
+        return fail(r, "%s", err);
     r->metrics = fopen(r->path_metrics, resumed ? "a" : "w");
     if (!r->metrics)
         return fail(r, "cannot write %s: %s", r->path_metrics, strerror(errno));
@@ -1383,8 +1419,12 @@ static train_outcome checkpoint(run *r, uint64_t epoch, uint64_t index)
     char err[1024];
     /* Everything logged up to here (the step's validation too) is on disk
      * before the state that a resume would continue after it. */
-    if (r->tb)
-        tb_flush(r->tb);
+    if (r->tb && tb_flush(r->tb) != 0)
+        output_failed(r, tb_error(r->tb));
+    /* Not over logs that did not make it to disk: a resume from here
+     * would never write them. */
+    if (r->out_err[0])
+        return fail(r, "%s", r->out_err);
     if (write_resume(r, epoch, index, err, sizeof err) != 0)
         return fail(r, "checkpoint failed (the previous one is intact): %s", err);
     return TRAIN_DONE;
@@ -1482,6 +1522,8 @@ static train_outcome run_job(run *r, const train_hooks *h)
         r->prog.elapsed_s = before + (now_s() - start);
         if (h && h->on_step)
             h->on_step(h->user, &r->prog);
+        if (r->out_err[0])
+            return fail(r, "%s", r->out_err);
         if ((j->checkpoint_every && r->step % j->checkpoint_every == 0) || last) {
             data_stream_state(&r->stream, &epoch, &index);
             if (checkpoint(r, epoch, index) != TRAIN_DONE)
@@ -1530,11 +1572,12 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
         r->kc = k->ctx_create((int)j->threads, d->index, prec, &scratch);
         o = r->kc ? run_job(r, h) : fail(r, "cannot create the %s kernel context on %s", k->name, d->id);
     }
-    if (r->metrics)
-        fclose(r->metrics);
+    if (r->metrics && fclose(r->metrics) != 0 && o == TRAIN_DONE)
+        o = fail(r, "cannot write %s: %s", r->path_metrics, strerror(errno));
     if (r->tb) {
-        char err[256];
-        tb_close(r->tb, err, sizeof err);
+        char err[600];
+        if (tb_close(r->tb, err, sizeof err) != 0 && o == TRAIN_DONE)
+            o = fail(r, "%s", err);
     }
     if (r->m)
         free_memory(r);

@@ -301,6 +301,59 @@ static void test_limit_under_the_model(void **state)
         fail_msg("got '%s'", res.message);
 }
 
+/* A metrics write that fails (a full disk: /dev/full here) stops the run,
+ * naming the file, before any checkpoint could skip the lines lost. */
+static void test_full_disk_stops_the_run(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    char path[700], ckpt[700];
+    tiny_gpt(&j, "fulldisk", 8, 4);
+    j.checkpoint_every = 1;
+    assert_int_equal(mkdir(j.out_dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", j.out_dir);
+    assert_int_equal(symlink("/dev/full", path), 0);
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    char want[800];
+    snprintf(want, sizeof want, "cannot write %s: No space left on device", path);
+    if (!strstr(res.message, want))
+        fail_msg("got '%s'", res.message);
+    snprintf(ckpt, sizeof ckpt, "%s/resume.safetensors", j.out_dir);
+    assert_int_not_equal(access(ckpt, F_OK), 0);
+
+    /* Resuming: the lines past the checkpoint go, and so does a last line
+     * a crash cut short; a trim that cannot be written keeps the file. */
+    unlink(path);
+    tiny_gpt(&j, "fulldisk", 8, 2);
+    j.checkpoint_every = 1;
+    run_ok(&j, &res, NULL);
+    FILE *f = fopen(path, "a");
+    fputs("{\"step\":1,\"loss\":3.1", f); /* cut short */
+    fclose(f);
+    char tmp[720];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    assert_int_equal(symlink("/dev/full", tmp), 0);
+    j.steps = 4;
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    assert_non_null(strstr(res.message, "cannot trim"));
+    f = fopen(path, "r");
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "{\"step\":1,\"loss\":3.1")); /* untouched */
+    assert_int_not_equal(access(tmp, F_OK), 0);
+    run_ok(&j, &res, NULL);
+    f = fopen(path, "r");
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_null(strstr(text, "\"loss\":3.1{"));
+    assert_null(strstr(text, "\"loss\":3.1\n"));
+    assert_int_equal(text[n - 1], '\n');
+}
+
 /* A job whose data is refused leaves no output directory. */
 static void test_bad_data_leaves_nothing(void **state)
 {
@@ -498,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_resume_guards),
         cmocka_unit_test(test_bad_data_leaves_nothing),
         cmocka_unit_test(test_limit_under_the_model),
+        cmocka_unit_test(test_full_disk_stops_the_run),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_out_dir_locked),
         cmocka_unit_test(test_memory_tags),
