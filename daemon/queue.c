@@ -186,6 +186,8 @@ static double now_unix(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static int remove_tree(const char *dir);
+
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
                  const char *user, uint32_t *id, char *err, size_t err_len)
 {
@@ -230,6 +232,16 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
         else if (atomic_write(dir, "job.cfg", contents, len, err, err_len) == 0 &&
                  queue_persist(q, j, err, err_len) == 0 && table_add(q, j) == 0)
             rc = 0;
+        /* Half a job (a job.cfg without its state, say, on a full disk)
+         * would be skipped with a warning at every start, and nothing
+         * lists it to remove: none at all.  Its id stays used. */
+        if (rc != 0)
+            remove_tree(dir);
+    }
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, err_len, "the job was not queued: %s", why);
     }
     if (rc == 0) {
         *id = j->id;
@@ -245,23 +257,40 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     return 0;
 }
 
+/* One try; the flags say whether another is needed.  Lock held. */
+static bool persist_try(queue *q, job *j, const char *device)
+{
+    char err[512];
+    if (queue_persist(q, j, err, sizeof err) == 0) {
+        if (j->save_failed)
+            log_job(LOG_INFO, j->id, device, "job %u: its state is recorded now", j->id);
+        j->save_failed = j->unsaved = false;
+        return true;
+    }
+    if (!j->save_failed)
+        log_job(LOG_ERR, j->id, device, "job %u: cannot record its state: %s; trying again", j->id, err);
+    j->save_failed = j->unsaved = true;
+    return false;
+}
+
+void queue_persist_or_retry(queue *q, job *j, const char *device)
+{
+    if (!persist_try(q, j, device))
+        q->any_unsaved = true;
+}
+
 void queue_save_unsaved(queue *q)
 {
-    /* Called on every worker notify (each step of each job): the lock only
-     * when there is something to save. */
+    /* Called on every worker notify (each step of each job) and every
+     * second: the lock only when there is something to save. */
     if (!atomic_load(&q->any_unsaved))
         return;
     pthread_mutex_lock(&q->lock);
-    for (size_t i = 0; q->any_unsaved && i < q->n; i++) {
-        job *j = q->jobs[i];
-        if (!j->unsaved)
-            continue;
-        j->unsaved = false;
-        char err[512];
-        if (queue_persist(q, j, err, sizeof err) != 0)
-            log_job(LOG_WARN, j->id, NULL, "job %u: cannot record its state: %s", j->id, err);
-    }
-    q->any_unsaved = false;
+    bool left = false;
+    for (size_t i = 0; i < q->n; i++)
+        if (q->jobs[i]->unsaved && !persist_try(q, q->jobs[i], NULL))
+            left = true;
+    q->any_unsaved = left;
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -557,6 +586,8 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
 
 void queue_close(queue *q)
 {
+    /* A last try for what could not be saved (the workers have stopped). */
+    queue_save_unsaved(q);
     for (size_t i = 0; i < q->n; i++)
         free(q->jobs[i]);
     free(q->jobs);

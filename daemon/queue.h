@@ -56,6 +56,7 @@ typedef struct job {
                      set q->any_unsaved with it */
     bool cancel_requested;
     bool prune_failed; /* queue_prune could not remove it: not tried again */
+    bool save_failed;  /* its last persist failed (logged once): retried while unsaved */
     bool have_progress;
     train_progress prog;
     uint64_t version; /* bumped on every change a watcher should see */
@@ -91,6 +92,11 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
 job *queue_find(queue *q, uint32_t id);
 /* Write j's state file atomically; -1 with err on failure. */
 int queue_persist(queue *q, job *j, char *err, size_t err_len);
+/* queue_persist, and when it fails (a full disk) mark j unsaved, so that
+ * queue_save_unsaved tries again until it is on disk: a job's end must not
+ * stay recorded as running, to be run again at the next start.  Logged
+ * once per failure, with `device` (may be NULL). */
+void queue_persist_or_retry(queue *q, job *j, const char *device);
 /* The queued job to run next on a device: highest priority, then earliest. */
 job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda);
 /* Mark a change for watchers (bumps version; call notify after unlocking). */

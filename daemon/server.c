@@ -843,8 +843,11 @@ static void on_tick(uv_timer_t *t)
         if (gone)
             queue_notify(s->ctx->q);
     }
-    if (s->ctx->q)
+    if (s->ctx->q) {
+        /* What a full state dir kept from disk, again once a second. */
+        queue_save_unsaved(s->ctx->q);
         svc_status_update(s);
+    }
 }
 
 int server_init(server *s, gradd_ctx *ctx, const char *path, char *err, size_t err_len)

@@ -168,9 +168,7 @@ static void run_one(worker *w, job *j)
     if (j->state != JOB_QUEUED)
         j->finished_at = now_unix();
     queue_touch(q, j);
-    char perr[512];
-    if (queue_persist(q, j, perr, sizeof perr) != 0)
-        log_job(LOG_ERR, j->id, d->id, "job %u: cannot record its state: %s", j->id, perr);
+    queue_persist_or_retry(q, j, d->id);
     /* Said from copies: once the lock is let go a finished job may be
      * removed (gradctl rm) and freed. */
     uint32_t id = j->id;
@@ -211,9 +209,7 @@ static void *worker_main(void *arg)
         j->have_progress = false;
         snprintf(j->device, sizeof j->device, "%s", d->id);
         queue_touch(q, j);
-        char perr[512];
-        if (queue_persist(q, j, perr, sizeof perr) != 0)
-            log_job(LOG_ERR, j->id, d->id, "job %u: cannot record its state: %s", j->id, perr);
+        queue_persist_or_retry(q, j, d->id);
         pthread_mutex_unlock(&q->lock);
         queue_notify(q);
         log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);

@@ -802,10 +802,72 @@ static void test_ids_run_out(void **state)
     queue_close(&q);
 }
 
+/* A state write that fails (a full disk: /dev/full here) is tried again
+ * until it lands, so a job's end is never left recorded as running; a
+ * submit that cannot be written leaves no half job. */
+static void test_full_state_dir(void **state)
+{
+    (void)state;
+    char jobs[128], path[256], err[512];
+    snprintf(jobs, sizeof jobs, "%s/jobs", td_path);
+    queue q;
+    open_capturing(&q);
+    log_set_sink(capture, NULL);
+    job_config cfg = {0};
+    snprintf(cfg.name, sizeof cfg.name, "j");
+    uint32_t id = 0;
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(id, 1);
+
+    snprintf(path, sizeof path, "%s/1/.state.tmp", jobs);
+    assert_int_equal(symlink("/dev/full", path), 0);
+    pthread_mutex_lock(&q.lock);
+    job *j = queue_find(&q, 1);
+    j->state = JOB_CANCELLED;
+    queue_persist_or_retry(&q, j, NULL);
+    assert_true(j->unsaved && q.any_unsaved);
+    pthread_mutex_unlock(&q.lock);
+    assert_non_null(strstr(logged, "job 1: cannot record its state"));
+    static job back;
+    snprintf(path, sizeof path, "%s/1/state", jobs);
+    FILE *f = fopen(path, "r");
+    static char text[1 << 14];
+    size_t n = fread(text, 1, sizeof text, f);
+    fclose(f);
+    assert_int_equal(queue_parse_state(text, n, 1, &back, err, sizeof err), 0);
+    assert_int_equal(back.state, JOB_QUEUED); /* the write did not land */
+    /* The disk has room again (the failed write removed its temp file):
+     * the next try records it. */
+    queue_save_unsaved(&q);
+    assert_false(q.any_unsaved);
+    f = fopen(path, "r");
+    n = fread(text, 1, sizeof text, f);
+    fclose(f);
+    assert_int_equal(queue_parse_state(text, n, 1, &back, err, sizeof err), 0);
+    assert_int_equal(back.state, JOB_CANCELLED);
+    assert_non_null(strstr(logged, "job 1: its state is recorded now"));
+
+    /* A submit whose files cannot be written: refused, nothing left. */
+    snprintf(path, sizeof path, "%s/2", jobs);
+    assert_int_equal(mkdir(path, 0750), 0);
+    snprintf(path, sizeof path, "%s/2/.job.cfg.tmp", jobs);
+    assert_int_equal(symlink("/dev/full", path), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_non_null(strstr(err, "the job was not queued: cannot write"));
+    snprintf(path, sizeof path, "%s/2", jobs);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(q.n, 1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(id, 3);
+    log_set_sink(NULL, NULL);
+    queue_close(&q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip_through_persist, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_state_dir, setup, teardown),
         cmocka_unit_test(test_round_trip_every_state),
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_keys),
