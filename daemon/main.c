@@ -215,15 +215,8 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    if (run_job) {
-        if (ctx_open(&ctx, err, sizeof err) != 0) {
-            log_error("%s", err);
-            return 1;
-        }
-        int rc = runjob_main(&ctx, run_job, false);
-        ctx_close(&ctx);
-        return rc;
-    }
+    if (run_job)
+        return runjob_main(&ctx, run_job, false);
 
     /* ---- devices, then the socket ---- */
     signal(SIGPIPE, SIG_IGN);

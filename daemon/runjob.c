@@ -73,18 +73,21 @@ static int pick_device(const gradd_ctx *ctx, const char *want, char *err, size_t
     return i;
 }
 
-int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
+/* Open the devices and train; the signal handlers are in place. */
+static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp, bool quiet)
 {
     static job_config j;
+    j = *jp;
     char err[1024];
-    if (jobcfg_load(path, &j, err, sizeof err) != 0) {
-        fprintf(stderr, "gradd: %s\n", err);
-        return 2;
+    if (ctx_open(ctx, err, sizeof err) != 0) {
+        log_error("%s", err);
+        return 1;
     }
+    int rc = 2;
     int di = pick_device(ctx, j.device, err, sizeof err);
     if (di < 0) {
         fprintf(stderr, "gradd: %s: [job] device: %s\n", path, err);
-        return 2;
+        goto out;
     }
     dev *d = ctx->devs[di];
     const kern_ops *k = d->kind == DEV_KIND_CPU
@@ -92,27 +95,22 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
                             : dev_cuda_kern_ops(ctx->cfg.cuda_module_dir[0] ? ctx->cfg.cuda_module_dir : NULL);
     if (!k) {
         fprintf(stderr, "gradd: no kernels for %s\n", d->id);
-        return 1;
+        rc = 1;
+        goto out;
+    }
+    /* Stopped while the devices were probed: nothing to save yet. */
+    if (stop_requested) {
+        printf("stopped before training began; nothing was written\n");
+        rc = 130;
+        goto out;
     }
     runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
-    stop_requested = 0;
-    /* SIGHUP too: a closed terminal stops the run with a checkpoint, as
-     * ^C does, instead of losing the steps since the last one.  Not when
-     * it is ignored: `nohup gradd run` asks to outlive the terminal. */
-    struct sigaction sa = {0}, old_int, old_term, old_hup;
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, NULL, &old_hup);
-    if (old_hup.sa_handler != SIG_IGN)
-        sigaction(SIGHUP, &sa, NULL);
 
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
     train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &v};
     static train_result res;
     train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
-    int rc;
     switch (o) {
     case TRAIN_DONE:
         printf("done: %llu steps, final loss %.4f", (unsigned long long)res.steps_done, res.final_loss);
@@ -134,7 +132,36 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
         rc = 1;
         break;
     }
+out:
     fflush(stdout);
+    ctx_close(ctx);
+    return rc;
+}
+
+int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
+{
+    /* The job file first: a bad one is refused before the devices are
+     * probed (CUDA takes a while to say there is none). */
+    static job_config j;
+    char err[1024];
+    if (jobcfg_load(path, &j, err, sizeof err) != 0) {
+        fprintf(stderr, "gradd: %s\n", err);
+        return 2;
+    }
+    /* From here to the printed result: SIGINT, SIGTERM and SIGHUP (a
+     * closed terminal) stop the run with a checkpoint, as ^C does, instead
+     * of losing the steps since the last one; one that comes while the
+     * devices are probed stops it before it begins.  SIGHUP not when it is
+     * ignored: `nohup gradd run` asks to outlive the terminal. */
+    stop_requested = 0;
+    struct sigaction sa = {0}, old_int, old_term, old_hup;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, NULL, &old_hup);
+    if (old_hup.sa_handler != SIG_IGN)
+        sigaction(SIGHUP, &sa, NULL);
+    int rc = run_on_devices(ctx, path, &j, quiet);
     /* Only now: a ^C that comes after the last step must not kill the run
      * before it has said that it finished and where its outputs are. */
     sigaction(SIGINT, &old_int, NULL);

@@ -5,9 +5,11 @@
 
 #include "ctx.h"
 
-/* Train the job in `path` on ctx's devices.  Prints progress to stderr and a
+/* Train the job in `path` on ctx's devices, which it opens (ctx_open) after
+ * reading the job file, and closes.  Prints progress to stderr and a
  * summary to stdout.  Returns the process exit status: 0 done, 1 failed,
- * 2 bad job file, 130 interrupted (SIGINT/SIGTERM, after a checkpoint). */
+ * 2 bad job file, 130 interrupted (SIGINT/SIGTERM/SIGHUP, after a
+ * checkpoint, or before training began). */
 int runjob_main(gradd_ctx *ctx, const char *path, bool quiet);
 
 #endif
