@@ -20,7 +20,7 @@ static const opts_def opts[] = {
     {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
 
     {"model", "type", OPTS_CHOICE, J(model), 0, 0, false, "gpt", "mlp or gpt", "mlp|gpt"},
-    {"model", "layers", OPTS_COUNT, J(layers), 1, 96, false, "2", "gpt: transformer blocks", NULL},
+    {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},
     {"model", "heads", OPTS_COUNT, J(heads), 1, 128, false, "4", "gpt: attention heads (divide width)", NULL},
     {"model", "width", OPTS_COUNT, J(width), 1, 16384, false, "64", "gpt: channels", NULL},
     {"model", "context", OPTS_COUNT, J(context), 2, 65536, false, "64", "gpt: tokens per sequence", NULL},

@@ -13,6 +13,7 @@
 
 #define JOBCFG_MAX_HIDDEN 8
 #define JOBCFG_PRIORITY_MAX 1000 /* [job] priority is 0 to this */
+#define JOBCFG_MAX_LAYERS 96     /* [model] layers is 1 to this */
 #define JOBCFG_MAX_KEYS 64 /* at least the number of keys a job file may set */
 
 typedef enum { JOBCFG_MLP = 0, JOBCFG_GPT = 1 } jobcfg_model;

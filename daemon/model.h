@@ -17,7 +17,7 @@
 #include "kernels.h"
 
 #define MODEL_MAX_DIMS 4
-#define MODEL_MAX_TENSORS 1024
+#define MODEL_MAX_TENSORS 1280
 
 /* One parameter tensor: a view into the parameter buffer (and, at the same
  * offset, into the gradient and optimizer buffers). */

@@ -631,6 +631,9 @@ static const model_ops gpt_ops = {
     .destroy = gpt_destroy,
 };
 
+/* Every depth a job file may ask for has its tensors: 12 per block, 4 more. */
+_Static_assert(12 * JOBCFG_MAX_LAYERS + 4 <= MODEL_MAX_TENSORS, "MODEL_MAX_TENSORS below [model] layers' range");
+
 int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
 {
     if (j->heads == 0 || j->width % j->heads) {

@@ -354,6 +354,23 @@ static void test_full_disk_stops_the_run(void **state)
     assert_int_equal(text[n - 1], '\n');
 }
 
+/* The deepest model a job file may ask for builds and trains (it was
+ * refused at start, after submit had taken it). */
+static void test_deepest_model(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    fx_job(&j, "deepest");
+    fx_gpt(&j, JOBCFG_MAX_LAYERS, 1, 8, 8);
+    j.steps = 1;
+    j.batch = 2;
+    j.micro_batch = 2;
+    j.threads = 1;
+    run_ok(&j, &res, NULL);
+    assert_true(isfinite(res.final_loss));
+}
+
 /* A job whose data is refused leaves no output directory. */
 static void test_bad_data_leaves_nothing(void **state)
 {
@@ -551,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_resume_guards),
         cmocka_unit_test(test_bad_data_leaves_nothing),
         cmocka_unit_test(test_limit_under_the_model),
+        cmocka_unit_test(test_deepest_model),
         cmocka_unit_test(test_full_disk_stops_the_run),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_out_dir_locked),
