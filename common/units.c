@@ -60,7 +60,7 @@ int units_parse_size(const char *text, uint64_t *out, char *err, size_t err_len)
     int ok = rn == 0 || (rn == 1 && toupper((unsigned char)rest[0]) == 'B') ||
              (rn == 2 && u && strncasecmp(rest, "iB", 2) == 0);
     if (!ok) {
-        snprintf(err, err_len, "'%s' has an unknown unit (use K, M, G or T)", text);
+        snprintf(err, err_len, "'%s' has an unknown unit (use K, M, G, T or P)", text);
         return -1;
     }
     /* Whole numbers go through integers so that every byte count up to

@@ -302,6 +302,8 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         return complain(p, path, "data", "train_labels", err, err_len, "is required for an mlp");
     if (j->val_labels[0] && !j->val[0])
         return complain(p, path, "data", "val", err, err_len, "is required when val_labels is set");
+    if (j->model == JOBCFG_MLP && j->val[0] && !j->val_labels[0])
+        return complain(p, path, "data", "val_labels", err, err_len, "is required for an mlp when val is set");
     return 0;
 }
 

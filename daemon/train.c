@@ -236,6 +236,9 @@ static train_outcome load_data(run *r)
         if (r->img_train.f32)
             r->img_val_view.f32 = r->img_train.f32 + ntrain * r->img_train.dim;
         r->img_train.n = ntrain;
+        /* As for a val file: its first val_subset images. */
+        if (j->val_subset && r->img_val_view.n > j->val_subset)
+            r->img_val_view.n = (size_t)j->val_subset;
         r->val_images = &r->img_val_view;
         r->have_val = true;
     }

@@ -1455,6 +1455,34 @@ static void test_micro1_fails_with_report(void **state)
     assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), "3");
 }
 
+/* val_subset limits a held-out validation set as it does a val file. */
+static void test_val_subset_of_held_out(void **state)
+{
+    (void)state;
+    shape mlp = {"mlp 64-256-128-10", true, 0, 0, 0, 0, 8};
+    job_config j;
+    train_result res;
+    make_job(&j, &mlp, "valsub", 8, 1);
+    j.val_fraction = 0.1; /* 51 of the 512 images */
+    j.val_subset = 7;
+    j.eval_batches = 0;
+    if (run(&j, NULL, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    char path[600], line[512];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", j.out_dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    bool seen = false;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"val_samples\"")) {
+            if (!strstr(line, "\"val_samples\":7}"))
+                fail_msg("validation line '%s'", line);
+            seen = true;
+        }
+    fclose(f);
+    assert_true(seen);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1481,6 +1509,7 @@ int main(void)
         cmocka_unit_test(test_resume_keeps_fit),
         cmocka_unit_test(test_resume_keeps_tuned),
         cmocka_unit_test(test_micro1_fails_with_report),
+        cmocka_unit_test(test_val_subset_of_held_out),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

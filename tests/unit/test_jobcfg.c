@@ -131,6 +131,9 @@ static void test_errors(void **state)
                  ":4: [data] format: an mlp trains on idx or npy images");
     expect_error("[model]\ntype = mlp\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ": [data] train_labels: is required for an mlp");
+    expect_error("[model]\ntype = mlp\n[data]\nformat = idx\ntrain = corpus.txt\ntrain_labels = corpus.txt\n"
+                 "val = corpus.txt\n[output]\ndir = o\n",
+                 ": [data] val_labels: is required for an mlp when val is set");
     expect_error("[job]\ndevice = gpu0\n" GPT_HEAD, ":2: [job] device: expected auto, cpu, cpuN or cuda:N");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
     /* Tokens are held in 16 bits: a larger vocabulary could never be fed. */
