@@ -1,6 +1,8 @@
 /* ctx.c — opening and closing the devices and their pools. */
 #include "ctx.h"
 
+#include <sched.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,4 +101,10 @@ int ctx_find_device(const gradd_ctx *c, const char *id)
         if (strcmp(c->devs[i]->id, id) == 0)
             return i;
     return -1;
+}
+
+int ctx_cores(void)
+{
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }

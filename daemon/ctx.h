@@ -40,6 +40,8 @@ void ctx_close(gradd_ctx *c);
 
 /* Index of the device with this id ("cpu0"), or -1. */
 int ctx_find_device(const gradd_ctx *c, const char *id);
+/* The cores this process may run on (its affinity mask). */
+int ctx_cores(void);
 
 uint64_t ctx_now_ns(void);
 

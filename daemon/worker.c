@@ -97,8 +97,7 @@ static int cpu_share(const gradd_ctx *ctx)
     int slots = cpu_slots(ctx);
     if (slots <= 1)
         return 0;
-    cpu_set_t set;
-    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int cores = ctx_cores();
     return cores / slots > 1 ? cores / slots : 1;
 }
 
@@ -139,6 +138,11 @@ static void run_one(worker *w, job *j)
                 fprintf(r.log, "== threads = 0: %d, this job's share of the cores among %d CPU job slots\n", share,
                         cpu_slots(ctx));
         }
+        /* More OpenMP threads than cores take turns at every barrier: a
+         * tenfold slowdown or worse, which the log should explain. */
+        if (d->kind == DEV_KIND_CPU && cfg->threads > (uint32_t)ctx_cores() && r.log)
+            fprintf(r.log, "== threads = %u is more than the %d cores this daemon may use: the threads will take "
+                    "turns, and the job runs far slower than with %d\n", cfg->threads, ctx_cores(), ctx_cores());
         o = train_run(cfg, ctx->pools[w->dev], k, j->id, &h, &res);
         free(shared);
         access_restore(&saved);

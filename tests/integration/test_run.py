@@ -231,6 +231,16 @@ class Run(unittest.TestCase):
         self.assertIn("magic", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
 
+    def test_more_threads_than_cores_is_warned(self):
+        cfg, out = self.job("threads", steps=3)
+        with open(cfg) as f:
+            text = f.read()
+        n = len(os.sched_getaffinity(0))
+        with open(cfg, "w") as f:
+            f.write(text.replace("threads = 2", "threads = %d" % (n + 1)))
+        r = self.run_gradd(cfg)
+        self.assertIn("[train] threads = %d is more than the %d cores here" % (n + 1, n), r.stderr)
+
     def test_token_file_trains(self):
         tok = os.path.join(self.dir, "tokens.bin")
         with open(self.train, "rb") as f:
