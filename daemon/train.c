@@ -1482,6 +1482,10 @@ static train_outcome run_job(run *r, const train_hooks *h)
         return TRAIN_FAILED;
     refresh_params16(r);
     r->prog.resumed = resumed == 1;
+    /* Where it resumed is the job's progress from now, also should it
+     * fail before its first step (a device that no longer fits it). */
+    if (resumed == 1 && h && h->on_step)
+        h->on_step(h->user, &r->prog);
     if (setup_outputs(r, resumed == 1) != TRAIN_DONE)
         return TRAIN_FAILED;
     pool_config pc;

@@ -371,6 +371,28 @@ static void test_deepest_model(void **state)
     assert_true(isfinite(res.final_loss));
 }
 
+/* A resumed run reports where it resumed before anything else, so a job
+ * that then fails (here: its limit no longer fits micro-batch 1) shows the
+ * step it had reached, not step 0. */
+static void test_resume_reported_first(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    tiny_gpt(&j, "resumefail", 8, 4);
+    run_ok(&j, &res, NULL);
+    size_t persistent = res.persistent_bytes;
+    j.steps = 8;
+    j.mem_limit = persistent + 4096;
+    fx_stopper rec = {0};
+    train_hooks h = {.on_step = fx_record, .user = &rec};
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, &h, &res), TRAIN_FAILED);
+    pool_job_forget(fx_pool, 1);
+    assert_int_equal(rec.seen, 4);
+    assert_true(rec.resumed);
+    assert_true(isfinite(rec.losses[4]));
+}
+
 /* A job whose data is refused leaves no output directory. */
 static void test_bad_data_leaves_nothing(void **state)
 {
@@ -569,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_bad_data_leaves_nothing),
         cmocka_unit_test(test_limit_under_the_model),
         cmocka_unit_test(test_deepest_model),
+        cmocka_unit_test(test_resume_reported_first),
         cmocka_unit_test(test_full_disk_stops_the_run),
         cmocka_unit_test(test_checkpoint_failure_keeps_previous),
         cmocka_unit_test(test_out_dir_locked),
