@@ -74,6 +74,24 @@ int ctl_recv(ctl *c, Gradd__Response **out)
         fputs("gradctl: ", stderr);
         table_put_text(stderr, m, strlen(m), TABLE_TEXT_LINES);
         fputc('\n', stderr);
+        if (c->json) {
+            /* A reply, as JSON too: a script reading stdout sees why. */
+            static const char *const codes[] = {"unknown",   "version_mismatch",  "bad_request", "not_found",
+                                                "permission_denied", "unavailable", "internal", "bad_job"};
+            unsigned code = (unsigned)resp->error->code;
+            json_writer w;
+            json_init(&w, stdout);
+            json_begin_object(&w);
+            json_key(&w, "error");
+            json_begin_object(&w);
+            json_key(&w, "code");
+            json_string(&w, code < sizeof codes / sizeof codes[0] ? codes[code] : "unknown");
+            json_key(&w, "message");
+            json_string(&w, m);
+            json_end_object(&w);
+            json_end_object(&w);
+            json_end(&w);
+        }
         /* A job file refused by the daemon is a bad input file, as one
          * refused here is. */
         int rc = resp->error->code == GRADD__ERROR__CODE__BAD_JOB ? CTL_ERR_USAGE : CTL_ERR_DAEMON;

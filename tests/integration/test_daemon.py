@@ -60,6 +60,12 @@ class Status(DaemonTest):
         self.assertEqual(r.returncode, 1)
         self.assertIn("no device 'cuda9'", r.stderr)
         self.assertIn("cpu0", r.stderr)
+        # With --json the reply is JSON on stdout too.
+        r = self.d.ctl("--json", "stats", "-d", "cuda9", check=False)
+        self.assertEqual(r.returncode, 1)
+        err = json.loads(r.stdout)["error"]
+        self.assertEqual(err["code"], "not_found")
+        self.assertIn("no device 'cuda9'", err["message"])
 
     def test_devices_from_config(self):
         d = Daemon("[cpu]\ncapacity = 512M\ndevices = 2\n")
