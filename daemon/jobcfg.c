@@ -52,7 +52,7 @@ static const opts_def opts[] = {
     {"train", "precision", OPTS_CHOICE, J(precision), 0, 0, false, "fp32", "fp32; on GPU also bf16 or fp16",
      "fp32|bf16|fp16"},
     {"train", "eval_every", OPTS_COUNT, J(eval_every), 0, 1e12, false, "0", "validate every N steps (0: at the end)", NULL},
-    {"train", "eval_batches", OPTS_COUNT, J(eval_batches), 0, 1 << 20, false, "0",
+    {"train", "eval_batches", OPTS_COUNT, J(eval_batches), 0, 1 << 20, false, "20",
      "batches of [train] batch samples per validation (0: the whole validation set)", NULL},
     {"train", "threads", OPTS_COUNT, J(threads), 0, 1024, false, "0", "cpu threads (0: all cores)", NULL},
 
