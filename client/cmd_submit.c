@@ -19,9 +19,6 @@
 /* The most gradctl reads: the largest [daemon] max_job_file any gradd can
  * be given.  The daemon's own limit decides, and says so. */
 #define SUBMIT_MAX_FILE ((size_t)64 << 20)
-/* [job] priority's bounds in the job file's option table (jobcfg.c). */
-#define SUBMIT_PRIORITY_MIN 0
-#define SUBMIT_PRIORITY_MAX 1000
 
 static int run(ctl *c, int argc, char **argv);
 
@@ -89,21 +86,16 @@ static int parse_priority(const char *text, int64_t *out)
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (end == text || *end || errno || v < SUBMIT_PRIORITY_MIN || v > SUBMIT_PRIORITY_MAX)
+    if (end == text || *end || errno || v < 0 || v > JOBCFG_PRIORITY_MAX)
         return -1;
     *out = v;
     return 0;
 }
 
+/* The daemon's rule for names (jobcfg_name_problem), checked here first. */
 static int check_name(const char *name)
 {
-    size_t n = strlen(name);
-    if (n == 0 || n >= sizeof ((job_config *)0)->name)
-        return -1;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        if (*p < 0x20 || *p == 0x7f)
-            return -1;
-    return 0;
+    return jobcfg_name_problem(name) || strlen(name) >= sizeof ((job_config *)0)->name ? -1 : 0;
 }
 
 static int run(ctl *c, int argc, char **argv)
@@ -127,7 +119,7 @@ static int run(ctl *c, int argc, char **argv)
         case 'p':
             if (parse_priority(optarg, &sr.priority) != 0)
                 return ctl_usage(&cmd_submit, "--priority must be a whole number from %d to %d (higher runs first)",
-                                 SUBMIT_PRIORITY_MIN, SUBMIT_PRIORITY_MAX);
+                                 0, JOBCFG_PRIORITY_MAX);
             sr.has_priority = true;
             break;
         default: return ctl_usage(&cmd_submit, "bad option");

@@ -1,6 +1,7 @@
 /* ctl.c — the client side of the control protocol. */
 #include "ctl.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,17 +76,22 @@ int ctl_recv(ctl *c, Gradd__Response **out)
         table_put_text(stderr, m, strlen(m), TABLE_TEXT_LINES);
         fputc('\n', stderr);
         if (c->json) {
-            /* A reply, as JSON too: a script reading stdout sees why. */
-            static const char *const codes[] = {"unknown",   "version_mismatch",  "bad_request", "not_found",
-                                                "permission_denied", "unavailable", "internal", "bad_job"};
-            unsigned code = (unsigned)resp->error->code;
+            /* A reply, as JSON too: a script reading stdout sees why.  The
+             * code's name from the protocol's own enum, in lower case. */
+            const ProtobufCEnumValue *ev =
+                protobuf_c_enum_descriptor_get_value(&gradd__error__code__descriptor, (int)resp->error->code);
+            char code[32] = "unknown";
+            if (ev)
+                for (size_t i = 0; i + 1 < sizeof code; i++)
+                    if (!(code[i] = (char)tolower((unsigned char)ev->name[i])))
+                        break;
             json_writer w;
             json_init(&w, stdout);
             json_begin_object(&w);
             json_key(&w, "error");
             json_begin_object(&w);
             json_key(&w, "code");
-            json_string(&w, code < sizeof codes / sizeof codes[0] ? codes[code] : "unknown");
+            json_string(&w, code);
             json_key(&w, "message");
             json_string(&w, m);
             json_end_object(&w);

@@ -115,10 +115,9 @@ const char *jobcfg_where(const job_config *j, const char *section, const char *k
 
 /* "FILE:LINE: [section] key: why", or "FILE: [section] key: why" when the
  * key was not in the file (a missing required key). */
-static int complain(const parse_ctx *p, const char *path, const char *section, const char *key, char *err,
-                    size_t err_len, const char *why)
+static int complain(const parse_ctx *p, const char *section, const char *key, char *err, size_t err_len,
+                    const char *why)
 {
-    (void)path; /* p->j->source */
     char where[PATH_MAX + 64];
     snprintf(err, err_len, "%s: %s", jobcfg_where(p->j, section, key, where, sizeof where), why);
     return -1;
@@ -216,14 +215,13 @@ static int parse_hidden(job_config *j)
     return 0;
 }
 
-static int check_readable(const parse_ctx *p, const char *path, const char *key, const char *file, char *err,
-                          size_t err_len)
+static int check_readable(const parse_ctx *p, const char *key, const char *file, char *err, size_t err_len)
 {
     if (!file[0] || access(file, R_OK) == 0)
         return 0;
     char why[PATH_MAX + 64];
     snprintf(why, sizeof why, "cannot read %s: %s", file, strerror(errno));
-    return complain(p, path, "data", key, err, err_len, why);
+    return complain(p, "data", key, err, err_len, why);
 }
 
 static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
@@ -250,11 +248,11 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     if (bad) {
         char why[160];
         snprintf(why, sizeof why, "%s%s", bad, named ? "" : " (it is the file's name, as no name is set)");
-        return complain(p, path, "job", "name", err, err_len, why);
+        return complain(p, "job", "name", err, err_len, why);
     }
     const char *d = j->device;
     if (strcmp(d, "auto") && strncmp(d, "cpu", 3) && strncmp(d, "cuda:", 5))
-        return complain(p, path, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
+        return complain(p, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
 
     if (strcmp(j->micro_text, "auto") == 0) {
         j->micro_batch = 0;
@@ -262,48 +260,48 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         char *end;
         unsigned long v = strtoul(j->micro_text, &end, 10);
         if (end == j->micro_text || *end || v == 0 || v > j->batch)
-            return complain(p, path, "train", "micro_batch", err, err_len,
+            return complain(p, "train", "micro_batch", err, err_len,
                             "expected auto or a whole number from 1 to [train] batch");
         j->micro_batch = (uint32_t)v;
     }
     if (j->min_lr > j->lr)
-        return complain(p, path, "train", "min_lr", err, err_len, "is above [train] lr");
+        return complain(p, "train", "min_lr", err, err_len, "is above [train] lr");
     if (j->warmup > j->steps)
-        return complain(p, path, "train", "warmup", err, err_len, "is longer than [train] steps");
+        return complain(p, "train", "warmup", err, err_len, "is longer than [train] steps");
 
     if (j->model == JOBCFG_GPT) {
         if (j->width % j->heads)
-            return complain(p, path, "model", "heads", err, err_len, "must divide [model] width");
+            return complain(p, "model", "heads", err, err_len, "must divide [model] width");
         if (j->format == JOBCFG_DATA_IDX)
-            return complain(p, path, "data", "format", err, err_len, "idx images train an mlp, not a gpt");
+            return complain(p, "data", "format", err, err_len, "idx images train an mlp, not a gpt");
     } else {
         if (parse_hidden(j) != 0)
-            return complain(p, path, "model", "hidden", err, err_len,
+            return complain(p, "model", "hidden", err, err_len,
                             "expected up to 8 comma-separated sizes from 1 to 65536, e.g. 256,128");
         if (j->format == JOBCFG_DATA_TEXT || j->format == JOBCFG_DATA_TOKENS)
-            return complain(p, path, "data", "format", err, err_len, "an mlp trains on idx or npy images");
+            return complain(p, "data", "format", err, err_len, "an mlp trains on idx or npy images");
     }
 
     if (!j->train[0])
-        return complain(p, path, "data", "train", err, err_len, "is required");
+        return complain(p, "data", "train", err, err_len, "is required");
     if (!j->out_dir[0])
-        return complain(p, path, "output", "dir", err, err_len, "is required");
+        return complain(p, "output", "dir", err, err_len, "is required");
     static const char *const path_keys[] = {"train", "train_labels", "val", "val_labels"};
     char *paths[] = {j->train, j->train_labels, j->val, j->val_labels};
     for (size_t i = 0; i < 4; i++) {
         if (resolve(paths[i], PATH_MAX, dir) != 0)
-            return complain(p, path, "data", path_keys[i], err, err_len, "path is too long");
-        if (check_readable(p, path, path_keys[i], paths[i], err, err_len) != 0)
+            return complain(p, "data", path_keys[i], err, err_len, "path is too long");
+        if (check_readable(p, path_keys[i], paths[i], err, err_len) != 0)
             return -1;
     }
     if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
-        return complain(p, path, "output", "dir", err, err_len, "path is too long");
+        return complain(p, "output", "dir", err, err_len, "path is too long");
     if (j->model == JOBCFG_MLP && !j->train_labels[0])
-        return complain(p, path, "data", "train_labels", err, err_len, "is required for an mlp");
+        return complain(p, "data", "train_labels", err, err_len, "is required for an mlp");
     if (j->val_labels[0] && !j->val[0])
-        return complain(p, path, "data", "val", err, err_len, "is required when val_labels is set");
+        return complain(p, "data", "val", err, err_len, "is required when val_labels is set");
     if (j->model == JOBCFG_MLP && j->val[0] && !j->val_labels[0])
-        return complain(p, path, "data", "val_labels", err, err_len, "is required for an mlp when val is set");
+        return complain(p, "data", "val_labels", err, err_len, "is required for an mlp when val is set");
     return 0;
 }
 

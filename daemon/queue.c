@@ -481,9 +481,7 @@ static job *load_job(queue *q, uint32_t id)
          * rather than dropping it. */
         j->state = JOB_FAILED;
         snprintf(j->reason, sizeof j->reason, "at restart: %s", err);
-        char perr[256];
-        if (queue_persist(q, j, perr, sizeof perr) != 0)
-            log_job(LOG_WARN, id, NULL, "queue: job %u: %s", id, perr);
+        queue_persist_or_retry(q, j, NULL);
         log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s", id, j->name, err);
     } else if (err[0]) {
         log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s; listed without its settings", id, j->name,
@@ -493,9 +491,7 @@ static job *load_job(queue *q, uint32_t id)
         /* It was running when the daemon stopped: run it again; the
          * trainer resumes from the job's checkpoint. */
         j->state = JOB_QUEUED;
-        char perr[256];
-        if (queue_persist(q, j, perr, sizeof perr) != 0)
-            log_job(LOG_WARN, id, NULL, "queue: job %u: %s", id, perr);
+        queue_persist_or_retry(q, j, NULL);
         log_job(LOG_INFO, id, NULL, "queue: job %u (%s) was running; queued again to resume", id, j->name);
     }
     return j;

@@ -794,9 +794,7 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
         j->state = JOB_CANCELLED;
         j->finished_at = now_unix();
         snprintf(j->reason, sizeof j->reason, "cancelled by uid %u before it started", (unsigned)peer->uid);
-        char err[512];
-        if (queue_persist(ctx->q, j, err, sizeof err) != 0)
-            log_job(LOG_ERR, id, NULL, "job %u: %s", id, err);
+        queue_persist_or_retry(ctx->q, j, NULL);
     } else if (j->state == JOB_RUNNING) {
         /* The worker stops at the next micro-step and checkpoints. */
         j->cancel_requested = true;

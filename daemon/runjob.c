@@ -106,9 +106,10 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
     }
     runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
     /* More OpenMP threads than cores take turns at every barrier. */
-    if (d->kind == DEV_KIND_CPU && j.threads > (uint32_t)ctx_cores())
+    int cores = ctx_cores();
+    if (d->kind == DEV_KIND_CPU && j.threads > (uint32_t)cores)
         log_warn("[train] threads = %u is more than the %d cores here: the threads will take turns, and the run "
-                 "is far slower than with %d", j.threads, ctx_cores(), ctx_cores());
+                 "is far slower than with %d", j.threads, cores, cores);
 
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);

@@ -140,9 +140,10 @@ static void run_one(worker *w, job *j)
         }
         /* More OpenMP threads than cores take turns at every barrier: a
          * tenfold slowdown or worse, which the log should explain. */
-        if (d->kind == DEV_KIND_CPU && cfg->threads > (uint32_t)ctx_cores() && r.log)
+        int cores = ctx_cores();
+        if (d->kind == DEV_KIND_CPU && cfg->threads > (uint32_t)cores && r.log)
             fprintf(r.log, "== threads = %u is more than the %d cores this daemon may use: the threads will take "
-                    "turns, and the job runs far slower than with %d\n", cfg->threads, ctx_cores(), ctx_cores());
+                    "turns, and the job runs far slower than with %d\n", cfg->threads, cores, cores);
         o = train_run(cfg, ctx->pools[w->dev], k, j->id, &h, &res);
         free(shared);
         access_restore(&saved);
