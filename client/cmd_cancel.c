@@ -1,5 +1,5 @@
 /* cmd_cancel.c — gradctl cancel: take a queued job off the queue, or stop a
- * running one at its next micro-step after a final checkpoint. */
+ * running one between two layers, after a final checkpoint. */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* cmd_test_hang.c — gradctl test-hang: make a device's job threads hang at
- * their next micro-step (or release them).  Only a daemon started with
+ * their next poll between layers (or release them).  Only a daemon started with
  * --test-hooks accepts it; it exists so that a test can see the systemd
  * watchdog pings stop when a job thread stops making progress. */
 #include <getopt.h>
@@ -12,7 +12,7 @@ static int run(ctl *c, int argc, char **argv);
 const ctl_cmd cmd_test_hang = {
     .name = "test-hang",
     .args = "[--release] DEV",
-    .summary = "(tests) hang DEV's job threads at their next micro-step, or release them",
+    .summary = "(tests) hang DEV's job threads at their next poll, or release them",
     .run = run,
     .hidden = true,
 };

@@ -35,6 +35,13 @@ void model_destroy(model *m)
     free(m);
 }
 
+bool model_poll(model *m)
+{
+    if (!m->stopped && m->poll && m->poll(m->poll_user) && m->stoppable)
+        m->stopped = true;
+    return m->stopped;
+}
+
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export)
 {
     if (m->ntensors == MODEL_MAX_TENSORS)

@@ -112,6 +112,17 @@ struct model {
     uint16_t *params16;
     bool needs_params16;
     uint32_t max_n;        /* activations bound for this many samples */
+    /* Signs of life from inside a forward or backward: the models call
+     * model_poll between layers, which calls poll(poll_user) (poll may be
+     * NULL).  When `stoppable` and poll returns true, `stopped` is set and
+     * the model skips the rest of the pass; what it computed is then
+     * meaningless, and the caller throws it away and clears `stopped`.
+     * A micro-batch of a big model on a CPU, or an evaluation of a big
+     * set, takes minutes: a daemon's watchdog must see the job thread alive
+     * through it, and a cancel should not wait for its end. */
+    bool (*poll)(void *user);
+    void *poll_user;
+    bool stoppable, stopped;
     void *impl;
 };
 
@@ -126,6 +137,9 @@ void model_destroy(model *m);
 int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len);
 int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
                      size_t err_len);
+
+/* Between layers: poll, and true when the pass is to be abandoned. */
+bool model_poll(model *m);
 
 /* Add a tensor to m's table (constructors use this). */
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export);

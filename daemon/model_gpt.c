@@ -244,6 +244,8 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
 
     k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
     for (uint32_t l = 0; l < g->L; l++) {
+        if (model_poll(m))
+            return;
         const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
         float *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
         float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
@@ -299,6 +301,8 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
             k->residual_forward(kc, res3, res2, g->proj, BTC);
         }
     }
+    if (model_poll(m)) /* the output layer is the widest GEMM */
+        return;
     const float *last = g->residual3 + (g->L - 1) * BTC;
     if (g->lp16) {
         k->layernorm_forward16(kc, g->lnf16, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
@@ -329,6 +333,8 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
     int B = (int)b->n, T = (int)g->T, V = (int)g->V;
     size_t BT = (size_t)B * T;
     gpt_body(m, b->x, B, T);
+    if (m->stopped)
+        return 0;
     if (g->lp16)
         k->crossentropy_forward16(kc, g->losses, g->lse, g->logits16, b->y, (int)BT, V, V);
     else
@@ -460,6 +466,8 @@ static void gpt_backward_body(model *m, const model_batch *b)
     const float *P = m->params;
     const uint16_t *P16 = m->params16;
     float *D = m->grads;
+    if (model_poll(m))
+        return;
 
     float *dlnf = g->dsmall;
     if (g->lp16) {
@@ -484,6 +492,8 @@ static void gpt_backward_body(model *m, const model_batch *b)
                               g->lnf_rstd, (int)BT, C);
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
+        if (model_poll(m))
+            return;
         const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
         const float *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
         const float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
@@ -593,11 +603,14 @@ static double gpt_forward_backward(model *m, const model_batch *b, float dloss)
     const kern_ops *k = m->k;
     if (!g->lp16 || !k->crossentropy_fused16) {
         double sum = gpt_forward(m, b, NULL);
-        gpt_backward(m, b, dloss);
+        if (!m->stopped)
+            gpt_backward(m, b, dloss);
         return sum;
     }
     size_t BT = (size_t)b->n * g->T;
     gpt_body(m, b->x, (int)b->n, (int)g->T);
+    if (m->stopped)
+        return 0;
     upload_dloss(m, BT, dloss);
     k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, (int)BT, (int)g->V, (int)g->V);
     gpt_backward_body(m, b);

@@ -105,6 +105,8 @@ static double mlp_forward(model *m, const model_batch *b, uint64_t *correct)
     const float *x = b->x;
     const float *P = m->params;
     for (uint32_t i = 0; i < g->nl; i++) {
+        if (model_poll(m))
+            return 0;
         k->matmul_forward(kc, g->pre[i], x, P + g->w[i], P + g->b[i], B, (int)g->in[i], (int)g->out[i]);
         if (i + 1 < g->nl) {
             k->relu_forward(kc, g->act[i], g->pre[i], (size_t)B * g->out[i]);
@@ -155,6 +157,8 @@ static void mlp_backward(model *m, const model_batch *b, float dloss)
     float *dout = g->pre[g->nl - 1];
     k->crossentropy_backward(kc, dout, dout, g->lse, b->y, g->dlosses, B, (int)g->K, (int)g->K);
     for (int i = (int)g->nl - 1; i >= 0; i--) {
+        if (model_poll(m))
+            return;
         const float *x = i == 0 ? (const float *)b->x : g->act[i - 1];
         float *dx = NULL;
         if (i > 0)

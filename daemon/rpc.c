@@ -444,7 +444,7 @@ static void do_test_hang(gradd_ctx *ctx, const Gradd__TestHangRequest *rq, rpc_s
     pthread_cond_broadcast(&ctx->q->cond);
     pthread_mutex_unlock(&ctx->q->lock);
     log_dev(LOG_WARN, ctx->devs[i]->id, "test hook: %u job thread%s of %s %s", th.workers, th.workers == 1 ? "" : "s",
-            ctx->devs[i]->id, rq->release ? "released" : "told to hang at the next micro-step");
+            ctx->devs[i]->id, rq->release ? "released" : "told to hang at the next poll");
     Gradd__Response resp;
     response_init(&resp);
     resp.body_case = GRADD__RESPONSE__BODY_TEST_HANG;
@@ -796,7 +796,7 @@ static void do_cancel(gradd_ctx *ctx, const rpc_peer *peer, uint32_t id, rpc_sen
         snprintf(j->reason, sizeof j->reason, "cancelled by uid %u before it started", (unsigned)peer->uid);
         queue_persist_or_retry(ctx->q, j, NULL);
     } else if (j->state == JOB_RUNNING) {
-        /* The worker stops at the next micro-step and checkpoints. */
+        /* The worker stops at its next poll (between layers) and checkpoints. */
         j->cancel_requested = true;
     } else {
         snprintf(msg, sizeof msg, "job %u is already %s", id, job_state_name(j->state));

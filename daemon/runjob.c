@@ -20,7 +20,7 @@ typedef struct {
     const char *unit;
 } runjob_view;
 
-/* Set by the signal handler, read at micro-step boundaries. */
+/* Set by the signal handler, read between micro-batches and between layers. */
 static volatile sig_atomic_t stop_requested;
 
 static void on_signal(int sig)
@@ -113,7 +113,7 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
 
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
-    train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &v};
+    train_hooks h = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &v};
     static train_result res;
     train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
     switch (o) {

@@ -936,10 +936,12 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
 
 /* ---- evaluation -------------------------------------------------------------------------- */
 
-static void evaluate(run *r)
+/* Evaluate on the validation set and report it; true when a stop cut it
+ * short (nothing reported). */
+static bool evaluate(run *r)
 {
     if (!r->have_val)
-        return;
+        return false;
     data_eval_reset(&r->eval);
     double loss = 0;
     uint64_t units = 0, correct = 0, samples = 0;
@@ -954,13 +956,19 @@ static void evaluate(run *r)
             break;
         model_batch mb = {r->x, r->y, (uint32_t)n};
         uint64_t c = 0;
+        r->m->stoppable = true;
         loss += r->m->ops->forward(r->m, &mb, r->j->model == JOBCFG_MLP ? &c : NULL);
+        r->m->stoppable = false;
+        if (r->m->stopped) {
+            r->m->stopped = false;
+            return true;
+        }
         correct += c;
         units += n * upb;
         samples += n;
     }
     if (!units)
-        return;
+        return false;
     r->prog.val_loss = loss / (double)units;
     r->prog.val_accuracy = r->j->model == JOBCFG_MLP ? (double)correct / (double)samples : NAN;
     if (r->metrics) {
@@ -978,6 +986,7 @@ static void evaluate(run *r)
              tb_scalar(r->tb, "val/accuracy", (int64_t)r->step, (float)r->prog.val_accuracy, wall_s()) != 0))
             output_failed(r, tb_error(r->tb));
     }
+    return false;
 }
 
 /* ---- the batch controller at work -------------------------------------------------- */
@@ -1268,7 +1277,13 @@ static int try_step(run *r, const train_hooks *h)
         uint32_t n = j->batch - done < r->micro ? j->batch - done : r->micro;
         next_batch(r, n, false);
         model_batch mb = {r->x, r->y, n};
+        m->stoppable = true;
         loss_sum += forward_backward(r, &mb, dloss);
+        m->stoppable = false;
+        if (m->stopped) {
+            m->stopped = false;
+            return TRAIN_STOPPED;
+        }
         if (r->oom)
             return STEP_OOM;
         done += n;
@@ -1433,6 +1448,17 @@ static train_outcome checkpoint(run *r, uint64_t epoch, uint64_t index)
     return TRAIN_DONE;
 }
 
+/* Stop the run: checkpoint the state at (epoch, index), which is the
+ * step's start or, when the step was applied, its end. */
+static train_outcome stop_at(run *r, uint64_t epoch, uint64_t index)
+{
+    if (checkpoint(r, epoch, index) != TRAIN_DONE)
+        return TRAIN_FAILED;
+    r->res->outcome = TRAIN_STOPPED;
+    r->res->steps_done = r->step;
+    return TRAIN_STOPPED;
+}
+
 static train_outcome run_job(run *r, const train_hooks *h)
 {
     const job_config *j = r->j;
@@ -1458,6 +1484,8 @@ static train_outcome run_job(run *r, const train_hooks *h)
         return fail(r, "cannot set the memory limit: the pool's job table is full");
     if (model_create(j, r->input_dim, r->classes, r->k, r->kc, &r->m, err, sizeof err) != 0)
         return fail(r, "%s: %s", j->source, err);
+    r->m->poll = h ? h->poll : NULL;
+    r->m->poll_user = h ? h->user : NULL;
     if (alloc_memory(r) != TRAIN_DONE)
         return TRAIN_FAILED;
 
@@ -1507,14 +1535,8 @@ static train_outcome run_job(run *r, const train_hooks *h)
         uint64_t epoch, index;
         data_stream_state(&r->stream, &epoch, &index);
         train_outcome o = train_step(r, h);
-        if (o == TRAIN_STOPPED) {
-            /* The step was not applied: checkpoint the state before it. */
-            if (checkpoint(r, epoch, index) != TRAIN_DONE)
-                return TRAIN_FAILED;
-            r->res->outcome = TRAIN_STOPPED;
-            r->res->steps_done = r->step;
-            return TRAIN_STOPPED;
-        }
+        if (o == TRAIN_STOPPED) /* the step was not applied: the state before it */
+            return stop_at(r, epoch, index);
         if (o != TRAIN_DONE)
             return o;
         /* Step boundary: the pool's step-based trimming runs here (its
@@ -1524,8 +1546,12 @@ static train_outcome run_job(run *r, const train_hooks *h)
         /* ...and the batch controller: shrink before an OOM, or grow. */
         if (!last && adapt(r) != TRAIN_DONE)
             return TRAIN_FAILED;
-        if ((j->eval_every && r->step % j->eval_every == 0) || last)
-            evaluate(r);
+        if (((j->eval_every && r->step % j->eval_every == 0) || last) && evaluate(r)) {
+            /* Stopped while evaluating: the step stands, its evaluation
+             * is not reported. */
+            data_stream_state(&r->stream, &epoch, &index);
+            return stop_at(r, epoch, index);
+        }
         r->prog.elapsed_s = before + (now_s() - start);
         if (h && h->on_step)
             h->on_step(h->user, &r->prog);

@@ -59,9 +59,16 @@ typedef struct {
 typedef struct {
     /* After every step; may be NULL. */
     void (*on_step)(void *user, const train_progress *p);
-    /* Polled at micro-step boundaries; true stops the run cleanly (final
+    /* Polled between micro-batches; true stops the run cleanly (final
      * checkpoint written, result cancelled).  May be NULL. */
     bool (*should_stop)(void *user);
+    /* Polled between the layers of every forward and backward (of steps,
+     * probes and evaluations): a sign of life for a daemon's watchdog in a
+     * micro-batch that takes minutes.  True stops the run as should_stop
+     * does, without waiting for the micro-batch's end: the step is not
+     * applied (a stopped evaluation is not reported; a probe goes on to
+     * its end).  May be NULL. */
+    bool (*poll)(void *user);
     /* Called with each checkpoint's writer before it is written, at `step`;
      * tests inject write failures here (st_writer_fail_at).  May be NULL. */
     void (*on_checkpoint)(void *user, struct st_writer *w, uint64_t step);

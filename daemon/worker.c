@@ -126,7 +126,7 @@ static void run_one(worker *w, job *j)
     } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
         snprintf(res.message, sizeof res.message, "%s", err);
     } else {
-        train_hooks h = {.on_step = on_step, .should_stop = should_stop, .user = &r};
+        train_hooks h = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r};
         const job_config *cfg = &j->cfg;
         job_config *shared = NULL;
         int share = d->kind == DEV_KIND_CPU && j->cfg.threads == 0 ? cpu_share(ctx) : 0;

@@ -3,8 +3,8 @@
  * A worker waits for a queued job its device accepts, marks it running,
  * takes the owner's filesystem identity (access.h) and runs the training
  * engine, publishing progress into the job under the queue lock; the event
- * loop only reads it.  Cancel stops a job at the next micro-step boundary
- * after a final checkpoint; a daemon shutdown does the same and puts the
+ * loop only reads it.  Cancel stops a job between two layers of its
+ * current micro-batch (that step is not applied) after a final checkpoint; a daemon shutdown does the same and puts the
  * job back in the queue, to resume at the next start.
  */
 #ifndef GRADD_WORKER_H
@@ -23,11 +23,12 @@ typedef struct worker {
     int dev;          /* index into ctx->devs */
     bool started;
     /* Guarded by the queue lock: whether a job is running, and a counter
-     * every step and micro-step bumps, which the watchdog checks. */
+     * the job thread bumps between micro-batches and between the layers of
+     * each (train_hooks.poll), which the watchdog checks. */
     bool busy;
     uint64_t beats;
     uint32_t job;     /* the job it runs while busy, for the watchdog's message */
-    bool hang;        /* test hook: block at the next micro-step until released */
+    bool hang;        /* test hook: block at the next poll until released */
 } worker;
 
 typedef struct workers {

@@ -276,7 +276,7 @@ class Jobs(unittest.TestCase):
         jid = self.submit(self.job("termed", steps=600, ckpt=0))
         j = self.wait_step(jid, 3)
         self.assertEqual(j["state"], "running", "the job finished before the test could interrupt it")
-        # SIGTERM: the job checkpoints at the next micro-step and goes back
+        # SIGTERM: the job checkpoints at its next poll and goes back
         # to the queue; the daemon exits cleanly.
         self.d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.d.proc.wait(timeout=60), 0)

@@ -2,6 +2,8 @@
 daemon serves a socket passed by systemd-socket-activate, a test
 NOTIFY_SOCKET receives READY, STATUS, WATCHDOG, STOPPING and the stop
 timeout extension, and logging picks the journal only when stderr is it."""
+import datetime
+import json
 import os
 import re
 import shutil
@@ -9,6 +11,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -167,7 +170,7 @@ class Systemd(unittest.TestCase):
             before = collect(1.2)
             self.assertGreaterEqual(before.count("WATCHDOG=1"), 2, before)
             self.assertIn("1 busy", ctl("test-hang", "cpu0"))
-            # The thread stops at its next micro-step; within one interval
+            # The thread stops at its next poll; within one interval
             # (0.4 s) the pings stop.  Then a long quiet window.
             collect(1.0)
             after = collect(1.5)
@@ -191,6 +194,118 @@ class Systemd(unittest.TestCase):
         with open(log_path) as f:
             text = f.read()
         self.assertIn("job 1 on cpu0 has made no progress for 400ms; watchdog pings stopped", text)
+
+    def test_long_micro_batch_beats_and_cancels(self):
+        # One micro-batch takes several watchdog intervals (a 12-layer GPT,
+        # 128 sequences of 128 bytes, one thread): the job thread polls
+        # between layers, so the pings go on through it, and a cancel ends
+        # the job in the middle of a step instead of at its end.
+        path = os.path.join(self.dir, "notify")
+        rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        rx.bind(path)
+        rx.settimeout(0.2)
+        corpus = os.path.join(self.dir, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write("a long step is not a hung thread, and a cancel need not wait for it.\n" * 600)
+        out = os.path.join(self.dir, "out")
+        job = os.path.join(self.dir, "long.cfg")
+        # Polls come about 26 times a step (13 layers each way); under the
+        # sanitizers' unoptimised build every op is slower: a longer
+        # interval and a smaller batch keep the same proportions.
+        sanitized = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
+        interval, batch = (1.0, 64) if sanitized else (0.4, 128)
+        with open(job, "w") as f:
+            f.write("[model]\ntype = gpt\nlayers = 12\nheads = 4\nwidth = 128\ncontext = 128\n"
+                    "[data]\nformat = text\ntrain = %s\n[train]\nsteps = 1000\nbatch = %d\n"
+                    "micro_batch = %d\nthreads = 1\neval_every = 0\n[output]\ndir = %s\n"
+                    "checkpoint_every = 0\n" % (corpus, batch, batch, out))
+        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC=str(int(interval * 1e6)))
+        sock = os.path.join(self.dir, "g.sock")
+        log_path = os.path.join(self.dir, "log")
+        log = open(log_path, "w")
+        p = subprocess.Popen([GRADD, "-s", sock, "--state-dir", os.path.join(self.dir, "state")],
+                             env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def ctl(*args):
+            r = subprocess.run([GRADCTL, "-s", sock] + list(args), capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stdout
+
+        def steps():
+            try:
+                with open(os.path.join(out, "metrics.jsonl")) as f:
+                    return [json.loads(line) for line in f if '"loss"' in line]
+            except FileNotFoundError:
+                return []
+
+        # Read the notifications all along, as systemd does: a full
+        # datagram queue would block the daemon's loop in sd_notify.
+        pings, reading = [], [True]
+
+        def read():
+            while reading[0]:
+                try:
+                    if rx.recv(4096) == b"WATCHDOG=1":
+                        pings.append(time.time())
+                except socket.timeout:
+                    pass
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(sock) and time.time() < deadline:
+                time.sleep(0.02)
+            ctl("submit", job)
+            deadline = time.time() + 120
+            while not steps():
+                self.assertLess(time.time(), deadline, "no step in 120 s")
+                time.sleep(0.05)
+            # (The first step is slower: it faults in its fresh memory.)
+            start = time.time()
+            step_s = steps()[0]["step_ms"] / 1000
+            while len(steps()) < 2:
+                time.sleep(0.05)
+            step_s = steps()[1]["step_ms"] / 1000
+            self.assertGreater(step_s, 4 * interval, "a step must outlast several watchdog intervals")
+            # Through whole steps: pings at least every other interval.
+            time.sleep(2 * step_s)
+            seen = [t for t in pings if t >= start]
+            gaps = [b - a for a, b in zip(seen, seen[1:])]
+            self.assertGreaterEqual(len(seen), 3, seen)
+            self.assertLess(max(gaps), 2 * interval + 0.3, gaps)
+            # A cancel half-way through a step: cancelled well before the
+            # step could have ended, and the step is not applied.
+            n = len(steps())
+            while len(steps()) == n:
+                time.sleep(0.01)
+            time.sleep(step_s / 4)
+            t0 = time.time()
+            ctl("cancel", "1")
+            while '"state":"cancelled"' not in ctl("--json", "status", "1").replace(" ", ""):
+                self.assertLess(time.time() - t0, 60)
+                time.sleep(0.02)
+            took = time.time() - t0
+            self.assertLess(took, step_s / 2, "cancel took %.2f s, a step %.2f s" % (took, step_s))
+            self.assertEqual(len(steps()), n + 1)
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=60), 0)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            reading[0] = False
+            reader.join()
+            rx.close()
+            log.close()
+        # No stall reported since the first step was done.
+        with open(log_path) as f:
+            for line in f:
+                if "made no progress" in line:
+                    stamp = line.split()[0]
+                    when = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
+                    when = when.replace(tzinfo=datetime.timezone.utc).timestamp()
+                    self.assertLess(when, start, line)
 
 
 # A plain stderr line: "2024-05-01T12:00:00.123Z gradd info: ...".

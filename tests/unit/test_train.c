@@ -148,6 +148,105 @@ static void test_resume_bitwise(void **state)
     assert_int_equal(last, 9);
 }
 
+/* ---- polls between layers: a stop inside a micro-batch or an evaluation ------------ */
+
+/* Counts train_hooks.poll calls; once step `after` is reported, the k-th
+ * poll after that returns true. */
+typedef struct {
+    fx_stopper rec;
+    uint64_t polls, base, after;
+    uint64_t k;
+    bool armed;
+    uint64_t at_step[16]; /* polls done when step s was reported */
+} poller;
+
+static bool count_poll(void *user)
+{
+    poller *p = user;
+    p->polls++;
+    return p->armed && p->k && p->polls - p->base == p->k;
+}
+
+static void poll_step(void *user, const train_progress *pr)
+{
+    poller *p = user;
+    fx_record(&p->rec, pr);
+    if (pr->step < 16)
+        p->at_step[pr->step] = p->polls;
+    if (pr->step == p->after) {
+        p->armed = true;
+        p->base = p->polls;
+    }
+}
+
+static bool metrics_line(const char *dir, const char *needle)
+{
+    char path[160], line[1024];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", fx_dir, dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
+static void test_poll_stops_inside_micro_batch(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    poller full = {0};
+    train_hooks hf = {.on_step = poll_step, .poll = count_poll, .user = &full};
+    tiny_gpt(&j, "pfull", 16, 9);
+    j.eval_every = 3;
+    run_ok(&j, &res, &hf);
+    /* One micro-batch per step, polled between its layers (2 layers and
+     * the output layer, forward and backward): a micro-batch that takes
+     * minutes still shows signs of life. */
+    uint64_t train_polls = full.at_step[5] - full.at_step[4];
+    assert_int_equal(train_polls, 6);
+    assert_true(full.at_step[6] - full.at_step[5] > train_polls); /* step 6 evaluates too */
+
+    /* A stop at the third poll of step 5: in the middle of its only
+     * micro-batch.  Nothing is polled after it and the step is not applied. */
+    poller part = {.after = 4, .k = 3};
+    train_hooks hp = {.on_step = poll_step, .poll = count_poll, .user = &part};
+    tiny_gpt(&j, "ppart", 16, 9);
+    j.eval_every = 3;
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, &hp, &res), TRAIN_STOPPED);
+    assert_int_equal(res.steps_done, 4);
+    assert_int_equal(part.polls - part.base, 3);
+
+    /* Resumed; then a stop in the evaluation after step 6 (its second
+     * poll): the step stands, its validation is not reported. */
+    part = (poller){.after = 5, .k = train_polls + 2};
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, &hp, &res), TRAIN_STOPPED);
+    assert_int_equal(res.steps_done, 6);
+    assert_false(metrics_line("ppart", "{\"step\":6,\"val_loss\""));
+    assert_true(metrics_line("ppart", "{\"step\":3,\"val_loss\""));
+
+    /* The rest: every loss and the parameters bitwise as uninterrupted. */
+    part = (poller){0};
+    run_ok(&j, &res, &hp);
+    assert_int_equal(res.steps_done, 9);
+    for (int s = 7; s <= 9; s++)
+        if (memcmp(&full.rec.losses[s], &part.rec.losses[s], sizeof(double)) != 0)
+            fail_msg("step %d: loss %.17g uninterrupted, %.17g after two stops", s, full.rec.losses[s],
+                     part.rec.losses[s]);
+    assert_true(metrics_line("ppart", "{\"step\":9,\"val_loss\""));
+    size_t n1, n2;
+    char d1[128], d2[128];
+    snprintf(d1, sizeof d1, "%s/pfull", fx_dir);
+    snprintf(d2, sizeof d2, "%s/ppart", fx_dir);
+    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(d2, "params", &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1 * sizeof(float));
+    free(a);
+    free(b);
+}
+
 /* ---- a failed checkpoint write leaves the previous one usable ---------------------- */
 
 static uint64_t fail_at_step;
@@ -586,6 +685,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accumulation_equivalence),
         cmocka_unit_test(test_resume_bitwise),
+        cmocka_unit_test(test_poll_stops_inside_micro_batch),
         cmocka_unit_test(test_resume_mismatch_refused),
         cmocka_unit_test(test_resume_guards),
         cmocka_unit_test(test_bad_data_leaves_nothing),
