@@ -162,7 +162,10 @@ static const int R = 5; /* best of R calls */
         for (int r_ = 0; r_ < R; r_++) {                                                                        \
             double t0_ = now_ms();                                                                              \
             stmt;                                                                                               \
-            ops->sync(k);                                                                                       \
+            if (ops->sync(k) != KERN_OK) { /* a failed op has no time */                                        \
+                fprintf(stderr, "bench_kernels: %s: %s\n", (metric_), ops->error(k));                          \
+                exit(1);                                                                                        \
+            }                                                                                                   \
             double dt_ = now_ms() - t0_;                                                                        \
             if (dt_ < best_)                                                                                    \
                 best_ = dt_;                                                                                    \

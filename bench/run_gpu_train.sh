@@ -14,7 +14,8 @@
 #
 # Output: JSON lines, {"bench":"train_gpt2_124m_bf16","metric":…,"value":…,
 # "unit":…,"peer":…,"peer_value":…,"ratio":…}; ratio < 1 means gradd is
-# better (step_ms: gradd/peer; tokens_per_s and mfu: peer/gradd).
+# better (step_ms: gradd/peer; tokens_per_s and mfu: peer/gradd).  PEER_MODES
+# picks the peer's modes (default eager,compile).
 set -euo pipefail
 gradd=${1:?usage: run_gpu_train.sh GRADD [STEPS]}
 steps=${2:-30}
@@ -50,25 +51,38 @@ CFG
 # NAME:VAR=VALUE,VAR=VALUE (environment for that run): the default runs with
 # the environment as it is; e.g. "default mma:GRADD_FLASH=mma
 # fp32act:GRADD_ACT16=0" (kernels/cuda/flash.cu, daemon/model_gpt.c).  The
-# peers run once and every gradd run is compared with them.
+# peers run once and every gradd run is compared with them.  Device time is
+# scarce: a failed variant or peer is reported and the rest still run, and
+# each variant's metrics.jsonl is copied to $METRICS_DIR (when set) as soon
+# as it ends, so a run killed later still leaves them.
 runs=()
 for variant in ${VARIANTS:-default}; do
   name=${variant%%:*}
   envs=()
   [[ $variant == *:* ]] && IFS=, read -ra envs <<<"${variant#*:}"
-  (
+  rm -rf "$work/out"
+  if ! (
     # The env file may run commands that fail harmlessly (a missing lib dir):
     # not under this script's errexit/pipefail.
     if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi
-    rm -rf "$work/out"
     env "${envs[@]}" "$gradd" run "$work/gpt2.cfg" >&2
-  )
+  ); then
+    echo "run_gpu_train: variant $name failed" >&2
+    continue
+  fi
   cp "$work/out/metrics.jsonl" "$work/metrics-$name.jsonl"
+  [ -n "${METRICS_DIR:-}" ] && cp "$work/metrics-$name.jsonl" "$METRICS_DIR/metrics-gpt2-$name.jsonl"
+  "$py" -c 'import json, statistics, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if "\"loss\"" in l]
+print("run_gpu_train: %s: median step %.2f ms (steps 6-%d)" % (sys.argv[2], statistics.median(x["step_ms"] for x in s[5:]), len(s)))' \
+    "$work/metrics-$name.jsonl" "$name" >&2 || true
   runs+=("$name=$work/metrics-$name.jsonl")
 done
-cp "${runs[0]#*=}" "${METRICS_COPY:-/dev/null}" 2>/dev/null || true
-"$py" "$here/torch_gpu_peer.py" --batch "$batch" --steps 20 --warmup 5 >"$work/peer.jsonl"
-cat "$work/peer.jsonl" >&2
+# Each mode's line as it comes (to stderr too): a kill in torch.compile
+# leaves eager's.
+"$py" "$here/torch_gpu_peer.py" --modes "${PEER_MODES:-eager,compile}" --batch "$batch" --steps 20 --warmup 5 |
+  tee "$work/peer.jsonl" >&2 || echo "run_gpu_train: the PyTorch peer failed" >&2
+((${#runs[@]})) || { echo "run_gpu_train: no gradd variant ran" >&2; exit 1; }
 
 "$py" - "$work/peer.jsonl" "$batch" "${runs[@]}" <<'PY'
 import json, statistics, sys
@@ -76,7 +90,9 @@ L, C, T, V, B = 12, 768, 1024, 50304, int(sys.argv[2])
 # Parameters of gradd's GPT: wte, wpe, per block 2 layernorms (4C), qkv (3C²+3C),
 # proj (C²+C), fc (4C²+4C), fc proj (4C²+C), then ln_f (2C).
 n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-peers = [json.loads(line) for line in open(sys.argv[1])]
+peers = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+if not peers:  # gradd's figures still count
+    peers = [{"impl": None, "step_ms": None, "tokens_per_s": None, "mfu": None}]
 for run in sys.argv[3:]:
     name, path = run.split("=", 1)
     steps = [json.loads(l) for l in open(path) if '"loss"' in l]
@@ -85,9 +101,11 @@ for run in sys.argv[3:]:
     mfu = tps * (6 * n + 12 * L * C * T) / 989.4e12
     bench = "train_gpt2_124m_bf16" + ("" if name == "default" else "_" + name)
     for p in peers:
-        for metric, v, pv, unit, r in (("step_ms", ms, p["step_ms"], "ms", ms / p["step_ms"]),
-                                       ("tokens_per_s", tps, p["tokens_per_s"], "tok/s", p["tokens_per_s"] / tps),
-                                       ("mfu", mfu, p["mfu"], "fraction", p["mfu"] / mfu)):
+        has = p["impl"] is not None
+        for metric, v, pv, unit, r in (("step_ms", ms, p["step_ms"], "ms", has and ms / p["step_ms"]),
+                                       ("tokens_per_s", tps, p["tokens_per_s"], "tok/s", has and p["tokens_per_s"] / tps),
+                                       ("mfu", mfu, p["mfu"], "fraction", has and p["mfu"] / mfu)):
+            r = round(r, 4) if has else None
             print(json.dumps({"bench": bench, "metric": metric, "value": round(v, 4), "unit": unit,
-                              "peer": p["impl"], "peer_value": pv, "ratio": round(r, 4)}))
+                              "peer": p["impl"], "peer_value": pv, "ratio": r}))
 PY

@@ -1121,6 +1121,30 @@ static double forward_backward(run *r, const model_batch *mb, float dloss)
     return loss;
 }
 
+/* Wait for the queued device work: 0; 1 when it ran out of memory (r->oom
+ * then set, with a report); -1 when the device failed otherwise (the run
+ * failed, with the kernels' message).  A faulting kernel or a GEMM without
+ * an algorithm is not cured by a smaller micro-batch: treated as an OOM it
+ * would shrink down to 1 and end as "does not fit". */
+static int device_check(run *r, const char *during)
+{
+    int e = r->k->sync(r->kc);
+    if (e == KERN_ERR_DEVICE) {
+        fail(r, "the device failed %s: %s", during, r->k->error(r->kc));
+        return -1;
+    }
+    if (e == KERN_ERR_OOM && !r->oom) {
+        /* Memory the pool did not hand out (a library's own). */
+        r->oom = true;
+        memset(&r->last_oom, 0, sizeof r->last_oom);
+        r->last_oom.job = r->job;
+        r->last_oom.job_allocated = job_peak(r);
+        snprintf(r->last_oom.message, sizeof r->last_oom.message, "the device ran out of memory outside the pool: %s",
+                 r->k->error(r->kc));
+    }
+    return r->oom ? 1 : 0;
+}
+
 /* One probe: a forward and backward of n real samples at micro-batch n,
  * measuring the job's pool peak.  Nothing of it survives: the gradients are
  * zeroed and the data position is put back.  0 with *peak, 1 when it ran
@@ -1139,7 +1163,8 @@ static int probe(run *r, uint32_t n, size_t *peak)
     next_batch(r, n, false);
     model_batch mb = {r->x, r->y, n};
     forward_backward(r, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
-    r->k->sync(r->kc);
+    if (device_check(r, "while measuring a micro-batch's memory") < 0)
+        return -1;
     *peak = job_peak(r);
     r->k->zero(r->kc, r->grads, r->m->num_params);
     char err[512];
@@ -1251,7 +1276,8 @@ static train_outcome adapt(run *r)
 /* One attempt at the step at the current micro-batch.  Returns TRAIN_DONE
  * after an applied (or, fp16, skipped) step, TRAIN_STOPPED if asked to stop
  * before it was applied, STEP_OOM when memory ran out inside it, and
- * TRAIN_FAILED on a non-finite loss.  Nothing but the gradients and the data
+ * TRAIN_FAILED on a non-finite loss or a device failure.  Nothing but the
+ * gradients and the data
  * position changes before the optimizer runs, and the optimizer runs only
  * after every micro-batch went through: a partial gradient is never
  * applied. */
@@ -1290,10 +1316,11 @@ static int try_step(run *r, const train_hooks *h)
         accum++;
     }
     /* Queued device work may still fail for memory (CUDA's sticky error). */
-    if (k->sync(r->kc) != 0 || r->oom) {
-        r->oom = true;
-        return STEP_OOM;
-    }
+    char during[64];
+    snprintf(during, sizeof during, "in step %llu", (unsigned long long)r->step + 1);
+    int dc = device_check(r, during);
+    if (dc != 0)
+        return dc > 0 ? STEP_OOM : TRAIN_FAILED;
     double loss = loss_sum / units;
     /* The split this attempt ran, for the step's report, skipped or not. */
     r->prog.micro = r->micro;
@@ -1335,7 +1362,10 @@ static int try_step(run *r, const train_hooks *h)
                  r->opt + t->offset, r->opt + P + t->offset, t->numel, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps,
                  t->decay ? (float)j->weight_decay : 0.0f, (float)scale, (int)(r->opt_steps + 1));
     }
-    k->sync(r->kc);
+    /* Nothing here allocates: any failure is the device's. */
+    if (k->sync(r->kc) != KERN_OK)
+        return fail(r, "the device failed in step %llu's optimizer update: %s", (unsigned long long)r->step + 1,
+                    k->error(r->kc));
     r->opt_steps++;
     r->step++;
     double dt = now_s() - t0;

@@ -65,6 +65,9 @@ typedef struct {
     void *user;
 } kern_scratch;
 
+/* What sync returns. */
+enum { KERN_OK = 0, KERN_ERR_OOM = 1, KERN_ERR_DEVICE = 2 };
+
 typedef struct kern_ops {
     const char *name; /* "cpu", "cuda" */
 
@@ -72,8 +75,14 @@ typedef struct kern_ops {
     /* threads: cpu worker threads (0 = all cores); device: cuda ordinal. */
     kern_ctx *(*ctx_create)(int threads, int device, kern_precision prec, const kern_scratch *scratch);
     void (*ctx_destroy)(kern_ctx *k);
-    /* Wait for queued work (no-op on cpu). */
+    /* Wait for queued work (no-op on cpu).  KERN_OK, or the first failure
+     * since the last sync: KERN_ERR_OOM when device memory ran out (the
+     * caller may retry smaller), KERN_ERR_DEVICE for anything else (a
+     * faulting kernel, a GEMM without an algorithm, a lost device), which
+     * no smaller size cures.  `error` then says what failed, until the next
+     * failure. */
     int (*sync)(kern_ctx *k);
+    const char *(*error)(const kern_ctx *k);
 
     /* ---- memory helpers (device pointers) ---------------------------------- */
     void (*zero)(kern_ctx *k, float *p, size_t n);

@@ -12,6 +12,23 @@ ninja -C "$build" >/dev/null
 bundler=${DEVICE_BUNDLE:-../shared/tools/device-bundle}
 mkdir -p "$(git rev-parse --git-dir)/info"
 "$bundler" "$build"
+# Our own env.sh over the bundler's: the CUDA runtime is searched for too
+# (the module links libcudart.so.13, which the bundle leaves to the
+# machine), /opt (the torch venv's nvidia/*/lib) even when it is another
+# file system, and the search runs once per machine, not per program.
+cat >.device/env.sh <<'ENV'
+# Sourced on the GPU machine: bundled Debian libraries first, then that machine's CUDA stack.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+libdirs=/tmp/gradd-device-libdirs
+if [ ! -s "$libdirs" ]; then
+  { ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null
+    find / /opt /usr/local -xdev \( -name 'libcudart.so.13' -o -name 'libcublasLt.so.13' -o -name 'libcudnn.so.9' \
+      -o -name 'libnccl.so.2' \) -printf '%h\n' 2>/dev/null | sort -u
+  } | awk '!seen[$0]++' | tr '\n' ':' >"$libdirs"
+fi
+export LD_LIBRARY_PATH="$here/lib:$(cat "$libdirs")${LD_LIBRARY_PATH:-}"
+export PATH="$here/bin:$PATH"
+ENV
 mkdir -p .device/data/fortunes
 find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' -exec cp {} .device/data/fortunes/ \;
 du -sh .device

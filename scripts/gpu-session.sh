@@ -7,6 +7,15 @@
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps.
+#
+# Device time is short (15 minutes a session, starting the machine
+# included; 10 a call), and all steps take longer than one call.  What
+# matters most goes first, in one call of about 8 minutes:
+#   STEPS=tests,train FLASHES="mma wmma" VARIANTS="mma:GRADD_FLASH=mma default"
+# (every CUDA op against its CPU reference, then GPT-2 124M against PyTorch
+# eager and torch.compile); then, with time left on the warm machine,
+# STEPS=kernels or jobs,daemon.  Every step's output reaches OUT as it
+# goes, so a call cut short still returns what ran.
 set -u
 out=${1:?usage: gpu-session.sh OUT}
 steps=${STEPS:-tests,jobs,kernels,daemon,train,pool}
@@ -15,12 +24,22 @@ B=$top/.device/bin
 exec > >(tee -a "$out/log.txt") 2>&1
 want() { [[ ",$steps," == *",$1,"* ]]; }
 section() { echo; echo "=== $* ($(date +%T))"; }
-gx() { ( . "$top/.device/env.sh"; "$@" ); }   # gradd's programs with the bundled libraries
+# gradd's programs with the bundled libraries (env.sh read once: it
+# searches the machine for the CUDA libraries).
+gx_ld=$( . "$top/.device/env.sh"; echo "$LD_LIBRARY_PATH")
+gx() { LD_LIBRARY_PATH=$gx_ld "$@"; }
 . "$top/bench/gpt2_job.sh"                      # gpt2_job: GPT-2 124M's job sections
+# The peers' Python: the one with torch (the machine's venv, if python3 on
+# PATH has none).
+if [ -z "${PEER_PYTHON:-}" ] && ! python3 -c 'import torch' 2>/dev/null && [ -x /opt/torch/.venv/bin/python3 ]; then
+  export PEER_PYTHON=/opt/torch/.venv/bin/python3
+fi
+py=${PEER_PYTHON:-python3}
 
 section machine
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
+"$py" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
+echo "LD_LIBRARY_PATH for gradd: $gx_ld"
 
 if want tests; then
   section test_gpu_dev
@@ -108,7 +127,7 @@ if want daemon; then
   gx "$B/client/gradctl" -s $sock sample 1 --tokens 300 --seed 1 --prompt "The "
   # Adaptive batching on the GPU: GPT-2 124M under a 12 GiB budget, batch 64
   # of 1024 tokens: the controller probes the micro-batch that fits.
-  "${PEER_PYTHON:-python3}" bench/make_tokens.py /tmp/tokens.bin $((1 << 21))
+  "$py" bench/make_tokens.py /tmp/tokens.bin $((1 << 21))
   { gpt2_job gpt2-auto /tmp/tokens.bin; cat <<CFG
 [train]
 steps = 12
@@ -136,7 +155,7 @@ fi
 
 if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
-  VARIANTS=${VARIANTS:-default mma:GRADD_FLASH=mma fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_COPY=$out/metrics-gpt2.jsonl \
+  VARIANTS=${VARIANTS:-mma:GRADD_FLASH=mma default fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
     timeout 400 bench/run_gpu_train.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
 fi
 

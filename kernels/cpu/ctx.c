@@ -35,7 +35,13 @@ static void cpu_ctx_destroy(kern_ctx *k)
 static int cpu_sync(kern_ctx *k)
 {
     (void)k;
-    return 0;
+    return KERN_OK;
+}
+
+static const char *cpu_error(const kern_ctx *k)
+{
+    (void)k;
+    return "";
 }
 
 void *kcpu_work(kern_ctx *k, size_t bytes)
@@ -114,6 +120,7 @@ static const kern_ops cpu_ops = {
     .ctx_create = cpu_ctx_create,
     .ctx_destroy = cpu_ctx_destroy,
     .sync = cpu_sync,
+    .error = cpu_error,
     .zero = cpu_zero,
     .copy_h2d = cpu_copy,
     .copy_d2h = cpu_copy,

@@ -188,9 +188,18 @@ int kc_sync(kern_ctx *k)
         k->buf_bytes = 0;
     }
     int e = k->err;
+    if (!e)
+        return KERN_OK;
     k->err = 0;
+    memcpy(k->lasterr, k->errmsg, sizeof k->lasterr);
     k->errmsg[0] = 0;
-    return e;
+    return e == (int)cudaErrorMemoryAllocation || e == 1000 + (int)CUBLAS_STATUS_ALLOC_FAILED ? KERN_ERR_OOM
+                                                                                               : KERN_ERR_DEVICE;
+}
+
+const char *kc_error(const kern_ctx *k)
+{
+    return k->lasterr;
 }
 
 // ---- memory helpers -----------------------------------------------------------------
@@ -273,6 +282,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .ctx_create = kc_ctx_create,
     .ctx_destroy = kc_ctx_destroy,
     .sync = kc_sync,
+    .error = kc_error,
     .zero = kc_zero,
     .copy_h2d = kc_copy_h2d,
     .copy_d2h = kc_copy_d2h,

@@ -89,6 +89,7 @@ struct kern_ctx {
 
     int err; // first error since the last sync(): a cudaError_t value, or 1000 + cublasStatus_t
     char errmsg[200];
+    char lasterr[200]; // what the last failed sync() reported (kern_ops.error)
 };
 
 // ---- errors and helpers (ctx.cu) ----------------------------------------------
@@ -406,6 +407,7 @@ void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool b
 kern_ctx *kc_ctx_create(int threads, int device, kern_precision prec, const kern_scratch *scratch);
 void kc_ctx_destroy(kern_ctx *k);
 int kc_sync(kern_ctx *k);
+const char *kc_error(const kern_ctx *k);
 void kc_zero(kern_ctx *k, float *p, size_t n);
 void kc_copy_h2d(kern_ctx *k, void *dst, const void *src, size_t bytes);
 void kc_copy_d2h(kern_ctx *k, void *dst, const void *src, size_t bytes);

@@ -1455,6 +1455,85 @@ static void test_micro1_fails_with_report(void **state)
     assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), "3");
 }
 
+/* ---- a device failure is not an OOM ------------------------------------------------- */
+
+/* The workspace kernels, except that the first sync of step flt_at
+ * reports flt_code, as the CUDA backend reports a faulting kernel
+ * (KERN_ERR_DEVICE) or memory a library could not get outside the pool
+ * (KERN_ERR_OOM). */
+static kern_ops flt_ops;
+static uint64_t flt_at, flt_done;
+static int flt_code;
+
+static int flt_sync(kern_ctx *k)
+{
+    int e = kops->sync(k);
+    if (e == KERN_OK && flt_code && flt_done + 1 == flt_at) {
+        e = flt_code;
+        flt_code = 0;
+    }
+    return e;
+}
+
+static const char *flt_error(const kern_ctx *k)
+{
+    (void)k;
+    return "attention_fused_backward16: an illegal memory access was encountered";
+}
+
+static void flt_watch(void *user, const train_progress *pr)
+{
+    watch(user, pr);
+    flt_done = pr->step;
+}
+
+static const kern_ops *fault_at(uint64_t step, int code)
+{
+    flt_ops = *kops;
+    flt_ops.sync = flt_sync;
+    flt_ops.error = flt_error;
+    flt_at = step;
+    flt_done = 0;
+    flt_code = code;
+    return &flt_ops;
+}
+
+static void test_device_fault_is_not_an_oom(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    /* A faulting kernel fails the job with the kernel's message at once:
+     * no smaller micro-batch cures it, and shrinking to 1 would end as a
+     * misleading "does not fit".  The last checkpoint stays. */
+    make_job(&j, &oom_shape, "fault", 4, 6);
+    j.checkpoint_every = 2;
+    pressure x = {0};
+    train_hooks h = {.on_step = flt_watch, .user = &x};
+    const kern_ops *k = fault_at(3, KERN_ERR_DEVICE);
+    assert_int_equal(train_run(&j, fx_pool, k, 1, &h, &res), TRAIN_FAILED);
+    pool_job_forget(fx_pool, 1);
+    assert_string_equal(res.message, "the device failed in step 3: attention_fused_backward16: an illegal memory "
+                                     "access was encountered");
+    assert_int_equal(res.oom_recoveries, 0);
+    char step[32];
+    assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), "2");
+
+    /* Memory a library could not get is an OOM: the step is redone smaller
+     * and the run goes on. */
+    make_job(&j, &oom_shape, "libfull", 8, 6);
+    x = (pressure){0};
+    k = fault_at(3, KERN_ERR_OOM);
+    train_outcome o = train_run(&j, fx_pool, k, 1, &h, &res);
+    pool_job_forget(fx_pool, 1);
+    if (o != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    assert_int_equal(res.oom_recoveries, 1);
+    assert_int_equal(x.micro[2], 8);
+    assert_true(x.micro[3] < 8);
+    assert_true(metrics_has(j.out_dir, "\"reason\":\"oom\""));
+}
+
 /* val_subset limits a held-out validation set as it does a val file. */
 static void test_val_subset_of_held_out(void **state)
 {
@@ -1509,6 +1588,7 @@ int main(void)
         cmocka_unit_test(test_resume_keeps_fit),
         cmocka_unit_test(test_resume_keeps_tuned),
         cmocka_unit_test(test_micro1_fails_with_report),
+        cmocka_unit_test(test_device_fault_is_not_an_oom),
         cmocka_unit_test(test_val_subset_of_held_out),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
