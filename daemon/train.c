@@ -1273,6 +1273,26 @@ static train_outcome adapt(run *r)
 
 /* ---- one optimizer step -------------------------------------------------------------------- */
 
+/* A non-finite training loss: what led there and what to change.  The
+ * step before says whether it grew (a learning rate too high for the
+ * model: norms climbing) or jumped; no clipping lets one bad batch throw
+ * the weights far. */
+static train_outcome diverged(run *r, double loss)
+{
+    const job_config *j = r->j;
+    char before[192] = "", clip[64] = "";
+    const train_progress *p = &r->prog;
+    if (r->step > 0 && p->step == r->step && isfinite(p->loss))
+        snprintf(before, sizeof before, " (step %llu: loss %.4g, gradient norm %.4g, lr %.3g)",
+                 (unsigned long long)r->step, p->loss, p->grad_norm, p->lr);
+    if (j->grad_clip <= 0)
+        snprintf(clip, sizeof clip, ", or set [train] grad_clip (e.g. 1.0)");
+    return fail(r, "the training loss became %s at step %llu%s; lower [train] lr (now %g), raise [train] warmup "
+                   "(now %llu)%s; the last checkpoint is kept",
+                isnan(loss) ? "NaN" : "infinite", (unsigned long long)r->step + 1, before, j->lr,
+                (unsigned long long)j->warmup, clip);
+}
+
 /* One attempt at the step at the current micro-batch.  Returns TRAIN_DONE
  * after an applied (or, fp16, skipped) step, TRAIN_STOPPED if asked to stop
  * before it was applied, STEP_OOM when memory ran out inside it, and
@@ -1326,8 +1346,7 @@ static int try_step(run *r, const train_hooks *h)
     r->prog.micro = r->micro;
     r->prog.accum = accum;
     if (!isfinite(loss) && j->precision != JOBCFG_FP16)
-        return fail(r, "the training loss became %g at step %llu; lower [train] lr or raise [train] warmup", loss,
-                    (unsigned long long)r->step + 1);
+        return diverged(r, loss);
 
     double sumsq = 0;
     k->sumsq(r->kc, &sumsq, r->grads, m->num_params);

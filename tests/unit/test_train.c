@@ -247,6 +247,44 @@ static void test_poll_stops_inside_micro_batch(void **state)
     free(b);
 }
 
+/* ---- divergence: a clear failure with what led there ------------------------------ */
+
+static void test_divergence_reported(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    /* Adam moves every weight by about lr a step: at 1e3 the logits
+     * overflow within a few steps. */
+    tiny_gpt(&j, "diverge", 16, 20);
+    j.lr = 1e3;
+    j.warmup = 0;
+    j.grad_clip = 0;
+    j.checkpoint_every = 1;
+    assert_int_equal(train_run(&j, fx_pool, kern_cpu_ops(), 1, NULL, &res), TRAIN_FAILED);
+    printf("%s\n", res.message);
+    unsigned long long at = 0, before = 0;
+    const char *p = strstr(res.message, "the training loss became ");
+    assert_non_null(p);
+    p = strstr(p, " at step ");
+    assert_non_null(p);
+    at = strtoull(p + 9, NULL, 10);
+    assert_true(at >= 2 && at < 20);
+    p = strstr(res.message, "(step ");
+    assert_non_null(p);
+    before = strtoull(p + 6, NULL, 10);
+    assert_int_equal(before, at - 1);
+    const char *want[] = {"gradient norm", "lower [train] lr (now 1000)", "raise [train] warmup (now 0)",
+                          "set [train] grad_clip", "the last checkpoint is kept"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(res.message, want[i]))
+            fail_msg("the message lacks '%s': %s", want[i], res.message);
+    /* Kept indeed: the last step that was finite. */
+    char step[32], expect[32];
+    snprintf(expect, sizeof expect, "%llu", before);
+    assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), expect);
+}
+
 /* ---- a failed checkpoint write leaves the previous one usable ---------------------- */
 
 static uint64_t fail_at_step;
@@ -686,6 +724,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_equivalence),
         cmocka_unit_test(test_resume_bitwise),
         cmocka_unit_test(test_poll_stops_inside_micro_batch),
+        cmocka_unit_test(test_divergence_reported),
         cmocka_unit_test(test_resume_mismatch_refused),
         cmocka_unit_test(test_resume_guards),
         cmocka_unit_test(test_bad_data_leaves_nothing),
