@@ -5,6 +5,7 @@
  * machine with no driver and simply reports "no CUDA devices" there.
  */
 #include "dev.h"
+#include "gradd-config.h"
 #include "kernels.h"
 
 #include <dlfcn.h>
@@ -13,8 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
+/* $prefix/$libdir/gradd, where meson installs the module (gradd-config.h).
+ * No fallback: a guess here is what hid that this file did not include it. */
 #ifndef GRADD_MODULE_DIR
-#define GRADD_MODULE_DIR "/usr/local/lib/gradd"
+#error "GRADD_MODULE_DIR is not defined (gradd-config.h)"
 #endif
 
 #define CUDA_MODULE_NAME "gradd-cuda.so"
