@@ -2,6 +2,7 @@
 #include "jobcfg.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -215,10 +216,18 @@ static int parse_hidden(job_config *j)
     return 0;
 }
 
+/* open(2), not access(2): access checks the real uid, and the daemon checks
+ * with its filesystem identity switched to the job's owner (access.h); as
+ * the service user, access() would ask whether *gradd* may read the file. */
 static int check_readable(const parse_ctx *p, const char *key, const char *file, char *err, size_t err_len)
 {
-    if (!file[0] || access(file, R_OK) == 0)
+    if (!file[0])
         return 0;
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
     char why[PATH_MAX + 64];
     snprintf(why, sizeof why, "cannot read %s: %s", file, strerror(errno));
     return complain(p, "data", key, err, err_len, why);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "fileio.h"
 #include "log.h"
 
@@ -465,8 +466,18 @@ static job *load_job(queue *q, uint32_t id)
     char err[1024];
     if (!contents) {
         snprintf(err, sizeof err, "cannot read %s: %s", path, read_error(errno, QUEUE_JOBCFG_MAX));
-    } else if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0) {
-        err[0] = '\0';
+    } else {
+        /* The parser checks that the data files are readable: as the job's
+         * owner, who will read them, not as the daemon (a service user that
+         * may not read a private home).  One that cannot switch (not root,
+         * no CAP_SETUID) checks as itself, as it runs its own jobs. */
+        access_saved saved;
+        char aerr[256];
+        bool switched = access_become(j->uid, j->gid, &saved, aerr, sizeof aerr) == 0;
+        if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0)
+            err[0] = '\0';
+        if (switched)
+            access_restore(&saved);
     }
     free(contents);
     if (err[0]) {

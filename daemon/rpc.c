@@ -636,7 +636,16 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         return;
     }
     char err[1024];
-    if (jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err) != 0) {
+    /* Parsed as the submitter: the parser checks that the data files are
+     * readable, and that is the owner's question, not the daemon's. */
+    access_saved saved;
+    if (access_become(peer->uid, peer->gid, &saved, err, sizeof err) != 0) {
+        send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, err);
+        goto out;
+    }
+    int lrc = jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
+    access_restore(&saved);
+    if (lrc != 0) {
         send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }

@@ -678,11 +678,21 @@ static bool finite_state(run *r, const char *name, const float *x, size_t n)
     return true;
 }
 
+/* Whether path exists, asked with the thread's filesystem identity (the
+ * job's owner): access(2) asks with the real uid, the daemon's, which may
+ * not even search the owner's private directories, so a service-user gradd
+ * took a checkpoint it could not see for none and started the job over. */
+static bool exists_as_owner(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
 /* Load out_dir/resume.safetensors if present.  Returns 1 when resumed, 0
  * when there is none, -1 (with res->message) when it is unusable. */
 static int load_resume(run *r)
 {
-    if (access(r->path_resume, F_OK) != 0)
+    if (!exists_as_owner(r->path_resume))
         return 0;
     char err[1024];
     st_file *f;
@@ -1078,7 +1088,7 @@ static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
                  "another device ([job] device), or train a smaller model ([model] width, layers or context)",
                  pool_device(r->p)->id, need_s);
     char ck[160];
-    if (access(r->path_resume, F_OK) == 0)
+    if (exists_as_owner(r->path_resume))
         snprintf(ck, sizeof ck, "the last checkpoint in %s is kept; resubmit to resume from it", r->j->out_dir);
     else
         snprintf(ck, sizeof ck, "no checkpoint was written yet ([output] checkpoint_every)");
