@@ -26,11 +26,20 @@ int ctl_connect(ctl *c)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        fprintf(stderr,
-                "gradctl: cannot reach gradd at %s: %s\n"
-                "  Start it with `gradd -s %s` (or `systemctl start gradd`),\n"
-                "  or point gradctl at a running daemon with -s PATH or GRADD_SOCKET.\n",
-                c->socket_path, strerror(e), c->socket_path);
+        if (e == EACCES)
+            /* The socket is there; this user is not in its group. */
+            fprintf(stderr,
+                    "gradctl: cannot reach gradd at %s: %s\n"
+                    "  Its socket is for the members of gradd's socket group ([daemon] socket_group,\n"
+                    "  'gradd' by default): an admin adds you with `usermod -aG gradd USER`,\n"
+                    "  and the membership counts from your next login.\n",
+                    c->socket_path, strerror(e));
+        else
+            fprintf(stderr,
+                    "gradctl: cannot reach gradd at %s: %s\n"
+                    "  Start it with `gradd -s %s` (or `systemctl start gradd`),\n"
+                    "  or point gradctl at a running daemon with -s PATH or GRADD_SOCKET.\n",
+                    c->socket_path, strerror(e), c->socket_path);
         return CTL_ERR_UNREACHABLE;
     }
     c->fd = fd;
