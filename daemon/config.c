@@ -19,7 +19,9 @@ static const opts_def opts[] = {
     {"daemon", "socket", OPTS_STRING, D(socket_path), 0, 0, false, "",
      "control socket path (empty: /run/gradd/gradd.sock as root, else $XDG_RUNTIME_DIR/gradd.sock)", NULL},
     {"daemon", "state_dir", OPTS_STRING, D(state_dir), 0, 0, false, "",
-     "queue and job state (empty: /var/lib/gradd as root, else ~/.local/state/gradd)", NULL},
+     "queue and job state (empty: $STATE_DIRECTORY under systemd, else /var/lib/gradd as root, else "
+     "~/.local/state/gradd)",
+     NULL},
     {"daemon", "max_frame", OPTS_SIZE, D(max_frame), 64, 1 << 30, false, "1M",
      "largest protocol frame accepted; bigger ones close the connection", NULL},
     {"daemon", "client_timeout", OPTS_DURATION, D(client_timeout_ms), 1, 86400e3, false, "60s",

@@ -71,10 +71,16 @@ static int make_dirs(const char *path, char *err, size_t err_len)
     return 0;
 }
 
+/* Under systemd, StateDirectory= (passed as $STATE_DIRECTORY, a
+ * colon-separated list: the first) comes before the per-user choices: the
+ * service runs as the gradd user, whose home is no place for the queue, and
+ * a unit that passed --state-dir would override [daemon] state_dir. */
 static void default_state_dir(char *buf, size_t len)
 {
-    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
-    if (geteuid() == 0)
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME"), *sd = getenv("STATE_DIRECTORY");
+    if (sd && *sd == '/')
+        snprintf(buf, len, "%.*s", (int)strcspn(sd, ":"), sd);
+    else if (geteuid() == 0)
         snprintf(buf, len, "/var/lib/gradd");
     else if (xdg && *xdg == '/')
         snprintf(buf, len, "%s/gradd", xdg);

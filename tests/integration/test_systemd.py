@@ -50,6 +50,25 @@ class Systemd(unittest.TestCase):
         self.assertEqual(problems, [], r.stdout + r.stderr)
 
     @unittest.skipUnless(shutil.which("systemd-socket-activate"), "needs systemd-socket-activate")
+    def test_state_directory(self):
+        # gradd.service passes no --state-dir: StateDirectory= (systemd's
+        # $STATE_DIRECTORY, its first entry) is the default, and
+        # [daemon] state_dir in gradd.conf still wins over it.
+        def state_dir(conf, env):
+            cpath = os.path.join(self.dir, "g.conf")
+            with open(cpath, "w") as f:
+                f.write(conf)
+            r = subprocess.run([GRADD, "-c", cpath, "-s", os.path.join(self.dir, "s.sock"), "--check-config"],
+                               env=dict(os.environ, **env), capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return [l.split(" ", 1)[1] for l in r.stdout.splitlines() if l.startswith("state_dir ")][0]
+
+        self.assertEqual(state_dir("", {"STATE_DIRECTORY": "/var/lib/gradd:/var/lib/other"}), "/var/lib/gradd")
+        self.assertEqual(state_dir("[daemon]\nstate_dir = /data/gradd\n", {"STATE_DIRECTORY": "/var/lib/gradd"}),
+                         "/data/gradd")
+        with open(BUILD_UNIT) as f:
+            self.assertNotIn("--state-dir", [l for l in f.read().splitlines() if l.startswith("ExecStart=")][0])
+
     def test_socket_activation(self):
         sock = os.path.join(self.dir, "activated.sock")
         log = open(os.path.join(self.dir, "log"), "w")
