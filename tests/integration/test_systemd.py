@@ -138,34 +138,58 @@ class Systemd(unittest.TestCase):
                 p.wait()
             rx.close()
 
-    def test_hung_job_thread_stops_watchdog(self):
-        # A job runs and beats; then its thread hangs (test hook): WATCHDOG=1
-        # stops within the interval while STATUS= lines go on, and the log
-        # names the job and device.  SIGTERM still gets it out cleanly.
+    def watched(self, text, model, batch, interval, hooks=False):
+        """A notify socket and a gradd reporting to it with the watchdog at
+        `interval` seconds, running (once submitted) a long job: a GPT with
+        the [model] lines `model`, fixed micro-batch `batch`, one thread,
+        on `text` repeated.  Returns (proc, rx, ctl, job path, log path, out
+        dir); everything is stopped and closed at the test's end."""
         path = os.path.join(self.dir, "notify")
         rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         rx.bind(path)
         rx.settimeout(0.2)
+        self.addCleanup(rx.close)
         corpus = os.path.join(self.dir, "corpus.txt")
         with open(corpus, "w") as f:
-            f.write("a hung thread must not look alive to systemd.\n" * 200)
+            f.write(text * (50000 // len(text) + 1))
+        out = os.path.join(self.dir, "out")
         job = os.path.join(self.dir, "long.cfg")
         with open(job, "w") as f:
-            f.write("[model]\ntype = gpt\nlayers = 1\nheads = 1\nwidth = 16\ncontext = 8\n"
-                    "[data]\nformat = text\ntrain = %s\n[train]\nsteps = 1000000\nbatch = 4\n"
-                    "micro_batch = 2\nthreads = 1\neval_every = 0\n[output]\ndir = %s\n"
-                    "checkpoint_every = 0\n" % (corpus, os.path.join(self.dir, "out")))
-        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
+            f.write("[model]\ntype = gpt\n%s\n[data]\nformat = text\ntrain = %s\n[train]\nsteps = 1000000\n"
+                    "batch = %d\nmicro_batch = %d\nthreads = 1\neval_every = 0\n[output]\ndir = %s\n"
+                    "checkpoint_every = 0\n" % (model, corpus, batch, batch, out))
+        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC=str(int(interval * 1e6)))
         sock = os.path.join(self.dir, "g.sock")
         log_path = os.path.join(self.dir, "log")
         log = open(log_path, "w")
-        p = subprocess.Popen([GRADD, "-s", sock, "--state-dir", os.path.join(self.dir, "state"), "--test-hooks"],
-                             env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(log.close)
+        p = subprocess.Popen([GRADD, "-s", sock, "--state-dir", os.path.join(self.dir, "state")] +
+                             (["--test-hooks"] if hooks else []), env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def stop():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+        self.addCleanup(stop)
 
         def ctl(*args):
             r = subprocess.run([GRADCTL, "-s", sock] + list(args), capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 0, r.stderr)
             return r.stdout
+
+        deadline = time.time() + 20
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.02)
+        return p, rx, ctl, job, log_path, out
+
+    def test_hung_job_thread_stops_watchdog(self):
+        # A job runs and beats; then its thread hangs (test hook): WATCHDOG=1
+        # stops within the interval while STATUS= lines go on, and the log
+        # names the job and device.  SIGTERM still gets it out cleanly.
+        p, rx, ctl, job, log_path, _ = self.watched("a hung thread must not look alive to systemd.\n",
+                                                    "layers = 1\nheads = 1\nwidth = 16\ncontext = 8", 2, 0.4,
+                                                    hooks=True)
 
         def collect(seconds):
             out, end = [], time.time() + seconds
@@ -176,40 +200,30 @@ class Systemd(unittest.TestCase):
                     pass
             return out
 
-        try:
-            deadline = time.time() + 20
-            while not os.path.exists(sock) and time.time() < deadline:
-                time.sleep(0.02)
-            ctl("submit", job)
-            deadline = time.time() + 30
-            while '"state":"running"' not in ctl("--json", "status", "1").replace(" ", ""):
-                self.assertLess(time.time(), deadline, "the job never ran")
-                time.sleep(0.05)
-            # Busy and beating: pings keep coming.
-            before = collect(1.2)
-            self.assertGreaterEqual(before.count("WATCHDOG=1"), 2, before)
-            self.assertIn("1 busy", ctl("test-hang", "cpu0"))
-            # The thread stops at its next poll; within one interval
-            # (0.4 s) the pings stop.  Then a long quiet window.
-            collect(1.0)
-            after = collect(1.5)
-            self.assertNotIn("WATCHDOG=1", after)
-            self.assertTrue([m for m in after if m.startswith("STATUS=1 running")], after)
-            # The daemon itself still answers.
-            self.assertIn('"state":"running"', ctl("--json", "status", "1").replace(" ", ""))
-            # Released, it beats again and the pings resume.
-            ctl("test-hang", "--release", "cpu0")
-            self.assertIn("WATCHDOG=1", collect(1.5))
-            ctl("test-hang", "cpu0")
-            collect(1.0)
-            p.send_signal(signal.SIGTERM)
-            self.assertEqual(p.wait(timeout=60), 0)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            rx.close()
-            log.close()
+        ctl("submit", job)
+        deadline = time.time() + 30
+        while '"state":"running"' not in ctl("--json", "status", "1").replace(" ", ""):
+            self.assertLess(time.time(), deadline, "the job never ran")
+            time.sleep(0.05)
+        # Busy and beating: pings keep coming.
+        before = collect(1.2)
+        self.assertGreaterEqual(before.count("WATCHDOG=1"), 2, before)
+        self.assertIn("1 busy", ctl("test-hang", "cpu0"))
+        # The thread stops at its next poll; within one interval
+        # (0.4 s) the pings stop.  Then a long quiet window.
+        collect(1.0)
+        after = collect(1.5)
+        self.assertNotIn("WATCHDOG=1", after)
+        self.assertTrue([m for m in after if m.startswith("STATUS=1 running")], after)
+        # The daemon itself still answers.
+        self.assertIn('"state":"running"', ctl("--json", "status", "1").replace(" ", ""))
+        # Released, it beats again and the pings resume.
+        ctl("test-hang", "--release", "cpu0")
+        self.assertIn("WATCHDOG=1", collect(1.5))
+        ctl("test-hang", "cpu0")
+        collect(1.0)
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=60), 0)
         with open(log_path) as f:
             text = f.read()
         self.assertIn("job 1 on cpu0 has made no progress for 400ms; watchdog pings stopped", text)
@@ -219,37 +233,15 @@ class Systemd(unittest.TestCase):
         # 96 sequences of 128 bytes, one thread): the job thread polls
         # between layers, so the pings go on through it, and a cancel ends
         # the job in the middle of a step instead of at its end.
-        path = os.path.join(self.dir, "notify")
-        rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        rx.bind(path)
-        rx.settimeout(0.2)
-        corpus = os.path.join(self.dir, "corpus.txt")
-        with open(corpus, "w") as f:
-            f.write("a long step is not a hung thread, and a cancel need not wait for it.\n" * 600)
-        out = os.path.join(self.dir, "out")
-        job = os.path.join(self.dir, "long.cfg")
         # Polls come about 50 times a step (25 layers each way), some 12 per
         # interval, so a loaded machine still leaves a wide margin; under
         # the sanitizers' unoptimised build every op is slower: a longer
         # interval and a smaller batch keep the same proportions.
         sanitized = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
         interval, batch = (2.0, 32) if sanitized else (1.0, 96)
-        with open(job, "w") as f:
-            f.write("[model]\ntype = gpt\nlayers = 24\nheads = 4\nwidth = 128\ncontext = 128\n"
-                    "[data]\nformat = text\ntrain = %s\n[train]\nsteps = 1000\nbatch = %d\n"
-                    "micro_batch = %d\nthreads = 1\neval_every = 0\n[output]\ndir = %s\n"
-                    "checkpoint_every = 0\n" % (corpus, batch, batch, out))
-        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC=str(int(interval * 1e6)))
-        sock = os.path.join(self.dir, "g.sock")
-        log_path = os.path.join(self.dir, "log")
-        log = open(log_path, "w")
-        p = subprocess.Popen([GRADD, "-s", sock, "--state-dir", os.path.join(self.dir, "state")],
-                             env=env, stdout=log, stderr=subprocess.STDOUT)
-
-        def ctl(*args):
-            r = subprocess.run([GRADCTL, "-s", sock] + list(args), capture_output=True, text=True, timeout=60)
-            self.assertEqual(r.returncode, 0, r.stderr)
-            return r.stdout
+        p, rx, ctl, job, log_path, out = self.watched(
+            "a long step is not a hung thread, and a cancel need not wait for it.\n",
+            "layers = 24\nheads = 4\nwidth = 128\ncontext = 128", batch, interval)
 
         def steps():
             try:
@@ -273,9 +265,6 @@ class Systemd(unittest.TestCase):
         reader = threading.Thread(target=read)
         reader.start()
         try:
-            deadline = time.time() + 20
-            while not os.path.exists(sock) and time.time() < deadline:
-                time.sleep(0.02)
             ctl("submit", job)
             deadline = time.time() + 120
             while not steps():
@@ -283,7 +272,6 @@ class Systemd(unittest.TestCase):
                 time.sleep(0.05)
             # (The first step is slower: it faults in its fresh memory.)
             start = time.time()
-            step_s = steps()[0]["step_ms"] / 1000
             while len(steps()) < 2:
                 time.sleep(0.05)
             step_s = steps()[1]["step_ms"] / 1000
@@ -311,13 +299,8 @@ class Systemd(unittest.TestCase):
             p.send_signal(signal.SIGTERM)
             self.assertEqual(p.wait(timeout=60), 0)
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
             reading[0] = False
             reader.join()
-            rx.close()
-            log.close()
         # No stall reported since the first step was done.
         with open(log_path) as f:
             for line in f:

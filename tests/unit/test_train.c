@@ -57,6 +57,17 @@ static void run_ok(const job_config *j, train_result *res, const train_hooks *h)
         fail_msg("train_run: %s", res->message);
 }
 
+/* The checkpointed parameters of two output directories are bitwise equal. */
+static void same_params(const char *d1, const char *d2)
+{
+    size_t n1, n2;
+    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(d2, "params", &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1 * sizeof(float));
+    free(a);
+    free(b);
+}
+
 /* ---- accumulation: 16×1 = 4×4 = 5+5+5+1 ---------------------------------------- */
 
 static void test_accumulation_equivalence(void **state)
@@ -121,15 +132,10 @@ static void test_resume_bitwise(void **state)
         if (memcmp(&full.losses[s], &part.losses[s], sizeof(double)) != 0)
             fail_msg("step %d: loss %.17g uninterrupted, %.17g resumed", s, full.losses[s], part.losses[s]);
 
-    size_t n1, n2;
     char d1[128], d2[128];
     snprintf(d1, sizeof d1, "%s/full", fx_dir);
     snprintf(d2, sizeof d2, "%s/parts", fx_dir);
-    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(d2, "params", &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(a, b, n1 * sizeof(float));
-    free(a);
-    free(b);
+    same_params(d1, d2);
 
     /* metrics.jsonl has each step once, in order, after the resume. */
     char path[160], line[1024];
@@ -236,15 +242,10 @@ static void test_poll_stops_inside_micro_batch(void **state)
             fail_msg("step %d: loss %.17g uninterrupted, %.17g after two stops", s, full.rec.losses[s],
                      part.rec.losses[s]);
     assert_true(metrics_line("ppart", "{\"step\":9,\"val_loss\""));
-    size_t n1, n2;
     char d1[128], d2[128];
     snprintf(d1, sizeof d1, "%s/pfull", fx_dir);
     snprintf(d2, sizeof d2, "%s/ppart", fx_dir);
-    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(d2, "params", &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(a, b, n1 * sizeof(float));
-    free(a);
-    free(b);
+    same_params(d1, d2);
 }
 
 /* ---- divergence: a clear failure with what led there ------------------------------ */
@@ -327,12 +328,7 @@ static void test_checkpoint_failure_keeps_previous(void **state)
     run_ok(&j, &res, NULL);
     char d1[128];
     snprintf(d1, sizeof d1, "%s/ckref", fx_dir);
-    size_t n1, n2;
-    float *a = fx_read_resume(d1, "params", &n1), *b = fx_read_resume(j.out_dir, "params", &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(a, b, n1 * sizeof(float));
-    free(a);
-    free(b);
+    same_params(d1, j.out_dir);
 }
 
 /* ---- a checkpoint for another model is refused --------------------------------- */
