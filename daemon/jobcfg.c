@@ -88,6 +88,7 @@ _Static_assert(NOPTS <= JOBCFG_MAX_KEYS, "job_config.key_line must have a slot f
 
 typedef struct {
     job_config *j;
+    bool check_data; /* the data files must be readable now */
 } parse_ctx;
 
 static int on_entry(void *user, const char *section, const char *key, const char *value, int line, char *why,
@@ -300,7 +301,7 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     for (size_t i = 0; i < 4; i++) {
         if (resolve(paths[i], PATH_MAX, dir) != 0)
             return complain(p, "data", path_keys[i], err, err_len, "path is too long");
-        if (check_readable(p, path_keys[i], paths[i], err, err_len) != 0)
+        if (p->check_data && check_readable(p, path_keys[i], paths[i], err, err_len) != 0)
             return -1;
     }
     if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
@@ -315,7 +316,7 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
 }
 
 /* Parse the stream f (standing for `path`) and validate. */
-static int load_stream(FILE *f, const char *path, job_config *out, char *err, size_t err_len)
+static int load_stream(FILE *f, const char *path, bool check_data, job_config *out, char *err, size_t err_len)
 {
     parse_ctx *p = calloc(1, sizeof *p);
     job_config *j = malloc(sizeof *j);
@@ -328,6 +329,7 @@ static int load_stream(FILE *f, const char *path, job_config *out, char *err, si
     jobcfg_defaults(j);
     snprintf(j->source, sizeof j->source, "%s", path);
     p->j = j;
+    p->check_data = check_data;
     int rc = opts_parse_stream(f, path, on_entry, p, err, err_len);
     if (rc == 0)
         rc = validate(p, path, err, err_len);
@@ -345,13 +347,13 @@ int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
         snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    int rc = load_stream(f, path, out, err, err_len);
+    int rc = load_stream(f, path, true, out, err, err_len);
     fclose(f);
     return rc;
 }
 
-int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
-                    size_t err_len)
+static int load_mem(const void *contents, size_t len, const char *path, bool check_data, job_config *out,
+                    char *err, size_t err_len)
 {
     FILE *f = fmemopen((void *)contents, len ? len : 1, "r");
     if (!f) {
@@ -360,7 +362,19 @@ int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_conf
     }
     if (len == 0)
         fgetc(f); /* fmemopen needs a size of at least 1: consume it, parse nothing */
-    int rc = load_stream(f, path, out, err, err_len);
+    int rc = load_stream(f, path, check_data, out, err, err_len);
     fclose(f);
     return rc;
+}
+
+int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                    size_t err_len)
+{
+    return load_mem(contents, len, path, true, out, err, err_len);
+}
+
+int jobcfg_load_record(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                       size_t err_len)
+{
+    return load_mem(contents, len, path, false, out, err, err_len);
 }

@@ -81,6 +81,11 @@ int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len);
  * names the file in errors and anchors relative paths. */
 int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
                     size_t err_len);
+/* jobcfg_load_mem without the check that the data files are readable: for
+ * the record of a job that has finished, whose data may since be gone
+ * while its settings (model, output directory) still describe its results. */
+int jobcfg_load_record(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                       size_t err_len);
 /* "SOURCE:LINE: [section] key" (or "SOURCE: [section] key" for a key the
  * file did not set) into buf, for errors found after the file was read: the
  * device it names is missing, its data cannot be read as its owner. */

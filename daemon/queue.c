@@ -474,7 +474,12 @@ static job *load_job(queue *q, uint32_t id)
         access_saved saved;
         char aerr[256];
         bool switched = access_become(j->uid, j->gid, &saved, aerr, sizeof aerr) == 0;
-        if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0)
+        /* A finished job will not read its data again: it may be gone, and
+         * the job's settings still describe its results (its model for
+         * `gradctl sample`, its output directory). */
+        bool runs_again = j->state == JOB_QUEUED || j->state == JOB_RUNNING;
+        if ((runs_again ? jobcfg_load_mem : jobcfg_load_record)(contents, len, j->source, &j->cfg, err,
+                                                                  sizeof err) == 0)
             err[0] = '\0';
         if (switched)
             access_restore(&saved);

@@ -320,6 +320,31 @@ class Jobs(unittest.TestCase):
         for jid in [blocker] + ids + [nid]:
             self.d.ctl("cancel", str(jid), check=False)
 
+    def test_finished_job_outlives_its_data(self):
+        # A finished job's data may be deleted: after a restart it keeps its
+        # settings and results (its output dir, its steps, a model to
+        # sample from).  (A queued one whose data is gone fails instead.)
+        own = os.path.join(self.dir, "own-corpus.txt")
+        shutil.copy(self.train, own)
+        cfg = self.job("gone", steps=6)
+        with open(cfg) as f:
+            text = f.read().replace(self.train, own)
+        with open(cfg, "w") as f:
+            f.write(text)
+        self.start()
+        jid = self.submit(cfg)
+        self.wait_state(jid, ("completed",))
+        before = self.info(jid)
+        os.unlink(own)
+        self.restart()
+        after = self.info(jid)
+        self.assertEqual(after["state"], "completed", after)
+        for key in ("out_dir", "step", "steps", "loss", "model"):
+            self.assertEqual(after.get(key), before.get(key), (key, before, after))
+        self.assertNotIn("without its settings", read_text(os.path.join(self.dir, "second.log")))
+        r = self.d.ctl("sample", str(jid), "--tokens", "20", "--seed", "1", check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     # ---- ownership and bad files --------------------------------------------------
 
     @unittest.skipUnless(os.geteuid() == 0, "needs root to act as a second user (setpriv)")
