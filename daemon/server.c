@@ -25,7 +25,9 @@
 #include "wire.h"
 
 /* A client that stops reading gets cut off here rather than making the
- * daemon buffer its responses without bound. */
+ * daemon buffer its responses without bound: what is queued when it asks
+ * again, or when a watch event is pushed.  One answer may go beyond it (a
+ * full timeline ring is some 22 MB of JSON): the client asked for it. */
 #define CONN_MAX_QUEUED ((size_t)16 << 20)
 #define CONN_READ_BUF 16384
 /* Samples generated at once; each holds a thread of libuv's pool and a CPU
@@ -44,6 +46,7 @@ struct server_conn {
     int open_handles;
     bool closing;
     bool close_after_write;
+    bool answering; /* inside rpc_dispatch: the chunks of one answer */
     size_t writes_pending;
     bool watching;         /* streaming WatchEvents of watch_id */
     uint32_t watch_id;
@@ -133,17 +136,24 @@ static void on_write(uv_write_t *req, int status)
         conn_close(c);
 }
 
+/* Close a connection whose client is not reading what it was sent. */
+static bool conn_over_limit(server_conn *c)
+{
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) <= CONN_MAX_QUEUED)
+        return false;
+    log_warn("conn %llu (uid %u): client is not reading its responses; closing", (unsigned long long)c->id,
+             (unsigned)c->peer.uid);
+    conn_close(c);
+    return true;
+}
+
 static int conn_send(void *conn, const Gradd__Response *resp)
 {
     server_conn *c = conn;
     if (c->closing)
         return -1;
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > CONN_MAX_QUEUED) {
-        log_warn("conn %llu (uid %u): client is not reading its responses; closing",
-                 (unsigned long long)c->id, (unsigned)c->peer.uid);
-        conn_close(c);
+    if (!c->answering && conn_over_limit(c))
         return -1;
-    }
     size_t len;
     uint8_t *buf = wire_pack_response(resp, &len);
     write_op *op = malloc(sizeof *op);
@@ -469,8 +479,10 @@ static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
         start_watch(c, req->watch->id);
     } else if (req->body_case == GRADD__REQUEST__BODY_SAMPLE) {
         start_sample(c, req->sample);
-    } else {
+    } else if (!conn_over_limit(c)) {
+        c->answering = true;
         rpc_dispatch(c->srv->ctx, &c->peer, req, conn_send, c);
+        c->answering = false;
     }
     gradd__request__free_unpacked(req, NULL);
 }

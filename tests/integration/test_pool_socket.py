@@ -110,6 +110,44 @@ class PoolOverSocket(DaemonTest):
         ts = [e["ts"] for e in events if e.get("ph") in ("C", "i", "I")]
         self.assertEqual(ts, sorted(ts))
 
+    def test_full_timeline_ring(self):
+        # A daemon up for a while has a full ring (65,536 events by default):
+        # its JSON, some 20 MB, is more than a connection may have queued
+        # when it asks, and still one answer to send whole.
+        d = Daemon("[cpu]\ncapacity = 1G\n", test_hooks=True)
+        try:
+            alloc = harness.field_bytes(1, b"cpu0") + harness.field_varint(2, 1024)
+            req = harness.frame(harness.field_varint(1, harness.PROTOCOL_VERSION) + harness.field_bytes(15, alloc))
+            s = harness.connect(d.sock, timeout=60)
+            for _ in range(36):  # 36,000 allocations, then as many frees
+                s.sendall(req * 1000)
+                for _ in range(1000):
+                    self.assertIsNotNone(harness.recv_frame(s))
+            s.close()
+            d.ctl("test-alloc", "-d", "cpu0", "--free-all")
+            out = os.path.join(d.dir, "trace.json")
+            r = d.ctl("timeline", "-d", "cpu0", "-o", out, check=False)
+            self.assertEqual(r.returncode, 0, r.stderr + d.read_log())
+            self.assertGreater(os.path.getsize(out), 16 << 20)
+            with open(out) as f:
+                events = json.load(f)["traceEvents"]
+            self.assertGreaterEqual(sum(1 for e in events if e.get("name", "").startswith("alloc")), 20000)
+            self.assertNotIn("not reading", d.read_log())
+            # A client that asks again while not reading what it was sent
+            # is cut off, with the answers it left queued.
+            tl = harness.frame(harness.field_varint(1, harness.PROTOCOL_VERSION) +
+                               harness.field_bytes(13, harness.field_bytes(1, b"cpu0")))
+            s = harness.connect(d.sock, timeout=60)
+            s.sendall(tl * 3)
+            deadline = time.time() + 60
+            while "not reading its responses" not in d.read_log():
+                self.assertLess(time.time(), deadline, d.read_log())
+                time.sleep(0.05)
+            s.close()
+            self.assertEqual(d.ctl("status").returncode, 0)
+        finally:
+            d.cleanup()
+
     def test_test_hooks_refused_without_flag(self):
         d = Daemon("")
         try:
