@@ -36,7 +36,10 @@ static const opts_def opts[] = {
      "jobs that run at once on one device", NULL},
     {"daemon", "max_queued_per_user", OPTS_COUNT, D(max_queued_per_user), 1, 1e6, false, "100",
      "queued and running jobs one user may have", NULL},
-    {"daemon", "keep_finished", OPTS_DURATION, D(keep_finished_ms), 0, 1e15, false, "0",
+    /* Not 0 by default: a resident daemon keeping every finished job
+     * grows without bound (about 30 KB of memory each, and gradctl list
+     * with them). */
+    {"daemon", "keep_finished", OPTS_DURATION, D(keep_finished_ms), 0, 1e15, false, "30d",
      "forget finished jobs (job file, state, log; outputs stay) this long after they end, as gradctl rm (0: never)",
      NULL},
     {"daemon", "max_job_file", OPTS_SIZE, D(max_job_file), 1024, 64 << 20, false, "1M",
