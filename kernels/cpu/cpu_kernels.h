@@ -103,8 +103,11 @@ static inline float kcpu_expf(float x)
 }
 
 /* Function attributes for the hot elementwise leaves: on x86-64 with GCC, an
- * AVX2 clone picked at load time next to the baseline SSE2 one. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * AVX2 clone picked at load time next to the baseline SSE2 one.  Not under
+ * ThreadSanitizer: the ifunc resolvers GCC makes for the clones are
+ * instrumented too, and the dynamic loader runs them before the TSan
+ * runtime is initialised, so every binary died with SIGSEGV at load. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define KCPU_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define KCPU_CLONES
