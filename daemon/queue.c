@@ -142,8 +142,18 @@ void queue_touch(queue *q, job *j)
 
 void queue_notify(queue *q)
 {
+    /* notify and notify_user are read under the lock, and the callback is
+     * made under it: server_stop clears notify under the lock before it
+     * closes the loop's async handle, and that must mean no thread is
+     * inside the callback, or about to make it with the pointer it read
+     * before.  (Read unlocked, a worker's load raced with that store, and
+     * could still call uv_async_send on the handle being closed.)  The
+     * callback only wakes the loop (uv_async_send), so it is cheap enough
+     * to make under the lock, and must not take the lock itself. */
+    pthread_mutex_lock(&q->lock);
     if (q->notify)
         q->notify(q->notify_user);
+    pthread_mutex_unlock(&q->lock);
 }
 
 size_t queue_active_for(queue *q, uid_t uid)

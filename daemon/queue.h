@@ -72,7 +72,7 @@ typedef struct queue {
     bool stopping;
     _Atomic bool any_unsaved; /* some job is marked unsaved; read without the lock */
     int lock_fd;      /* STATE_DIR/lock, flock'd while open */
-    void (*notify)(void *user);
+    void (*notify)(void *user); /* both guarded by lock; called under it */
     void *notify_user;
 } queue;
 
@@ -149,7 +149,9 @@ size_t queue_prune(queue *q, double now, double max_age);
  * logged. */
 void queue_save_unsaved(queue *q);
 
-/* Call the notify callback (without the lock). */
+/* Call the notify callback.  The caller does not hold the lock: the
+ * callback is made with it held (so that clearing notify under the lock
+ * stops every caller), and must not take it. */
 void queue_notify(queue *q);
 
 /* Does `want` ("auto", "cpu", "cpuN", "cuda:N") accept device `id`? */

@@ -3,7 +3,10 @@
  * line and key, and queue_open skips a damaged job (saying which file, line
  * and key) while still reserving its id. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -863,6 +866,59 @@ static void test_full_state_dir(void **state)
     queue_close(&q);
 }
 
+/* The daemon's shutdown (server_stop) clears q->notify under the lock and
+ * then closes the event loop's async handle: from then on no worker may be
+ * in the callback or about to make it.  A thread notifying in a loop stands
+ * for the workers; the callback counts calls made after the clear.  (With
+ * notify read outside the lock, ThreadSanitizer reports the race here.) */
+typedef struct {
+    queue *q;
+    atomic_bool stop, cleared;
+    atomic_ulong calls, late;
+} notify_shared;
+
+static void count_notify(void *user)
+{
+    notify_shared *sh = user;
+    atomic_fetch_add(&sh->calls, 1);
+    if (atomic_load(&sh->cleared))
+        atomic_fetch_add(&sh->late, 1);
+}
+
+static void *notifier(void *arg)
+{
+    notify_shared *sh = arg;
+    while (!atomic_load(&sh->stop))
+        queue_notify(sh->q);
+    return NULL;
+}
+
+static void test_notify_stops_when_cleared(void **state)
+{
+    (void)state;
+    queue q;
+    memset(&q, 0, sizeof q);
+    pthread_mutex_init(&q.lock, NULL);
+    notify_shared sh = {.q = &q};
+    q.notify = count_notify;
+    q.notify_user = &sh;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, notifier, &sh), 0);
+    while (atomic_load(&sh.calls) < 1000)
+        sched_yield();
+    pthread_mutex_lock(&q.lock); /* as server_stop does */
+    q.notify = NULL;
+    q.notify_user = NULL;
+    pthread_mutex_unlock(&q.lock);
+    atomic_store(&sh.cleared, true); /* ... and then uv_close */
+    for (int i = 0; i < 1000; i++)
+        sched_yield();
+    atomic_store(&sh.stop, true);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&sh.late), 0);
+    pthread_mutex_destroy(&q.lock);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -882,6 +938,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_state_dir_locked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
+        cmocka_unit_test(test_notify_stops_when_cleared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
