@@ -1305,11 +1305,11 @@ static train_outcome diverged(run *r, double loss)
 
 /* One attempt at the step at the current micro-batch.  Returns TRAIN_DONE
  * after an applied (or, fp16, skipped) step, TRAIN_STOPPED if asked to stop
- * before it was applied, STEP_OOM when memory ran out inside it, and
- * TRAIN_FAILED on a non-finite loss or a device failure.  Nothing but the
- * gradients and the data
- * position changes before the optimizer runs, and the optimizer runs only
- * after every micro-batch went through: a partial gradient is never
+ * before it was applied (between micro-batches, or between the layers of
+ * one), STEP_OOM when memory ran out inside it, and TRAIN_FAILED on a
+ * non-finite loss or a device failure.  Nothing but the gradients and the
+ * data position changes before the optimizer runs, and the optimizer runs
+ * only after every micro-batch went through: a partial gradient is never
  * applied. */
 static int try_step(run *r, const train_hooks *h)
 {
