@@ -45,28 +45,18 @@ static int run(ctl *c, int argc, char **argv)
     if (optind < argc)
         return ctl_usage(&cmd_list, "unexpected argument '%s'", argv[optind]);
 
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_LIST;
-    req.list = &lr;
-    Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    jobfmt_list l;
+    int rc = jobfmt_list_fetch(c, lr.user, lr.state, &l);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
-        fprintf(stderr, "gradctl: unexpected reply to list\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
-    const Gradd__ListResponse *l = resp->list;
     if (c->json) {
         json_writer w;
         json_init(&w, stdout);
         json_begin_object(&w);
         json_key(&w, "jobs");
         json_begin_array(&w);
-        for (size_t i = 0; i < l->n_jobs; i++)
-            jobfmt_json(&w, l->jobs[i]);
+        for (size_t i = 0; i < l.n; i++)
+            jobfmt_json(&w, l.jobs[i]);
         json_end_array(&w);
         json_end_object(&w);
         json_end(&w);
@@ -74,11 +64,11 @@ static int run(ctl *c, int argc, char **argv)
         double now = jobfmt_now();
         table t;
         table_init(&t, JOBFMT_COLS, jobfmt_head);
-        for (size_t i = 0; i < l->n_jobs; i++)
-            jobfmt_row(&t, l->jobs[i], now);
+        for (size_t i = 0; i < l.n; i++)
+            jobfmt_row(&t, l.jobs[i], now);
         table_print(&t, stdout);
         table_free(&t);
     }
-    gradd__response__free_unpacked(resp, NULL);
+    jobfmt_list_free(&l);
     return CTL_OK;
 }

@@ -63,27 +63,6 @@ static void print_json(const Gradd__StatusResponse *st)
     json_end(&w);
 }
 
-/* The jobs in one state, or NULL where the daemon would not list them
- * (it said why on stderr). */
-static Gradd__Response *list_state(ctl *c, const char *state)
-{
-    Gradd__ListRequest lr;
-    gradd__list_request__init(&lr);
-    lr.state = (char *)state;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_LIST;
-    req.list = &lr;
-    Gradd__Response *resp;
-    if (ctl_call(c, &req, &resp) != CTL_OK)
-        return NULL;
-    if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
-        gradd__response__free_unpacked(resp, NULL);
-        return NULL;
-    }
-    return resp;
-}
-
 /* The overview: devices with their running jobs, then the running and
  * queued jobs as `gradctl list` shows them (finished ones are left to
  * list: on a long-lived daemon they are most of the table). */
@@ -92,7 +71,10 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
     char up[32];
     printf("gradd %s  protocol %u  pid %d  up %s\n\n", st->daemon_version, st->protocol_version, st->pid,
            units_format_duration(st->uptime_s, up, sizeof up));
-    Gradd__Response *active[2] = {list_state(c, "running"), list_state(c, "queued")};
+    /* Empty where the daemon would not list them (it said why on stderr). */
+    jobfmt_list active[2];
+    jobfmt_list_fetch(c, NULL, "running", &active[0]);
+    jobfmt_list_fetch(c, NULL, "queued", &active[1]);
     static const char *const head[] = {"DEVICE", "NAME",  "KIND", ">MEM USED/TOTAL",
                                        ">FREE",  ">RESERVED", ">FRAG", ">JOBS"};
     table t;
@@ -109,28 +91,27 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
         table_cell(&t, "%s", units_format_size(d->pool_reserved, r, sizeof r));
         table_cell(&t, "%.0f%%", d->fragmentation * 100);
         size_t running = 0;
-        for (size_t k = 0; active[0] && k < active[0]->list->n_jobs; k++)
-            running += active[0]->list->jobs[k]->device && strcmp(active[0]->list->jobs[k]->device, d->id) == 0;
+        for (size_t k = 0; k < active[0].n; k++)
+            running += active[0].jobs[k]->device && strcmp(active[0].jobs[k]->device, d->id) == 0;
         table_cell(&t, "%zu", running);
     }
     table_print(&t, stdout);
     table_free(&t);
     if (st->cuda_note && *st->cuda_note)
         printf("\n%s\n", st->cuda_note);
-    size_t n = (active[0] ? active[0]->list->n_jobs : 0) + (active[1] ? active[1]->list->n_jobs : 0);
+    size_t n = active[0].n + active[1].n;
     if (n) {
         double now = jobfmt_now();
         table_init(&t, JOBFMT_COLS, jobfmt_head);
         for (int s = 0; s < 2; s++)
-            for (size_t k = 0; active[s] && k < active[s]->list->n_jobs; k++)
-                jobfmt_row(&t, active[s]->list->jobs[k], now);
+            for (size_t k = 0; k < active[s].n; k++)
+                jobfmt_row(&t, active[s].jobs[k], now);
         printf("\n");
         table_print(&t, stdout);
         table_free(&t);
     }
     for (int s = 0; s < 2; s++)
-        if (active[s])
-            gradd__response__free_unpacked(active[s], NULL);
+        jobfmt_list_free(&active[s]);
 }
 
 /* gradctl status ID: one job, in full. */

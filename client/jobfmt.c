@@ -9,6 +9,61 @@
 
 #include "units.h"
 
+/* ---- the list -------------------------------------------------------------- */
+
+int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *out)
+{
+    memset(out, 0, sizeof *out);
+    Gradd__ListRequest lr;
+    gradd__list_request__init(&lr);
+    lr.user = (char *)(user ? user : "");
+    lr.state = (char *)(state ? state : "");
+    Gradd__Request req;
+    gradd__request__init(&req);
+    req.body_case = GRADD__REQUEST__BODY_LIST;
+    req.list = &lr;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, &req, &resp);
+    for (bool more = true; rc == CTL_OK && more;) {
+        if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
+            fprintf(stderr, "gradctl: unexpected reply to list\n");
+            gradd__response__free_unpacked(resp, NULL);
+            rc = CTL_ERR_DAEMON;
+            break;
+        }
+        Gradd__Response **frames = realloc(out->frames, (out->nframes + 1) * sizeof *frames);
+        const Gradd__JobInfo **jobs = realloc(out->jobs, (out->n + resp->list->n_jobs + 1) * sizeof *jobs);
+        if (frames)
+            out->frames = frames;
+        if (jobs)
+            out->jobs = jobs;
+        if (!frames || !jobs) {
+            fprintf(stderr, "gradctl: out of memory\n");
+            gradd__response__free_unpacked(resp, NULL);
+            rc = CTL_ERR_DAEMON;
+            break;
+        }
+        out->frames[out->nframes++] = resp;
+        for (size_t i = 0; i < resp->list->n_jobs; i++)
+            out->jobs[out->n++] = resp->list->jobs[i];
+        more = resp->list->more;
+        if (more)
+            rc = ctl_recv(c, &resp);
+    }
+    if (rc != CTL_OK)
+        jobfmt_list_free(out);
+    return rc;
+}
+
+void jobfmt_list_free(jobfmt_list *l)
+{
+    for (size_t i = 0; i < l->nframes; i++)
+        gradd__response__free_unpacked(l->frames[i], NULL);
+    free(l->frames);
+    free(l->jobs);
+    memset(l, 0, sizeof *l);
+}
+
 const char *const jobfmt_states[] = {"queued", "running", "completed", "failed", "cancelled", NULL};
 
 bool jobfmt_state_valid(const char *state)

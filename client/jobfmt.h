@@ -27,6 +27,22 @@ int jobfmt_parse_id(const char *text, uint32_t *id);
  * arguments.  CTL_OK with *id set, or the usage error's exit code. */
 int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id);
 
+/* ---- the list -------------------------------------------------------------- */
+
+/* Every job a list request returns, gathered from its frames (a long list
+ * comes in several, gradd.ListResponse.more).  jobs point into frames. */
+typedef struct {
+    Gradd__Response **frames;
+    size_t nframes;
+    const Gradd__JobInfo **jobs;
+    size_t n;
+} jobfmt_list;
+
+/* List the jobs of `user` and `state` (NULL or "": all).  CTL_OK, or the
+ * error's exit code (said on stderr). */
+int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *out);
+void jobfmt_list_free(jobfmt_list *l);
+
 /* ---- pieces --------------------------------------------------------------- */
 
 /* "2.134", or "-" before the first step or when not a number. */

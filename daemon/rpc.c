@@ -735,6 +735,23 @@ out:
     free(cfg);
 }
 
+/* Jobs per ListResponse frame: a few MB of rpc_job_store at most, and a
+ * frame far below any cap, however many finished jobs are kept. */
+#define LIST_CHUNK 256
+
+static bool list_wants(const Gradd__ListRequest *rq, job_state want_state, const job *j)
+{
+    if (want_state != JOB_STATE_COUNT && j->state != want_state)
+        return false;
+    if (rq->user && *rq->user) {
+        char uid[16];
+        snprintf(uid, sizeof uid, "%u", (unsigned)j->uid);
+        if (strcmp(rq->user, j->user) != 0 && strcmp(rq->user, uid) != 0)
+            return false;
+    }
+    return true;
+}
+
 static void do_list(gradd_ctx *ctx, const Gradd__ListRequest *rq, rpc_send_fn send, void *conn)
 {
     if (!ctx->q) {
@@ -747,41 +764,48 @@ static void do_list(gradd_ctx *ctx, const Gradd__ListRequest *rq, rpc_send_fn se
                    "unknown state; use queued, running, completed, failed or cancelled");
         return;
     }
-    pthread_mutex_lock(&ctx->q->lock);
-    size_t n = ctx->q->n;
-    rpc_job_store *st = calloc(n ? n : 1, sizeof *st);
-    Gradd__JobInfo **ptrs = calloc(n ? n : 1, sizeof *ptrs);
-    size_t k = 0;
-    for (size_t i = 0; st && ptrs && i < n; i++) {
-        job *j = ctx->q->jobs[i];
-        if (want_state != JOB_STATE_COUNT && j->state != want_state)
-            continue;
-        if (rq->user && *rq->user) {
-            char uid[16];
-            snprintf(uid, sizeof uid, "%u", (unsigned)j->uid);
-            if (strcmp(rq->user, j->user) != 0 && strcmp(rq->user, uid) != 0)
-                continue;
-        }
-        rpc_job_info(ctx, j, &st[k]);
-        ptrs[k] = &st[k].msg;
-        k++;
-    }
-    pthread_mutex_unlock(&ctx->q->lock);
+    rpc_job_store *st = calloc(LIST_CHUNK, sizeof *st);
+    Gradd__JobInfo **ptrs = calloc(LIST_CHUNK, sizeof *ptrs);
     if (!st || !ptrs) {
         free(st);
         free(ptrs);
         send_error(send, conn, GRADD__ERROR__CODE__INTERNAL, "out of memory");
         return;
     }
-    Gradd__ListResponse lr;
-    gradd__list_response__init(&lr);
-    lr.n_jobs = k;
-    lr.jobs = ptrs;
-    Gradd__Response resp;
-    response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_LIST;
-    resp.list = &lr;
-    send(conn, &resp);
+    /* Frame by frame, each under the lock on its own: a chunk starts after
+     * the last id sent, so jobs that come or go in between are listed at
+     * most once. */
+    uint32_t after = 0;
+    bool more = true;
+    while (more) {
+        size_t k = 0;
+        pthread_mutex_lock(&ctx->q->lock);
+        size_t i = 0, n = ctx->q->n;
+        while (i < n && ctx->q->jobs[i]->id <= after)
+            i++;
+        for (; i < n && k < LIST_CHUNK; i++) {
+            job *j = ctx->q->jobs[i];
+            if (!list_wants(rq, want_state, j))
+                continue;
+            rpc_job_info(ctx, j, &st[k]);
+            ptrs[k] = &st[k].msg;
+            k++;
+            after = j->id;
+        }
+        more = i < n;
+        pthread_mutex_unlock(&ctx->q->lock);
+        Gradd__ListResponse lr;
+        gradd__list_response__init(&lr);
+        lr.n_jobs = k;
+        lr.jobs = ptrs;
+        lr.more = more;
+        Gradd__Response resp;
+        response_init(&resp);
+        resp.body_case = GRADD__RESPONSE__BODY_LIST;
+        resp.list = &lr;
+        if (send(conn, &resp) != 0)
+            break;
+    }
     free(st);
     free(ptrs);
 }

@@ -61,5 +61,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(j.nhidden >= 1 && j.nhidden <= JOBCFG_MAX_HIDDEN);
     else
         CHECK(j.heads > 0 && j.width % j.heads == 0);
+    /* A finished job's record (no data check) accepts whatever submit did,
+     * with the same settings. */
+    static job_config r;
+    CHECK(jobcfg_load_record(data, size, PATH, &r, err, sizeof err) == 0);
+    CHECK(strcmp(r.out_dir, j.out_dir) == 0 && strcmp(r.train, j.train) == 0 && r.steps == j.steps);
     return 0;
 }

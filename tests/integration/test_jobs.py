@@ -345,6 +345,40 @@ class Jobs(unittest.TestCase):
         r = self.d.ctl("sample", str(jid), "--tokens", "20", "--seed", "1", check=False)
         self.assertEqual(r.returncode, 0, r.stderr)
 
+    def test_long_list_comes_in_frames(self):
+        # 301 jobs: more than one ListResponse frame (256 a frame).  gradctl
+        # gathers them: every job once, in id order, in list, list --json,
+        # a filtered list and status.
+        self.start("[daemon]\nmax_jobs_per_device = 1\nmax_queued_per_user = 1000\n")
+        blocker = self.submit(self.job("blocker", steps=100000), "--priority", "10")
+        self.wait_state(blocker, ("running",))
+        cfg = self.job("many", steps=2)
+        ids = [self.submit(cfg, "--name", "many-%03d" % i) for i in range(300)]
+        jobs = self.d.ctl_json("list")["jobs"]
+        self.assertEqual([j["id"] for j in jobs], [blocker] + ids)
+        queued = self.d.ctl_json("list", "--state", "queued")["jobs"]
+        self.assertEqual([j["id"] for j in queued], ids)
+        text = self.d.ctl("list").stdout.splitlines()
+        self.assertEqual(len(text), 1 + 301)
+        self.assertIn("many-299", text[-1])
+        self.assertEqual(sum("many-" in line for line in self.d.ctl("status").stdout.splitlines()), 300)
+        # On the wire: frames with `more` set, then one without.
+        s = harness.connect(self.d.sock)
+        s.sendall(harness.frame(harness.field_varint(1, harness.PROTOCOL_VERSION) + harness.field_bytes(21, b"")))
+        counts, mores = [], []
+        while True:
+            lr = harness.parse_fields(harness.parse_fields(harness.recv_frame(s))[21][0])
+            counts.append(len(lr.get(1, [])))
+            mores.append(lr.get(2, [0])[0])
+            if not mores[-1]:
+                break
+        s.close()
+        self.assertEqual(sum(counts), 301)
+        self.assertEqual(counts[0], 256)
+        self.assertEqual(mores, [1] * (len(mores) - 1) + [0])
+        for jid in [blocker] + ids:
+            self.d.ctl("cancel", str(jid), check=False)
+
     # ---- ownership and bad files --------------------------------------------------
 
     @unittest.skipUnless(os.geteuid() == 0, "needs root to act as a second user (setpriv)")
