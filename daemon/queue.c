@@ -476,6 +476,12 @@ static job *load_job(queue *q, uint32_t id)
     char err[1024];
     if (!contents) {
         snprintf(err, sizeof err, "cannot read %s: %s", path, read_error(errno, QUEUE_JOBCFG_MAX));
+    } else if (j->state != JOB_QUEUED && j->state != JOB_RUNNING) {
+        /* A finished job will not read its data again: it may be gone, and
+         * the job's settings still describe its results (its model for
+         * `gradctl sample`, its output directory). */
+        if (jobcfg_load_record(contents, len, j->source, &j->cfg, err, sizeof err) == 0)
+            err[0] = '\0';
     } else {
         /* The parser checks that the data files are readable: as the job's
          * owner, who will read them, not as the daemon (a service user that
@@ -484,12 +490,7 @@ static job *load_job(queue *q, uint32_t id)
         access_saved saved;
         char aerr[256];
         bool switched = access_become(j->uid, j->gid, &saved, aerr, sizeof aerr) == 0;
-        /* A finished job will not read its data again: it may be gone, and
-         * the job's settings still describe its results (its model for
-         * `gradctl sample`, its output directory). */
-        bool runs_again = j->state == JOB_QUEUED || j->state == JOB_RUNNING;
-        if ((runs_again ? jobcfg_load_mem : jobcfg_load_record)(contents, len, j->source, &j->cfg, err,
-                                                                  sizeof err) == 0)
+        if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0)
             err[0] = '\0';
         if (switched)
             access_restore(&saved);

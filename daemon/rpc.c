@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "access.h"
+#include "batch.h"
 #include "gradd-config.h"
 #include "log.h"
 #include "queue.h"
@@ -479,7 +480,7 @@ int rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     if (!j->have_progress && j->cfg.micro_batch) {
         /* Not started yet: a fixed micro-batch is already known. */
         m->micro = j->cfg.micro_batch;
-        m->accum = (j->cfg.batch + j->cfg.micro_batch - 1) / j->cfg.micro_batch;
+        m->accum = batch_accum(j->cfg.batch, j->cfg.micro_batch);
     }
     if (j->have_progress) {
         m->step = j->prog.step;
@@ -694,7 +695,8 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
     if (cfg->precision != JOBCFG_FP32 && !found_cuda) {
         snprintf(msg, sizeof msg, "%s: %s needs a CUDA device, and [job] device '%s' runs on a CPU "
                  "on this daemon (use precision = fp32)%s%s",
-                 jobcfg_where(cfg, "train", "precision", where, sizeof where), cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
+                 jobcfg_where(cfg, "train", "precision", where, sizeof where),
+                 cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
                  ctx->cuda_note);
         send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;

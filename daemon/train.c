@@ -946,6 +946,16 @@ static void log_step(run *r, double loss, double lr, double norm, double ups, do
 
 /* ---- evaluation -------------------------------------------------------------------------- */
 
+/* After a pass run with m->stoppable set: whether the run's poll cut it
+ * short (what it computed is then to be thrown away); the model is ready
+ * for the next pass either way, not stoppable until it is set again. */
+static bool cut_short(model *m)
+{
+    bool stopped = m->stopped;
+    m->stoppable = m->stopped = false;
+    return stopped;
+}
+
 /* Evaluate on the validation set and report it; true when a stop cut it
  * short (nothing reported). */
 static bool evaluate(run *r)
@@ -968,11 +978,8 @@ static bool evaluate(run *r)
         uint64_t c = 0;
         r->m->stoppable = true;
         loss += r->m->ops->forward(r->m, &mb, r->j->model == JOBCFG_MLP ? &c : NULL);
-        r->m->stoppable = false;
-        if (r->m->stopped) {
-            r->m->stopped = false;
+        if (cut_short(r->m))
             return true;
-        }
         correct += c;
         units += n * upb;
         samples += n;
@@ -1335,11 +1342,8 @@ static int try_step(run *r, const train_hooks *h)
         model_batch mb = {r->x, r->y, n};
         m->stoppable = true;
         loss_sum += forward_backward(r, &mb, dloss);
-        m->stoppable = false;
-        if (m->stopped) {
-            m->stopped = false;
+        if (cut_short(m))
             return TRAIN_STOPPED;
-        }
         if (r->oom)
             return STEP_OOM;
         done += n;
@@ -1586,7 +1590,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
         /* Resumed at its last step: nothing to train, but what it reached
          * is the job's progress. */
         r->prog.micro = r->micro;
-        r->prog.accum = r->micro ? (j->batch + r->micro - 1) / r->micro : 0;
+        r->prog.accum = batch_accum(j->batch, r->micro);
         if (h && h->on_step)
             h->on_step(h->user, &r->prog);
     }
