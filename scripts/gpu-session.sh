@@ -9,13 +9,11 @@
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps.
 #
 # Device time is short (15 minutes a session, starting the machine
-# included; 10 a call), and all steps take longer than one call.  What
-# matters most goes first, in one call of about 8 minutes:
-#   STEPS=tests,train FLASHES="mma wmma" VARIANTS="mma:GRADD_FLASH=mma default"
-# (every CUDA op against its CPU reference, then GPT-2 124M against PyTorch
-# eager and torch.compile); then, with time left on the warm machine,
-# STEPS=kernels or jobs,daemon.  Every step's output reaches OUT as it
-# goes, so a call cut short still returns what ran.
+# included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
+# train 60 s, jobs 35 s, kernels 10 s a run, daemon 30 s, so all but pool
+# fit one call of about 3 minutes, plus 30 s to start the machine.  Every
+# step's output reaches OUT as it goes, so a call cut short still returns
+# what ran.
 set -u
 out=${1:?usage: gpu-session.sh OUT}
 steps=${STEPS:-tests,jobs,kernels,daemon,train,pool}
@@ -45,7 +43,7 @@ if want tests; then
   section test_gpu_dev
   gx timeout 120 "$B/tests/gpu/test_gpu_dev" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
   # Once per attention kernel (GRADD_FLASH, read when a context is created).
-  for flash in ${FLASHES:-wmma mma}; do
+  for flash in ${FLASHES:-mma wmma}; do
     section "test_gpu_kernels GRADD_FLASH=$flash"
     GRADD_FLASH=$flash gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
   done
@@ -56,7 +54,7 @@ if want jobs; then
   # Then with 2 heads of 64 (the fused attention's head size) in bf16, once
   # per attention kernel: the two must train alike.
   for run in cpu:fp32 cuda:0:fp32 cuda:0:bf16 cuda:0:fp16 cuda:0:bf16:wmma cuda:0:bf16:mma; do
-    flash=wmma heads=4
+    flash=mma heads=4
     case $run in *:wmma|*:mma) flash=${run##*:}; run=${run%:*}; heads=2 ;; esac
     dev=${run%:*}; prec=${run##*:}; tag=${dev//:/}-$prec
     [ $heads = 2 ] && tag=$tag-h2-$flash
@@ -101,7 +99,8 @@ fi
 
 if want kernels; then
   # Where a GPT-2 124M step's time goes, op by op (B=16 T=1024).
-  for run in bf16:wmma bf16:mma fp32:wmma; do
+  # KERNEL_RUNS picks PRECISION:FLASH pairs.
+  for run in ${KERNEL_RUNS:-bf16:mma bf16:wmma fp32:mma}; do
     prec=${run%:*} flash=${run#*:}
     section "kernels $prec at GPT-2 124M, GRADD_FLASH=$flash"
     GRADD_FLASH=$flash gx timeout 120 "$B/bench/bench_kernels_cuda" "$B/daemon/gradd-cuda.so" $prec 16 1024 768 12 50304 12 |
@@ -155,7 +154,7 @@ fi
 
 if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
-  VARIANTS=${VARIANTS:-mma:GRADD_FLASH=mma default fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
+  VARIANTS=${VARIANTS:-default wmma:GRADD_FLASH=wmma fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
     timeout 400 bench/run_gpu_train.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
 fi
 

@@ -63,8 +63,8 @@ struct kern_ctx {
     int device;
     int sm_count;
     kern_precision prec;
-    // GRADD_FLASH=mma at creation: fused attention runs the register-resident
-    // kernels of flash_mma.cu instead of flash.cu's WMMA ones.
+    // Fused attention runs the register-resident kernels of flash_mma.cu,
+    // or flash.cu's WMMA ones when GRADD_FLASH=wmma at creation.
     bool flash_mma;
     cudaStream_t stream;
     cublasLtHandle_t lt;

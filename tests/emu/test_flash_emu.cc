@@ -1,5 +1,5 @@
 // test_flash_emu.cc — both fused attention kernel families, the WMMA ones
-// (kernels/cuda/flash.cu, the default) and the mma.sync ones (flash_mma.cu),
+// (kernels/cuda/flash.cu) and the mma.sync ones (flash_mma.cu, the default),
 // run on the CPU under cuda_emu.h, against the CPU backend's materialised
 // attention.
 //
