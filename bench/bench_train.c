@@ -231,10 +231,11 @@ static void w_ce_b(kern_ctx *k, float *dlogits, const float *logits, const float
     TIMED(OP_CE_B, prof.base->crossentropy_backward(k, dlogits, logits, lse, t, dloss, N, V, Vp));
 }
 static void w_sumsq(kern_ctx *k, double *out, const float *g, size_t n) { TIMED(OP_SUMSQ, prof.base->sumsq(k, out, g, n)); }
-static void w_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
-                    float b1, float b2, float eps, float wd, float gs, int t)
+static void w_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v,
+                    const kern_segment *segs, int nsegs, float lr, float b1, float b2, float eps, float wd, float gs,
+                    int t)
 {
-    TIMED(OP_ADAMW, prof.base->adamw(k, p, p16, g, m, v, n, lr, b1, b2, eps, wd, gs, t));
+    TIMED(OP_ADAMW, prof.base->adamw_multi(k, p, p16, g, m, v, segs, nsegs, lr, b1, b2, eps, wd, gs, t));
 }
 
 static const kern_ops *profiled_ops(const kern_ops *base)
@@ -263,7 +264,7 @@ static const kern_ops *profiled_ops(const kern_ops *base)
     o.crossentropy_forward = w_ce_f;
     o.crossentropy_backward = w_ce_b;
     o.sumsq = w_sumsq;
-    o.adamw = w_adamw;
+    o.adamw_multi = w_adamw;
     return &o;
 }
 

@@ -50,6 +50,7 @@ typedef struct {
     /* device memory, all from the pool */
     float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
     uint16_t *params16;          /* the model's needs_params16, else NULL */
+    kern_segment *segs;          /* the model's tensors, for adamw_multi (host memory) */
     void *acts, *x, *y;
     size_t act_bytes, x_bytes, y_bytes;
     uint32_t micro;            /* what acts/x/y are sized for (0: nothing held) */
@@ -418,6 +419,11 @@ static train_outcome alloc_memory(run *r)
         if (!r->params16)
             return TRAIN_FAILED;
     }
+    r->segs = malloc((size_t)r->m->ntensors * sizeof *r->segs);
+    if (!r->segs)
+        return fail(r, "out of host memory for the optimizer's tensor list");
+    for (int i = 0; i < r->m->ntensors; i++)
+        r->segs[i] = (kern_segment){r->m->tensors[i].offset, r->m->tensors[i].numel, r->m->tensors[i].decay};
     r->m->params = r->params;
     r->m->params16 = r->params16;
     r->m->grads = r->grads;
@@ -453,6 +459,8 @@ static void free_memory(run *r)
         pool_free(r->p, bufs[i]);
     free(r->x_host);
     free(r->y_host);
+    free(r->segs);
+    r->segs = NULL;
 }
 
 /* Host view of `count` floats of device memory: the memory itself on the
@@ -1389,12 +1397,9 @@ static int try_step(run *r, const train_hooks *h)
     if (j->grad_clip > 0 && norm > j->grad_clip)
         scale *= j->grad_clip / norm;
     size_t P = m->num_params;
-    for (int i = 0; i < m->ntensors; i++) {
-        const model_tensor *t = &m->tensors[i];
-        k->adamw(r->kc, r->params + t->offset, r->params16 ? r->params16 + t->offset : NULL, r->grads + t->offset,
-                 r->opt + t->offset, r->opt + P + t->offset, t->numel, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps,
-                 t->decay ? (float)j->weight_decay : 0.0f, (float)scale, (int)(r->opt_steps + 1));
-    }
+    k->adamw_multi(r->kc, r->params, r->params16, r->grads, r->opt, r->opt + P, r->segs, m->ntensors, (float)lr,
+                   (float)j->beta1, (float)j->beta2, (float)j->eps, (float)j->weight_decay, (float)scale,
+                   (int)(r->opt_steps + 1));
     /* Nothing here allocates: any failure is the device's. */
     if (k->sync(r->kc) != KERN_OK)
         return fail(r, "the device failed in step %llu's optimizer update: %s", (unsigned long long)r->step + 1,

@@ -156,6 +156,9 @@ void kcpu_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits
 void kcpu_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kcpu_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
                 float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t);
+void kcpu_adamw_multi(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v,
+                      const kern_segment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float grad_scale, int t);
 /* dst (n) = src rounded to bf16 / fp16 as the casts round, on the calling
  * thread (for use inside another op's parallel region). */
 void kcpu_round_bf16(uint16_t *dst, const float *src, size_t n);

@@ -147,6 +147,7 @@ static const kern_ops cpu_ops = {
     .crossentropy_backward = kcpu_crossentropy_backward,
     .sumsq = kcpu_sumsq,
     .adamw = kcpu_adamw,
+    .adamw_multi = kcpu_adamw_multi,
     .cast_f32_to_bf16 = kcpu_cast_f32_to_bf16,
     .cast_bf16_to_f32 = kcpu_cast_bf16_to_f32,
     .cast_f32_to_f16 = kcpu_cast_f32_to_f16,

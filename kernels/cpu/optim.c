@@ -104,3 +104,16 @@ void kcpu_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, 
             kcpu_round_bf16(p16 + lo, p + lo, hi - lo);
     }
 }
+
+/* The reference: adamw segment by segment.  A launch costs the CPU nothing
+ * worth merging away, and this keeps the bits of the per-tensor calls. */
+void kcpu_adamw_multi(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v,
+                      const kern_segment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float grad_scale, int t)
+{
+    for (int i = 0; i < nsegs; i++) {
+        size_t o = segs[i].offset;
+        kcpu_adamw(k, p + o, p16 ? p16 + o : NULL, g + o, m + o, v + o, segs[i].n, lr, beta1, beta2, eps,
+                   segs[i].decay ? weight_decay : 0.0f, grad_scale, t);
+    }
+}

@@ -166,6 +166,8 @@ void kc_ctx_destroy(kern_ctx *k)
     }
     kc_dev_free(k, k->buf);
     kc_dev_free(k, k->workspace);
+    kc_dev_free(k, k->adamw_chunks);
+    free(k->adamw_segs);
     if (k->d_small)
         cudaFree(k->d_small);
     if (k->h_small)
@@ -313,6 +315,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .crossentropy_backward = kc_crossentropy_backward,
     .sumsq = kc_sumsq,
     .adamw = kc_adamw,
+    .adamw_multi = kc_adamw_multi,
     .cast_f32_to_bf16 = kc_cast_f32_to_bf16,
     .cast_bf16_to_f32 = kc_cast_bf16_to_f32,
     .cast_f32_to_f16 = kc_cast_f32_to_f16,

@@ -59,6 +59,14 @@ struct kc_small {
     unsigned long long count;
 };
 
+// One block's work in adamw_multi (optim.cu): n elements from off, of one
+// tensor; flags: KC_CHUNK_DECAY, KC_CHUNK_VEC (four at a time).
+struct kc_adamw_chunk {
+    unsigned long long off;
+    unsigned n, flags;
+};
+enum { KC_CHUNK_DECAY = 1, KC_CHUNK_VEC = 2 };
+
 struct kern_ctx {
     int device;
     int sm_count;
@@ -83,6 +91,15 @@ struct kern_ctx {
 
     kc_staging staging[KC_STAGING_SLOTS];
     int staging_next;
+
+    // adamw_multi's chunk table on the device, and the segments and vector
+    // choice it was made from (host copies): made again only when they
+    // change, which for a training run is once.
+    kc_adamw_chunk *adamw_chunks;
+    size_t adamw_nchunks;
+    kern_segment *adamw_segs;
+    int adamw_nsegs;
+    bool adamw_vec;
 
     kc_plan *plans; // GEMM plan cache (gemm.cu)
     int nplans, plan_next;
@@ -503,5 +520,8 @@ void kc_crossentropy_fused16(kern_ctx *k, float *losses, uint16_t *logits16, con
 void kc_sumsq(kern_ctx *k, double *out, const float *g, size_t n);
 void kc_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
               float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t);
+void kc_adamw_multi(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v,
+                    const kern_segment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, float grad_scale, int t);
 
 #endif

@@ -1,5 +1,8 @@
-// optim.cu — AdamW and the sum of squares for the global gradient norm.
+// optim.cu — AdamW (per tensor, or every tensor of a model in one launch) and
+// the sum of squares for the global gradient norm.
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kern_cuda.cuh"
 
@@ -61,6 +64,62 @@ inline bool adamw_vec(const float *p, const uint16_t *p16, const float *g, const
     return kc_aligned(16, p, g, m, v) && (!p16 || kc_aligned(8, p16));
 }
 
+// ---- adamw_multi: every tensor in one launch ----
+//
+// The segments are cut into chunks of at most ADAMW_CHUNK elements, one
+// block each, so a block's table entry says everything it needs: where,
+// how many, whether decay applies, and whether it may go four at a time
+// (the chunk starts on a multiple of 4 and holds a multiple of 4; a
+// segment's unaligned head and its tail get scalar chunks of their own).
+// Each element gets adamw_f's very arithmetic, so the bits are those of
+// one adamw call per tensor.
+#define ADAMW_CHUNK 16384
+#define ADAMW_THREADS 256
+
+// Writes the chunks of segs (when out is not NULL) and returns how many
+// there are.  vec: the buffers' bases allow four at a time.
+inline size_t adamw_chunks(const kern_segment *segs, int nsegs, bool vec, kc_adamw_chunk *out)
+{
+    size_t c = 0;
+    auto put = [&](size_t off, size_t n, unsigned flags) {
+        while (n > 0) {
+            size_t take = n < ADAMW_CHUNK ? n : ADAMW_CHUNK;
+            if (out)
+                out[c] = kc_adamw_chunk{off, (unsigned)take, flags};
+            c++;
+            off += take;
+            n -= take;
+        }
+    };
+    for (int i = 0; i < nsegs; i++) {
+        size_t off = segs[i].offset, n = segs[i].n;
+        unsigned decay = segs[i].decay ? (unsigned)KC_CHUNK_DECAY : 0u;
+        size_t head = vec ? (4 - off % 4) % 4 : n;
+        if (head > n)
+            head = n;
+        put(off, head, decay);
+        size_t body = (n - head) / 4 * 4;
+        put(off + head, body, decay | KC_CHUNK_VEC);
+        put(off + head + body, n - head - body, decay);
+    }
+    return c;
+}
+
+template <class E>
+__global__ static void adamw_multi_kernel(adamw_f<E> f, float wd, const kc_adamw_chunk *__restrict__ chunks)
+{
+    const kc_adamw_chunk c = chunks[blockIdx.x];
+    adamw_f<E> h = f;
+    h.wd = (c.flags & KC_CHUNK_DECAY) ? wd : 0.0f;
+    if (c.flags & KC_CHUNK_VEC) {
+        for (unsigned i = threadIdx.x * 4; i < c.n; i += ADAMW_THREADS * 4)
+            h.template run<4>(c.off + i);
+    } else {
+        for (unsigned i = threadIdx.x; i < c.n; i += ADAMW_THREADS)
+            h.template run<1>(c.off + i);
+    }
+}
+
 } // namespace
 
 #ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the functor and kernels here itself)
@@ -72,6 +131,61 @@ void kc_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, fl
         adamw_f<E> f = adamw_make<E>(p, p16, g, m, v, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
         kc_ew(k, n, adamw_vec(p, p16, g, m, v), f, "adamw");
     });
+}
+
+// The chunk table for segs, made and copied to the device only when the
+// segments or the vector choice differ from the last call's.
+static bool adamw_table(kern_ctx *k, const kern_segment *segs, int nsegs, bool vec)
+{
+    if (k->adamw_chunks && k->adamw_nsegs == nsegs && k->adamw_vec == vec &&
+        !memcmp(k->adamw_segs, segs, (size_t)nsegs * sizeof *segs))
+        return true;
+    kc_dev_free(k, k->adamw_chunks);
+    k->adamw_chunks = NULL;
+    free(k->adamw_segs);
+    k->adamw_segs = NULL;
+    size_t n = adamw_chunks(segs, nsegs, vec, NULL);
+    kc_adamw_chunk *host = (kc_adamw_chunk *)malloc(n * sizeof *host);
+    kern_segment *keep = (kern_segment *)malloc((size_t)nsegs * sizeof *keep);
+    kc_adamw_chunk *dev = (kc_adamw_chunk *)kc_dev_alloc(k, n * sizeof *dev);
+    bool ok = host && keep && dev;
+    if (ok) {
+        adamw_chunks(segs, nsegs, vec, host);
+        // Synchronous: host is freed below (once per run, so its cost does not matter).
+        ok = kc_ok(k, cudaMemcpy(dev, host, n * sizeof *dev, cudaMemcpyHostToDevice), "adamw_multi: chunk table");
+    } else {
+        kc_ok(k, cudaErrorMemoryAllocation, "adamw_multi: chunk table");
+    }
+    free(host);
+    if (!ok) {
+        kc_dev_free(k, dev);
+        free(keep);
+        return false;
+    }
+    memcpy(keep, segs, (size_t)nsegs * sizeof *keep);
+    k->adamw_chunks = dev;
+    k->adamw_nchunks = n;
+    k->adamw_segs = keep;
+    k->adamw_nsegs = nsegs;
+    k->adamw_vec = vec;
+    return true;
+}
+
+void kc_adamw_multi(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v,
+                    const kern_segment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, float grad_scale, int t)
+{
+    if (nsegs <= 0)
+        return;
+    kc_enter(k);
+    if (!adamw_table(k, segs, nsegs, adamw_vec(p, p16, g, m, v)) || k->adamw_nchunks == 0)
+        return;
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
+        adamw_f<E> f = adamw_make<E>(p, p16, g, m, v, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+        adamw_multi_kernel<E>
+            <<<(unsigned)k->adamw_nchunks, ADAMW_THREADS, 0, k->stream>>>(f, weight_decay, k->adamw_chunks);
+    });
+    kc_launched(k, "adamw_multi");
 }
 #endif
 

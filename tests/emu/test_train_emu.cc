@@ -2,7 +2,8 @@
 // test_flash_emu.cc leave out, run on the CPU under cuda_emu.h: the token
 // and position embedding (encoder.cu: forward; backward's dwpe, iota and
 // dwte kernels), the unfused attention's causal softmax (attention.cu,
-// forward and backward), AdamW and the gradient norm's sum of squares
+// forward and backward), AdamW (per tensor, and adamw_multi's chunk table
+// and kernel) and the gradient norm's sum of squares
 // (optim.cu), the kernels gemm.cu falls back on where cuBLASLt declines
 // (bias, 16-bit bias, the k = 0 scaling), and the pool's fill pattern
 // (fill.cu).
@@ -374,6 +375,78 @@ template <class E> void test_adamw(size_t n, bool vec, int t, float wd, float gs
     verdict(name, "p", bad_p, n, err_p, "of bound");
 }
 
+// adamw_multi's chunk table and kernel against kc_adamw once per segment
+// (ew_run, each segment's own vector choice), bitwise for p, m, v and p16:
+// the kernel must give each element the per-tensor arithmetic whatever
+// chunk it falls in.  The segments: one over three chunks, a scalar one of
+// 3, one whose start is not a multiple of 4 (scalar head, vector body,
+// scalar tail), one of 1, and a gap between two that must stay untouched.
+// base_off 1 makes the buffers' bases unaligned: every chunk scalar.
+template <class E> void test_adamw_multi(size_t base_off, int t, bool with16)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "adamw_multi base+%zu t=%d%s", base_off, t, with16 ? " p16" : "");
+    const std::string name = buf;
+    const kern_segment segs[] = {{0, 2 * ADAMW_CHUNK + 4099, 1}, {2 * ADAMW_CHUNK + 4099, 3, 0},
+                                 {2 * ADAMW_CHUNK + 4102, 771, 1}, {2 * ADAMW_CHUNK + 4873, 1, 0},
+                                 {2 * ADAMW_CHUNK + 4879, 2001, 0}};
+    const int nsegs = (int)(sizeof segs / sizeof segs[0]);
+    const size_t total = 2 * ADAMW_CHUNK + 4879 + 2001 + base_off;
+    const float lr = 0.05f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f, gs = 0.75f;
+    std::vector<float> p0 = random_vec(total, 1.0f), g(total), m0 = random_vec(total, 0.1f), v0(total);
+    for (size_t i = 0; i < total; i++) {
+        g[i] = std::ldexp(rnd(), (int)(i % 9) - 6);
+        v0[i] = 0.01f * (1.0f + rnd());
+    }
+    std::vector<float> p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+    std::vector<uint16_t> h1(total, 0xffffu), h2(total, 0xffffu);
+    const size_t o = base_off;
+    auto at16 = [&](std::vector<uint16_t> &h, size_t i) { return with16 ? h.data() + o + i : nullptr; };
+
+    for (const kern_segment &s : segs) {
+        float *p = p1.data() + o + s.offset, *m = m1.data() + o + s.offset, *v = v1.data() + o + s.offset;
+        const float *gp = g.data() + o + s.offset;
+        uint16_t *p16 = at16(h1, s.offset);
+        ew_run(s.n, adamw_vec(p, p16, gp, m, v),
+               adamw_make<E>(p, p16, gp, m, v, lr, b1, b2, eps, s.decay ? wd : 0.0f, gs, t), 65535);
+    }
+
+    float *p = p2.data() + o, *m = m2.data() + o, *v = v2.data() + o;
+    const float *gp = g.data() + o;
+    uint16_t *p16 = at16(h2, 0);
+    const bool vec = adamw_vec(p, p16, gp, m, v);
+    if (vec != (base_off == 0))
+        emu::fail("test: the bases do not make adamw_multi pick the path under test");
+    const size_t nchunks = adamw_chunks(segs, nsegs, vec, nullptr);
+    std::vector<kc_adamw_chunk> table(nchunks);
+    adamw_chunks(segs, nsegs, vec, table.data());
+    // The table: each segment's elements once, in order, no chunk over
+    // ADAMW_CHUNK, vector chunks on multiples of 4.
+    size_t c = 0, table_bad = 0;
+    for (const kern_segment &s : segs) {
+        size_t at = s.offset;
+        while (at < s.offset + s.n && c < nchunks) {
+            const kc_adamw_chunk &ch = table[c++];
+            const bool v4 = ch.flags & KC_CHUNK_VEC;
+            table_bad += ch.off != at || ch.n == 0 || ch.n > ADAMW_CHUNK || (ch.flags & KC_CHUNK_DECAY) != (s.decay ? 1u : 0u) ||
+                         (v4 && (!vec || ch.off % 4 || ch.n % 4));
+            at += ch.n;
+        }
+        table_bad += at != s.offset + s.n;
+    }
+    table_bad += c != nchunks;
+    verdict(name, "chunk table", table_bad, nchunks, 0, "entries wrong");
+
+    const adamw_f<E> f = adamw_make<E>(p, p16, gp, m, v, lr, b1, b2, eps, wd, gs, t);
+    const kc_adamw_chunk *tp = table.data();
+    emu_launch(dim3((unsigned)nchunks), dim3(ADAMW_THREADS), [=] { adamw_multi_kernel<E>(f, wd, tp); });
+    same<float>(name, "p", p2.data(), p1.data(), total);
+    same<float>(name, "m", m2.data(), m1.data(), total);
+    same<float>(name, "v", v2.data(), v1.data(), total);
+    if (with16)
+        same<uint16_t>(name, "p16", h2.data(), h1.data(), total);
+}
+
 // ---- GEMM fallbacks ----------------------------------------------------------------------
 
 // What gemm.cu runs where cuBLASLt declines, with the CPU's GEMMs standing
@@ -512,6 +585,10 @@ int main()
     test_adamw<__nv_bfloat16>(2001, false, 10, 0.0f, 0.5f, 2, false);
     test_adamw<__nv_bfloat16>(2001, true, 3, 0.1f, 1.0f, 3, true);
     test_adamw<__half>(2001, false, 2, 0.1f, 0.5f, 2, true);
+    // adamw_multi: aligned bases (vector chunks), unaligned (all scalar).
+    test_adamw_multi<__nv_bfloat16>(0, 3, true);
+    test_adamw_multi<__half>(1, 1, true);
+    test_adamw_multi<__nv_bfloat16>(0, 7, false);
 
     // GEMM fallbacks: N·OC over two blocks, and one block (the loop).
     test_gemm_fallbacks(13, 24, 40, 32);

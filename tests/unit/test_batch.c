@@ -843,7 +843,7 @@ static void test_grows_back(void **state)
 static kern_ops ovf_ops;
 static uint64_t ovf_at[2]; /* 1-based steps that overflow; 0: none */
 static uint64_t ovf_done;  /* steps finished: the one running is ovf_done + 1 */
-static int ovf_t[T_STEPS]; /* the t AdamW ran with at each step; 0: it did not run, -1: tensors disagreed */
+static int ovf_t[T_STEPS]; /* the t AdamW ran with at each step; 0: it did not run, -1: two calls disagreed */
 
 static void ovf_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
 {
@@ -853,20 +853,21 @@ static void ovf_sumsq(kern_ctx *k, double *out, const float *g, size_t n)
             *out = INFINITY;
 }
 
-static void ovf_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t)
+static void ovf_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float *m, float *v,
+                      const kern_segment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float grad_scale, int t)
 {
     uint64_t s = ovf_done + 1;
     if (s < T_STEPS)
         ovf_t[s] = ovf_t[s] == 0 || ovf_t[s] == t ? t : -1;
-    kops->adamw(k, p, p16, g, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+    kops->adamw_multi(k, p, p16, g, m, v, segs, nsegs, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
 }
 
 static const kern_ops *overflow_at(uint64_t a, uint64_t b)
 {
     ovf_ops = *kops;
     ovf_ops.sumsq = ovf_sumsq;
-    ovf_ops.adamw = ovf_adamw;
+    ovf_ops.adamw_multi = ovf_adamw;
     memset(ovf_t, 0, sizeof ovf_t);
     ovf_at[0] = a;
     ovf_at[1] = b;

@@ -1193,6 +1193,38 @@ static void test_adamw_p16(void **state)
     }
 }
 
+/* adamw_multi is adamw segment by segment: the same bits, weight decay
+ * only on the segments that ask for it, and a gap between segments left
+ * as it was. */
+static void test_adamw_multi(void **state)
+{
+    (void)state;
+    const kern_segment segs[] = {{0, 20001, 1}, {20001, 3, 0}, {20004, 771, 1}, {20780, 999, 0}};
+    const size_t n = 20780 + 999;
+    kern_ctx *k = ops->ctx_create(2, 0, KERN_BF16, NULL);
+    assert_non_null(k);
+    float *p = randv(n, 1), *g = randv(n, 1), *m = zerov(n), *v = zerov(n);
+    float *p2 = dupv(p, n), *m2 = zerov(n), *v2 = zerov(n), *p0 = dupv(p, n);
+    uint16_t *h = h16(n), *h2 = h16(n);
+    memcpy(h2, h, n * sizeof *h);
+    for (int t = 1; t <= 3; t++) {
+        ops->adamw_multi(k, p, h, g, m, v, segs, 4, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        for (int i = 0; i < 4; i++) {
+            size_t o = segs[i].offset;
+            ops->adamw(k, p2 + o, h2 + o, g + o, m2 + o, v2 + o, segs[i].n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                       segs[i].decay ? 0.1f : 0.0f, 0.5f, t);
+        }
+    }
+    assert_memory_equal(p, p2, n * sizeof *p);
+    assert_memory_equal(m, m2, n * sizeof *m);
+    assert_memory_equal(v, v2, n * sizeof *v);
+    assert_memory_equal(h, h2, n * sizeof *h);
+    for (size_t i = 20775; i < 20780; i++) /* the gap */
+        assert_memory_equal(&p[i], &p0[i], sizeof *p);
+    free(p), free(g), free(m), free(v), free(p2), free(m2), free(v2), free(p0), free(h), free(h2);
+    ops->ctx_destroy(k);
+}
+
 static void test_sumsq_and_helpers(void **state)
 {
     (void)state;
@@ -1509,6 +1541,7 @@ int main(void)
         cmocka_unit_test(test_act16_ops),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_adamw_p16),
+        cmocka_unit_test(test_adamw_multi),
         cmocka_unit_test(test_sumsq_and_helpers),
         cmocka_unit_test(test_casts),
         cmocka_unit_test(test_determinism_and_threads),
