@@ -416,6 +416,10 @@ void kc_colsum(kern_ctx *k, float *dst_a, float *dst_b, const float *dout, const
 void kc_colsum16(kern_ctx *k, float *dst_a, float *dst_b, const uint16_t *dout16, const float *inp, const float *mean,
                  const float *rstd, int N, int C, float *part);
 
+// dst_a[c] += Σ_s part_a[s·C + c] over S partial rows (C apart), and dst_b
+// likewise from part_b unless dst_b is NULL; in a fixed order (reduce.cu).
+void kc_colsum_merge(kern_ctx *k, float *dst_a, float *dst_b, const float *part_a, const float *part_b, int S, int C);
+
 // Cast fp32 to bf16 (bf16 = true) or fp16, round to nearest even (pointwise.cu).
 void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16);
 

@@ -11,6 +11,14 @@
 // dout the producer stored in bf16/fp16): the same kernels, templated on
 // dout's element type, widen each element exactly to fp32 and sum in the
 // same splits and order.
+//
+// kc_colsum_merge is pass 2 for partial rows made elsewhere (the layernorm
+// backward's register kernel writes one per block of rows, with dout and x
+// already in its registers): S partial rows, where S may be a few hundred,
+// too many for colsum_final's one thread per column, whose S dependent
+// loads leave it latency-bound on a handful of SMs.  colsum_merge gives each
+// column CM_ROWS threads that stride the partials, then adds their sums in
+// a fixed order: again a function of S and C only.
 #include "kern_cuda.cuh"
 
 #define CS_COLS 32
@@ -98,6 +106,39 @@ __global__ static void colsum_final(float *__restrict__ dst_a, float *__restrict
         dst_b[c] += b;
 }
 
+// dst_a[c] += Σ_s part_a[s·C + c] (and dst_b from part_b when not NULL):
+// block (CS_COLS, CM_ROWS) owns 32 columns; thread y adds partials y, y +
+// CM_ROWS, ... in order, then thread y = 0 adds the CM_ROWS sums in order.
+#define CM_ROWS 16
+__global__ static void colsum_merge(float *__restrict__ dst_a, float *__restrict__ dst_b,
+                                    const float *__restrict__ part_a, const float *__restrict__ part_b, int S, int C)
+{
+    __shared__ float sa[CM_ROWS][CS_COLS + 1], sb[CM_ROWS][CS_COLS + 1];
+    int c = blockIdx.x * CS_COLS + threadIdx.x;
+    float a = 0.0f, b = 0.0f;
+    if (c < C) {
+        for (int s = threadIdx.y; s < S; s += CM_ROWS) {
+            a += part_a[(size_t)s * C + c];
+            if (dst_b)
+                b += part_b[(size_t)s * C + c];
+        }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float ta = 0.0f, tb = 0.0f;
+#pragma unroll
+        for (int y = 0; y < CM_ROWS; y++) {
+            ta += sa[y][threadIdx.x];
+            tb += sb[y][threadIdx.x];
+        }
+        dst_a[c] += ta;
+        if (dst_b)
+            dst_b[c] += tb;
+    }
+}
+
 // The S splits of `rows` rows each and the launch shape, shared by the fp32
 // and 16-bit entry points so that both sum in the same order.
 struct cs_shape {
@@ -121,6 +162,15 @@ static void cs_final(kern_ctx *k, float *dst_a, float *dst_b, const float *part_
 {
     colsum_final<<<(unsigned)((C + 255) / 256), 256, 0, k->stream>>>(dst_a, dst_b, part_a, part_b, S, C);
     kc_launched(k, "colsum_final");
+}
+
+void kc_colsum_merge(kern_ctx *k, float *dst_a, float *dst_b, const float *part_a, const float *part_b, int S, int C)
+{
+    if (S <= 0 || C <= 0)
+        return;
+    colsum_merge<<<(unsigned)((C + CS_COLS - 1) / CS_COLS), dim3(CS_COLS, CM_ROWS), 0, k->stream>>>(
+        dst_a, dst_b, part_a, part_b, S, C);
+    kc_launched(k, "colsum_merge");
 }
 
 // T: dout's element type.  With inp (LN), dst_a = Σ dout·norm and dst_b = Σ dout.

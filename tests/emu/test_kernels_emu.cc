@@ -1,4 +1,5 @@
-// test_kernels_emu.cc — the CUDA cross-entropy, layernorm (forward, backward), column-sum
+// test_kernels_emu.cc — the CUDA cross-entropy, layernorm (forward, backward; the general
+// and the register kernels, the latter with the fused weight gradients), column-sum
 // and elementwise kernels (pointwise.cu: GELU in fp32 and 16 bits, ReLU,
 // residual, accumulate, scale, the fp32 <-> bf16/fp16 casts, the non-finite
 // count) run on the CPU under cuda_emu.h, against the CPU backend
@@ -278,6 +279,156 @@ template <int W> void test_ln(int N, int C)
     };
     bwd((__nv_bfloat16 *)nullptr, "dinp");
     bwd((__half *)nullptr, "dinp (fp16 copy)");
+}
+
+// ---- layernorm, the register kernels ------------------------------------------------------
+
+// The launchers' choices, which the emulation cannot reach (they are in the
+// <<<>>> part): which C and alignments take the register kernels, and the
+// rows per block of the backward (from N alone).
+void test_ln_pick()
+{
+    size_t bad = 0;
+    bad += ln_reg_v(768, true, false) != 6 || ln_reg_v(768, true, true) != 6;
+    bad += ln_reg_v(1024, true, false) != 8 || ln_reg_v(1024, true, true) != 0; // bwd: shared memory
+    bad += ln_reg_v(768, false, false) != 0 || ln_reg_v(768, false, true) != 0; // misaligned
+    bad += ln_reg_v(200, true, false) != 0 || ln_reg_v(640, true, true) != 0;   // not a compiled width
+    bad += lnb_rows(16384) != 64 || lnb_rows(13) != 1 || lnb_rows(257) != 2 || lnb_rows(256) != 1;
+    verdict("layernorm register path", "choices", bad, 13, 0, "");
+}
+
+// Forward: ln_forward_reg<V, O> bitwise ln_forward_kernel<4, O> (the same
+// operations in the same order) for O = fp32, bf16, fp16, mean and rstd
+// included, and fp32 against the CPU.  N not a multiple of the 8 rows per
+// block.
+template <int V> void test_ln_reg_fwd(int N)
+{
+    constexpr int C = 128 * V;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "layernorm reg fwd N=%d C=%d", N, C);
+    const std::string name = buf;
+    const size_t n = (size_t)N * C;
+    const LnIn in = ln_inputs(N, C);
+    const float *x = in.x.data(), *w = in.w.data(), *b = in.b.data();
+    const dim3 grid((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), block(32 * LN_WARPS);
+    auto one = [&]<class O>(O *, const char *what) {
+        std::vector<S<O>> o1(n), o2(n);
+        std::vector<float> m1(N, NAN), r1(N, NAN), m2(N, NAN), r2(N, NAN);
+        O *p1 = reinterpret_cast<O *>(o1.data()), *p2 = reinterpret_cast<O *>(o2.data());
+        float *mp1 = m1.data(), *rp1 = r1.data(), *mp2 = m2.data(), *rp2 = r2.data();
+        emu_launch(grid, block, [=] { ln_forward_reg<V, O>(p1, mp1, rp1, x, w, b, N); });
+        emu_launch(grid, block, [=] { ln_forward_kernel<4, O>(p2, mp2, rp2, x, w, b, N, C); });
+        same<O>(name, what, o1.data(), o2.data(), n);
+        same<float>(name, "mean = W=4's", m1.data(), m2.data(), N);
+        same<float>(name, "rstd = W=4's", r1.data(), r2.data(), N);
+        if constexpr (std::is_same_v<O, float>) {
+            std::vector<float> ref(n), mr(N), rr(N);
+            H->layernorm_forward(cpu32, ref.data(), mr.data(), rr.data(), x, w, b, N, C);
+            compare(name, "out vs cpu", o1.data(), ref.data(), n, 1e-5, 1e-5);
+        }
+    };
+    one((float *)nullptr, "fp32 = W=4's");
+    one((__nv_bfloat16 *)nullptr, "bf16 = W=4's");
+    one((__half *)nullptr, "fp16 = W=4's");
+}
+
+// Backward: ln_backward_reg<V, E, DO> with R rows per block, then
+// colsum_merge, as ln_backward_reg_launch runs them.  dinp (+=, from a
+// random start) and dinp16 bitwise those of ln_backward_kernel<4, E, DO>;
+// dweight/dbias (+=, from random values) against a double reference within
+// the bound of recursive fp32 summation, and the same bits on a second run;
+// without the weight gradients (part NULL), the same dinp.
+template <int V, class E, class DO> void test_ln_reg_bwd(int N, int R, bool with16)
+{
+    constexpr int C = 128 * V;
+    const int S_ = (N + R - 1) / R;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "layernorm reg bwd %s dout %s N=%d C=%d R=%d", ename<E>(), ename<DO>(), N, C, R);
+    const std::string name = buf;
+    const size_t n = (size_t)N * C;
+    const LnIn in = ln_inputs(N, C);
+    std::vector<float> mean(N), rstd(N), tmp(n);
+    H->layernorm_forward(cpu32, tmp.data(), mean.data(), rstd.data(), in.x.data(), in.w.data(), in.b.data(), N, C);
+    std::vector<S<DO>> dout(n);
+    std::vector<float> dinp0(n), dw0(C), db0(C);
+    for (size_t i = 0; i < n; i++) {
+        dout[i] = to_e<DO>(rnd());
+        dinp0[i] = rnd();
+    }
+    for (int c = 0; c < C; c++) {
+        dw0[c] = rnd();
+        db0[c] = rnd();
+    }
+    const DO *d = reinterpret_cast<const DO *>(dout.data());
+    const float *x = in.x.data(), *w = in.w.data(), *m = mean.data(), *r = rstd.data();
+    struct Out {
+        std::vector<float> g, dw, db;
+        std::vector<uint16_t> g16;
+    };
+    auto run = [&](bool wgrad) {
+        Out o{dinp0, dw0, db0, std::vector<uint16_t>(n, 0x7fff)};
+        std::vector<float> part(wgrad ? (size_t)2 * S_ * C : 0, NAN);
+        float *gp = o.g.data(), *pp = wgrad ? part.data() : nullptr;
+        E *g16p = with16 ? reinterpret_cast<E *>(o.g16.data()) : nullptr;
+        const int N_ = N, R_ = R;
+        emu_launch(dim3((unsigned)S_), dim3(32 * LN_WARPS),
+                   [=] { ln_backward_reg<V, E, DO>(gp, g16p, pp, d, x, w, m, r, N_, R_); });
+        if (wgrad) {
+            float *a = o.dw.data(), *b = o.db.data();
+            const float *pa = pp, *pb = pp + (size_t)S_ * C;
+            const int s = S_;
+            emu_launch(dim3((unsigned)((C + CS_COLS - 1) / CS_COLS)), dim3(CS_COLS, CM_ROWS),
+                       [=] { colsum_merge(a, b, pa, pb, s, C); });
+        }
+        return o;
+    };
+    const Out o1 = run(true), o2 = run(true), o3 = run(false);
+
+    // The general kernel's dinp and dinp16.
+    std::vector<float> g4 = dinp0;
+    std::vector<uint16_t> g16_4(n, 0x7fff);
+    {
+        float *gp = g4.data();
+        E *g16p = with16 ? reinterpret_cast<E *>(g16_4.data()) : nullptr;
+        emu_launch(dim3((unsigned)((N + LN_WARPS - 1) / LN_WARPS)), dim3(32 * LN_WARPS),
+                   [=] { ln_backward_kernel<4, E, DO>(gp, g16p, d, x, w, m, r, N, C); });
+    }
+    same<float>(name, "dinp = W=4's", o1.g.data(), g4.data(), n);
+    if (with16)
+        same<E>(name, "dinp16 = W=4's", o1.g16.data(), g16_4.data(), n);
+    else
+        verdict(name, "no dinp16",
+                (size_t)std::count_if(o1.g16.begin(), o1.g16.end(), [](uint16_t h) { return h != 0x7fff; }), n, 0, "");
+    same<float>(name, "dinp w/o wgrad", o3.g.data(), o1.g.data(), n);
+    same<float>(name, "dweight twice", o2.dw.data(), o1.dw.data(), C);
+    same<float>(name, "dbias twice", o2.db.data(), o1.db.data(), C);
+    verdict(name, "wgrad untouched", (size_t)(o3.dw != dw0 || o3.db != db0), 1, 0, "");
+
+    // Double reference; the longest chain of fp32 additions a term goes
+    // through: its lane's rows (⌈R/8⌉), the 8 warps, its thread's partials
+    // in colsum_merge (⌈S/16⌉), their 16 sums, the +=; +3 for the product.
+    const double u = std::ldexp(1.0, -24);
+    const double depth = (R + LN_WARPS - 1) / LN_WARPS + LN_WARPS + (S_ + CM_ROWS - 1) / CM_ROWS + CM_ROWS + 1 + 3;
+    size_t bad = 0;
+    double err = 0;
+    for (int p = 0; p < 2; p++) {
+        const std::vector<float> &got = p ? o1.db : o1.dw, &start = p ? db0 : dw0;
+        for (int c = 0; c < C; c++) {
+            double s = start[c], sa = std::fabs((double)start[c]);
+            for (int row = 0; row < N; row++) {
+                const size_t i = (size_t)row * C + c;
+                double t = from_e<DO>(dout[i]);
+                if (p == 0)
+                    t *= (double)(((float)in.x[i] - mean[row]) * rstd[row]);
+                s += t;
+                sa += std::fabs(t);
+            }
+            const double dd = std::fabs((double)got[c] - s), bound = depth * u * sa;
+            err = std::fmax(err, dd / bound);
+            bad += !(dd <= bound);
+        }
+    }
+    verdict(name, "dw, db vs double", bad, 2 * (size_t)C, err, "of bound");
 }
 
 // ---- GELU with 16-bit results, through kc_ew's kernel --------------------------------------
@@ -572,6 +723,18 @@ int main()
     test_ln<4>(13, 200);
     test_ln<1>(13, 200);
     test_ln<1>(9, 77);
+    // The register kernels: GPT-2's C = 768 and C = 256; the backward with
+    // one row per block (lnb_rows below 256 rows), and with 16 (two rows
+    // per warp, a last block of 5 rows: warps with none).  The general
+    // kernels (the fallback) are test_ln's above.
+    test_ln_pick();
+    test_ln_reg_fwd<6>(13);
+    test_ln_reg_fwd<2>(9);
+    test_ln_reg_bwd<6, __nv_bfloat16, float>(13, lnb_rows(13), true);
+    test_ln_reg_bwd<6, __nv_bfloat16, __nv_bfloat16>(37, 16, false);
+    test_ln_reg_bwd<6, __half, __half>(37, 16, true);
+    test_ln_reg_bwd<2, __nv_bfloat16, float>(21, 8, false);
+    test_ln_reg_bwd<2, __half, float>(37, 1, true); // 37 partial rows: colsum_merge strides them
 
     // GELU16: odd n (a scalar tail after the vectors), and a grid smaller
     // than the work (the grid-stride loop).

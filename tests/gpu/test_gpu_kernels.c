@@ -859,6 +859,14 @@ static void test_determinism(void)
     G->layernorm_backward(gk, NULL, w1.d, b1.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
     G->layernorm_backward(gk, NULL, w2.d, b2.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
     bool ln = same_bits(w1.d, w2.d, C) && same_bits(b1.d, b2.d, C);
+    /* With dinp (from zeros): the register kernel's fused weight gradients
+     * (C = 128), twice the same bits. */
+    buf d1 = mk((size_t)N * C, 0), d2 = mk((size_t)N * C, 0), w3 = mk(C, 0), w4 = mk(C, 0), b3 = mk(C, 0),
+        b4 = mk(C, 0);
+    G->layernorm_backward(gk, d1.d, w3.d, b3.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    G->layernorm_backward(gk, d2.d, w4.d, b4.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    ln = ln && same_bits(w3.d, w4.d, C) && same_bits(b3.d, b4.d, C) && same_bits(d1.d, d2.d, d1.n);
+    bfree(&d1), bfree(&d2), bfree(&w3), bfree(&w4), bfree(&b3), bfree(&b4);
     double s1 = 0, s2 = 0;
     G->sumsq(gk, &s1, dout.d, dout.n);
     G->sumsq(gk, &s2, dout.d, dout.n);
@@ -1248,6 +1256,7 @@ static void run_fp32(void)
     test_layernorm(257, 96);
     test_layernorm(100, 63);
     test_layernorm(64, 768);
+    test_layernorm(4096, 768); /* GPT-2 124M's width: the register kernels, 256 blocks of 16 rows */
     test_matmul("fp32", 256, 96, 288, true, true, 0, 1e-4, 1e-5);
     test_matmul("fp32", 33, 17, 29, true, true, 0, 1e-4, 1e-5);
     test_matmul("fp32", 64, 32, 48, false, false, 0, 1e-4, 1e-5);
@@ -1306,6 +1315,12 @@ static void run_lowp(const char *prec)
     test_layernorm16(100, 63, 0);
     test_layernorm16(64, 768, 0);
     test_layernorm16(33, 96, 2);
+    /* GPT-2 shapes: C = 768 on the register kernels (forward and the fused
+     * backward, 256 blocks of 16 rows), unaligned (the general ones), and
+     * C = 1024 (register forward, general backward). */
+    test_layernorm16(4096, 768, 0);
+    test_layernorm16(1000, 768, 2);
+    test_layernorm16(300, 1024, 0);
     test_gelu16(10007, 0, 0);
     test_gelu16(4099, 1, 1);
     test_gelu16(4099, 0, 2);
