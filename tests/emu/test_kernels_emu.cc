@@ -155,6 +155,92 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
     }
 }
 
+// The register-resident fused kernel (ce_fused_reg_kernel, T threads, NV
+// vectors of 8 each), against the CPU's forward16 and backward16: it sums
+// in another order and with exp2f, so within the tolerances of the
+// backward above, not the two kernels' bits.  In place over the logits,
+// as it runs.  Row 0 is offset by +40 (the loss is then a small difference
+// of large terms), rows 1 and 2 have targets −1 and V (NaN, no one-hot),
+// the last row's target is V − 1, in the row's last vector.
+template <class E, int T, int NV> void test_ce_reg(int N, int V, int Vp)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "ce_reg %s T=%d NV=%d N=%d V=%d Vp=%d", ename<E>(), T, NV, N, V, Vp);
+    const std::string name = buf;
+    if (Vp % CE_VEC || Vp > T * NV * CE_VEC) {
+        std::printf("  %s: Vp must be a multiple of %d covered by T·NV vectors\n", name.c_str(), CE_VEC);
+        failures++;
+        return;
+    }
+    const size_t n = (size_t)N * Vp;
+    std::vector<S<E>> x(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = to_e<E>(i % Vp < (size_t)V ? 4.0f * rnd() + (i < (size_t)Vp ? 40.0f : 0.0f) : 1e4f);
+    std::vector<int32_t> tg(N);
+    for (int r = 0; r < N; r++)
+        tg[r] = r == 1 ? -1 : r == 2 ? V : r == N - 1 ? V - 1 : (int32_t)((rnd() + 1.0f) * 0.5f * V) % V;
+    std::vector<float> dloss(N);
+    for (auto &d : dloss)
+        d = rnd();
+
+    std::vector<float> loss_ref(N), lse_ref(N), loss(N, 12345.0f);
+    std::vector<S<E>> g_ref(n), g = x;
+    H->crossentropy_forward16(cpu_ctx<E>(), loss_ref.data(), lse_ref.data(), x.data(), tg.data(), N, V, Vp);
+    H->crossentropy_backward16(cpu_ctx<E>(), g_ref.data(), x.data(), lse_ref.data(), tg.data(), dloss.data(), N, V,
+                               Vp);
+    {
+        float *l = loss.data();
+        const float *dl = dloss.data();
+        const int32_t *t = tg.data();
+        E *io = reinterpret_cast<E *>(g.data());
+        if (!ce_reg_nv(Vp, io)) // the launcher's condition (here with the launcher's own T, not this test's)
+            emu::fail("test: the launcher would not take the register path");
+        emu_launch(dim3((unsigned)N), dim3(T), [=] { ce_fused_reg_kernel<E, T, NV>(l, io, t, dl, V, Vp); });
+    }
+    size_t bad_l = 0;
+    double err_l = 0;
+    for (int r = 0; r < N; r++) {
+        if (tg[r] < 0 || tg[r] >= V) {
+            bad_l += !std::isnan(loss[r]);
+        } else {
+            double d = std::fabs((double)loss[r] - loss_ref[r]);
+            err_l = std::fmax(err_l, d / std::fmax(std::fabs(loss_ref[r]), 1e-30));
+            bad_l += !(d <= 1e-5 * std::fabs(loss_ref[r]) + 1e-6);
+        }
+    }
+    verdict(name, "loss (NaN oob)", bad_l, N, err_l, "rel");
+    double maxref = 0;
+    for (size_t i = 0; i < n; i++)
+        maxref = std::fmax(maxref, std::fabs((double)from_e<E>(g_ref[i])));
+    size_t bad_g = 0, bad_pad = 0;
+    double err_g = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % Vp >= (size_t)V) {
+            bad_pad += fbits(from_e<E>(g[i])) != 0; // +0 exactly
+        } else {
+            const double ref = from_e<E>(g_ref[i]), d = std::fabs((double)from_e<E>(g[i]) - ref);
+            err_g = std::fmax(err_g, d / maxref);
+            bad_g += !(d <= ulp_e<E>((float)ref) + 1e-4 * maxref); // NaN fails
+        }
+    }
+    verdict(name, "dlogits in place", bad_g, n, err_g, "of max");
+    verdict(name, "padding == 0", bad_pad, n, 0, "");
+}
+
+// The launcher's choice between the register path and ce_fused_kernel.
+void test_ce_reg_choice()
+{
+    alignas(16) static uint16_t row[16];
+    size_t bad = 0;
+    bad += ce_reg_nv(50304, row) != 7;                                  // GPT-2's padded vocabulary
+    bad += ce_reg_nv(50257, row) != 0;                                  // odd: rows off 16 bytes
+    bad += ce_reg_nv(50304, row + 4) != 0;                              // the base 8 bytes off
+    bad += ce_reg_nv(CE_REG_THREADS * CE_REG_NV_MAX * CE_VEC, row) != CE_REG_NV_MAX; // the most that fits
+    bad += ce_reg_nv(CE_REG_THREADS * CE_REG_NV_MAX * CE_VEC + CE_VEC, row) != 0;    // one vector more
+    bad += ce_reg_nv(8, row) != 1;
+    verdict("ce_reg_nv", "register path or fallback", bad, 6, 0, "");
+}
+
 // ---- layernorm ----------------------------------------------------------------
 
 struct LnIn {
@@ -717,6 +803,16 @@ int main()
     test_ce<__nv_bfloat16, 1>(5, 777, 779);
     test_ce<__half, 4>(5, 1201, 1204);
     test_ce<__half, 1>(5, 777, 779);
+    // The register path: V % 8 != 0 (a partial last vector, then the
+    // padding), several vectors a thread with the last ones past the row
+    // (NV·T·8 > Vp), a padding longer than a vector, V == Vp, and the
+    // launcher's 1024 threads with NV = 1 (threads past the row).  The
+    // fallback for the rows it refuses is ce_fused_kernel, tested above.
+    test_ce_reg<__nv_bfloat16, 128, 3>(4, 3001, 3008);
+    test_ce_reg<__half, 128, 3>(4, 2990, 3008);
+    test_ce_reg<__nv_bfloat16, 64, 6>(4, 3072, 3072);
+    test_ce_reg<__half, CE_REG_THREADS, 1>(3, 3001, 3008);
+    test_ce_reg_choice();
 
     // Layernorm: N not a multiple of the 8 rows per block (whole warps
     // return), C not a multiple of 32·W (lanes idle in the last step).
