@@ -15,7 +15,8 @@
 # Output: JSON lines, {"bench":"train_gpt2_124m_bf16","metric":…,"value":…,
 # "unit":…,"peer":…,"peer_value":…,"ratio":…}; ratio < 1 means gradd is
 # better (step_ms: gradd/peer; tokens_per_s and mfu: peer/gradd).  PEER_MODES
-# picks the peer's modes (default eager,compile).
+# picks the peer's modes (default eager,compile; none: no peer, for a
+# second gradd build compared with a peer run just before on the same GPU).
 set -euo pipefail
 gradd=${1:?usage: run_gpu_train.sh GRADD [STEPS]}
 steps=${2:-30}
@@ -80,8 +81,11 @@ print("run_gpu_train: %s: median step %.2f ms (steps 6-%d)" % (sys.argv[2], stat
 done
 # Each mode's line as it comes (to stderr too): a kill in torch.compile
 # leaves eager's.
-"$py" "$here/torch_gpu_peer.py" --modes "${PEER_MODES:-eager,compile}" --batch "$batch" --steps 20 --warmup 5 |
-  tee "$work/peer.jsonl" >&2 || echo "run_gpu_train: the PyTorch peer failed" >&2
+: >"$work/peer.jsonl"
+if [ "${PEER_MODES:-}" != none ]; then
+  "$py" "$here/torch_gpu_peer.py" --modes "${PEER_MODES:-eager,compile}" --batch "$batch" --steps 20 --warmup 5 |
+    tee "$work/peer.jsonl" >&2 || echo "run_gpu_train: the PyTorch peer failed" >&2
+fi
 ((${#runs[@]})) || { echo "run_gpu_train: no gradd variant ran" >&2; exit 1; }
 
 "$py" - "$work/peer.jsonl" "$batch" "${runs[@]}" <<'PY'

@@ -811,9 +811,15 @@ static void test_adamw_multi(int offset, bool with16)
 {
     char name[64];
     snprintf(name, sizeof name, "adamw_multi%s%s", with16 ? (ctx_bf16 ? " bf16" : " fp16") : "", offset ? " unal" : "");
+    enum { LEN = 40780 + 2001 }; /* the elements the segments span */
     const kern_segment segs[] = {{0, 40000, 1}, {40000, 3, 0}, {40003, 771, 1}, {40774, 1, 0}, {40780, 2001, 0}};
-    const kern_segment other[] = {{0, 40003, 0}, {40003, 4778, 1}};
-    size_t o = (size_t)offset, n = 40780 + 2001 + o;
+    const kern_segment other[] = {{0, 40003, 0}, {40003, LEN - 40003, 1}};
+    for (int i = 0; i < 5; i++) /* past the buffers, both sides would write into their neighbours */
+        if (segs[i].offset + segs[i].n > LEN || (i < 2 && other[i].offset + other[i].n > LEN)) {
+            FAIL("%s: test segment %d ends past the buffers", name, i);
+            return;
+        }
+    size_t o = (size_t)offset, n = LEN + o;
     buf p1 = mk(n, 1), g = mk(n, 1), m1 = mk(n, 0.1f), v1 = mk(n, 0);
     for (size_t i = 0; i < n; i++)
         v1.h[i] = 0.01f * fabsf(rnd());
