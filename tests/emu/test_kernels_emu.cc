@@ -38,6 +38,50 @@ float rnd() { return emu_uniform(&rng_state); }
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
+// dlogits g against the CPU's g_ref (n = rows·Vp): within an ulp of E plus
+// 1e-4 of the largest |ref| on each row's first V columns (NaN fails), +0
+// exactly on the padding.
+template <class E>
+void check_dlogits(const std::string &name, const char *what, const S<E> *g, const S<E> *g_ref, size_t n, int V,
+                   int Vp)
+{
+    double maxref = 0;
+    for (size_t i = 0; i < n; i++)
+        maxref = std::fmax(maxref, std::fabs((double)from_e<E>(g_ref[i])));
+    size_t bad_g = 0, bad_pad = 0;
+    double err_g = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % Vp >= (size_t)V) {
+            bad_pad += fbits(from_e<E>(g[i])) != 0;
+        } else {
+            const double ref = from_e<E>(g_ref[i]), d = std::fabs((double)from_e<E>(g[i]) - ref);
+            err_g = std::fmax(err_g, d / maxref);
+            bad_g += !(d <= ulp_e<E>((float)ref) + 1e-4 * maxref);
+        }
+    }
+    verdict(name, what, bad_g, n, err_g, "of max");
+    verdict(name, "padding == 0", bad_pad, n, 0, "");
+}
+
+// The loss of each of N rows against the CPU's: 1e-5 relative, and NaN
+// where the target is out of [0, V).
+inline void check_losses(const std::string &name, const float *loss, const float *loss_ref, const int32_t *tg, int N,
+                         int V)
+{
+    size_t bad_l = 0;
+    double err_l = 0;
+    for (int r = 0; r < N; r++) {
+        if (tg[r] < 0 || tg[r] >= V) {
+            bad_l += !std::isnan(loss[r]);
+        } else {
+            double d = std::fabs((double)loss[r] - loss_ref[r]);
+            err_l = std::fmax(err_l, d / std::fmax(std::fabs(loss_ref[r]), 1e-30));
+            bad_l += !(d <= 1e-5 * std::fabs(loss_ref[r]) + 1e-6);
+        }
+    }
+    verdict(name, "loss (NaN oob)", bad_l, N, err_l, "rel");
+}
+
 // Rows 1 and 2 (when there are) have targets −1 and V: NaN loss, and a
 // backward without the −1 (no one-hot column).
 template <class E, int W> void test_ce(int N, int V, int Vp)
@@ -77,22 +121,14 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
             emu::fail("test: logits not aligned for W = 4");
         emu_launch(dim3((unsigned)N), dim3(CE_THREADS), [=] { ce_forward_kernel<E, W>(l, s, in, t, V, Vp); });
     }
-    size_t bad_l = 0, bad_s = 0;
-    double err_l = 0, err_s = 0;
+    check_losses(name, loss.data(), loss_ref.data(), tg.data(), N, V);
+    size_t bad_s = 0;
+    double err_s = 0;
     for (int r = 0; r < N; r++) {
-        const bool oob = tg[r] < 0 || tg[r] >= V;
-        if (oob) {
-            bad_l += !std::isnan(loss[r]);
-        } else {
-            double d = std::fabs((double)loss[r] - loss_ref[r]);
-            err_l = std::fmax(err_l, d / std::fmax(std::fabs(loss_ref[r]), 1e-30));
-            bad_l += !(d <= 1e-5 * std::fabs(loss_ref[r]) + 1e-6);
-        }
         double d = std::fabs((double)lse[r] - lse_ref[r]);
         err_s = std::fmax(err_s, d / std::fmax(std::fabs(lse_ref[r]), 1e-30));
         bad_s += !(d <= 1e-5 * std::fabs(lse_ref[r]) + 1e-6);
     }
-    verdict(name, "loss (NaN oob)", bad_l, N, err_l, "rel");
     verdict(name, "lse", bad_s, N, err_s, "rel");
 
     // ---- backward, from the reference lse (both sides the same input)
@@ -117,23 +153,10 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
         emu_launch(dim3((unsigned)N), dim3(CE_THREADS),
                    [=] { ce_backward_kernel<E, W>(io, io, s, t, dl, V, Vp); });
     }
-    double maxref = 0;
+    check_dlogits<E>(name, "dlogits", g.data(), g_ref.data(), n, V, Vp);
+    size_t bad_inplace = 0;
     for (size_t i = 0; i < n; i++)
-        maxref = std::fmax(maxref, std::fabs((double)from_e<E>(g_ref[i])));
-    size_t bad_g = 0, bad_pad = 0, bad_inplace = 0;
-    double err_g = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i % Vp >= (size_t)V) {
-            bad_pad += fbits(from_e<E>(g[i])) != 0; // +0 exactly
-        } else {
-            const double ref = from_e<E>(g_ref[i]), d = std::fabs((double)from_e<E>(g[i]) - ref);
-            err_g = std::fmax(err_g, d / maxref);
-            bad_g += !(d <= ulp_e<E>((float)ref) + 1e-4 * maxref); // NaN fails
-        }
         bad_inplace += std::memcmp(&g[i], &g_in[i], sizeof(S<E>)) != 0;
-    }
-    verdict(name, "dlogits", bad_g, n, err_g, "of max");
-    verdict(name, "padding == 0", bad_pad, n, 0, "");
     verdict(name, "in place", bad_inplace, n, 0, "bitwise");
 
     // ---- fused (16 bits, as the launcher exists for): the two kernels'
@@ -197,34 +220,8 @@ template <class E, int T, int NV> void test_ce_reg(int N, int V, int Vp)
             emu::fail("test: the launcher would not take the register path");
         emu_launch(dim3((unsigned)N), dim3(T), [=] { ce_fused_reg_kernel<E, T, NV>(l, io, t, dl, V, Vp); });
     }
-    size_t bad_l = 0;
-    double err_l = 0;
-    for (int r = 0; r < N; r++) {
-        if (tg[r] < 0 || tg[r] >= V) {
-            bad_l += !std::isnan(loss[r]);
-        } else {
-            double d = std::fabs((double)loss[r] - loss_ref[r]);
-            err_l = std::fmax(err_l, d / std::fmax(std::fabs(loss_ref[r]), 1e-30));
-            bad_l += !(d <= 1e-5 * std::fabs(loss_ref[r]) + 1e-6);
-        }
-    }
-    verdict(name, "loss (NaN oob)", bad_l, N, err_l, "rel");
-    double maxref = 0;
-    for (size_t i = 0; i < n; i++)
-        maxref = std::fmax(maxref, std::fabs((double)from_e<E>(g_ref[i])));
-    size_t bad_g = 0, bad_pad = 0;
-    double err_g = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i % Vp >= (size_t)V) {
-            bad_pad += fbits(from_e<E>(g[i])) != 0; // +0 exactly
-        } else {
-            const double ref = from_e<E>(g_ref[i]), d = std::fabs((double)from_e<E>(g[i]) - ref);
-            err_g = std::fmax(err_g, d / maxref);
-            bad_g += !(d <= ulp_e<E>((float)ref) + 1e-4 * maxref); // NaN fails
-        }
-    }
-    verdict(name, "dlogits in place", bad_g, n, err_g, "of max");
-    verdict(name, "padding == 0", bad_pad, n, 0, "");
+    check_losses(name, loss.data(), loss_ref.data(), tg.data(), N, V);
+    check_dlogits<E>(name, "dlogits in place", g.data(), g_ref.data(), n, V, Vp);
 }
 
 // The launcher's choice between the register path and ce_fused_kernel.
