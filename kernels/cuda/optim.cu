@@ -142,9 +142,12 @@ static bool adamw_table(kern_ctx *k, const kern_segment *segs, int nsegs, bool v
         return true;
     kc_dev_free(k, k->adamw_chunks);
     k->adamw_chunks = NULL;
+    k->adamw_nchunks = 0;
     free(k->adamw_segs);
     k->adamw_segs = NULL;
     size_t n = adamw_chunks(segs, nsegs, vec, NULL);
+    if (n == 0) // only empty segments: nothing to run, nothing to keep
+        return true;
     kc_adamw_chunk *host = (kc_adamw_chunk *)malloc(n * sizeof *host);
     kern_segment *keep = (kern_segment *)malloc((size_t)nsegs * sizeof *keep);
     kc_adamw_chunk *dev = (kc_adamw_chunk *)kc_dev_alloc(k, n * sizeof *dev);
