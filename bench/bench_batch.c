@@ -35,12 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "jobcfg.h"
 #include "kern_ws.h"
 #include "kernels.h"
-#include "pool.h"
-#include "train.h"
+#include "pool/pool.h"
+#include "engine/train.h"
 
 typedef struct {
     char dir[64];

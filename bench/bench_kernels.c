@@ -1,6 +1,6 @@
 /* bench_kernels.c — the CPU kernels at the GPT "small" shape of the CPU
  * benchmark (B=8, T=256, C=384, NH=6, V=256, L=6): milliseconds per call of
- * each op the GPT model (daemon/model_gpt.c) makes in a training step, in
+ * each op the GPT model (daemon/models/model_gpt.c) makes in a training step, in
  * the order and with the buffers it makes them, and their sum over one step
  * (forward, backward, then the engine's gradient zeroing, norm and AdamW),
  * one JSON line per figure.  No peer here: bench/ compares whole steps with

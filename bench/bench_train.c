@@ -49,12 +49,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "dev.h"
+#include "base/config.h"
+#include "pool/dev.h"
 #include "jobcfg.h"
 #include "kernels.h"
-#include "pool.h"
-#include "train.h"
+#include "pool/pool.h"
+#include "engine/train.h"
 
 #define DEFAULT_CORPUS "/usr/share/games/fortunes"
 #define DEFAULT_IMAGES "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"

@@ -51,7 +51,7 @@ CFG
 # VARIANTS lists the gradd runs, one training run each, as NAME or
 # NAME:VAR=VALUE,VAR=VALUE (environment for that run): the default runs with
 # the environment as it is; e.g. "default wmma:GRADD_FLASH=wmma
-# fp32act:GRADD_ACT16=0" (kernels/cuda/flash.cu, daemon/model_gpt.c).  The
+# fp32act:GRADD_ACT16=0" (kernels/cuda/flash.cu, daemon/models/model_gpt.c).  The
 # peers run once and every gradd run is compared with them.  Device time is
 # scarce: a failed variant or peer is reported and the rest still run, and
 # each variant's metrics.jsonl is copied to $METRICS_DIR (when set) as soon

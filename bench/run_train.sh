@@ -79,7 +79,7 @@ wait_quiet() {
     done
 }
 
-# gradd's own spin (daemon/main.c): what its side runs with.
+# gradd's own spin (daemon/server/main.c): what its side runs with.
 spin=${GOMP_SPINCOUNT:-}
 [ -z "$spin" ] && [ -z "${OMP_WAIT_POLICY:-}" ] && spin=1000
 

@@ -5,7 +5,7 @@ Run it with the GPU machine's python3 (PyTorch 2.x with CUDA), outside the
 environment of gradd's bundled Debian libraries:
     python3 bench/torch_gpu_peer.py --modes eager,compile --batch 16
 
-The model is the one gradd trains (daemon/model_gpt.c), written in plain
+The model is the one gradd trains (daemon/models/model_gpt.c), written in plain
 PyTorch: GPT-2 with learned position embeddings, pre-norm blocks (ln_1,
 causal self-attention c_attn/c_proj, ln_2, MLP c_fc/GELU(tanh)/c_proj),
 ln_f, output tied to wte, biases on every Linear, layernorm eps 1e-5, no

@@ -14,8 +14,8 @@
 #ifndef GRADD_BENCH_TRACE_H
 #define GRADD_BENCH_TRACE_H
 
-#include "dev.h"
-#include "pool.h"
+#include "pool/dev.h"
+#include "pool/pool.h"
 
 #include <inttypes.h>
 #include <stdbool.h>

@@ -18,7 +18,7 @@
 #include "jobfmt.h"
 #include "table.h"
 
-/* The daemon's limit (daemon/sample.h), checked here too for a usage error
+/* The daemon's limit (daemon/engine/sample.h), checked here too for a usage error
  * rather than a daemon error. */
 #define SAMPLE_MAX_TOKENS 4096
 

@@ -1,4 +1,4 @@
-/* fuzz_config.c — libFuzzer harness for daemon/config.c (gradd.conf through
+/* fuzz_config.c — libFuzzer harness for daemon/base/config.c (gradd.conf through
  * libinih).
  *
  * The input is written to a memfd and config_load reads it back through
@@ -13,7 +13,7 @@
  *   - every numeric option lies within the bounds config.c's table
  *     documents ("unlimited" is accepted by max_split_size alone).
  *
- * pool_config_default lives in daemon/pool.c, which drags in the whole
+ * pool_config_default lives in daemon/pool/pool.c, which drags in the whole
  * pool and device layer.  config.c only needs it to fill defaults before its
  * own table overwrites every pool field, so this file defines it; build
  * with -DFUZZ_USE_REAL_POOL (and link pool.c and its dependencies) to use
@@ -27,7 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "base/config.h"
 
 #define CHECK(cond)                                                                      \
     do {                                                                                 \

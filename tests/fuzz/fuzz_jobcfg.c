@@ -1,4 +1,4 @@
-/* fuzz_jobcfg.c — libFuzzer harness for daemon/jobcfg.c: job files as
+/* fuzz_jobcfg.c — libFuzzer harness for common/jobcfg.c: job files as
  * gradctl submit and the daemon parse them (jobcfg_load_mem).
  * Properties (abort() on violation):
  *   - on failure err is non-empty and starts with the job file's path, and

@@ -1,4 +1,4 @@
-/* fuzz_queue.c — libFuzzer harness for daemon/queue_state.c: a job's state
+/* fuzz_queue.c — libFuzzer harness for daemon/jobs/queue_state.c: a job's state
  * file as queue_open reads it (queue_parse_state, for the directory of job
  * 7), and the same bytes as a next_id file (queue_parse_next_id).
  * Properties (abort() on violation):
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "queue.h"
+#include "jobs/queue.h"
 
 #define CHECK(cond)                                                                                         \
     do {                                                                                                    \

@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — libFuzzer harness for daemon/safetensors.c.
+/* fuzz_safetensors.c — libFuzzer harness for daemon/io/safetensors.c.
  *
  * The input is a whole file: it is written to a memfd and st_open reads it
  * through /proc/self/fd/N.  Properties (abort() on violation):
@@ -21,7 +21,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 #define CHECK(cond)                                                                      \
     do {                                                                                 \

@@ -1,4 +1,4 @@
-/* fuzz_sample.c — libFuzzer harness for daemon/sample.c: the model files
+/* fuzz_sample.c — libFuzzer harness for daemon/engine/sample.c: the model files
  * `gradctl sample` reads.
  *
  * The input is a whole file (model.safetensors or resume.safetensors, as a
@@ -27,7 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "sample.h"
+#include "engine/sample.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -14,17 +14,17 @@
 #   wire    common/wire.c: incremental frame reader fed in fuzzer-chosen
 #           chunks, Request/Response unpacking, pack/unpack round trip
 #   units   common/units.c: size and duration parsing, size formatting
-#   config  daemon/config.c: gradd.conf through libinih (via a memfd)
-#   jobcfg  daemon/jobcfg.c: job files as submit parses them, paths normalised
-#   safetensors  daemon/safetensors.c: st_open/st_read/st_data on arbitrary
+#   config  daemon/base/config.c: gradd.conf through libinih (via a memfd)
+#   jobcfg  common/jobcfg.c: job files as submit parses them, paths normalised
+#   safetensors  daemon/io/safetensors.c: st_open/st_read/st_data on arbitrary
 #           files (via a memfd), writer round trip of what parses
-#   data    daemon/data.c: llm.c token files, .npy, text, IDX image/label
+#   data    daemon/io/data.c: llm.c token files, .npy, text, IDX image/label
 #           pairs plain and gzip'd (via memfds), and the sample streams
-#   sample  daemon/sample.c: model.safetensors / resume.safetensors as
+#   sample  daemon/engine/sample.c: model.safetensors / resume.safetensors as
 #           `gradctl sample` loads them (via a memfd), the metadata line
 #           parser, and two generated tokens from whatever loads (with the
 #           CPU kernels: OpenBLAS and OpenMP)
-#   queue   daemon/queue_state.c: a job's state file and the next_id file as
+#   queue   daemon/jobs/queue_state.c: a job's state file and the next_id file as
 #           queue_open parses them, persist -> parse round trip of what parses
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
@@ -104,14 +104,14 @@ sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
-    config) echo "$ROOT/daemon/config.c $ROOT/daemon/opts.c $ROOT/common/units.c" ;;
-    jobcfg) echo "$ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
-    safetensors) echo "$ROOT/daemon/safetensors.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
-    data) echo "$ROOT/daemon/data.c $ROOT/common/errmsg.c" ;;
-    sample) echo "$ROOT/daemon/sample.c $ROOT/daemon/model.c $ROOT/daemon/model_gpt.c $ROOT/daemon/model_mlp.c" \
-        "$ROOT/daemon/safetensors.c $ROOT/daemon/jobcfg.c $ROOT/daemon/opts.c $ROOT/common/units.c" \
+    config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
+    jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
+    safetensors) echo "$ROOT/daemon/io/safetensors.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
+    data) echo "$ROOT/daemon/io/data.c $ROOT/common/errmsg.c" ;;
+    sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/model.c $ROOT/daemon/models/model_gpt.c $ROOT/daemon/models/model_mlp.c" \
+        "$ROOT/daemon/io/safetensors.c $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
-    queue) echo "$ROOT/daemon/queue_state.c" ;;
+    queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
     esac
 }
 # Extra flags and libraries per harness.

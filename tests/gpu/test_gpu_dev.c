@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "kernels.h"
-#include "pool.h"
+#include "pool/pool.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "kernels.h"
 
 static const kern_ops *G; /* cuda */

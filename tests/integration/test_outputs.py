@@ -2,7 +2,7 @@
 
 write_outputs (tests/integration/write_outputs.c) writes a safetensors file
 with known values and a TensorBoard event file with a loss curve through
-daemon/safetensors.c and daemon/tboard.c; this test loads them with
+daemon/io/safetensors.c and daemon/engine/tboard.c; this test loads them with
 safetensors.numpy / safe_open and TensorBoard's EventAccumulator and checks
 every value exactly.  In the other direction, files written by
 safetensors.numpy.save_file are read by gradd's reader (write_outputs read).

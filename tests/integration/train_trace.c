@@ -29,14 +29,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data.h"
-#include "dev.h"
+#include "io/data.h"
+#include "pool/dev.h"
 #include "jobcfg.h"
 #include "kernels.h"
-#include "model.h"
-#include "pool.h"
-#include "safetensors.h"
-#include "train.h"
+#include "models/model.h"
+#include "pool/pool.h"
+#include "io/safetensors.h"
+#include "engine/train.h"
 
 typedef struct {
     train_progress *steps; /* indexed by step - 1 */

@@ -21,8 +21,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "safetensors.h"
-#include "tboard.h"
+#include "io/safetensors.h"
+#include "engine/tboard.h"
 
 #define ADD(w, name, dt, nd, shp, ptr, sz)                                                   \
     do {                                                                                 \

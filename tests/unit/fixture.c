@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 char fx_dir[64];
 dev *fx_dev;

@@ -12,10 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "jobcfg.h"
-#include "pool.h"
-#include "train.h"
+#include "pool/pool.h"
+#include "engine/train.h"
 
 extern char fx_dir[64]; /* /tmp/gradd-TAG-XXXXXX */
 extern dev *fx_dev;     /* the simulated cpu device */

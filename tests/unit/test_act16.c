@@ -24,7 +24,7 @@
 #include "fixture.h"
 #include "jobcfg.h"
 #include "kernels.h"
-#include "train.h"
+#include "engine/train.h"
 
 static kern_ops act16_ops, fused16_ops;
 

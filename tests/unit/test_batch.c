@@ -15,17 +15,17 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "batch.h"
-#include "dev.h"
+#include "engine/batch.h"
+#include "pool/dev.h"
 #include "fixture.h"
 #include "jobcfg.h"
 #include "kern_ws.h"
 #include "kernels.h"
-#include "pool.h"
-#include "safetensors.h"
-#include "tboard.h"
+#include "pool/pool.h"
+#include "io/safetensors.h"
+#include "engine/tboard.h"
 #include "tensorboard.pb-c.h"
-#include "train.h"
+#include "engine/train.h"
 
 /* A workspace of 2 MiB + 2 × the output of each matmul: large-pool sized,
  * and growing with the micro-batch, like a GEMM's. */

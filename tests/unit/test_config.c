@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "config.h"
+#include "base/config.h"
 
 static char path[64];
 

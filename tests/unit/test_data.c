@@ -16,7 +16,7 @@
 #include <zlib.h>
 #include <cmocka.h>
 
-#include "data.h"
+#include "io/data.h"
 
 static char dir[64];
 static char err[1024];

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "kernels.h"
 
 #define MiB ((size_t)1 << 20)

@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* What the capturing sink saw of the last entry. */
 typedef struct {

@@ -23,8 +23,8 @@
 
 #include <cmocka.h>
 
-#include "dev.h"
-#include "pool.h"
+#include "pool/dev.h"
+#include "pool/pool.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)

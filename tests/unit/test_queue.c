@@ -18,8 +18,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "log.h"
-#include "queue.h"
+#include "base/log.h"
+#include "jobs/queue.h"
 #include "tmpdir.h"
 
 static int setup(void **state)

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "io/safetensors.h"
 #include "tmpdir.h"
 
 /* ---- helpers ---------------------------------------------------------------- */

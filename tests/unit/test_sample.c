@@ -16,15 +16,15 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "fixture.h"
 #include "jobcfg.h"
 #include "kernels.h"
-#include "model.h"
-#include "pool.h"
-#include "safetensors.h"
-#include "sample.h"
-#include "train.h"
+#include "models/model.h"
+#include "pool/pool.h"
+#include "io/safetensors.h"
+#include "engine/sample.h"
+#include "engine/train.h"
 
 static char out_dir[128];
 

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tboard.h"
+#include "engine/tboard.h"
 #include "tensorboard.pb-c.h"
 #include "tmpdir.h"
 

@@ -14,13 +14,13 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "dev.h"
+#include "pool/dev.h"
 #include "fixture.h"
 #include "jobcfg.h"
 #include "kernels.h"
-#include "pool.h"
-#include "safetensors.h"
-#include "train.h"
+#include "pool/pool.h"
+#include "io/safetensors.h"
+#include "engine/train.h"
 
 static int setup(void **state)
 {

@@ -15,13 +15,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ctx.h"
+#include "base/ctx.h"
 #include "gradd-config.h"
-#include "log.h"
+#include "base/log.h"
 #include "paths.h"
-#include "queue.h"
-#include "worker.h"
-#include "runjob.h"
+#include "jobs/queue.h"
+#include "jobs/worker.h"
+#include "jobs/runjob.h"
 #include "server.h"
 #include "svc.h"
 #include "wire.h"

@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "ctx.h"
+#include "base/ctx.h"
 #include "queue.h"
 
 typedef struct worker {

@@ -14,14 +14,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "access.h"
-#include "log.h"
-#include "queue.h"
-#include "rpc.h"
-#include "sample.h"
+#include "jobs/access.h"
+#include "base/log.h"
+#include "jobs/queue.h"
+#include "rpc/rpc.h"
+#include "engine/sample.h"
 #include "svc.h"
 #include "units.h"
-#include "worker.h"
+#include "jobs/worker.h"
 #include "wire.h"
 
 /* A client that stops reading gets cut off here rather than making the

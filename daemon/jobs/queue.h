@@ -23,7 +23,7 @@
 #include <sys/types.h>
 
 #include "jobcfg.h"
-#include "train.h"
+#include "engine/train.h"
 
 typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED, JOB_STATE_COUNT } job_state;
 

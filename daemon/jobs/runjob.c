@@ -9,8 +9,8 @@
 
 #include "jobcfg.h"
 #include "kernels.h"
-#include "log.h"
-#include "train.h"
+#include "base/log.h"
+#include "engine/train.h"
 #include "units.h"
 
 typedef struct {

@@ -13,11 +13,11 @@
 #include <unistd.h>
 
 #include "batch.h"
-#include "data.h"
-#include "dev.h"
+#include "io/data.h"
+#include "pool/dev.h"
 #include "fileio.h"
-#include "model.h"
-#include "safetensors.h"
+#include "models/model.h"
+#include "io/safetensors.h"
 #include "tboard.h"
 #include "units.h"
 

@@ -28,7 +28,7 @@
 
 #include "jobcfg.h"
 #include "kernels.h"
-#include "pool.h"
+#include "pool/pool.h"
 
 struct st_writer;
 

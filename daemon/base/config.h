@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "pool.h"
+#include "pool/pool.h"
 
 #define CONFIG_MAX_OVERRIDES 16
 

@@ -11,8 +11,8 @@
 
 #include "jobcfg.h"
 #include "kernels.h"
-#include "model.h"
-#include "safetensors.h"
+#include "models/model.h"
+#include "io/safetensors.h"
 
 #define RESUME_FORMAT "gradd-resume-1" /* train.c's checkpoint format */
 

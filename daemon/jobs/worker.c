@@ -9,7 +9,7 @@
 
 #include "access.h"
 #include "kernels.h"
-#include "log.h"
+#include "base/log.h"
 #include "units.h"
 
 typedef struct {

@@ -10,12 +10,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "access.h"
-#include "batch.h"
+#include "jobs/access.h"
+#include "engine/batch.h"
 #include "gradd-config.h"
-#include "log.h"
-#include "queue.h"
-#include "worker.h"
+#include "base/log.h"
+#include "jobs/queue.h"
+#include "jobs/worker.h"
 
 #define TIMELINE_CHUNK ((size_t)256 << 10)
 

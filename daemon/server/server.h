@@ -12,7 +12,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "ctx.h"
+#include "base/ctx.h"
 
 typedef struct server_conn server_conn;
 

@@ -15,7 +15,7 @@
 
 #include "access.h"
 #include "fileio.h"
-#include "log.h"
+#include "base/log.h"
 
 /* ---- files ------------------------------------------------------------------------- */
 

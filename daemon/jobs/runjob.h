@@ -3,7 +3,7 @@
 #ifndef GRADD_RUNJOB_H
 #define GRADD_RUNJOB_H
 
-#include "ctx.h"
+#include "base/ctx.h"
 
 /* Train the job in `path` on ctx's devices, which it opens (ctx_open) after
  * reading the job file, and closes.  Prints progress to stderr and a

@@ -8,8 +8,8 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "dev.h"
-#include "pool.h"
+#include "pool/dev.h"
+#include "pool/pool.h"
 
 #define CTX_MAX_DEVICES 32
 

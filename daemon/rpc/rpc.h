@@ -7,7 +7,7 @@
 #include <limits.h>
 #include <sys/types.h>
 
-#include "ctx.h"
+#include "base/ctx.h"
 #include "wire.h"
 
 typedef struct {
