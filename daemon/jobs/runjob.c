@@ -1,16 +1,16 @@
-/* runjob.c — the foreground runner behind `gradd run`. */
+/* runjob.c — `gradd run`: one job in the foreground, through its runner. */
 #include "runjob.h"
 
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "jobcfg.h"
-#include "kernels.h"
 #include "base/log.h"
-#include "engine/train.h"
+#include "runner.h"
 #include "units.h"
 
 typedef struct {
@@ -49,6 +49,15 @@ static void on_step(void *user, const train_progress *p)
             (unsigned long long)p->step, (unsigned long long)p->steps, p->loss, val, p->lr, p->grad_norm,
             p->units_per_s, v->unit, p->micro, p->accum, units_format_size(p->allocated, a, sizeof a),
             units_format_size(p->reserved, r, sizeof r));
+}
+
+/* A runner's note, as a warning on stderr. */
+static void note(void *user, const char *fmt, va_list ap)
+{
+    (void)user;
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    log_warn("%s", msg);
 }
 
 /* auto: the first CUDA device, else cpu0; cpu/cpuN; cuda:N. */
@@ -90,12 +99,9 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         goto out;
     }
     dev *d = ctx->devs[di];
-    const kern_ops *k = d->kind == DEV_KIND_CPU
-                            ? kern_cpu_ops()
-                            : dev_cuda_kern_ops(ctx->cfg.cuda_module_dir[0] ? ctx->cfg.cuda_module_dir : NULL);
-    if (!k) {
-        fprintf(stderr, "gradd: no kernels for %s\n", d->id);
-        rc = 1;
+    const runner *run = runner_for(&j);
+    if (!run) {
+        fprintf(stderr, "gradd: %s: no runner takes this job\n", path);
         goto out;
     }
     /* Stopped while the devices were probed: nothing to save yet. */
@@ -105,17 +111,17 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         goto out;
     }
     runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
-    /* More OpenMP threads than cores take turns at every barrier. */
-    int cores = ctx_cores();
-    if (d->kind == DEV_KIND_CPU && j.threads > (uint32_t)cores)
-        log_warn("[train] threads = %u is more than the %d cores here: the threads will take turns, and the run "
-                 "is far slower than with %d", j.threads, cores, cores);
-
     log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
              d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
-    train_hooks h = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &v};
+    runner_env env = {
+        .ctx = ctx,
+        .dev = di,
+        .job_id = 1,
+        .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &v},
+        .note = note,
+    };
     static train_result res;
-    train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
+    train_outcome o = run->run(&env, &j, &res);
     switch (o) {
     case TRAIN_DONE:
         printf("done: %llu steps, final loss %.4f", (unsigned long long)res.steps_done, res.final_loss);

@@ -2,13 +2,14 @@
 #include "worker.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "access.h"
-#include "kernels.h"
+#include "runner.h"
 #include "base/log.h"
 #include "units.h"
 
@@ -101,6 +102,15 @@ static int cpu_share(const gradd_ctx *ctx)
     return cores / slots > 1 ? cores / slots : 1;
 }
 
+/* A runner's note, in the job's log. */
+static void log_note(void *user, const char *fmt, va_list ap)
+{
+    FILE *f = user;
+    fputs("== ", f);
+    vfprintf(f, fmt, ap);
+    fputc('\n', f);
+}
+
 static void run_one(worker *w, job *j)
 {
     gradd_ctx *ctx = w->ctx;
@@ -113,39 +123,28 @@ static void run_one(worker *w, job *j)
         fprintf(r.log, "== job %u (%s) starting on %s, owner %s (uid %u)\n", j->id, j->name, d->id, j->user,
                 (unsigned)j->uid);
 
-    const kern_ops *k = d->kind == DEV_KIND_CPU
-                            ? kern_cpu_ops()
-                            : dev_cuda_kern_ops(ctx->cfg.cuda_module_dir[0] ? ctx->cfg.cuda_module_dir : NULL);
     train_result res;
     memset(&res, 0, sizeof res);
     train_outcome o = TRAIN_FAILED;
     char err[512];
     access_saved saved;
-    if (!k) {
-        snprintf(res.message, sizeof res.message, "no kernels for %s", d->id);
+    const runner *run = runner_for(&j->cfg);
+    if (!run) {
+        snprintf(res.message, sizeof res.message, "no runner takes this job");
     } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
         snprintf(res.message, sizeof res.message, "%s", err);
     } else {
-        train_hooks h = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r};
-        const job_config *cfg = &j->cfg;
-        job_config *shared = NULL;
-        int share = d->kind == DEV_KIND_CPU && j->cfg.threads == 0 ? cpu_share(ctx) : 0;
-        if (share && (shared = malloc(sizeof *shared))) {
-            *shared = j->cfg;
-            shared->threads = (uint32_t)share;
-            cfg = shared;
-            if (r.log)
-                fprintf(r.log, "== threads = 0: %d, this job's share of the cores among %d CPU job slots\n", share,
-                        cpu_slots(ctx));
-        }
-        /* More OpenMP threads than cores take turns at every barrier: a
-         * tenfold slowdown or worse, which the log should explain. */
-        int cores = ctx_cores();
-        if (d->kind == DEV_KIND_CPU && cfg->threads > (uint32_t)cores && r.log)
-            fprintf(r.log, "== threads = %u is more than the %d cores this daemon may use: the threads will take "
-                    "turns, and the job runs far slower than with %d\n", cfg->threads, cores, cores);
-        o = train_run(cfg, ctx->pools[w->dev], k, j->id, &h, &res);
-        free(shared);
+        runner_env env = {
+            .ctx = ctx,
+            .dev = w->dev,
+            .job_id = j->id,
+            .cpu_share = cpu_share(ctx),
+            .cpu_slots = cpu_slots(ctx),
+            .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r},
+            .note = r.log ? log_note : NULL,
+            .note_user = r.log,
+        };
+        o = run->run(&env, &j->cfg, &res);
         access_restore(&saved);
     }
     pool_job_forget(ctx->pools[w->dev], j->id);

@@ -1,11 +1,12 @@
 /* worker.h — the threads that run jobs: max_jobs_per_device per device.
  *
  * A worker waits for a queued job its device accepts, marks it running,
- * takes the owner's filesystem identity (access.h) and runs the training
- * engine, publishing progress into the job under the queue lock; the event
- * loop only reads it.  Cancel stops a job between two layers of its
- * current micro-batch (that step is not applied) after a final checkpoint; a daemon shutdown does the same and puts the
- * job back in the queue, to resume at the next start.
+ * takes the owner's filesystem identity (access.h) and runs the job through
+ * its runner (runner.h), publishing progress into the job under the queue
+ * lock; the event loop only reads it.  Cancel stops a job between two
+ * layers of its current micro-batch (that step is not applied) after a
+ * final checkpoint; a daemon shutdown does the same and puts the job back
+ * in the queue, to resume at the next start.
  */
 #ifndef GRADD_WORKER_H
 #define GRADD_WORKER_H
