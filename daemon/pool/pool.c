@@ -1,8 +1,11 @@
-/* pool.c — the caching allocator: blocks, segments, best fit, split, coalesce.
+/* pool.c — the caching allocator's entry points: creation, pool_alloc
+ * (best fit and split, the cap and the job's limit, one trim and retry
+ * before an OOM) and pool_free (coalescing), with the pointer map of live
+ * blocks and the spare block structs they use.
  *
- * The only file that brings device memory into the pool (dev_alloc,
- * dev_va_map); pool_trim.c gives it back through pool_seg_release and
- * pool_seg_unmap_chunks below.
+ * Segments and growth are in pool_segment.c, the free trees in
+ * pool_tree.c, the job table in pool_jobs.c; pool_internal.h keeps the
+ * free-block bookkeeping all of them share.
  *
  * Invariants (pool_check verifies every one of them):
  *   - the blocks of a segment tile it in address order, every size a
@@ -136,275 +139,6 @@ void pool_blk_put(pool *p, pool_block *b)
     p->nspare++;
 }
 
-/* ==== free trees and bins ========================================================== */
-
-/* AVL trees keyed by (size, addr): one per sub-pool for the blocks no bin
- * takes, and one per size bin.  Best fit is the leftmost block not smaller
- * than the request, and among equal sizes the lowest address wins, which
- * keeps live memory packed toward segment starts. */
-
-static inline bool blk_less(const pool_block *a, const pool_block *b)
-{
-    return a->size < b->size || (a->size == b->size && a->addr < b->addr);
-}
-
-static inline int32_t avl_h(const pool_block *b) { return b ? b->height : 0; }
-
-static inline void avl_fix(pool_block *b)
-{
-    int32_t l = avl_h(b->left), r = avl_h(b->right);
-    b->height = 1 + (l > r ? l : r);
-}
-
-static pool_block *avl_rot_right(pool_block *y)
-{
-    pool_block *x = y->left;
-    y->left = x->right;
-    x->right = y;
-    avl_fix(y);
-    avl_fix(x);
-    return x;
-}
-
-static pool_block *avl_rot_left(pool_block *x)
-{
-    pool_block *y = x->right;
-    x->right = y->left;
-    y->left = x;
-    avl_fix(x);
-    avl_fix(y);
-    return y;
-}
-
-static pool_block *avl_balance(pool_block *n)
-{
-    avl_fix(n);
-    int32_t bf = avl_h(n->left) - avl_h(n->right);
-    if (bf > 1) {
-        if (avl_h(n->left->left) < avl_h(n->left->right))
-            n->left = avl_rot_left(n->left);
-        return avl_rot_right(n);
-    }
-    if (bf < -1) {
-        if (avl_h(n->right->right) < avl_h(n->right->left))
-            n->right = avl_rot_right(n->right);
-        return avl_rot_left(n);
-    }
-    return n;
-}
-
-/* Insert and remove walk down recording the links they passed, then
- * rebalance upward only until a subtree keeps its height: above that point
- * nothing changed.  Most updates stop within a level or two, which is what
- * makes the tree updates cheap. */
-#define AVL_MAX_DEPTH 96 /* AVL height <= 1.44 log2(n + 2): enough for any n */
-
-static void avl_rebalance_up(pool_block **path[], int d)
-{
-    while (d > 0) {
-        pool_block **link = path[--d];
-        int32_t old = (*link)->height;
-        *link = avl_balance(*link);
-        if ((*link)->height == old)
-            break;
-    }
-}
-
-static void avl_insert(pool_block **root, pool_block *n)
-{
-    pool_block **path[AVL_MAX_DEPTH];
-    int d = 0;
-    pool_block **link = root;
-    while (*link) {
-        path[d++] = link;
-        link = blk_less(n, *link) ? &(*link)->left : &(*link)->right;
-    }
-    n->left = n->right = NULL;
-    n->height = 1;
-    *link = n;
-    avl_rebalance_up(path, d);
-}
-
-/* n must still carry the key it was inserted with. */
-static void avl_remove(pool_block **root, pool_block *n)
-{
-    pool_block **path[AVL_MAX_DEPTH];
-    int d = 0;
-    pool_block **link = root;
-    while (*link != n) {
-        path[d++] = link;
-        link = blk_less(n, *link) ? &(*link)->left : &(*link)->right;
-    }
-    if (!n->left || !n->right) {
-        *link = n->left ? n->left : n->right;
-    } else {
-        /* Put n's successor (the leftmost of its right subtree) in its place. */
-        int at = d;
-        path[d++] = link;
-        pool_block **ml = &n->right;
-        while ((*ml)->left) {
-            path[d++] = ml;
-            ml = &(*ml)->left;
-        }
-        pool_block *m = *ml;
-        *ml = m->right;
-        m->left = n->left;
-        m->right = n->right;
-        m->height = n->height;
-        *link = m;
-        /* The link recorded as n->right now lives in m. */
-        if (d > at + 1)
-            path[at + 1] = &m->right;
-    }
-    avl_rebalance_up(path, d);
-}
-
-static pool_block *avl_rightmost(pool_block *n)
-{
-    while (n && n->right)
-        n = n->right;
-    return n;
-}
-
-/* ==== idle list ======================================================================= */
-
-static void idle_push(pool *p, pool_segment *s)
-{
-    s->idle = 1;
-    s->lru_next = NULL;
-    s->lru_prev = p->lru_tail;
-    if (p->lru_tail)
-        p->lru_tail->lru_next = s;
-    else
-        p->lru_head = s;
-    p->lru_tail = s;
-}
-
-static void idle_unlink(pool *p, pool_segment *s)
-{
-    if (s->lru_prev)
-        s->lru_prev->lru_next = s->lru_next;
-    else
-        p->lru_head = s->lru_next;
-    if (s->lru_next)
-        s->lru_next->lru_prev = s->lru_prev;
-    else
-        p->lru_tail = s->lru_prev;
-    s->lru_prev = s->lru_next = NULL;
-    s->idle = 0;
-}
-
-/* ==== free block bookkeeping ============================================================ */
-
-/* ---- bins ---- */
-
-static inline size_t bin_of(size_t size) { return size / POOL_ROUND - 1; }
-
-/* The first non-empty bin >= c, or -1: two bitmap words at most. */
-static inline long bins_first(const pool_bins *bn, size_t c)
-{
-    size_t w = c / 64;
-    uint64_t m = bn->words[w] & (~(uint64_t)0 << (c % 64));
-    if (m)
-        return (long)(w * 64 + (size_t)__builtin_ctzll(m));
-    if (w + 1 >= POOL_BIN_WORDS)
-        return -1;
-    uint64_t sm = bn->summary & (~(uint64_t)0 << (w + 1));
-    if (!sm)
-        return -1;
-    w = (size_t)__builtin_ctzll(sm);
-    return (long)(w * 64 + (size_t)__builtin_ctzll(bn->words[w]));
-}
-
-static inline pool_block *avl_leftmost(pool_block *n)
-{
-    while (n->left)
-        n = n->left;
-    return n;
-}
-
-/* ---- insert and remove ---- */
-
-/* Bins are nearly always empty or hold one block (on the training trace,
- * over 99% of insertions find the bin empty), so those cases skip the tree
- * code altogether. */
-static inline void bin_insert(pool_bins *bn, pool_block *b)
-{
-    size_t c = bin_of(b->size);
-    if (!bn->root[c]) {
-        b->left = b->right = NULL;
-        b->height = 1;
-        bn->root[c] = b;
-        bn->words[c / 64] |= (uint64_t)1 << (c % 64);
-        bn->summary |= (uint64_t)1 << (c / 64);
-        return;
-    }
-    avl_insert(&bn->root[c], b);
-}
-
-static inline void bin_remove(pool_bins *bn, pool_block *b)
-{
-    size_t c = bin_of(b->size);
-    if (bn->root[c] != b || b->left || b->right) {
-        avl_remove(&bn->root[c], b);
-        return;
-    }
-    bn->root[c] = NULL;
-    bn->words[c / 64] &= ~((uint64_t)1 << (c % 64));
-    if (!bn->words[c / 64])
-        bn->summary &= ~((uint64_t)1 << (c / 64));
-}
-
-/* Every change to a free block's size or neighbours goes remove → change →
- * insert, so the split statistics and the idle list follow the bins. */
-static inline void free_insert(pool *p, pool_block *b)
-{
-    pool_segment *seg = b->seg;
-    pool_sub *sp = pool_sub_of(p, seg);
-    if (sp->bins && b->size <= POOL_BIN_MAX) {
-        bin_insert(sp->bins, b);
-    } else {
-        avl_insert(&sp->root, b);
-        if (!sp->max || blk_less(sp->max, b))
-            sp->max = b;
-    }
-    sp->nfree++;
-    if (b->size > p->largest)
-        p->largest = b->size;
-    if (!b->prev && !b->next) {
-        idle_push(p, seg);
-    } else {
-        b->split_counted = 1;
-        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT, seg->small, b->size);
-        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, seg->small, 1);
-    }
-}
-
-static inline void free_remove(pool *p, pool_block *b)
-{
-    pool_segment *seg = b->seg;
-    pool_sub *sp = pool_sub_of(p, seg);
-    if (sp->bins && b->size <= POOL_BIN_MAX) {
-        bin_remove(sp->bins, b);
-    } else {
-        avl_remove(&sp->root, b);
-        if (sp->max == b)
-            sp->max = avl_rightmost(sp->root);
-    }
-    b->left = b->right = NULL;
-    b->height = 0;
-    sp->nfree--;
-    if (b->size == p->largest)
-        p->largest_stale = true;
-    if (b->split_counted) {
-        b->split_counted = 0;
-        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT, seg->small, b->size);
-        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, seg->small, 1);
-    }
-    if (seg->idle)
-        idle_unlink(p, seg);
-}
-
 /* ==== pointer map ======================================================================== */
 
 /* Open addressing with linear probing and backward-shift deletion (no
@@ -485,164 +219,6 @@ static void map_delete_at(pool *p, size_t i)
     p->map[i].key = 0;
     p->map[i].b = NULL;
     p->map_count--;
-}
-
-/* ==== segment lists ========================================================================= */
-
-/* Both kinds of segment list are kept in address order: the check walks
- * them once for overlaps, and expandable growth walks the holes between. */
-void pool_seg_link(pool *p, pool_segment *s)
-{
-    pool_sub *sp = pool_sub_of(p, s);
-    pool_segment *after = sp->segs_tail;
-    while (after && after->addr > s->addr)
-        after = after->prev;
-    s->prev = after;
-    s->next = after ? after->next : sp->segs;
-    if (s->next)
-        s->next->prev = s;
-    else
-        sp->segs_tail = s;
-    if (after)
-        after->next = s;
-    else
-        sp->segs = s;
-    sp->nsegs++;
-}
-
-void pool_seg_unlink(pool *p, pool_segment *s)
-{
-    pool_sub *sp = pool_sub_of(p, s);
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        sp->segs = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    else
-        sp->segs_tail = s->prev;
-    s->prev = s->next = NULL;
-    sp->nsegs--;
-}
-
-/* ==== jobs ======================================================================================= */
-
-static void job_claim(pool *p, int slot, uint32_t job)
-{
-    pool_live_job *j = &p->live.jobs[slot];
-    p->job_used[slot] = 1;
-    p->job_id[slot] = job;
-    POOL_ST(j->job, job);
-    POOL_ST(j->current, 0);
-    POOL_ST(j->peak, 0);
-    POOL_ST(j->limit, 0);
-    for (int t = 0; t < POOL_TAG_COUNT; t++) {
-        POOL_ST(j->tag_current[t], 0);
-        POOL_ST(j->tag_peak[t], 0);
-    }
-    POOL_ST(j->used, 1);
-}
-
-void pool_job_release_slot(pool *p, int slot)
-{
-    pool_live_job *j = &p->live.jobs[slot];
-    p->job_used[slot] = 0;
-    POOL_ST(j->used, 0);
-    POOL_ST(j->job, 0);
-    POOL_ST(j->peak, 0);
-    POOL_ST(j->limit, 0);
-    POOL_ST(j->need, 0);
-}
-
-/* The job's row, made when create is set; -1 when the table is full of
- * jobs that hold memory or limits.  Called inside a section. */
-static int job_slot(pool *p, uint32_t job, bool create)
-{
-    int s = p->last_job_slot;
-    if (p->job_used[s] && p->job_id[s] == job)
-        return s;
-    for (int i = 0; i < POOL_MAX_JOBS; i++) {
-        if (p->job_used[i] && p->job_id[i] == job) {
-            p->last_job_slot = i;
-            return i;
-        }
-    }
-    if (!create)
-        return -1;
-    int free_slot = -1;
-    for (int i = 0; i < POOL_MAX_JOBS && free_slot < 0; i++)
-        if (!p->job_used[i])
-            free_slot = i;
-    /* Rows of jobs that ended without pool_job_forget are reused once they
-     * hold nothing. */
-    for (int i = 0; i < POOL_MAX_JOBS && free_slot < 0; i++) {
-        pool_live_job *j = &p->live.jobs[i];
-        if (POOL_LD(j->current) == 0 && POOL_LD(j->limit) == 0) {
-            pool_job_release_slot(p, i);
-            free_slot = i;
-        }
-    }
-    if (free_slot < 0)
-        return -1;
-    job_claim(p, free_slot, job);
-    p->last_job_slot = free_slot;
-    return free_slot;
-}
-
-int pool_job_set_limit(pool *p, uint32_t job, size_t bytes)
-{
-    pthread_mutex_lock(&p->lock);
-    pool_stats_begin(p);
-    int s = job_slot(p, job, true);
-    if (s >= 0)
-        POOL_ST(p->live.jobs[s].limit, bytes);
-    pool_stats_end(p);
-    pthread_mutex_unlock(&p->lock);
-    return s >= 0 ? 0 : -1;
-}
-
-int pool_job_set_need(pool *p, uint32_t job, size_t bytes)
-{
-    pthread_mutex_lock(&p->lock);
-    pool_stats_begin(p);
-    int s = job_slot(p, job, true);
-    if (s >= 0)
-        POOL_ST(p->live.jobs[s].need, bytes);
-    pool_stats_end(p);
-    pthread_mutex_unlock(&p->lock);
-    return s >= 0 ? 0 : -1;
-}
-
-void pool_fit_begin(pool *p)
-{
-    pthread_mutex_lock(&p->fit_lock);
-}
-
-void pool_fit_end(pool *p)
-{
-    pthread_mutex_unlock(&p->fit_lock);
-}
-
-void pool_job_reset_peak(pool *p, uint32_t job)
-{
-    pthread_mutex_lock(&p->lock);
-    pool_stats_begin(p);
-    int s = job_slot(p, job, false);
-    if (s >= 0)
-        POOL_ST(p->live.jobs[s].peak, POOL_LD(p->live.jobs[s].current));
-    pool_stats_end(p);
-    pthread_mutex_unlock(&p->lock);
-}
-
-void pool_job_forget(pool *p, uint32_t job)
-{
-    pthread_mutex_lock(&p->lock);
-    pool_stats_begin(p);
-    int s = job_slot(p, job, false);
-    if (s >= 0 && POOL_LD(p->live.jobs[s].current) == 0)
-        pool_job_release_slot(p, s);
-    pool_stats_end(p);
-    pthread_mutex_unlock(&p->lock);
 }
 
 /* ==== creation ===================================================================================== */
@@ -765,6 +341,29 @@ void pool_destroy(pool *p)
 
 /* ==== best fit ======================================================================================== */
 
+/* The first non-empty bin >= c, or -1: two bitmap words at most. */
+static inline long bins_first(const pool_bins *bn, size_t c)
+{
+    size_t w = c / 64;
+    uint64_t m = bn->words[w] & (~(uint64_t)0 << (c % 64));
+    if (m)
+        return (long)(w * 64 + (size_t)__builtin_ctzll(m));
+    if (w + 1 >= POOL_BIN_WORDS)
+        return -1;
+    uint64_t sm = bn->summary & (~(uint64_t)0 << (w + 1));
+    if (!sm)
+        return -1;
+    w = (size_t)__builtin_ctzll(sm);
+    return (long)(w * 64 + (size_t)__builtin_ctzll(bn->words[w]));
+}
+
+static inline pool_block *avl_leftmost(pool_block *n)
+{
+    while (n->left)
+        n = n->left;
+    return n;
+}
+
 /* The smallest free block >= size, the lowest address among equals.
  * Binned blocks are all smaller than the tree's, so a non-empty bin at or
  * above size's wins outright, and the tree is searched only without one. */
@@ -772,7 +371,7 @@ static pool_block *find_fit(pool *p, pool_sub *sp, size_t size)
 {
     pool_block *best = NULL;
     if (sp->bins && size <= POOL_BIN_MAX) {
-        long c = bins_first(sp->bins, bin_of(size));
+        long c = bins_first(sp->bins, pool_bin_of(size));
         if (c >= 0)
             best = avl_leftmost(sp->bins->root[c]);
     }
@@ -816,7 +415,7 @@ static void take_block(pool *p, pool_block *b, size_t size, size_t requested, po
 {
     pool_segment *seg = b->seg;
     bool small = seg->small;
-    free_remove(p, b);
+    pool_free_remove(p, b);
     if (should_split(p, b, size)) {
         pool_block *r = pool_blk_new(p);
         r->addr = b->addr + size;
@@ -831,7 +430,7 @@ static void take_block(pool *p, pool_block *b, size_t size, size_t requested, po
         b->next = r;
         seg->nblocks++;
         b->size = size;
-        free_insert(p, r);
+        pool_free_insert(p, r);
     }
     b->live = 1;
     b->tag = (uint8_t)tag;
@@ -858,408 +457,7 @@ static void take_block(pool *p, pool_block *b, size_t size, size_t requested, po
         POOL_ST(j->tag_peak[tag], jt);
 }
 
-/* ==== growth: fixed segments ============================================================================ */
-
-enum grow_fail { GROW_OK, GROW_CAP, GROW_DEVICE, GROW_HOST, GROW_VA };
-
-static size_t reserved_now(pool *p) { return (size_t)pool_stat_current(p, POOL_ST_RESERVED, POOL_ALL); }
-
-/* The gc_threshold policy, applied where it matters most: just before the
- * pool would take more memory from the device. */
-static void gc_before_growth(pool *p, size_t extra)
-{
-    if (p->cfg.gc_threshold > 0)
-        pool_gc_locked(p, (size_t)(p->cfg.gc_threshold * (double)p->cap), extra);
-}
-
-static pool_block *grow_fixed(pool *p, pool_sub *sp, size_t size, uint32_t job,
-                              enum grow_fail *why, char *detail, size_t detail_len)
-{
-    bool small = sp->small;
-    size_t least = small ? POOL_SMALL_SEGMENT : pool_round_up(size, POOL_LARGE_ROUND);
-    size_t want = least;
-    /* Mid-sized requests share 20 MiB segments, so a run of them costs one
-     * device call instead of one each; an oversize segment for a request
-     * that may not take an oversize block would be all waste. */
-    if (!small && size < POOL_MID_MAX && POOL_MID_SEGMENT < p->cfg.max_split_size)
-        want = POOL_MID_SEGMENT;
-
-    pool_segment *seg = calloc(1, sizeof *seg);
-    if (!seg) {
-        *why = GROW_HOST;
-        return NULL;
-    }
-    gc_before_growth(p, want);
-    if (!pool_blk_reserve(p, 2)) { /* the GC's trim may have used them */
-        free(seg);
-        *why = GROW_HOST;
-        return NULL;
-    }
-    void *ptr = NULL;
-    size_t got = 0;
-    for (int attempt = 0; attempt < 2 && !got; attempt++) {
-        size_t s = attempt == 0 ? want : least;
-        if (attempt == 1 && s == want)
-            break;
-        if (reserved_now(p) + s > p->cap) {
-            *why = GROW_CAP;
-            continue;
-        }
-        dev_status st = dev_alloc(p->d, s, &ptr);
-        if (st == DEV_OK) {
-            got = s;
-        } else {
-            *why = GROW_DEVICE;
-            snprintf(detail, detail_len, "%s", dev_last_error(p->d));
-        }
-    }
-    if (!got) {
-        free(seg);
-        return NULL;
-    }
-
-    pool_block *b = pool_blk_new(p);
-    seg->addr = (uintptr_t)ptr;
-    seg->size = got;
-    seg->small = small;
-    seg->sub = (uint8_t)(sp - p->sub);
-    seg->head = seg->tail = b;
-    seg->nblocks = 1;
-    b->addr = seg->addr;
-    b->size = got;
-    b->seg = seg;
-
-    pool_stats_begin(p);
-    pool_seg_link(p, seg);
-    pool_stat_inc(p, POOL_ST_RESERVED, small, got);
-    pool_stat_inc(p, POOL_ST_SEGMENTS, small, 1);
-    pool_ctr_add(p, POOL_CTR_DEVICE_ALLOCS, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, seg->sub, got, seg->addr, 0);
-    free_insert(p, b);
-    pool_stats_end(p);
-    return b;
-}
-
-/* ==== growth: expandable segments ========================================================================= */
-
-/* A place to map: `len` bytes at `at`, in the hole between runs `before`
- * and `after` (either may be NULL). */
-typedef struct {
-    uintptr_t at;
-    size_t len;
-    pool_segment *before, *after;
-} grow_site;
-
-/* The hole that needs the fewest new bytes wins: mapping next to a free
- * tail (or head) block reuses it, which is what keeps reserved close to
- * allocated.  Ties go to the lowest address. */
-static bool find_site(pool *p, pool_sub *sp, size_t size, grow_site *best)
-{
-    size_t g = p->granularity;
-    best->len = SIZE_MAX;
-    pool_segment *prev = NULL;
-    for (pool_segment *s = sp->segs;; s = s->next) {
-        uintptr_t gs = prev ? prev->addr + prev->size : sp->va_base;
-        uintptr_t ge = s ? s->addr : sp->va_base + sp->va_size;
-        size_t gap = ge - gs;
-        if (gap > 0) {
-            size_t tail_free = prev && !prev->tail->live ? prev->tail->size : 0;
-            size_t head_free = s && !s->head->live ? s->head->size : 0;
-            /* A miss means every free block is smaller than size. */
-            size_t a = size > tail_free ? pool_round_up(size - tail_free, g) : g;
-            size_t b = size > head_free ? pool_round_up(size - head_free, g) : g;
-            if (a <= gap && a < best->len)
-                *best = (grow_site){gs, a, prev, s};
-            if (b <= gap && b < best->len)
-                *best = (grow_site){ge - b, b, prev, s};
-            if (tail_free + gap + head_free >= size && gap < best->len)
-                *best = (grow_site){gs, gap, prev, s};
-        }
-        if (!s)
-            break;
-        prev = s;
-    }
-    return best->len != SIZE_MAX;
-}
-
-/* Move run `from`'s blocks into run `to`. */
-static void adopt_blocks(pool_segment *to, pool_segment *from)
-{
-    for (pool_block *b = from->head; b; b = b->next)
-        b->seg = to;
-    to->nblocks += from->nblocks;
-}
-
-static pool_block *grow_expandable(pool *p, pool_sub *sp, size_t size, uint32_t job,
-                                   enum grow_fail *why, char *detail, size_t detail_len)
-{
-    bool small = sp->small;
-    grow_site site;
-    if (!find_site(p, sp, size, &site)) {
-        *why = GROW_VA;
-        return NULL;
-    }
-    gc_before_growth(p, site.len);
-    if (!pool_blk_reserve(p, 2)) { /* the GC's trim may have used them */
-        *why = GROW_HOST;
-        return NULL;
-    }
-    /* The GC may have unmapped the neighbours the site leaned on. */
-    if (!find_site(p, sp, size, &site)) {
-        *why = GROW_VA;
-        return NULL;
-    }
-    if (reserved_now(p) + site.len > p->cap) {
-        *why = GROW_CAP;
-        return NULL;
-    }
-    pool_segment *fresh = calloc(1, sizeof *fresh);
-    if (!fresh) {
-        *why = GROW_HOST;
-        return NULL;
-    }
-    if (dev_va_map(p->d, (void *)site.at, site.len) != DEV_OK) {
-        *why = GROW_DEVICE;
-        snprintf(detail, detail_len, "%s", dev_last_error(p->d));
-        free(fresh);
-        return NULL;
-    }
-
-    pool_segment *before = site.before && site.before->addr + site.before->size == site.at
-                               ? site.before : NULL;
-    pool_segment *after = site.after && site.at + site.len == site.after->addr ? site.after : NULL;
-    pool_block *nb = pool_blk_new(p);
-    nb->addr = site.at;
-    nb->size = site.len;
-
-    pool_stats_begin(p);
-    pool_stat_inc(p, POOL_ST_RESERVED, small, site.len);
-    pool_ctr_add(p, POOL_CTR_DEVICE_ALLOCS, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_MAP, job, POOL_TAG_OTHER, (int)(sp - p->sub), site.len,
-                   site.at, 0);
-
-    /* Take the free neighbours out while their runs are still as they were
-     * (the idle list is keyed by run). */
-    pool_block *left = before && !before->tail->live ? before->tail : NULL;
-    pool_block *right = after && !after->head->live ? after->head : NULL;
-    if (left)
-        free_remove(p, left);
-    if (right)
-        free_remove(p, right);
-
-    pool_segment *run;
-    if (before && after) {
-        /* The hole is filled: one run from here on.  Relabel the smaller. */
-        pool_segment *keep = before->nblocks >= after->nblocks ? before : after;
-        pool_segment *drop = keep == before ? after : before;
-        adopt_blocks(keep, drop);
-        before->tail->next = nb;
-        nb->prev = before->tail;
-        nb->next = after->head;
-        after->head->prev = nb;
-        keep->head = before->head;
-        keep->tail = after->tail;
-        keep->size = before->size + site.len + after->size;
-        keep->addr = before->addr;
-        pool_seg_unlink(p, drop);
-        free(drop);
-        pool_stat_dec(p, POOL_ST_SEGMENTS, small, 1);
-        run = keep;
-        free(fresh);
-    } else if (before) {
-        before->tail->next = nb;
-        nb->prev = before->tail;
-        before->tail = nb;
-        before->size += site.len;
-        run = before;
-        free(fresh);
-    } else if (after) {
-        nb->next = after->head;
-        after->head->prev = nb;
-        after->head = nb;
-        after->addr = site.at;
-        after->size += site.len;
-        run = after;
-        free(fresh);
-    } else {
-        fresh->addr = site.at;
-        fresh->size = site.len;
-        fresh->small = small;
-        fresh->sub = (uint8_t)(sp - p->sub);
-        fresh->head = fresh->tail = nb;
-        pool_seg_link(p, fresh);
-        pool_stat_inc(p, POOL_ST_SEGMENTS, small, 1);
-        run = fresh;
-    }
-    nb->seg = run;
-    run->nblocks++;
-
-    /* Coalesce with the free neighbours taken out above. */
-    if (left) {
-        left->size += nb->size;
-        left->next = nb->next;
-        if (nb->next)
-            nb->next->prev = left;
-        else
-            run->tail = left;
-        run->nblocks--;
-        pool_blk_put(p, nb);
-        nb = left;
-    }
-    if (right) {
-        nb->size += right->size;
-        nb->next = right->next;
-        if (right->next)
-            right->next->prev = nb;
-        else
-            run->tail = nb;
-        run->nblocks--;
-        pool_blk_put(p, right);
-    }
-    free_insert(p, nb);
-    pool_stats_end(p);
-    return nb;
-}
-
-/* The run splits around the hole; see pool_internal.h. */
-size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
-{
-    size_t g = p->granularity;
-    pool_segment *run = b->seg;
-    uintptr_t a0 = pool_round_up(b->addr, g);
-    uintptr_t a1 = pool_round_down(b->addr + b->size, g);
-    if (a1 <= a0)
-        return 0;
-    size_t len = a1 - a0;
-    size_t left = a0 - b->addr, right = b->addr + b->size - a1;
-    bool has_left = left > 0 || b->prev;
-    bool has_right = right > 0 || b->next;
-    bool small = run->small;
-    int sub = run->sub;
-    uintptr_t run_end = run->addr + run->size;
-
-    pool_segment *split = NULL;
-    pool_block *rb = NULL;
-    if (has_left && has_right && !(split = calloc(1, sizeof *split)))
-        return 0;
-    if (right > 0 && !(rb = pool_blk_new(p))) {
-        free(split);
-        return 0;
-    }
-
-    pool_stats_begin(p);
-    free_remove(p, b);
-    pool_block *rhead = NULL, *rtail = NULL;
-    if (has_right) {
-        if (rb) {
-            rb->addr = a1;
-            rb->size = right;
-            rb->next = b->next;
-            if (b->next)
-                b->next->prev = rb;
-            rhead = rb;
-        } else {
-            rhead = b->next;
-            rhead->prev = NULL;
-        }
-        rtail = b->next ? run->tail : rb;
-    }
-    bool keep_b = left > 0;
-    if (has_left) {
-        if (keep_b) {
-            b->size = left;
-            b->next = NULL;
-            run->tail = b;
-        } else {
-            b->prev->next = NULL;
-            run->tail = b->prev;
-        }
-    }
-
-    if (has_left && has_right) {
-        split->addr = a1;
-        split->size = run_end - a1;
-        split->small = small;
-        split->sub = run->sub;
-        split->head = rhead;
-        split->tail = rtail;
-        size_t moved = 0;
-        for (pool_block *x = rhead; x; x = x->next) {
-            x->seg = split;
-            moved++;
-        }
-        split->nblocks = moved;
-        run->nblocks -= moved - (rb ? 1 : 0) + (keep_b ? 0 : 1);
-        run->size = a0 - run->addr;
-        pool_seg_link(p, split);
-        pool_stat_inc(p, POOL_ST_SEGMENTS, small, 1);
-    } else if (has_right) {
-        /* Nothing left of the hole: the run now starts after it. */
-        run->addr = a1;
-        run->size = run_end - a1;
-        run->head = rhead;
-        run->tail = rtail;
-        if (rb)
-            rb->seg = run;
-        run->nblocks = run->nblocks - 1 + (rb ? 1 : 0);
-    } else if (has_left) {
-        run->size = a0 - run->addr;
-        if (!keep_b)
-            run->nblocks--;
-    } else {
-        pool_seg_unlink(p, run);
-        pool_stat_dec(p, POOL_ST_SEGMENTS, small, 1);
-    }
-
-    pool_stat_dec(p, POOL_ST_RESERVED, small, len);
-    pool_ctr_add(p, POOL_CTR_DEVICE_FREES, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, job, POOL_TAG_OTHER, sub, len, a0, 0);
-    if (keep_b)
-        free_insert(p, b);
-    if (rb)
-        free_insert(p, rb);
-    pool_stats_end(p);
-
-    dev_va_unmap(p->d, (void *)a0, len);
-    if (!keep_b)
-        pool_blk_put(p, b);
-    if (!has_left && !has_right)
-        free(run);
-    return len;
-}
-
-void pool_seg_release(pool *p, pool_segment *s)
-{
-    if (p->expandable) {
-        /* Runs start and end on granularity boundaries, so the whole run
-         * is one chunk range and the run disappears. */
-        pool_seg_unmap_chunks(p, s->head, 0);
-        return;
-    }
-    pool_block *b = s->head;
-    bool small = s->small;
-    pool_stats_begin(p);
-    free_remove(p, b);
-    pool_seg_unlink(p, s);
-    pool_stat_dec(p, POOL_ST_RESERVED, small, s->size);
-    pool_stat_dec(p, POOL_ST_SEGMENTS, small, 1);
-    pool_ctr_add(p, POOL_CTR_DEVICE_FREES, 1);
-    pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, 0, POOL_TAG_OTHER, s->sub, s->size, s->addr, 0);
-    pool_stats_end(p);
-    dev_free(p->d, (void *)s->addr, s->size);
-    pool_blk_put(p, b);
-    free(s);
-}
-
 /* ==== allocation ============================================================================================= */
-
-static pool_block *grow(pool *p, pool_sub *sp, size_t size, uint32_t job, enum grow_fail *why,
-                        char *detail, size_t detail_len)
-{
-    if (p->expandable)
-        return grow_expandable(p, sp, size, job, why, detail, detail_len);
-    return grow_fixed(p, sp, size, job, why, detail, detail_len);
-}
 
 /* Whether releasing the cache could make room: something must be cached,
  * and the request must fit under the cap next to what is live. */
@@ -1270,16 +468,16 @@ static bool trim_could_help(pool *p, size_t size)
         return false;
     if (p->lru_head)
         return true;
-    return p->expandable && reserved_now(p) - allocated >= p->granularity;
+    return p->expandable && pool_reserved_now(p) - allocated >= p->granularity;
 }
 
 static void fill_oom(pool *p, pool_oom_report *r, size_t bytes, pool_tag tag, uint32_t job,
-                     int slot, bool limit_hit, enum grow_fail why, const char *detail)
+                     int slot, bool limit_hit, pool_grow_fail why, const char *detail)
 {
     memset(r, 0, sizeof *r);
     r->requested = bytes;
     r->allocated = (size_t)pool_stat_current(p, POOL_ST_ALLOCATED, POOL_ALL);
-    r->reserved = reserved_now(p);
+    r->reserved = pool_reserved_now(p);
     r->cap = p->cap;
     dev_mem_info(p->d, &r->device_free, &r->device_total);
     r->largest_free_block = pool_largest_free(p);
@@ -1304,14 +502,14 @@ static void fill_oom(pool *p, pool_oom_report *r, size_t bytes, pool_tag tag, ui
     const char *cause = "";
     char buf[200] = "";
     switch (why) {
-    case GROW_CAP: cause = "the pool cap is reached"; break;
-    case GROW_VA: cause = "the reserved address range is exhausted"; break;
-    case GROW_HOST: cause = "the host is out of memory for bookkeeping"; break;
-    case GROW_DEVICE:
+    case POOL_GROW_CAP: cause = "the pool cap is reached"; break;
+    case POOL_GROW_VA: cause = "the reserved address range is exhausted"; break;
+    case POOL_GROW_HOST: cause = "the host is out of memory for bookkeeping"; break;
+    case POOL_GROW_DEVICE:
         snprintf(buf, sizeof buf, "the device refused (%s)", detail && *detail ? detail : "out of memory");
         cause = buf;
         break;
-    case GROW_OK: break;
+    case POOL_GROW_OK: break;
     }
     if (limit_hit) {
         snprintf(r->message, sizeof r->message,
@@ -1319,7 +517,7 @@ static void fill_oom(pool *p, pool_oom_report *r, size_t bytes, pool_tag tag, ui
                  "of its %s limit; pool allocated %s, reserved %s of cap %s; device free %s of %s; "
                  "largest free block %s",
                  job, p->d->id, rq, pool_tag_name(tag), ja, jl, al, rs, cp, df, dt, lf);
-    } else if (slot < 0 && why == GROW_OK) {
+    } else if (slot < 0 && why == POOL_GROW_OK) {
         snprintf(r->message, sizeof r->message,
                  "out of memory on %s: tried to allocate %s (%s, job %u) but the pool already "
                  "tracks %d jobs holding memory",
@@ -1342,7 +540,7 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     pool_sub *sp = &p->sub[pool_sub_index(small, persistent)];
 
     pthread_mutex_lock(&p->lock);
-    enum grow_fail why = GROW_OK;
+    pool_grow_fail why = POOL_GROW_OK;
     char detail[160];
     detail[0] = 0;
     bool limit_hit = false;
@@ -1351,13 +549,13 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
 
     /* Two block structs (split remainder, growth) and a map slot up front. */
     if (!pool_blk_reserve(p, 2) || !map_reserve(p)) {
-        why = GROW_HOST;
+        why = POOL_GROW_HOST;
         goto fail_unslotted;
     }
     int slot = p->last_job_slot;
     if (!(p->job_used[slot] && p->job_id[slot] == job)) {
         pool_stats_begin(p);
-        slot = job_slot(p, job, true);
+        slot = pool_job_slot(p, job, true);
         pool_stats_end(p);
         if (slot < 0)
             goto fail_unslotted;
@@ -1371,32 +569,32 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     /* Past the cap nothing can help, and the segment arithmetic below
      * may assume sizes far from SIZE_MAX. */
     if (size > p->cap) {
-        why = GROW_CAP;
+        why = POOL_GROW_CAP;
         goto fail;
     }
 
     b = find_fit(p, sp, size);
     hit = b != NULL;
     if (!b)
-        b = grow(p, sp, size, job, &why, detail, sizeof detail);
-    if (!b && why != GROW_HOST && trim_could_help(p, size)) {
+        b = pool_seg_grow(p, sp, size, job, &why, detail, sizeof detail);
+    if (!b && why != POOL_GROW_HOST && trim_could_help(p, size)) {
         pool_trim_locked(p, POOL_TRIM_OOM, 0);
         pool_stats_begin(p);
         pool_ctr_add(p, POOL_CTR_ALLOC_RETRIES, 1);
         pool_stats_end(p);
         b = find_fit(p, sp, size);
         if (!b)
-            b = grow(p, sp, size, job, &why, detail, sizeof detail);
+            b = pool_seg_grow(p, sp, size, job, &why, detail, sizeof detail);
     }
     /* Last resort before OOM: the other lifetime's cached blocks. */
-    if (!b && why != GROW_HOST) {
+    if (!b && why != POOL_GROW_HOST) {
         b = find_fit(p, &p->sub[pool_sub_index(small, !persistent)], size);
         hit = b != NULL;
     }
     /* A trim on the way may have used the structs reserved above. */
     if (b && !pool_blk_reserve(p, 1)) {
         b = NULL;
-        why = GROW_HOST;
+        why = POOL_GROW_HOST;
     }
     if (!b)
         goto fail;
@@ -1457,7 +655,7 @@ void pool_free(pool *p, void *ptr)
 
     pool_block *prev = b->prev, *next = b->next;
     if (prev && !prev->live) {
-        free_remove(p, prev);
+        pool_free_remove(p, prev);
         prev->size += b->size;
         prev->next = next;
         if (next)
@@ -1469,7 +667,7 @@ void pool_free(pool *p, void *ptr)
         b = prev;
     }
     if (next && !next->live) {
-        free_remove(p, next);
+        pool_free_remove(p, next);
         b->size += next->size;
         b->next = next->next;
         if (next->next)
@@ -1479,7 +677,7 @@ void pool_free(pool *p, void *ptr)
         seg->nblocks--;
         pool_blk_put(p, next);
     }
-    free_insert(p, b);
+    pool_free_insert(p, b);
     pool_stats_end(p);
     pthread_mutex_unlock(&p->lock);
 }

@@ -1,9 +1,12 @@
 /* pool_internal.h — the pool's structures, shared by the pool*.c files only.
  *
  * Layout of the pool:
- *   pool.c          creation, allocation and free, blocks, segments, the
- *                   free bins and trees and the pointer map (the only file that maps
- *                   device memory in)
+ *   pool.c          creation, allocation and free, best fit and split,
+ *                   coalescing, the pointer map and the block structs
+ *   pool_tree.c     the AVL trees of free blocks
+ *   pool_segment.c  segment lists, growth and giving segments back (the only
+ *                   file that maps device memory in)
+ *   pool_jobs.c     the job table
  *   pool_trim.c     giving memory back: trims and the pool_tick policies
  *   pool_stats.c    publishing and reading statistics
  *   pool_timeline.c the event ring and its Perfetto export
@@ -336,6 +339,11 @@ static inline int64_t pool_stat_current(pool *p, int s, int which)
     return (int64_t)(POOL_LD(x->inc[which]) - POOL_LD(x->dec[which]));
 }
 
+static inline size_t pool_reserved_now(pool *p)
+{
+    return (size_t)pool_stat_current(p, POOL_ST_RESERVED, POOL_ALL);
+}
+
 static inline void pool_ctr_add(pool *p, int c, uint64_t d)
 {
     POOL_ST(p->live.ctr[c], POOL_LD(p->live.ctr[c]) + d);
@@ -393,11 +401,14 @@ static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, i
         POOL_ST(p->live.tl_dropped, p->ring_total - p->ring_cap);
 }
 
-/* ---- internal functions (pool.c) ----------------------------------------------- */
+/* ---- internal functions --------------------------------------------------------- */
 
+/* pool.c: block structs. */
 pool_block *pool_blk_new(pool *p); /* NULL only when the host is out of memory */
 void pool_blk_put(pool *p, pool_block *b);
 bool pool_blk_reserve(pool *p, size_t n);
+
+/* pool_segment.c */
 void pool_seg_link(pool *p, pool_segment *s); /* into its sub-pool's list */
 void pool_seg_unlink(pool *p, pool_segment *s);
 /* Release a wholly free segment to the device (unmap it when expandable). */
@@ -406,6 +417,24 @@ void pool_seg_release(pool *p, pool_segment *s);
  * splitting its run around the hole.  Returns the bytes unmapped: 0 when b
  * spans no whole chunk or the host is out of memory for the split. */
 size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job);
+/* Why growth failed, for the OOM report. */
+typedef enum {
+    POOL_GROW_OK,
+    POOL_GROW_CAP,
+    POOL_GROW_DEVICE,
+    POOL_GROW_HOST,
+    POOL_GROW_VA,
+} pool_grow_fail;
+/* A free block of at least size bytes in sp from new device memory: a new
+ * fixed segment, or a newly mapped run of the reserved range.  With the
+ * mutex held and no section open.  NULL with *why set (and on a device
+ * failure, the device's message in detail) when there is none. */
+pool_block *pool_seg_grow(pool *p, pool_sub *sp, size_t size, uint32_t job, pool_grow_fail *why,
+                          char *detail, size_t detail_len);
+
+/* pool_jobs.c: the job's row, made when create is set; -1 when the table
+ * is full of jobs that hold memory or limits.  Called inside a section. */
+int pool_job_slot(pool *p, uint32_t job, bool create);
 void pool_job_release_slot(pool *p, int slot);
 
 /* pool_trim.c: with the mutex held and no section open. */
@@ -427,5 +456,133 @@ uint64_t pool_tl_to_ns(const pool_tl_clock *c, uint64_t stamp);
 
 /* pool.c: human sizes ("1.5G") for messages. */
 const char *pool_fmt_size(uint64_t bytes, char *buf, size_t len);
+
+/* ---- free blocks: trees, bins and the idle list --------------------------------- */
+
+/* pool_tree.c: AVL trees keyed by (size, addr). */
+static inline bool pool_blk_less(const pool_block *a, const pool_block *b)
+{
+    return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+}
+
+void pool_avl_insert(pool_block **root, pool_block *n);
+/* n must still carry the key it was inserted with. */
+void pool_avl_remove(pool_block **root, pool_block *n);
+
+static inline pool_block *pool_avl_rightmost(pool_block *n)
+{
+    while (n && n->right)
+        n = n->right;
+    return n;
+}
+
+/* The idle list: wholly free segments, least recently used first. */
+static inline void pool_idle_push(pool *p, pool_segment *s)
+{
+    s->idle = 1;
+    s->lru_next = NULL;
+    s->lru_prev = p->lru_tail;
+    if (p->lru_tail)
+        p->lru_tail->lru_next = s;
+    else
+        p->lru_head = s;
+    p->lru_tail = s;
+}
+
+static inline void pool_idle_unlink(pool *p, pool_segment *s)
+{
+    if (s->lru_prev)
+        s->lru_prev->lru_next = s->lru_next;
+    else
+        p->lru_head = s->lru_next;
+    if (s->lru_next)
+        s->lru_next->lru_prev = s->lru_prev;
+    else
+        p->lru_tail = s->lru_prev;
+    s->lru_prev = s->lru_next = NULL;
+    s->idle = 0;
+}
+
+static inline size_t pool_bin_of(size_t size) { return size / POOL_ROUND - 1; }
+
+/* Bins are nearly always empty or hold one block (on the training trace,
+ * over 99% of insertions find the bin empty), so those cases skip the tree
+ * code altogether. */
+static inline void pool_bin_insert(pool_bins *bn, pool_block *b)
+{
+    size_t c = pool_bin_of(b->size);
+    if (!bn->root[c]) {
+        b->left = b->right = NULL;
+        b->height = 1;
+        bn->root[c] = b;
+        bn->words[c / 64] |= (uint64_t)1 << (c % 64);
+        bn->summary |= (uint64_t)1 << (c / 64);
+        return;
+    }
+    pool_avl_insert(&bn->root[c], b);
+}
+
+static inline void pool_bin_remove(pool_bins *bn, pool_block *b)
+{
+    size_t c = pool_bin_of(b->size);
+    if (bn->root[c] != b || b->left || b->right) {
+        pool_avl_remove(&bn->root[c], b);
+        return;
+    }
+    bn->root[c] = NULL;
+    bn->words[c / 64] &= ~((uint64_t)1 << (c % 64));
+    if (!bn->words[c / 64])
+        bn->summary &= ~((uint64_t)1 << (c / 64));
+}
+
+/* Every change to a free block's size or neighbours goes remove → change →
+ * insert, so the split statistics and the idle list follow the bins. */
+static inline void pool_free_insert(pool *p, pool_block *b)
+{
+    pool_segment *seg = b->seg;
+    pool_sub *sp = pool_sub_of(p, seg);
+    if (sp->bins && b->size <= POOL_BIN_MAX) {
+        pool_bin_insert(sp->bins, b);
+    } else {
+        pool_avl_insert(&sp->root, b);
+        if (!sp->max || pool_blk_less(sp->max, b))
+            sp->max = b;
+    }
+    sp->nfree++;
+    if (b->size > p->largest)
+        p->largest = b->size;
+    if (!b->prev && !b->next) {
+        pool_idle_push(p, seg);
+    } else {
+        b->split_counted = 1;
+        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT, seg->small, b->size);
+        pool_stat_inc(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, seg->small, 1);
+    }
+}
+
+static inline void pool_free_remove(pool *p, pool_block *b)
+{
+    pool_segment *seg = b->seg;
+    pool_sub *sp = pool_sub_of(p, seg);
+    if (sp->bins && b->size <= POOL_BIN_MAX) {
+        pool_bin_remove(sp->bins, b);
+    } else {
+        pool_avl_remove(&sp->root, b);
+        if (sp->max == b)
+            sp->max = pool_avl_rightmost(sp->root);
+    }
+    b->left = b->right = NULL;
+    b->height = 0;
+    sp->nfree--;
+    if (b->size == p->largest)
+        p->largest_stale = true;
+    if (b->split_counted) {
+        b->split_counted = 0;
+        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT, seg->small, b->size);
+        pool_stat_dec(p, POOL_ST_INACTIVE_SPLIT_BLOCKS, seg->small, 1);
+    }
+    if (seg->idle)
+        pool_idle_unlink(p, seg);
+}
 
 #endif

@@ -1,4 +1,4 @@
-/* fuzz_data.c — libFuzzer harness for daemon/io/data.c: llm.c token files,
+/* fuzz_data.c — libFuzzer harness for daemon/io/data*.c: llm.c token files,
  * .npy, text, and IDX image/label pairs (plain or gzip'd), then the sample
  * streams over whatever loads.
  *

@@ -18,7 +18,7 @@
 #   jobcfg  common/jobcfg.c: job files as submit parses them, paths normalised
 #   safetensors  daemon/io/safetensors.c: st_open/st_read/st_data on arbitrary
 #           files (via a memfd), writer round trip of what parses
-#   data    daemon/io/data.c: llm.c token files, .npy, text, IDX image/label
+#   data    daemon/io/data*.c: llm.c token files, .npy, text, IDX image/label
 #           pairs plain and gzip'd (via memfds), and the sample streams
 #   sample  daemon/engine/sample.c: model.safetensors / resume.safetensors as
 #           `gradctl sample` loads them (via a memfd), the metadata line
@@ -107,7 +107,7 @@ sources() {
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
     safetensors) echo "$ROOT/daemon/io/safetensors.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
-    data) echo "$ROOT/daemon/io/data.c $ROOT/common/errmsg.c" ;;
+    data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c" ;;
     sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/model.c $ROOT/daemon/models/model_gpt.c $ROOT/daemon/models/model_mlp.c" \
         "$ROOT/daemon/io/safetensors.c $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
