@@ -116,7 +116,7 @@ typedef struct trace {
     uint64_t peak_live;
 } trace;
 
-/* bench/gen_trace.py's format; 0, or -1 with the reason on stderr. */
+/* gen_trace.py's format; 0, or -1 with the reason on stderr. */
 int trace_load(const char *path, trace *t);
 void trace_free(trace *t);
 /* The stderr line that describes a loaded trace. */
