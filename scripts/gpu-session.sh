@@ -26,7 +26,7 @@ section() { echo; echo "=== $* ($(date +%T))"; }
 # searches the machine for the CUDA libraries).
 gx_ld=$( . "$top/.device/env.sh"; echo "$LD_LIBRARY_PATH")
 gx() { LD_LIBRARY_PATH=$gx_ld "$@"; }
-. "$top/bench/gpt2_job.sh"                      # gpt2_job: GPT-2 124M's job sections
+. "$top/bench/train/gpt2_job.sh"                # gpt2_job: GPT-2 124M's job sections
 # The peers' Python: the one with torch (the machine's venv, if python3 on
 # PATH has none).
 if [ -z "${PEER_PYTHON:-}" ] && ! python3 -c 'import torch' 2>/dev/null && [ -x /opt/torch/.venv/bin/python3 ]; then
@@ -103,7 +103,7 @@ if want kernels; then
   for run in ${KERNEL_RUNS:-bf16:mma bf16:wmma fp32:mma}; do
     prec=${run%:*} flash=${run#*:}
     section "kernels $prec at GPT-2 124M, GRADD_FLASH=$flash"
-    GRADD_FLASH=$flash gx timeout 120 "$B/bench/bench_kernels_cuda" "$B/daemon/gradd-cuda.so" $prec 16 1024 768 12 50304 12 |
+    GRADD_FLASH=$flash gx timeout 120 "$B/bench/kernels/bench_kernels_cuda" "$B/daemon/gradd-cuda.so" $prec 16 1024 768 12 50304 12 |
       sed "s/\"bench\": *\"/&$flash-/" | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
   done
 fi
@@ -126,7 +126,7 @@ if want daemon; then
   gx "$B/client/gradctl" -s $sock sample 1 --tokens 300 --seed 1 --prompt "The "
   # Adaptive batching on the GPU: GPT-2 124M under a 12 GiB budget, batch 64
   # of 1024 tokens: the controller probes the micro-batch that fits.
-  "$py" bench/make_tokens.py /tmp/tokens.bin $((1 << 21))
+  "$py" bench/train/make_tokens.py /tmp/tokens.bin $((1 << 21))
   { gpt2_job gpt2-auto /tmp/tokens.bin; cat <<CFG
 [train]
 steps = 12
@@ -155,12 +155,12 @@ fi
 if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
   VARIANTS=${VARIANTS:-default wmma:GRADD_FLASH=wmma fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
-    timeout 400 bench/run_gpu_train.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+    timeout 400 bench/train/run_gpu.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
 fi
 
-if want pool && [ -x bench/run_gpu_pool.sh ] && [ -x "$B/bench/bench_pool_cuda" ]; then
+if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_cuda" ]; then
   section "pool trace on cuda"
-  REPEAT=${REPEAT:-3} timeout 400 bench/run_gpu_pool.sh "$top/.device/bin" | tee -a "$out/bench.jsonl"
+  REPEAT=${REPEAT:-3} timeout 400 bench/pool/run_gpu.sh "$top/.device/bin" | tee -a "$out/bench.jsonl"
   echo "rc=${PIPESTATUS[0]}"
 fi
 section end

@@ -18,29 +18,14 @@
 #endif
 #include "pool_internal.h"
 
+#include "tsc.h"
+
 #include <errno.h>
 #include <stdlib.h>
-
-#if POOL_HAVE_TSC
-#include <cpuid.h>
-#endif
 
 /* ==== the clock ========================================================================= */
 
 #if POOL_HAVE_TSC
-/* CPUID 0x80000007 EDX bit 8: the TSC ticks at a constant rate through
- * frequency and sleep states (and, where the kernel trusts it, in step
- * across cores), so ticks map to time by a straight line. */
-static bool tsc_invariant(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u)
-        return false;
-    if (!__get_cpuid(0x80000007u, &a, &b, &c, &d))
-        return false;
-    return (d >> 8) & 1u;
-}
-
 /* A (tick, ns) pair read together: the tick is the midpoint of two reads
  * around the clock call.  The tightest of a few tries is kept, so an
  * interrupt or a preempted vCPU in the middle of one does not skew it. */

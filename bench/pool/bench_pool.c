@@ -10,7 +10,7 @@
  * The last three switch trimming on, for experiments (--trim-at-step N:
  * one full pool_trim just before optimizer step N).
  *
- * TRACE comes from bench/gen_trace.py (its docstring defines the format).
+ * TRACE comes from gen_trace.py (its docstring defines the format).
  * Every allocator serves the very same requests on the same single thread,
  * in the order the trace gives:
  *
@@ -74,7 +74,7 @@
  *
  * The CUDA variant is bench_pool_cuda.c (built where CUDA is): the same
  * trace and figures on one GPU, against cudaMalloc, cudaMallocAsync and
- * PyTorch's caching allocator.  Both programs share bench/trace.c: the timer,
+ * PyTorch's caching allocator.  Both programs share trace.c: the timer,
  * the trace reader, the replay loop, the statistics, the pool run, the
  * options both take and the pair-time JSON lines.
  */

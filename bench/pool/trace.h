@@ -74,13 +74,11 @@ static inline uint64_t tick_end(void)
     return clock_ns();
 }
 
-/* The TSC is a clock only where it is invariant (constant and nonstop). */
-bool tsc_invariant(void);
 /* Sets ticks_per_ns (TSC against CLOCK_MONOTONIC) and tick_overhead. */
 void timer_calibrate(void);
 /* --timer: the TSC where `timer` is "tsc", or with no --timer (NULL) where
- * it is invariant (a warning when it is asked for but is not); then
- * timer_calibrate. */
+ * it is invariant and has rdtscp (a warning when it is asked for but is
+ * not); then timer_calibrate. */
 void timer_setup(const char *timer);
 /* The stderr line that says which clock times the calls and what it costs. */
 void timer_describe(void);
@@ -116,7 +114,7 @@ typedef struct trace {
     uint64_t peak_live;
 } trace;
 
-/* bench/gen_trace.py's format; 0, or -1 with the reason on stderr. */
+/* gen_trace.py's format; 0, or -1 with the reason on stderr. */
 int trace_load(const char *path, trace *t);
 void trace_free(trace *t);
 /* The stderr line that describes a loaded trace. */

@@ -3,8 +3,8 @@
  * each op the GPT model (daemon/models/model_gpt.c) makes in a training step, in
  * the order and with the buffers it makes them, and their sum over one step
  * (forward, backward, then the engine's gradient zeroing, norm and AdamW),
- * one JSON line per figure.  No peer here: bench/ compares whole steps with
- * PyTorch; this one says where a step's time goes.
+ * one JSON line per figure.  No peer here: bench/train compares whole steps
+ * with PyTorch; this one says where a step's time goes.
  *
  * usage: bench_kernels [threads] [B T C NH V L]   (threads 0 = all cores)
  *

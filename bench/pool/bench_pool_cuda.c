@@ -22,7 +22,7 @@
  *                    cudaMemPoolAttrReleaseThreshold at UINT64_MAX so that it
  *                    keeps what is freed (it caches); one stream sync at the end
  * PyTorch's caching allocator is the fifth peer, from Python:
- * bench/torch_pool_peer.py, joined to these lines by bench/run_gpu_pool.sh.
+ * peer_torch_gpu.py, joined to these lines by bench/pool/run_gpu.sh.
  *
  * Device allocations ("device_allocs_per_1000", overall and steady):
  *   pool*            device calls that obtain memory — dev_alloc (cudaMalloc)
@@ -195,11 +195,11 @@ static void usage(void)
             "                             [--module DIR|PATH] [--no-timeline] [--timer tsc|clock]\n"
             "                             [--only NAME,...]\n"
             "names: pool pool_expandable cudaMalloc cudaMallocAsync\n"
-            "--module: gradd-cuda.so or its directory (default: ../daemon beside this\n"
+            "--module: gradd-cuda.so or its directory (default: ../../daemon from this\n"
             "          program, as in a build tree, else where gradd looks)\n");
 }
 
-/* The module's directory: given, or the build tree's daemon/ next to bench/,
+/* The module's directory: given, or the build tree's daemon/ beside bench/,
  * or NULL (dev_cuda_probe then looks beside the program and where gradd is
  * installed). */
 static const char *module_dir(const char *arg, char *buf, size_t len)
@@ -225,7 +225,7 @@ static const char *module_dir(const char *arg, char *buf, size_t len)
     if (!slash)
         return NULL;
     *slash = '\0';
-    snprintf(buf, len, "%s/../daemon", exe);
+    snprintf(buf, len, "%s/../../daemon", exe);
     char probe[PATH_MAX + 32];
     snprintf(probe, sizeof probe, "%s/gradd-cuda.so", buf);
     return access(probe, F_OK) == 0 ? buf : NULL;

@@ -26,8 +26,8 @@
  * Output: one JSON object per configuration on stdout,
  *   {"bench":"train_gpt_tiny","metric":"step_ms","value":…,"unit":"ms","impl":"gradd",
  *    "threads":2,"warmup":…,"steps":…,"engine_ms":…,"min_ms":…,"max_ms":…}
- * without a peer: bench/run_train.sh runs bench/torch_peer.py in the same run
- * and joins the two into the bench/ convention's lines.  Progress on stderr.
+ * without a peer: bench/train/run.sh runs peer_torch.py in the same run and
+ * joins the two into the bench/ convention's lines.  Progress on stderr.
  *
  * Usage: bench_train [--threads N] [--only gpt_tiny,gpt_small,mlp]
  *                    [--warmup W] [--steps K] [--corpus PATH]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/make_tokens.py PATH [N] - N random GPT-2 token ids (default 4 Mi) in
+"""bench/train/make_tokens.py PATH [N] - N random GPT-2 token ids (default 4 Mi) in
 llm.c's format: a header of 256 int32 (magic 20240520, version 1, count),
 then uint16 tokens.  Seeded, so every run trains on the same file.  The GPU
 benchmarks feed it to gradd and need nothing but the standard library."""

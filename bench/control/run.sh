@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/run_control.sh [BUILD_DIR] — gradd's control plane under load while a
+# bench/control/run.sh [BUILD_DIR] — gradd's control plane under load while a
 # job trains (issue 5, "control-plane load"): the training step's slowdown
 # with 50 clients issuing 1,000 status/list requests/s against the same job
 # with no clients (same run), the p50/p99 request latency, and whether 1,000
@@ -7,9 +7,9 @@
 #
 # Builds gradd and gradctl in BUILD_DIR (default: build/ctl under the source
 # root, set up as a release build when it does not exist yet), then runs
-# bench/control_load.py with the python3 on PATH (stdlib only).  JSON lines go
-# to stdout, progress and CPU figures to stderr.  Extra arguments after
-# BUILD_DIR go to control_load.py (e.g. --phase 15 --rate 1000 --clients 50).
+# bench_control.py with the python3 on PATH (stdlib only).  JSON lines go to
+# stdout, progress and CPU figures to stderr.  Extra arguments after
+# BUILD_DIR go to bench_control.py (e.g. --phase 15 --rate 1000 --clients 50).
 #
 # Environment:
 #   QUIET_WAIT=120  first wait up to this many seconds for the machine to go
@@ -20,7 +20,8 @@
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
+root=$(cd "$here/../.." && pwd)
+. "$root/bench/common/quiet.sh"
 build=${1:-$root/build/ctl}
 [ $# -gt 0 ] && shift
 case $build in
@@ -33,22 +34,7 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 ninja -C "$build" daemon/gradd client/gradctl >&2
 
-quiet_wait=${QUIET_WAIT:-120}
-quiet_psi=${QUIET_PSI:-10}
-if [ "$quiet_wait" -gt 0 ] && [ -r /proc/pressure/cpu ]; then
-    waited=0
-    while :; do
-        psi=$(sed -n 's/^some avg10=\([0-9.]*\).*/\1/p' /proc/pressure/cpu)
-        [ "${psi%.*}" -lt "$quiet_psi" ] && break
-        if [ "$waited" -ge "$quiet_wait" ]; then
-            echo "run_control: still busy after ${waited}s (cpu pressure $psi%); measuring anyway" >&2
-            break
-        fi
-        [ "$waited" -eq 0 ] && echo "run_control: waiting for the machine to go quiet (cpu pressure $psi%)" >&2
-        sleep 5
-        waited=$((waited + 5))
-    done
-fi
-echo "run_control: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+wait_quiet bench/control/run.sh
+echo "bench/control/run.sh: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-exec python3 "$here/control_load.py" --gradd "$build/daemon/gradd" --gradctl "$build/client/gradctl" "$@"
+exec python3 "$here/bench_control.py" --gradd "$build/daemon/gradd" --gradctl "$build/client/gradctl" "$@"

@@ -1,9 +1,15 @@
 /* trace.c — the shared half of the pool trace benchmarks (see trace.h). */
 #include "trace.h"
 
+#include "tsc.h"
+
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 const char *bench_prog = "bench_pool";
 
@@ -13,24 +19,16 @@ bool use_tsc;
 double ticks_per_ns = 1.0;
 uint64_t tick_overhead;
 
-/* The TSC is a clock only where it is invariant (constant and nonstop). */
-bool tsc_invariant(void)
+/* The TSC times calls only where it is a clock (invariant, tsc.h) and
+ * tsc_end's rdtscp exists (CPUID 0x80000001 EDX bit 27), on x86-64 alone,
+ * where tsc_begin and tsc_end read it. */
+static bool tsc_usable(void)
 {
 #if defined(__x86_64__)
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
+    unsigned a, b, c, d;
+    if (!tsc_invariant() || !__get_cpuid(0x80000001u, &a, &b, &c, &d))
         return false;
-    char line[8192];
-    bool ok = false;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "flags", 5) == 0) {
-            ok = strstr(line, " constant_tsc") && strstr(line, " nonstop_tsc") &&
-                 strstr(line, " rdtscp");
-            break;
-        }
-    }
-    fclose(f);
-    return ok;
+    return (d >> 27) & 1u;
 #else
     return false;
 #endif
@@ -67,8 +65,8 @@ double ticks_to_ns(uint64_t ticks) { return (double)ticks / ticks_per_ns; }
 
 void timer_setup(const char *timer)
 {
-    use_tsc = timer ? !strcmp(timer, "tsc") : tsc_invariant();
-    if (use_tsc && !tsc_invariant())
+    use_tsc = timer ? !strcmp(timer, "tsc") : tsc_usable();
+    if (use_tsc && !tsc_usable())
         fprintf(stderr, "%s: warning: the TSC is not invariant here; use --timer clock\n",
                 bench_prog);
     timer_calibrate();

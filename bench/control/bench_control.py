@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/control_load.py — gradd's control plane under load, while a job trains.
+"""bench/control/bench_control.py — gradd's control plane under load, while a job trains.
 
 Starts a private gradd (temporary socket and state dir), submits a small GPT
 job (threads = 1, so the event loop has the other core), then:
@@ -42,7 +42,7 @@ PROTOCOL_VERSION = 1
 
 # ---- hand-made protobuf: the integration tests' helpers, shared -----------------------------
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integration"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "integration"))
 from harness import field_bytes, field_varint, frame, parse_fields  # noqa: E402
 
 STATUS_FRAME = frame(field_varint(1, PROTOCOL_VERSION) + field_bytes(10, b""))
@@ -60,7 +60,7 @@ def response_kind(body):
 
 
 def log(msg):
-    print("control_load: " + msg, file=sys.stderr, flush=True)
+    print("bench_control: " + msg, file=sys.stderr, flush=True)
 
 
 # ---- CPU accounting -------------------------------------------------------------------------

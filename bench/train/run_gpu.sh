@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# bench/run_gpu_train.sh GRADD [STEPS] — GPT-2 124M in bf16 on cuda:0: gradd
+# bench/train/run_gpu.sh GRADD [STEPS] — GPT-2 124M in bf16 on cuda:0: gradd
 # against PyTorch eager and torch.compile, in the same run, on the same GPU.
 #
 # GRADD is the gradd executable (gradd-cuda.so beside it).  gradd trains a
 # job file written here (L=12 C=768 H=12 T=1024 V=50304, batch = micro =
 # $BATCH (16), precision bf16, AdamW, grad clip 1.0) on random llm.c-format
 # tokens; its figure is the median of metrics.jsonl's step_ms over the steps
-# after the first 5.  bench/torch_gpu_peer.py trains the same architecture
+# after the first 5.  peer_torch_gpu.py trains the same architecture
 # with the same batch, precision and optimizer.  The PyTorch side runs with
 # python3 from PATH ($PEER_PYTHON to override) and the environment this
 # script was started with; set GRADD_ENV to a file to source (e.g. the
@@ -18,7 +18,7 @@
 # picks the peer's modes (default eager,compile; none: no peer, for a
 # second gradd build compared with a peer run just before on the same GPU).
 set -euo pipefail
-gradd=${1:?usage: run_gpu_train.sh GRADD [STEPS]}
+gradd=${1:?usage: bench/train/run_gpu.sh GRADD [STEPS]}
 steps=${2:-30}
 batch=${BATCH:-16}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,14 +68,14 @@ for variant in ${VARIANTS:-default}; do
     if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi
     env "${envs[@]}" "$gradd" run "$work/gpt2.cfg" >&2
   ); then
-    echo "run_gpu_train: variant $name failed" >&2
+    echo "bench/train/run_gpu.sh: variant $name failed" >&2
     continue
   fi
   cp "$work/out/metrics.jsonl" "$work/metrics-$name.jsonl"
   [ -n "${METRICS_DIR:-}" ] && cp "$work/metrics-$name.jsonl" "$METRICS_DIR/metrics-gpt2-$name.jsonl"
   "$py" -c 'import json, statistics, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if "\"loss\"" in l]
-print("run_gpu_train: %s: median step %.2f ms (steps 6-%d)" % (sys.argv[2], statistics.median(x["step_ms"] for x in s[5:]), len(s)))' \
+print("bench/train/run_gpu.sh: %s: median step %.2f ms (steps 6-%d)" % (sys.argv[2], statistics.median(x["step_ms"] for x in s[5:]), len(s)))' \
     "$work/metrics-$name.jsonl" "$name" >&2 || true
   runs+=("$name=$work/metrics-$name.jsonl")
 done
@@ -83,10 +83,10 @@ done
 # leaves eager's.
 : >"$work/peer.jsonl"
 if [ "${PEER_MODES:-}" != none ]; then
-  "$py" "$here/torch_gpu_peer.py" --modes "${PEER_MODES:-eager,compile}" --batch "$batch" --steps 20 --warmup 5 |
-    tee "$work/peer.jsonl" >&2 || echo "run_gpu_train: the PyTorch peer failed" >&2
+  "$py" "$here/peer_torch_gpu.py" --modes "${PEER_MODES:-eager,compile}" --batch "$batch" --steps 20 --warmup 5 |
+    tee "$work/peer.jsonl" >&2 || echo "bench/train/run_gpu.sh: the PyTorch peer failed" >&2
 fi
-((${#runs[@]})) || { echo "run_gpu_train: no gradd variant ran" >&2; exit 1; }
+((${#runs[@]})) || { echo "bench/train/run_gpu.sh: no gradd variant ran" >&2; exit 1; }
 
 "$py" - "$work/peer.jsonl" "$batch" "${runs[@]}" <<'PY'
 import json, statistics, sys

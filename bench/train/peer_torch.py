@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""bench/torch_peer.py - PyTorch CPU peer of bench/bench_train.c.
+"""bench/train/peer_torch.py - PyTorch CPU peer of bench/train/bench_train.c.
 
 Run it with Debian's /usr/bin/python3 (python3-torch), not a venv's python:
-    OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_peer.py --threads 2
+    OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/train/peer_torch.py --threads 2
 
 The same models gradd trains, written in plain PyTorch, fp32:
   gpt   GPT-2: learned position embeddings, pre-norm blocks (ln_1, causal
@@ -18,7 +18,7 @@ too), torch.optim.AdamW(lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay
 
 Threads: --threads N is the core count both sides get.  OpenBLAS, which
 runs torch's GEMMs, takes its thread count from OPENBLAS_NUM_THREADS (set it
-to N; bench/run_train.sh does); torch.set_num_threads sets the OpenMP
+to N; bench/train/run.sh does); torch.set_num_threads sets the OpenMP
 team of torch's own kernels.  With N OpenBLAS pthreads and N spinning OpenMP
 workers on N cores the two pools fight (libgomp spins after every parallel
 region), so --torch-threads auto (the default) also tries
@@ -227,7 +227,7 @@ def run_config(name, args):
                 time_steps(model, opt, nxt, 1)
                 t, _ = time_steps(model, opt, nxt, trial)
                 tried[sig] = statistics.median(t)
-                print(f"torch_peer: {name} threads={v['threads']} attn={v['attn']} foreach={v['foreach']}: "
+                print(f"peer_torch: {name} threads={v['threads']} attn={v['attn']} foreach={v['foreach']}: "
                       f"{tried[sig]:.3f} ms/step (trial of {trial})", file=sys.stderr)
             if best is None or tried[sig] < best[0]:
                 best = (tried[sig], val)
@@ -241,7 +241,7 @@ def run_config(name, args):
     times, loss = time_steps(model, opt, nxt, steps)
     med = statistics.median(times)
     impl = f"pytorch-{torch.__version__}-cpu"
-    print(f"torch_peer: {name:10s} torch {med:9.3f} ms/step (min {min(times):9.3f}, max {max(times):9.3f}), "
+    print(f"peer_torch: {name:10s} torch {med:9.3f} ms/step (min {min(times):9.3f}, max {max(times):9.3f}), "
           f"threads={tthreads} attn={attn} foreach={foreach}, loss {loss:.4f}", file=sys.stderr)
     rec = {"bench": f"train_{name}", "metric": "step_ms", "value": round(med, 4), "unit": "ms", "impl": impl,
            "threads": args.threads, "torch_threads": torch.get_num_threads(), "warmup": warmup, "steps": steps, "min_ms": round(min(times), 4),

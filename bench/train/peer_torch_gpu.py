@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""bench/torch_gpu_peer.py - PyTorch GPU peer of gradd's GPT training step.
+"""bench/train/peer_torch_gpu.py - PyTorch GPU peer of gradd's GPT training step.
 
 Run it with the GPU machine's python3 (PyTorch 2.x with CUDA), outside the
 environment of gradd's bundled Debian libraries:
-    python3 bench/torch_gpu_peer.py --modes eager,compile --batch 16
+    python3 bench/train/peer_torch_gpu.py --modes eager,compile --batch 16
 
 The model is the one gradd trains (daemon/models/model_gpt.c), written in plain
 PyTorch: GPT-2 with learned position embeddings, pre-norm blocks (ln_1,
@@ -166,7 +166,7 @@ def main():
         try:
             print(json.dumps(run_mode(mode, a, a.peak_tflops * 1e12)), flush=True)
         except Exception as e:  # one mode failing (e.g. compile) must not hide the others
-            print(f"torch_gpu_peer: {mode}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            print(f"peer_torch_gpu: {mode}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

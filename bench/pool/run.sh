@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/run.sh [BUILD_DIR] — build, generate the trace, run the pool benchmark.
+# bench/pool/run.sh [BUILD_DIR] — build, generate the trace, run the pool benchmark.
 #
 # JSON lines (one per figure) go to stdout, a human summary to stderr.
 # BUILD_DIR (default: build/bench under the source root) is set up as a
@@ -8,8 +8,8 @@
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
-. "$here/ensure_built.sh"
+root=$(cd "$here/../.." && pwd)
+. "$root/bench/common/ensure_built.sh"
 if [ $# -gt 0 ]; then
     build=$1
     shift
@@ -21,14 +21,14 @@ else
     build=$root/build/bench
 fi
 
-ensure_built "$root" "$build" bench/bench_pool
+ensure_built "$root" "$build" bench/pool/bench_pool
 
-trace=$build/bench/trace.txt
+trace=$build/bench/pool/trace.txt
 if [ ! -s "$trace" ]; then
-    # The build's own rule (bench/meson.build: pool_trace_txt) when it can,
+    # The build's own rule (bench/pool/meson.build: pool_trace_txt) when it can,
     # the script directly otherwise; the trace is the same either way.
-    ninja -C "$build" bench/trace.txt >&2 ||
+    ninja -C "$build" bench/pool/trace.txt >&2 ||
         python3 "$here/gen_trace.py" -o "$trace"
 fi
 
-exec "$build/bench/bench_pool" "$trace" "$@"
+exec "$build/bench/pool/bench_pool" "$trace" "$@"

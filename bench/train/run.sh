@@ -1,11 +1,11 @@
 #!/bin/sh
-# bench/run_train.sh [BUILD_DIR] [THREADS] — gradd's CPU training step time
+# bench/train/run.sh [BUILD_DIR] [THREADS] — gradd's CPU training step time
 # against PyTorch CPU, in the same run.
 #
-# Builds bench/bench_train in BUILD_DIR (default: build/bench under the
+# Builds bench/train/bench_train in BUILD_DIR (default: build/bench under the
 # source root, set up as a release build when it does not exist yet), then
-# for each configuration (gpt_tiny, gpt_small, mlp; see bench/bench_train.c)
-# runs gradd and the PyTorch peer (bench/torch_peer.py under Debian's
+# for each configuration (gpt_tiny, gpt_small, mlp; see bench_train.c) runs
+# gradd and the PyTorch peer (peer_torch.py under Debian's
 # /usr/bin/python3 with python3-torch) alternately, ROUNDS times, each with
 # THREADS threads (default 2).  JSON lines (one per configuration) go to
 # stdout, each run's own figures and a summary to stderr:
@@ -36,8 +36,9 @@
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
-. "$here/ensure_built.sh"
+root=$(cd "$here/../.." && pwd)
+. "$root/bench/common/ensure_built.sh"
+. "$root/bench/common/quiet.sh"
 build=${1:-$root/build/bench}
 case $build in
     /*) ;;
@@ -48,9 +49,9 @@ rounds=${ROUNDS:-3}
 only=${ONLY:-gpt_tiny,gpt_small,mlp}
 py=${PEER_PYTHON:-/usr/bin/python3}
 
-ensure_built "$root" "$build" bench/bench_train
+ensure_built "$root" "$build" bench/train/bench_train
 if ! "$py" -c 'import torch' 2>/dev/null; then
-    echo "bench/run_train.sh: $py cannot import torch; apt-get install python3-torch" >&2
+    echo "bench/train/run.sh: $py cannot import torch; apt-get install python3-torch" >&2
     exit 1
 fi
 
@@ -58,32 +59,11 @@ steps_args=""
 [ -n "${WARMUP:-}" ] && steps_args="$steps_args --warmup $WARMUP"
 [ -n "${STEPS:-}" ] && steps_args="$steps_args --steps $STEPS"
 
-quiet_wait=${QUIET_WAIT:-120}
-quiet_psi=${QUIET_PSI:-10}
-wait_quiet() {
-    [ "$quiet_wait" -gt 0 ] && [ -r /proc/pressure/cpu ] || return 0
-    waited=0
-    while :; do
-        psi=$(sed -n 's/^some avg10=\([0-9.]*\).*/\1/p' /proc/pressure/cpu)
-        if [ "${psi%.*}" -lt "$quiet_psi" ]; then
-            [ "$waited" -gt 0 ] && echo "run_train: quiet after ${waited}s (cpu pressure $psi%)" >&2
-            return 0
-        fi
-        if [ "$waited" -ge "$quiet_wait" ]; then
-            echo "run_train: still busy after ${waited}s (cpu pressure $psi%); measuring anyway" >&2
-            return 0
-        fi
-        [ "$waited" -eq 0 ] && echo "run_train: waiting for the machine to go quiet (cpu pressure $psi%)" >&2
-        sleep 5
-        waited=$((waited + 5))
-    done
-}
-
 # gradd's own spin (daemon/server/main.c): what its side runs with.
 spin=${GOMP_SPINCOUNT:-}
 [ -z "$spin" ] && [ -z "${OMP_WAIT_POLICY:-}" ] && spin=1000
 
-tmp=$(mktemp -d /tmp/run_train.XXXXXX)
+tmp=$(mktemp -d /tmp/bench_train.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
 for cfg in $(echo "$only" | tr ',' ' '); do
@@ -92,16 +72,16 @@ for cfg in $(echo "$only" | tr ',' ' '); do
         # Alternate which side goes first, so that drift hits both alike.
         if [ $((r % 2)) -eq 1 ]; then order="gradd torch"; else order="torch gradd"; fi
         for side in $order; do
-            wait_quiet
+            wait_quiet bench/train/run.sh
             load=$(cut -d' ' -f1 /proc/loadavg)
-            echo "run_train: $cfg round $r/$rounds: $side (load average $load)" >&2
+            echo "bench/train/run.sh: $cfg round $r/$rounds: $side (load average $load)" >&2
             if [ "$side" = gradd ]; then
                 # shellcheck disable=SC2086
-                env ${spin:+GOMP_SPINCOUNT=$spin} "$build/bench/bench_train" --threads "$threads" --only "$cfg" \
+                env ${spin:+GOMP_SPINCOUNT=$spin} "$build/bench/train/bench_train" --threads "$threads" --only "$cfg" \
                     $steps_args >>"$tmp/gradd.jsonl"
             else
                 # shellcheck disable=SC2086
-                OPENBLAS_NUM_THREADS=$threads "$py" "$here/torch_peer.py" --threads "$threads" --only "$cfg" \
+                OPENBLAS_NUM_THREADS=$threads "$py" "$here/peer_torch.py" --threads "$threads" --only "$cfg" \
                     $steps_args >>"$tmp/torch.jsonl"
             fi
             echo "train_$cfg $load" >>"$tmp/load.txt"
@@ -143,6 +123,6 @@ for bench in g:
             "omp_wait_policy": wait or "default", "gradd_gomp_spincount": spin or "default",
             "max_load_average": max(loads.get(bench, [0.0]))}
     print(json.dumps(line, separators=(",", ":")), flush=True)
-    print(f"run_train: {bench:16s} gradd {gm:10.3f} ms  {peer} {tm:10.3f} ms  ratio {gm / tm:.3f}",
+    print(f"bench/train/run.sh: {bench:16s} gradd {gm:10.3f} ms  {peer} {tm:10.3f} ms  ratio {gm / tm:.3f}",
           file=sys.stderr)
 EOF

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""bench/join_pool_peer.py GRADD_JSONL TORCH_JSONL - gradd's pool against torch.
+"""bench/pool/join_peer.py GRADD_JSONL TORCH_JSONL - gradd's pool against torch.
 
 Reads bench_pool_cuda's JSON lines (benches pool_trace_cuda and
-pool_trace_cuda_expandable) and bench/torch_pool_peer.py's (bench
+pool_trace_cuda_expandable) and bench/pool/peer_torch_gpu.py's (bench
 pool_trace_torch, one set per api) and prints, for every gradd bench and
 every metric both have, one line in the bench/ convention:
 
@@ -33,7 +33,7 @@ def read_jsonl(path):
             try:
                 out.append(json.loads(line))
             except ValueError as e:
-                raise SystemExit(f"join_pool_peer: {path}:{n}: {e}")
+                raise SystemExit(f"join_peer: {path}:{n}: {e}")
     return out
 
 
@@ -71,14 +71,14 @@ def main(argv):
     gradd, torch = read_jsonl(argv[1]), read_jsonl(argv[2])
     lines = join(gradd, torch)
     if not lines:
-        print(f"join_pool_peer: nothing to join: {len(gradd)} gradd line(s) in {argv[1]}, "
+        print(f"join_peer: nothing to join: {len(gradd)} gradd line(s) in {argv[1]}, "
               f"{len(torch)} torch line(s) in {argv[2]}", file=sys.stderr)
         return 1
     for rec in lines:
         print(json.dumps(rec, separators=(",", ":")))
     for rec in lines:
         r = rec["ratio"]
-        print(f"run_gpu_pool: {rec['bench']:27s} {rec['metric']:30s} gradd {rec['value']!s:>10} "
+        print(f"bench/pool/run_gpu.sh: {rec['bench']:27s} {rec['metric']:30s} gradd {rec['value']!s:>10} "
               f"{rec['peer']:16s} {rec['peer_value']!s:>10}  ratio "
               f"{r if r is not None else 'n/a'}", file=sys.stderr)
     return 0

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""bench/torch_pool_peer.py - PyTorch's CUDA caching allocator on the pool trace.
+"""bench/pool/peer_torch_gpu.py - PyTorch's CUDA caching allocator on the pool trace.
 
-The PyTorch peer of bench_pool_cuda (bench/bench_pool_cuda.c): the same trace
-(bench/gen_trace.py), read and checked the same way, replayed from one thread
+The PyTorch peer of bench_pool_cuda (bench/pool/bench_pool_cuda.c): the same trace
+(bench/pool/gen_trace.py), read and checked the same way, replayed from one thread
 on one GPU through torch's caching allocator, with the same figures.
-bench/run_gpu_pool.sh runs both and joins the figures; on its own:
+bench/pool/run_gpu.sh runs both and joins the figures; on its own:
 
-    python3 bench/torch_pool_peer.py TRACE [--repeat 5] [--warm-steps 2] [--device 0]
-    python3 bench/torch_pool_peer.py TRACE --dry-run     # no GPU needed
+    python3 bench/pool/peer_torch_gpu.py TRACE [--repeat 5] [--warm-steps 2] [--device 0]
+    python3 bench/pool/peer_torch_gpu.py TRACE --dry-run     # no GPU needed
 
 Imports nothing but the standard library and torch (and torch only where a
 GPU is used or --dry-run reports its version).
@@ -75,7 +75,7 @@ class TraceError(Exception):
 
 
 class Trace:
-    """bench/gen_trace.py's format, checked as bench/trace.c checks it."""
+    """bench/pool/gen_trace.py's format, checked as bench/pool/trace.c checks it."""
 
     def __init__(self, path):
         self.path = path
@@ -394,7 +394,7 @@ def main():
     try:
         trace = Trace(a.trace)
     except (OSError, ValueError, TraceError) as e:
-        print(f"torch_pool_peer: {e}", file=sys.stderr)
+        print(f"peer_torch_gpu: {e}", file=sys.stderr)
         return 1
     counts = trace.counts(a.warm_steps)
 
@@ -419,14 +419,14 @@ def main():
 
     import torch
     if not torch.cuda.is_available():
-        print("torch_pool_peer: skipped, torch sees no usable CUDA device", file=sys.stderr)
+        print("peer_torch_gpu: skipped, torch sees no usable CUDA device", file=sys.stderr)
         return 77
     if a.device >= torch.cuda.device_count():
-        print(f"torch_pool_peer: --device {a.device}, but torch sees "
+        print(f"peer_torch_gpu: --device {a.device}, but torch sees "
               f"{torch.cuda.device_count()} device(s)", file=sys.stderr)
         return 2
     if "raw" in apis and not hasattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc"):
-        print(f"torch_pool_peer: torch {torch.__version__} has no "
+        print(f"peer_torch_gpu: torch {torch.__version__} has no "
               "torch._C._cuda_cudaCachingAllocator_raw_alloc; api raw skipped", file=sys.stderr)
         apis.remove("raw")
         if not apis:
