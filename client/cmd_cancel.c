@@ -17,24 +17,12 @@ const ctl_cmd cmd_cancel = {
 
 static int run(ctl *c, int argc, char **argv)
 {
-    Gradd__CancelRequest cr;
-    gradd__cancel_request__init(&cr);
-    int rc = jobfmt_id_arg(&cmd_cancel, argc, argv, &cr.id);
-    if (rc != CTL_OK)
-        return rc;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_CANCEL;
-    req.cancel = &cr;
     Gradd__Response *resp;
-    rc = ctl_call(c, &req, &resp);
+    int rc = jobfmt_id_call(c, &cmd_cancel, argc, argv, GRADD__REQUEST__BODY_CANCEL, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_CANCEL || !resp->cancel || !resp->cancel->job) {
-        fprintf(stderr, "gradctl: unexpected reply to cancel\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
+    if (!resp->cancel->job)
+        return ctl_unexpected(c, resp);
     /* The job as it is after the request: a queued job is cancelled at
      * once; a running one stays "running" until its worker stops it. */
     const Gradd__JobInfo *j = resp->cancel->job;
@@ -50,6 +38,6 @@ static int run(ctl *c, int argc, char **argv)
     } else {
         printf("job %u is %s; nothing to cancel\n", j->id, j->state);
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

@@ -23,8 +23,7 @@ static int run(ctl *c, int argc, char **argv)
         {"state", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__ListRequest lr;
-    gradd__list_request__init(&lr);
+    Gradd__ListRequest lr = GRADD__LIST_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "u:", longopts, NULL)) != -1) {
         switch (ch) {

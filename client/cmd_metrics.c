@@ -19,21 +19,11 @@ static int run(ctl *c, int argc, char **argv)
 {
     if (argc > 1)
         return ctl_usage(&cmd_metrics, "unexpected argument '%s'", argv[1]);
-    Gradd__MetricsRequest mr;
-    gradd__metrics_request__init(&mr);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_METRICS;
-    req.metrics = &mr;
+    Gradd__MetricsRequest mr = GRADD__METRICS_REQUEST__INIT;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "metrics", GRADD__REQUEST__BODY_METRICS, &mr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_METRICS || !resp->metrics) {
-        fprintf(stderr, "gradctl: unexpected reply to metrics\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     const char *text = resp->metrics->text ? resp->metrics->text : "";
     if (c->json) {
         /* The exposition text as one string: scripts that want fields
@@ -48,6 +38,6 @@ static int run(ctl *c, int argc, char **argv)
     } else {
         fputs(text, stdout);
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

@@ -16,24 +16,10 @@ const ctl_cmd cmd_rm = {
 
 static int run(ctl *c, int argc, char **argv)
 {
-    Gradd__RemoveRequest rr;
-    gradd__remove_request__init(&rr);
-    int rc = jobfmt_id_arg(&cmd_rm, argc, argv, &rr.id);
-    if (rc != CTL_OK)
-        return rc;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_REMOVE;
-    req.remove = &rr;
     Gradd__Response *resp;
-    rc = ctl_call(c, &req, &resp);
+    int rc = jobfmt_id_call(c, &cmd_rm, argc, argv, GRADD__REQUEST__BODY_REMOVE, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_REMOVE || !resp->remove) {
-        fprintf(stderr, "gradctl: unexpected reply to rm\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     if (c->json) {
         json_writer w;
         json_init(&w, stdout);
@@ -49,6 +35,6 @@ static int run(ctl *c, int argc, char **argv)
         table_puts(stdout, resp->remove->name);
         printf(")\n");
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

@@ -106,8 +106,7 @@ static int run(ctl *c, int argc, char **argv)
         {"seed", required_argument, NULL, 's'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__SampleRequest sr;
-    gradd__sample_request__init(&sr);
+    Gradd__SampleRequest sr = GRADD__SAMPLE_REQUEST__INIT;
     const char *prompt = "";
     const char *neg = negative_id(argc, argv);
     if (neg)
@@ -151,19 +150,10 @@ static int run(ctl *c, int argc, char **argv)
     sr.prompt.data = (uint8_t *)prompt;
     sr.prompt.len = strlen(prompt);
 
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_SAMPLE;
-    req.sample = &sr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "sample", GRADD__REQUEST__BODY_SAMPLE, &sr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_SAMPLE || !resp->sample) {
-        fprintf(stderr, "gradctl: unexpected reply to sample\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     const Gradd__SampleResponse *s = resp->sample;
     if (c->json) {
         char *text = to_utf8(s->text.data, s->text.len);
@@ -214,7 +204,7 @@ static int run(ctl *c, int argc, char **argv)
             putchar('\n');
         }
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     fflush(stdout);
     return CTL_OK;
 }

@@ -243,8 +243,7 @@ static int run(ctl *c, int argc, char **argv)
         {"reset-peaks", no_argument, NULL, 'r'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__StatsRequest sr;
-    gradd__stats_request__init(&sr);
+    Gradd__StatsRequest sr = GRADD__STATS_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
         switch (ch) {
@@ -255,19 +254,10 @@ static int run(ctl *c, int argc, char **argv)
     }
     if (optind < argc)
         return ctl_usage(&cmd_stats, "unexpected argument '%s'", argv[optind]);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_STATS;
-    req.stats = &sr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "stats", GRADD__REQUEST__BODY_STATS, &sr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_STATS) {
-        fprintf(stderr, "gradctl: unexpected reply to stats\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     if (c->json) {
         print_json(resp->stats);
     } else {
@@ -277,6 +267,6 @@ static int run(ctl *c, int argc, char **argv)
             print_pool(resp->stats->pools[i]);
         }
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

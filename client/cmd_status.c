@@ -117,24 +117,10 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
 /* gradctl status ID: one job, in full. */
 static int job_status(ctl *c, int argc, char **argv)
 {
-    Gradd__JobRequest jr;
-    gradd__job_request__init(&jr);
-    int rc = jobfmt_id_arg(&cmd_status, argc, argv, &jr.id);
-    if (rc != CTL_OK)
-        return rc;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_JOB;
-    req.job = &jr;
     Gradd__Response *resp;
-    rc = ctl_call(c, &req, &resp);
+    int rc = jobfmt_id_call(c, &cmd_status, argc, argv, GRADD__REQUEST__BODY_JOB, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_JOB || !resp->job) {
-        fprintf(stderr, "gradctl: unexpected reply to status\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     if (c->json) {
         json_writer w;
         json_init(&w, stdout);
@@ -143,7 +129,7 @@ static int job_status(ctl *c, int argc, char **argv)
     } else {
         jobfmt_detail(stdout, resp->job, jobfmt_now());
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }
 
@@ -151,25 +137,15 @@ static int run(ctl *c, int argc, char **argv)
 {
     if (argc > 1)
         return job_status(c, argc, argv);
-    Gradd__StatusRequest sr;
-    gradd__status_request__init(&sr);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_STATUS;
-    req.status = &sr;
+    Gradd__StatusRequest sr = GRADD__STATUS_REQUEST__INIT;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "status", GRADD__REQUEST__BODY_STATUS, &sr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_STATUS) {
-        fprintf(stderr, "gradctl: unexpected reply to status\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     if (c->json)
         print_json(resp->status);
     else
         print_text(c, resp->status);
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

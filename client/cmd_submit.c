@@ -105,8 +105,7 @@ static int run(ctl *c, int argc, char **argv)
         {"priority", required_argument, NULL, 'p'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__SubmitRequest sr;
-    gradd__submit_request__init(&sr);
+    Gradd__SubmitRequest sr = GRADD__SUBMIT_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "n:p:", longopts, NULL)) != -1) {
         switch (ch) {
@@ -168,20 +167,11 @@ static int run(ctl *c, int argc, char **argv)
     sr.contents.data = contents;
     sr.contents.len = len;
 
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_SUBMIT;
-    req.submit = &sr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "submit", GRADD__REQUEST__BODY_SUBMIT, &sr, &resp);
     free(contents);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_SUBMIT || !resp->submit) {
-        fprintf(stderr, "gradctl: unexpected reply to submit\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     const Gradd__SubmitResponse *s = resp->submit;
     if (c->json) {
         json_writer w;
@@ -198,6 +188,6 @@ static int run(ctl *c, int argc, char **argv)
         table_puts(stdout, s->name);
         printf(")\n");
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

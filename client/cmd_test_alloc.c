@@ -29,8 +29,7 @@ static int run(ctl *c, int argc, char **argv)
         {"free-all", no_argument, NULL, 'F'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__TestAllocRequest ta;
-    gradd__test_alloc_request__init(&ta);
+    Gradd__TestAllocRequest ta = GRADD__TEST_ALLOC_REQUEST__INIT;
     ta.device = "cpu0";
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
@@ -53,23 +52,17 @@ static int run(ctl *c, int argc, char **argv)
     } else if (optind != argc) {
         return ctl_usage(&cmd_test_alloc, "--free-all takes no SIZE");
     }
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TEST_ALLOC;
-    req.test_alloc = &ta;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "test-alloc", GRADD__REQUEST__BODY_TEST_ALLOC, &ta, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case == GRADD__RESPONSE__BODY_TEST_ALLOC) {
-        const Gradd__TestAllocResponse *r = resp->test_alloc;
-        if (r->oom && *r->oom) {
-            fprintf(stderr, "gradctl: %s\n", r->oom);
-            rc = CTL_ERR_DAEMON;
-        } else {
-            printf("%s: %u block%s held\n", ta.device, r->held, r->held == 1 ? "" : "s");
-        }
+    const Gradd__TestAllocResponse *r = resp->test_alloc;
+    if (r->oom && *r->oom) {
+        fprintf(stderr, "gradctl: %s\n", r->oom);
+        rc = CTL_ERR_DAEMON;
+    } else {
+        printf("%s: %u block%s held\n", ta.device, r->held, r->held == 1 ? "" : "s");
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return rc;
 }

@@ -25,8 +25,7 @@ static int run(ctl *c, int argc, char **argv)
         {"output", required_argument, NULL, 'o'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__TimelineRequest tr;
-    gradd__timeline_request__init(&tr);
+    Gradd__TimelineRequest tr = GRADD__TIMELINE_REQUEST__INIT;
     const char *out = NULL;
     int ch;
     while ((ch = getopt_long(argc, argv, "d:o:", longopts, NULL)) != -1) {
@@ -54,31 +53,21 @@ static int run(ctl *c, int argc, char **argv)
             return CTL_ERR_USAGE;
         }
     }
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TIMELINE;
-    req.timeline = &tr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "timeline", GRADD__REQUEST__BODY_TIMELINE, &tr, &resp);
     uint64_t events = 0, bytes = 0;
     char device[32] = "";
     while (rc == CTL_OK) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_TIMELINE) {
-            fprintf(stderr, "gradctl: unexpected reply to timeline\n");
-            gradd__response__free_unpacked(resp, NULL);
-            rc = CTL_ERR_DAEMON;
-            break;
-        }
         const Gradd__TimelineResponse *t = resp->timeline;
         fwrite(t->chunk.data, 1, t->chunk.len, f);
         bytes += t->chunk.len;
         events = t->events;
         snprintf(device, sizeof device, "%s", t->device);
         bool last = t->last;
-        gradd__response__free_unpacked(resp, NULL);
+        ctl_free(resp);
         if (last)
             break;
-        rc = ctl_recv(c, &resp);
+        rc = ctl_next(c, &resp);
     }
     if (to_stdout) {
         fflush(stdout);

@@ -17,8 +17,7 @@ const ctl_cmd cmd_trim = {
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
-    Gradd__TrimRequest tr;
-    gradd__trim_request__init(&tr);
+    Gradd__TrimRequest tr = GRADD__TRIM_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
         if (ch != 'd')
@@ -27,19 +26,10 @@ static int run(ctl *c, int argc, char **argv)
     }
     if (optind < argc)
         return ctl_usage(&cmd_trim, "unexpected argument '%s'", argv[optind]);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TRIM;
-    req.trim = &tr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "trim", GRADD__REQUEST__BODY_TRIM, &tr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_TRIM) {
-        fprintf(stderr, "gradctl: unexpected reply to trim\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     const Gradd__TrimResponse *r = resp->trim;
     if (c->json) {
         json_writer w;
@@ -73,6 +63,6 @@ static int run(ctl *c, int argc, char **argv)
                    (double)r->results[i]->ns / 1e6, units_format_size(r->results[i]->reserved_after, b, sizeof b));
         }
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return CTL_OK;
 }

@@ -95,29 +95,17 @@ static void print_json_event(const Gradd__WatchEvent *e)
 
 static int run(ctl *c, int argc, char **argv)
 {
-    Gradd__WatchRequest wr;
-    gradd__watch_request__init(&wr);
-    int rc = jobfmt_id_arg(&cmd_watch, argc, argv, &wr.id);
-    if (rc != CTL_OK)
-        return rc;
     bool live = !c->json && isatty(STDOUT_FILENO);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_WATCH;
-    req.watch = &wr;
-    Gradd__Response *resp;
     /* The live line is printed with its newline and redrawn by moving up
      * one line: the cursor always rests on an empty line, so an error from
-     * ctl_recv or a ^C never lands in the middle of the bar. */
+     * ctl_next or a ^C never lands in the middle of the bar. */
     bool drawn = false, shown = false;
     uint64_t shown_step = 0;
-    rc = ctl_call(c, &req, &resp);
+    Gradd__Response *resp;
+    int rc = jobfmt_id_call(c, &cmd_watch, argc, argv, GRADD__REQUEST__BODY_WATCH, NULL, &resp);
     while (rc == CTL_OK) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_WATCH || !resp->watch || !resp->watch->job) {
-            fprintf(stderr, "gradctl: unexpected reply to watch\n");
-            gradd__response__free_unpacked(resp, NULL);
-            return CTL_ERR_DAEMON;
-        }
+        if (!resp->watch->job)
+            return ctl_unexpected(c, resp);
         const Gradd__WatchEvent *e = resp->watch;
         const Gradd__JobInfo *j = e->job;
         char line[512];
@@ -150,11 +138,11 @@ static int run(ctl *c, int argc, char **argv)
         fflush(stdout);
         if (e->final) {
             rc = strcmp(j->state, "completed") == 0 ? CTL_OK : CTL_ERR_DAEMON;
-            gradd__response__free_unpacked(resp, NULL);
+            ctl_free(resp);
             return rc;
         }
-        gradd__response__free_unpacked(resp, NULL);
-        rc = ctl_recv(c, &resp);
+        ctl_free(resp);
+        rc = ctl_next(c, &resp);
     }
     return rc;
 }

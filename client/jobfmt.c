@@ -1,6 +1,7 @@
 /* jobfmt.c — one job, shown the same way by every command. */
 #include "jobfmt.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,23 +15,12 @@
 int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *out)
 {
     memset(out, 0, sizeof *out);
-    Gradd__ListRequest lr;
-    gradd__list_request__init(&lr);
+    Gradd__ListRequest lr = GRADD__LIST_REQUEST__INIT;
     lr.user = (char *)(user ? user : "");
     lr.state = (char *)(state ? state : "");
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_LIST;
-    req.list = &lr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "list", GRADD__REQUEST__BODY_LIST, &lr, &resp);
     for (bool more = true; rc == CTL_OK && more;) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
-            fprintf(stderr, "gradctl: unexpected reply to list\n");
-            gradd__response__free_unpacked(resp, NULL);
-            rc = CTL_ERR_DAEMON;
-            break;
-        }
         Gradd__Response **frames = realloc(out->frames, (out->nframes + 1) * sizeof *frames);
         const Gradd__JobInfo **jobs = realloc(out->jobs, (out->n + resp->list->n_jobs + 1) * sizeof *jobs);
         if (frames)
@@ -39,7 +29,7 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
             out->jobs = jobs;
         if (!frames || !jobs) {
             fprintf(stderr, "gradctl: out of memory\n");
-            gradd__response__free_unpacked(resp, NULL);
+            ctl_free(resp);
             rc = CTL_ERR_DAEMON;
             break;
         }
@@ -48,7 +38,7 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
             out->jobs[out->n++] = resp->list->jobs[i];
         more = resp->list->more;
         if (more)
-            rc = ctl_recv(c, &resp);
+            rc = ctl_next(c, &resp);
     }
     if (rc != CTL_OK)
         jobfmt_list_free(out);
@@ -58,7 +48,7 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
 void jobfmt_list_free(jobfmt_list *l)
 {
     for (size_t i = 0; i < l->nframes; i++)
-        gradd__response__free_unpacked(l->frames[i], NULL);
+        ctl_free(l->frames[i]);
     free(l->frames);
     free(l->jobs);
     memset(l, 0, sizeof *l);
@@ -128,6 +118,28 @@ int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
     if (jobfmt_parse_id(arg, id) != 0)
         return ctl_usage(cmd, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
     return CTL_OK;
+}
+
+int jobfmt_id_call(ctl *c, const ctl_cmd *cmd, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id,
+                   Gradd__Response **out)
+{
+    *out = NULL;
+    uint32_t v;
+    int rc = jobfmt_id_arg(cmd, argc, argv, &v);
+    if (rc != CTL_OK)
+        return rc;
+    if (id)
+        *id = v;
+    /* JobRequest, CancelRequest, RemoveRequest, WatchRequest and
+     * LogsRequest are each `uint32 id = 1` alone, so one piece of code makes
+     * any of them from its descriptor: the message, then its one field. */
+    const ProtobufCMessageDescriptor *d =
+        protobuf_c_message_descriptor_get_field(&gradd__request__descriptor, (unsigned)body)->descriptor;
+    Gradd__JobRequest m;
+    assert(d->sizeof_message == sizeof m && d->n_fields == 1 && d->fields[0].type == PROTOBUF_C_TYPE_UINT32);
+    protobuf_c_message_init(d, &m);
+    memcpy((char *)&m + d->fields[0].offset, &v, sizeof v);
+    return ctl_call(c, cmd->name, body, &m, out);
 }
 
 /* ---- pieces --------------------------------------------------------------- */
