@@ -26,18 +26,14 @@ static int run(ctl *c, int argc, char **argv)
     /* The job as it is after the request: a queued job is cancelled at
      * once; a running one stays "running" until its worker stops it. */
     const Gradd__JobInfo *j = resp->cancel->job;
-    if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        jobfmt_json(&w, j);
-        json_end(&w);
-    } else if (strcmp(j->state, "cancelled") == 0) {
+    if (c->json)
+        rc = jout_print(jobfmt_json(j));
+    else if (strcmp(j->state, "cancelled") == 0)
         printf("job %u cancelled\n", j->id);
-    } else if (strcmp(j->state, "running") == 0) {
+    else if (strcmp(j->state, "running") == 0)
         printf("job %u stopping (a final checkpoint is being written)\n", j->id);
-    } else {
+    else
         printf("job %u is %s; nothing to cancel\n", j->id, j->state);
-    }
     ctl_free(resp);
-    return CTL_OK;
+    return rc;
 }

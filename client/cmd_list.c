@@ -49,16 +49,10 @@ static int run(ctl *c, int argc, char **argv)
     if (rc != CTL_OK)
         return rc;
     if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "jobs");
-        json_begin_array(&w);
+        json_t *jobs = json_array();
         for (size_t i = 0; i < l.n; i++)
-            jobfmt_json(&w, l.jobs[i]);
-        json_end_array(&w);
-        json_end_object(&w);
-        json_end(&w);
+            json_array_append_new(jobs, jobfmt_json(l.jobs[i]));
+        rc = jout_print(json_pack("{s:o}", "jobs", jobs));
     } else {
         double now = jobfmt_now();
         table t;
@@ -69,5 +63,5 @@ static int run(ctl *c, int argc, char **argv)
         table_free(&t);
     }
     jobfmt_list_free(&l);
-    return CTL_OK;
+    return rc;
 }

@@ -80,17 +80,8 @@ static int run(ctl *c, int argc, char **argv)
             break;
         rc = ctl_next(c, &resp);
     }
-    if (rc == CTL_OK && c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_uint(&w, id);
-        json_key(&w, "log");
-        json_string(&w, all ? all : "");
-        json_end_object(&w);
-        json_end(&w);
-    }
+    if (rc == CTL_OK && c->json)
+        rc = jout_print(json_pack("{s:o, s:o}", "id", jout_uint(id), "log", jout_str(all)));
     free(all);
     fflush(stdout);
     return rc;

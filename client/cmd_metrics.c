@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ctl.h"
+#include "jout.h"
 
 static int run(ctl *c, int argc, char **argv);
 
@@ -25,19 +26,12 @@ static int run(ctl *c, int argc, char **argv)
     if (rc != CTL_OK)
         return rc;
     const char *text = resp->metrics->text ? resp->metrics->text : "";
-    if (c->json) {
+    if (c->json)
         /* The exposition text as one string: scripts that want fields
          * parse it with a Prometheus parser. */
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "text");
-        json_string(&w, text);
-        json_end_object(&w);
-        json_end(&w);
-    } else {
+        rc = jout_print(json_pack("{s:o}", "text", jout_str(text)));
+    else
         fputs(text, stdout);
-    }
     ctl_free(resp);
-    return CTL_OK;
+    return rc;
 }

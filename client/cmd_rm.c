@@ -20,21 +20,7 @@ static int run(ctl *c, int argc, char **argv)
     int rc = jobfmt_id_call(c, &cmd_rm, argc, argv, GRADD__REQUEST__BODY_REMOVE, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_uint(&w, resp->remove->id);
-        json_key(&w, "name");
-        json_string(&w, resp->remove->name);
-        json_end_object(&w);
-        json_end(&w);
-    } else {
-        printf("job %u removed (", resp->remove->id);
-        table_puts(stdout, resp->remove->name);
-        printf(")\n");
-    }
+    rc = jobfmt_done(c, resp->remove->id, resp->remove->name, "removed");
     ctl_free(resp);
-    return CTL_OK;
+    return rc;
 }

@@ -13,7 +13,7 @@
 
 #include "ctl.h"
 #include "jobcfg.h"
-#include "table.h"
+#include "jobfmt.h"
 #include "units.h"
 
 /* The most gradctl reads: the largest [daemon] max_job_file any gradd can
@@ -172,22 +172,7 @@ static int run(ctl *c, int argc, char **argv)
     free(contents);
     if (rc != CTL_OK)
         return rc;
-    const Gradd__SubmitResponse *s = resp->submit;
-    if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_uint(&w, s->id);
-        json_key(&w, "name");
-        json_string(&w, s->name);
-        json_end_object(&w);
-        json_end(&w);
-    } else {
-        printf("job %u queued (", s->id);
-        table_puts(stdout, s->name);
-        printf(")\n");
-    }
+    rc = jobfmt_done(c, resp->submit->id, resp->submit->name, "queued");
     ctl_free(resp);
-    return CTL_OK;
+    return rc;
 }

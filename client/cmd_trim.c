@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "ctl.h"
+#include "jout.h"
 #include "units.h"
 
 static int run(ctl *c, int argc, char **argv);
@@ -32,28 +33,15 @@ static int run(ctl *c, int argc, char **argv)
         return rc;
     const Gradd__TrimResponse *r = resp->trim;
     if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "results");
-        json_begin_array(&w);
+        json_t *results = json_array();
         for (size_t i = 0; i < r->n_results; i++) {
-            json_begin_object(&w);
-            json_key(&w, "device");
-            json_string(&w, r->results[i]->device);
-            json_key(&w, "bytes");
-            json_uint(&w, r->results[i]->bytes);
-            json_key(&w, "segments");
-            json_uint(&w, r->results[i]->segments);
-            json_key(&w, "ns");
-            json_uint(&w, r->results[i]->ns);
-            json_key(&w, "reserved_after");
-            json_uint(&w, r->results[i]->reserved_after);
-            json_end_object(&w);
+            const Gradd__TrimResult *t = r->results[i];
+            json_array_append_new(results,
+                                  json_pack("{s:o, s:o, s:o, s:o, s:o}", "device", jout_str(t->device), "bytes",
+                                            jout_uint(t->bytes), "segments", jout_uint(t->segments), "ns",
+                                            jout_uint(t->ns), "reserved_after", jout_uint(t->reserved_after)));
         }
-        json_end_array(&w);
-        json_end_object(&w);
-        json_end(&w);
+        rc = jout_print(json_pack("{s:o}", "results", results));
     } else {
         for (size_t i = 0; i < r->n_results; i++) {
             char a[16], b[16];
@@ -64,5 +52,5 @@ static int run(ctl *c, int argc, char **argv)
         }
     }
     ctl_free(resp);
-    return CTL_OK;
+    return rc;
 }

@@ -80,19 +80,6 @@ static void final_line(const Gradd__JobInfo *j)
     putchar('\n');
 }
 
-static void print_json_event(const Gradd__WatchEvent *e)
-{
-    json_writer w;
-    json_init(&w, stdout);
-    json_begin_object(&w);
-    json_key(&w, "final");
-    json_bool(&w, e->final);
-    json_key(&w, "job");
-    jobfmt_json(&w, e->job);
-    json_end_object(&w);
-    json_end(&w);
-}
-
 static int run(ctl *c, int argc, char **argv)
 {
     bool live = !c->json && isatty(STDOUT_FILENO);
@@ -110,7 +97,7 @@ static int run(ctl *c, int argc, char **argv)
         const Gradd__JobInfo *j = e->job;
         char line[512];
         if (c->json) {
-            print_json_event(e);
+            jout_print(json_pack("{s:b, s:o}", "final", (int)e->final, "job", jobfmt_json(j)));
         } else if (live) {
             if (drawn)
                 fputs("\033[1A\r\033[K", stdout);

@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "jout.h"
 #include "table.h"
 
 int ctl_connect(ctl *c)
@@ -66,24 +67,14 @@ static int daemon_error(ctl *c, const Gradd__Error *e)
     fputc('\n', stderr);
     if (c->json) {
         /* The code's name from the protocol's own enum, in lower case. */
-        const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(&gradd__error__code__descriptor, (int)e->code);
+        const ProtobufCEnumValue *ev =
+            protobuf_c_enum_descriptor_get_value(&gradd__error__code__descriptor, (int)e->code);
         char code[32] = "unknown";
         if (ev)
             for (size_t i = 0; i + 1 < sizeof code; i++)
                 if (!(code[i] = (char)tolower((unsigned char)ev->name[i])))
                     break;
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "error");
-        json_begin_object(&w);
-        json_key(&w, "code");
-        json_string(&w, code);
-        json_key(&w, "message");
-        json_string(&w, m);
-        json_end_object(&w);
-        json_end_object(&w);
-        json_end(&w);
+        jout_print(json_pack("{s:{s:o, s:o}}", "error", "code", jout_str(code), "message", jout_str(m)));
     }
     /* A job file refused by the daemon is a bad input file, as one refused
      * here is. */

@@ -6,7 +6,6 @@
 #include <limits.h>
 #include <stdbool.h>
 
-#include "json.h"
 #include "wire.h"
 
 /* Exit codes, documented in gradctl(1). */

@@ -392,84 +392,71 @@ void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j)
     }
 }
 
+/* ---- what a command did ----------------------------------------------------- */
+
+int jobfmt_done(const ctl *c, uint32_t id, const char *name, const char *done)
+{
+    if (c->json)
+        return jout_print(json_pack("{s:o, s:o}", "id", jout_uint(id), "name", jout_str(name)));
+    printf("job %u %s (", id, done);
+    table_puts(stdout, name);
+    printf(")\n");
+    return CTL_OK;
+}
+
 /* ---- JSON ----------------------------------------------------------------- */
 
-static void key_string(json_writer *w, const char *k, const char *v)
-{
-    json_key(w, k);
-    json_string(w, v ? v : "");
-}
-
-static void key_uint(json_writer *w, const char *k, uint64_t v)
-{
-    json_key(w, k);
-    json_uint(w, v);
-}
-
-static void key_double(json_writer *w, const char *k, double v)
-{
-    json_key(w, k);
-    json_double(w, v); /* null when not finite */
-}
-
 /* A time that has not happened (0) is null. */
-static void key_time(json_writer *w, const char *k, double t)
+static json_t *time_json(double t)
 {
-    key_double(w, k, t > 0 ? t : NAN);
+    return jout_real(t > 0 ? t : NAN);
 }
 
-void jobfmt_json(json_writer *w, const Gradd__JobInfo *j)
+void jobfmt_tags_json(json_t *obj, Gradd__TagUsage *const *tags, size_t n)
 {
-    json_begin_object(w);
-    key_uint(w, "id", j->id);
-    key_string(w, "name", j->name);
-    key_uint(w, "uid", j->uid);
-    key_string(w, "user", j->user);
-    key_string(w, "state", j->state);
-    key_string(w, "device", j->device);
-    json_key(w, "priority");
-    json_int(w, j->priority);
-    key_uint(w, "step", j->step);
-    key_uint(w, "steps", j->steps);
-    key_double(w, "loss", step_loss(j));
-    key_double(w, "val_loss", j->val_loss);
-    key_double(w, "val_accuracy", j->val_accuracy);
-    key_uint(w, "micro", j->micro);
-    key_uint(w, "accum", j->accum);
-    key_uint(w, "micro_max", j->micro_max);
-    key_uint(w, "micro_fit", j->micro_fit);
-    key_uint(w, "oom_recoveries", j->oom_recoveries);
-    json_key(w, "last_change");
-    if (j->change_reason && *j->change_reason) {
-        json_begin_object(w);
-        key_uint(w, "from", j->change_from);
-        key_uint(w, "to", j->change_to);
-        key_uint(w, "step", j->change_step);
-        key_string(w, "reason", j->change_reason);
-        json_end_object(w);
-    } else {
-        json_double(w, NAN); /* null */
-    }
-    key_double(w, "units_per_s", j->units_per_s);
-    key_string(w, "unit", j->unit);
-    key_uint(w, "mem_allocated", j->mem_allocated);
-    json_key(w, "mem_tags");
-    json_begin_object(w);
-    for (size_t i = 0; i < j->n_mem_tags; i++) {
-        json_key(w, j->mem_tags[i]->tag ? j->mem_tags[i]->tag : "");
-        json_begin_object(w);
-        key_uint(w, "current", j->mem_tags[i]->allocated);
-        key_uint(w, "peak", j->mem_tags[i]->peak);
-        json_end_object(w);
-    }
-    json_end_object(w);
-    key_time(w, "submitted_at", j->submitted_at);
-    key_time(w, "started_at", j->started_at);
-    key_time(w, "finished_at", j->finished_at);
-    key_double(w, "elapsed_s", j->elapsed_s);
-    key_string(w, "reason", j->reason);
-    key_string(w, "out_dir", j->out_dir);
-    key_string(w, "job_file", j->job_file);
-    key_uint(w, "resumes", j->resumes);
-    json_end_object(w);
+    for (size_t i = 0; i < n; i++)
+        jout_set(obj, tags[i]->tag,
+                 json_pack("{s:o, s:o}", "current", jout_uint(tags[i]->allocated), "peak", jout_uint(tags[i]->peak)));
+}
+
+json_t *jobfmt_json(const Gradd__JobInfo *j)
+{
+    json_t *change = json_null();
+    if (j->change_reason && *j->change_reason)
+        change = json_pack("{s:o, s:o, s:o, s:o}", "from", jout_uint(j->change_from), "to", jout_uint(j->change_to),
+                           "step", jout_uint(j->change_step), "reason", jout_str(j->change_reason));
+    json_t *tags = json_object();
+    jobfmt_tags_json(tags, j->mem_tags, j->n_mem_tags);
+    json_t *o = json_object();
+    json_object_set_new(o, "id", jout_uint(j->id));
+    json_object_set_new(o, "name", jout_str(j->name));
+    json_object_set_new(o, "uid", jout_uint(j->uid));
+    json_object_set_new(o, "user", jout_str(j->user));
+    json_object_set_new(o, "state", jout_str(j->state));
+    json_object_set_new(o, "device", jout_str(j->device));
+    json_object_set_new(o, "priority", json_integer(j->priority));
+    json_object_set_new(o, "step", jout_uint(j->step));
+    json_object_set_new(o, "steps", jout_uint(j->steps));
+    json_object_set_new(o, "loss", jout_real(step_loss(j)));
+    json_object_set_new(o, "val_loss", jout_real(j->val_loss));
+    json_object_set_new(o, "val_accuracy", jout_real(j->val_accuracy));
+    json_object_set_new(o, "micro", jout_uint(j->micro));
+    json_object_set_new(o, "accum", jout_uint(j->accum));
+    json_object_set_new(o, "micro_max", jout_uint(j->micro_max));
+    json_object_set_new(o, "micro_fit", jout_uint(j->micro_fit));
+    json_object_set_new(o, "oom_recoveries", jout_uint(j->oom_recoveries));
+    json_object_set_new(o, "last_change", change);
+    json_object_set_new(o, "units_per_s", jout_real(j->units_per_s));
+    json_object_set_new(o, "unit", jout_str(j->unit));
+    json_object_set_new(o, "mem_allocated", jout_uint(j->mem_allocated));
+    json_object_set_new(o, "mem_tags", tags);
+    json_object_set_new(o, "submitted_at", time_json(j->submitted_at));
+    json_object_set_new(o, "started_at", time_json(j->started_at));
+    json_object_set_new(o, "finished_at", time_json(j->finished_at));
+    json_object_set_new(o, "elapsed_s", jout_real(j->elapsed_s));
+    json_object_set_new(o, "reason", jout_str(j->reason));
+    json_object_set_new(o, "out_dir", jout_str(j->out_dir));
+    json_object_set_new(o, "job_file", jout_str(j->job_file));
+    json_object_set_new(o, "resumes", jout_uint(j->resumes));
+    return o;
 }
