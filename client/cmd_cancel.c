@@ -6,19 +6,10 @@
 #include "ctl.h"
 #include "jobfmt.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_cancel = {
-    .name = "cancel",
-    .args = "ID",
-    .summary = "cancel a queued job, or stop a running one after a final checkpoint",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     Gradd__Response *resp;
-    int rc = jobfmt_id_call(c, &cmd_cancel, argc, argv, GRADD__REQUEST__BODY_CANCEL, NULL, &resp);
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_CANCEL, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
     if (!resp->cancel->job)
@@ -37,3 +28,10 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_cancel = {
+    .name = "cancel",
+    .args = "ID",
+    .summary = "cancel a queued job, or stop a running one after a final checkpoint",
+    .run = run,
+};

@@ -7,15 +7,6 @@
 #include "jobfmt.h"
 #include "table.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_list = {
-    .name = "list",
-    .args = "[--user USER] [--state queued|running|completed|failed|cancelled]",
-    .summary = "list jobs: state, progress, loss, speed and memory",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -29,20 +20,20 @@ static int run(ctl *c, int argc, char **argv)
         switch (ch) {
         case 'u':
             if (!*optarg)
-                return ctl_usage(&cmd_list, "--user needs a user name or uid");
+                return ctl_usage(c, "--user needs a user name or uid");
             lr.user = optarg;
             break;
         case 'S':
             if (!jobfmt_state_valid(optarg))
-                return ctl_usage(&cmd_list, "unknown state '%s' (queued, running, completed, failed or cancelled)",
+                return ctl_usage(c, "unknown state '%s' (queued, running, completed, failed or cancelled)",
                                  optarg);
             lr.state = optarg;
             break;
-        default: return ctl_usage(&cmd_list, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind < argc)
-        return ctl_usage(&cmd_list, "unexpected argument '%s'", argv[optind]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
 
     jobfmt_list l;
     int rc = jobfmt_list_fetch(c, lr.user, lr.state, &l);
@@ -65,3 +56,10 @@ static int run(ctl *c, int argc, char **argv)
     jobfmt_list_free(&l);
     return rc;
 }
+
+const ctl_cmd cmd_list = {
+    .name = "list",
+    .args = "[--user USER] [--state queued|running|completed|failed|cancelled]",
+    .summary = "list jobs: state, progress, loss, speed and memory",
+    .run = run,
+};

@@ -7,15 +7,6 @@
 #include "jobfmt.h"
 #include "table.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_logs = {
-    .name = "logs",
-    .args = "ID",
-    .summary = "print a job's log",
-    .run = run,
-};
-
 /* --json: the whole log as one string, {"id":N,"log":"..."}.  JSON strings
  * cannot hold NUL, so NUL bytes are dropped. */
 static int append(char **buf, size_t *len, size_t *cap, const uint8_t *data, size_t n)
@@ -48,7 +39,7 @@ static int run(ctl *c, int argc, char **argv)
     size_t ncut = 0;
     uint32_t id;
     Gradd__Response *resp;
-    int rc = jobfmt_id_call(c, &cmd_logs, argc, argv, GRADD__REQUEST__BODY_LOGS, &id, &resp);
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_LOGS, &id, &resp);
     while (rc == CTL_OK) {
         const Gradd__LogsResponse *l = resp->logs;
         if (c->json) {
@@ -86,3 +77,10 @@ static int run(ctl *c, int argc, char **argv)
     fflush(stdout);
     return rc;
 }
+
+const ctl_cmd cmd_logs = {
+    .name = "logs",
+    .args = "ID",
+    .summary = "print a job's log",
+    .run = run,
+};

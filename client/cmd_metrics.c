@@ -7,19 +7,10 @@
 #include "ctl.h"
 #include "jout.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_metrics = {
-    .name = "metrics",
-    .args = "",
-    .summary = "print metrics in Prometheus text format",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     if (argc > 1)
-        return ctl_usage(&cmd_metrics, "unexpected argument '%s'", argv[1]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[1]);
     Gradd__MetricsRequest mr = GRADD__METRICS_REQUEST__INIT;
     Gradd__Response *resp;
     int rc = ctl_call(c, "metrics", GRADD__REQUEST__BODY_METRICS, &mr, &resp);
@@ -35,3 +26,10 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_metrics = {
+    .name = "metrics",
+    .args = "",
+    .summary = "print metrics in Prometheus text format",
+    .run = run,
+};

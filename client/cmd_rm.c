@@ -5,7 +5,16 @@
 #include "ctl.h"
 #include "jobfmt.h"
 
-static int run(ctl *c, int argc, char **argv);
+static int run(ctl *c, int argc, char **argv)
+{
+    Gradd__Response *resp;
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_REMOVE, NULL, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    rc = jobfmt_done(c, resp->remove->id, resp->remove->name, "removed");
+    ctl_free(resp);
+    return rc;
+}
 
 const ctl_cmd cmd_rm = {
     .name = "rm",
@@ -13,14 +22,3 @@ const ctl_cmd cmd_rm = {
     .summary = "forget a finished job (its outputs stay)",
     .run = run,
 };
-
-static int run(ctl *c, int argc, char **argv)
-{
-    Gradd__Response *resp;
-    int rc = jobfmt_id_call(c, &cmd_rm, argc, argv, GRADD__REQUEST__BODY_REMOVE, NULL, &resp);
-    if (rc != CTL_OK)
-        return rc;
-    rc = jobfmt_done(c, resp->remove->id, resp->remove->name, "removed");
-    ctl_free(resp);
-    return rc;
-}

@@ -22,15 +22,6 @@
  * rather than a daemon error. */
 #define SAMPLE_MAX_TOKENS 4096
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_sample = {
-    .name = "sample",
-    .args = "ID [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]",
-    .summary = "generate text from a GPT job's model (or its latest checkpoint)",
-    .run = run,
-};
-
 static int parse_u64(const char *s, uint64_t *v)
 {
     char *end;
@@ -78,7 +69,7 @@ static int run(ctl *c, int argc, char **argv)
     const char *prompt = "";
     const char *neg = negative_id(argc, argv);
     if (neg)
-        return ctl_usage(&cmd_sample, "'%s' is not a job id (a number, as `gradctl list` shows)", neg);
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", neg);
     int ch;
     while ((ch = getopt_long(argc, argv, "p:n:t:s:", longopts, NULL)) != -1) {
         uint64_t v;
@@ -89,7 +80,7 @@ static int run(ctl *c, int argc, char **argv)
             break;
         case 'n':
             if (parse_u64(optarg, &v) != 0 || v < 1 || v > SAMPLE_MAX_TOKENS)
-                return ctl_usage(&cmd_sample, "--tokens: '%s' is not a whole number from 1 to %d", optarg,
+                return ctl_usage(c, "--tokens: '%s' is not a whole number from 1 to %d", optarg,
                                  SAMPLE_MAX_TOKENS);
             sr.tokens = (uint32_t)v;
             break;
@@ -97,24 +88,24 @@ static int run(ctl *c, int argc, char **argv)
             errno = 0;
             sr.temperature = strtod(optarg, &end);
             if (!*optarg || *end || errno || !(sr.temperature >= 0) || sr.temperature > 100)
-                return ctl_usage(&cmd_sample, "--temperature: '%s' is not a number from 0 to 100 (0: greedy)",
+                return ctl_usage(c, "--temperature: '%s' is not a number from 0 to 100 (0: greedy)",
                                  optarg);
             sr.has_temperature = true;
             break;
         case 's':
             if (parse_u64(optarg, &v) != 0)
-                return ctl_usage(&cmd_sample, "--seed: '%s' is not a whole number", optarg);
+                return ctl_usage(c, "--seed: '%s' is not a whole number", optarg);
             sr.seed = v;
             sr.has_seed = true;
             break;
         default:
-            return ctl_usage(&cmd_sample, "bad option");
+            return ctl_usage(c, "bad option");
         }
     }
     if (optind != argc - 1)
-        return ctl_usage(&cmd_sample, optind >= argc ? "a job id is required" : "expected one job id");
+        return ctl_usage(c, optind >= argc ? "a job id is required" : "expected one job id");
     if (jobfmt_parse_id(argv[optind], &sr.id) != 0)
-        return ctl_usage(&cmd_sample, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[optind]);
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[optind]);
     sr.prompt.data = (uint8_t *)prompt;
     sr.prompt.len = strlen(prompt);
 
@@ -156,3 +147,10 @@ static int run(ctl *c, int argc, char **argv)
     fflush(stdout);
     return rc;
 }
+
+const ctl_cmd cmd_sample = {
+    .name = "sample",
+    .args = "ID [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]",
+    .summary = "generate text from a GPT job's model (or its latest checkpoint)",
+    .run = run,
+};

@@ -9,15 +9,6 @@
 #include "table.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_stats = {
-    .name = "stats",
-    .args = "[-d DEV] [--reset-peaks]",
-    .summary = "show memory pool statistics (allocated, reserved, cache, trims, by tag and job)",
-    .run = run,
-};
-
 /* ---- JSON ------------------------------------------------------------------ */
 
 static json_t *stat_json(const Gradd__Stat *s)
@@ -208,11 +199,11 @@ static int run(ctl *c, int argc, char **argv)
         switch (ch) {
         case 'd': sr.device = optarg; break;
         case 'r': sr.reset_peaks = true; break;
-        default: return ctl_usage(&cmd_stats, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind < argc)
-        return ctl_usage(&cmd_stats, "unexpected argument '%s'", argv[optind]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     Gradd__Response *resp;
     int rc = ctl_call(c, "stats", GRADD__REQUEST__BODY_STATS, &sr, &resp);
     if (rc != CTL_OK)
@@ -229,3 +220,10 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_stats = {
+    .name = "stats",
+    .args = "[-d DEV] [--reset-peaks]",
+    .summary = "show memory pool statistics (allocated, reserved, cache, trims, by tag and job)",
+    .run = run,
+};

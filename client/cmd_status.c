@@ -9,15 +9,6 @@
 #include "table.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_status = {
-    .name = "status",
-    .args = "[ID]",
-    .summary = "show the daemon, its devices and active jobs, or one job in detail",
-    .run = run,
-};
-
 static int print_json(const Gradd__StatusResponse *st)
 {
     json_t *devices = json_array();
@@ -91,7 +82,7 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
 static int job_status(ctl *c, int argc, char **argv)
 {
     Gradd__Response *resp;
-    int rc = jobfmt_id_call(c, &cmd_status, argc, argv, GRADD__REQUEST__BODY_JOB, NULL, &resp);
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_JOB, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
     if (c->json)
@@ -118,3 +109,10 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_status = {
+    .name = "status",
+    .args = "[ID]",
+    .summary = "show the daemon, its devices and active jobs, or one job in detail",
+    .run = run,
+};

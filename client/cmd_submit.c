@@ -20,15 +20,6 @@
  * be given.  The daemon's own limit decides, and says so. */
 #define SUBMIT_MAX_FILE ((size_t)64 << 20)
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_submit = {
-    .name = "submit",
-    .args = "FILE|- [--name NAME] [--priority P]",
-    .summary = "check a job file and queue it",
-    .run = run,
-};
-
 /* Read the whole file into a malloc'd buffer, refusing more than the cap.
  * 0, or -1 after printing why. */
 static int read_job_file(const char *path, uint8_t **out, size_t *out_len)
@@ -111,23 +102,23 @@ static int run(ctl *c, int argc, char **argv)
         switch (ch) {
         case 'n':
             if (check_name(optarg) != 0)
-                return ctl_usage(&cmd_submit, "--name must be 1 to %zu printable bytes",
+                return ctl_usage(c, "--name must be 1 to %zu printable bytes",
                                  sizeof ((job_config *)0)->name - 1);
             sr.name = optarg;
             break;
         case 'p':
             if (parse_priority(optarg, &sr.priority) != 0)
-                return ctl_usage(&cmd_submit, "--priority must be a whole number from %d to %d (higher runs first)",
+                return ctl_usage(c, "--priority must be a whole number from %d to %d (higher runs first)",
                                  0, JOBCFG_PRIORITY_MAX);
             sr.has_priority = true;
             break;
-        default: return ctl_usage(&cmd_submit, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind >= argc)
-        return ctl_usage(&cmd_submit, "a job file is required (see etc/jobs/ for examples)");
+        return ctl_usage(c, "a job file is required (see etc/jobs/ for examples)");
     if (optind + 1 < argc)
-        return ctl_usage(&cmd_submit, "unexpected argument '%s'", argv[optind + 1]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind + 1]);
     const char *path = argv[optind];
 
     uint8_t *contents;
@@ -176,3 +167,10 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_submit = {
+    .name = "submit",
+    .args = "FILE|- [--name NAME] [--priority P]",
+    .summary = "check a job file and queue it",
+    .run = run,
+};

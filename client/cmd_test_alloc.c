@@ -10,16 +10,6 @@
 #include "ctl.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_test_alloc = {
-    .name = "test-alloc",
-    .args = "-d DEV [--tag TAG] [--job N] (SIZE | --free-all)",
-    .summary = "(tests) allocate SIZE from a pool and hold it, or free what is held",
-    .run = run,
-    .hidden = true,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -38,19 +28,19 @@ static int run(ctl *c, int argc, char **argv)
         case 't': ta.tag = optarg; break;
         case 'j': ta.job = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'F': ta.free_all = true; break;
-        default: return ctl_usage(&cmd_test_alloc, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (!ta.free_all) {
         if (optind != argc - 1)
-            return ctl_usage(&cmd_test_alloc, "expected one SIZE");
+            return ctl_usage(c, "expected one SIZE");
         char err[160];
         uint64_t bytes;
         if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
-            return ctl_usage(&cmd_test_alloc, "%s", err);
+            return ctl_usage(c, "%s", err);
         ta.bytes = bytes;
     } else if (optind != argc) {
-        return ctl_usage(&cmd_test_alloc, "--free-all takes no SIZE");
+        return ctl_usage(c, "--free-all takes no SIZE");
     }
     Gradd__Response *resp;
     int rc = ctl_call(c, "test-alloc", GRADD__REQUEST__BODY_TEST_ALLOC, &ta, &resp);
@@ -66,3 +56,11 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_test_alloc = {
+    .name = "test-alloc",
+    .args = "-d DEV [--tag TAG] [--job N] (SIZE | --free-all)",
+    .summary = "(tests) allocate SIZE from a pool and hold it, or free what is held",
+    .run = run,
+    .hidden = true,
+};

@@ -7,16 +7,6 @@
 
 #include "ctl.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_test_hang = {
-    .name = "test-hang",
-    .args = "[--release] DEV",
-    .summary = "(tests) hang DEV's job threads at their next poll, or release them",
-    .run = run,
-    .hidden = true,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {{"release", no_argument, NULL, 'r'}, {NULL, 0, NULL, 0}};
@@ -24,11 +14,11 @@ static int run(ctl *c, int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (ch != 'r')
-            return ctl_usage(&cmd_test_hang, "bad option");
+            return ctl_usage(c, "bad option");
         th.release = true;
     }
     if (optind != argc - 1)
-        return ctl_usage(&cmd_test_hang, "expected one device id, e.g. cpu0");
+        return ctl_usage(c, "expected one device id, e.g. cpu0");
     th.device = argv[optind];
     Gradd__Response *resp;
     int rc = ctl_call(c, "test-hang", GRADD__REQUEST__BODY_TEST_HANG, &th, &resp);
@@ -40,3 +30,11 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return CTL_OK;
 }
+
+const ctl_cmd cmd_test_hang = {
+    .name = "test-hang",
+    .args = "[--release] DEV",
+    .summary = "(tests) hang DEV's job threads at their next poll, or release them",
+    .run = run,
+    .hidden = true,
+};

@@ -8,16 +8,6 @@
 #include "ctl.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_test_pressure = {
-    .name = "test-pressure",
-    .args = "-d DEV SIZE",
-    .summary = "(tests) simulate another process holding SIZE of a cpu device",
-    .run = run,
-    .hidden = true,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
@@ -26,15 +16,15 @@ static int run(ctl *c, int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
         if (ch != 'd')
-            return ctl_usage(&cmd_test_pressure, "bad option");
+            return ctl_usage(c, "bad option");
         tp.device = optarg;
     }
     if (optind != argc - 1)
-        return ctl_usage(&cmd_test_pressure, "expected one SIZE");
+        return ctl_usage(c, "expected one SIZE");
     char err[160];
     uint64_t bytes;
     if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
-        return ctl_usage(&cmd_test_pressure, "%s", err);
+        return ctl_usage(c, "%s", err);
     tp.bytes = bytes;
     Gradd__Response *resp;
     int rc = ctl_call(c, "test-pressure", GRADD__REQUEST__BODY_TEST_PRESSURE, &tp, &resp);
@@ -47,3 +37,11 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return CTL_OK;
 }
+
+const ctl_cmd cmd_test_pressure = {
+    .name = "test-pressure",
+    .args = "-d DEV SIZE",
+    .summary = "(tests) simulate another process holding SIZE of a cpu device",
+    .run = run,
+    .hidden = true,
+};

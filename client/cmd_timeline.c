@@ -9,15 +9,6 @@
 #include "ctl.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_timeline = {
-    .name = "timeline",
-    .args = "[-d DEV] -o FILE",
-    .summary = "write the memory event timeline as Perfetto/Chrome trace JSON",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -32,13 +23,13 @@ static int run(ctl *c, int argc, char **argv)
         switch (ch) {
         case 'd': tr.device = optarg; break;
         case 'o': out = optarg; break;
-        default: return ctl_usage(&cmd_timeline, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind < argc)
-        return ctl_usage(&cmd_timeline, "unexpected argument '%s'", argv[optind]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     if (!out)
-        return ctl_usage(&cmd_timeline, "-o FILE is required (use -o - for standard output)");
+        return ctl_usage(c, "-o FILE is required (use -o - for standard output)");
 
     /* Write to a temporary name and rename at the end: an interrupted
      * transfer never leaves a truncated trace under the requested name. */
@@ -92,3 +83,10 @@ static int run(ctl *c, int argc, char **argv)
                 (unsigned long long)events, units_format_size(bytes, b, sizeof b), out);
     return CTL_OK;
 }
+
+const ctl_cmd cmd_timeline = {
+    .name = "timeline",
+    .args = "[-d DEV] -o FILE",
+    .summary = "write the memory event timeline as Perfetto/Chrome trace JSON",
+    .run = run,
+};

@@ -6,15 +6,6 @@
 #include "jout.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_trim = {
-    .name = "trim",
-    .args = "[-d DEV]",
-    .summary = "release the pool's cached free memory to the device now",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
@@ -22,11 +13,11 @@ static int run(ctl *c, int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
         if (ch != 'd')
-            return ctl_usage(&cmd_trim, "bad option");
+            return ctl_usage(c, "bad option");
         tr.device = optarg;
     }
     if (optind < argc)
-        return ctl_usage(&cmd_trim, "unexpected argument '%s'", argv[optind]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     Gradd__Response *resp;
     int rc = ctl_call(c, "trim", GRADD__REQUEST__BODY_TRIM, &tr, &resp);
     if (rc != CTL_OK)
@@ -54,3 +45,10 @@ static int run(ctl *c, int argc, char **argv)
     ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_trim = {
+    .name = "trim",
+    .args = "[-d DEV]",
+    .summary = "release the pool's cached free memory to the device now",
+    .run = run,
+};

@@ -13,15 +13,6 @@
 #include "table.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_watch = {
-    .name = "watch",
-    .args = "ID",
-    .summary = "follow a job's progress live until it ends",
-    .run = run,
-};
-
 #define BAR_MIN 10
 #define BAR_MAX 30
 
@@ -89,7 +80,7 @@ static int run(ctl *c, int argc, char **argv)
     bool drawn = false, shown = false;
     uint64_t shown_step = 0;
     Gradd__Response *resp;
-    int rc = jobfmt_id_call(c, &cmd_watch, argc, argv, GRADD__REQUEST__BODY_WATCH, NULL, &resp);
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_WATCH, NULL, &resp);
     while (rc == CTL_OK) {
         if (!resp->watch->job)
             return ctl_unexpected(c, resp);
@@ -133,3 +124,10 @@ static int run(ctl *c, int argc, char **argv)
     }
     return rc;
 }
+
+const ctl_cmd cmd_watch = {
+    .name = "watch",
+    .args = "ID",
+    .summary = "follow a job's progress live until it ends",
+    .run = run,
+};

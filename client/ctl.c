@@ -216,8 +216,9 @@ int ctl_call(ctl *c, const char *what, Gradd__Request__BodyCase body, void *msg,
     return ctl_next(c, out);
 }
 
-int ctl_usage(const ctl_cmd *cmd, const char *fmt, ...)
+int ctl_usage(const ctl *c, const char *fmt, ...)
 {
+    const ctl_cmd *cmd = c->cmd;
     va_list ap;
     fprintf(stderr, "gradctl %s: ", cmd->name);
     va_start(ap, fmt);

@@ -16,10 +16,13 @@ enum {
     CTL_ERR_UNREACHABLE = 3, /* no daemon at the socket */
 };
 
+struct ctl_cmd;
+
 typedef struct ctl {
     char socket_path[PATH_MAX];
     bool json;
     int fd; /* -1 until connected */
+    const struct ctl_cmd *cmd; /* the command being run: its usage errors name it */
     /* The exchange in progress, for ctl_next and ctl_unexpected: what the
      * messages call it, and the body its replies must have. */
     const char *what;
@@ -58,8 +61,8 @@ int ctl_next(ctl *c, Gradd__Response **out);
 int ctl_unexpected(ctl *c, Gradd__Response *resp);
 void ctl_free(Gradd__Response *resp);
 
-/* Report a usage error for `cmd` and return CTL_ERR_USAGE. */
-int ctl_usage(const ctl_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Report a usage error for the command being run and return CTL_ERR_USAGE. */
+int ctl_usage(const ctl *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 
 #endif

@@ -97,7 +97,7 @@ int jobfmt_parse_id(const char *text, uint32_t *id)
     return 0;
 }
 
-int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
+static int id_arg(const ctl *c, int argc, char **argv, uint32_t *id)
 {
     const char *arg = NULL;
     bool dashdash = false;
@@ -108,24 +108,23 @@ int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
         }
         /* "-1" is a bad id, not an unknown option "-1". */
         if (!dashdash && argv[i][0] == '-' && argv[i][1] && !(argv[i][1] >= '0' && argv[i][1] <= '9'))
-            return ctl_usage(cmd, "unknown option '%s'", argv[i]);
+            return ctl_usage(c, "unknown option '%s'", argv[i]);
         if (arg)
-            return ctl_usage(cmd, "unexpected argument '%s'", argv[i]);
+            return ctl_usage(c, "unexpected argument '%s'", argv[i]);
         arg = argv[i];
     }
     if (!arg)
-        return ctl_usage(cmd, "a job id is required");
+        return ctl_usage(c, "a job id is required");
     if (jobfmt_parse_id(arg, id) != 0)
-        return ctl_usage(cmd, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
     return CTL_OK;
 }
 
-int jobfmt_id_call(ctl *c, const ctl_cmd *cmd, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id,
-                   Gradd__Response **out)
+int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id, Gradd__Response **out)
 {
     *out = NULL;
     uint32_t v;
-    int rc = jobfmt_id_arg(cmd, argc, argv, &v);
+    int rc = id_arg(c, argc, argv, &v);
     if (rc != CTL_OK)
         return rc;
     if (id)
@@ -139,7 +138,7 @@ int jobfmt_id_call(ctl *c, const ctl_cmd *cmd, int argc, char **argv, Gradd__Req
     assert(d->sizeof_message == sizeof m && d->n_fields == 1 && d->fields[0].type == PROTOBUF_C_TYPE_UINT32);
     protobuf_c_message_init(d, &m);
     memcpy((char *)&m + d->fields[0].offset, &v, sizeof v);
-    return ctl_call(c, cmd->name, body, &m, out);
+    return ctl_call(c, c->cmd->name, body, &m, out);
 }
 
 /* ---- pieces --------------------------------------------------------------- */

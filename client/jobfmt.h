@@ -23,15 +23,12 @@ bool jobfmt_state_final(const char *state);
 
 /* Parse a job id (a decimal number from 1 to 2^32-1).  0, or -1. */
 int jobfmt_parse_id(const char *text, uint32_t *id);
-/* For commands whose only argument is one job id: reject options and extra
- * arguments.  CTL_OK with *id set, or the usage error's exit code. */
-int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id);
-/* cancel, rm, logs, watch and status ID: the one argument is a job id, and
- * the request (the message of field `body`) is that id alone.  Parse it,
- * send it and read the first reply, as ctl_call does, its messages naming
- * the command.  *id (where not NULL) gets the id. */
-int jobfmt_id_call(ctl *c, const ctl_cmd *cmd, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id,
-                   Gradd__Response **out);
+/* cancel, rm, logs, watch and status ID: the one argument is a job id
+ * (options and more arguments are usage errors), and the request (the
+ * message of field `body`) is that id alone.  Parse it, send it and read the
+ * first reply, as ctl_call does, its messages naming the command.  *id
+ * (where not NULL) gets the id. */
+int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id, Gradd__Response **out);
 
 /* ---- the list -------------------------------------------------------------- */
 

@@ -79,6 +79,7 @@ int main(int argc, char **argv)
             }
         }
         optind = 0; /* glibc: full reinitialisation for the command's getopt */
+        c.cmd = *cmd;
         int rc = (*cmd)->run(&c, sub_argc, sub_argv);
         ctl_close(&c);
         return rc;
