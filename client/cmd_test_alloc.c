@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "ctl.h"
-#include "units.h"
 
 static int run(ctl *c, int argc, char **argv)
 {
@@ -31,19 +30,13 @@ static int run(ctl *c, int argc, char **argv)
         default: return ctl_usage(c, "bad option");
         }
     }
-    if (!ta.free_all) {
-        if (optind != argc - 1)
-            return ctl_usage(c, "expected one SIZE");
-        char err[160];
-        uint64_t bytes;
-        if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
-            return ctl_usage(c, "%s", err);
-        ta.bytes = bytes;
-    } else if (optind != argc) {
+    if (ta.free_all && optind != argc)
         return ctl_usage(c, "--free-all takes no SIZE");
-    }
+    int rc = ta.free_all ? CTL_OK : ctl_size_arg(c, argc, argv, &ta.bytes);
+    if (rc != CTL_OK)
+        return rc;
     Gradd__Response *resp;
-    int rc = ctl_call(c, "test-alloc", GRADD__REQUEST__BODY_TEST_ALLOC, &ta, &resp);
+    rc = ctl_call(c, "test-alloc", GRADD__REQUEST__BODY_TEST_ALLOC, &ta, &resp);
     if (rc != CTL_OK)
         return rc;
     const Gradd__TestAllocResponse *r = resp->test_alloc;

@@ -19,15 +19,11 @@ static int run(ctl *c, int argc, char **argv)
             return ctl_usage(c, "bad option");
         tp.device = optarg;
     }
-    if (optind != argc - 1)
-        return ctl_usage(c, "expected one SIZE");
-    char err[160];
-    uint64_t bytes;
-    if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
-        return ctl_usage(c, "%s", err);
-    tp.bytes = bytes;
+    int rc = ctl_size_arg(c, argc, argv, &tp.bytes);
+    if (rc != CTL_OK)
+        return rc;
     Gradd__Response *resp;
-    int rc = ctl_call(c, "test-pressure", GRADD__REQUEST__BODY_TEST_PRESSURE, &tp, &resp);
+    rc = ctl_call(c, "test-pressure", GRADD__REQUEST__BODY_TEST_PRESSURE, &tp, &resp);
     if (rc != CTL_OK)
         return rc;
     char a[16], b[16];

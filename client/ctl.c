@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 
 #include "jout.h"
 #include "table.h"
+#include "units.h"
 
 int ctl_connect(ctl *c)
 {
@@ -226,4 +228,14 @@ int ctl_usage(const ctl *c, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "\nusage: gradctl [-s PATH] [--json] %s %s\n", cmd->name, cmd->args);
     return CTL_ERR_USAGE;
+}
+
+int ctl_size_arg(const ctl *c, int argc, char **argv, uint64_t *bytes)
+{
+    if (optind != argc - 1)
+        return ctl_usage(c, "expected one SIZE");
+    char err[160];
+    if (units_parse_size(argv[optind], bytes, err, sizeof err) != 0)
+        return ctl_usage(c, "%s", err);
+    return CTL_OK;
 }

@@ -63,6 +63,9 @@ void ctl_free(Gradd__Response *resp);
 
 /* Report a usage error for the command being run and return CTL_ERR_USAGE. */
 int ctl_usage(const ctl *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* After the options (getopt's optind), exactly one SIZE ("512M", "4G").
+ * CTL_OK with *bytes set, or the usage error's code. */
+int ctl_size_arg(const ctl *c, int argc, char **argv, uint64_t *bytes);
 
 
 #endif
