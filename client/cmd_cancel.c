@@ -6,7 +6,28 @@
 #include "ctl.h"
 #include "jobfmt.h"
 
-static int run(ctl *c, int argc, char **argv);
+static int run(ctl *c, int argc, char **argv)
+{
+    Gradd__Response *resp;
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_CANCEL, NULL, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    if (!resp->cancel->job)
+        return ctl_unexpected(c, resp);
+    /* The job as it is after the request: a queued job is cancelled at
+     * once; a running one stays "running" until its worker stops it. */
+    const Gradd__JobInfo *j = resp->cancel->job;
+    if (c->json)
+        rc = jout_print(jobfmt_json(j));
+    else if (strcmp(j->state, "cancelled") == 0)
+        printf("job %u cancelled\n", j->id);
+    else if (strcmp(j->state, "running") == 0)
+        printf("job %u stopping (a final checkpoint is being written)\n", j->id);
+    else
+        printf("job %u is %s; nothing to cancel\n", j->id, j->state);
+    ctl_free(resp);
+    return rc;
+}
 
 const ctl_cmd cmd_cancel = {
     .name = "cancel",
@@ -14,42 +35,3 @@ const ctl_cmd cmd_cancel = {
     .summary = "cancel a queued job, or stop a running one after a final checkpoint",
     .run = run,
 };
-
-static int run(ctl *c, int argc, char **argv)
-{
-    Gradd__CancelRequest cr;
-    gradd__cancel_request__init(&cr);
-    int rc = jobfmt_id_arg(&cmd_cancel, argc, argv, &cr.id);
-    if (rc != CTL_OK)
-        return rc;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_CANCEL;
-    req.cancel = &cr;
-    Gradd__Response *resp;
-    rc = ctl_call(c, &req, &resp);
-    if (rc != CTL_OK)
-        return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_CANCEL || !resp->cancel || !resp->cancel->job) {
-        fprintf(stderr, "gradctl: unexpected reply to cancel\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
-    /* The job as it is after the request: a queued job is cancelled at
-     * once; a running one stays "running" until its worker stops it. */
-    const Gradd__JobInfo *j = resp->cancel->job;
-    if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        jobfmt_json(&w, j);
-        json_end(&w);
-    } else if (strcmp(j->state, "cancelled") == 0) {
-        printf("job %u cancelled\n", j->id);
-    } else if (strcmp(j->state, "running") == 0) {
-        printf("job %u stopping (a final checkpoint is being written)\n", j->id);
-    } else {
-        printf("job %u is %s; nothing to cancel\n", j->id, j->state);
-    }
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
-}

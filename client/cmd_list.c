@@ -7,15 +7,6 @@
 #include "jobfmt.h"
 #include "table.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_list = {
-    .name = "list",
-    .args = "[--user USER] [--state queued|running|completed|failed|cancelled]",
-    .summary = "list jobs: state, progress, loss, speed and memory",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -23,43 +14,36 @@ static int run(ctl *c, int argc, char **argv)
         {"state", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__ListRequest lr;
-    gradd__list_request__init(&lr);
+    Gradd__ListRequest lr = GRADD__LIST_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "u:", longopts, NULL)) != -1) {
         switch (ch) {
         case 'u':
             if (!*optarg)
-                return ctl_usage(&cmd_list, "--user needs a user name or uid");
+                return ctl_usage(c, "--user needs a user name or uid");
             lr.user = optarg;
             break;
         case 'S':
             if (!jobfmt_state_valid(optarg))
-                return ctl_usage(&cmd_list, "unknown state '%s' (queued, running, completed, failed or cancelled)",
+                return ctl_usage(c, "unknown state '%s' (queued, running, completed, failed or cancelled)",
                                  optarg);
             lr.state = optarg;
             break;
-        default: return ctl_usage(&cmd_list, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind < argc)
-        return ctl_usage(&cmd_list, "unexpected argument '%s'", argv[optind]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
 
     jobfmt_list l;
     int rc = jobfmt_list_fetch(c, lr.user, lr.state, &l);
     if (rc != CTL_OK)
         return rc;
     if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "jobs");
-        json_begin_array(&w);
+        json_t *jobs = json_array();
         for (size_t i = 0; i < l.n; i++)
-            jobfmt_json(&w, l.jobs[i]);
-        json_end_array(&w);
-        json_end_object(&w);
-        json_end(&w);
+            json_array_append_new(jobs, jobfmt_json(l.jobs[i]));
+        rc = jout_print(json_pack("{s:o}", "jobs", jobs));
     } else {
         double now = jobfmt_now();
         table t;
@@ -70,5 +54,12 @@ static int run(ctl *c, int argc, char **argv)
         table_free(&t);
     }
     jobfmt_list_free(&l);
-    return CTL_OK;
+    return rc;
 }
+
+const ctl_cmd cmd_list = {
+    .name = "list",
+    .args = "[--user USER] [--state queued|running|completed|failed|cancelled]",
+    .summary = "list jobs: state, progress, loss, speed and memory",
+    .run = run,
+};

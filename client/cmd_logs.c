@@ -7,15 +7,6 @@
 #include "jobfmt.h"
 #include "table.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_logs = {
-    .name = "logs",
-    .args = "ID",
-    .summary = "print a job's log",
-    .run = run,
-};
-
 /* --json: the whole log as one string, {"id":N,"log":"..."}.  JSON strings
  * cannot hold NUL, so NUL bytes are dropped. */
 static int append(char **buf, size_t *len, size_t *cap, const uint8_t *data, size_t n)
@@ -39,16 +30,6 @@ static int append(char **buf, size_t *len, size_t *cap, const uint8_t *data, siz
 
 static int run(ctl *c, int argc, char **argv)
 {
-    Gradd__LogsRequest lr;
-    gradd__logs_request__init(&lr);
-    int rc = jobfmt_id_arg(&cmd_logs, argc, argv, &lr.id);
-    if (rc != CTL_OK)
-        return rc;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_LOGS;
-    req.logs = &lr;
-    Gradd__Response *resp;
     char *all = NULL;
     size_t len = 0, cap = 0;
     /* Text: the log made safe for the terminal, its lines kept.  A chunk
@@ -56,19 +37,15 @@ static int run(ctl *c, int argc, char **argv)
      * rest, so that an "é" split in two is not shown as two bad bytes. */
     char cut[8];
     size_t ncut = 0;
-    rc = ctl_call(c, &req, &resp);
+    uint32_t id;
+    Gradd__Response *resp;
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_LOGS, &id, &resp);
     while (rc == CTL_OK) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_LOGS || !resp->logs) {
-            fprintf(stderr, "gradctl: unexpected reply to logs\n");
-            gradd__response__free_unpacked(resp, NULL);
-            rc = CTL_ERR_DAEMON;
-            break;
-        }
         const Gradd__LogsResponse *l = resp->logs;
         if (c->json) {
             if (append(&all, &len, &cap, l->chunk.data, l->chunk.len) != 0) {
                 fprintf(stderr, "gradctl: out of memory\n");
-                gradd__response__free_unpacked(resp, NULL);
+                ctl_free(resp);
                 rc = CTL_ERR_DAEMON;
                 break;
             }
@@ -76,7 +53,7 @@ static int run(ctl *c, int argc, char **argv)
             char *text = malloc(ncut + l->chunk.len);
             if (!text) {
                 fprintf(stderr, "gradctl: out of memory\n");
-                gradd__response__free_unpacked(resp, NULL);
+                ctl_free(resp);
                 rc = CTL_ERR_DAEMON;
                 break;
             }
@@ -89,23 +66,21 @@ static int run(ctl *c, int argc, char **argv)
             free(text);
         }
         bool last = l->last;
-        gradd__response__free_unpacked(resp, NULL);
+        ctl_free(resp);
         if (last)
             break;
-        rc = ctl_recv(c, &resp);
+        rc = ctl_next(c, &resp);
     }
-    if (rc == CTL_OK && c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_uint(&w, lr.id);
-        json_key(&w, "log");
-        json_string(&w, all ? all : "");
-        json_end_object(&w);
-        json_end(&w);
-    }
+    if (rc == CTL_OK && c->json)
+        rc = jout_print(json_pack("{s:o, s:o}", "id", jout_uint(id), "log", jout_str(all)));
     free(all);
     fflush(stdout);
     return rc;
 }
+
+const ctl_cmd cmd_logs = {
+    .name = "logs",
+    .args = "ID",
+    .summary = "print a job's log",
+    .run = run,
+};

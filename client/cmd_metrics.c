@@ -5,8 +5,27 @@
 #include <string.h>
 
 #include "ctl.h"
+#include "jout.h"
 
-static int run(ctl *c, int argc, char **argv);
+static int run(ctl *c, int argc, char **argv)
+{
+    if (argc > 1)
+        return ctl_usage(c, "unexpected argument '%s'", argv[1]);
+    Gradd__MetricsRequest mr = GRADD__METRICS_REQUEST__INIT;
+    Gradd__Response *resp;
+    int rc = ctl_call(c, "metrics", GRADD__REQUEST__BODY_METRICS, &mr, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    const char *text = resp->metrics->text ? resp->metrics->text : "";
+    if (c->json)
+        /* The exposition text as one string: scripts that want fields
+         * parse it with a Prometheus parser. */
+        rc = jout_print(json_pack("{s:o}", "text", jout_str(text)));
+    else
+        fputs(text, stdout);
+    ctl_free(resp);
+    return rc;
+}
 
 const ctl_cmd cmd_metrics = {
     .name = "metrics",
@@ -14,40 +33,3 @@ const ctl_cmd cmd_metrics = {
     .summary = "print metrics in Prometheus text format",
     .run = run,
 };
-
-static int run(ctl *c, int argc, char **argv)
-{
-    if (argc > 1)
-        return ctl_usage(&cmd_metrics, "unexpected argument '%s'", argv[1]);
-    Gradd__MetricsRequest mr;
-    gradd__metrics_request__init(&mr);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_METRICS;
-    req.metrics = &mr;
-    Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
-    if (rc != CTL_OK)
-        return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_METRICS || !resp->metrics) {
-        fprintf(stderr, "gradctl: unexpected reply to metrics\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
-    const char *text = resp->metrics->text ? resp->metrics->text : "";
-    if (c->json) {
-        /* The exposition text as one string: scripts that want fields
-         * parse it with a Prometheus parser. */
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "text");
-        json_string(&w, text);
-        json_end_object(&w);
-        json_end(&w);
-    } else {
-        fputs(text, stdout);
-    }
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
-}

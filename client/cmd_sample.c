@@ -22,47 +22,6 @@
  * rather than a daemon error. */
 #define SAMPLE_MAX_TOKENS 4096
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_sample = {
-    .name = "sample",
-    .args = "ID [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]",
-    .summary = "generate text from a GPT job's model (or its latest checkpoint)",
-    .run = run,
-};
-
-/* Text as valid UTF-8 for the terminal and JSON: well-formed sequences
- * kept, any other byte (and NUL) as U+FFFD. */
-static char *to_utf8(const uint8_t *s, size_t n)
-{
-    char *out = malloc(n * 3 + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (size_t i = 0; i < n;) {
-        uint8_t b = s[i];
-        size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
-        bool ok = len > 0 && b != 0 && i + len <= n && !(len == 2 && b < 0xC2) && !(len == 4 && b > 0xF4);
-        for (size_t k = 1; ok && k < len; k++)
-            ok = (s[i + k] & 0xC0) == 0x80;
-        /* Overlong 3- and 4-byte forms, surrogates, and > U+10FFFF. */
-        if (ok && len == 3)
-            ok = !(b == 0xE0 && s[i + 1] < 0xA0) && !(b == 0xED && s[i + 1] >= 0xA0);
-        if (ok && len == 4)
-            ok = !(b == 0xF0 && s[i + 1] < 0x90) && !(b == 0xF4 && s[i + 1] >= 0x90);
-        if (ok) {
-            memcpy(o, s + i, len);
-            o += len;
-            i += len;
-        } else {
-            memcpy(o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        }
-    }
-    *o = '\0';
-    return out;
-}
-
 static int parse_u64(const char *s, uint64_t *v)
 {
     char *end;
@@ -106,12 +65,11 @@ static int run(ctl *c, int argc, char **argv)
         {"seed", required_argument, NULL, 's'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__SampleRequest sr;
-    gradd__sample_request__init(&sr);
+    Gradd__SampleRequest sr = GRADD__SAMPLE_REQUEST__INIT;
     const char *prompt = "";
     const char *neg = negative_id(argc, argv);
     if (neg)
-        return ctl_usage(&cmd_sample, "'%s' is not a job id (a number, as `gradctl list` shows)", neg);
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", neg);
     int ch;
     while ((ch = getopt_long(argc, argv, "p:n:t:s:", longopts, NULL)) != -1) {
         uint64_t v;
@@ -122,7 +80,7 @@ static int run(ctl *c, int argc, char **argv)
             break;
         case 'n':
             if (parse_u64(optarg, &v) != 0 || v < 1 || v > SAMPLE_MAX_TOKENS)
-                return ctl_usage(&cmd_sample, "--tokens: '%s' is not a whole number from 1 to %d", optarg,
+                return ctl_usage(c, "--tokens: '%s' is not a whole number from 1 to %d", optarg,
                                  SAMPLE_MAX_TOKENS);
             sr.tokens = (uint32_t)v;
             break;
@@ -130,70 +88,42 @@ static int run(ctl *c, int argc, char **argv)
             errno = 0;
             sr.temperature = strtod(optarg, &end);
             if (!*optarg || *end || errno || !(sr.temperature >= 0) || sr.temperature > 100)
-                return ctl_usage(&cmd_sample, "--temperature: '%s' is not a number from 0 to 100 (0: greedy)",
+                return ctl_usage(c, "--temperature: '%s' is not a number from 0 to 100 (0: greedy)",
                                  optarg);
             sr.has_temperature = true;
             break;
         case 's':
             if (parse_u64(optarg, &v) != 0)
-                return ctl_usage(&cmd_sample, "--seed: '%s' is not a whole number", optarg);
+                return ctl_usage(c, "--seed: '%s' is not a whole number", optarg);
             sr.seed = v;
             sr.has_seed = true;
             break;
         default:
-            return ctl_usage(&cmd_sample, "bad option");
+            return ctl_usage(c, "bad option");
         }
     }
     if (optind != argc - 1)
-        return ctl_usage(&cmd_sample, optind >= argc ? "a job id is required" : "expected one job id");
+        return ctl_usage(c, optind >= argc ? "a job id is required" : "expected one job id");
     if (jobfmt_parse_id(argv[optind], &sr.id) != 0)
-        return ctl_usage(&cmd_sample, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[optind]);
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[optind]);
     sr.prompt.data = (uint8_t *)prompt;
     sr.prompt.len = strlen(prompt);
 
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_SAMPLE;
-    req.sample = &sr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "sample", GRADD__REQUEST__BODY_SAMPLE, &sr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_SAMPLE || !resp->sample) {
-        fprintf(stderr, "gradctl: unexpected reply to sample\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     const Gradd__SampleResponse *s = resp->sample;
+    /* Valid UTF-8 for the terminal and JSON alike. */
+    char *text = jout_utf8(s->text.data, s->text.len);
     if (c->json) {
-        char *text = to_utf8(s->text.data, s->text.len);
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_uint(&w, sr.id);
-        json_key(&w, "model_path");
-        json_string(&w, s->model_path);
-        json_key(&w, "step");
-        json_uint(&w, s->step);
-        json_key(&w, "vocab");
-        json_uint(&w, s->vocab);
-        json_key(&w, "seed");
-        json_uint(&w, s->seed);
-        json_key(&w, "elapsed_s");
-        json_double(&w, s->elapsed_s);
-        json_key(&w, "prompt");
-        json_string(&w, prompt);
-        json_key(&w, "text");
-        json_string(&w, text ? text : "");
-        json_key(&w, "token_ids");
-        json_begin_array(&w);
+        json_t *ids = json_array();
         for (size_t i = 0; i < s->n_token_ids; i++)
-            json_uint(&w, s->token_ids[i]);
-        json_end_array(&w);
-        json_end_object(&w);
-        json_end(&w);
-        free(text);
+            json_array_append_new(ids, jout_uint(s->token_ids[i]));
+        rc = jout_print(json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", jout_uint(sr.id), "model_path",
+                                  jout_str(s->model_path), "step", jout_uint(s->step), "vocab", jout_uint(s->vocab),
+                                  "seed", jout_uint(s->seed), "elapsed_s", jout_real(s->elapsed_s), "prompt",
+                                  jout_str(prompt), "text", jout_str(text), "token_ids", ids));
     } else {
         /* The model's path is the job's output dir: made safe to print. */
         fprintf(stderr, "# job %u: ", sr.id);
@@ -201,12 +131,10 @@ static int run(ctl *c, int argc, char **argv)
         fprintf(stderr, " (step %" PRIu64 "), seed %" PRIu64 ", %zu tokens in %.2fs\n", s->step, s->seed,
                 s->n_token_ids, s->elapsed_s);
         if (s->vocab == 256) {
-            char *text = to_utf8(s->text.data, s->text.len);
             fputs(prompt, stdout);
-            fputs(text ? text : "", stdout);
+            fputs(text, stdout);
             if (!(s->text.len && s->text.data[s->text.len - 1] == '\n'))
                 putchar('\n');
-            free(text);
         } else {
             /* Not bytes: the ids, for the user's own tokenizer. */
             for (size_t i = 0; i < s->n_token_ids; i++)
@@ -214,7 +142,15 @@ static int run(ctl *c, int argc, char **argv)
             putchar('\n');
         }
     }
-    gradd__response__free_unpacked(resp, NULL);
+    free(text);
+    ctl_free(resp);
     fflush(stdout);
-    return CTL_OK;
+    return rc;
 }
+
+const ctl_cmd cmd_sample = {
+    .name = "sample",
+    .args = "ID [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]",
+    .summary = "generate text from a GPT job's model (or its latest checkpoint)",
+    .run = run,
+};

@@ -5,135 +5,85 @@
 #include <string.h>
 
 #include "ctl.h"
+#include "jobfmt.h"
 #include "table.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_stats = {
-    .name = "stats",
-    .args = "[-d DEV] [--reset-peaks]",
-    .summary = "show memory pool statistics (allocated, reserved, cache, trims, by tag and job)",
-    .run = run,
-};
-
 /* ---- JSON ------------------------------------------------------------------ */
 
-static void json_stat(json_writer *w, const char *key, const Gradd__Stat *s)
+static json_t *stat_json(const Gradd__Stat *s)
 {
-    json_key(w, key);
-    json_begin_object(w);
-    json_key(w, "current");
-    json_int(w, s ? s->current : 0);
-    json_key(w, "peak");
-    json_int(w, s ? s->peak : 0);
-    json_key(w, "allocated");
-    json_uint(w, s ? s->allocated : 0);
-    json_key(w, "freed");
-    json_uint(w, s ? s->freed : 0);
-    json_end_object(w);
+    return json_pack("{s:I, s:I, s:o, s:o}", "current", (json_int_t)(s ? s->current : 0), "peak",
+                     (json_int_t)(s ? s->peak : 0), "allocated", jout_uint(s ? s->allocated : 0), "freed",
+                     jout_uint(s ? s->freed : 0));
 }
 
-static void json_pool_stat(json_writer *w, const char *key, const Gradd__PoolStat *p)
+static json_t *pool_stat_json(const Gradd__PoolStat *p)
 {
-    json_key(w, key);
-    json_begin_object(w);
-    json_stat(w, "all", p ? p->all : NULL);
-    json_stat(w, "small", p ? p->small : NULL);
-    json_stat(w, "large", p ? p->large : NULL);
-    json_end_object(w);
+    return json_pack("{s:o, s:o, s:o}", "all", stat_json(p ? p->all : NULL), "small", stat_json(p ? p->small : NULL),
+                     "large", stat_json(p ? p->large : NULL));
 }
 
-static void json_tags(json_writer *w, Gradd__TagUsage **tags, size_t n)
+static json_t *job_json(const Gradd__JobUsage *u)
 {
-    json_begin_object(w);
-    for (size_t i = 0; i < n; i++) {
-        json_key(w, tags[i]->tag);
-        json_begin_object(w);
-        json_key(w, "current");
-        json_uint(w, tags[i]->allocated);
-        json_key(w, "peak");
-        json_uint(w, tags[i]->peak);
-        json_end_object(w);
-    }
-    json_end_object(w);
+    json_t *tags = json_object();
+    jobfmt_tags_json(tags, u->tags, u->n_tags);
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "job", jout_uint(u->job), "allocated", jout_uint(u->allocated),
+                     "peak", jout_uint(u->peak), "limit", jout_uint(u->limit), "need", jout_uint(u->need), "tags",
+                     tags);
 }
 
-static void print_json(const Gradd__StatsResponse *sr)
+static json_t *pool_json(const Gradd__PoolStats *p)
 {
-    json_writer w;
-    json_init(&w, stdout);
-    json_begin_object(&w);
-    json_key(&w, "pools");
-    json_begin_array(&w);
-    for (size_t i = 0; i < sr->n_pools; i++) {
-        const Gradd__PoolStats *p = sr->pools[i];
-        json_begin_object(&w);
-        json_key(&w, "device");
-        json_string(&w, p->device);
-        json_key(&w, "cap");
-        json_uint(&w, p->cap);
-        json_key(&w, "device_total");
-        json_uint(&w, p->device_total);
-        json_key(&w, "device_free");
-        json_uint(&w, p->device_free);
-        json_key(&w, "expandable_segments");
-        json_bool(&w, p->expandable_segments);
-        json_key(&w, "max_split_size");
-        json_uint(&w, p->max_split_size);
-        json_pool_stat(&w, "allocated_bytes", p->allocated_bytes);
-        json_pool_stat(&w, "reserved_bytes", p->reserved_bytes);
-        json_pool_stat(&w, "active_bytes", p->active_bytes);
-        json_pool_stat(&w, "inactive_split_bytes", p->inactive_split_bytes);
-        json_pool_stat(&w, "requested_bytes", p->requested_bytes);
-        json_pool_stat(&w, "allocations", p->allocations);
-        json_pool_stat(&w, "segments", p->segments);
-        json_pool_stat(&w, "active_blocks", p->active_blocks);
-        json_pool_stat(&w, "inactive_split_blocks", p->inactive_split_blocks);
-        const struct {
-            const char *k;
-            uint64_t v;
-        } counters[] = {
-            {"device_allocs", p->device_allocs}, {"device_frees", p->device_frees},
-            {"cache_hits", p->cache_hits},       {"alloc_retries", p->alloc_retries},
-            {"ooms", p->ooms},                   {"trims", p->trims},
-            {"trimmed_bytes", p->trimmed_bytes}, {"trim_ns", p->trim_ns},
-            {"largest_free_block", p->largest_free_block},
-            {"timeline_events", p->timeline_events}, {"timeline_dropped", p->timeline_dropped},
-        };
-        for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++) {
-            json_key(&w, counters[k].k);
-            json_uint(&w, counters[k].v);
-        }
-        json_key(&w, "fragmentation");
-        json_double(&w, p->fragmentation);
-        json_key(&w, "tags");
-        json_tags(&w, p->tags, p->n_tags);
-        json_key(&w, "jobs");
-        json_begin_array(&w);
-        for (size_t j = 0; j < p->n_jobs; j++) {
-            const Gradd__JobUsage *u = p->jobs[j];
-            json_begin_object(&w);
-            json_key(&w, "job");
-            json_uint(&w, u->job);
-            json_key(&w, "allocated");
-            json_uint(&w, u->allocated);
-            json_key(&w, "peak");
-            json_uint(&w, u->peak);
-            json_key(&w, "limit");
-            json_uint(&w, u->limit);
-            json_key(&w, "need");
-            json_uint(&w, u->need);
-            json_key(&w, "tags");
-            json_tags(&w, u->tags, u->n_tags);
-            json_end_object(&w);
-        }
-        json_end_array(&w);
-        json_end_object(&w);
-    }
-    json_end_array(&w);
-    json_end_object(&w);
-    json_end(&w);
+    json_t *o = json_pack("{s:o, s:o, s:o, s:o, s:b, s:o}", "device", jout_str(p->device), "cap", jout_uint(p->cap),
+                          "device_total", jout_uint(p->device_total), "device_free", jout_uint(p->device_free),
+                          "expandable_segments", (int)p->expandable_segments, "max_split_size",
+                          jout_uint(p->max_split_size));
+    const struct {
+        const char *k;
+        const Gradd__PoolStat *v;
+    } stats[] = {
+        {"allocated_bytes", p->allocated_bytes},
+        {"reserved_bytes", p->reserved_bytes},
+        {"active_bytes", p->active_bytes},
+        {"inactive_split_bytes", p->inactive_split_bytes},
+        {"requested_bytes", p->requested_bytes},
+        {"allocations", p->allocations},
+        {"segments", p->segments},
+        {"active_blocks", p->active_blocks},
+        {"inactive_split_blocks", p->inactive_split_blocks},
+    };
+    for (size_t k = 0; k < sizeof stats / sizeof stats[0]; k++)
+        json_object_set_new(o, stats[k].k, pool_stat_json(stats[k].v));
+    const struct {
+        const char *k;
+        uint64_t v;
+    } counters[] = {
+        {"device_allocs", p->device_allocs}, {"device_frees", p->device_frees},
+        {"cache_hits", p->cache_hits},       {"alloc_retries", p->alloc_retries},
+        {"ooms", p->ooms},                   {"trims", p->trims},
+        {"trimmed_bytes", p->trimmed_bytes}, {"trim_ns", p->trim_ns},
+        {"largest_free_block", p->largest_free_block},
+        {"timeline_events", p->timeline_events}, {"timeline_dropped", p->timeline_dropped},
+    };
+    for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++)
+        json_object_set_new(o, counters[k].k, jout_uint(counters[k].v));
+    json_object_set_new(o, "fragmentation", jout_real(p->fragmentation));
+    json_t *tags = json_object(), *jobs = json_array();
+    jobfmt_tags_json(tags, p->tags, p->n_tags);
+    for (size_t j = 0; j < p->n_jobs; j++)
+        json_array_append_new(jobs, job_json(p->jobs[j]));
+    json_object_set_new(o, "tags", tags);
+    json_object_set_new(o, "jobs", jobs);
+    return o;
+}
+
+static int print_json(const Gradd__StatsResponse *sr)
+{
+    json_t *pools = json_array();
+    for (size_t i = 0; i < sr->n_pools; i++)
+        json_array_append_new(pools, pool_json(sr->pools[i]));
+    return jout_print(json_pack("{s:o}", "pools", pools));
 }
 
 /* ---- text -------------------------------------------------------------------- */
@@ -243,33 +193,23 @@ static int run(ctl *c, int argc, char **argv)
         {"reset-peaks", no_argument, NULL, 'r'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__StatsRequest sr;
-    gradd__stats_request__init(&sr);
+    Gradd__StatsRequest sr = GRADD__STATS_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
         switch (ch) {
         case 'd': sr.device = optarg; break;
         case 'r': sr.reset_peaks = true; break;
-        default: return ctl_usage(&cmd_stats, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind < argc)
-        return ctl_usage(&cmd_stats, "unexpected argument '%s'", argv[optind]);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_STATS;
-    req.stats = &sr;
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "stats", GRADD__REQUEST__BODY_STATS, &sr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_STATS) {
-        fprintf(stderr, "gradctl: unexpected reply to stats\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     if (c->json) {
-        print_json(resp->stats);
+        rc = print_json(resp->stats);
     } else {
         for (size_t i = 0; i < resp->stats->n_pools; i++) {
             if (i)
@@ -277,6 +217,13 @@ static int run(ctl *c, int argc, char **argv)
             print_pool(resp->stats->pools[i]);
         }
     }
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
+    ctl_free(resp);
+    return rc;
 }
+
+const ctl_cmd cmd_stats = {
+    .name = "stats",
+    .args = "[-d DEV] [--reset-peaks]",
+    .summary = "show memory pool statistics (allocated, reserved, cache, trims, by tag and job)",
+    .run = run,
+};

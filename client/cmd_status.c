@@ -9,58 +9,22 @@
 #include "table.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_status = {
-    .name = "status",
-    .args = "[ID]",
-    .summary = "show the daemon, its devices and active jobs, or one job in detail",
-    .run = run,
-};
-
-static void print_json(const Gradd__StatusResponse *st)
+static int print_json(const Gradd__StatusResponse *st)
 {
-    json_writer w;
-    json_init(&w, stdout);
-    json_begin_object(&w);
-    json_key(&w, "daemon_version");
-    json_string(&w, st->daemon_version);
-    json_key(&w, "protocol_version");
-    json_uint(&w, st->protocol_version);
-    json_key(&w, "pid");
-    json_int(&w, st->pid);
-    json_key(&w, "uptime_s");
-    json_double(&w, st->uptime_s);
-    json_key(&w, "peer_uid");
-    json_uint(&w, st->peer_uid);
-    json_key(&w, "cuda_note");
-    json_string(&w, st->cuda_note);
-    json_key(&w, "devices");
-    json_begin_array(&w);
+    json_t *devices = json_array();
     for (size_t i = 0; i < st->n_devices; i++) {
         const Gradd__Device *d = st->devices[i];
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_string(&w, d->id);
-        json_key(&w, "name");
-        json_string(&w, d->name);
-        json_key(&w, "kind");
-        json_string(&w, d->kind);
-        json_key(&w, "mem_total");
-        json_uint(&w, d->mem_total);
-        json_key(&w, "mem_free");
-        json_uint(&w, d->mem_free);
-        json_key(&w, "pool_reserved");
-        json_uint(&w, d->pool_reserved);
-        json_key(&w, "pool_allocated");
-        json_uint(&w, d->pool_allocated);
-        json_key(&w, "fragmentation");
-        json_double(&w, d->fragmentation);
-        json_end_object(&w);
+        json_array_append_new(devices, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", jout_str(d->id),
+                                                 "name", jout_str(d->name), "kind", jout_str(d->kind), "mem_total",
+                                                 jout_uint(d->mem_total), "mem_free", jout_uint(d->mem_free),
+                                                 "pool_reserved", jout_uint(d->pool_reserved), "pool_allocated",
+                                                 jout_uint(d->pool_allocated), "fragmentation",
+                                                 jout_real(d->fragmentation)));
     }
-    json_end_array(&w);
-    json_end_object(&w);
-    json_end(&w);
+    return jout_print(json_pack("{s:o, s:o, s:I, s:o, s:o, s:o, s:o}", "daemon_version", jout_str(st->daemon_version),
+                                "protocol_version", jout_uint(st->protocol_version), "pid", (json_int_t)st->pid,
+                                "uptime_s", jout_real(st->uptime_s), "peer_uid", jout_uint(st->peer_uid), "cuda_note",
+                                jout_str(st->cuda_note), "devices", devices));
 }
 
 /* The overview: devices with their running jobs, then the running and
@@ -117,59 +81,38 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
 /* gradctl status ID: one job, in full. */
 static int job_status(ctl *c, int argc, char **argv)
 {
-    Gradd__JobRequest jr;
-    gradd__job_request__init(&jr);
-    int rc = jobfmt_id_arg(&cmd_status, argc, argv, &jr.id);
-    if (rc != CTL_OK)
-        return rc;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_JOB;
-    req.job = &jr;
     Gradd__Response *resp;
-    rc = ctl_call(c, &req, &resp);
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_JOB, NULL, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_JOB || !resp->job) {
-        fprintf(stderr, "gradctl: unexpected reply to status\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
-    if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        jobfmt_json(&w, resp->job);
-        json_end(&w);
-    } else {
+    if (c->json)
+        rc = jout_print(jobfmt_json(resp->job));
+    else
         jobfmt_detail(stdout, resp->job, jobfmt_now());
-    }
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
+    ctl_free(resp);
+    return rc;
 }
 
 static int run(ctl *c, int argc, char **argv)
 {
     if (argc > 1)
         return job_status(c, argc, argv);
-    Gradd__StatusRequest sr;
-    gradd__status_request__init(&sr);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_STATUS;
-    req.status = &sr;
+    Gradd__StatusRequest sr = GRADD__STATUS_REQUEST__INIT;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "status", GRADD__REQUEST__BODY_STATUS, &sr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_STATUS) {
-        fprintf(stderr, "gradctl: unexpected reply to status\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     if (c->json)
-        print_json(resp->status);
+        rc = print_json(resp->status);
     else
         print_text(c, resp->status);
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
+    ctl_free(resp);
+    return rc;
 }
+
+const ctl_cmd cmd_status = {
+    .name = "status",
+    .args = "[ID]",
+    .summary = "show the daemon, its devices and active jobs, or one job in detail",
+    .run = run,
+};

@@ -13,21 +13,12 @@
 
 #include "ctl.h"
 #include "jobcfg.h"
-#include "table.h"
+#include "jobfmt.h"
 #include "units.h"
 
 /* The most gradctl reads: the largest [daemon] max_job_file any gradd can
  * be given.  The daemon's own limit decides, and says so. */
 #define SUBMIT_MAX_FILE ((size_t)64 << 20)
-
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_submit = {
-    .name = "submit",
-    .args = "FILE|- [--name NAME] [--priority P]",
-    .summary = "check a job file and queue it",
-    .run = run,
-};
 
 /* Read the whole file into a malloc'd buffer, refusing more than the cap.
  * 0, or -1 after printing why. */
@@ -105,30 +96,29 @@ static int run(ctl *c, int argc, char **argv)
         {"priority", required_argument, NULL, 'p'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__SubmitRequest sr;
-    gradd__submit_request__init(&sr);
+    Gradd__SubmitRequest sr = GRADD__SUBMIT_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "n:p:", longopts, NULL)) != -1) {
         switch (ch) {
         case 'n':
             if (check_name(optarg) != 0)
-                return ctl_usage(&cmd_submit, "--name must be 1 to %zu printable bytes",
+                return ctl_usage(c, "--name must be 1 to %zu printable bytes",
                                  sizeof ((job_config *)0)->name - 1);
             sr.name = optarg;
             break;
         case 'p':
             if (parse_priority(optarg, &sr.priority) != 0)
-                return ctl_usage(&cmd_submit, "--priority must be a whole number from %d to %d (higher runs first)",
+                return ctl_usage(c, "--priority must be a whole number from %d to %d (higher runs first)",
                                  0, JOBCFG_PRIORITY_MAX);
             sr.has_priority = true;
             break;
-        default: return ctl_usage(&cmd_submit, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind >= argc)
-        return ctl_usage(&cmd_submit, "a job file is required (see etc/jobs/ for examples)");
+        return ctl_usage(c, "a job file is required (see etc/jobs/ for examples)");
     if (optind + 1 < argc)
-        return ctl_usage(&cmd_submit, "unexpected argument '%s'", argv[optind + 1]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind + 1]);
     const char *path = argv[optind];
 
     uint8_t *contents;
@@ -168,36 +158,19 @@ static int run(ctl *c, int argc, char **argv)
     sr.contents.data = contents;
     sr.contents.len = len;
 
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_SUBMIT;
-    req.submit = &sr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "submit", GRADD__REQUEST__BODY_SUBMIT, &sr, &resp);
     free(contents);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_SUBMIT || !resp->submit) {
-        fprintf(stderr, "gradctl: unexpected reply to submit\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
-    const Gradd__SubmitResponse *s = resp->submit;
-    if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "id");
-        json_uint(&w, s->id);
-        json_key(&w, "name");
-        json_string(&w, s->name);
-        json_end_object(&w);
-        json_end(&w);
-    } else {
-        printf("job %u queued (", s->id);
-        table_puts(stdout, s->name);
-        printf(")\n");
-    }
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
+    rc = jobfmt_done(c, resp->submit->id, resp->submit->name, "queued");
+    ctl_free(resp);
+    return rc;
 }
+
+const ctl_cmd cmd_submit = {
+    .name = "submit",
+    .args = "FILE|- [--name NAME] [--priority P]",
+    .summary = "check a job file and queue it",
+    .run = run,
+};

@@ -8,17 +8,6 @@
 #include <string.h>
 
 #include "ctl.h"
-#include "units.h"
-
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_test_alloc = {
-    .name = "test-alloc",
-    .args = "-d DEV [--tag TAG] [--job N] (SIZE | --free-all)",
-    .summary = "(tests) allocate SIZE from a pool and hold it, or free what is held",
-    .run = run,
-    .hidden = true,
-};
 
 static int run(ctl *c, int argc, char **argv)
 {
@@ -29,8 +18,7 @@ static int run(ctl *c, int argc, char **argv)
         {"free-all", no_argument, NULL, 'F'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__TestAllocRequest ta;
-    gradd__test_alloc_request__init(&ta);
+    Gradd__TestAllocRequest ta = GRADD__TEST_ALLOC_REQUEST__INIT;
     ta.device = "cpu0";
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
@@ -39,37 +27,33 @@ static int run(ctl *c, int argc, char **argv)
         case 't': ta.tag = optarg; break;
         case 'j': ta.job = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'F': ta.free_all = true; break;
-        default: return ctl_usage(&cmd_test_alloc, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
-    if (!ta.free_all) {
-        if (optind != argc - 1)
-            return ctl_usage(&cmd_test_alloc, "expected one SIZE");
-        char err[160];
-        uint64_t bytes;
-        if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
-            return ctl_usage(&cmd_test_alloc, "%s", err);
-        ta.bytes = bytes;
-    } else if (optind != argc) {
-        return ctl_usage(&cmd_test_alloc, "--free-all takes no SIZE");
-    }
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TEST_ALLOC;
-    req.test_alloc = &ta;
-    Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    if (ta.free_all && optind != argc)
+        return ctl_usage(c, "--free-all takes no SIZE");
+    int rc = ta.free_all ? CTL_OK : ctl_size_arg(c, argc, argv, &ta.bytes);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case == GRADD__RESPONSE__BODY_TEST_ALLOC) {
-        const Gradd__TestAllocResponse *r = resp->test_alloc;
-        if (r->oom && *r->oom) {
-            fprintf(stderr, "gradctl: %s\n", r->oom);
-            rc = CTL_ERR_DAEMON;
-        } else {
-            printf("%s: %u block%s held\n", ta.device, r->held, r->held == 1 ? "" : "s");
-        }
+    Gradd__Response *resp;
+    rc = ctl_call(c, "test-alloc", GRADD__REQUEST__BODY_TEST_ALLOC, &ta, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    const Gradd__TestAllocResponse *r = resp->test_alloc;
+    if (r->oom && *r->oom) {
+        fprintf(stderr, "gradctl: %s\n", r->oom);
+        rc = CTL_ERR_DAEMON;
+    } else {
+        printf("%s: %u block%s held\n", ta.device, r->held, r->held == 1 ? "" : "s");
     }
-    gradd__response__free_unpacked(resp, NULL);
+    ctl_free(resp);
     return rc;
 }
+
+const ctl_cmd cmd_test_alloc = {
+    .name = "test-alloc",
+    .args = "-d DEV [--tag TAG] [--job N] (SIZE | --free-all)",
+    .summary = "(tests) allocate SIZE from a pool and hold it, or free what is held",
+    .run = run,
+    .hidden = true,
+};

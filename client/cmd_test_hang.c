@@ -7,7 +7,29 @@
 
 #include "ctl.h"
 
-static int run(ctl *c, int argc, char **argv);
+static int run(ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {{"release", no_argument, NULL, 'r'}, {NULL, 0, NULL, 0}};
+    Gradd__TestHangRequest th = GRADD__TEST_HANG_REQUEST__INIT;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (ch != 'r')
+            return ctl_usage(c, "bad option");
+        th.release = true;
+    }
+    if (optind != argc - 1)
+        return ctl_usage(c, "expected one device id, e.g. cpu0");
+    th.device = argv[optind];
+    Gradd__Response *resp;
+    int rc = ctl_call(c, "test-hang", GRADD__REQUEST__BODY_TEST_HANG, &th, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    const Gradd__TestHangResponse *r = resp->test_hang;
+    printf("%s: %u job thread%s %s (%u busy)\n", th.device, r->workers, r->workers == 1 ? "" : "s",
+           th.release ? "released" : "will hang", r->busy);
+    ctl_free(resp);
+    return CTL_OK;
+}
 
 const ctl_cmd cmd_test_hang = {
     .name = "test-hang",
@@ -16,32 +38,3 @@ const ctl_cmd cmd_test_hang = {
     .run = run,
     .hidden = true,
 };
-
-static int run(ctl *c, int argc, char **argv)
-{
-    static const struct option longopts[] = {{"release", no_argument, NULL, 'r'}, {NULL, 0, NULL, 0}};
-    Gradd__TestHangRequest th;
-    gradd__test_hang_request__init(&th);
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (ch != 'r')
-            return ctl_usage(&cmd_test_hang, "bad option");
-        th.release = true;
-    }
-    if (optind != argc - 1)
-        return ctl_usage(&cmd_test_hang, "expected one device id, e.g. cpu0");
-    th.device = argv[optind];
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TEST_HANG;
-    req.test_hang = &th;
-    Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
-    if (rc != CTL_OK)
-        return rc;
-    if (resp->body_case == GRADD__RESPONSE__BODY_TEST_HANG)
-        printf("%s: %u job thread%s %s (%u busy)\n", th.device, resp->test_hang->workers,
-               resp->test_hang->workers == 1 ? "" : "s", th.release ? "released" : "will hang", resp->test_hang->busy);
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
-}

@@ -8,7 +8,31 @@
 #include "ctl.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
+static int run(ctl *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
+    Gradd__TestPressureRequest tp = GRADD__TEST_PRESSURE_REQUEST__INIT;
+    tp.device = "cpu0";
+    int ch;
+    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
+        if (ch != 'd')
+            return ctl_usage(c, "bad option");
+        tp.device = optarg;
+    }
+    int rc = ctl_size_arg(c, argc, argv, &tp.bytes);
+    if (rc != CTL_OK)
+        return rc;
+    Gradd__Response *resp;
+    rc = ctl_call(c, "test-pressure", GRADD__REQUEST__BODY_TEST_PRESSURE, &tp, &resp);
+    if (rc != CTL_OK)
+        return rc;
+    char a[16], b[16];
+    printf("%s: simulated process holds %s; device free %s\n", tp.device,
+           units_format_size(resp->test_pressure->external, a, sizeof a),
+           units_format_size(resp->test_pressure->device_free, b, sizeof b));
+    ctl_free(resp);
+    return CTL_OK;
+}
 
 const ctl_cmd cmd_test_pressure = {
     .name = "test-pressure",
@@ -17,39 +41,3 @@ const ctl_cmd cmd_test_pressure = {
     .run = run,
     .hidden = true,
 };
-
-static int run(ctl *c, int argc, char **argv)
-{
-    static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
-    Gradd__TestPressureRequest tp;
-    gradd__test_pressure_request__init(&tp);
-    tp.device = "cpu0";
-    int ch;
-    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
-        if (ch != 'd')
-            return ctl_usage(&cmd_test_pressure, "bad option");
-        tp.device = optarg;
-    }
-    if (optind != argc - 1)
-        return ctl_usage(&cmd_test_pressure, "expected one SIZE");
-    char err[160];
-    uint64_t bytes;
-    if (units_parse_size(argv[optind], &bytes, err, sizeof err) != 0)
-        return ctl_usage(&cmd_test_pressure, "%s", err);
-    tp.bytes = bytes;
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TEST_PRESSURE;
-    req.test_pressure = &tp;
-    Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
-    if (rc != CTL_OK)
-        return rc;
-    char a[16], b[16];
-    if (resp->body_case == GRADD__RESPONSE__BODY_TEST_PRESSURE)
-        printf("%s: simulated process holds %s; device free %s\n", tp.device,
-               units_format_size(resp->test_pressure->external, a, sizeof a),
-               units_format_size(resp->test_pressure->device_free, b, sizeof b));
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
-}

@@ -9,15 +9,6 @@
 #include "ctl.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_timeline = {
-    .name = "timeline",
-    .args = "[-d DEV] -o FILE",
-    .summary = "write the memory event timeline as Perfetto/Chrome trace JSON",
-    .run = run,
-};
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -25,21 +16,20 @@ static int run(ctl *c, int argc, char **argv)
         {"output", required_argument, NULL, 'o'},
         {NULL, 0, NULL, 0},
     };
-    Gradd__TimelineRequest tr;
-    gradd__timeline_request__init(&tr);
+    Gradd__TimelineRequest tr = GRADD__TIMELINE_REQUEST__INIT;
     const char *out = NULL;
     int ch;
     while ((ch = getopt_long(argc, argv, "d:o:", longopts, NULL)) != -1) {
         switch (ch) {
         case 'd': tr.device = optarg; break;
         case 'o': out = optarg; break;
-        default: return ctl_usage(&cmd_timeline, "bad option");
+        default: return ctl_usage(c, "bad option");
         }
     }
     if (optind < argc)
-        return ctl_usage(&cmd_timeline, "unexpected argument '%s'", argv[optind]);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     if (!out)
-        return ctl_usage(&cmd_timeline, "-o FILE is required (use -o - for standard output)");
+        return ctl_usage(c, "-o FILE is required (use -o - for standard output)");
 
     /* Write to a temporary name and rename at the end: an interrupted
      * transfer never leaves a truncated trace under the requested name. */
@@ -54,31 +44,21 @@ static int run(ctl *c, int argc, char **argv)
             return CTL_ERR_USAGE;
         }
     }
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TIMELINE;
-    req.timeline = &tr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "timeline", GRADD__REQUEST__BODY_TIMELINE, &tr, &resp);
     uint64_t events = 0, bytes = 0;
     char device[32] = "";
     while (rc == CTL_OK) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_TIMELINE) {
-            fprintf(stderr, "gradctl: unexpected reply to timeline\n");
-            gradd__response__free_unpacked(resp, NULL);
-            rc = CTL_ERR_DAEMON;
-            break;
-        }
         const Gradd__TimelineResponse *t = resp->timeline;
         fwrite(t->chunk.data, 1, t->chunk.len, f);
         bytes += t->chunk.len;
         events = t->events;
         snprintf(device, sizeof device, "%s", t->device);
         bool last = t->last;
-        gradd__response__free_unpacked(resp, NULL);
+        ctl_free(resp);
         if (last)
             break;
-        rc = ctl_recv(c, &resp);
+        rc = ctl_next(c, &resp);
     }
     if (to_stdout) {
         fflush(stdout);
@@ -103,3 +83,10 @@ static int run(ctl *c, int argc, char **argv)
                 (unsigned long long)events, units_format_size(bytes, b, sizeof b), out);
     return CTL_OK;
 }
+
+const ctl_cmd cmd_timeline = {
+    .name = "timeline",
+    .args = "[-d DEV] -o FILE",
+    .summary = "write the memory event timeline as Perfetto/Chrome trace JSON",
+    .run = run,
+};

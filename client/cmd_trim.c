@@ -3,67 +3,36 @@
 #include <stdio.h>
 
 #include "ctl.h"
+#include "jout.h"
 #include "units.h"
-
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_trim = {
-    .name = "trim",
-    .args = "[-d DEV]",
-    .summary = "release the pool's cached free memory to the device now",
-    .run = run,
-};
 
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
-    Gradd__TrimRequest tr;
-    gradd__trim_request__init(&tr);
+    Gradd__TrimRequest tr = GRADD__TRIM_REQUEST__INIT;
     int ch;
     while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
         if (ch != 'd')
-            return ctl_usage(&cmd_trim, "bad option");
+            return ctl_usage(c, "bad option");
         tr.device = optarg;
     }
     if (optind < argc)
-        return ctl_usage(&cmd_trim, "unexpected argument '%s'", argv[optind]);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_TRIM;
-    req.trim = &tr;
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "trim", GRADD__REQUEST__BODY_TRIM, &tr, &resp);
     if (rc != CTL_OK)
         return rc;
-    if (resp->body_case != GRADD__RESPONSE__BODY_TRIM) {
-        fprintf(stderr, "gradctl: unexpected reply to trim\n");
-        gradd__response__free_unpacked(resp, NULL);
-        return CTL_ERR_DAEMON;
-    }
     const Gradd__TrimResponse *r = resp->trim;
     if (c->json) {
-        json_writer w;
-        json_init(&w, stdout);
-        json_begin_object(&w);
-        json_key(&w, "results");
-        json_begin_array(&w);
+        json_t *results = json_array();
         for (size_t i = 0; i < r->n_results; i++) {
-            json_begin_object(&w);
-            json_key(&w, "device");
-            json_string(&w, r->results[i]->device);
-            json_key(&w, "bytes");
-            json_uint(&w, r->results[i]->bytes);
-            json_key(&w, "segments");
-            json_uint(&w, r->results[i]->segments);
-            json_key(&w, "ns");
-            json_uint(&w, r->results[i]->ns);
-            json_key(&w, "reserved_after");
-            json_uint(&w, r->results[i]->reserved_after);
-            json_end_object(&w);
+            const Gradd__TrimResult *t = r->results[i];
+            json_array_append_new(results,
+                                  json_pack("{s:o, s:o, s:o, s:o, s:o}", "device", jout_str(t->device), "bytes",
+                                            jout_uint(t->bytes), "segments", jout_uint(t->segments), "ns",
+                                            jout_uint(t->ns), "reserved_after", jout_uint(t->reserved_after)));
         }
-        json_end_array(&w);
-        json_end_object(&w);
-        json_end(&w);
+        rc = jout_print(json_pack("{s:o}", "results", results));
     } else {
         for (size_t i = 0; i < r->n_results; i++) {
             char a[16], b[16];
@@ -73,6 +42,13 @@ static int run(ctl *c, int argc, char **argv)
                    (double)r->results[i]->ns / 1e6, units_format_size(r->results[i]->reserved_after, b, sizeof b));
         }
     }
-    gradd__response__free_unpacked(resp, NULL);
-    return CTL_OK;
+    ctl_free(resp);
+    return rc;
 }
+
+const ctl_cmd cmd_trim = {
+    .name = "trim",
+    .args = "[-d DEV]",
+    .summary = "release the pool's cached free memory to the device now",
+    .run = run,
+};

@@ -13,15 +13,6 @@
 #include "table.h"
 #include "units.h"
 
-static int run(ctl *c, int argc, char **argv);
-
-const ctl_cmd cmd_watch = {
-    .name = "watch",
-    .args = "ID",
-    .summary = "follow a job's progress live until it ends",
-    .run = run,
-};
-
 #define BAR_MIN 10
 #define BAR_MAX 30
 
@@ -80,49 +71,24 @@ static void final_line(const Gradd__JobInfo *j)
     putchar('\n');
 }
 
-static void print_json_event(const Gradd__WatchEvent *e)
-{
-    json_writer w;
-    json_init(&w, stdout);
-    json_begin_object(&w);
-    json_key(&w, "final");
-    json_bool(&w, e->final);
-    json_key(&w, "job");
-    jobfmt_json(&w, e->job);
-    json_end_object(&w);
-    json_end(&w);
-}
-
 static int run(ctl *c, int argc, char **argv)
 {
-    Gradd__WatchRequest wr;
-    gradd__watch_request__init(&wr);
-    int rc = jobfmt_id_arg(&cmd_watch, argc, argv, &wr.id);
-    if (rc != CTL_OK)
-        return rc;
     bool live = !c->json && isatty(STDOUT_FILENO);
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_WATCH;
-    req.watch = &wr;
-    Gradd__Response *resp;
     /* The live line is printed with its newline and redrawn by moving up
      * one line: the cursor always rests on an empty line, so an error from
-     * ctl_recv or a ^C never lands in the middle of the bar. */
+     * ctl_next or a ^C never lands in the middle of the bar. */
     bool drawn = false, shown = false;
     uint64_t shown_step = 0;
-    rc = ctl_call(c, &req, &resp);
+    Gradd__Response *resp;
+    int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_WATCH, NULL, &resp);
     while (rc == CTL_OK) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_WATCH || !resp->watch || !resp->watch->job) {
-            fprintf(stderr, "gradctl: unexpected reply to watch\n");
-            gradd__response__free_unpacked(resp, NULL);
-            return CTL_ERR_DAEMON;
-        }
+        if (!resp->watch->job)
+            return ctl_unexpected(c, resp);
         const Gradd__WatchEvent *e = resp->watch;
         const Gradd__JobInfo *j = e->job;
         char line[512];
         if (c->json) {
-            print_json_event(e);
+            jout_print(json_pack("{s:b, s:o}", "final", (int)e->final, "job", jobfmt_json(j)));
         } else if (live) {
             if (drawn)
                 fputs("\033[1A\r\033[K", stdout);
@@ -150,11 +116,18 @@ static int run(ctl *c, int argc, char **argv)
         fflush(stdout);
         if (e->final) {
             rc = strcmp(j->state, "completed") == 0 ? CTL_OK : CTL_ERR_DAEMON;
-            gradd__response__free_unpacked(resp, NULL);
+            ctl_free(resp);
             return rc;
         }
-        gradd__response__free_unpacked(resp, NULL);
-        rc = ctl_recv(c, &resp);
+        ctl_free(resp);
+        rc = ctl_next(c, &resp);
     }
     return rc;
 }
+
+const ctl_cmd cmd_watch = {
+    .name = "watch",
+    .args = "ID",
+    .summary = "follow a job's progress live until it ends",
+    .run = run,
+};

@@ -6,7 +6,6 @@
 #include <limits.h>
 #include <stdbool.h>
 
-#include "json.h"
 #include "wire.h"
 
 /* Exit codes, documented in gradctl(1). */
@@ -17,10 +16,17 @@ enum {
     CTL_ERR_UNREACHABLE = 3, /* no daemon at the socket */
 };
 
+struct ctl_cmd;
+
 typedef struct ctl {
     char socket_path[PATH_MAX];
     bool json;
     int fd; /* -1 until connected */
+    const struct ctl_cmd *cmd; /* the command being run: its usage errors name it */
+    /* The exchange in progress, for ctl_next and ctl_unexpected: what the
+     * messages call it, and the body its replies must have. */
+    const char *what;
+    int body;
 } ctl;
 
 typedef struct ctl_cmd {
@@ -39,15 +45,27 @@ extern const ctl_cmd *const ctl_commands[];
 int ctl_connect(ctl *c);
 void ctl_close(ctl *c);
 
-/* Send `req` (its version is set here) and read one response.  Error
- * responses are printed and turned into CTL_ERR_DAEMON, with *out NULL.
- * Free a returned response with gradd__response__free_unpacked. */
-int ctl_call(ctl *c, Gradd__Request *req, Gradd__Response **out);
-/* Read one more response (streamed replies). */
-int ctl_recv(ctl *c, Gradd__Response **out);
+/* One exchange: send a request whose body is `msg`, the message of the
+ * request's field `body` (GRADD__REQUEST__BODY_CANCEL and a
+ * Gradd__CancelRequest, say), and read the reply.  The reply's body must be
+ * the response field of the same number, as gradd.proto pairs them; else
+ * "unexpected reply to WHAT".  CTL_OK with *out set (free it with
+ * ctl_free), or the exit code with *out NULL, the reason said on stderr: a
+ * daemon's error reply is printed (and with --json written as JSON too). */
+int ctl_call(ctl *c, const char *what, Gradd__Request__BodyCase body, void *msg, Gradd__Response **out);
+/* The next reply of a streamed answer (a long list, logs, watch,
+ * timeline), checked as ctl_call checks the first. */
+int ctl_next(ctl *c, Gradd__Response **out);
+/* For a reply that has the right body but lacks what the command needs:
+ * "unexpected reply to WHAT", the reply freed, CTL_ERR_DAEMON. */
+int ctl_unexpected(ctl *c, Gradd__Response *resp);
+void ctl_free(Gradd__Response *resp);
 
-/* Report a usage error for `cmd` and return CTL_ERR_USAGE. */
-int ctl_usage(const ctl_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Report a usage error for the command being run and return CTL_ERR_USAGE. */
+int ctl_usage(const ctl *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* After the options (getopt's optind), exactly one SIZE ("512M", "4G").
+ * CTL_OK with *bytes set, or the usage error's code. */
+int ctl_size_arg(const ctl *c, int argc, char **argv, uint64_t *bytes);
 
 
 #endif

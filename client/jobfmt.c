@@ -1,6 +1,7 @@
 /* jobfmt.c — one job, shown the same way by every command. */
 #include "jobfmt.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,23 +15,12 @@
 int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *out)
 {
     memset(out, 0, sizeof *out);
-    Gradd__ListRequest lr;
-    gradd__list_request__init(&lr);
+    Gradd__ListRequest lr = GRADD__LIST_REQUEST__INIT;
     lr.user = (char *)(user ? user : "");
     lr.state = (char *)(state ? state : "");
-    Gradd__Request req;
-    gradd__request__init(&req);
-    req.body_case = GRADD__REQUEST__BODY_LIST;
-    req.list = &lr;
     Gradd__Response *resp;
-    int rc = ctl_call(c, &req, &resp);
+    int rc = ctl_call(c, "list", GRADD__REQUEST__BODY_LIST, &lr, &resp);
     for (bool more = true; rc == CTL_OK && more;) {
-        if (resp->body_case != GRADD__RESPONSE__BODY_LIST || !resp->list) {
-            fprintf(stderr, "gradctl: unexpected reply to list\n");
-            gradd__response__free_unpacked(resp, NULL);
-            rc = CTL_ERR_DAEMON;
-            break;
-        }
         Gradd__Response **frames = realloc(out->frames, (out->nframes + 1) * sizeof *frames);
         const Gradd__JobInfo **jobs = realloc(out->jobs, (out->n + resp->list->n_jobs + 1) * sizeof *jobs);
         if (frames)
@@ -39,7 +29,7 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
             out->jobs = jobs;
         if (!frames || !jobs) {
             fprintf(stderr, "gradctl: out of memory\n");
-            gradd__response__free_unpacked(resp, NULL);
+            ctl_free(resp);
             rc = CTL_ERR_DAEMON;
             break;
         }
@@ -48,7 +38,7 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
             out->jobs[out->n++] = resp->list->jobs[i];
         more = resp->list->more;
         if (more)
-            rc = ctl_recv(c, &resp);
+            rc = ctl_next(c, &resp);
     }
     if (rc != CTL_OK)
         jobfmt_list_free(out);
@@ -58,7 +48,7 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
 void jobfmt_list_free(jobfmt_list *l)
 {
     for (size_t i = 0; i < l->nframes; i++)
-        gradd__response__free_unpacked(l->frames[i], NULL);
+        ctl_free(l->frames[i]);
     free(l->frames);
     free(l->jobs);
     memset(l, 0, sizeof *l);
@@ -107,7 +97,7 @@ int jobfmt_parse_id(const char *text, uint32_t *id)
     return 0;
 }
 
-int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
+static int id_arg(const ctl *c, int argc, char **argv, uint32_t *id)
 {
     const char *arg = NULL;
     bool dashdash = false;
@@ -118,16 +108,37 @@ int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id)
         }
         /* "-1" is a bad id, not an unknown option "-1". */
         if (!dashdash && argv[i][0] == '-' && argv[i][1] && !(argv[i][1] >= '0' && argv[i][1] <= '9'))
-            return ctl_usage(cmd, "unknown option '%s'", argv[i]);
+            return ctl_usage(c, "unknown option '%s'", argv[i]);
         if (arg)
-            return ctl_usage(cmd, "unexpected argument '%s'", argv[i]);
+            return ctl_usage(c, "unexpected argument '%s'", argv[i]);
         arg = argv[i];
     }
     if (!arg)
-        return ctl_usage(cmd, "a job id is required");
+        return ctl_usage(c, "a job id is required");
     if (jobfmt_parse_id(arg, id) != 0)
-        return ctl_usage(cmd, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
     return CTL_OK;
+}
+
+int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id, Gradd__Response **out)
+{
+    *out = NULL;
+    uint32_t v;
+    int rc = id_arg(c, argc, argv, &v);
+    if (rc != CTL_OK)
+        return rc;
+    if (id)
+        *id = v;
+    /* JobRequest, CancelRequest, RemoveRequest, WatchRequest and
+     * LogsRequest are each `uint32 id = 1` alone, so one piece of code makes
+     * any of them from its descriptor: the message, then its one field. */
+    const ProtobufCMessageDescriptor *d =
+        protobuf_c_message_descriptor_get_field(&gradd__request__descriptor, (unsigned)body)->descriptor;
+    Gradd__JobRequest m;
+    assert(d->sizeof_message == sizeof m && d->n_fields == 1 && d->fields[0].type == PROTOBUF_C_TYPE_UINT32);
+    protobuf_c_message_init(d, &m);
+    memcpy((char *)&m + d->fields[0].offset, &v, sizeof v);
+    return ctl_call(c, c->cmd->name, body, &m, out);
 }
 
 /* ---- pieces --------------------------------------------------------------- */
@@ -380,84 +391,71 @@ void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j)
     }
 }
 
+/* ---- what a command did ----------------------------------------------------- */
+
+int jobfmt_done(const ctl *c, uint32_t id, const char *name, const char *done)
+{
+    if (c->json)
+        return jout_print(json_pack("{s:o, s:o}", "id", jout_uint(id), "name", jout_str(name)));
+    printf("job %u %s (", id, done);
+    table_puts(stdout, name);
+    printf(")\n");
+    return CTL_OK;
+}
+
 /* ---- JSON ----------------------------------------------------------------- */
 
-static void key_string(json_writer *w, const char *k, const char *v)
-{
-    json_key(w, k);
-    json_string(w, v ? v : "");
-}
-
-static void key_uint(json_writer *w, const char *k, uint64_t v)
-{
-    json_key(w, k);
-    json_uint(w, v);
-}
-
-static void key_double(json_writer *w, const char *k, double v)
-{
-    json_key(w, k);
-    json_double(w, v); /* null when not finite */
-}
-
 /* A time that has not happened (0) is null. */
-static void key_time(json_writer *w, const char *k, double t)
+static json_t *time_json(double t)
 {
-    key_double(w, k, t > 0 ? t : NAN);
+    return jout_real(t > 0 ? t : NAN);
 }
 
-void jobfmt_json(json_writer *w, const Gradd__JobInfo *j)
+void jobfmt_tags_json(json_t *obj, Gradd__TagUsage *const *tags, size_t n)
 {
-    json_begin_object(w);
-    key_uint(w, "id", j->id);
-    key_string(w, "name", j->name);
-    key_uint(w, "uid", j->uid);
-    key_string(w, "user", j->user);
-    key_string(w, "state", j->state);
-    key_string(w, "device", j->device);
-    json_key(w, "priority");
-    json_int(w, j->priority);
-    key_uint(w, "step", j->step);
-    key_uint(w, "steps", j->steps);
-    key_double(w, "loss", step_loss(j));
-    key_double(w, "val_loss", j->val_loss);
-    key_double(w, "val_accuracy", j->val_accuracy);
-    key_uint(w, "micro", j->micro);
-    key_uint(w, "accum", j->accum);
-    key_uint(w, "micro_max", j->micro_max);
-    key_uint(w, "micro_fit", j->micro_fit);
-    key_uint(w, "oom_recoveries", j->oom_recoveries);
-    json_key(w, "last_change");
-    if (j->change_reason && *j->change_reason) {
-        json_begin_object(w);
-        key_uint(w, "from", j->change_from);
-        key_uint(w, "to", j->change_to);
-        key_uint(w, "step", j->change_step);
-        key_string(w, "reason", j->change_reason);
-        json_end_object(w);
-    } else {
-        json_double(w, NAN); /* null */
-    }
-    key_double(w, "units_per_s", j->units_per_s);
-    key_string(w, "unit", j->unit);
-    key_uint(w, "mem_allocated", j->mem_allocated);
-    json_key(w, "mem_tags");
-    json_begin_object(w);
-    for (size_t i = 0; i < j->n_mem_tags; i++) {
-        json_key(w, j->mem_tags[i]->tag ? j->mem_tags[i]->tag : "");
-        json_begin_object(w);
-        key_uint(w, "current", j->mem_tags[i]->allocated);
-        key_uint(w, "peak", j->mem_tags[i]->peak);
-        json_end_object(w);
-    }
-    json_end_object(w);
-    key_time(w, "submitted_at", j->submitted_at);
-    key_time(w, "started_at", j->started_at);
-    key_time(w, "finished_at", j->finished_at);
-    key_double(w, "elapsed_s", j->elapsed_s);
-    key_string(w, "reason", j->reason);
-    key_string(w, "out_dir", j->out_dir);
-    key_string(w, "job_file", j->job_file);
-    key_uint(w, "resumes", j->resumes);
-    json_end_object(w);
+    for (size_t i = 0; i < n; i++)
+        jout_set(obj, tags[i]->tag,
+                 json_pack("{s:o, s:o}", "current", jout_uint(tags[i]->allocated), "peak", jout_uint(tags[i]->peak)));
+}
+
+json_t *jobfmt_json(const Gradd__JobInfo *j)
+{
+    json_t *change = json_null();
+    if (j->change_reason && *j->change_reason)
+        change = json_pack("{s:o, s:o, s:o, s:o}", "from", jout_uint(j->change_from), "to", jout_uint(j->change_to),
+                           "step", jout_uint(j->change_step), "reason", jout_str(j->change_reason));
+    json_t *tags = json_object();
+    jobfmt_tags_json(tags, j->mem_tags, j->n_mem_tags);
+    json_t *o = json_object();
+    json_object_set_new(o, "id", jout_uint(j->id));
+    json_object_set_new(o, "name", jout_str(j->name));
+    json_object_set_new(o, "uid", jout_uint(j->uid));
+    json_object_set_new(o, "user", jout_str(j->user));
+    json_object_set_new(o, "state", jout_str(j->state));
+    json_object_set_new(o, "device", jout_str(j->device));
+    json_object_set_new(o, "priority", json_integer(j->priority));
+    json_object_set_new(o, "step", jout_uint(j->step));
+    json_object_set_new(o, "steps", jout_uint(j->steps));
+    json_object_set_new(o, "loss", jout_real(step_loss(j)));
+    json_object_set_new(o, "val_loss", jout_real(j->val_loss));
+    json_object_set_new(o, "val_accuracy", jout_real(j->val_accuracy));
+    json_object_set_new(o, "micro", jout_uint(j->micro));
+    json_object_set_new(o, "accum", jout_uint(j->accum));
+    json_object_set_new(o, "micro_max", jout_uint(j->micro_max));
+    json_object_set_new(o, "micro_fit", jout_uint(j->micro_fit));
+    json_object_set_new(o, "oom_recoveries", jout_uint(j->oom_recoveries));
+    json_object_set_new(o, "last_change", change);
+    json_object_set_new(o, "units_per_s", jout_real(j->units_per_s));
+    json_object_set_new(o, "unit", jout_str(j->unit));
+    json_object_set_new(o, "mem_allocated", jout_uint(j->mem_allocated));
+    json_object_set_new(o, "mem_tags", tags);
+    json_object_set_new(o, "submitted_at", time_json(j->submitted_at));
+    json_object_set_new(o, "started_at", time_json(j->started_at));
+    json_object_set_new(o, "finished_at", time_json(j->finished_at));
+    json_object_set_new(o, "elapsed_s", jout_real(j->elapsed_s));
+    json_object_set_new(o, "reason", jout_str(j->reason));
+    json_object_set_new(o, "out_dir", jout_str(j->out_dir));
+    json_object_set_new(o, "job_file", jout_str(j->job_file));
+    json_object_set_new(o, "resumes", jout_uint(j->resumes));
+    return o;
 }

@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "ctl.h"
-#include "json.h"
+#include "jout.h"
 #include "table.h"
 
 /* The five states a job can be in, NULL-terminated. */
@@ -23,9 +23,12 @@ bool jobfmt_state_final(const char *state);
 
 /* Parse a job id (a decimal number from 1 to 2^32-1).  0, or -1. */
 int jobfmt_parse_id(const char *text, uint32_t *id);
-/* For commands whose only argument is one job id: reject options and extra
- * arguments.  CTL_OK with *id set, or the usage error's exit code. */
-int jobfmt_id_arg(const ctl_cmd *cmd, int argc, char **argv, uint32_t *id);
+/* cancel, rm, logs, watch and status ID: the one argument is a job id
+ * (options and more arguments are usage errors), and the request (the
+ * message of field `body`) is that id alone.  Parse it, send it and read the
+ * first reply, as ctl_call does, its messages naming the command.  *id
+ * (where not NULL) gets the id. */
+int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id, Gradd__Response **out);
 
 /* ---- the list -------------------------------------------------------------- */
 
@@ -73,10 +76,17 @@ void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j);
  * loss 1.234, val 1.301" or "job 7 failed: REASON". */
 void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j);
 
-/* The job as one JSON object value (the caller places it).  Doubles that
- * are not numbers, losses before the first step and times that have not
- * happened are null. */
-void jobfmt_json(json_writer *w, const Gradd__JobInfo *j);
+/* The job as one JSON object (the caller places or prints it).  Doubles
+ * that are not numbers, losses before the first step and times that have
+ * not happened are null. */
+json_t *jobfmt_json(const Gradd__JobInfo *j);
+/* Memory by tag, {"TAG":{"current":N,"peak":N},...}, added to obj: a job's
+ * and a pool's (stats) read the same. */
+void jobfmt_tags_json(json_t *obj, Gradd__TagUsage *const *tags, size_t n);
+
+/* What submit and rm say of the job they acted on: "job 7 queued (NAME)",
+ * or with --json {"id":7,"name":NAME}.  CTL_OK, or jout_print's code. */
+int jobfmt_done(const ctl *c, uint32_t id, const char *name, const char *done);
 
 /* The current time in unix seconds. */
 double jobfmt_now(void);

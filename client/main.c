@@ -6,6 +6,7 @@
 
 #include "ctl.h"
 #include "gradd-config.h"
+#include "jout.h"
 #include "paths.h"
 
 static void usage(FILE *f)
@@ -33,6 +34,7 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    jout_init();
     ctl c = {.fd = -1};
     paths_client_socket(c.socket_path, sizeof c.socket_path);
     int ch;
@@ -77,6 +79,7 @@ int main(int argc, char **argv)
             }
         }
         optind = 0; /* glibc: full reinitialisation for the command's getopt */
+        c.cmd = *cmd;
         int rc = (*cmd)->run(&c, sub_argc, sub_argv);
         ctl_close(&c);
         return rc;
