@@ -1,11 +1,11 @@
-/* safetensors.c — see safetensors.h for the format and the contracts. */
+/* safetensors.c — the safetensors reader: st_open validates a file, its
+ * header parsed strictly, then tensors are looked up, read or mapped.
+ * See safetensors.h for the format and the contracts. */
 #include "safetensors.h"
 
 #include "errmsg.h"
-#include "fileio.h"
 #include "utf8.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -16,98 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- small helpers ------------------------------------------------------- */
-
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1},    [ST_U8] = {"U8", 1},
-    [ST_I8] = {"I8", 1},        [ST_F8_E5M2] = {"F8_E5M2", 1},
-    [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_U16] = {"U16", 2},
-    [ST_I16] = {"I16", 2},      [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2},    [ST_U32] = {"U32", 4},
-    [ST_I32] = {"I32", 4},      [ST_F32] = {"F32", 4},
-    [ST_U64] = {"U64", 8},      [ST_I64] = {"I64", 8},
-    [ST_F64] = {"F64", 8},
-};
-
-const char *st_dtype_name(st_dtype d)
-{
-    return (unsigned)d < ST_DTYPE_COUNT ? dtypes[d].name : NULL;
-}
-
-size_t st_dtype_size(st_dtype d)
-{
-    return (unsigned)d < ST_DTYPE_COUNT ? dtypes[d].size : 0;
-}
-
-int st_dtype_from_name(const char *name, st_dtype *out)
-{
-    for (int i = 0; i < ST_DTYPE_COUNT; i++)
-        if (strcmp(name, dtypes[i].name) == 0) {
-            *out = (st_dtype)i;
-            return 0;
-        }
-    return -1;
-}
-
-/* A name made safe for a message: control bytes, quotes, backslashes and
- * (in invalid UTF-8) high bytes become \xNN; long names are cut at a
- * character boundary and end in "...". */
-static const char *qname(char *buf, size_t cap, const char *s)
-{
-    enum { MAXSHOWN = 160 };
-    bool valid = utf8_valid(s);
-    size_t o = 0, i = 0;
-    const unsigned char *u = (const unsigned char *)s;
-    for (; u[i] && o + 8 < cap; i++) {
-        if (i >= MAXSHOWN && (u[i] & 0xC0) != 0x80) {
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            i = strlen(s);
-            break;
-        }
-        unsigned c = u[i];
-        if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\' || (c >= 0x80 && !valid))
-            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
-        else
-            buf[o++] = (char)c;
-    }
-    if (u[i] && o + 4 <= cap) { /* ran out of room */
-        memcpy(buf + o, "...", 3);
-        o += 3;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
-static void fmt_shape(char *buf, size_t cap, int ndim, const uint64_t *shape)
-{
-    size_t o = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < ndim && o < cap; i++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%llu", i ? "," : "",
-                              (unsigned long long)shape[i]);
-    if (o < cap)
-        snprintf(buf + o, cap - o, "]");
-}
-
-/* Product of shape times elem; false on overflow. */
-static bool shape_bytes(int ndim, const uint64_t *shape, size_t elem, uint64_t *nelem,
-                        uint64_t *bytes)
-{
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        if (__builtin_mul_overflow(n, shape[i], &n))
-            return false;
-    uint64_t b;
-    if (__builtin_mul_overflow(n, (uint64_t)elem, &b))
-        return false;
-    *nelem = n;
-    *bytes = b;
-    return true;
-}
-
+/* ---- reading the file ------------------------------------------------------ */
 
 /* 0 on success, -1 with errno on error, 1 if the file ended early. */
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
@@ -128,513 +37,6 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off)
         off += (uint64_t)r;
     }
     return 0;
-}
-
-/* ---- growable byte buffer ------------------------------------------------ */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} buf_t;
-
-static void buf_put(buf_t *b, const void *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void buf_str(buf_t *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-static void buf_u64(buf_t *b, uint64_t v)
-{
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-    buf_put(b, tmp, (size_t)n);
-}
-
-/* A JSON string literal; s is valid UTF-8 without NUL. */
-static void buf_jstr(buf_t *b, const char *s)
-{
-    buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            buf_put(b, e, 2);
-        } else if (*p < 0x20) {
-            char e[8];
-            snprintf(e, sizeof e, "\\u%04x", *p);
-            buf_put(b, e, 6);
-        } else {
-            buf_put(b, p, 1);
-        }
-    }
-    buf_put(b, "\"", 1);
-}
-
-/* ---- writer ---------------------------------------------------------------- */
-
-typedef struct {
-    char *name;
-    st_dtype dtype;
-    int ndim;
-    uint64_t shape[ST_MAX_DIMS];
-    const void *data;
-    uint64_t bytes;
-} w_tensor;
-
-typedef struct {
-    char *key, *value;
-} w_meta;
-
-struct st_writer {
-    w_tensor *t;
-    size_t nt, capt;
-    w_meta *m;
-    size_t nm, capm;
-    bool failed;
-    char first_err[512];
-    st_stage fail_stage;
-    int fail_errno;
-};
-
-st_writer *st_writer_new(void)
-{
-    return calloc(1, sizeof(st_writer));
-}
-
-void st_writer_free(st_writer *w)
-{
-    if (!w)
-        return;
-    for (size_t i = 0; i < w->nt; i++)
-        free(w->t[i].name);
-    for (size_t i = 0; i < w->nm; i++) {
-        free(w->m[i].key);
-        free(w->m[i].value);
-    }
-    free(w->t);
-    free(w->m);
-    free(w);
-}
-
-void st_writer_fail_at(st_writer *w, st_stage stage, int errnum)
-{
-    w->fail_stage = stage;
-    w->fail_errno = errnum;
-}
-
-/* Record an add-time error: returned to the caller and kept (first one). */
-__attribute__((format(printf, 4, 5))) static int add_fail(st_writer *w, char *err,
-                                                          size_t len, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (!w->failed) {
-        w->failed = true;
-        snprintf(w->first_err, sizeof w->first_err, "%s", msg);
-    }
-    errmsg_set(err, len, "%s", msg);
-    return -1;
-}
-
-int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
-                  const uint64_t *shape, const void *data, size_t bytes, char *err,
-                  size_t err_len)
-{
-    char qn[200], sh[200];
-    if (!name || !*name)
-        return add_fail(w, err, err_len, "empty tensor name");
-    qname(qn, sizeof qn, name);
-    if (!utf8_valid(name))
-        return add_fail(w, err, err_len, "tensor '%s': name is not valid UTF-8", qn);
-    if (strcmp(name, "__metadata__") == 0)
-        return add_fail(w, err, err_len, "tensor '%s': name is reserved", qn);
-    if ((unsigned)dtype >= ST_DTYPE_COUNT)
-        return add_fail(w, err, err_len, "tensor '%s': invalid dtype %d", qn, (int)dtype);
-    if (ndim < 0 || ndim > ST_MAX_DIMS)
-        return add_fail(w, err, err_len, "tensor '%s': %d dimensions (0 to %d allowed)", qn,
-                        ndim, ST_MAX_DIMS);
-    if (ndim > 0 && !shape)
-        return add_fail(w, err, err_len, "tensor '%s': no shape", qn);
-    uint64_t nelem, want;
-    if (!shape_bytes(ndim, shape, st_dtype_size(dtype), &nelem, &want)) {
-        fmt_shape(sh, sizeof sh, ndim, shape);
-        return add_fail(w, err, err_len, "tensor '%s': shape %s overflows", qn, sh);
-    }
-    if (want != (uint64_t)bytes) {
-        fmt_shape(sh, sizeof sh, ndim, shape);
-        return add_fail(w, err, err_len,
-                        "tensor '%s': %zu bytes given for shape %s of %s (%llu bytes)", qn,
-                        bytes, sh, st_dtype_name(dtype), (unsigned long long)want);
-    }
-    if (bytes > 0 && !data)
-        return add_fail(w, err, err_len, "tensor '%s': no data", qn);
-    if (w->nt == w->capt) {
-        size_t cap = w->capt ? 2 * w->capt : 16;
-        w_tensor *t = realloc(w->t, cap * sizeof *t);
-        if (!t)
-            return add_fail(w, err, err_len, "tensor '%s': out of memory", qn);
-        w->t = t;
-        w->capt = cap;
-    }
-    w_tensor *t = &w->t[w->nt];
-    memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    if (!t->name)
-        return add_fail(w, err, err_len, "tensor '%s': out of memory", qn);
-    t->dtype = dtype;
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++)
-        t->shape[i] = shape[i];
-    t->data = data;
-    t->bytes = bytes;
-    w->nt++;
-    return 0;
-}
-
-int st_writer_meta(st_writer *w, const char *key, const char *value, char *err,
-                   size_t err_len)
-{
-    char qk[200];
-    if (!key || !value)
-        return add_fail(w, err, err_len, "metadata: NULL key or value");
-    qname(qk, sizeof qk, key);
-    if (!utf8_valid(key))
-        return add_fail(w, err, err_len, "metadata '%s': key is not valid UTF-8", qk);
-    if (!utf8_valid(value))
-        return add_fail(w, err, err_len, "metadata '%s': value is not valid UTF-8", qk);
-    if (w->nm == w->capm) {
-        size_t cap = w->capm ? 2 * w->capm : 8;
-        w_meta *m = realloc(w->m, cap * sizeof *m);
-        if (!m)
-            return add_fail(w, err, err_len, "metadata '%s': out of memory", qk);
-        w->m = m;
-        w->capm = cap;
-    }
-    char *k = strdup(key), *v = strdup(value);
-    if (!k || !v) {
-        free(k);
-        free(v);
-        return add_fail(w, err, err_len, "metadata '%s': out of memory", qk);
-    }
-    w->m[w->nm].key = k;
-    w->m[w->nm].value = v;
-    w->nm++;
-    return 0;
-}
-
-static int cmp_str_ptr(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* First duplicate among n strings, or NULL. */
-static const char *find_dup(const char **v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_str_ptr);
-    for (size_t i = 1; i < n; i++)
-        if (strcmp(v[i - 1], v[i]) == 0)
-            return v[i];
-    return NULL;
-}
-
-/* Build the header (length prefix included, padded) into *out.  order
- * receives the tensors' write order.  The message does not name the file. */
-static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size_t len)
-{
-    char q[200];
-    if (w->failed) {
-        errmsg_set(err, len, "%s", w->first_err);
-        return -1;
-    }
-    size_t nn = w->nt > w->nm ? w->nt : w->nm;
-    const char **names = malloc((nn ? nn : 1) * sizeof *names);
-    if (!names) {
-        errmsg_set(err, len, "out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < w->nt; i++)
-        names[i] = w->t[i].name;
-    const char *dup = find_dup(names, w->nt);
-    if (dup) {
-        errmsg_set(err, len, "tensor '%s': added twice", qname(q, sizeof q, dup));
-        free(names);
-        return -1;
-    }
-    for (size_t i = 0; i < w->nm; i++)
-        names[i] = w->m[i].key;
-    dup = find_dup(names, w->nm);
-    free(names);
-    if (dup) {
-        errmsg_set(err, len, "metadata '%s': added twice", qname(q, sizeof q, dup));
-        return -1;
-    }
-
-    /* Largest elements first, otherwise in order of addition: every tensor
-     * then starts at a multiple of its element size. */
-    size_t k = 0;
-    for (size_t sz = 8; sz >= 1; sz /= 2)
-        for (size_t i = 0; i < w->nt; i++)
-            if (st_dtype_size(w->t[i].dtype) == sz)
-                order[k++] = i;
-
-    buf_put(out, "\0\0\0\0\0\0\0\0{", 9);
-    bool first = true;
-    if (w->nm > 0) {
-        buf_str(out, "\"__metadata__\":{");
-        for (size_t i = 0; i < w->nm; i++) {
-            if (i)
-                buf_put(out, ",", 1);
-            buf_jstr(out, w->m[i].key);
-            buf_put(out, ":", 1);
-            buf_jstr(out, w->m[i].value);
-        }
-        buf_put(out, "}", 1);
-        first = false;
-    }
-    uint64_t off = 0;
-    for (size_t j = 0; j < w->nt; j++) {
-        const w_tensor *t = &w->t[order[j]];
-        if (!first)
-            buf_put(out, ",", 1);
-        first = false;
-        buf_jstr(out, t->name);
-        buf_str(out, ":{\"dtype\":\"");
-        buf_str(out, st_dtype_name(t->dtype));
-        buf_str(out, "\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++) {
-            if (d)
-                buf_put(out, ",", 1);
-            buf_u64(out, t->shape[d]);
-        }
-        buf_str(out, "],\"data_offsets\":[");
-        buf_u64(out, off);
-        buf_put(out, ",", 1);
-        if (__builtin_add_overflow(off, t->bytes, &off)) {
-            errmsg_set(err, len, "tensor '%s': total size overflows",
-                       qname(q, sizeof q, t->name));
-            return -1;
-        }
-        buf_u64(out, off);
-        buf_str(out, "]}");
-    }
-    buf_put(out, "}", 1);
-    while (!out->oom && out->n % 8 != 0)
-        buf_put(out, " ", 1);
-    if (out->oom) {
-        errmsg_set(err, len, "out of memory building the header");
-        return -1;
-    }
-    uint64_t hlen = out->n - 8;
-    if (hlen > ST_MAX_HEADER) {
-        errmsg_set(err, len, "header of %llu bytes exceeds the limit of %u bytes",
-                   (unsigned long long)hlen, ST_MAX_HEADER);
-        return -1;
-    }
-    for (int i = 0; i < 8; i++)
-        out->p[i] = (char)(hlen >> (8 * i));
-    return 0;
-}
-
-/* Write a prepared header and the data.  fail_errno != 0: fail with it
- * right after the header (test hook).  0, or -1 with errno set. */
-static int emit(const st_writer *w, int fd, const buf_t *hdr, const size_t *order,
-                int fail_errno)
-{
-    if (fileio_write_all(fd, hdr->p, hdr->n) != 0)
-        return -1;
-    if (fail_errno) {
-        errno = fail_errno;
-        return -1;
-    }
-    for (size_t j = 0; j < w->nt; j++) {
-        const w_tensor *t = &w->t[order[j]];
-        if (t->bytes && fileio_write_all(fd, t->data, (size_t)t->bytes) != 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* Validate and lay out: the header in *hdr, the write order in *order
- * (both to be freed).  Messages are prefixed with NAME. */
-static int prepare(st_writer *w, const char *name, buf_t *hdr, size_t **order, char *err,
-                   size_t len)
-{
-    char msg[512];
-    *hdr = (buf_t){0};
-    *order = malloc((w->nt ? w->nt : 1) * sizeof **order);
-    if (!*order) {
-        errmsg_set(err, len, "%s: out of memory", name);
-        return -1;
-    }
-    if (build_header(w, hdr, *order, msg, sizeof msg) != 0) {
-        errmsg_set(err, len, "%s: %s", name, msg);
-        free(hdr->p);
-        free(*order);
-        *hdr = (buf_t){0};
-        *order = NULL;
-        return -1;
-    }
-    return 0;
-}
-
-int st_write_fd(st_writer *w, int fd, const char *name, char *err, size_t err_len)
-{
-    buf_t hdr;
-    size_t *order;
-    if (prepare(w, name, &hdr, &order, err, err_len) != 0)
-        return -1;
-    int rc = emit(w, fd, &hdr, order, 0);
-    if (rc != 0)
-        errmsg_set(err, err_len, "%s: write: %s", name, strerror(errno));
-    free(hdr.p);
-    free(order);
-    return rc;
-}
-
-static int injected(const st_writer *w, st_stage stage)
-{
-    if (w->fail_stage == stage) {
-        errno = w->fail_errno ? w->fail_errno : EIO;
-        return 1;
-    }
-    return 0;
-}
-
-int st_clear_temps(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    size_t blen = strlen(base);
-    char *dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
-    DIR *d = dir ? opendir(dir) : NULL;
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        /* Exactly the names st_write_atomic gives: BASE.tmp.DIGITS. */
-        const char *s = e->d_name;
-        if (strncmp(s, base, blen) != 0 || strncmp(s + blen, ".tmp.", 5) != 0 || !s[blen + 5])
-            continue;
-        if (strspn(s + blen + 5, "0123456789") != strlen(s + blen + 5))
-            continue;
-        if (unlinkat(dirfd(d), s, 0) == 0)
-            n++;
-    }
-    if (d)
-        closedir(d);
-    free(dir);
-    return n;
-}
-
-int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
-{
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    char *dir = malloc(plen + 2);
-    if (!tmp || !dir) {
-        free(tmp);
-        free(dir);
-        errmsg_set(err, err_len, "%s: out of memory", path);
-        return -1;
-    }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, plen + 2, ".");
-    else if (slash == path)
-        snprintf(dir, plen + 2, "/");
-    else
-        snprintf(dir, plen + 2, "%.*s", (int)(slash - path), path);
-
-    int rc = -1, fd = -1;
-    bool created = false;
-    buf_t hdr = {0};
-    size_t *order = NULL;
-    /* Everything that can be refused is refused before a file exists. */
-    if (prepare(w, path, &hdr, &order, err, err_len) != 0)
-        goto out;
-    if (injected(w, ST_STAGE_OPEN)) {
-        errmsg_set(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd >= 0 || errno != EEXIST || attempt == 1)
-            break;
-        /* Left over by an earlier process with our pid: it is stale. */
-        if (unlink(tmp) != 0)
-            break;
-    }
-    if (fd < 0) {
-        errmsg_set(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    created = true;
-    int fail_write = w->fail_stage != ST_STAGE_WRITE ? 0 : w->fail_errno ? w->fail_errno : EIO;
-    if (emit(w, fd, &hdr, order, fail_write) != 0) {
-        errmsg_set(err, err_len, "%s: write %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    if (injected(w, ST_STAGE_FSYNC) || fsync(fd) != 0) {
-        errmsg_set(err, err_len, "%s: fsync %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    int crc = close(fd);
-    fd = -1;
-    if (injected(w, ST_STAGE_CLOSE) || crc != 0) {
-        errmsg_set(err, err_len, "%s: close %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    if (injected(w, ST_STAGE_RENAME) || rename(tmp, path) != 0) {
-        errmsg_set(err, err_len, "%s: rename from %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    created = false;
-    int dfd = -1;
-    if (injected(w, ST_STAGE_DIRSYNC) ||
-        (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 || fsync(dfd) != 0) {
-        errmsg_set(err, err_len,
-                   "%s: written, but syncing directory %s failed (%s): it may not survive a "
-                   "crash",
-                   path, dir, strerror(errno));
-        if (dfd >= 0)
-            close(dfd);
-        goto out;
-    }
-    close(dfd);
-    rc = 0;
-out:
-    if (fd >= 0)
-        close(fd);
-    if (created)
-        unlink(tmp);
-    free(tmp);
-    free(dir);
-    free(hdr.p);
-    free(order);
-    return rc;
 }
 
 /* ---- reader: strict JSON for the safetensors header ---------------------- */
@@ -675,7 +77,7 @@ __attribute__((format(printf, 2, 3))) static int jfail(jp *p, const char *fmt, .
     if (p->tensor)
         o += (size_t)snprintf(ctx + o, sizeof ctx - o, "%s '%s': ",
                               p->in_meta ? "metadata" : "tensor",
-                              qname(q, sizeof q, p->tensor));
+                              st_quote(q, sizeof q, p->tensor));
     else if (p->in_meta)
         o += (size_t)snprintf(ctx + o, sizeof ctx - o, "__metadata__: ");
     if (p->field && o < sizeof ctx)
@@ -1014,7 +416,7 @@ static int parse_tensor(jp *p, st_tensor *t)
                                                            : -1;
             if (which < 0) {
                 char q[200];
-                qname(q, sizeof q, key);
+                st_quote(q, sizeof q, key);
                 free(key);
                 return jfail(p, "unknown field '%s'", q);
             }
@@ -1035,7 +437,7 @@ static int parse_tensor(jp *p, st_tensor *t)
                     return -1;
                 if (st_dtype_from_name(d, &t->dtype) != 0) {
                     char q[200];
-                    qname(q, sizeof q, d);
+                    st_quote(q, sizeof q, d);
                     free(d);
                     p->i = at;
                     return jfail(p, "unknown dtype '%s'", q);
@@ -1162,9 +564,9 @@ static int check_tensors(st_file *f, char *err, size_t len)
     const char *path = f->path;
     for (size_t i = 0; i < f->nt; i++) {
         st_tensor *t = &f->t[i];
-        qname(q, sizeof q, t->name);
-        fmt_shape(sh, sizeof sh, t->ndim, t->shape);
-        if (!shape_bytes(t->ndim, t->shape, st_dtype_size(t->dtype), &t->nelem, &t->bytes)) {
+        st_quote(q, sizeof q, t->name);
+        st_shape_str(sh, sizeof sh, t->ndim, t->shape);
+        if (!st_shape_bytes(t->ndim, t->shape, st_dtype_size(t->dtype), &t->nelem, &t->bytes)) {
             errmsg_set(err, len, "%s: tensor '%s': shape %s of %s overflows 64 bits", path, q, sh,
                        st_dtype_name(t->dtype));
             return -1;
@@ -1213,13 +615,13 @@ static int check_tensors(st_file *f, char *err, size_t len)
     for (size_t i = 1; i < n; i++)
         if (strcmp(f->t[f->by_name[i - 1]].name, f->t[f->by_name[i]].name) == 0) {
             errmsg_set(err, len, "%s: tensor '%s': appears twice in the header", path,
-                       qname(q, sizeof q, f->t[f->by_name[i]].name));
+                       st_quote(q, sizeof q, f->t[f->by_name[i]].name));
             goto out;
         }
     for (size_t i = 1; i < f->nm; i++)
         if (strcmp(f->mkey[f->meta_by_key[i - 1]], f->mkey[f->meta_by_key[i]]) == 0) {
             errmsg_set(err, len, "%s: metadata '%s': appears twice in the header", path,
-                       qname(q, sizeof q, f->mkey[f->meta_by_key[i]]));
+                       st_quote(q, sizeof q, f->mkey[f->meta_by_key[i]]));
             goto out;
         }
     uint64_t pos = 0;
@@ -1229,8 +631,8 @@ static int check_tensors(st_file *f, char *err, size_t len)
         if (t->begin < pos) {
             errmsg_set(err, len,
                        "%s: tensor '%s': data_offsets [%llu,%llu] overlap tensor '%s' [%llu,%llu]",
-                       path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                       (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
+                       path, st_quote(q, sizeof q, t->name), (unsigned long long)t->begin,
+                       (unsigned long long)t->end, st_quote(q2, sizeof q2, prev->name),
                        (unsigned long long)prev->begin, (unsigned long long)prev->end);
             goto out;
         }
@@ -1239,14 +641,14 @@ static int check_tensors(st_file *f, char *err, size_t len)
                 errmsg_set(err, len,
                            "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap after tensor "
                            "'%s', which ends at %llu",
-                           path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                           (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
+                           path, st_quote(q, sizeof q, t->name), (unsigned long long)t->begin,
+                           (unsigned long long)t->end, st_quote(q2, sizeof q2, prev->name),
                            (unsigned long long)pos);
             else
                 errmsg_set(err, len,
                            "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap: the first "
                            "tensor must start at 0",
-                           path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
+                           path, st_quote(q, sizeof q, t->name), (unsigned long long)t->begin,
                            (unsigned long long)t->end);
             goto out;
         }
@@ -1410,17 +812,17 @@ const st_tensor *st_expect(const st_file *f, const char *name, st_dtype dtype, i
     char q[200], a[200], b[200];
     const st_tensor *t = st_find(f, name);
     if (!t) {
-        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
+        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, st_quote(q, sizeof q, name));
         return NULL;
     }
     bool same = t->dtype == dtype && t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = t->shape[i] == shape[i];
     if (!same) {
-        fmt_shape(a, sizeof a, ndim < 0 ? 0 : ndim > ST_MAX_DIMS ? ST_MAX_DIMS : ndim, shape);
-        fmt_shape(b, sizeof b, t->ndim, t->shape);
+        st_shape_str(a, sizeof a, ndim < 0 ? 0 : ndim > ST_MAX_DIMS ? ST_MAX_DIMS : ndim, shape);
+        st_shape_str(b, sizeof b, t->ndim, t->shape);
         errmsg_set(err, err_len, "%s: tensor '%s': expected %s %s, the file has %s %s", f->path,
-                   qname(q, sizeof q, name), st_dtype_name(dtype) ? st_dtype_name(dtype) : "?",
+                   st_quote(q, sizeof q, name), st_dtype_name(dtype) ? st_dtype_name(dtype) : "?",
                    a, st_dtype_name(t->dtype), b);
         return NULL;
     }
@@ -1442,14 +844,14 @@ int st_read_tensor(st_file *f, const st_tensor *t, void *dst, size_t bytes, char
     }
     if ((uint64_t)bytes != t->bytes) {
         errmsg_set(err, err_len, "%s: tensor '%s': has %llu bytes, the buffer %zu", f->path,
-                   qname(q, sizeof q, t->name), (unsigned long long)t->bytes, bytes);
+                   st_quote(q, sizeof q, t->name), (unsigned long long)t->bytes, bytes);
         return -1;
     }
     if (bytes == 0)
         return 0;
     int r = pread_all(f->fd, dst, bytes, f->data_off + t->begin);
     if (r != 0) {
-        errmsg_set(err, err_len, "%s: tensor '%s': read: %s", f->path, qname(q, sizeof q, t->name),
+        errmsg_set(err, err_len, "%s: tensor '%s': read: %s", f->path, st_quote(q, sizeof q, t->name),
                    r < 0 ? strerror(errno) : "the file ends before its data (it shrank)");
         return -1;
     }
@@ -1461,7 +863,7 @@ int st_read(st_file *f, const char *name, void *dst, size_t bytes, char *err, si
     char q[200];
     const st_tensor *t = st_find(f, name);
     if (!t) {
-        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
+        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, st_quote(q, sizeof q, name));
         return -1;
     }
     return st_read_tensor(f, t, dst, bytes, err, err_len);
