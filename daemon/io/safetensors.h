@@ -18,19 +18,20 @@
  * stay valid until st_write_atomic returns) and metadata, then
  * st_write_atomic writes PATH.tmp.PID, fsyncs it, renames it over PATH and
  * fsyncs the directory, so PATH always holds either the old file or the
- * complete new one.  Tensors are
- * laid out contiguously in header order; the writer orders them by element
- * size, largest first (stable otherwise), so that every tensor's data is
- * aligned to its element size in the file and in a mapping of it.
+ * complete new one.  Tensors are laid out contiguously in header order; the
+ * writer orders them by element size, largest first (stable otherwise), so
+ * that every tensor's data is aligned to its element size in the file and
+ * in a mapping of it.
  *
- * Reader (safetensors.c): st_open validates the whole header strictly before returning:
- * header length within limits and within the file, JSON syntax (objects,
- * arrays, strings with escapes, non-negative integers, nothing else), valid
- * UTF-8, no duplicate names or fields, no unknown fields, known dtypes,
- * shape × element size == data_offsets length, offsets in order, contiguous
- * from 0 to the end of the file with no gap or overlap, and nothing but
- * whitespace after the JSON.  Every message names the file and, where one is
- * involved, the tensor and the field, e.g.
+ * Reader (safetensors.c): st_open validates the whole header strictly before
+ * returning: header length within limits and within the file, strict JSON
+ * (RFC 8259, as jansson reads it) with an object at the top, valid UTF-8, no
+ * duplicate keys at any level, no NUL in strings, no unknown fields, shapes
+ * and offsets of integers from 0 to 2^63 - 1 (jansson's range), known
+ * dtypes, shape × element size == data_offsets length, offsets in order,
+ * contiguous from 0 to the end of the file with no gap or overlap, and
+ * nothing but whitespace after the JSON.  Every message names the file and,
+ * where one is involved, the tensor and the field, e.g.
  *   ckpt/resume.safetensors: tensor 'h.0.attn.c_attn.weight': data_offsets
  *   [0,100] do not match shape [3,4] of F32 (48 bytes)
  *

@@ -16,7 +16,7 @@
 #   units   common/units.c: size and duration parsing, size formatting
 #   config  daemon/base/config.c: gradd.conf through libinih (via a memfd)
 #   jobcfg  common/jobcfg.c: job files as submit parses them, paths normalised
-#   safetensors  daemon/io/safetensors.c, st_write.c, st_dtype.c:
+#   safetensors  daemon/io/safetensors.c, st_write.c, st_dtype.c (with jansson):
 #           st_open/st_read/st_data on arbitrary files (via a memfd), writer
 #           round trip of what parses
 #   data    daemon/io/data.c: llm.c token files, .npy, text, IDX image/label
@@ -43,9 +43,10 @@
 # Exit status: non-zero if any harness fails to build or crashes.
 #
 # Needs: clang (14+) with libclang-rt (libFuzzer), protoc-c, libprotobuf-c-dev,
-# libinih-dev, zlib1g-dev.  CC overrides the compiler; FUZZ_CFLAGS adds compiler flags,
-# e.g. FUZZ_CFLAGS=-DFUZZ_WIRE_STRICT turns on the round-trip property that
-# protobuf-c 1.4.1 itself breaks (see fuzz_wire.c's header comment).
+# libinih-dev, libjansson-dev, zlib1g-dev.  CC overrides the compiler;
+# FUZZ_CFLAGS adds compiler flags, e.g. FUZZ_CFLAGS=-DFUZZ_WIRE_STRICT turns on
+# the round-trip property that protobuf-c 1.4.1 itself breaks (see
+# fuzz_wire.c's header comment).
 set -u
 
 SECONDS_PER_HARNESS=${1:-60}
@@ -99,6 +100,8 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
 # shellcheck disable=SC2206 # word splitting of FUZZ_CFLAGS is intended
 EXTRA=(${FUZZ_CFLAGS:-})
 LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
+# jansson is not built with the sanitizers: the harnesses check gradd's code.
+JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
 HARNESSES=(wire units config jobcfg safetensors data sample queue)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
@@ -119,7 +122,8 @@ sources() {
 # Extra flags and libraries per harness.
 extra() {
     case $1 in
-    sample) echo "-fopenmp -lopenblas" ;;
+    safetensors) echo "$JANSSON" ;;
+    sample) echo "-fopenmp -lopenblas $JANSSON" ;;
     esac
 }
 
