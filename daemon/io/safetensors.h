@@ -14,6 +14,9 @@
  * resume checkpoint (parameters, optimizer moments, and metadata strings for
  * step, RNG state and data position).
  *
+ * The header's JSON is read and written by jansson; its integers are signed
+ * 64-bit, so no dimension or offset exceeds 2^63 - 1.
+ *
  * Writer (st_write.c): collect tensors (host pointers, not copied: they must
  * stay valid until st_write_atomic returns) and metadata, then
  * st_write_atomic writes PATH.tmp.PID, fsyncs it, renames it over PATH and
@@ -27,11 +30,11 @@
  * returning: header length within limits and within the file, strict JSON
  * (RFC 8259, as jansson reads it) with an object at the top, valid UTF-8, no
  * duplicate keys at any level, no NUL in strings, no unknown fields, shapes
- * and offsets of integers from 0 to 2^63 - 1 (jansson's range), known
- * dtypes, shape × element size == data_offsets length, offsets in order,
- * contiguous from 0 to the end of the file with no gap or overlap, and
- * nothing but whitespace after the JSON.  Every message names the file and,
- * where one is involved, the tensor and the field, e.g.
+ * and offsets of integers from 0 to 2^63 - 1, known dtypes, shape × element
+ * size == data_offsets length, offsets in order, contiguous from 0 to the
+ * end of the file with no gap or overlap, and nothing but whitespace after
+ * the JSON.  Every message names the file and, where one is involved, the
+ * tensor and the field, e.g.
  *   ckpt/resume.safetensors: tensor 'h.0.attn.c_attn.weight': data_offsets
  *   [0,100] do not match shape [3,4] of F32 (48 bytes)
  *

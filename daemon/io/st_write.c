@@ -1,5 +1,5 @@
 /* st_write.c — the safetensors writer: tensors and metadata collected by
- * st_writer, the header built, the file written atomically.
+ * st_writer, the header encoded by jansson, the file written atomically.
  * See safetensors.h for the format and the contracts. */
 #include "safetensors.h"
 
@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,67 +18,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- growable byte buffer ------------------------------------------------ */
+/* ---- writer ---------------------------------------------------------------- */
 
+/* The header bytes: length prefix, JSON, padding. */
 typedef struct {
     char *p;
-    size_t n, cap;
-    bool oom;
-} buf_t;
-
-static void buf_put(buf_t *b, const void *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void buf_str(buf_t *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-static void buf_u64(buf_t *b, uint64_t v)
-{
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-    buf_put(b, tmp, (size_t)n);
-}
-
-/* A JSON string literal; s is valid UTF-8 without NUL. */
-static void buf_jstr(buf_t *b, const char *s)
-{
-    buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            buf_put(b, e, 2);
-        } else if (*p < 0x20) {
-            char e[8];
-            snprintf(e, sizeof e, "\\u%04x", *p);
-            buf_put(b, e, 6);
-        } else {
-            buf_put(b, p, 1);
-        }
-    }
-    buf_put(b, "\"", 1);
-}
-
-/* ---- writer ---------------------------------------------------------------- */
+    size_t n;
+} header;
 
 typedef struct {
     char *name;
@@ -176,6 +123,13 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
                         "tensor '%s': %zu bytes given for shape %s of %s (%llu bytes)", qn,
                         bytes, sh, st_dtype_name(dtype), (unsigned long long)want);
     }
+    /* A dimension over 2^63 - 1 passes the size checks only in an empty
+     * tensor; the header's integers are signed 64-bit, for jansson and for
+     * the reader. */
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] > INT64_MAX)
+            return add_fail(w, err, err_len, "tensor '%s': dimension %llu exceeds %lld", qn,
+                            (unsigned long long)shape[i], (long long)INT64_MAX);
     if (bytes > 0 && !data)
         return add_fail(w, err, err_len, "tensor '%s': no data", qn);
     if (w->nt == w->capt) {
@@ -247,9 +201,30 @@ static const char *find_dup(const char **v, size_t n)
     return NULL;
 }
 
+/* One tensor's entry, {"dtype":..,"shape":[..],"data_offsets":[begin,end]};
+ * NULL when out of memory.  The json_*_new calls take their argument's
+ * reference even when they fail, so nothing leaks on the way out. */
+static json_t *tensor_entry(const w_tensor *t, uint64_t begin, uint64_t end)
+{
+    json_t *e = json_object(), *shape = json_array(), *offsets = json_array();
+    int bad = !e || !shape || !offsets;
+    for (int d = 0; d < t->ndim; d++)
+        bad |= json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
+    bad |= json_array_append_new(offsets, json_integer((json_int_t)begin));
+    bad |= json_array_append_new(offsets, json_integer((json_int_t)end));
+    bad |= json_object_set_new(e, "dtype", json_string(st_dtype_name(t->dtype)));
+    bad |= json_object_set_new(e, "shape", shape);
+    bad |= json_object_set_new(e, "data_offsets", offsets);
+    if (bad) {
+        json_decref(e);
+        return NULL;
+    }
+    return e;
+}
+
 /* Build the header (length prefix included, padded) into *out.  order
  * receives the tensors' write order.  The message does not name the file. */
-static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size_t len)
+static int build_header(st_writer *w, header *out, size_t *order, char *err, size_t len)
 {
     char q[200];
     if (w->failed) {
@@ -287,67 +262,61 @@ static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size
             if (st_dtype_size(w->t[i].dtype) == sz)
                 order[k++] = i;
 
-    buf_put(out, "\0\0\0\0\0\0\0\0{", 9);
-    bool first = true;
+    /* Members are dumped in the order they are set: __metadata__ first,
+     * then the tensors in the order of their data. */
+    json_t *root = json_object();
+    int bad = !root;
     if (w->nm > 0) {
-        buf_str(out, "\"__metadata__\":{");
-        for (size_t i = 0; i < w->nm; i++) {
-            if (i)
-                buf_put(out, ",", 1);
-            buf_jstr(out, w->m[i].key);
-            buf_put(out, ":", 1);
-            buf_jstr(out, w->m[i].value);
-        }
-        buf_put(out, "}", 1);
-        first = false;
+        json_t *meta = json_object();
+        for (size_t i = 0; i < w->nm; i++)
+            bad |= json_object_set_new(meta, w->m[i].key, json_string(w->m[i].value));
+        bad |= json_object_set_new(root, "__metadata__", meta);
     }
     uint64_t off = 0;
     for (size_t j = 0; j < w->nt; j++) {
         const w_tensor *t = &w->t[order[j]];
-        if (!first)
-            buf_put(out, ",", 1);
-        first = false;
-        buf_jstr(out, t->name);
-        buf_str(out, ":{\"dtype\":\"");
-        buf_str(out, st_dtype_name(t->dtype));
-        buf_str(out, "\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++) {
-            if (d)
-                buf_put(out, ",", 1);
-            buf_u64(out, t->shape[d]);
-        }
-        buf_str(out, "],\"data_offsets\":[");
-        buf_u64(out, off);
-        buf_put(out, ",", 1);
-        if (__builtin_add_overflow(off, t->bytes, &off)) {
+        uint64_t begin = off;
+        /* jansson's integers are signed 64-bit. */
+        if (__builtin_add_overflow(off, t->bytes, &off) || off > INT64_MAX) {
+            json_decref(root);
             errmsg_set(err, len, "tensor '%s': total size overflows",
                        st_quote(q, sizeof q, t->name));
             return -1;
         }
-        buf_u64(out, off);
-        buf_str(out, "]}");
+        bad |= json_object_set_new(root, t->name, tensor_entry(t, begin, off));
     }
-    buf_put(out, "}", 1);
-    while (!out->oom && out->n % 8 != 0)
-        buf_put(out, " ", 1);
-    if (out->oom) {
+    char *json = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!json) {
         errmsg_set(err, len, "out of memory building the header");
         return -1;
     }
-    uint64_t hlen = out->n - 8;
+    /* Spaces pad the header so that the data starts at a multiple of 8. */
+    size_t jlen = strlen(json), hlen = (jlen + 7) / 8 * 8;
     if (hlen > ST_MAX_HEADER) {
-        errmsg_set(err, len, "header of %llu bytes exceeds the limit of %u bytes",
-                   (unsigned long long)hlen, ST_MAX_HEADER);
+        free(json);
+        errmsg_set(err, len, "header of %zu bytes exceeds the limit of %u bytes", hlen,
+                   ST_MAX_HEADER);
+        return -1;
+    }
+    out->p = malloc(8 + hlen);
+    if (!out->p) {
+        free(json);
+        errmsg_set(err, len, "out of memory building the header");
         return -1;
     }
     for (int i = 0; i < 8; i++)
-        out->p[i] = (char)(hlen >> (8 * i));
+        out->p[i] = (char)((uint64_t)hlen >> (8 * i));
+    memcpy(out->p + 8, json, jlen);
+    memset(out->p + 8 + jlen, ' ', hlen - jlen);
+    out->n = 8 + hlen;
+    free(json);
     return 0;
 }
 
 /* Write a prepared header and the data.  fail_errno != 0: fail with it
  * right after the header (test hook).  0, or -1 with errno set. */
-static int emit(const st_writer *w, int fd, const buf_t *hdr, const size_t *order,
+static int emit(const st_writer *w, int fd, const header *hdr, const size_t *order,
                 int fail_errno)
 {
     if (fileio_write_all(fd, hdr->p, hdr->n) != 0)
@@ -366,11 +335,11 @@ static int emit(const st_writer *w, int fd, const buf_t *hdr, const size_t *orde
 
 /* Validate and lay out: the header in *hdr, the write order in *order
  * (both to be freed).  Messages are prefixed with NAME. */
-static int prepare(st_writer *w, const char *name, buf_t *hdr, size_t **order, char *err,
+static int prepare(st_writer *w, const char *name, header *hdr, size_t **order, char *err,
                    size_t len)
 {
     char msg[512];
-    *hdr = (buf_t){0};
+    *hdr = (header){0};
     *order = malloc((w->nt ? w->nt : 1) * sizeof **order);
     if (!*order) {
         errmsg_set(err, len, "%s: out of memory", name);
@@ -380,7 +349,7 @@ static int prepare(st_writer *w, const char *name, buf_t *hdr, size_t **order, c
         errmsg_set(err, len, "%s: %s", name, msg);
         free(hdr->p);
         free(*order);
-        *hdr = (buf_t){0};
+        *hdr = (header){0};
         *order = NULL;
         return -1;
     }
@@ -389,7 +358,7 @@ static int prepare(st_writer *w, const char *name, buf_t *hdr, size_t **order, c
 
 int st_write_fd(st_writer *w, int fd, const char *name, char *err, size_t err_len)
 {
-    buf_t hdr;
+    header hdr;
     size_t *order;
     if (prepare(w, name, &hdr, &order, err, err_len) != 0)
         return -1;
@@ -457,7 +426,7 @@ int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
 
     int rc = -1, fd = -1;
     bool created = false;
-    buf_t hdr = {0};
+    header hdr = {0};
     size_t *order = NULL;
     /* Everything that can be refused is refused before a file exists. */
     if (prepare(w, path, &hdr, &order, err, err_len) != 0)

@@ -342,6 +342,7 @@ static void test_writer_rejects_bad_tensors(void **state)
         {"w", ST_DTYPE_COUNT, 1, {1}, x, 4, "invalid dtype"},
         {"w", ST_F32, 1, {3}, NULL, 12, "no data"},
         {"w", ST_F32, 3, {1u << 31, 1u << 31, 1u << 31}, x, 4, "overflows"},
+        {"w", ST_F32, 2, {1ull << 63, 0}, x, 0, "dimension 9223372036854775808 exceeds"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         st_writer *w = st_writer_new();
