@@ -1,13 +1,13 @@
-/* safetensors.c — see safetensors.h for the format and the contracts. */
+/* safetensors.c — the safetensors reader: st_open validates a file, its
+ * header parsed by jansson, then tensors are looked up, read or mapped.
+ * See safetensors.h for the format and the contracts. */
 #include "safetensors.h"
 
 #include "errmsg.h"
-#include "fileio.h"
-#include "utf8.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,98 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- small helpers ------------------------------------------------------- */
-
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1},    [ST_U8] = {"U8", 1},
-    [ST_I8] = {"I8", 1},        [ST_F8_E5M2] = {"F8_E5M2", 1},
-    [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_U16] = {"U16", 2},
-    [ST_I16] = {"I16", 2},      [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2},    [ST_U32] = {"U32", 4},
-    [ST_I32] = {"I32", 4},      [ST_F32] = {"F32", 4},
-    [ST_U64] = {"U64", 8},      [ST_I64] = {"I64", 8},
-    [ST_F64] = {"F64", 8},
-};
-
-const char *st_dtype_name(st_dtype d)
-{
-    return (unsigned)d < ST_DTYPE_COUNT ? dtypes[d].name : NULL;
-}
-
-size_t st_dtype_size(st_dtype d)
-{
-    return (unsigned)d < ST_DTYPE_COUNT ? dtypes[d].size : 0;
-}
-
-int st_dtype_from_name(const char *name, st_dtype *out)
-{
-    for (int i = 0; i < ST_DTYPE_COUNT; i++)
-        if (strcmp(name, dtypes[i].name) == 0) {
-            *out = (st_dtype)i;
-            return 0;
-        }
-    return -1;
-}
-
-/* A name made safe for a message: control bytes, quotes, backslashes and
- * (in invalid UTF-8) high bytes become \xNN; long names are cut at a
- * character boundary and end in "...". */
-static const char *qname(char *buf, size_t cap, const char *s)
-{
-    enum { MAXSHOWN = 160 };
-    bool valid = utf8_valid(s);
-    size_t o = 0, i = 0;
-    const unsigned char *u = (const unsigned char *)s;
-    for (; u[i] && o + 8 < cap; i++) {
-        if (i >= MAXSHOWN && (u[i] & 0xC0) != 0x80) {
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            i = strlen(s);
-            break;
-        }
-        unsigned c = u[i];
-        if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\' || (c >= 0x80 && !valid))
-            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
-        else
-            buf[o++] = (char)c;
-    }
-    if (u[i] && o + 4 <= cap) { /* ran out of room */
-        memcpy(buf + o, "...", 3);
-        o += 3;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
-static void fmt_shape(char *buf, size_t cap, int ndim, const uint64_t *shape)
-{
-    size_t o = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < ndim && o < cap; i++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%llu", i ? "," : "",
-                              (unsigned long long)shape[i]);
-    if (o < cap)
-        snprintf(buf + o, cap - o, "]");
-}
-
-/* Product of shape times elem; false on overflow. */
-static bool shape_bytes(int ndim, const uint64_t *shape, size_t elem, uint64_t *nelem,
-                        uint64_t *bytes)
-{
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        if (__builtin_mul_overflow(n, shape[i], &n))
-            return false;
-    uint64_t b;
-    if (__builtin_mul_overflow(n, (uint64_t)elem, &b))
-        return false;
-    *nelem = n;
-    *bytes = b;
-    return true;
-}
-
+/* ---- reading the file ------------------------------------------------------ */
 
 /* 0 on success, -1 with errno on error, 1 if the file ended early. */
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
@@ -130,514 +39,7 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-/* ---- growable byte buffer ------------------------------------------------ */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} buf_t;
-
-static void buf_put(buf_t *b, const void *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void buf_str(buf_t *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-static void buf_u64(buf_t *b, uint64_t v)
-{
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-    buf_put(b, tmp, (size_t)n);
-}
-
-/* A JSON string literal; s is valid UTF-8 without NUL. */
-static void buf_jstr(buf_t *b, const char *s)
-{
-    buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            buf_put(b, e, 2);
-        } else if (*p < 0x20) {
-            char e[8];
-            snprintf(e, sizeof e, "\\u%04x", *p);
-            buf_put(b, e, 6);
-        } else {
-            buf_put(b, p, 1);
-        }
-    }
-    buf_put(b, "\"", 1);
-}
-
-/* ---- writer ---------------------------------------------------------------- */
-
-typedef struct {
-    char *name;
-    st_dtype dtype;
-    int ndim;
-    uint64_t shape[ST_MAX_DIMS];
-    const void *data;
-    uint64_t bytes;
-} w_tensor;
-
-typedef struct {
-    char *key, *value;
-} w_meta;
-
-struct st_writer {
-    w_tensor *t;
-    size_t nt, capt;
-    w_meta *m;
-    size_t nm, capm;
-    bool failed;
-    char first_err[512];
-    st_stage fail_stage;
-    int fail_errno;
-};
-
-st_writer *st_writer_new(void)
-{
-    return calloc(1, sizeof(st_writer));
-}
-
-void st_writer_free(st_writer *w)
-{
-    if (!w)
-        return;
-    for (size_t i = 0; i < w->nt; i++)
-        free(w->t[i].name);
-    for (size_t i = 0; i < w->nm; i++) {
-        free(w->m[i].key);
-        free(w->m[i].value);
-    }
-    free(w->t);
-    free(w->m);
-    free(w);
-}
-
-void st_writer_fail_at(st_writer *w, st_stage stage, int errnum)
-{
-    w->fail_stage = stage;
-    w->fail_errno = errnum;
-}
-
-/* Record an add-time error: returned to the caller and kept (first one). */
-__attribute__((format(printf, 4, 5))) static int add_fail(st_writer *w, char *err,
-                                                          size_t len, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (!w->failed) {
-        w->failed = true;
-        snprintf(w->first_err, sizeof w->first_err, "%s", msg);
-    }
-    errmsg_set(err, len, "%s", msg);
-    return -1;
-}
-
-int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
-                  const uint64_t *shape, const void *data, size_t bytes, char *err,
-                  size_t err_len)
-{
-    char qn[200], sh[200];
-    if (!name || !*name)
-        return add_fail(w, err, err_len, "empty tensor name");
-    qname(qn, sizeof qn, name);
-    if (!utf8_valid(name))
-        return add_fail(w, err, err_len, "tensor '%s': name is not valid UTF-8", qn);
-    if (strcmp(name, "__metadata__") == 0)
-        return add_fail(w, err, err_len, "tensor '%s': name is reserved", qn);
-    if ((unsigned)dtype >= ST_DTYPE_COUNT)
-        return add_fail(w, err, err_len, "tensor '%s': invalid dtype %d", qn, (int)dtype);
-    if (ndim < 0 || ndim > ST_MAX_DIMS)
-        return add_fail(w, err, err_len, "tensor '%s': %d dimensions (0 to %d allowed)", qn,
-                        ndim, ST_MAX_DIMS);
-    if (ndim > 0 && !shape)
-        return add_fail(w, err, err_len, "tensor '%s': no shape", qn);
-    uint64_t nelem, want;
-    if (!shape_bytes(ndim, shape, st_dtype_size(dtype), &nelem, &want)) {
-        fmt_shape(sh, sizeof sh, ndim, shape);
-        return add_fail(w, err, err_len, "tensor '%s': shape %s overflows", qn, sh);
-    }
-    if (want != (uint64_t)bytes) {
-        fmt_shape(sh, sizeof sh, ndim, shape);
-        return add_fail(w, err, err_len,
-                        "tensor '%s': %zu bytes given for shape %s of %s (%llu bytes)", qn,
-                        bytes, sh, st_dtype_name(dtype), (unsigned long long)want);
-    }
-    if (bytes > 0 && !data)
-        return add_fail(w, err, err_len, "tensor '%s': no data", qn);
-    if (w->nt == w->capt) {
-        size_t cap = w->capt ? 2 * w->capt : 16;
-        w_tensor *t = realloc(w->t, cap * sizeof *t);
-        if (!t)
-            return add_fail(w, err, err_len, "tensor '%s': out of memory", qn);
-        w->t = t;
-        w->capt = cap;
-    }
-    w_tensor *t = &w->t[w->nt];
-    memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    if (!t->name)
-        return add_fail(w, err, err_len, "tensor '%s': out of memory", qn);
-    t->dtype = dtype;
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++)
-        t->shape[i] = shape[i];
-    t->data = data;
-    t->bytes = bytes;
-    w->nt++;
-    return 0;
-}
-
-int st_writer_meta(st_writer *w, const char *key, const char *value, char *err,
-                   size_t err_len)
-{
-    char qk[200];
-    if (!key || !value)
-        return add_fail(w, err, err_len, "metadata: NULL key or value");
-    qname(qk, sizeof qk, key);
-    if (!utf8_valid(key))
-        return add_fail(w, err, err_len, "metadata '%s': key is not valid UTF-8", qk);
-    if (!utf8_valid(value))
-        return add_fail(w, err, err_len, "metadata '%s': value is not valid UTF-8", qk);
-    if (w->nm == w->capm) {
-        size_t cap = w->capm ? 2 * w->capm : 8;
-        w_meta *m = realloc(w->m, cap * sizeof *m);
-        if (!m)
-            return add_fail(w, err, err_len, "metadata '%s': out of memory", qk);
-        w->m = m;
-        w->capm = cap;
-    }
-    char *k = strdup(key), *v = strdup(value);
-    if (!k || !v) {
-        free(k);
-        free(v);
-        return add_fail(w, err, err_len, "metadata '%s': out of memory", qk);
-    }
-    w->m[w->nm].key = k;
-    w->m[w->nm].value = v;
-    w->nm++;
-    return 0;
-}
-
-static int cmp_str_ptr(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* First duplicate among n strings, or NULL. */
-static const char *find_dup(const char **v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_str_ptr);
-    for (size_t i = 1; i < n; i++)
-        if (strcmp(v[i - 1], v[i]) == 0)
-            return v[i];
-    return NULL;
-}
-
-/* Build the header (length prefix included, padded) into *out.  order
- * receives the tensors' write order.  The message does not name the file. */
-static int build_header(st_writer *w, buf_t *out, size_t *order, char *err, size_t len)
-{
-    char q[200];
-    if (w->failed) {
-        errmsg_set(err, len, "%s", w->first_err);
-        return -1;
-    }
-    size_t nn = w->nt > w->nm ? w->nt : w->nm;
-    const char **names = malloc((nn ? nn : 1) * sizeof *names);
-    if (!names) {
-        errmsg_set(err, len, "out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < w->nt; i++)
-        names[i] = w->t[i].name;
-    const char *dup = find_dup(names, w->nt);
-    if (dup) {
-        errmsg_set(err, len, "tensor '%s': added twice", qname(q, sizeof q, dup));
-        free(names);
-        return -1;
-    }
-    for (size_t i = 0; i < w->nm; i++)
-        names[i] = w->m[i].key;
-    dup = find_dup(names, w->nm);
-    free(names);
-    if (dup) {
-        errmsg_set(err, len, "metadata '%s': added twice", qname(q, sizeof q, dup));
-        return -1;
-    }
-
-    /* Largest elements first, otherwise in order of addition: every tensor
-     * then starts at a multiple of its element size. */
-    size_t k = 0;
-    for (size_t sz = 8; sz >= 1; sz /= 2)
-        for (size_t i = 0; i < w->nt; i++)
-            if (st_dtype_size(w->t[i].dtype) == sz)
-                order[k++] = i;
-
-    buf_put(out, "\0\0\0\0\0\0\0\0{", 9);
-    bool first = true;
-    if (w->nm > 0) {
-        buf_str(out, "\"__metadata__\":{");
-        for (size_t i = 0; i < w->nm; i++) {
-            if (i)
-                buf_put(out, ",", 1);
-            buf_jstr(out, w->m[i].key);
-            buf_put(out, ":", 1);
-            buf_jstr(out, w->m[i].value);
-        }
-        buf_put(out, "}", 1);
-        first = false;
-    }
-    uint64_t off = 0;
-    for (size_t j = 0; j < w->nt; j++) {
-        const w_tensor *t = &w->t[order[j]];
-        if (!first)
-            buf_put(out, ",", 1);
-        first = false;
-        buf_jstr(out, t->name);
-        buf_str(out, ":{\"dtype\":\"");
-        buf_str(out, st_dtype_name(t->dtype));
-        buf_str(out, "\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++) {
-            if (d)
-                buf_put(out, ",", 1);
-            buf_u64(out, t->shape[d]);
-        }
-        buf_str(out, "],\"data_offsets\":[");
-        buf_u64(out, off);
-        buf_put(out, ",", 1);
-        if (__builtin_add_overflow(off, t->bytes, &off)) {
-            errmsg_set(err, len, "tensor '%s': total size overflows",
-                       qname(q, sizeof q, t->name));
-            return -1;
-        }
-        buf_u64(out, off);
-        buf_str(out, "]}");
-    }
-    buf_put(out, "}", 1);
-    while (!out->oom && out->n % 8 != 0)
-        buf_put(out, " ", 1);
-    if (out->oom) {
-        errmsg_set(err, len, "out of memory building the header");
-        return -1;
-    }
-    uint64_t hlen = out->n - 8;
-    if (hlen > ST_MAX_HEADER) {
-        errmsg_set(err, len, "header of %llu bytes exceeds the limit of %u bytes",
-                   (unsigned long long)hlen, ST_MAX_HEADER);
-        return -1;
-    }
-    for (int i = 0; i < 8; i++)
-        out->p[i] = (char)(hlen >> (8 * i));
-    return 0;
-}
-
-/* Write a prepared header and the data.  fail_errno != 0: fail with it
- * right after the header (test hook).  0, or -1 with errno set. */
-static int emit(const st_writer *w, int fd, const buf_t *hdr, const size_t *order,
-                int fail_errno)
-{
-    if (fileio_write_all(fd, hdr->p, hdr->n) != 0)
-        return -1;
-    if (fail_errno) {
-        errno = fail_errno;
-        return -1;
-    }
-    for (size_t j = 0; j < w->nt; j++) {
-        const w_tensor *t = &w->t[order[j]];
-        if (t->bytes && fileio_write_all(fd, t->data, (size_t)t->bytes) != 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* Validate and lay out: the header in *hdr, the write order in *order
- * (both to be freed).  Messages are prefixed with NAME. */
-static int prepare(st_writer *w, const char *name, buf_t *hdr, size_t **order, char *err,
-                   size_t len)
-{
-    char msg[512];
-    *hdr = (buf_t){0};
-    *order = malloc((w->nt ? w->nt : 1) * sizeof **order);
-    if (!*order) {
-        errmsg_set(err, len, "%s: out of memory", name);
-        return -1;
-    }
-    if (build_header(w, hdr, *order, msg, sizeof msg) != 0) {
-        errmsg_set(err, len, "%s: %s", name, msg);
-        free(hdr->p);
-        free(*order);
-        *hdr = (buf_t){0};
-        *order = NULL;
-        return -1;
-    }
-    return 0;
-}
-
-int st_write_fd(st_writer *w, int fd, const char *name, char *err, size_t err_len)
-{
-    buf_t hdr;
-    size_t *order;
-    if (prepare(w, name, &hdr, &order, err, err_len) != 0)
-        return -1;
-    int rc = emit(w, fd, &hdr, order, 0);
-    if (rc != 0)
-        errmsg_set(err, err_len, "%s: write: %s", name, strerror(errno));
-    free(hdr.p);
-    free(order);
-    return rc;
-}
-
-static int injected(const st_writer *w, st_stage stage)
-{
-    if (w->fail_stage == stage) {
-        errno = w->fail_errno ? w->fail_errno : EIO;
-        return 1;
-    }
-    return 0;
-}
-
-int st_clear_temps(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    size_t blen = strlen(base);
-    char *dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
-    DIR *d = dir ? opendir(dir) : NULL;
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        /* Exactly the names st_write_atomic gives: BASE.tmp.DIGITS. */
-        const char *s = e->d_name;
-        if (strncmp(s, base, blen) != 0 || strncmp(s + blen, ".tmp.", 5) != 0 || !s[blen + 5])
-            continue;
-        if (strspn(s + blen + 5, "0123456789") != strlen(s + blen + 5))
-            continue;
-        if (unlinkat(dirfd(d), s, 0) == 0)
-            n++;
-    }
-    if (d)
-        closedir(d);
-    free(dir);
-    return n;
-}
-
-int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
-{
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    char *dir = malloc(plen + 2);
-    if (!tmp || !dir) {
-        free(tmp);
-        free(dir);
-        errmsg_set(err, err_len, "%s: out of memory", path);
-        return -1;
-    }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, plen + 2, ".");
-    else if (slash == path)
-        snprintf(dir, plen + 2, "/");
-    else
-        snprintf(dir, plen + 2, "%.*s", (int)(slash - path), path);
-
-    int rc = -1, fd = -1;
-    bool created = false;
-    buf_t hdr = {0};
-    size_t *order = NULL;
-    /* Everything that can be refused is refused before a file exists. */
-    if (prepare(w, path, &hdr, &order, err, err_len) != 0)
-        goto out;
-    if (injected(w, ST_STAGE_OPEN)) {
-        errmsg_set(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd >= 0 || errno != EEXIST || attempt == 1)
-            break;
-        /* Left over by an earlier process with our pid: it is stale. */
-        if (unlink(tmp) != 0)
-            break;
-    }
-    if (fd < 0) {
-        errmsg_set(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    created = true;
-    int fail_write = w->fail_stage != ST_STAGE_WRITE ? 0 : w->fail_errno ? w->fail_errno : EIO;
-    if (emit(w, fd, &hdr, order, fail_write) != 0) {
-        errmsg_set(err, err_len, "%s: write %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    if (injected(w, ST_STAGE_FSYNC) || fsync(fd) != 0) {
-        errmsg_set(err, err_len, "%s: fsync %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    int crc = close(fd);
-    fd = -1;
-    if (injected(w, ST_STAGE_CLOSE) || crc != 0) {
-        errmsg_set(err, err_len, "%s: close %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    if (injected(w, ST_STAGE_RENAME) || rename(tmp, path) != 0) {
-        errmsg_set(err, err_len, "%s: rename from %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    created = false;
-    int dfd = -1;
-    if (injected(w, ST_STAGE_DIRSYNC) ||
-        (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 || fsync(dfd) != 0) {
-        errmsg_set(err, err_len,
-                   "%s: written, but syncing directory %s failed (%s): it may not survive a "
-                   "crash",
-                   path, dir, strerror(errno));
-        if (dfd >= 0)
-            close(dfd);
-        goto out;
-    }
-    close(dfd);
-    rc = 0;
-out:
-    if (fd >= 0)
-        close(fd);
-    if (created)
-        unlink(tmp);
-    free(tmp);
-    free(dir);
-    free(hdr.p);
-    free(order);
-    return rc;
-}
-
-/* ---- reader: strict JSON for the safetensors header ---------------------- */
+/* ---- reader: the header through jansson ---------------------------------- */
 
 struct st_file {
     char *path;
@@ -653,18 +55,47 @@ struct st_file {
     size_t map_len;
 };
 
+/* jansson decides what the header holds: one json_loadb of the whole text,
+ * duplicate keys refused at every level.  Its values carry no positions,
+ * though, and every message names the byte of the header at fault, so the
+ * positions are found again in the text when something is wrong: in a
+ * header jansson took, by counting members (jansson skips each value; see
+ * "positions"), and in one it refused, by walking the text up to the token
+ * it stopped at (see "jansson's refusals").  Neither walk decides anything
+ * about what is accepted. */
 typedef struct {
-    const unsigned char *s;
-    size_t n, i;
+    const char *s; /* the header text, n bytes, not NUL-terminated */
+    size_t n;
     const char *path;
-    const char *tensor; /* context for messages, or NULL */
-    const char *field;
-    bool in_meta;
     char *err;
     size_t len;
-} jp;
+    /* The one "-0" in shape or data_offsets that jansson's values hide:
+     * element nz_elem of field nz_field of member nz_member, at byte nz_at
+     * (see find_negative_zero). */
+    bool nz;
+    size_t nz_member, nz_field, nz_elem, nz_at;
+} htext;
 
-__attribute__((format(printf, 2, 3))) static int jfail(jp *p, const char *fmt, ...)
+/* Where a message points: a tensor (or, with meta, a metadata key), and a
+ * field of the tensor.  All may be NULL. */
+typedef struct {
+    const char *tensor;
+    bool meta;
+    const char *field;
+} hctx;
+
+static const char *const fields[] = {"dtype", "shape", "data_offsets"};
+
+static int field_index(const char *key)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(key, fields[i]) == 0)
+            return i;
+    return -1;
+}
+
+__attribute__((format(printf, 4, 5))) static int hfail(const htext *h, hctx c, size_t at,
+                                                       const char *fmt, ...)
 {
     char msg[384], q[200], ctx[512] = "";
     va_list ap;
@@ -672,262 +103,152 @@ __attribute__((format(printf, 2, 3))) static int jfail(jp *p, const char *fmt, .
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     size_t o = 0;
-    if (p->tensor)
+    if (c.tensor)
         o += (size_t)snprintf(ctx + o, sizeof ctx - o, "%s '%s': ",
-                              p->in_meta ? "metadata" : "tensor",
-                              qname(q, sizeof q, p->tensor));
-    else if (p->in_meta)
+                              c.meta ? "metadata" : "tensor", st_quote(q, sizeof q, c.tensor));
+    else if (c.meta)
         o += (size_t)snprintf(ctx + o, sizeof ctx - o, "__metadata__: ");
-    if (p->field && o < sizeof ctx)
-        snprintf(ctx + o, sizeof ctx - o, "field '%s': ", p->field);
-    errmsg_set(p->err, p->len, "%s: %sheader byte %zu: %s", p->path, ctx, p->i, msg);
+    if (c.field && o < sizeof ctx)
+        snprintf(ctx + o, sizeof ctx - o, "field '%s': ", c.field);
+    errmsg_set(h->err, h->len, "%s: %sheader byte %zu: %s", h->path, ctx, at, msg);
     return -1;
 }
 
-static void ws(jp *p)
+/* What stands at byte i, for "expected X, found Y". */
+static const char *found(const htext *h, size_t i, char buf[24])
 {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' ||
-                           p->s[p->i] == '\n' || p->s[p->i] == '\r'))
-        p->i++;
+    if (i >= h->n)
+        return "the end of the header";
+    unsigned char c = (unsigned char)h->s[i];
+    if (c >= 0x21 && c < 0x7f)
+        snprintf(buf, 24, "'%c'", c);
+    else
+        snprintf(buf, 24, "byte 0x%02x", c);
+    return buf;
 }
 
-static int peek(jp *p)
+static size_t ws(const htext *h, size_t i)
 {
-    return p->i < p->n ? p->s[p->i] : -1;
+    while (i < h->n && (h->s[i] == ' ' || h->s[i] == '\t' || h->s[i] == '\n' || h->s[i] == '\r'))
+        i++;
+    return i;
 }
 
-static int expect(jp *p, char c, const char *what)
+/* One JSON value at byte i, by jansson; *end is where it stops.  NULL with
+ * the error in *e (positions relative to i) if there is none. */
+static json_t *value_at(const htext *h, size_t i, size_t *end, json_error_t *e)
 {
-    ws(p);
-    if (peek(p) != c) {
-        int f = peek(p);
-        if (f < 0)
-            return jfail(p, "expected %s, found the end of the header", what);
-        if (f >= 0x21 && f < 0x7f)
-            return jfail(p, "expected %s, found '%c'", what, f);
-        return jfail(p, "expected %s, found byte 0x%02x", what, f);
-    }
-    p->i++;
-    return 0;
+    json_t *v = json_loadb(h->s + i, h->n - i, JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK, e);
+    *end = i + (v ? (size_t)e->position : 0);
+    return v;
 }
 
-/* After a member or an element: 1 on ',' (another follows), 0 on `close`
- * (consumed: the object or array ends), -1 with an error otherwise. */
-static int jnext(jp *p, char close)
+/* ---- positions in a header jansson took ----------------------------------- */
+
+static size_t skip(const htext *h, size_t i)
 {
-    ws(p);
-    int c = peek(p);
-    if (c == ',' || c == close) {
-        p->i++;
-        return c == ',';
-    }
-    return expect(p, close, close == '}' ? "',' or '}'" : "',' or ']'");
+    json_error_t e;
+    size_t end;
+    json_t *v = value_at(h, i, &end, &e);
+    json_decref(v);
+    return v ? end : h->n;
 }
 
-static int hexval(int c)
+/* The value of member k of the object (or element k of the array) whose
+ * value starts at i; *key_end, for an object, is where that member's key
+ * ends.  The text is valid JSON here: only whitespace and punctuation are
+ * stepped over by hand. */
+static size_t nth(const htext *h, size_t i, size_t k, size_t *key_end)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static int hex4(jp *p, uint32_t *out)
-{
-    if (p->n - p->i < 4)
-        return jfail(p, "truncated \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-        int h = hexval(p->s[p->i + (size_t)k]);
-        if (h < 0)
-            return jfail(p, "bad hex digit in \\u escape");
-        v = v << 4 | (uint32_t)h;
-    }
-    p->i += 4;
-    *out = v;
-    return 0;
-}
-
-/* Parse a JSON string into a new NUL-terminated UTF-8 string. */
-static int jstring(jp *p, char **out)
-{
-    *out = NULL;
-    if (expect(p, '"', "a string") != 0)
-        return -1;
-    /* The decoded form is never longer than the source. */
-    size_t start = p->i;
-    char *s = malloc(p->n - start + 1);
-    if (!s)
-        return jfail(p, "out of memory");
-    size_t o = 0;
-    for (;;) {
-        if (p->i >= p->n) {
-            free(s);
-            return jfail(p, "unterminated string");
+    bool obj = h->s[i] == '{';
+    i = ws(h, i + 1);
+    for (size_t j = 0; i < h->n; j++) {
+        if (obj) {
+            i = skip(h, i);
+            if (key_end)
+                *key_end = i;
+            i = ws(h, ws(h, i) + 1); /* the ':' */
         }
-        unsigned c = p->s[p->i];
-        if (c == '"') {
-            p->i++;
+        if (j == k)
+            return i;
+        i = ws(h, skip(h, i));
+        if (i >= h->n || h->s[i] != ',')
             break;
-        }
-        if (c < 0x20) {
-            free(s);
-            return jfail(p, "control character 0x%02x in string", c);
-        }
-        if (c == '\\') {
-            p->i++;
-            if (p->i >= p->n) {
-                free(s);
-                return jfail(p, "unterminated string");
-            }
-            unsigned e = p->s[p->i++];
-            uint32_t cp;
-            switch (e) {
-            case '"': s[o++] = '"'; continue;
-            case '\\': s[o++] = '\\'; continue;
-            case '/': s[o++] = '/'; continue;
-            case 'b': s[o++] = '\b'; continue;
-            case 'f': s[o++] = '\f'; continue;
-            case 'n': s[o++] = '\n'; continue;
-            case 'r': s[o++] = '\r'; continue;
-            case 't': s[o++] = '\t'; continue;
-            case 'u':
-                if (hex4(p, &cp) != 0) {
-                    free(s);
-                    return -1;
-                }
-                if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                    free(s);
-                    return jfail(p, "lone low surrogate \\u%04x", cp);
-                }
-                if (cp >= 0xD800 && cp <= 0xDBFF) {
-                    uint32_t lo;
-                    if (p->n - p->i < 2 || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
-                        free(s);
-                        return jfail(p, "high surrogate \\u%04x not followed by a low one",
-                                     cp);
-                    }
-                    p->i += 2;
-                    if (hex4(p, &lo) != 0) {
-                        free(s);
-                        return -1;
-                    }
-                    if (lo < 0xDC00 || lo > 0xDFFF) {
-                        free(s);
-                        return jfail(p, "high surrogate \\u%04x not followed by a low one",
-                                     cp);
-                    }
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                }
-                if (cp == 0) {
-                    free(s);
-                    return jfail(p, "NUL character (\\u0000) in string");
-                }
-                /* Encoded length ≤ escape length (6 or 12 source bytes). */
-                if (cp < 0x80) {
-                    s[o++] = (char)cp;
-                } else if (cp < 0x800) {
-                    s[o++] = (char)(0xC0 | cp >> 6);
-                    s[o++] = (char)(0x80 | (cp & 0x3F));
-                } else if (cp < 0x10000) {
-                    s[o++] = (char)(0xE0 | cp >> 12);
-                    s[o++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                    s[o++] = (char)(0x80 | (cp & 0x3F));
-                } else {
-                    s[o++] = (char)(0xF0 | cp >> 18);
-                    s[o++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-                    s[o++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                    s[o++] = (char)(0x80 | (cp & 0x3F));
-                }
-                continue;
-            default:
-                p->i--;
-                free(s);
-                if (e >= 0x21 && e < 0x7f)
-                    return jfail(p, "invalid escape '\\%c'", e);
-                return jfail(p, "invalid escape '\\' then byte 0x%02x", e);
-            }
-        }
-        size_t k = utf8_seq(p->s + p->i, p->n - p->i);
-        if (k == 0) {
-            free(s);
-            return jfail(p, "invalid UTF-8 in string");
-        }
-        memcpy(s + o, p->s + p->i, k);
-        o += k;
-        p->i += k;
+        i = ws(h, i + 1);
     }
-    s[o] = 0;
-    *out = s;
-    return 0;
+    return h->n;
 }
 
-static int juint(jp *p, uint64_t *out)
+/* Which member of the object (or element of the array) whose value starts
+ * at i holds byte `at`, and (*v) where that member's value starts; SIZE_MAX
+ * if none does. */
+static size_t holder(const htext *h, size_t i, size_t at, size_t *v)
 {
-    ws(p);
-    int c = peek(p);
-    if (c == '-')
-        return jfail(p, "negative number");
-    if (c < '0' || c > '9') {
-        if (c < 0)
-            return jfail(p, "expected an integer, found end of header");
-        if (c >= 0x21 && c < 0x7f)
-            return jfail(p, "expected an integer, found '%c'", c);
-        return jfail(p, "expected an integer, found byte 0x%02x", c);
-    }
-    size_t start = p->i;
-    uint64_t v = 0;
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        if (__builtin_mul_overflow(v, 10, &v) ||
-            __builtin_add_overflow(v, (uint64_t)(p->s[p->i] - '0'), &v)) {
-            p->i = start;
-            return jfail(p, "integer does not fit in 64 bits");
+    if (i >= h->n || (h->s[i] != '{' && h->s[i] != '['))
+        return SIZE_MAX;
+    bool obj = h->s[i] == '{';
+    i = ws(h, i + 1);
+    for (size_t j = 0; i < h->n && h->s[i] != '}' && h->s[i] != ']'; j++) {
+        if (obj)
+            i = ws(h, ws(h, skip(h, i)) + 1); /* the key and the ':' */
+        size_t end = skip(h, i);
+        if (at >= i && at < end) {
+            *v = i;
+            return j;
         }
-        p->i++;
-    }
-    if (p->s[start] == '0' && p->i - start > 1) {
-        p->i = start;
-        return jfail(p, "integer with a leading zero");
-    }
-    c = peek(p);
-    if (c == '.' || c == 'e' || c == 'E')
-        return jfail(p, "not an integer");
-    *out = v;
-    return 0;
-}
-
-/* [a, b, ...] of at most max integers. */
-static int juint_array(jp *p, uint64_t *v, int max, int *count)
-{
-    if (expect(p, '[', "'['") != 0)
-        return -1;
-    int n = 0;
-    ws(p);
-    if (peek(p) == ']') {
-        p->i++;
-        *count = 0;
-        return 0;
-    }
-    for (;;) {
-        if (n == max)
-            return jfail(p, "more than %d entries", max);
-        if (juint(p, &v[n]) != 0)
-            return -1;
-        n++;
-        int more = jnext(p, ']');
-        if (more < 0)
-            return -1;
-        if (!more)
+        i = ws(h, end);
+        if (i >= h->n || h->s[i] != ',')
             break;
+        i = ws(h, i + 1);
     }
-    *count = n;
-    return 0;
+    return SIZE_MAX;
 }
 
-static int add_meta(st_file *f, jp *p, char *k, char *v)
+/* jansson reads "-0" as the integer 0, which the format refuses like any
+ * negative number (as the safetensors package does).  In a header jansson
+ * took, a '-' outside strings can only start a number, and every number
+ * other than a "-0" in shape or data_offsets is refused by the checks on
+ * the values themselves, at or before the first '-'.  So only the first
+ * '-' is looked at, and only a "-0" there is located, once. */
+static void find_negative_zero(htext *h)
+{
+    h->nz = false;
+    if (!memchr(h->s, '-', h->n))
+        return;
+    size_t at = h->n;
+    bool in_string = false;
+    for (size_t i = 0; i < h->n && at == h->n; i++) {
+        if (in_string) {
+            if (h->s[i] == '\\')
+                i++;
+            else if (h->s[i] == '"')
+                in_string = false;
+        } else if (h->s[i] == '"') {
+            in_string = true;
+        } else if (h->s[i] == '-') {
+            at = i;
+        }
+    }
+    /* "-0." and "-0e" start a real, refused as one. */
+    if (at + 1 >= h->n || h->s[at + 1] != '0' ||
+        (at + 2 < h->n && (h->s[at + 2] == '.' || h->s[at + 2] == 'e' || h->s[at + 2] == 'E')))
+        return;
+    size_t v1 = 0, v2 = 0, v3 = 0;
+    size_t k = holder(h, ws(h, 0), at, &v1);
+    size_t j = k == SIZE_MAX ? SIZE_MAX : holder(h, v1, at, &v2);
+    size_t e = j == SIZE_MAX ? SIZE_MAX : holder(h, v2, at, &v3);
+    if (e == SIZE_MAX || v3 != at)
+        return;
+    h->nz = true;
+    h->nz_member = k;
+    h->nz_field = j;
+    h->nz_elem = e;
+    h->nz_at = at;
+}
+
+/* ---- the members of a header jansson took --------------------------------- */
+
+static int add_meta(st_file *f, const htext *h, const char *key, const char *value)
 {
     if (f->nm == f->capm) {
         size_t cap = f->capm ? 2 * f->capm : 8;
@@ -937,12 +258,15 @@ static int add_meta(st_file *f, jp *p, char *k, char *v)
         char **b = realloc(f->mval, cap * sizeof *b);
         if (b)
             f->mval = b;
-        if (!a || !b) {
-            free(k);
-            free(v);
-            return jfail(p, "out of memory");
-        }
+        if (!a || !b)
+            return errmsg_set(h->err, h->len, "%s: out of memory", h->path);
         f->capm = cap;
+    }
+    char *k = strdup(key), *v = strdup(value);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return errmsg_set(h->err, h->len, "%s: out of memory", h->path);
     }
     f->mkey[f->nm] = k;
     f->mval[f->nm] = v;
@@ -950,185 +274,478 @@ static int add_meta(st_file *f, jp *p, char *k, char *v)
     return 0;
 }
 
-static int parse_meta(st_file *f, jp *p)
+/* A value in a header jansson took: member `member` of the header, and
+ * (field >= 0) member `field` of that.  Its byte is only looked for when a
+ * message needs it. */
+typedef struct {
+    size_t member;
+    long field;
+} hpath;
+
+static size_t pos(const htext *h, hpath p, size_t *key_end)
 {
-    p->in_meta = true;
-    if (expect(p, '{', "an object of strings") != 0)
-        return -1;
-    ws(p);
-    if (peek(p) == '}') {
-        p->i++;
-        p->in_meta = false;
+    size_t at = nth(h, ws(h, 0), p.member, key_end);
+    return p.field < 0 ? at : nth(h, at, (size_t)p.field, key_end);
+}
+
+/* __metadata__: an object of strings. */
+static int take_meta(st_file *f, const htext *h, hpath p, json_t *v)
+{
+    char fb[24];
+    hctx c = {.meta = true};
+    if (!json_is_object(v)) {
+        size_t at = pos(h, p, NULL);
+        return hfail(h, c, at, "expected an object of strings, found %s", found(h, at, fb));
+    }
+    hpath mp = {p.member, 0};
+    const char *key;
+    json_t *val;
+    json_object_foreach(v, key, val) {
+        c.tensor = key;
+        if (!json_is_string(val))
+            return hfail(h, c, pos(h, mp, NULL), "value is not a string");
+        if (add_meta(f, h, key, json_string_value(val)) != 0)
+            return -1;
+        mp.field++;
+    }
+    return 0;
+}
+
+/* An element of shape or data_offsets, at byte `at`, refused: say why. */
+static int bad_uint(const htext *h, hctx c, json_t *v, size_t at)
+{
+    char fb[24];
+    if (!json_is_number(v))
+        return hfail(h, c, at, "expected an integer, found %s", found(h, at, fb));
+    if (h->s[at] == '-')
+        return hfail(h, c, at, "negative number");
+    size_t i = at;
+    while (i < h->n && h->s[i] >= '0' && h->s[i] <= '9')
+        i++;
+    return hfail(h, c, i, "not an integer");
+}
+
+/* shape or data_offsets: an array of at most max non-negative integers. */
+static int take_uints(const htext *h, hctx c, hpath p, json_t *v, uint64_t *out, int max,
+                      int *count)
+{
+    char fb[24];
+    if (!json_is_array(v)) {
+        size_t at = pos(h, p, NULL);
+        return hfail(h, c, at, "expected '[', found %s", found(h, at, fb));
+    }
+    size_t n = json_array_size(v);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(v, i);
+        if (i == (size_t)max)
+            return hfail(h, c, nth(h, pos(h, p, NULL), i, NULL), "more than %d entries", max);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return bad_uint(h, c, x, nth(h, pos(h, p, NULL), i, NULL));
+        if (h->nz && h->nz_member == p.member && h->nz_field == (size_t)p.field && h->nz_elem == i)
+            return hfail(h, c, h->nz_at, "negative number");
+        out[i] = (uint64_t)json_integer_value(x);
+    }
+    *count = (int)n;
+    return 0;
+}
+
+/* A tensor's entry; its name is owned by *t already. */
+static int take_tensor(const htext *h, hpath p, json_t *v, st_tensor *t)
+{
+    char fb[24], q[200];
+    hctx c = {.tensor = t->name};
+    if (!json_is_object(v)) {
+        size_t at = pos(h, p, NULL);
+        return hfail(h, c, at, "expected an object, found %s", found(h, at, fb));
+    }
+    bool have[3] = {false, false, false};
+    hpath fp = {p.member, 0};
+    const char *key;
+    json_t *val;
+    json_object_foreach(v, key, val) {
+        int which = field_index(key);
+        size_t key_end = 0;
+        if (which < 0) {
+            pos(h, fp, &key_end);
+            return hfail(h, c, key_end, "unknown field '%s'", st_quote(q, sizeof q, key));
+        }
+        c.field = fields[which];
+        have[which] = true;
+        if (which == 0) {
+            const char *d = json_string_value(val);
+            if (!d) {
+                size_t at = pos(h, fp, NULL);
+                return hfail(h, c, at, "expected a string, found %s", found(h, at, fb));
+            }
+            if (st_dtype_from_name(d, &t->dtype) != 0)
+                return hfail(h, c, pos(h, fp, NULL), "unknown dtype '%s'",
+                             st_quote(q, sizeof q, d));
+        } else if (which == 1) {
+            if (take_uints(h, c, fp, val, t->shape, ST_MAX_DIMS, &t->ndim) != 0)
+                return -1;
+        } else {
+            uint64_t o[2];
+            int n = 0;
+            if (take_uints(h, c, fp, val, o, 2, &n) != 0)
+                return -1;
+            if (n != 2)
+                return hfail(h, c, skip(h, pos(h, fp, NULL)), "has %d entries, not 2", n);
+            t->begin = o[0];
+            t->end = o[1];
+        }
+        c.field = NULL;
+        fp.field++;
+    }
+    for (int i = 0; i < 3; i++)
+        if (!have[i]) {
+            c.field = fields[i];
+            return hfail(h, c, skip(h, pos(h, p, NULL)), "missing");
+        }
+    return 0;
+}
+
+static int take_members(st_file *f, const htext *h, json_t *root)
+{
+    size_t k = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        hpath p = {k, -1};
+        if (strcmp(key, "__metadata__") == 0) {
+            if (take_meta(f, h, p, v) != 0)
+                return -1;
+        } else {
+            if (!*key)
+                return hfail(h, (hctx){0}, pos(h, p, NULL), "empty tensor name");
+            if (f->nt == f->capt) {
+                size_t cap = f->capt ? 2 * f->capt : 16;
+                st_tensor *t = realloc(f->t, cap * sizeof *t);
+                if (!t)
+                    return errmsg_set(h->err, h->len, "%s: out of memory", h->path);
+                f->t = t;
+                f->capt = cap;
+            }
+            st_tensor *t = &f->t[f->nt];
+            memset(t, 0, sizeof *t);
+            if (!(t->name = strdup(key)))
+                return errmsg_set(h->err, h->len, "%s: out of memory", h->path);
+            f->nt++;
+            if (take_tensor(h, p, v, t) != 0)
+                return -1;
+        }
+        k++;
+    }
+    return 0;
+}
+
+/* ---- jansson's refusals ----------------------------------------------------- */
+
+/* jansson says where it stopped and, in its own words, why; the message
+ * says what was expected there and what was found, in which tensor and
+ * field.  This walk follows the text up to that point: braces, brackets,
+ * ':' and ',' by hand, every string, number and literal read by jansson,
+ * which refuses it just as it did within the whole header, so the walk
+ * stops at the same token; what the walk adds is where that token is. */
+typedef struct {
+    const htext *h;
+    const json_error_t *je; /* jansson's refusal of the whole header */
+    char *member;           /* key of the header member being read, decoded */
+    char *inner;            /* key of that member's member being read */
+} xw;
+
+static hctx xctx(const xw *x)
+{
+    hctx c = {0};
+    if (!x->member)
+        return c;
+    if (strcmp(x->member, "__metadata__") == 0) {
+        c.meta = true;
+        c.tensor = x->inner;
+    } else {
+        c.tensor = x->member;
+        if (x->inner && field_index(x->inner) >= 0)
+            c.field = x->inner;
+    }
+    return c;
+}
+
+static bool hex4(const htext *h, size_t i, uint32_t *out)
+{
+    uint32_t v = 0;
+    for (size_t k = 0; k < 4; k++) {
+        char c = i + k < h->n ? h->s[i + k] : 0;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return false;
+        v = v << 4 | (uint32_t)d;
+    }
+    *out = v;
+    return true;
+}
+
+/* jansson refused the string at byte t for an escape (or a \u0000 in it):
+ * find the first bad one. */
+static int bad_escape(const xw *x, size_t t, size_t at)
+{
+    const htext *h = x->h;
+    hctx c = xctx(x);
+    for (size_t j = t + 1; j < h->n && h->s[j] != '"'; j++) {
+        if (h->s[j] != '\\')
+            continue;
+        unsigned char e = j + 1 < h->n ? (unsigned char)h->s[j + 1] : 0;
+        uint32_t cp, lo;
+        if (e != 'u') {
+            if (e && strchr("\"\\/bfnrt", e)) {
+                j++;
+                continue;
+            }
+            if (e >= 0x21 && e < 0x7f)
+                return hfail(h, c, j + 1, "invalid escape '\\%c'", e);
+            return hfail(h, c, j + 1, "invalid escape '\\' then byte 0x%02x", e);
+        }
+        if (!hex4(h, j + 2, &cp))
+            return hfail(h, c, j + 2, "bad hex digit in \\u escape");
+        if (cp >= 0xDC00 && cp <= 0xDFFF)
+            return hfail(h, c, j, "lone low surrogate \\u%04x", cp);
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (j + 7 >= h->n || h->s[j + 6] != '\\' || h->s[j + 7] != 'u' ||
+                !hex4(h, j + 8, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+                return hfail(h, c, j, "high surrogate \\u%04x not followed by a low one", cp);
+            j += 6;
+        }
+        if (cp == 0)
+            return hfail(h, c, j, "NUL character (\\u0000) in string");
+        j += 5;
+    }
+    return hfail(h, c, at, "%s", x->je->text);
+}
+
+static int bad_string(const xw *x, size_t t, const json_error_t *e)
+{
+    const htext *h = x->h;
+    hctx c = xctx(x);
+    size_t at = t + (size_t)e->position;
+    switch (json_error_code(e)) {
+    case json_error_invalid_utf8:
+        return hfail(h, c, at, "invalid UTF-8 in string");
+    case json_error_premature_end_of_input:
+        return hfail(h, c, at, "unterminated string");
+    case json_error_null_character:
+    case json_error_null_byte_in_key:
+        return bad_escape(x, t, at);
+    default:
+        break;
+    }
+    /* jansson stops in front of a control character. */
+    if (at < h->n && (unsigned char)h->s[at] < 0x20)
+        return hfail(h, c, at, "control character 0x%02x in string", (unsigned char)h->s[at]);
+    return bad_escape(x, t, at);
+}
+
+static int bad_number(const xw *x, size_t t, const json_error_t *e)
+{
+    const htext *h = x->h;
+    hctx c = xctx(x);
+    if (h->s[t] == '-')
+        return hfail(h, c, t, "negative number");
+    size_t d = t;
+    while (d < h->n && h->s[d] >= '0' && h->s[d] <= '9')
+        d++;
+    if (h->s[t] == '0' && d > t + 1)
+        return hfail(h, c, t, "integer with a leading zero");
+    if (d < h->n && (h->s[d] == '.' || h->s[d] == 'e' || h->s[d] == 'E'))
+        return hfail(h, c, d, "not an integer");
+    if (json_error_code(e) == json_error_numeric_overflow)
+        return hfail(h, c, t, "integer does not fit in 64 bits (the largest allowed is %lld)",
+                     (long long)INT64_MAX);
+    return hfail(h, c, t, "%s", e->text);
+}
+
+/* A string, number or literal at byte t; *end is past it, and *str (if
+ * not NULL) a copy of the string. */
+static int x_scalar(const xw *x, size_t t, const char *what, size_t *end, char **str)
+{
+    json_error_t e;
+    json_t *v = value_at(x->h, t, end, &e);
+    if (!v) {
+        char c = x->h->s[t], fb[24];
+        if (c == '"')
+            return bad_string(x, t, &e);
+        if (c == '-' || (c >= '0' && c <= '9'))
+            return bad_number(x, t, &e);
+        return hfail(x->h, xctx(x), t, "expected %s, found %s", what, found(x->h, t, fb));
+    }
+    if (str && !(*str = strdup(json_string_value(v) ? json_string_value(v) : "")))
+        return errmsg_set(x->h->err, x->h->len, "%s: out of memory", x->h->path);
+    json_decref(v);
+    return 0;
+}
+
+static int x_value(xw *x, size_t *i, int depth, const char *what);
+
+/* The duplicate key jansson refused, member of an object at `depth`. */
+static int x_dup(const xw *x, int depth, const char *key, size_t end)
+{
+    const htext *h = x->h;
+    char q[200];
+    if (depth == 0 && strcmp(key, "__metadata__") == 0) {
+        size_t at = ws(h, end);
+        return hfail(h, (hctx){.meta = true}, at + (at < h->n && h->s[at] == ':'),
+                     "appears twice");
+    }
+    if (depth == 0)
+        return errmsg_set(h->err, h->len, "%s: tensor '%s': appears twice in the header",
+                          h->path, st_quote(q, sizeof q, key));
+    if (depth == 1 && strcmp(x->member, "__metadata__") == 0)
+        return errmsg_set(h->err, h->len, "%s: metadata '%s': appears twice in the header",
+                          h->path, st_quote(q, sizeof q, key));
+    if (depth == 1 && field_index(key) >= 0)
+        return hfail(h, (hctx){.tensor = x->member, .field = key}, end, "appears twice");
+    return hfail(h, xctx(x), end, "key '%s' appears twice", st_quote(q, sizeof q, key));
+}
+
+/* The object at byte *i, `depth` objects or arrays deep. */
+static int x_object(xw *x, size_t *i, int depth)
+{
+    const htext *h = x->h;
+    char fb[24];
+    size_t t = ws(h, *i + 1);
+    if (t < h->n && h->s[t] == '}') {
+        *i = t + 1;
         return 0;
     }
     for (;;) {
-        char *k, *v;
-        if (jstring(p, &k) != 0)
+        if (t >= h->n || h->s[t] != '"')
+            return hfail(h, xctx(x), t, "expected a string, found %s", found(h, t, fb));
+        size_t end;
+        char *key = NULL;
+        if (x_scalar(x, t, "a string", &end, &key) != 0)
             return -1;
-        p->tensor = k;
-        if (expect(p, ':', "':'") != 0) {
-            free(k);
-            return -1;
-        }
-        ws(p);
-        if (peek(p) != '"') {
-            jfail(p, "value is not a string");
-            p->tensor = NULL;
-            free(k);
-            return -1;
-        }
-        if (jstring(p, &v) != 0) {
-            p->tensor = NULL;
-            free(k);
-            return -1;
-        }
-        p->tensor = NULL;
-        if (add_meta(f, p, k, v) != 0)
-            return -1;
-        int more = jnext(p, '}');
-        if (more < 0)
-            return -1;
-        if (!more)
-            break;
-    }
-    p->in_meta = false;
-    return 0;
-}
-
-/* The tensor's entry; name is owned by *t already. */
-static int parse_tensor(jp *p, st_tensor *t)
-{
-    p->tensor = t->name;
-    if (expect(p, '{', "an object") != 0)
-        return -1;
-    bool have_dtype = false, have_shape = false, have_off = false;
-    ws(p);
-    if (peek(p) != '}') {
-        for (;;) {
-            char *key;
-            if (jstring(p, &key) != 0)
-                return -1;
-            int which = strcmp(key, "dtype") == 0          ? 0
-                        : strcmp(key, "shape") == 0        ? 1
-                        : strcmp(key, "data_offsets") == 0 ? 2
-                                                           : -1;
-            if (which < 0) {
-                char q[200];
-                qname(q, sizeof q, key);
-                free(key);
-                return jfail(p, "unknown field '%s'", q);
-            }
+        if (json_error_code(x->je) == json_error_duplicate_key &&
+            end == (size_t)x->je->position) {
+            x_dup(x, depth, key, end);
             free(key);
-            static const char *const fields[] = {"dtype", "shape", "data_offsets"};
-            p->field = fields[which];
-            bool *seen = which == 0 ? &have_dtype : which == 1 ? &have_shape : &have_off;
-            if (*seen)
-                return jfail(p, "appears twice");
-            *seen = true;
-            if (expect(p, ':', "':'") != 0)
-                return -1;
-            if (which == 0) {
-                char *d;
-                ws(p);
-                size_t at = p->i;
-                if (jstring(p, &d) != 0)
-                    return -1;
-                if (st_dtype_from_name(d, &t->dtype) != 0) {
-                    char q[200];
-                    qname(q, sizeof q, d);
-                    free(d);
-                    p->i = at;
-                    return jfail(p, "unknown dtype '%s'", q);
-                }
-                free(d);
-            } else if (which == 1) {
-                if (juint_array(p, t->shape, ST_MAX_DIMS, &t->ndim) != 0)
-                    return -1;
-            } else {
-                uint64_t v[2];
-                int n = 0;
-                if (juint_array(p, v, 2, &n) != 0)
-                    return -1;
-                if (n != 2)
-                    return jfail(p, "has %d entries, not 2", n);
-                t->begin = v[0];
-                t->end = v[1];
-            }
-            p->field = NULL;
-            int more = jnext(p, '}');
-            if (more < 0)
-                return -1;
-            if (!more)
-                break;
+            return -1;
         }
-    } else {
-        p->i++; /* the '}' of an empty object */
+        t = ws(h, end);
+        if (t >= h->n || h->s[t] != ':') {
+            free(key);
+            return hfail(h, xctx(x), t, "expected ':', found %s", found(h, t, fb));
+        }
+        char **slot = depth == 0 ? &x->member : depth == 1 ? &x->inner : NULL;
+        if (slot)
+            *slot = key;
+        else
+            free(key);
+        size_t v = t + 1;
+        int rc = x_value(x, &v, depth + 1, "a value");
+        if (slot) {
+            free(*slot);
+            *slot = NULL;
+        }
+        if (rc != 0)
+            return -1;
+        t = ws(h, v);
+        if (t < h->n && h->s[t] == ',') {
+            t = ws(h, t + 1);
+            continue;
+        }
+        if (t < h->n && h->s[t] == '}') {
+            *i = t + 1;
+            return 0;
+        }
+        return hfail(h, xctx(x), t, "expected ',' or '}', found %s", found(h, t, fb));
     }
-    p->field = !have_dtype ? "dtype" : !have_shape ? "shape" : !have_off ? "data_offsets" : NULL;
-    if (p->field)
-        return jfail(p, "missing");
-    p->tensor = NULL;
-    return 0;
 }
 
-static int parse_header(st_file *f, jp *p)
+/* The header's arrays hold integers only, hence what is asked for. */
+static int x_array(xw *x, size_t *i, int depth)
 {
-    if (expect(p, '{', "'{'") != 0)
-        return -1;
-    bool have_meta = false;
-    ws(p);
-    if (peek(p) == '}') {
-        p->i++;
-    } else {
-        for (;;) {
-            char *key;
-            if (jstring(p, &key) != 0)
-                return -1;
-            if (expect(p, ':', "':'") != 0) {
-                free(key);
-                return -1;
-            }
-            if (strcmp(key, "__metadata__") == 0) {
-                free(key);
-                if (have_meta) {
-                    p->in_meta = true;
-                    return jfail(p, "appears twice");
-                }
-                have_meta = true;
-                if (parse_meta(f, p) != 0)
-                    return -1;
-            } else {
-                if (!*key) {
-                    free(key);
-                    return jfail(p, "empty tensor name");
-                }
-                if (f->nt == f->capt) {
-                    size_t cap = f->capt ? 2 * f->capt : 16;
-                    st_tensor *t = realloc(f->t, cap * sizeof *t);
-                    if (!t) {
-                        free(key);
-                        return jfail(p, "out of memory");
-                    }
-                    f->t = t;
-                    f->capt = cap;
-                }
-                st_tensor *t = &f->t[f->nt++];
-                memset(t, 0, sizeof *t);
-                t->name = key;
-                if (parse_tensor(p, t) != 0)
-                    return -1;
-            }
-            int more = jnext(p, '}');
-            if (more < 0)
-                return -1;
-            if (!more)
-                break;
-        }
+    const htext *h = x->h;
+    char fb[24];
+    size_t t = ws(h, *i + 1);
+    if (t < h->n && h->s[t] == ']') {
+        *i = t + 1;
+        return 0;
     }
-    ws(p);
-    if (p->i != p->n)
-        return jfail(p, "unexpected data after the JSON object");
-    return 0;
+    for (;;) {
+        if (x_value(x, &t, depth + 1, "an integer") != 0)
+            return -1;
+        t = ws(h, t);
+        if (t < h->n && h->s[t] == ',') {
+            t++;
+            continue;
+        }
+        if (t < h->n && h->s[t] == ']') {
+            *i = t + 1;
+            return 0;
+        }
+        return hfail(h, xctx(x), t, "expected ',' or ']', found %s", found(h, t, fb));
+    }
+}
+
+static int x_value(xw *x, size_t *i, int depth, const char *what)
+{
+    const htext *h = x->h;
+    char fb[24];
+    size_t t = ws(h, *i);
+    /* jansson refuses deeper nesting first (see explain). */
+    if (depth > JSON_PARSER_MAX_DEPTH)
+        return hfail(h, xctx(x), t, "%s", x->je->text);
+    if (t >= h->n || strchr("}]:,", h->s[t]))
+        return hfail(h, xctx(x), t, "expected %s, found %s", what, found(h, t, fb));
+    *i = t;
+    if (h->s[t] == '{')
+        return x_object(x, i, depth);
+    if (h->s[t] == '[')
+        return x_array(x, i, depth);
+    return x_scalar(x, t, what, i, NULL);
+}
+
+static int explain(const htext *h, const json_error_t *je)
+{
+    switch (json_error_code(je)) {
+    case json_error_out_of_memory:
+        return errmsg_set(h->err, h->len, "%s: out of memory reading the header", h->path);
+    case json_error_stack_overflow:
+        return hfail(h, (hctx){0}, (size_t)je->position, "objects or arrays nested too deeply");
+    default:
+        break;
+    }
+    xw x = {.h = h, .je = je};
+    size_t i = ws(h, 0);
+    int rc = x_object(&x, &i, 0);
+    free(x.member);
+    free(x.inner);
+    if (rc != 0)
+        return -1;
+    /* The walk found the text sound where jansson did not: say what it said. */
+    return hfail(h, (hctx){0}, (size_t)je->position, "%s", je->text);
+}
+
+static int parse_header(st_file *f, htext *h)
+{
+    char fb[24];
+    size_t i = ws(h, 0);
+    if (i >= h->n || h->s[i] != '{')
+        return hfail(h, (hctx){0}, i, "expected '{', found %s", found(h, i, fb));
+    json_error_t je;
+    json_t *root = json_loadb(h->s, h->n, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    if (!root)
+        return explain(h, &je);
+    size_t end = ws(h, (size_t)je.position);
+    int rc = -1;
+    if (end != h->n) {
+        hfail(h, (hctx){0}, end, "unexpected data after the JSON object");
+    } else {
+        find_negative_zero(h);
+        rc = take_members(f, h, root);
+    }
+    json_decref(root);
+    return rc;
 }
 
 /* Index sorts (glibc qsort_r: no shared state, so st_open is thread-safe). */
@@ -1155,16 +772,16 @@ static int cmp_by_key(const void *a, const void *b, void *arg)
     return strcmp(k[*(const size_t *)a], k[*(const size_t *)b]);
 }
 
-/* Everything that is not syntax: sizes, offsets, duplicates. */
+/* What the JSON cannot say: sizes and offsets. */
 static int check_tensors(st_file *f, char *err, size_t len)
 {
     char q[200], q2[200], sh[200];
     const char *path = f->path;
     for (size_t i = 0; i < f->nt; i++) {
         st_tensor *t = &f->t[i];
-        qname(q, sizeof q, t->name);
-        fmt_shape(sh, sizeof sh, t->ndim, t->shape);
-        if (!shape_bytes(t->ndim, t->shape, st_dtype_size(t->dtype), &t->nelem, &t->bytes)) {
+        st_quote(q, sizeof q, t->name);
+        st_shape_str(sh, sizeof sh, t->ndim, t->shape);
+        if (!st_shape_bytes(t->ndim, t->shape, st_dtype_size(t->dtype), &t->nelem, &t->bytes)) {
             errmsg_set(err, len, "%s: tensor '%s': shape %s of %s overflows 64 bits", path, q, sh,
                        st_dtype_name(t->dtype));
             return -1;
@@ -1209,19 +826,8 @@ static int check_tensors(st_file *f, char *err, size_t len)
     qsort_r(by_off, n, sizeof(size_t), cmp_by_offset, f->t);
     qsort_r(f->meta_by_key, f->nm, sizeof(size_t), cmp_by_key, f->mkey);
 
+    /* Names are unique: jansson refused duplicate keys. */
     int rc = -1;
-    for (size_t i = 1; i < n; i++)
-        if (strcmp(f->t[f->by_name[i - 1]].name, f->t[f->by_name[i]].name) == 0) {
-            errmsg_set(err, len, "%s: tensor '%s': appears twice in the header", path,
-                       qname(q, sizeof q, f->t[f->by_name[i]].name));
-            goto out;
-        }
-    for (size_t i = 1; i < f->nm; i++)
-        if (strcmp(f->mkey[f->meta_by_key[i - 1]], f->mkey[f->meta_by_key[i]]) == 0) {
-            errmsg_set(err, len, "%s: metadata '%s': appears twice in the header", path,
-                       qname(q, sizeof q, f->mkey[f->meta_by_key[i]]));
-            goto out;
-        }
     uint64_t pos = 0;
     const st_tensor *prev = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -1229,8 +835,8 @@ static int check_tensors(st_file *f, char *err, size_t len)
         if (t->begin < pos) {
             errmsg_set(err, len,
                        "%s: tensor '%s': data_offsets [%llu,%llu] overlap tensor '%s' [%llu,%llu]",
-                       path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                       (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
+                       path, st_quote(q, sizeof q, t->name), (unsigned long long)t->begin,
+                       (unsigned long long)t->end, st_quote(q2, sizeof q2, prev->name),
                        (unsigned long long)prev->begin, (unsigned long long)prev->end);
             goto out;
         }
@@ -1239,14 +845,14 @@ static int check_tensors(st_file *f, char *err, size_t len)
                 errmsg_set(err, len,
                            "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap after tensor "
                            "'%s', which ends at %llu",
-                           path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
-                           (unsigned long long)t->end, qname(q2, sizeof q2, prev->name),
+                           path, st_quote(q, sizeof q, t->name), (unsigned long long)t->begin,
+                           (unsigned long long)t->end, st_quote(q2, sizeof q2, prev->name),
                            (unsigned long long)pos);
             else
                 errmsg_set(err, len,
                            "%s: tensor '%s': data_offsets [%llu,%llu] leave a gap: the first "
                            "tensor must start at 0",
-                           path, qname(q, sizeof q, t->name), (unsigned long long)t->begin,
+                           path, st_quote(q, sizeof q, t->name), (unsigned long long)t->begin,
                            (unsigned long long)t->end);
             goto out;
         }
@@ -1356,8 +962,8 @@ int st_open(const char *path, st_file **out, char *err, size_t err_len)
         free(hdr);
         goto fail;
     }
-    jp p = {.s = hdr, .n = (size_t)n, .path = path, .err = err, .len = err_len};
-    r = parse_header(f, &p);
+    htext h = {.s = (const char *)hdr, .n = (size_t)n, .path = path, .err = err, .len = err_len};
+    r = parse_header(f, &h);
     free(hdr);
     if (r != 0 || check_tensors(f, err, err_len) != 0)
         goto fail;
@@ -1410,17 +1016,17 @@ const st_tensor *st_expect(const st_file *f, const char *name, st_dtype dtype, i
     char q[200], a[200], b[200];
     const st_tensor *t = st_find(f, name);
     if (!t) {
-        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
+        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, st_quote(q, sizeof q, name));
         return NULL;
     }
     bool same = t->dtype == dtype && t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = t->shape[i] == shape[i];
     if (!same) {
-        fmt_shape(a, sizeof a, ndim < 0 ? 0 : ndim > ST_MAX_DIMS ? ST_MAX_DIMS : ndim, shape);
-        fmt_shape(b, sizeof b, t->ndim, t->shape);
+        st_shape_str(a, sizeof a, ndim < 0 ? 0 : ndim > ST_MAX_DIMS ? ST_MAX_DIMS : ndim, shape);
+        st_shape_str(b, sizeof b, t->ndim, t->shape);
         errmsg_set(err, err_len, "%s: tensor '%s': expected %s %s, the file has %s %s", f->path,
-                   qname(q, sizeof q, name), st_dtype_name(dtype) ? st_dtype_name(dtype) : "?",
+                   st_quote(q, sizeof q, name), st_dtype_name(dtype) ? st_dtype_name(dtype) : "?",
                    a, st_dtype_name(t->dtype), b);
         return NULL;
     }
@@ -1442,14 +1048,14 @@ int st_read_tensor(st_file *f, const st_tensor *t, void *dst, size_t bytes, char
     }
     if ((uint64_t)bytes != t->bytes) {
         errmsg_set(err, err_len, "%s: tensor '%s': has %llu bytes, the buffer %zu", f->path,
-                   qname(q, sizeof q, t->name), (unsigned long long)t->bytes, bytes);
+                   st_quote(q, sizeof q, t->name), (unsigned long long)t->bytes, bytes);
         return -1;
     }
     if (bytes == 0)
         return 0;
     int r = pread_all(f->fd, dst, bytes, f->data_off + t->begin);
     if (r != 0) {
-        errmsg_set(err, err_len, "%s: tensor '%s': read: %s", f->path, qname(q, sizeof q, t->name),
+        errmsg_set(err, err_len, "%s: tensor '%s': read: %s", f->path, st_quote(q, sizeof q, t->name),
                    r < 0 ? strerror(errno) : "the file ends before its data (it shrank)");
         return -1;
     }
@@ -1461,7 +1067,7 @@ int st_read(st_file *f, const char *name, void *dst, size_t bytes, char *err, si
     char q[200];
     const st_tensor *t = st_find(f, name);
     if (!t) {
-        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, qname(q, sizeof q, name));
+        errmsg_set(err, err_len, "%s: no tensor '%s'", f->path, st_quote(q, sizeof q, name));
         return -1;
     }
     return st_read_tensor(f, t, dst, bytes, err, err_len);

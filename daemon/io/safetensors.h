@@ -14,24 +14,32 @@
  * resume checkpoint (parameters, optimizer moments, and metadata strings for
  * step, RNG state and data position).
  *
- * Writer: collect tensors (host pointers, not copied: they must stay valid
- * until st_write_atomic returns) and metadata, then st_write_atomic writes
- * PATH.tmp.PID, fsyncs it, renames it over PATH and fsyncs the directory, so
- * PATH always holds either the old file or the complete new one.  Tensors are
- * laid out contiguously in header order; the writer orders them by element
- * size, largest first (stable otherwise), so that every tensor's data is
- * aligned to its element size in the file and in a mapping of it.
+ * The header's JSON is read and written by jansson; its integers are signed
+ * 64-bit, so no dimension or offset exceeds 2^63 - 1.
  *
- * Reader: st_open validates the whole header strictly before returning:
- * header length within limits and within the file, JSON syntax (objects,
- * arrays, strings with escapes, non-negative integers, nothing else), valid
- * UTF-8, no duplicate names or fields, no unknown fields, known dtypes,
- * shape × element size == data_offsets length, offsets in order, contiguous
- * from 0 to the end of the file with no gap or overlap, and nothing but
- * whitespace after the JSON.  Every message names the file and, where one is
- * involved, the tensor and the field, e.g.
+ * Writer (st_write.c): collect tensors (host pointers, not copied: they must
+ * stay valid until st_write_atomic returns) and metadata, then
+ * st_write_atomic writes PATH.tmp.PID, fsyncs it, renames it over PATH and
+ * fsyncs the directory, so PATH always holds either the old file or the
+ * complete new one.  Tensors are laid out contiguously in header order; the
+ * writer orders them by element size, largest first (stable otherwise), so
+ * that every tensor's data is aligned to its element size in the file and
+ * in a mapping of it.
+ *
+ * Reader (safetensors.c): st_open validates the whole header strictly before
+ * returning: header length within limits and within the file, strict JSON
+ * (RFC 8259, as jansson reads it) with an object at the top, valid UTF-8, no
+ * duplicate keys at any level, no NUL in strings, no unknown fields, shapes
+ * and offsets of integers from 0 to 2^63 - 1, known dtypes, shape × element
+ * size == data_offsets length, offsets in order, contiguous from 0 to the
+ * end of the file with no gap or overlap, and nothing but whitespace after
+ * the JSON.  Every message names the file and, where one is involved, the
+ * tensor and the field, e.g.
  *   ckpt/resume.safetensors: tensor 'h.0.attn.c_attn.weight': data_offsets
  *   [0,100] do not match shape [3,4] of F32 (48 bytes)
+ *
+ * st_dtype.c holds what both share: dtypes, shape arithmetic, and names and
+ * shapes in messages.
  *
  * Errors are reported through (err, err_len): a NUL-terminated message,
  * truncated to fit.  err may be NULL when err_len is 0.
@@ -71,6 +79,17 @@ const char *st_dtype_name(st_dtype d);
 size_t st_dtype_size(st_dtype d);
 /* Parse a dtype name (exact, case-sensitive); -1 if unknown. */
 int st_dtype_from_name(const char *name, st_dtype *out);
+
+/* For messages about tensors, shared by the reader and the writer: NAME made
+ * safe to quote (control bytes, quotes, backslashes and, in invalid UTF-8,
+ * high bytes become \xNN; long names are cut at a character boundary and
+ * end in "...") into buf, which is returned; a shape as "[3,4]". */
+const char *st_quote(char *buf, size_t cap, const char *name);
+void st_shape_str(char *buf, size_t cap, int ndim, const uint64_t *shape);
+/* Elements and bytes of a tensor of that shape and element size; false
+ * (nothing set) when either overflows 64 bits. */
+bool st_shape_bytes(int ndim, const uint64_t *shape, size_t elem, uint64_t *nelem,
+                    uint64_t *bytes);
 
 /* ---- writer -------------------------------------------------------------- */
 

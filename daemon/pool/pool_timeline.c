@@ -21,6 +21,7 @@
 #include "tsc.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdlib.h>
 
 /* ==== the clock ========================================================================= */
@@ -146,19 +147,27 @@ size_t pool_timeline_snapshot(pool *p, pool_event *out, size_t max)
 
 /* ==== JSON ======================================================================================== */
 
-static void json_string(FILE *f, const char *s)
+/* The trace is streamed, not built as one jansson value: a ring holds up
+ * to millions of events, and its stamps keep their fixed three decimals,
+ * which a jansson real would not print.  Its fixed keys and numbers are
+ * printed here; every string that comes from outside (the device id, a
+ * mark's note) goes through jansson's encoder, ASCII only.  A note cut at
+ * its buffer's end may end in half a UTF-8 character, which jansson will
+ * not take: its bytes beyond ASCII are then shown as '?'. */
+static int put_string(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20 || c >= 0x7f)
-            fprintf(f, "\\u%04x", c); /* notes are ASCII; anything else is escaped, not trusted */
-        else
-            fputc(c, f);
+    json_t *j = json_string(s);
+    if (!j) {
+        char *safe = strdup(s);
+        for (char *c = safe; c && *c; c++)
+            if ((unsigned char)*c >= 0x80)
+                *c = '?';
+        j = safe ? json_string(safe) : NULL;
+        free(safe);
     }
-    fputc('"', f);
+    int rc = j ? json_dumpf(j, f, JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : -1;
+    json_decref(j);
+    return rc;
 }
 
 static double ts_us(uint64_t ns, uint64_t t0) { return ns >= t0 ? (double)(ns - t0) / 1e3 : 0.0; }
@@ -198,7 +207,7 @@ static void counter_reserved(FILE *f, double ts, const int64_t res[4])
             ts, (long long)res[0], (long long)res[1], (long long)res[2], (long long)res[3]);
 }
 
-static void instant(FILE *f, const pool_event *e, double ts)
+static int instant(FILE *f, const pool_event *e, double ts)
 {
     fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"pool\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,"
                "\"pid\":1,\"tid\":%llu,\"args\":{\"bytes\":%llu",
@@ -230,11 +239,13 @@ static void instant(FILE *f, const pool_event *e, double ts)
         fprintf(f, ",\"job\":%u", e->job);
         break;
     }
+    int rc = 0;
     if (e->external) {
         fputs(",\"note\":", f);
-        json_string(f, e->note);
+        rc = put_string(f, e->note);
     }
     fputs("}}", f);
+    return rc;
 }
 
 int pool_timeline_write_json(pool *p, FILE *f)
@@ -278,13 +289,13 @@ int pool_timeline_write_json(pool *p, FILE *f)
 
     errno = 0;
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"device\":");
-    json_string(f, p->d->id);
+    int bad = put_string(f, p->d->id);
     fprintf(f, ",\"events_recorded\":%llu,\"events_dropped\":%llu},\n\"traceEvents\":[\n",
             (unsigned long long)total, (unsigned long long)(total - n));
     fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":", f);
     char pname[96];
     snprintf(pname, sizeof pname, "gradd pool %s", p->d->id);
-    json_string(f, pname);
+    bad |= put_string(f, pname);
     fputs("}},\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"pool\"}}", f);
 
     /* Name each job's track once.  Jobs are few; a short list is enough. */
@@ -311,7 +322,7 @@ int pool_timeline_write_json(pool *p, FILE *f)
     for (size_t i = 0; i < n; i++) {
         const pool_event *e = &ev[i];
         double ts = ts_us(e->ns, t0);
-        instant(f, e, ts);
+        bad |= instant(f, e, ts);
         if (e->external)
             continue;
         switch (e->kind) {
@@ -334,6 +345,10 @@ int pool_timeline_write_json(pool *p, FILE *f)
     if (fflush(f) != 0 || ferror(f)) {
         if (!errno)
             errno = EIO;
+        return -1;
+    }
+    if (bad) { /* jansson could not allocate */
+        errno = ENOMEM;
         return -1;
     }
     return 0;

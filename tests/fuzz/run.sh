@@ -16,8 +16,9 @@
 #   units   common/units.c: size and duration parsing, size formatting
 #   config  daemon/base/config.c: gradd.conf through libinih (via a memfd)
 #   jobcfg  common/jobcfg.c: job files as submit parses them, paths normalised
-#   safetensors  daemon/io/safetensors.c: st_open/st_read/st_data on arbitrary
-#           files (via a memfd), writer round trip of what parses
+#   safetensors  daemon/io/safetensors.c, st_write.c, st_dtype.c (with jansson):
+#           st_open/st_read/st_data on arbitrary files (via a memfd), writer
+#           round trip of what parses
 #   data    daemon/io/data*.c: llm.c token files, .npy, text, IDX image/label
 #           pairs plain and gzip'd (via memfds), and the sample streams
 #   sample  daemon/engine/sample.c: model.safetensors / resume.safetensors as
@@ -42,9 +43,10 @@
 # Exit status: non-zero if any harness fails to build or crashes.
 #
 # Needs: clang (14+) with libclang-rt (libFuzzer), protoc-c, libprotobuf-c-dev,
-# libinih-dev, zlib1g-dev.  CC overrides the compiler; FUZZ_CFLAGS adds compiler flags,
-# e.g. FUZZ_CFLAGS=-DFUZZ_WIRE_STRICT turns on the round-trip property that
-# protobuf-c 1.4.1 itself breaks (see fuzz_wire.c's header comment).
+# libinih-dev, libjansson-dev, zlib1g-dev.  CC overrides the compiler;
+# FUZZ_CFLAGS adds compiler flags, e.g. FUZZ_CFLAGS=-DFUZZ_WIRE_STRICT turns on
+# the round-trip property that protobuf-c 1.4.1 itself breaks (see
+# fuzz_wire.c's header comment).
 set -u
 
 SECONDS_PER_HARNESS=${1:-60}
@@ -98,18 +100,21 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
 # shellcheck disable=SC2206 # word splitting of FUZZ_CFLAGS is intended
 EXTRA=(${FUZZ_CFLAGS:-})
 LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
+# jansson is not built with the sanitizers: the harnesses check gradd's code.
+JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
 HARNESSES=(wire units config jobcfg safetensors data sample queue)
+ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
-    safetensors) echo "$ROOT/daemon/io/safetensors.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
+    safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
     data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c" ;;
     sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/model.c $ROOT/daemon/models/model_gpt.c $ROOT/daemon/models/model_mlp.c" \
-        "$ROOT/daemon/io/safetensors.c $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
+        "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
     esac
@@ -117,7 +122,8 @@ sources() {
 # Extra flags and libraries per harness.
 extra() {
     case $1 in
-    sample) echo "-fopenmp -lopenblas" ;;
+    safetensors) echo "$JANSSON" ;;
+    sample) echo "-fopenmp -lopenblas $JANSSON" ;;
     esac
 }
 

@@ -342,6 +342,7 @@ static void test_writer_rejects_bad_tensors(void **state)
         {"w", ST_DTYPE_COUNT, 1, {1}, x, 4, "invalid dtype"},
         {"w", ST_F32, 1, {3}, NULL, 12, "no data"},
         {"w", ST_F32, 3, {1u << 31, 1u << 31, 1u << 31}, x, 4, "overflows"},
+        {"w", ST_F32, 2, {1ull << 63, 0}, x, 0, "dimension 9223372036854775808 exceeds"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         st_writer *w = st_writer_new();
@@ -433,6 +434,10 @@ static const bad_case bad_cases[] = {
      "tensor 'w': field 'dtype': header byte 14: expected a string, found '4'"},
     {"{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
      "tensor 'w': field 'shape': header byte 29: negative number"},
+    {"{\"w\":{\"dtype\":\"F32\",\"shape\":[-0],\"data_offsets\":[0,0]}}", 0,
+     "tensor 'w': field 'shape': header byte 29: negative number"},
+    {"{\"a-b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-0,4]}}", 4,
+     "tensor 'a-b': field 'data_offsets': header byte 50: negative number"},
     {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2.0],\"data_offsets\":[0,8]}}", 8,
      "tensor 'w': field 'shape': header byte 30: not an integer"},
     {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1e1],\"data_offsets\":[0,40]}}", 40,
@@ -450,6 +455,9 @@ static const bad_case bad_cases[] = {
     {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
      "tensor 'w': field 'shape': header byte 45: more than 8 entries"},
     {"{\"w\":{\"dtype\":\"F32\",\"shape\":[18446744073709551616],\"data_offsets\":[0,4]}}", 4,
+     "field 'shape': header byte 29: integer does not fit in 64 bits"},
+    /* the header's integers are signed 64-bit (jansson's, and the writer's) */
+    {"{\"w\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808,0],\"data_offsets\":[0,0]}}", 0,
      "field 'shape': header byte 29: integer does not fit in 64 bits"},
     {"{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 4,
      "tensor 'w': shape [4294967296,4294967296] of F32 overflows 64 bits"},
