@@ -8,17 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "jobs/access.h"
 #include "base/log.h"
 #include "jobs/queue.h"
 #include "rpc/rpc.h"
-#include "engine/sample.h"
 #include "svc.h"
 #include "units.h"
 #include "jobs/worker.h"
@@ -30,11 +27,11 @@
  * full timeline ring is some 22 MB of JSON): the client asked for it. */
 #define CONN_MAX_QUEUED ((size_t)16 << 20)
 #define CONN_READ_BUF 16384
-/* Samples generated at once; each holds a thread of libuv's pool and a CPU
- * core for a few seconds.  More are refused, not queued. */
-#define MAX_SAMPLES 2
+/* Deferred work run at once (samples, each holding a thread of libuv's
+ * pool and a CPU core for a few seconds).  More is refused, not queued. */
+#define WORK_SLOTS 2
 
-typedef struct sample_op sample_op;
+typedef struct work_op work_op;
 
 struct server_conn {
     uv_pipe_t pipe; /* first: handle->data is unused, casts are safe */
@@ -48,35 +45,18 @@ struct server_conn {
     bool close_after_write;
     bool answering; /* inside rpc_dispatch: the chunks of one answer */
     size_t writes_pending;
-    bool watching;         /* streaming WatchEvents of watch_id */
-    uint32_t watch_id;
-    uint64_t watch_version; /* the job version last sent */
-    sample_op *sample;      /* a sample being generated for this connection */
+    rpc_stream *stream; /* pushed to on every job change until it ends */
+    work_op *work;      /* deferred work being done for this connection */
     server_conn *prev, *next;
     char rbuf[CONN_READ_BUF];
 };
 
-/* One sample in libuv's thread pool: the request's inputs, filled in by
- * start_sample on the loop, and the outputs, filled in by sample_work. */
-struct sample_op {
-    server_conn *conn; /* NULL once the client left (conn_handle_closed) */
-    uv_work_t work;
+/* Deferred work in libuv's thread pool, and whom to answer when done. */
+struct work_op {
+    uv_work_t req;
     server *srv;
-    /* in */
-    uint32_t job;
-    uid_t uid;
-    gid_t gid;
-    char out_dir[PATH_MAX];
-    uint8_t *prompt;
-    sample_opts opts;
-    /* out */
-    Gradd__Error__Code code; /* 0: ok */
-    char err[1536];
-    char path[PATH_MAX + 32];
-    sample_output out;
-    uint32_t vocab;
-    uint64_t step;
-    double elapsed_s;
+    server_conn *conn; /* NULL once the client left (conn_handle_closed) */
+    rpc_work *w;
 };
 
 typedef struct {
@@ -101,9 +81,11 @@ static void conn_handle_closed(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
-    /* A sample still running for it finds no connection to answer. */
-    if (c->sample)
-        c->sample->conn = NULL;
+    /* Work still running for it finds no connection to answer. */
+    if (c->work)
+        c->work->conn = NULL;
+    if (c->stream)
+        c->stream->free(c->stream);
     wire_reader_free(&c->rd);
     free(c);
 }
@@ -213,71 +195,45 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = sizeof c->rbuf;
 }
 
-/* ---- watch streams ---------------------------------------------------------- */
+/* ---- answering ---------------------------------------------------------------- */
 
-/* Send the watched job if it changed since the last event; the stream ends
- * (final) once the job is completed, failed or cancelled. */
-static void push_watch(server_conn *c)
+/* The connection as rpc sees it while it answers. */
+static rpc_call conn_call(server_conn *c)
 {
-    gradd_ctx *ctx = c->srv->ctx;
-    if (!c->watching || c->closing || !ctx->q)
-        return;
-    rpc_job_store *st = malloc(sizeof *st);
-    if (!st)
-        return;
-    pthread_mutex_lock(&ctx->q->lock);
-    job *j = queue_find(ctx->q, c->watch_id);
-    bool changed = j && j->version != c->watch_version;
-    bool final = !j || (j->state != JOB_QUEUED && j->state != JOB_RUNNING);
-    if (changed) {
-        rpc_job_info(ctx, j, st);
-        c->watch_version = j->version;
-    }
-    pthread_mutex_unlock(&ctx->q->lock);
-    if (changed) {
-        Gradd__WatchEvent ev;
-        gradd__watch_event__init(&ev);
-        ev.job = &st->msg;
-        ev.final = final;
-        Gradd__Response resp;
-        gradd__response__init(&resp);
-        resp.version = WIRE_PROTOCOL_VERSION;
-        resp.body_case = GRADD__RESPONSE__BODY_WATCH;
-        resp.watch = &ev;
-        conn_send(c, &resp);
-    }
-    free(st);
-    if (final && !c->closing) {
-        /* Back to request/response: the idle timeout applies again. */
-        c->watching = false;
-        uv_timer_again(&c->idle);
-    }
+    return (rpc_call){
+        .ctx = c->srv->ctx,
+        .peer = &c->peer,
+        .send = conn_send,
+        .conn = c,
+        .work_pending = c->work != NULL,
+        .work_running = c->srv->works,
+        .work_slots = WORK_SLOTS,
+    };
 }
 
-static void start_watch(server_conn *c, uint32_t id)
+/* Give the connection's stream its next frame; once the stream has ended
+ * the connection is back to request/response. */
+static void stream_push(server_conn *c)
 {
-    gradd_ctx *ctx = c->srv->ctx;
-    bool found = false;
-    if (ctx->q) {
-        pthread_mutex_lock(&ctx->q->lock);
-        found = queue_find(ctx->q, id) != NULL;
-        pthread_mutex_unlock(&ctx->q->lock);
-    }
-    if (!found) {
-        char msg[64];
-        Gradd__Response resp;
-        Gradd__Error e;
-        snprintf(msg, sizeof msg, "no job %u", id);
-        wire_error_response(&resp, &e, GRADD__ERROR__CODE__NOT_FOUND, msg);
-        conn_send(c, &resp);
+    if (!c->stream || c->closing)
         return;
-    }
-    c->watching = true;
-    c->watch_id = id;
-    c->watch_version = UINT64_MAX;
-    /* A watcher may be silent for as long as the job runs. */
+    rpc_call call = conn_call(c);
+    if (c->stream->next(c->stream, &call))
+        return;
+    c->stream->free(c->stream);
+    c->stream = NULL;
+    if (!c->closing)
+        uv_timer_again(&c->idle); /* the idle timeout applies again */
+}
+
+static void stream_start(server_conn *c, rpc_stream *st)
+{
+    if (c->stream)
+        c->stream->free(c->stream);
+    c->stream = st;
+    /* A stream may be silent for as long as the job runs. */
     uv_timer_stop(&c->idle);
-    push_watch(c);
+    stream_push(c);
 }
 
 static void on_notify(uv_async_t *a)
@@ -286,7 +242,7 @@ static void on_notify(uv_async_t *a)
     if (s->ctx->q)
         queue_save_unsaved(s->ctx->q);
     for (server_conn *c = s->conns; c; c = c->next)
-        push_watch(c);
+        stream_push(c);
 }
 
 /* Called by workers from their threads. */
@@ -296,167 +252,47 @@ static void notify_loop(void *user)
     uv_async_send(&s->notify);
 }
 
-/* ---- sampling, off the loop ------------------------------------------------- */
-
-
-static void sample_work(uv_work_t *w)
+static void work_run(uv_work_t *req)
 {
-    sample_op *op = w->data;
-    uint64_t t0 = ctx_now_ns();
-    access_saved saved;
-    char err[1024];
-    /* The file is read as the user who asked (who is usually the owner):
-     * the daemon reads nothing for a user that the user could not. */
-    if (access_become(op->uid, op->gid, &saved, err, sizeof err) != 0) {
-        op->code = GRADD__ERROR__CODE__PERMISSION_DENIED;
-        snprintf(op->err, sizeof op->err, "%s", err);
-        return;
-    }
-    sample_model *m = NULL;
-    if (sample_pick_file(op->out_dir, op->path, sizeof op->path, err, sizeof err) != 0) {
-        op->code = strstr(err, "ermission denied") ? GRADD__ERROR__CODE__PERMISSION_DENIED
-                                                   : GRADD__ERROR__CODE__NOT_FOUND;
-        snprintf(op->err, sizeof op->err, "job %u: %s", op->job, err);
-    } else if (sample_load(op->path, op->opts.threads, &m, err, sizeof err) != 0) {
-        op->code = GRADD__ERROR__CODE__BAD_REQUEST;
-        snprintf(op->err, sizeof op->err, "job %u: %s", op->job, err);
-    }
-    access_restore(&saved);
-    if (!m)
-        return;
-    op->vocab = sample_vocab(m);
-    op->step = sample_step(m);
-    if (sample_generate(m, &op->opts, &op->out, err, sizeof err) != 0) {
-        op->code = GRADD__ERROR__CODE__BAD_REQUEST;
-        snprintf(op->err, sizeof op->err, "sample: %s", err);
-    }
-    sample_free(m);
-    op->elapsed_s = (double)(ctx_now_ns() - t0) / 1e9;
+    work_op *op = req->data;
+    op->w->run(op->w);
 }
 
-static void sample_done(uv_work_t *w, int status)
+static void work_done(uv_work_t *req, int status)
 {
-    sample_op *op = w->data;
+    work_op *op = req->data;
     server_conn *c = op->conn;
-    op->srv->samples--;
-    if (c) {
-        c->sample = NULL;
-        Gradd__Response resp;
-        Gradd__Error e;
-        if (status != 0 || op->code) {
-            wire_error_response(&resp, &e, op->code ? op->code : GRADD__ERROR__CODE__INTERNAL,
-                                op->code ? op->err : "sampling was cancelled");
-            conn_send(c, &resp);
-        } else {
-            Gradd__SampleResponse sr;
-            gradd__sample_response__init(&sr);
-            sr.text.data = op->out.text;
-            sr.text.len = op->out.text ? op->out.n : 0;
-            sr.n_token_ids = op->out.n;
-            sr.token_ids = op->out.ids;
-            sr.model_path = op->path;
-            sr.step = op->step;
-            sr.vocab = op->vocab;
-            sr.seed = op->opts.seed;
-            sr.elapsed_s = op->elapsed_s;
-            gradd__response__init(&resp);
-            resp.version = WIRE_PROTOCOL_VERSION;
-            resp.body_case = GRADD__RESPONSE__BODY_SAMPLE;
-            resp.sample = &sr;
-            conn_send(c, &resp);
-        }
-        if (!c->closing && !c->watching)
-            uv_timer_again(&c->idle);
-    }
-    log_job(LOG_INFO, op->job, NULL, "job %u: sampled %zu tokens for uid %u in %.2fs%s%s%s", op->job, op->out.n,
-            (unsigned)op->uid, op->elapsed_s, op->code ? ": " : "", op->code ? op->err : "",
-            c ? "" : " (the client left)");
-    sample_output_free(&op->out);
-    free(op->prompt);
+    op->srv->works--;
+    if (c)
+        c->work = NULL;
+    rpc_call call;
+    if (c)
+        call = conn_call(c);
+    op->w->done(op->w, c ? &call : NULL, status == 0 ? RPC_WORK_RAN : RPC_WORK_CANCELLED);
+    if (c && !c->closing && !c->stream)
+        uv_timer_again(&c->idle);
     free(op);
 }
 
-static void start_sample(server_conn *c, const Gradd__SampleRequest *rq)
+static void work_start(server_conn *c, rpc_work *w)
 {
     server *s = c->srv;
-    gradd_ctx *ctx = s->ctx;
-    char msg[PATH_MAX + 256];
-    Gradd__Response resp;
-    Gradd__Error e;
-    Gradd__Error__Code code = GRADD__ERROR__CODE__BAD_REQUEST;
-    msg[0] = '\0';
-    double temp = rq->has_temperature ? rq->temperature : SAMPLE_DEFAULT_TEMPERATURE;
-    if (rq->tokens > SAMPLE_MAX_TOKENS)
-        snprintf(msg, sizeof msg, "sample: tokens: %u is more than %d", rq->tokens, SAMPLE_MAX_TOKENS);
-    else if (!(temp >= 0) || temp > 100)
-        snprintf(msg, sizeof msg, "sample: temperature: %g is not between 0 and 100", temp);
-    else if (c->sample)
-        snprintf(msg, sizeof msg, "sample: this connection is already waiting for one"), code = GRADD__ERROR__CODE__UNAVAILABLE;
-    else if (s->samples >= MAX_SAMPLES)
-        snprintf(msg, sizeof msg, "sample: %d samples are being generated; try again shortly", MAX_SAMPLES),
-            code = GRADD__ERROR__CODE__UNAVAILABLE;
-    else if (!ctx->q)
-        snprintf(msg, sizeof msg, "this gradd has no job queue"), code = GRADD__ERROR__CODE__UNAVAILABLE;
-    sample_op *op = msg[0] ? NULL : calloc(1, sizeof *op);
-    if (!msg[0] && (!op || !(op->prompt = malloc(rq->prompt.len ? rq->prompt.len : 1)))) {
-        snprintf(msg, sizeof msg, "out of memory");
-        code = GRADD__ERROR__CODE__INTERNAL;
+    work_op *op = malloc(sizeof *op);
+    if (op) {
+        op->srv = s;
+        op->conn = c;
+        op->w = w;
+        op->req.data = op;
     }
-    if (!msg[0]) {
-        pthread_mutex_lock(&ctx->q->lock);
-        job *j = queue_find(ctx->q, rq->id);
-        if (!j) {
-            snprintf(msg, sizeof msg, "no job %u", rq->id);
-            code = GRADD__ERROR__CODE__NOT_FOUND;
-        } else if (j->cfg_unread) {
-            snprintf(msg, sizeof msg,
-                     "job %u (%s): its job file could not be read when gradd started (the log says why), so "
-                     "its model is unknown",
-                     j->id, j->name);
-        } else if (j->cfg.model != JOBCFG_GPT) {
-            snprintf(msg, sizeof msg, "job %u (%s) trains an mlp classifier; only gpt jobs generate text", j->id,
-                     j->name);
-        } else {
-            snprintf(op->out_dir, sizeof op->out_dir, "%s", j->cfg.out_dir);
-        }
-        pthread_mutex_unlock(&ctx->q->lock);
-    }
-    if (msg[0]) {
-        if (op)
-            free(op->prompt);
+    if (!op || uv_queue_work(&s->loop, &op->req, work_run, work_done) != 0) {
         free(op);
-        wire_error_response(&resp, &e, code, msg);
-        conn_send(c, &resp);
+        rpc_call call = conn_call(c);
+        w->done(w, &call, RPC_WORK_UNSTARTED);
         return;
     }
-    op->conn = c;
-    op->srv = s;
-    op->job = rq->id;
-    op->uid = c->peer.uid;
-    op->gid = c->peer.gid;
-    if (rq->prompt.len)
-        memcpy(op->prompt, rq->prompt.data, rq->prompt.len);
-    op->opts.prompt = op->prompt;
-    op->opts.prompt_len = rq->prompt.len;
-    op->opts.tokens = rq->tokens ? rq->tokens : SAMPLE_DEFAULT_TOKENS;
-    op->opts.temperature = temp;
-    op->opts.seed = rq->seed;
-    /* Without a seed, a fresh one, reported back so the text can be had again. */
-    if (!rq->has_seed && getrandom(&op->opts.seed, sizeof op->opts.seed, GRND_NONBLOCK) != sizeof op->opts.seed)
-        op->opts.seed = ctx_now_ns() ^ ((uint64_t)c->peer.pid << 32);
-    /* One core: training jobs keep the rest. */
-    op->opts.threads = 1;
-    op->work.data = op;
-    if (uv_queue_work(&s->loop, &op->work, sample_work, sample_done) != 0) {
-        free(op->prompt);
-        free(op);
-        wire_error_response(&resp, &e, GRADD__ERROR__CODE__INTERNAL, "cannot start sampling");
-        conn_send(c, &resp);
-        return;
-    }
-    c->sample = op;
-    s->samples++;
-    /* Generation may outlast client_timeout: the answer resets the timer. */
+    c->work = op;
+    s->works++;
+    /* The work may outlast client_timeout: the answer resets the timer. */
     uv_timer_stop(&c->idle);
 }
 
@@ -475,14 +311,15 @@ static void handle_frame(server_conn *c, const uint8_t *body, size_t len)
         Gradd__Error e;
         wire_error_response(&resp, &e, GRADD__ERROR__CODE__VERSION_MISMATCH, err);
         conn_send(c, &resp);
-    } else if (req->body_case == GRADD__REQUEST__BODY_WATCH) {
-        start_watch(c, req->watch->id);
-    } else if (req->body_case == GRADD__REQUEST__BODY_SAMPLE) {
-        start_sample(c, req->sample);
     } else if (!conn_over_limit(c)) {
+        rpc_call call = conn_call(c);
         c->answering = true;
-        rpc_dispatch(c->srv->ctx, &c->peer, req, conn_send, c);
+        rpc_reply r = rpc_dispatch(&call, req);
         c->answering = false;
+        if (r.stream)
+            stream_start(c, r.stream);
+        else if (r.work)
+            work_start(c, r.work);
     }
     gradd__request__free_unpacked(req, NULL);
 }
@@ -509,7 +346,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         size_t len;
         ws = wire_reader_next(&c->rd, &body, &len);
         if (ws == WIRE_OK) {
-            if (!c->watching)
+            if (!c->stream)
                 uv_timer_again(&c->idle);
             handle_frame(c, body, len);
         }

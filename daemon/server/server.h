@@ -35,7 +35,7 @@ typedef struct server {
     uint64_t *wd_beats;    /* per worker: beats at the last change ... */
     uint64_t *wd_since_ns; /* ... and when that change was seen */
     bool wd_hung;          /* a worker stopped progressing: pings stopped */
-    int samples;           /* samples being generated in libuv's thread pool */
+    int works;             /* deferred work (rpc_work) in libuv's thread pool */
 } server;
 
 /* Bind the socket at `path` (replacing a stale one, refusing a live one) and
