@@ -26,19 +26,14 @@ static void send_job(const rpc_call *c, job *j, bool cancel_reply)
     }
     rpc_job_info(ctx, j, st);
     pthread_mutex_unlock(&ctx->q->lock);
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    Gradd__CancelResponse cr;
     if (cancel_reply) {
+        Gradd__CancelResponse cr;
         gradd__cancel_response__init(&cr);
         cr.job = &st->msg;
-        resp.body_case = GRADD__RESPONSE__BODY_CANCEL;
-        resp.cancel = &cr;
+        RPC_SEND(c, CANCEL, cancel, &cr);
     } else {
-        resp.body_case = GRADD__RESPONSE__BODY_JOB;
-        resp.job = &st->msg;
+        RPC_SEND(c, JOB, job, &st->msg);
     }
-    c->send(c->conn, &resp);
     free(st);
 }
 
@@ -210,11 +205,7 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
     gradd__submit_response__init(&sr);
     sr.id = id;
     sr.name = cfg->name;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_SUBMIT;
-    resp.submit = &sr;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, SUBMIT, submit, &sr);
 out:
     free(cfg);
 }
@@ -285,11 +276,7 @@ void rpc_list(const rpc_call *c, const Gradd__Request *req)
         lr.n_jobs = k;
         lr.jobs = ptrs;
         lr.more = more;
-        Gradd__Response resp;
-        rpc_response_init(&resp);
-        resp.body_case = GRADD__RESPONSE__BODY_LIST;
-        resp.list = &lr;
-        if (c->send(c->conn, &resp) != 0)
+        if (RPC_SEND(c, LIST, list, &lr) != 0)
             break;
     }
     free(st);
@@ -359,11 +346,7 @@ void rpc_remove(const rpc_call *c, const Gradd__Request *req)
     gradd__remove_response__init(&rr);
     rr.id = id;
     rr.name = name;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_REMOVE;
-    resp.remove = &rr;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, REMOVE, remove, &rr);
 }
 
 /* A job's log is its owner's, as a batch job's output file would be: it
@@ -395,11 +378,7 @@ void rpc_logs(const rpc_call *c, const Gradd__Request *req)
         lr.chunk.data = (uint8_t *)buf;
         lr.chunk.len = n;
         lr.last = last;
-        Gradd__Response resp;
-        rpc_response_init(&resp);
-        resp.body_case = GRADD__RESPONSE__BODY_LOGS;
-        resp.logs = &lr;
-        if (c->send(c->conn, &resp) != 0)
+        if (RPC_SEND(c, LOGS, logs, &lr) != 0)
             break;
     }
     free(buf);

@@ -133,10 +133,6 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
     Gradd__MetricsResponse mr;
     gradd__metrics_response__init(&mr);
     mr.text = text;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_METRICS;
-    resp.metrics = &mr;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, METRICS, metrics, &mr);
     free(text);
 }

@@ -75,11 +75,7 @@ void rpc_status(const rpc_call *c, const Gradd__Request *req)
     st.cuda_note = ctx->cuda_note;
     st.peer_uid = (uint32_t)c->peer->uid;
 
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_STATUS;
-    resp.status = &st;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, STATUS, status, &st);
 }
 
 /* ---- stats ----------------------------------------------------------------- */
@@ -217,11 +213,7 @@ void rpc_stats(const rpc_call *c, const Gradd__Request *req)
     gradd__stats_response__init(&sr);
     sr.n_pools = (size_t)n;
     sr.pools = ptrs;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_STATS;
-    resp.stats = &sr;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, STATS, stats, &sr);
     free(ptrs);
     free(store);
 }
@@ -254,11 +246,7 @@ void rpc_trim(const rpc_call *c, const Gradd__Request *req)
     gradd__trim_response__init(&tr);
     tr.n_results = (size_t)n;
     tr.results = ptrs;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_TRIM;
-    resp.trim = &tr;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, TRIM, trim, &tr);
 }
 
 /* ---- timeline -------------------------------------------------------------- */
@@ -305,11 +293,7 @@ void rpc_timeline(const rpc_call *c, const Gradd__Request *req)
         off += n_chunk;
         tl.last = off >= len;
         tl.events = ps.timeline_events;
-        Gradd__Response resp;
-        rpc_response_init(&resp);
-        resp.body_case = GRADD__RESPONSE__BODY_TIMELINE;
-        resp.timeline = &tl;
-        if (c->send(c->conn, &resp) != 0)
+        if (RPC_SEND(c, TIMELINE, timeline, &tl) != 0)
             break;
     } while (off < len);
     free(buf);

@@ -1,5 +1,5 @@
-/* rpc.c — the table from request body to command, and what every command
- * shares: error answers, the response envelope, a job's JobInfo. */
+/* rpc.c — the table from request body to command, and what more than one
+ * command uses: error answers and a job's JobInfo. */
 #include "rpc_internal.h"
 
 #include <math.h>
@@ -55,12 +55,6 @@ rpc_reply rpc_dispatch(const rpc_call *c, const Gradd__Request *req)
 }
 
 /* ---- shared by the commands ------------------------------------------------------ */
-
-void rpc_response_init(Gradd__Response *r)
-{
-    gradd__response__init(r);
-    r->version = WIRE_PROTOCOL_VERSION;
-}
 
 void rpc_error(const rpc_call *c, Gradd__Error__Code code, const char *msg)
 {

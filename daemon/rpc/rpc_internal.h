@@ -25,8 +25,17 @@ struct job;
  * every frame stays far below any cap, whatever the whole is. */
 #define RPC_CHUNK ((size_t)256 << 10)
 
-/* A Response carrying this daemon's protocol version and no body yet. */
-void rpc_response_init(Gradd__Response *r);
+/* Send msg as the answer's body: CASE names the body case (STATUS, STATS,
+ * ...) and FIELD the Response's field for it (status, stats, ...).  The
+ * envelope every answer shares, with this daemon's protocol version; it
+ * evaluates to what call->send returns. */
+#define RPC_SEND(c, CASE, FIELD, msg)                                                  \
+    ((c)->send((c)->conn, &(Gradd__Response){                                          \
+        .base = PROTOBUF_C_MESSAGE_INIT(&gradd__response__descriptor),                 \
+        .version = WIRE_PROTOCOL_VERSION,                                              \
+        .body_case = GRADD__RESPONSE__BODY_##CASE,                                     \
+        .FIELD = (msg),                                                                \
+    }))
 /* Answer with an Error. */
 void rpc_error(const rpc_call *c, Gradd__Error__Code code, const char *msg);
 

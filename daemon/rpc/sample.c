@@ -102,11 +102,7 @@ static void sample_done(rpc_work *w, const rpc_call *c, rpc_work_status status)
             sr.vocab = op->vocab;
             sr.seed = op->opts.seed;
             sr.elapsed_s = op->elapsed_s;
-            Gradd__Response resp;
-            rpc_response_init(&resp);
-            resp.body_case = GRADD__RESPONSE__BODY_SAMPLE;
-            resp.sample = &sr;
-            c->send(c->conn, &resp);
+            RPC_SEND(c, SAMPLE, sample, &sr);
         }
     }
     log_job(LOG_INFO, op->job, NULL, "job %u: sampled %zu tokens for uid %u in %.2fs%s%s%s", op->job, op->out.n,

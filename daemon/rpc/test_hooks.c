@@ -48,11 +48,7 @@ void rpc_test_pressure(const rpc_call *c, const Gradd__Request *req)
     dev_mem_info(ctx->devs[i], &f, &t);
     tp.external = dev_cpu_external(ctx->devs[i]);
     tp.device_free = f;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_TEST_PRESSURE;
-    resp.test_pressure = &tp;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, TEST_PRESSURE, test_pressure, &tp);
 }
 
 void rpc_test_alloc(const rpc_call *c, const Gradd__Request *req)
@@ -99,11 +95,7 @@ void rpc_test_alloc(const rpc_call *c, const Gradd__Request *req)
     }
     ta.held = (uint32_t)h->n;
     ta.oom = oom_msg;
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_TEST_ALLOC;
-    resp.test_alloc = &ta;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, TEST_ALLOC, test_alloc, &ta);
 }
 
 void rpc_test_hang(const rpc_call *c, const Gradd__Request *req)
@@ -133,9 +125,5 @@ void rpc_test_hang(const rpc_call *c, const Gradd__Request *req)
     pthread_mutex_unlock(&ctx->q->lock);
     log_dev(LOG_WARN, ctx->devs[i]->id, "test hook: %u job thread%s of %s %s", th.workers, th.workers == 1 ? "" : "s",
             ctx->devs[i]->id, rq->release ? "released" : "told to hang at the next poll");
-    Gradd__Response resp;
-    rpc_response_init(&resp);
-    resp.body_case = GRADD__RESPONSE__BODY_TEST_HANG;
-    resp.test_hang = &th;
-    c->send(c->conn, &resp);
+    RPC_SEND(c, TEST_HANG, test_hang, &th);
 }

@@ -40,11 +40,7 @@ static bool watch_next(rpc_stream *s, const rpc_call *c)
         gradd__watch_event__init(&ev);
         ev.job = &st->msg;
         ev.final = final;
-        Gradd__Response resp;
-        rpc_response_init(&resp);
-        resp.body_case = GRADD__RESPONSE__BODY_WATCH;
-        resp.watch = &ev;
-        c->send(c->conn, &resp);
+        RPC_SEND(c, WATCH, watch, &ev);
     }
     free(st);
     return !final;
