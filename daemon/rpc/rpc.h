@@ -1,10 +1,18 @@
-/* rpc.h — one handler per request body.  The server (server.c) owns the
- * connections and framing; handlers here only read the request, consult
- * the daemon's state and send one or more responses through `send`. */
+/* rpc.h — one request, one answer: the control protocol's commands.
+ *
+ * The server owns the process side (the loop, connections, framing, the
+ * socket, libuv's thread pool); rpc knows nothing of it.  A request comes
+ * in as an rpc_call, the answer goes out through call->send, and a command
+ * whose answer outlives the request hands the server one of two things:
+ *   a stream    (watch): frames that follow job changes until it ends;
+ *   deferred work (sample): a slow part run off the loop, then answered.
+ * rpc.c holds the table from request body to command; each command family
+ * is a file of its own (jobs.c, pool.c, watch.c, sample.c, metrics.c,
+ * test_hooks.c). */
 #ifndef GRADD_RPC_H
 #define GRADD_RPC_H
 
-#include <limits.h>
+#include <stdbool.h>
 #include <sys/types.h>
 
 #include "base/ctx.h"
@@ -20,22 +28,50 @@ typedef struct {
  * connection is gone or over its output limit. */
 typedef int (*rpc_send_fn)(void *conn, const Gradd__Response *resp);
 
-struct job;
-
-/* A JobInfo message and the storage its fields point into. */
+/* One request being answered, as the server sees its connection. */
 typedef struct {
-    Gradd__JobInfo msg;
-    Gradd__TagUsage tags[POOL_TAG_COUNT];
-    Gradd__TagUsage *tag_ptrs[POOL_TAG_COUNT];
-    char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
-    char change_reason[16];
-} rpc_job_store;
+    gradd_ctx *ctx;
+    const rpc_peer *peer;
+    rpc_send_fn send;
+    void *conn;
+    /* Deferred work in flight: whether this connection waits for some, and
+     * how much the daemon runs of the most it runs at once.  A command
+     * refuses more rather than have it queue behind the others. */
+    bool work_pending;
+    int work_running, work_slots;
+} rpc_call;
 
-/* Fill st from j; the caller holds the queue lock. */
-int rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
+/* Frames that follow a request.  The server calls next once when the
+ * stream starts and again each time a job changes, until next returns
+ * false (the stream has ended); then, or when the connection closes first,
+ * it calls free. */
+typedef struct rpc_stream {
+    bool (*next)(struct rpc_stream *st, const rpc_call *call);
+    void (*free)(struct rpc_stream *st);
+} rpc_stream;
+
+typedef enum {
+    RPC_WORK_RAN,       /* run returned */
+    RPC_WORK_CANCELLED, /* the loop stopped before run began */
+    RPC_WORK_UNSTARTED, /* the server could not queue it */
+} rpc_work_status;
+
+/* A slow part of an answer.  The server calls run once, in a thread off
+ * the loop, then done on the loop with the connection to answer (NULL when
+ * the client left); done frees the work. */
+typedef struct rpc_work {
+    void (*run)(struct rpc_work *w);
+    void (*done)(struct rpc_work *w, const rpc_call *call, rpc_work_status status);
+} rpc_work;
+
+/* What a request leaves to the server beyond what was sent: at most one of
+ * the two is set. */
+typedef struct {
+    rpc_stream *stream;
+    rpc_work *work;
+} rpc_reply;
 
 /* Answer a request whose version has already been checked. */
-void rpc_dispatch(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__Request *req,
-                  rpc_send_fn send, void *conn);
+rpc_reply rpc_dispatch(const rpc_call *call, const Gradd__Request *req);
 
 #endif

@@ -261,10 +261,10 @@ int main(int argc, char **argv)
         return 1;
     }
     ctx.ws = &ws;
-    srv.wd_beats = calloc((size_t)ws.n + 1, sizeof *srv.wd_beats);
-    srv.wd_since_ns = calloc((size_t)ws.n + 1, sizeof *srv.wd_since_ns);
-    if (!srv.wd_beats || !srv.wd_since_ns)
-        srv.wd_usec = 0;
+    srv.wd.beats = calloc((size_t)ws.n + 1, sizeof *srv.wd.beats);
+    srv.wd.since_ns = calloc((size_t)ws.n + 1, sizeof *srv.wd.since_ns);
+    if (!srv.wd.beats || !srv.wd.since_ns)
+        srv.wd.usec = 0;
     log_info("gradd %s started (config %s, state %s)", GRADD_VERSION, ctx.cfg.source, state_dir);
     char ready[PATH_MAX + 64];
     snprintf(ready, sizeof ready, "serving on %s; %d device%s", srv.path, ctx.ndev, ctx.ndev == 1 ? "" : "s");

@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "base/ctx.h"
+#include "svc.h"
 
 typedef struct server_conn server_conn;
 
@@ -21,7 +22,7 @@ typedef struct server {
     uv_pipe_t listener;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;
-    uv_async_t notify; /* workers: a job changed; push to watchers */
+    uv_async_t notify; /* workers: a job changed; push to streams */
     gradd_ctx *ctx;
     char path[PATH_MAX];
     dev_t sock_dev;
@@ -31,11 +32,8 @@ typedef struct server {
     uint64_t accepted, refused;
     bool stopping;
     bool activated;        /* the socket came from systemd (gradd.socket) */
-    uint64_t wd_usec;      /* systemd watchdog interval; 0: none */
-    uint64_t *wd_beats;    /* per worker: beats at the last change ... */
-    uint64_t *wd_since_ns; /* ... and when that change was seen */
-    bool wd_hung;          /* a worker stopped progressing: pings stopped */
-    int samples;           /* samples being generated in libuv's thread pool */
+    svc_watchdog_state wd; /* beats, one per worker, allocated by main */
+    int works;             /* deferred work (rpc_work) in libuv's thread pool */
 } server;
 
 /* Bind the socket at `path` (replacing a stale one, refusing a live one) and

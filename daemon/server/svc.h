@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "base/ctx.h"
+
 /* The listening socket systemd passed (gradd.socket), or -1. */
 int svc_listen_fd(void);
 
@@ -24,6 +26,18 @@ void svc_extend_timeout(uint64_t usec);
 uint64_t svc_watchdog_usec(void);
 /* WATCHDOG=1. */
 void svc_watchdog(void);
+
+/* What the watchdog remembers of the job threads between two reports. */
+typedef struct {
+    uint64_t usec;      /* systemd watchdog interval; 0: none */
+    uint64_t *beats;    /* per worker: beats at the last change ... */
+    uint64_t *since_ns; /* ... and when that change was seen */
+    bool hung;          /* a worker stopped progressing: pings stopped */
+} svc_watchdog_state;
+
+/* STATUS= with the jobs and device memory in use, and WATCHDOG=1 while
+ * every busy job thread progresses; called from the loop's tick. */
+void svc_report(gradd_ctx *ctx, svc_watchdog_state *wd);
 
 /* A log_sink_fn (log.h) that sends each entry to journald with
  * sd_journal_sendv; <0 when journald does not take it (or without

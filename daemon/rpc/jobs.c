@@ -1,0 +1,387 @@
+/* jobs.c — the requests about jobs: submit, list, job, cancel, remove and
+ * logs.  Everyone may see every job; changing one, or reading its log, is
+ * for its owner, root and the admin group (owned_job). */
+#include "rpc_internal.h"
+
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "jobs/access.h"
+#include "jobs/queue.h"
+
+/* Answer with j as a Job or a Cancel response; the caller holds the queue
+ * lock, which this releases. */
+static void send_job(const rpc_call *c, job *j, bool cancel_reply)
+{
+    gradd_ctx *ctx = c->ctx;
+    rpc_job_store *st = malloc(sizeof *st);
+    if (!st) {
+        pthread_mutex_unlock(&ctx->q->lock);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    rpc_job_info(ctx, j, st);
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (cancel_reply) {
+        Gradd__CancelResponse cr;
+        gradd__cancel_response__init(&cr);
+        cr.job = &st->msg;
+        RPC_SEND(c, CANCEL, cancel, &cr);
+    } else {
+        RPC_SEND(c, JOB, job, &st->msg);
+    }
+    free(st);
+}
+
+/* Look a job up with the queue locked; on failure the lock is released and
+ * an error sent. */
+static job *locked_job(const rpc_call *c, uint32_t id)
+{
+    gradd_ctx *ctx = c->ctx;
+    if (!ctx->q) {
+        rpc_error(c, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return NULL;
+    }
+    pthread_mutex_lock(&ctx->q->lock);
+    job *j = queue_find(ctx->q, id);
+    if (!j) {
+        pthread_mutex_unlock(&ctx->q->lock);
+        char msg[64];
+        snprintf(msg, sizeof msg, "no job %u", id);
+        rpc_error(c, GRADD__ERROR__CODE__NOT_FOUND, msg);
+    }
+    return j;
+}
+
+/* locked_job, for what only its owner, root or the admin group may do
+ * (`what`, e.g. "cancel it"): NULL, unlocked and answered, for anyone else. */
+static job *owned_job(const rpc_call *c, uint32_t id, const char *what)
+{
+    gradd_ctx *ctx = c->ctx;
+    const rpc_peer *peer = c->peer;
+    job *j = locked_job(c, id);
+    if (!j || j->uid == peer->uid || access_is_admin(peer->uid, peer->gid, ctx->cfg.admin_group))
+        return j;
+    char msg[256];
+    snprintf(msg, sizeof msg, "job %u belongs to %s; only its owner, root or group '%s' may %s", id, j->user,
+             ctx->cfg.admin_group, what);
+    pthread_mutex_unlock(&ctx->q->lock);
+    rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+    return NULL;
+}
+
+static void user_name(uid_t uid, char *buf, size_t len)
+{
+    struct passwd pw, *res = NULL;
+    char tmp[4096];
+    if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
+        snprintf(buf, len, "%s", pw.pw_name);
+    else
+        snprintf(buf, len, "%u", (unsigned)uid);
+}
+
+void rpc_submit(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const rpc_peer *peer = c->peer;
+    const Gradd__SubmitRequest *rq = req->submit;
+    char msg[1400];
+    if (!ctx->q) {
+        rpc_error(c, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return;
+    }
+    const char *path = rq->path && *rq->path ? rq->path : "";
+    if (path[0] != '/') {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, "submit: the job file path must be absolute");
+        return;
+    }
+    uint64_t limit = config_job_file_limit(&ctx->cfg);
+    if (rq->contents.len > limit) {
+        snprintf(msg, sizeof msg,
+                 "%s: %zu bytes is more than this daemon accepts (%llu: [daemon] max_job_file, at most max_frame "
+                 "less %d)",
+                 path, rq->contents.len, (unsigned long long)limit, CONFIG_SUBMIT_ENVELOPE);
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
+        return;
+    }
+    job_config *cfg = malloc(sizeof *cfg);
+    if (!cfg) {
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    char err[1024];
+    /* Parsed as the submitter: the parser checks that the data files are
+     * readable, and that is the owner's question, not the daemon's. */
+    access_saved saved;
+    if (access_become(peer->uid, peer->gid, &saved, err, sizeof err) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
+        goto out;
+    }
+    int lrc = jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
+    access_restore(&saved);
+    if (lrc != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
+        goto out;
+    }
+    /* The overrides are checked as the file's keys are: gradctl checks
+     * them too, but any client can send a request. */
+    if (rq->name && *rq->name) {
+        const char *bad = jobcfg_name_problem(rq->name);
+        if (!bad && strlen(rq->name) >= sizeof cfg->name)
+            bad = "is too long";
+        if (bad) {
+            snprintf(msg, sizeof msg, "submit: the job name %s", bad);
+            rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+            goto out;
+        }
+        snprintf(cfg->name, sizeof cfg->name, "%s", rq->name);
+    }
+    if (rq->has_priority) {
+        if (rq->priority < 0 || rq->priority > JOBCFG_PRIORITY_MAX) {
+            snprintf(msg, sizeof msg, "submit: priority %lld is not from 0 to %d", (long long)rq->priority,
+                     JOBCFG_PRIORITY_MAX);
+            rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+            goto out;
+        }
+        cfg->priority = rq->priority;
+    }
+    char where[PATH_MAX + 64];
+    bool have_cuda = false, found = false, found_cuda = false;
+    for (int i = 0; i < ctx->ndev; i++)
+        have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;
+    for (int i = 0; i < ctx->ndev; i++) {
+        bool is_cuda = ctx->devs[i]->kind == DEV_KIND_CUDA;
+        if (queue_device_matches(cfg->device, ctx->devs[i]->id, is_cuda, have_cuda)) {
+            found = true;
+            found_cuda |= is_cuda;
+        }
+    }
+    if (!found) {
+        snprintf(msg, sizeof msg, "%s: no device '%s' on this daemon%s%s",
+                 jobcfg_where(cfg, "job", "device", where, sizeof where), cfg->device, ctx->cuda_note[0] ? "; " : "",
+                 ctx->cuda_note);
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
+        goto out;
+    }
+    /* Refused now rather than queued to fail when it starts: the devices
+     * it may run on are all CPUs, which train in fp32 only. */
+    if (cfg->precision != JOBCFG_FP32 && !found_cuda) {
+        snprintf(msg, sizeof msg, "%s: %s needs a CUDA device, and [job] device '%s' runs on a CPU "
+                 "on this daemon (use precision = fp32)%s%s",
+                 jobcfg_where(cfg, "train", "precision", where, sizeof where),
+                 cfg->precision == JOBCFG_BF16 ? "bf16" : "fp16", cfg->device, ctx->cuda_note[0] ? "; " : "",
+                 ctx->cuda_note);
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
+        goto out;
+    }
+    pthread_mutex_lock(&ctx->q->lock);
+    size_t active = queue_active_for(ctx->q, peer->uid);
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (active >= ctx->cfg.max_queued_per_user) {
+        snprintf(msg, sizeof msg, "uid %u already has %zu queued or running jobs ([daemon] max_queued_per_user)",
+                 (unsigned)peer->uid, active);
+        rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        goto out;
+    }
+    /* Everything the job will read or write, checked as its owner. */
+    if (access_check_job(peer->uid, peer->gid, cfg, err, sizeof err) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
+        goto out;
+    }
+    char user[64];
+    user_name(peer->uid, user, sizeof user);
+    uint32_t id;
+    if (queue_submit(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, user, &id, err,
+                     sizeof err) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, err);
+        goto out;
+    }
+    log_job(LOG_INFO, id, NULL, "job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
+    Gradd__SubmitResponse sr;
+    gradd__submit_response__init(&sr);
+    sr.id = id;
+    sr.name = cfg->name;
+    RPC_SEND(c, SUBMIT, submit, &sr);
+out:
+    free(cfg);
+}
+
+/* Jobs per ListResponse frame: a few MB of rpc_job_store at most, and a
+ * frame far below any cap, however many finished jobs are kept. */
+#define LIST_CHUNK 256
+
+static bool list_wants(const Gradd__ListRequest *rq, job_state want_state, const job *j)
+{
+    if (want_state != JOB_STATE_COUNT && j->state != want_state)
+        return false;
+    if (rq->user && *rq->user) {
+        char uid[16];
+        snprintf(uid, sizeof uid, "%u", (unsigned)j->uid);
+        if (strcmp(rq->user, j->user) != 0 && strcmp(rq->user, uid) != 0)
+            return false;
+    }
+    return true;
+}
+
+void rpc_list(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const Gradd__ListRequest *rq = req->list;
+    if (!ctx->q) {
+        rpc_error(c, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return;
+    }
+    job_state want_state = JOB_STATE_COUNT;
+    if (rq->state && *rq->state && job_state_parse(rq->state, &want_state) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST,
+                   "unknown state; use queued, running, completed, failed or cancelled");
+        return;
+    }
+    rpc_job_store *st = calloc(LIST_CHUNK, sizeof *st);
+    Gradd__JobInfo **ptrs = calloc(LIST_CHUNK, sizeof *ptrs);
+    if (!st || !ptrs) {
+        free(st);
+        free(ptrs);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    /* Frame by frame, each under the lock on its own: a chunk starts after
+     * the last id sent, so jobs that come or go in between are listed at
+     * most once. */
+    uint32_t after = 0;
+    bool more = true;
+    while (more) {
+        size_t k = 0;
+        pthread_mutex_lock(&ctx->q->lock);
+        size_t i = 0, n = ctx->q->n;
+        while (i < n && ctx->q->jobs[i]->id <= after)
+            i++;
+        for (; i < n && k < LIST_CHUNK; i++) {
+            job *j = ctx->q->jobs[i];
+            if (!list_wants(rq, want_state, j))
+                continue;
+            rpc_job_info(ctx, j, &st[k]);
+            ptrs[k] = &st[k].msg;
+            k++;
+            after = j->id;
+        }
+        more = i < n;
+        pthread_mutex_unlock(&ctx->q->lock);
+        Gradd__ListResponse lr;
+        gradd__list_response__init(&lr);
+        lr.n_jobs = k;
+        lr.jobs = ptrs;
+        lr.more = more;
+        if (RPC_SEND(c, LIST, list, &lr) != 0)
+            break;
+    }
+    free(st);
+    free(ptrs);
+}
+
+void rpc_job(const rpc_call *c, const Gradd__Request *req)
+{
+    job *j = locked_job(c, req->job->id);
+    if (j)
+        send_job(c, j, false); /* unlocks */
+}
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void rpc_cancel(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const rpc_peer *peer = c->peer;
+    uint32_t id = req->cancel->id;
+    job *j = owned_job(c, id, "cancel it");
+    if (!j)
+        return;
+    char msg[256];
+    if (j->state == JOB_QUEUED) {
+        j->state = JOB_CANCELLED;
+        j->finished_at = now_unix();
+        snprintf(j->reason, sizeof j->reason, "cancelled by uid %u before it started", (unsigned)peer->uid);
+        queue_persist_or_retry(ctx->q, j, NULL);
+    } else if (j->state == JOB_RUNNING) {
+        /* The worker stops at its next poll (between layers) and checkpoints. */
+        j->cancel_requested = true;
+    } else {
+        snprintf(msg, sizeof msg, "job %u is already %s", id, job_state_name(j->state));
+        pthread_mutex_unlock(&ctx->q->lock);
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        return;
+    }
+    queue_touch(ctx->q, j);
+    log_job(LOG_INFO, id, j->device, "job %u cancel requested by uid %u", id, (unsigned)peer->uid);
+    send_job(c, j, true); /* unlocks */
+    queue_notify(ctx->q);
+}
+
+void rpc_remove(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    uint32_t id = req->remove->id;
+    job *j = owned_job(c, id, "remove it");
+    if (!j)
+        return;
+    char msg[512], name[sizeof j->name];
+    snprintf(name, sizeof name, "%s", j->name);
+    int rc = queue_remove(ctx->q, id, msg, sizeof msg);
+    pthread_mutex_unlock(&ctx->q->lock);
+    if (rc != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        return;
+    }
+    log_job(LOG_INFO, id, NULL, "job %u (%s) removed by uid %u", id, name, (unsigned)c->peer->uid);
+    Gradd__RemoveResponse rr;
+    gradd__remove_response__init(&rr);
+    rr.id = id;
+    rr.name = name;
+    RPC_SEND(c, REMOVE, remove, &rr);
+}
+
+/* A job's log is its owner's, as a batch job's output file would be: it
+ * can name their files and say why they failed. */
+void rpc_logs(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    uint32_t id = req->logs->id;
+    job *j = owned_job(c, id, "read its log");
+    if (!j)
+        return;
+    char path[PATH_MAX + 32];
+    queue_log_path(ctx->q, id, path, sizeof path);
+    pthread_mutex_unlock(&ctx->q->lock);
+    FILE *f = fopen(path, "r");
+    char *buf = malloc(RPC_CHUNK);
+    if (!buf) {
+        if (f)
+            fclose(f);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    bool last = false;
+    while (!last) {
+        size_t n = f ? fread(buf, 1, RPC_CHUNK, f) : 0;
+        last = n < RPC_CHUNK;
+        Gradd__LogsResponse lr;
+        gradd__logs_response__init(&lr);
+        lr.chunk.data = (uint8_t *)buf;
+        lr.chunk.len = n;
+        lr.last = last;
+        if (RPC_SEND(c, LOGS, logs, &lr) != 0)
+            break;
+    }
+    free(buf);
+    if (f)
+        fclose(f);
+}

@@ -1,0 +1,300 @@
+/* pool.c — the requests about devices and their pools: status, stats,
+ * trim and timeline.  Each reads what the pools publish; only trim asks a
+ * pool to act. */
+#include "rpc_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "gradd-config.h"
+
+/* Resolve a request's device selector: "" means all.  Returns the number of
+ * indices written, or -1 after sending NOT_FOUND. */
+static int select_devices(const rpc_call *c, const char *want, int *idx)
+{
+    gradd_ctx *ctx = c->ctx;
+    if (!want || !*want) {
+        for (int i = 0; i < ctx->ndev; i++)
+            idx[i] = i;
+        return ctx->ndev;
+    }
+    int i = ctx_find_device(ctx, want);
+    if (i < 0) {
+        char msg[256];
+        int n = snprintf(msg, sizeof msg, "no device '%s'; this daemon has:", want);
+        for (int k = 0; k < ctx->ndev && n < (int)sizeof msg - 20; k++)
+            n += snprintf(msg + n, sizeof msg - (size_t)n, " %s", ctx->devs[k]->id);
+        rpc_error(c, GRADD__ERROR__CODE__NOT_FOUND, msg);
+        return -1;
+    }
+    idx[0] = i;
+    return 1;
+}
+
+/* ---- status -------------------------------------------------------------- */
+
+void rpc_status(const rpc_call *c, const Gradd__Request *req)
+{
+    (void)req;
+    gradd_ctx *ctx = c->ctx;
+    Gradd__StatusResponse st;
+    gradd__status_response__init(&st);
+    Gradd__Device devs[CTX_MAX_DEVICES];
+    Gradd__Device *ptrs[CTX_MAX_DEVICES];
+    pool_stats *ps = malloc(sizeof *ps);
+    if (!ps) {
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (int i = 0; i < ctx->ndev; i++) {
+        dev *d = ctx->devs[i];
+        Gradd__Device *g = &devs[i];
+        gradd__device__init(g);
+        g->id = d->id;
+        g->name = d->name;
+        g->kind = (char *)dev_kind_str(d->kind);
+        size_t f = 0, t = 0;
+        dev_mem_info(d, &f, &t);
+        g->mem_total = t;
+        g->mem_free = f;
+        pool_stats_read(ctx->pools[i], ps);
+        g->pool_reserved = (uint64_t)ps->reserved_bytes[POOL_ALL].current;
+        g->pool_allocated = (uint64_t)ps->allocated_bytes[POOL_ALL].current;
+        g->fragmentation = ps->fragmentation;
+        ptrs[i] = g;
+    }
+    free(ps);
+    st.daemon_version = GRADD_VERSION;
+    st.protocol_version = WIRE_PROTOCOL_VERSION;
+    st.pid = (int32_t)getpid();
+    st.uptime_s = (double)(ctx_now_ns() - ctx->start_ns) / 1e9;
+    st.n_devices = (size_t)ctx->ndev;
+    st.devices = ptrs;
+    st.cuda_note = ctx->cuda_note;
+    st.peer_uid = (uint32_t)c->peer->uid;
+
+    RPC_SEND(c, STATUS, status, &st);
+}
+
+/* ---- stats ----------------------------------------------------------------- */
+
+/* Storage for one device's PoolStats message and everything it points to. */
+typedef struct {
+    Gradd__PoolStats msg;
+    Gradd__Stat stat[9][3];
+    Gradd__PoolStat pstat[9];
+    Gradd__TagUsage tags[POOL_TAG_COUNT];
+    Gradd__TagUsage *tag_ptrs[POOL_TAG_COUNT];
+    Gradd__JobUsage jobs[POOL_MAX_JOBS];
+    Gradd__JobUsage *job_ptrs[POOL_MAX_JOBS];
+    Gradd__TagUsage job_tags[POOL_MAX_JOBS][POOL_TAG_COUNT];
+    Gradd__TagUsage *job_tag_ptrs[POOL_MAX_JOBS][POOL_TAG_COUNT];
+    pool_stats ps;
+} stats_store;
+
+static Gradd__PoolStat *fill_pool_stat(stats_store *s, int k, const pool_stat v[3])
+{
+    static const int order[3] = {POOL_ALL, POOL_SMALL, POOL_LARGE};
+    Gradd__Stat *out[3];
+    for (int j = 0; j < 3; j++) {
+        Gradd__Stat *g = &s->stat[k][j];
+        gradd__stat__init(g);
+        g->current = v[order[j]].current;
+        g->peak = v[order[j]].peak;
+        g->allocated = v[order[j]].allocated;
+        g->freed = v[order[j]].freed;
+        out[j] = g;
+    }
+    Gradd__PoolStat *p = &s->pstat[k];
+    gradd__pool_stat__init(p);
+    p->all = out[0];
+    p->small = out[1];
+    p->large = out[2];
+    return p;
+}
+
+static void fill_pool_stats(stats_store *s, const char *device_id)
+{
+    const pool_stats *ps = &s->ps;
+    Gradd__PoolStats *m = &s->msg;
+    gradd__pool_stats__init(m);
+    m->device = (char *)device_id;
+    m->cap = ps->cap;
+    m->device_total = ps->device_total;
+    m->device_free = ps->device_free;
+    m->expandable_segments = ps->expandable_segments;
+    m->max_split_size = ps->max_split_size;
+    m->allocated_bytes = fill_pool_stat(s, 0, ps->allocated_bytes);
+    m->reserved_bytes = fill_pool_stat(s, 1, ps->reserved_bytes);
+    m->active_bytes = fill_pool_stat(s, 2, ps->active_bytes);
+    m->inactive_split_bytes = fill_pool_stat(s, 3, ps->inactive_split_bytes);
+    m->requested_bytes = fill_pool_stat(s, 4, ps->requested_bytes);
+    m->allocations = fill_pool_stat(s, 5, ps->allocations);
+    m->segments = fill_pool_stat(s, 6, ps->segments);
+    m->active_blocks = fill_pool_stat(s, 7, ps->active_blocks);
+    m->inactive_split_blocks = fill_pool_stat(s, 8, ps->inactive_split_blocks);
+    m->device_allocs = ps->device_allocs;
+    m->device_frees = ps->device_frees;
+    m->cache_hits = ps->cache_hits;
+    m->alloc_retries = ps->alloc_retries;
+    m->ooms = ps->ooms;
+    m->trims = ps->trims;
+    m->trimmed_bytes = ps->trimmed_bytes;
+    m->trim_ns = ps->trim_ns;
+    m->largest_free_block = ps->largest_free_block;
+    m->fragmentation = ps->fragmentation;
+    for (int t = 0; t < POOL_TAG_COUNT; t++) {
+        Gradd__TagUsage *u = &s->tags[t];
+        gradd__tag_usage__init(u);
+        u->tag = (char *)pool_tag_name((pool_tag)t);
+        u->allocated = (uint64_t)ps->tag_current[t];
+        u->peak = (uint64_t)ps->tag_peak[t];
+        s->tag_ptrs[t] = u;
+    }
+    m->n_tags = POOL_TAG_COUNT;
+    m->tags = s->tag_ptrs;
+    for (size_t j = 0; j < ps->njobs && j < POOL_MAX_JOBS; j++) {
+        Gradd__JobUsage *u = &s->jobs[j];
+        gradd__job_usage__init(u);
+        u->job = ps->jobs[j].job;
+        u->allocated = (uint64_t)ps->jobs[j].current;
+        u->peak = (uint64_t)ps->jobs[j].peak;
+        u->limit = ps->jobs[j].limit;
+        u->need = ps->jobs[j].need;
+        size_t nt = 0;
+        for (int t = 0; t < POOL_TAG_COUNT; t++) {
+            if (!ps->jobs[j].tag_current[t] && !ps->jobs[j].tag_peak[t])
+                continue;
+            Gradd__TagUsage *tu = &s->job_tags[j][nt];
+            gradd__tag_usage__init(tu);
+            tu->tag = (char *)pool_tag_name((pool_tag)t);
+            tu->allocated = (uint64_t)ps->jobs[j].tag_current[t];
+            tu->peak = (uint64_t)ps->jobs[j].tag_peak[t];
+            s->job_tag_ptrs[j][nt++] = tu;
+        }
+        u->n_tags = nt;
+        u->tags = s->job_tag_ptrs[j];
+        s->job_ptrs[j] = u;
+    }
+    m->n_jobs = ps->njobs < POOL_MAX_JOBS ? ps->njobs : POOL_MAX_JOBS;
+    m->jobs = s->job_ptrs;
+    m->timeline_events = ps->timeline_events;
+    m->timeline_dropped = ps->timeline_dropped;
+}
+
+void rpc_stats(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const Gradd__StatsRequest *rq = req->stats;
+    int idx[CTX_MAX_DEVICES];
+    int n = select_devices(c, rq->device, idx);
+    if (n < 0)
+        return;
+    stats_store *store = calloc((size_t)(n ? n : 1), sizeof *store);
+    Gradd__PoolStats **ptrs = calloc((size_t)(n ? n : 1), sizeof *ptrs);
+    if (!store || !ptrs) {
+        free(store);
+        free(ptrs);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        pool *p = ctx->pools[idx[k]];
+        /* Read first, then reset: the reply shows the peaks being cleared. */
+        pool_stats_read(p, &store[k].ps);
+        if (rq->reset_peaks)
+            pool_stats_reset_peaks(p);
+        fill_pool_stats(&store[k], ctx->devs[idx[k]]->id);
+        ptrs[k] = &store[k].msg;
+    }
+    Gradd__StatsResponse sr;
+    gradd__stats_response__init(&sr);
+    sr.n_pools = (size_t)n;
+    sr.pools = ptrs;
+    RPC_SEND(c, STATS, stats, &sr);
+    free(ptrs);
+    free(store);
+}
+
+/* ---- trim ------------------------------------------------------------------ */
+
+void rpc_trim(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const Gradd__TrimRequest *rq = req->trim;
+    int idx[CTX_MAX_DEVICES];
+    int n = select_devices(c, rq->device, idx);
+    if (n < 0)
+        return;
+    Gradd__TrimResult res[CTX_MAX_DEVICES];
+    Gradd__TrimResult *ptrs[CTX_MAX_DEVICES];
+    for (int k = 0; k < n; k++) {
+        pool_trim_result r = pool_trim(ctx->pools[idx[k]], POOL_TRIM_REQUEST, 0);
+        gradd__trim_result__init(&res[k]);
+        res[k].device = ctx->devs[idx[k]]->id;
+        res[k].bytes = r.bytes;
+        res[k].segments = r.segments;
+        res[k].ns = r.ns;
+        res[k].reserved_after = r.reserved_after;
+        ptrs[k] = &res[k];
+        log_dev(LOG_INFO, ctx->devs[idx[k]]->id, "trim on %s requested by uid %u: released %zu bytes in %zu segments", ctx->devs[idx[k]]->id,
+                 (unsigned)c->peer->uid, r.bytes, r.segments);
+    }
+    Gradd__TrimResponse tr;
+    gradd__trim_response__init(&tr);
+    tr.n_results = (size_t)n;
+    tr.results = ptrs;
+    RPC_SEND(c, TRIM, trim, &tr);
+}
+
+/* ---- timeline -------------------------------------------------------------- */
+
+void rpc_timeline(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const Gradd__TimelineRequest *rq = req->timeline;
+    int idx[CTX_MAX_DEVICES];
+    if ((!rq->device || !*rq->device) && ctx->ndev > 1) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST,
+                   "this daemon has several devices; name one with -d DEV");
+        return;
+    }
+    int n = select_devices(c, rq->device, idx);
+    if (n < 0)
+        return;
+    if (n == 0) {
+        rpc_error(c, GRADD__ERROR__CODE__NOT_FOUND, "this daemon has no devices");
+        return;
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    pool_stats ps;
+    pool_stats_read(ctx->pools[idx[0]], &ps);
+    int rc = f ? pool_timeline_write_json(ctx->pools[idx[0]], f) : -1;
+    if (f)
+        fclose(f);
+    if (rc != 0 || !buf) {
+        free(buf);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "cannot render the timeline");
+        return;
+    }
+    /* Chunks keep every frame far below the cap whatever the ring holds. */
+    size_t off = 0;
+    do {
+        size_t n_chunk = len - off < RPC_CHUNK ? len - off : RPC_CHUNK;
+        Gradd__TimelineResponse tl;
+        gradd__timeline_response__init(&tl);
+        tl.device = ctx->devs[idx[0]]->id;
+        tl.chunk.data = (uint8_t *)buf + off;
+        tl.chunk.len = n_chunk;
+        off += n_chunk;
+        tl.last = off >= len;
+        tl.events = ps.timeline_events;
+        if (RPC_SEND(c, TIMELINE, timeline, &tl) != 0)
+            break;
+    } while (off < len);
+    free(buf);
+}

@@ -1,0 +1,79 @@
+/* rpc_internal.h — what the rpc*.c files share and nobody else sees: the
+ * helpers every command uses, and the commands that rpc.c's table names.
+ *
+ * Layout of rpc/:
+ *   rpc.c         the table from request body to command; errors, job info
+ *   jobs.c        submit, list, job, cancel, remove, logs
+ *   pool.c        status, stats, trim, timeline: devices and their pools
+ *   metrics.c     Prometheus text exposition
+ *   watch.c       watch: a stream of one job's changes
+ *   sample.c      sample: text from a job's model, generated off the loop
+ *   test_hooks.c  test_pressure, test_alloc, test_hang (only with --test-hooks)
+ */
+#ifndef GRADD_RPC_INTERNAL_H
+#define GRADD_RPC_INTERNAL_H
+
+#include "rpc.h"
+
+#include <limits.h>
+
+#include "pool/pool.h"
+
+struct job;
+
+/* Bytes per chunk of an answer that comes in pieces (timeline, logs):
+ * every frame stays far below any cap, whatever the whole is. */
+#define RPC_CHUNK ((size_t)256 << 10)
+
+/* Send msg as the answer's body: CASE names the body case (STATUS, STATS,
+ * ...) and FIELD the Response's field for it (status, stats, ...).  The
+ * envelope every answer shares, with this daemon's protocol version; it
+ * evaluates to what call->send returns. */
+#define RPC_SEND(c, CASE, FIELD, msg)                                                  \
+    ((c)->send((c)->conn, &(Gradd__Response){                                          \
+        .base = PROTOBUF_C_MESSAGE_INIT(&gradd__response__descriptor),                 \
+        .version = WIRE_PROTOCOL_VERSION,                                              \
+        .body_case = GRADD__RESPONSE__BODY_##CASE,                                     \
+        .FIELD = (msg),                                                                \
+    }))
+/* Answer with an Error. */
+void rpc_error(const rpc_call *c, Gradd__Error__Code code, const char *msg);
+
+/* A JobInfo message and the storage its fields point into. */
+typedef struct {
+    Gradd__JobInfo msg;
+    Gradd__TagUsage tags[POOL_TAG_COUNT];
+    Gradd__TagUsage *tag_ptrs[POOL_TAG_COUNT];
+    char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
+    char change_reason[16];
+} rpc_job_store;
+
+/* Fill st from j; the caller holds the queue lock. */
+void rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
+
+/* ---- the commands, by file ---------------------------------------------- */
+
+/* jobs.c */
+void rpc_submit(const rpc_call *c, const Gradd__Request *req);
+void rpc_list(const rpc_call *c, const Gradd__Request *req);
+void rpc_job(const rpc_call *c, const Gradd__Request *req);
+void rpc_cancel(const rpc_call *c, const Gradd__Request *req);
+void rpc_remove(const rpc_call *c, const Gradd__Request *req);
+void rpc_logs(const rpc_call *c, const Gradd__Request *req);
+/* pool.c */
+void rpc_status(const rpc_call *c, const Gradd__Request *req);
+void rpc_stats(const rpc_call *c, const Gradd__Request *req);
+void rpc_trim(const rpc_call *c, const Gradd__Request *req);
+void rpc_timeline(const rpc_call *c, const Gradd__Request *req);
+/* metrics.c */
+void rpc_metrics(const rpc_call *c, const Gradd__Request *req);
+/* watch.c */
+rpc_stream *rpc_watch(const rpc_call *c, const Gradd__Request *req);
+/* sample.c */
+rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req);
+/* test_hooks.c */
+void rpc_test_pressure(const rpc_call *c, const Gradd__Request *req);
+void rpc_test_alloc(const rpc_call *c, const Gradd__Request *req);
+void rpc_test_hang(const rpc_call *c, const Gradd__Request *req);
+
+#endif
