@@ -14,7 +14,7 @@
 #include "models/model.h"
 #include "io/safetensors.h"
 
-#define RESUME_FORMAT "gradd-resume-1" /* train.c's checkpoint format */
+#define RESUME_FORMAT "gradd-resume-1" /* checkpoint.c's format */
 
 struct sample_model {
     const kern_ops *k;
