@@ -43,24 +43,6 @@ static const char *precision_name(int precision)
     return precision == JOBCFG_BF16 ? "bf16" : precision == JOBCFG_FP16 ? "fp16" : "fp32";
 }
 
-/* A string that changes whenever the parameter layout would. */
-static void model_signature(const run *r, char *buf, size_t len)
-{
-    const job_config *j = r->j;
-    if (j->model == JOBCFG_GPT)
-        snprintf(buf, len, "gpt layers=%u heads=%u width=%u context=%u vocab=%u", j->layers, j->heads, j->width,
-                 j->context, j->vocab);
-    else {
-        /* From the parsed sizes, not the text: "256, 128" is the same model
-         * as "256,128" (which is what older checkpoints recorded). */
-        char hidden[JOBCFG_MAX_HIDDEN * 12] = "";
-        size_t at = 0;
-        for (int i = 0; i < j->nhidden && at < sizeof hidden; i++)
-            at += (size_t)snprintf(hidden + at, sizeof hidden - at, "%s%u", i ? "," : "", j->hidden[i]);
-        snprintf(buf, len, "mlp inputs=%u hidden=%s classes=%u", r->data.input_dim, hidden, r->data.classes);
-    }
-}
-
 /* The device a micro-batch was found on: its id and its name, so that
  * another card in the same slot counts as another device. */
 void checkpoint_device_signature(const run *r, char *buf, size_t len)
@@ -83,7 +65,7 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     }
     uint64_t shape[1] = {P};
     char sig[256], v[64];
-    model_signature(r, sig, sizeof sig);
+    model_describe(r->m, sig, sizeof sig);
     st_writer_add(w, "params", ST_F32, 1, shape, hp, P * sizeof(float), err, err_len);
     st_writer_add(w, "adam_m", ST_F32, 1, shape, ho, P * sizeof(float), err, err_len);
     st_writer_add(w, "adam_v", ST_F32, 1, shape, ho + P, P * sizeof(float), err, err_len);
@@ -273,7 +255,7 @@ int checkpoint_load(run *r)
     int rc = -1;
     size_t P = r->m->num_params;
     char sig[256];
-    model_signature(r, sig, sizeof sig);
+    model_describe(r->m, sig, sizeof sig);
     const char *fmt = st_meta(f, "format"), *msig = st_meta(f, "model");
     bool ok = true;
     uint64_t step = meta_u64(f, "step", &ok), epoch = meta_u64(f, "data_epoch", &ok),
@@ -377,7 +359,7 @@ int checkpoint_export(run *r, char *err, size_t err_len)
         st_writer_add(w, t->name, ST_F32, t->ndim, shape, src, t->numel * sizeof(float), err, err_len);
     }
     char sig[256], v[32];
-    model_signature(r, sig, sizeof sig);
+    model_describe(r->m, sig, sizeof sig);
     st_writer_meta(w, "format", "pt", err, err_len);
     st_writer_meta(w, "gradd_model", sig, err, err_len);
     snprintf(v, sizeof v, "%llu", (unsigned long long)r->progress.step);

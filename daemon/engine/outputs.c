@@ -223,10 +223,10 @@ void outputs_step(run *r, double loss, double lr, double norm, double ups, doubl
             snprintf(fp16, sizeof fp16, ",\"loss_scale\":%.17g%s", r->progress.loss_scale,
                      skipped ? ",\"skipped\":true" : "");
         fprintf(r->out.metrics,
-                "{\"step\":%llu,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"%s\":%.6g,\"step_ms\":%.3f,"
+                "{\"step\":%llu,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"%s_per_s\":%.6g,\"step_ms\":%.3f,"
                 "\"micro\":%u,\"accum\":%u,\"allocated\":%zu,\"reserved\":%zu%s}\n",
                 (unsigned long long)r->progress.step, json_num(l, sizeof l, loss), lr, json_num(g, sizeof g, norm),
-                r->j->model == JOBCFG_GPT ? "tokens_per_s" : "samples_per_s", ups, dt * 1e3, pr->micro, pr->accum,
+                r->kind->units, ups, dt * 1e3, pr->micro, pr->accum,
                 pr->allocated, pr->reserved, fp16);
         metrics_written(r);
     }
@@ -244,22 +244,22 @@ void outputs_step(run *r, double loss, double lr, double norm, double ups, doubl
     }
 }
 
-void outputs_eval(run *r, uint64_t samples, uint64_t units)
+void outputs_eval(run *r, uint64_t units)
 {
     if (r->out.metrics) {
-        if (r->j->model == JOBCFG_MLP)
-            fprintf(r->out.metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_accuracy\":%.6f,\"val_samples\":%llu}\n",
-                    (unsigned long long)r->progress.step, r->prog.val_loss, r->prog.val_accuracy,
-                    (unsigned long long)samples);
+        if (r->kind->classifies)
+            fprintf(r->out.metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_accuracy\":%.6f,\"val_%s\":%llu}\n",
+                    (unsigned long long)r->progress.step, r->prog.val_loss, r->prog.val_accuracy, r->kind->units,
+                    (unsigned long long)units);
         else
-            fprintf(r->out.metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_tokens\":%llu}\n",
-                    (unsigned long long)r->progress.step, r->prog.val_loss, (unsigned long long)units);
+            fprintf(r->out.metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_%s\":%llu}\n",
+                    (unsigned long long)r->progress.step, r->prog.val_loss, r->kind->units, (unsigned long long)units);
         metrics_written(r);
     }
     if (r->out.tb) {
         int64_t step = (int64_t)r->progress.step;
         if (tb_scalar(r->out.tb, "val/loss", step, (float)r->prog.val_loss, wall_s()) != 0 ||
-            (r->j->model == JOBCFG_MLP &&
+            (r->kind->classifies &&
              tb_scalar(r->out.tb, "val/accuracy", step, (float)r->prog.val_accuracy, wall_s()) != 0))
             log_failed(r, tb_error(r->out.tb));
     }

@@ -90,6 +90,7 @@ typedef struct {
 
 typedef struct run {
     const job_config *j;
+    const model_kind *kind; /* the job's model, from the registry */
     pool *p;
     const kern_ops *k;
     kern_ctx *kc;
@@ -166,8 +167,9 @@ train_outcome outputs_open(run *r, bool resumed);
 bool outputs_flush(run *r);
 /* A step's report; skipped: an fp16 step whose gradients overflowed. */
 void outputs_step(run *r, double loss, double lr, double norm, double ups, double dt, bool skipped);
-/* A validation's report (r->prog.val_loss and val_accuracy set). */
-void outputs_eval(run *r, uint64_t samples, uint64_t units);
+/* A validation's report over `units` (r->prog.val_loss and val_accuracy
+ * set). */
+void outputs_eval(run *r, uint64_t units);
 /* Publish the batch controller's state in the progress report. */
 void outputs_sync(run *r);
 /* A change of micro-batch: metrics.jsonl, the pool's timeline, the report. */

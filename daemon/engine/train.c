@@ -53,7 +53,7 @@ static train_outcome load_data(run *r)
 {
     const job_config *j = r->j;
     char err[1024];
-    if (j->model == JOBCFG_GPT) {
+    if (r->kind->data == MODEL_DATA_TOKENS) {
         data_format fmt = j->format == JOBCFG_DATA_TEXT     ? DATA_FMT_TEXT
                           : j->format == JOBCFG_DATA_TOKENS ? DATA_FMT_LLMC
                           : j->format == JOBCFG_DATA_NPY    ? DATA_FMT_NPY
@@ -140,7 +140,7 @@ size_t run_next_batch(run *r, size_t n, bool eval)
     void *x = r->host_visible ? r->mem.x : r->mem.x_host;
     void *y = r->host_visible ? r->mem.y : r->mem.y_host;
     size_t got = n;
-    if (r->j->model == JOBCFG_GPT) {
+    if (r->kind->data == MODEL_DATA_TOKENS) {
         if (eval)
             got = data_eval_next_tokens(&r->data.eval, n, x, y);
         else
@@ -192,7 +192,7 @@ static bool evaluate(run *r)
         model_batch mb = {r->mem.x, r->mem.y, (uint32_t)n};
         uint64_t c = 0;
         r->m->stoppable = true;
-        loss += r->m->ops->forward(r->m, &mb, r->j->model == JOBCFG_MLP ? &c : NULL);
+        loss += r->m->ops->forward(r->m, &mb, r->kind->classifies ? &c : NULL);
         if (cut_short(r->m))
             return true;
         correct += c;
@@ -202,8 +202,8 @@ static bool evaluate(run *r)
     if (!units)
         return false;
     r->prog.val_loss = loss / (double)units;
-    r->prog.val_accuracy = r->j->model == JOBCFG_MLP ? (double)correct / (double)samples : NAN;
-    outputs_eval(r, samples, units);
+    r->prog.val_accuracy = r->kind->classifies ? (double)correct / (double)samples : NAN;
+    outputs_eval(r, units);
     return false;
 }
 
@@ -500,7 +500,10 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     dev *d = pool_device(p);
     r->host_visible = d->kind == DEV_KIND_CPU;
     train_outcome o;
-    if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
+    char why[1024];
+    if (!(r->kind = model_kind_need(j, why, sizeof why))) {
+        o = run_fail(r, "%s", why);
+    } else if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
         o = run_fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
     } else if (r->host_visible && j->precision != JOBCFG_FP32 && !(h && h->cpu_mixed_precision)) {
         o = run_fail(r, "%s: [train] precision: %s needs a CUDA device; use fp32 on %s", j->source,

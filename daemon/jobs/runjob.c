@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "base/log.h"
 #include "engine/train.h"
+#include "models/model.h"
 #include "units.h"
 
 typedef struct {
@@ -104,15 +105,15 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         rc = 130;
         goto out;
     }
-    runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
+    runjob_view v = {&stop_requested, quiet, j.log_every, model_unit(&j)};
     /* More OpenMP threads than cores take turns at every barrier. */
     int cores = ctx_cores();
     if (d->kind == DEV_KIND_CPU && j.threads > (uint32_t)cores)
         log_warn("[train] threads = %u is more than the %d cores here: the threads will take turns, and the run "
                  "is far slower than with %d", j.threads, cores, cores);
 
-    log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
-             d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
+    log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model, d->id,
+             (unsigned long long)j.steps, j.batch, j.out_dir);
     train_hooks h = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &v};
     static train_result res;
     train_outcome o = train_run(&j, ctx->pools[di], k, 1, &h, &res);
@@ -149,7 +150,7 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
      * probed (CUDA takes a while to say there is none). */
     static job_config j;
     char err[1024];
-    if (jobcfg_load(path, &j, err, sizeof err) != 0) {
+    if (jobcfg_load(path, &j, err, sizeof err) != 0 || model_check_job(&j, err, sizeof err) != 0) {
         fprintf(stderr, "gradd: %s\n", err);
         return 2;
     }

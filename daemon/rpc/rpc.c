@@ -16,6 +16,7 @@
 #include "base/log.h"
 #include "jobs/queue.h"
 #include "jobs/worker.h"
+#include "models/model.h"
 
 #define TIMELINE_CHUNK ((size_t)256 << 10)
 
@@ -476,7 +477,7 @@ int rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->val_loss = NAN;
     m->val_accuracy = NAN;
     m->loss = NAN;
-    m->unit = j->cfg.model == JOBCFG_GPT ? "tok" : "samples";
+    m->unit = (char *)model_unit(&j->cfg);
     if (!j->have_progress && j->cfg.micro_batch) {
         /* Not started yet: a fixed micro-batch is already known. */
         m->micro = j->cfg.micro_batch;
@@ -645,6 +646,8 @@ static void do_submit(gradd_ctx *ctx, const rpc_peer *peer, const Gradd__SubmitR
         goto out;
     }
     int lrc = jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
+    if (lrc == 0)
+        lrc = model_check_job(cfg, err, sizeof err);
     access_restore(&saved);
     if (lrc != 0) {
         send_error(send, conn, GRADD__ERROR__CODE__BAD_JOB, err);

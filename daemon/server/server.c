@@ -22,6 +22,7 @@
 #include "svc.h"
 #include "units.h"
 #include "jobs/worker.h"
+#include "models/model.h"
 #include "wire.h"
 
 /* A client that stops reading gets cut off here rather than making the
@@ -413,7 +414,7 @@ static void start_sample(server_conn *c, const Gradd__SampleRequest *rq)
                      "job %u (%s): its job file could not be read when gradd started (the log says why), so "
                      "its model is unknown",
                      j->id, j->name);
-        } else if (j->cfg.model != JOBCFG_GPT) {
+        } else if (!model_generates(&j->cfg)) {
             snprintf(msg, sizeof msg, "job %u (%s) trains an mlp classifier; only gpt jobs generate text", j->id,
                      j->name);
         } else {
