@@ -3,6 +3,7 @@
 #include "run.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,17 +66,6 @@ static int trim_metrics(const char *path, uint64_t upto, char *err, size_t err_l
     return 0;
 }
 
-/* v as a JSON number, or null: JSON has neither inf nor nan, and a skipped
- * fp16 step's gradient norm is infinite (its loss may be too). */
-static const char *json_num(char *buf, size_t len, double v)
-{
-    if (isfinite(v))
-        snprintf(buf, len, "%.9g", v);
-    else
-        snprintf(buf, len, "null");
-    return buf;
-}
-
 /* A metrics or TensorBoard write failed (a full disk, say): the run stops
  * at the step's end, before any checkpoint, naming the file, rather than
  * finishing "done" with its logs cut short.  The first failure is kept. */
@@ -85,10 +75,43 @@ static void log_failed(run *r, const char *why)
         snprintf(r->out.err, sizeof r->out.err, "%s", why);
 }
 
-static void metrics_written(run *r)
+/* Every real in a line is rounded first (number()) to fewer than 15
+ * significant digits: at most 9 (%.9g, %.6g), milliseconds under 10^12
+ * (%.3f), accuracies in [0,1] (%.6f); fp16's loss scale, a power of two
+ * up to 2^24, is an integer.  Printed with 15, a double gives those digits
+ * back, so each value reads as the printf of its format would. */
+#define METRICS_JSON (JSON_COMPACT | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15))
+
+/* v printed with fmt, as a JSON value: the number that text stands for (an
+ * integer when the text is one, as a reader parses it), so that a field
+ * keeps its precision, "%.9g" for a loss and "%.3f" for milliseconds; or
+ * null, as JSON has neither inf nor nan (a skipped fp16 step's gradient
+ * norm is infinite, its loss may be too). */
+static json_t *number(double v, const char *fmt)
 {
+    if (!isfinite(v))
+        return json_null();
+    char text[64];
+    snprintf(text, sizeof text, fmt, v);
+    if (text[strspn(text, "-0123456789")] == '\0')
+        return json_integer(strtoll(text, NULL, 10));
+    return json_real(strtod(text, NULL));
+}
+
+/* One line of metrics.jsonl, taking `line`'s reference. */
+static void metrics_line(run *r, json_t *line)
+{
+    char *text = line ? json_dumps(line, METRICS_JSON) : NULL;
+    json_decref(line);
+    char why[4200];
+    if (!text) {
+        snprintf(why, sizeof why, "cannot write %s: out of memory", r->out.path_metrics);
+        log_failed(r, why);
+        return;
+    }
+    fprintf(r->out.metrics, "%s\n", text);
+    free(text);
     if (fflush(r->out.metrics) != 0 || ferror(r->out.metrics)) {
-        char why[4200];
         snprintf(why, sizeof why, "cannot write %s: %s", r->out.path_metrics, strerror(errno));
         log_failed(r, why);
     }
@@ -218,17 +241,25 @@ void outputs_step(run *r, double loss, double lr, double norm, double ups, doubl
         /* fp16 adds the scale after the step (what the next one runs with,
          * as the progress report and the checkpoint have it) and marks a
          * skipped step; other precisions have no scale to show. */
-        char fp16[64] = "", l[32], g[32];
-        if (r->j->precision == JOBCFG_FP16)
-            snprintf(fp16, sizeof fp16, ",\"loss_scale\":%.17g%s", r->progress.loss_scale,
-                     skipped ? ",\"skipped\":true" : "");
-        fprintf(r->out.metrics,
-                "{\"step\":%llu,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"%s_per_s\":%.6g,\"step_ms\":%.3f,"
-                "\"micro\":%u,\"accum\":%u,\"allocated\":%zu,\"reserved\":%zu%s}\n",
-                (unsigned long long)r->progress.step, json_num(l, sizeof l, loss), lr, json_num(g, sizeof g, norm),
-                r->kind->units, ups, dt * 1e3, pr->micro, pr->accum,
-                pr->allocated, pr->reserved, fp16);
-        metrics_written(r);
+        json_t *line = json_object();
+        char per_s[32];
+        snprintf(per_s, sizeof per_s, "%s_per_s", r->kind->units);
+        json_object_set_new(line, "step", json_integer((json_int_t)r->progress.step));
+        json_object_set_new(line, "loss", number(loss, "%.9g"));
+        json_object_set_new(line, "lr", number(lr, "%.9g"));
+        json_object_set_new(line, "grad_norm", number(norm, "%.9g"));
+        json_object_set_new(line, per_s, number(ups, "%.6g"));
+        json_object_set_new(line, "step_ms", number(dt * 1e3, "%.3f"));
+        json_object_set_new(line, "micro", json_integer(pr->micro));
+        json_object_set_new(line, "accum", json_integer(pr->accum));
+        json_object_set_new(line, "allocated", json_integer((json_int_t)pr->allocated));
+        json_object_set_new(line, "reserved", json_integer((json_int_t)pr->reserved));
+        if (r->j->precision == JOBCFG_FP16) {
+            json_object_set_new(line, "loss_scale", number(r->progress.loss_scale, "%.17g"));
+            if (skipped)
+                json_object_set_new(line, "skipped", json_true());
+        }
+        metrics_line(r, line);
     }
     if (r->out.tb) {
         /* fp16 adds the loss scale, as metrics.jsonl does. */
@@ -247,14 +278,15 @@ void outputs_step(run *r, double loss, double lr, double norm, double ups, doubl
 void outputs_eval(run *r, uint64_t units)
 {
     if (r->out.metrics) {
+        json_t *line = json_object();
+        char count[32];
+        snprintf(count, sizeof count, "val_%s", r->kind->units);
+        json_object_set_new(line, "step", json_integer((json_int_t)r->progress.step));
+        json_object_set_new(line, "val_loss", number(r->prog.val_loss, "%.9g"));
         if (r->kind->classifies)
-            fprintf(r->out.metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_accuracy\":%.6f,\"val_%s\":%llu}\n",
-                    (unsigned long long)r->progress.step, r->prog.val_loss, r->prog.val_accuracy, r->kind->units,
-                    (unsigned long long)units);
-        else
-            fprintf(r->out.metrics, "{\"step\":%llu,\"val_loss\":%.9g,\"val_%s\":%llu}\n",
-                    (unsigned long long)r->progress.step, r->prog.val_loss, r->kind->units, (unsigned long long)units);
-        metrics_written(r);
+            json_object_set_new(line, "val_accuracy", number(r->prog.val_accuracy, "%.6f"));
+        json_object_set_new(line, count, json_integer((json_int_t)units));
+        metrics_line(r, line);
     }
     if (r->out.tb) {
         int64_t step = (int64_t)r->progress.step;
@@ -300,13 +332,17 @@ void outputs_batch_change(run *r)
     const batch_change *ch = &r->ctl.last;
     outputs_sync(r);
     if (r->out.metrics) {
-        fprintf(r->out.metrics,
-                "{\"step\":%llu,\"event\":\"batch_change\",\"from\":%u,\"to\":%u,\"reason\":\"%s\",\"accum\":%u,"
-                "\"predicted_max\":%u,\"fit_max\":%u,\"oom_recoveries\":%llu}\n",
-                (unsigned long long)ch->step, ch->from, ch->to, batch_reason_name(ch->reason),
-                batch_accum(r->j->batch, ch->to), r->ctl.predicted_max, r->ctl.max_fit,
-                (unsigned long long)r->ctl.oom_recoveries);
-        metrics_written(r);
+        json_t *line = json_object();
+        json_object_set_new(line, "step", json_integer((json_int_t)ch->step));
+        json_object_set_new(line, "event", json_string("batch_change"));
+        json_object_set_new(line, "from", json_integer(ch->from));
+        json_object_set_new(line, "to", json_integer(ch->to));
+        json_object_set_new(line, "reason", json_string(batch_reason_name(ch->reason)));
+        json_object_set_new(line, "accum", json_integer(batch_accum(r->j->batch, ch->to)));
+        json_object_set_new(line, "predicted_max", json_integer(r->ctl.predicted_max));
+        json_object_set_new(line, "fit_max", json_integer(r->ctl.max_fit));
+        json_object_set_new(line, "oom_recoveries", json_integer((json_int_t)r->ctl.oom_recoveries));
+        metrics_line(r, line);
     }
     char note[24];
     snprintf(note, sizeof note, "%u>%u %s", ch->from, ch->to, batch_reason_name(ch->reason));
