@@ -235,6 +235,8 @@ void memory_free(run *r)
     r->mem.segs = NULL;
 }
 
+/* ---- the batch controller at work ------------------------------------------------------ */
+
 /* Micro-batch 1 does not fit: fail with what a person needs to act. */
 static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
 {
@@ -304,9 +306,9 @@ train_outcome memory_after_oom(run *r)
     }
 }
 
-/* Wait for the queued device work: 0; 1 when it ran out of memory (r->mem.oom
- * then set, with a report); -1 when the device failed otherwise (the run
- * failed, with the kernels' message).  A faulting kernel or a GEMM without
+/* Wait for the queued device work: 0; 1 when it ran out of memory
+ * (r->mem.oom then set, with a report); -1 when the device failed otherwise
+ * (the run failed, with the kernels' message).  A faulting kernel or a GEMM without
  * an algorithm is not cured by a smaller micro-batch: treated as an OOM it
  * would shrink down to 1 and end as "does not fit". */
 int memory_device_check(run *r, const char *during)
@@ -419,6 +421,9 @@ static train_outcome choose_micro_fitting(run *r)
 
 train_outcome memory_choose_micro(run *r)
 {
+    pool_config pc;
+    pool_get_config(r->p, &pc);
+    r->mem.low_watermark = pc.low_watermark;
     pool_fit_begin(r->p);
     train_outcome o = choose_micro_fitting(r);
     pool_fit_end(r->p);

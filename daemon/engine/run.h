@@ -5,7 +5,10 @@
  * device memory and the batch controller's decisions, checkpoint.c the
  * resume state and the exported model, outputs.c the output directory,
  * metrics.jsonl, TensorBoard and the progress report.  Each part of the
- * struct below is written by the file that owns it; the others read it.
+ * struct below says its owner, which sets it up and releases it; the other
+ * files go through the owner's functions for anything that allocates or
+ * writes a file, and use plain state directly (the step clears mem.oom, a
+ * resume restores progress and the data position).
  */
 #ifndef GRADD_RUN_H
 #define GRADD_RUN_H
@@ -22,7 +25,7 @@
 #include "tboard.h"
 #include "train.h"
 
-/* The training data and how a sample is laid out in memory. */
+/* The training data and how a sample is laid out in memory (train.c). */
 typedef struct {
     data_tokens tok_train, tok_val;
     data_images img_train, img_val;
@@ -35,7 +38,8 @@ typedef struct {
     size_t x_bytes, y_bytes; /* one sample's input and target */
 } run_data;
 
-/* Device memory, all from the pool, and what the batch controller is fed. */
+/* Device memory, all from the pool, and what the batch controller is fed
+ * (memory.c). */
 typedef struct {
     float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
     uint16_t *params16;          /* the model's needs_params16, else NULL */
@@ -60,12 +64,14 @@ typedef struct {
     char device[96];
 } run_found;
 
+/* checkpoint.c */
 typedef struct {
     char path_resume[4096], path_model[4096];
     run_found found;
 } run_checkpoints;
 
-/* Where the training stands: what a checkpoint keeps besides the tensors. */
+/* Where the training stands: what a checkpoint keeps besides the tensors
+ * (train.c). */
 typedef struct {
     uint64_t step;
     /* Updates the optimizer applied: AdamW's t, for its bias correction
@@ -80,6 +86,7 @@ typedef struct {
     double step_s;       /* the last step's forward, backward and optimizer time, for tuning */
 } run_progress;
 
+/* outputs.c */
 typedef struct {
     int lock_fd; /* out_dir/.lock, flock'd for the run; -1: none */
     FILE *metrics;
@@ -100,12 +107,12 @@ typedef struct run {
 
     run_data data;
     run_memory mem;
-    batch_ctl ctl; /* the batch controller */
+    batch_ctl ctl; /* the batch controller (memory.c) */
     run_progress progress;
     run_checkpoints ckpt;
     run_outputs out;
 
-    train_progress prog; /* the report */
+    train_progress prog; /* the report: outputs.c publishes it, each file fills in its figures */
     train_result *res;
     const train_hooks *hooks;
 } run;

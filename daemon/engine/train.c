@@ -424,9 +424,6 @@ static train_outcome run_job(run *r, const train_hooks *h)
         h->on_step(h->user, &r->prog);
     if (outputs_open(r, resumed == 1) != TRAIN_DONE)
         return TRAIN_FAILED;
-    pool_config pc;
-    pool_get_config(r->p, &pc);
-    r->mem.low_watermark = pc.low_watermark;
     if (memory_choose_micro(r) != TRAIN_DONE)
         return TRAIN_FAILED;
 
