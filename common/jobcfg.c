@@ -20,7 +20,7 @@ static const opts_def opts[] = {
     {"job", "device", OPTS_STRING, J(device), 0, 0, false, "auto", "auto, cpu, cpuN or cuda:N", NULL},
     {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
 
-    {"model", "type", OPTS_CHOICE, J(model), 0, 0, false, "gpt", "mlp or gpt", "mlp|gpt"},
+    {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp or gpt (gradd checks it)", NULL},
     {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},
     {"model", "heads", OPTS_COUNT, J(heads), 1, 128, false, "4", "gpt: attention heads (divide width)", NULL},
     {"model", "width", OPTS_COUNT, J(width), 1, 16384, false, "64", "gpt: channels", NULL},
@@ -279,18 +279,10 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     if (j->warmup > j->steps)
         return complain(p, "train", "warmup", err, err_len, "is longer than [train] steps");
 
-    if (j->model == JOBCFG_GPT) {
-        if (j->width % j->heads)
-            return complain(p, "model", "heads", err, err_len, "must divide [model] width");
-        if (j->format == JOBCFG_DATA_IDX)
-            return complain(p, "data", "format", err, err_len, "idx images train an mlp, not a gpt");
-    } else {
-        if (parse_hidden(j) != 0)
-            return complain(p, "model", "hidden", err, err_len,
-                            "expected up to 8 comma-separated sizes from 1 to 65536, e.g. 256,128");
-        if (j->format == JOBCFG_DATA_TEXT || j->format == JOBCFG_DATA_TOKENS)
-            return complain(p, "data", "format", err, err_len, "an mlp trains on idx or npy images");
-    }
+    /* Whatever the model: which kinds use hidden, and so must have it
+     * parse, is for gradd's models to say. */
+    if (parse_hidden(j) != 0)
+        j->nhidden = 0;
 
     if (!j->train[0])
         return complain(p, "data", "train", err, err_len, "is required");
@@ -306,12 +298,8 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     }
     if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
         return complain(p, "output", "dir", err, err_len, "path is too long");
-    if (j->model == JOBCFG_MLP && !j->train_labels[0])
-        return complain(p, "data", "train_labels", err, err_len, "is required for an mlp");
     if (j->val_labels[0] && !j->val[0])
         return complain(p, "data", "val", err, err_len, "is required when val_labels is set");
-    if (j->model == JOBCFG_MLP && j->val[0] && !j->val_labels[0])
-        return complain(p, "data", "val_labels", err, err_len, "is required for an mlp when val is set");
     return 0;
 }
 

@@ -16,7 +16,6 @@
 #define JOBCFG_MAX_LAYERS 96     /* [model] layers is 1 to this */
 #define JOBCFG_MAX_KEYS 64 /* at least the number of keys a job file may set */
 
-typedef enum { JOBCFG_MLP = 0, JOBCFG_GPT = 1 } jobcfg_model;
 typedef enum { JOBCFG_DATA_AUTO = 0, JOBCFG_DATA_TEXT, JOBCFG_DATA_TOKENS, JOBCFG_DATA_IDX, JOBCFG_DATA_NPY } jobcfg_format;
 typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precision;
 
@@ -29,10 +28,14 @@ typedef struct job_config {
     int64_t priority;
 
     /* [model] */
-    int model; /* jobcfg_model */
+    /* The kind of model, as the file names it.  gradd checks it, and the
+     * keys that matter to that kind, against its models
+     * (daemon/models/model.h: model_check_job): this parser, shared with
+     * gradctl, does not know which models a daemon has. */
+    char model[32];
     uint32_t layers, heads, width, context, vocab;
     char hidden_text[128]; /* "256,128" */
-    int nhidden;
+    int nhidden;           /* 0: hidden_text is not a list of sizes */
     uint32_t hidden[JOBCFG_MAX_HIDDEN];
 
     /* [data] */

@@ -73,7 +73,7 @@ static void emit(const char *b, const char *metric, double value, const char *un
 static void job(const bench *B, job_config *j, const shape *s, uint32_t micro, uint64_t steps, size_t limit)
 {
     jobcfg_defaults(j);
-    j->model = JOBCFG_GPT;
+    snprintf(j->model, sizeof j->model, "gpt");
     j->layers = s->layers;
     j->heads = s->heads;
     j->width = s->width;

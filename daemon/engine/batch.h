@@ -8,7 +8,7 @@
  *     peak(n) = fixed + per_sample × n       (bytes, the job's pool peak)
  *
  * starting from the model's estimate (the prior) and refitted from peaks the
- * engine measures in the pool.  It decides; the engine (train.c) does the
+ * engine measures in the pool.  It decides; the engine (memory.c) does the
  * memory work and reports back.  Keeping the decisions here, free of the
  * pool and the kernels, lets tests and benchmarks drive them directly.
  *

@@ -14,7 +14,7 @@
 #include "models/model.h"
 #include "io/safetensors.h"
 
-#define RESUME_FORMAT "gradd-resume-1" /* train.c's checkpoint format */
+#define RESUME_FORMAT "gradd-resume-1" /* checkpoint.c's format */
 
 struct sample_model {
     const kern_ops *k;
@@ -25,32 +25,6 @@ struct sample_model {
     void *cache; /* the key/value cache, in acts after the activations; NULL if the model has none */
     uint64_t step;
 };
-
-int sample_parse_signature(const char *sig, uint32_t *layers, uint32_t *heads, uint32_t *width,
-                           uint32_t *context, uint32_t *vocab, char *err, size_t err_len)
-{
-    unsigned l, h, w, c, v;
-    int used = 0;
-    if (strncmp(sig, "mlp", 3) == 0) {
-        snprintf(err, err_len, "an mlp ('%s'); only gpt models generate text", sig);
-        return -1;
-    }
-    if (sscanf(sig, "gpt layers=%u heads=%u width=%u context=%u vocab=%u%n", &l, &h, &w, &c, &v, &used) != 5 ||
-        sig[used] != '\0') {
-        snprintf(err, err_len, "'%s' is not a gpt model line (gpt layers=N heads=N width=N context=N vocab=N)", sig);
-        return -1;
-    }
-    if (!l || !h || !w || !c || v < 2 || w % h || l > 1000 || w > (1u << 16) || c > (1u << 16) || v > (1u << 20)) {
-        snprintf(err, err_len, "'%s' describes no model gradd can build", sig);
-        return -1;
-    }
-    *layers = l;
-    *heads = h;
-    *width = w;
-    *context = c;
-    *vocab = v;
-    return 0;
-}
 
 void sample_free(sample_model *s)
 {
@@ -160,9 +134,7 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
         goto out;
     }
     jobcfg_defaults(jc);
-    jc->model = JOBCFG_GPT;
-    if (sample_parse_signature(sig, &jc->layers, &jc->heads, &jc->width, &jc->context, &jc->vocab, why,
-                               sizeof why) != 0) {
+    if (model_parse_line(sig, jc, why, sizeof why) != 0) {
         snprintf(err, err_len, "%s: metadata %s: %s", path, key, why);
         goto out;
     }
@@ -175,14 +147,14 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
         goto out;
     }
     if (!s->m->ops->forward_logits) {
-        snprintf(err, err_len, "%s: a %s model cannot generate", path, s->m->ops->type);
+        snprintf(err, err_len, "%s: a %s model cannot generate", path, s->m->kind->name);
         goto out;
     }
     size_t P = s->m->num_params, fixed, per;
     s->m->ops->activation_bytes(s->m, &fixed, &per);
     /* The cache goes after the activations, in the same allocation: one
      * buffer, one limit.  Each term is below 2^62 for every shape
-     * sample_parse_signature accepts, so the sums do not wrap. */
+     * model_parse_line accepts, so the sums do not wrap. */
     size_t act_bytes = (fixed + per + 63) / 64 * 64;
     size_t cache_bytes = s->m->ops->decode_bytes ? s->m->ops->decode_bytes(s->m, 1) : 0;
     if (resume) {

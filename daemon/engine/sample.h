@@ -11,8 +11,9 @@
  *   resume.safetensors  every checkpoint: one flat "params" tensor in the
  *                       model's own layout, metadata model = the same line;
  * so a running or cancelled job can be sampled from its last checkpoint.
- * The shape comes from that metadata line (GPT-2 files do not record the
- * number of heads); a file without it, an mlp, or weights of another shape
+ * The shape comes from that metadata line, read back by the model's kind
+ * (model_parse_line; GPT-2 files do not record the number of heads); a
+ * file without it, a model that does not generate, or weights of another shape
  * are refused with a message naming the file and the tensor or key.
  *
  * Memory is host memory (malloc), not a device pool: sampling is a short
@@ -69,10 +70,5 @@ uint64_t sample_step(const sample_model *m);
  * model that does not read bytes).  Free out with sample_output_free. */
 int sample_generate(sample_model *m, const sample_opts *o, sample_output *out, char *err, size_t err_len);
 void sample_output_free(sample_output *out);
-
-/* Parse "gpt layers=4 heads=4 width=128 context=128 vocab=256" (the
- * metadata line train.c writes).  0, or -1 with err. */
-int sample_parse_signature(const char *sig, uint32_t *layers, uint32_t *heads, uint32_t *width,
-                           uint32_t *context, uint32_t *vocab, char *err, size_t err_len);
 
 #endif

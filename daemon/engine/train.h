@@ -17,7 +17,7 @@
  * smaller micro-batch; at step boundaries the micro-batch shrinks when
  * memory runs short and grows back after [memory] grow_after steps of
  * headroom.  A resumed job starts from what its checkpoint says probing and
- * tuning found, when the device and the budget are the same (choose_micro).
+ * tuning found, when the device and the budget are the same (memory.c).
  */
 #ifndef GRADD_TRAIN_H
 #define GRADD_TRAIN_H

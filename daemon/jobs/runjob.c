@@ -10,6 +10,7 @@
 
 #include "jobcfg.h"
 #include "base/log.h"
+#include "models/model.h"
 #include "runner.h"
 #include "units.h"
 
@@ -110,9 +111,9 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         rc = 130;
         goto out;
     }
-    runjob_view v = {&stop_requested, quiet, j.log_every, j.model == JOBCFG_GPT ? "tok" : "samples"};
-    log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model == JOBCFG_GPT ? "gpt" : "mlp",
-             d->id, (unsigned long long)j.steps, j.batch, j.out_dir);
+    runjob_view v = {&stop_requested, quiet, j.log_every, model_unit(&j)};
+    log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model, d->id,
+             (unsigned long long)j.steps, j.batch, j.out_dir);
     runner_env env = {
         .ctx = ctx,
         .dev = di,
@@ -155,7 +156,7 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
      * probed (CUDA takes a while to say there is none). */
     static job_config j;
     char err[1024];
-    if (jobcfg_load(path, &j, err, sizeof err) != 0) {
+    if (jobcfg_load(path, &j, err, sizeof err) != 0 || model_check_job(&j, err, sizeof err) != 0) {
         fprintf(stderr, "gradd: %s\n", err);
         return 2;
     }

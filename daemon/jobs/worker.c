@@ -11,6 +11,7 @@
 #include "access.h"
 #include "runner.h"
 #include "base/log.h"
+#include "models/model.h"
 #include "units.h"
 
 typedef struct {
@@ -56,7 +57,7 @@ static void on_step(void *user, const train_progress *p)
         if (!isnan(p->val_accuracy))
             fprintf(r->log, " acc %.2f%%", p->val_accuracy * 100);
         fprintf(r->log, " lr %.2e norm %.3f %.0f %s/s micro %u×%u mem %s/%s\n", p->lr, p->grad_norm,
-                p->units_per_s, r->j->cfg.model == JOBCFG_GPT ? "tok" : "samples", p->micro, p->accum,
+                p->units_per_s, model_unit(&r->j->cfg), p->micro, p->accum,
                 units_format_size(p->allocated, a, sizeof a), units_format_size(p->reserved, b, sizeof b));
         fflush(r->log);
     }

@@ -16,9 +16,8 @@ int model_create(const job_config *j, uint32_t input_dim, uint32_t classes, cons
     }
     m->k = k;
     m->kc = kc;
-    int rc = j->model == JOBCFG_GPT ? model_gpt_create(j, m, err, err_len)
-                                    : model_mlp_create(j, input_dim, classes, m, err, err_len);
-    if (rc != 0) {
+    m->kind = model_kind_need(j, err, err_len);
+    if (!m->kind || m->kind->create(j, input_dim, classes, m, err, err_len) != 0) {
         free(m);
         return -1;
     }

@@ -1,4 +1,10 @@
-/* model.h — the models gradd trains, behind one small table of functions.
+/* model.h — the models gradd trains, behind one small table of functions,
+ * and the registry of model kinds (registry.c).
+ *
+ * A model kind is one file here (model_gpt.c, model_mlp.c) that defines a
+ * model_kind: its name in job files, what it trains on, what it reports,
+ * its own checks of a job file, and its constructor.  registry.c lists the
+ * kinds; everything outside models/ asks the registry, never a kind's name.
  *
  * A model owns no memory: the trainer asks it for sizes, allocates
  * parameters, gradients, optimizer state and activations from the memory
@@ -39,9 +45,9 @@ typedef struct {
 } model_batch;
 
 typedef struct model model;
+typedef struct model_kind model_kind;
 
 typedef struct model_ops {
-    const char *type; /* "gpt", "mlp" */
     /* Samples are sequences (gpt) or images (mlp); units per sample for
      * throughput and loss averaging: T tokens, or 1 image. */
     uint32_t (*units_per_sample)(const model *m);
@@ -95,6 +101,7 @@ typedef struct model_ops {
 } model_ops;
 
 struct model {
+    const model_kind *kind;
     const model_ops *ops;
     const kern_ops *k;
     kern_ctx *kc;
@@ -126,17 +133,75 @@ struct model {
     void *impl;
 };
 
+/* ---- model kinds ----------------------------------------------------------------- */
+
+/* What a kind trains on: token sequences (x and y int32 (n,T)) or images
+ * with labels (x float (n,D), y int32 (n)).  It decides how the engine
+ * reads the job's data. */
+typedef enum { MODEL_DATA_TOKENS, MODEL_DATA_IMAGES } model_data;
+
+struct model_kind {
+    const char *name;   /* [model] type, and the first word of its describe line */
+    const char *a_name; /* the name with its article, for messages: "a gpt", "an mlp" */
+    const char *unit;   /* throughput's unit in status and log lines: "tok", "samples" */
+    const char *units;  /* what the loss averages over, in metrics.jsonl keys
+                         * ("tokens": tokens_per_s, val_tokens) */
+    model_data data;
+    bool classifies; /* forward counts correct top-1 predictions: validation reports accuracy */
+    bool generates;  /* a token distribution to sample (gradctl sample); parse is then set */
+    /* The kind's checks of a job file that jobcfg parsed (its keys, the data
+     * it needs): 0, or -1 with "FILE:LINE: [section] key: why" in err
+     * (model_job_error). */
+    int (*check_job)(const job_config *j, char *err, size_t err_len);
+    /* Fill m's ops, impl and tensor table for the job (shapes only; no
+     * device memory).  input_dim and classes come from image data. */
+    int (*create)(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err, size_t err_len);
+    /* The line that changes whenever the parameter layout would: a
+     * checkpoint's "model" and model.safetensors' "gradd_model". */
+    void (*describe)(const model *m, char *buf, size_t len);
+    /* The line back into the job's [model] keys, for sampling a file (set
+     * for kinds that generate).  0, or -1 with err. */
+    int (*parse)(const char *line, job_config *j, char *err, size_t err_len);
+};
+
+/* The kinds, in the registry's order; *n set to their number. */
+const model_kind *const *model_kinds(size_t *n);
+/* The kind a job asks for ([model] type); NULL when gradd has none by
+ * that name. */
+const model_kind *model_kind_of(const job_config *j);
+/* The job's kind, or NULL with "FILE:LINE: [model] type: 'x' is not one
+ * of ..." in err. */
+const model_kind *model_kind_need(const job_config *j, char *err, size_t err_len);
+/* Throughput's unit for the job; "samples" when its kind is unknown (a job
+ * whose file could not be read at restart has none). */
+const char *model_unit(const job_config *j);
+/* Whether the job's model generates text (false when its kind is unknown). */
+bool model_generates(const job_config *j);
+
+/* The job file's checks that depend on its model: a kind gradd has, then
+ * that kind's own.  Called right after jobcfg parses a file that is to be
+ * run (submit, `gradd run`): jobcfg, shared with gradctl, does not know
+ * which models this gradd has.  0, or -1 with err. */
+int model_check_job(const job_config *j, char *err, size_t err_len);
+/* "FILE:LINE: [section] key: why" into err; -1.  For check_job. */
+int model_job_error(const job_config *j, const char *section, const char *key, const char *why, char *err,
+                    size_t err_len);
+
+/* A describe line (checkpoint metadata) back into j's [model] keys, for
+ * sampling: 0, or -1 with err (a kind that does not generate, or a line
+ * that names no model gradd can build). */
+int model_parse_line(const char *line, job_config *j, char *err, size_t err_len);
+/* m's describe line. */
+void model_describe(const model *m, char *buf, size_t len);
+
+/* ---- models ----------------------------------------------------------------------- */
+
 /* Create the model the job describes (shapes only; no device memory).
- * input_dim and classes come from the data (mlp; ignored by gpt, whose
- * vocabulary is in the job).  -1 with a message in err on a bad shape. */
+ * input_dim and classes come from the data (image kinds; ignored by the
+ * others).  -1 with a message in err on an unknown kind or a bad shape. */
 int model_create(const job_config *j, uint32_t input_dim, uint32_t classes, const kern_ops *k, kern_ctx *kc,
                  model **out, char *err, size_t err_len);
 void model_destroy(model *m);
-
-/* ---- per-model constructors (model_gpt.c, model_mlp.c) ----------------------- */
-int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len);
-int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
-                     size_t err_len);
 
 /* Between layers: poll, and true when the pass is to be abandoned. */
 bool model_poll(model *m);

@@ -629,7 +629,6 @@ static void gpt_destroy(model *m)
 }
 
 static const model_ops gpt_ops = {
-    .type = "gpt",
     .units_per_sample = gpt_units,
     .activation_bytes = gpt_activation_bytes,
     .bind_activations = gpt_bind,
@@ -647,8 +646,11 @@ static const model_ops gpt_ops = {
 /* Every depth a job file may ask for has its tensors: 12 per block, 4 more. */
 _Static_assert(12 * JOBCFG_MAX_LAYERS + 4 <= MODEL_MAX_TENSORS, "MODEL_MAX_TENSORS below [model] layers' range");
 
-int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
+static int gpt_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
+                      size_t err_len)
 {
+    (void)input_dim;
+    (void)classes;
     if (j->heads == 0 || j->width % j->heads) {
         snprintf(err, err_len, "gpt: heads (%u) must divide width (%u)", j->heads, j->width);
         return -1;
@@ -723,3 +725,54 @@ int model_gpt_create(const job_config *j, model *m, char *err, size_t err_len)
 #undef ADD2
     return 0;
 }
+
+/* ---- the kind ----------------------------------------------------------------------- */
+
+static int gpt_check_job(const job_config *j, char *err, size_t err_len)
+{
+    if (j->width % j->heads)
+        return model_job_error(j, "model", "heads", "must divide [model] width", err, err_len);
+    if (j->format == JOBCFG_DATA_IDX)
+        return model_job_error(j, "data", "format", "idx images train an mlp, not a gpt", err, err_len);
+    return 0;
+}
+
+static void gpt_describe(const model *m, char *buf, size_t len)
+{
+    const gpt *g = G(m);
+    snprintf(buf, len, "gpt layers=%u heads=%u width=%u context=%u vocab=%u", g->L, g->NH, g->C, g->T, g->V);
+}
+
+static int gpt_parse(const char *line, job_config *j, char *err, size_t err_len)
+{
+    unsigned l, h, w, c, v;
+    int used = 0;
+    if (sscanf(line, "gpt layers=%u heads=%u width=%u context=%u vocab=%u%n", &l, &h, &w, &c, &v, &used) != 5 ||
+        line[used] != '\0') {
+        snprintf(err, err_len, "'%s' is not a gpt model line (gpt layers=N heads=N width=N context=N vocab=N)", line);
+        return -1;
+    }
+    if (!l || !h || !w || !c || v < 2 || w % h || l > 1000 || w > (1u << 16) || c > (1u << 16) || v > (1u << 20)) {
+        snprintf(err, err_len, "'%s' describes no model gradd can build", line);
+        return -1;
+    }
+    j->layers = l;
+    j->heads = h;
+    j->width = w;
+    j->context = c;
+    j->vocab = v;
+    return 0;
+}
+
+const model_kind model_kind_gpt = {
+    .name = "gpt",
+    .a_name = "a gpt",
+    .unit = "tok",
+    .units = "tokens",
+    .data = MODEL_DATA_TOKENS,
+    .generates = true,
+    .check_job = gpt_check_job,
+    .create = gpt_create,
+    .describe = gpt_describe,
+    .parse = gpt_parse,
+};

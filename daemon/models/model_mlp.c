@@ -185,7 +185,6 @@ static void mlp_destroy(model *m)
 }
 
 static const model_ops mlp_ops = {
-    .type = "mlp",
     .units_per_sample = mlp_units,
     .activation_bytes = mlp_activation_bytes,
     .bind_activations = mlp_bind,
@@ -195,8 +194,8 @@ static const model_ops mlp_ops = {
     .destroy = mlp_destroy,
 };
 
-int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
-                     size_t err_len)
+static int mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
+                      size_t err_len)
 {
     if (input_dim == 0 || classes < 2) {
         snprintf(err, err_len, "mlp: need inputs and at least 2 classes (got %u inputs, %u classes)", input_dim,
@@ -236,3 +235,45 @@ int model_mlp_create(const job_config *j, uint32_t input_dim, uint32_t classes, 
     }
     return 0;
 }
+
+/* ---- the kind ----------------------------------------------------------------------- */
+
+static int mlp_check_job(const job_config *j, char *err, size_t err_len)
+{
+    /* jobcfg parses hidden for every job and leaves nhidden 0 when the
+     * text is not a list of sizes: only this kind has it to complain. */
+    if (j->nhidden == 0)
+        return model_job_error(j, "model", "hidden",
+                               "expected up to 8 comma-separated sizes from 1 to 65536, e.g. 256,128", err, err_len);
+    if (j->format == JOBCFG_DATA_TEXT || j->format == JOBCFG_DATA_TOKENS)
+        return model_job_error(j, "data", "format", "an mlp trains on idx or npy images", err, err_len);
+    if (!j->train_labels[0])
+        return model_job_error(j, "data", "train_labels", "is required for an mlp", err, err_len);
+    if (j->val[0] && !j->val_labels[0])
+        return model_job_error(j, "data", "val_labels", "is required for an mlp when val is set", err, err_len);
+    return 0;
+}
+
+/* From the sizes, not the job's text: "256, 128" is the same model as
+ * "256,128" (which is what older checkpoints recorded). */
+static void mlp_describe(const model *m, char *buf, size_t len)
+{
+    const mlp *g = M(m);
+    char hidden[MLP_MAX_LAYERS * 12] = "";
+    size_t at = 0;
+    for (uint32_t i = 0; i + 1 < g->nl && at < sizeof hidden; i++)
+        at += (size_t)snprintf(hidden + at, sizeof hidden - at, "%s%u", i ? "," : "", g->out[i]);
+    snprintf(buf, len, "mlp inputs=%u hidden=%s classes=%u", g->D, hidden, g->K);
+}
+
+const model_kind model_kind_mlp = {
+    .name = "mlp",
+    .a_name = "an mlp",
+    .unit = "samples",
+    .units = "samples",
+    .data = MODEL_DATA_IMAGES,
+    .classifies = true,
+    .check_job = mlp_check_job,
+    .create = mlp_create,
+    .describe = mlp_describe,
+};

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "jobs/access.h"
 #include "jobs/queue.h"
+#include "models/model.h"
 
 /* Answer with j as a Job or a Cancel response; the caller holds the queue
  * lock, which this releases. */
@@ -122,6 +123,8 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         goto out;
     }
     int lrc = jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
+    if (lrc == 0)
+        lrc = model_check_job(cfg, err, sizeof err);
     access_restore(&saved);
     if (lrc != 0) {
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);

@@ -8,6 +8,7 @@
 
 #include "engine/batch.h"
 #include "jobs/queue.h"
+#include "models/model.h"
 
 /* ---- the table --------------------------------------------------------------- */
 
@@ -87,7 +88,7 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->val_loss = NAN;
     m->val_accuracy = NAN;
     m->loss = NAN;
-    m->unit = j->cfg.model == JOBCFG_GPT ? "tok" : "samples";
+    m->unit = (char *)model_unit(&j->cfg);
     if (!j->have_progress && j->cfg.micro_batch) {
         /* Not started yet: a fixed micro-batch is already known. */
         m->micro = j->cfg.micro_batch;

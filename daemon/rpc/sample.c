@@ -15,6 +15,7 @@
 #include "engine/sample.h"
 #include "jobs/access.h"
 #include "jobs/queue.h"
+#include "models/model.h"
 
 typedef struct {
     rpc_work base; /* first: the server holds &base */
@@ -149,7 +150,7 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req)
                      "job %u (%s): its job file could not be read when gradd started (the log says why), so "
                      "its model is unknown",
                      j->id, j->name);
-        } else if (j->cfg.model != JOBCFG_GPT) {
+        } else if (!model_generates(&j->cfg)) {
             snprintf(msg, sizeof msg, "job %u (%s) trains an mlp classifier; only gpt jobs generate text", j->id,
                      j->name);
         } else {

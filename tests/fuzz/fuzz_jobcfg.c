@@ -1,12 +1,15 @@
 /* fuzz_jobcfg.c — libFuzzer harness for common/jobcfg.c: job files as
- * gradctl submit and the daemon parse them (jobcfg_load_mem).
+ * gradctl submit and the daemon parse them (jobcfg_load_mem), and the
+ * daemon's model checks after it (model_check_job).
  * Properties (abort() on violation):
  *   - on failure err is non-empty and starts with the job file's path, and
  *     *out is untouched;
  *   - on success every path is absolute and normalised (no "." or ".."
  *     components, no "//"), the micro-batch is 0 (auto) or at most the
- *     batch, an mlp has 1..8 hidden sizes, a gpt's heads divide its width,
- *     and the name is a terminated, non-empty string.
+ *     batch, and the name is a terminated, non-empty string;
+ *   - what the model checks pass names a model gradd has: an mlp with 1..8
+ *     hidden sizes, or a gpt whose heads divide its width; what they refuse
+ *     has err starting with the job file's path.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +17,7 @@
 #include <string.h>
 
 #include "jobcfg.h"
+#include "models/model.h"
 
 #define CHECK(cond)                                                                      \
     do {                                                                                 \
@@ -57,14 +61,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(normalised(j.train) && normalised(j.train_labels) && normalised(j.val) && normalised(j.val_labels));
     CHECK(normalised(j.out_dir) && j.out_dir[0] == '/');
     CHECK(j.micro_batch <= j.batch);
-    if (j.model == JOBCFG_MLP)
-        CHECK(j.nhidden >= 1 && j.nhidden <= JOBCFG_MAX_HIDDEN);
-    else
-        CHECK(j.heads > 0 && j.width % j.heads == 0);
     /* A finished job's record (no data check) accepts whatever submit did,
      * with the same settings. */
     static job_config r;
     CHECK(jobcfg_load_record(data, size, PATH, &r, err, sizeof err) == 0);
     CHECK(strcmp(r.out_dir, j.out_dir) == 0 && strcmp(r.train, j.train) == 0 && r.steps == j.steps);
+    if (model_check_job(&j, err, sizeof err) != 0) {
+        CHECK(err[0] != '\0');
+        CHECK(strncmp(err, PATH, strlen(PATH)) == 0);
+        return 0;
+    }
+    CHECK(model_kind_of(&j) != NULL);
+    if (strcmp(j.model, "mlp") == 0)
+        CHECK(j.nhidden >= 1 && j.nhidden <= JOBCFG_MAX_HIDDEN);
+    else
+        CHECK(strcmp(j.model, "gpt") == 0 && j.heads > 0 && j.width % j.heads == 0);
     return 0;
 }

@@ -6,7 +6,7 @@
  * /proc/self/fd/N with sample_load.  Properties (abort() on violation):
  *   - on failure the model pointer stays NULL and err starts with the path;
  *   - on success the model reports a vocabulary and context within the
- *     limits sample_parse_signature enforces, and generating two tokens
+ *     limits model_parse_line enforces, and generating two tokens
  *     from it yields two ids below its vocabulary (byte text for vocab 256),
  *     both with the key/value cache (decode steps) and without it
  *     (forward_logits over the window, which the cache otherwise leaves
@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "engine/sample.h"
+#include "models/model.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
@@ -62,11 +63,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         len++;
     memcpy(line, data, len);
     line[len] = '\0';
-    uint32_t l, h, w, c, v;
+    static job_config jc;
     char err[1024] = "";
-    if (sample_parse_signature(line, &l, &h, &w, &c, &v, err, sizeof err) == 0)
-        CHECK(l >= 1 && l <= 1000 && h >= 1 && w % h == 0 && w <= (1u << 16) && c >= 1 && c <= (1u << 16) &&
-              v >= 2 && v <= (1u << 20));
+    jobcfg_defaults(&jc);
+    if (model_parse_line(line, &jc, err, sizeof err) == 0)
+        CHECK(jc.layers >= 1 && jc.layers <= 1000 && jc.heads >= 1 && jc.width % jc.heads == 0 &&
+              jc.width <= (1u << 16) && jc.context >= 1 && jc.context <= (1u << 16) && jc.vocab >= 2 &&
+              jc.vocab <= (1u << 20));
     else
         CHECK(err[0] != '\0');
 

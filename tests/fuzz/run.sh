@@ -15,7 +15,8 @@
 #           chunks, Request/Response unpacking, pack/unpack round trip
 #   units   common/units.c: size and duration parsing, size formatting
 #   config  daemon/base/config.c: gradd.conf through libinih (via a memfd)
-#   jobcfg  common/jobcfg.c: job files as submit parses them, paths normalised
+#   jobcfg  common/jobcfg.c and the models' checks (daemon/models): job files
+#           as submit parses them, paths normalised
 #   safetensors  daemon/io/safetensors.c, st_write.c, st_dtype.c (with jansson):
 #           st_open/st_read/st_data on arbitrary files (via a memfd), writer
 #           round trip of what parses
@@ -110,10 +111,13 @@ sources() {
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
-    jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
+    jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" \
+        "$ROOT/daemon/models/model.c $ROOT/daemon/models/registry.c $ROOT/daemon/models/model_gpt.c" \
+        "$ROOT/daemon/models/model_mlp.c" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
     data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c" ;;
-    sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/model.c $ROOT/daemon/models/model_gpt.c $ROOT/daemon/models/model_mlp.c" \
+    sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/model.c $ROOT/daemon/models/registry.c" \
+        "$ROOT/daemon/models/model_gpt.c $ROOT/daemon/models/model_mlp.c" \
         "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;

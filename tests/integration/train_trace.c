@@ -137,18 +137,19 @@ int main(int argc, char **argv)
     const char *out = argv[2];
     char err[1024], path[4096];
     static job_config j;
-    if (jobcfg_load(argv[1], &j, err, sizeof err) != 0) {
+    if (jobcfg_load(argv[1], &j, err, sizeof err) != 0 || model_check_job(&j, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    bool tokens = model_kind_of(&j)->data == MODEL_DATA_TOKENS;
     /* What makes the trace complete: every step's samples are the stream's
      * next `batch` (a held-out tail would shorten the training data, which
      * this helper does not redo), the split is the configured one, and the
      * arithmetic is fp32. */
     if (j.precision != JOBCFG_FP32 || !j.micro_batch || (!j.val[0] && j.val_fraction > 0) ||
-        (j.model == JOBCFG_GPT && j.format != JOBCFG_DATA_TEXT)) {
+        (tokens && j.format != JOBCFG_DATA_TEXT)) {
         fprintf(stderr, "%s: needs precision = fp32, a fixed micro_batch, val_fraction = 0 or a val file, and "
-                        "text data for gpt\n", argv[1]);
+                        "text data for token models\n", argv[1]);
         return 1;
     }
 
@@ -156,7 +157,7 @@ int main(int argc, char **argv)
     data_tokens tok = {0};
     data_images img = {0};
     uint32_t input_dim = 0, classes = 0;
-    if (j.model == JOBCFG_GPT) {
+    if (tokens) {
         if (data_tokens_load(&tok, j.train, DATA_FMT_TEXT, j.vocab, err, sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
@@ -216,14 +217,14 @@ int main(int argc, char **argv)
     fprintf(f, "],\n\"batches\": [");
     /* The stream train_run read from, from the start again. */
     data_stream ds;
-    int rc = j.model == JOBCFG_GPT ? data_stream_tokens(&ds, &tok, j.context, j.seed, err, sizeof err)
-                                   : data_stream_images(&ds, &img, j.seed, err, sizeof err);
+    int rc = tokens ? data_stream_tokens(&ds, &tok, j.context, j.seed, err, sizeof err)
+                    : data_stream_images(&ds, &img, j.seed, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    size_t B = j.batch, xn = j.model == JOBCFG_GPT ? B * j.context : B * input_dim;
-    size_t yn = j.model == JOBCFG_GPT ? B * j.context : B;
+    size_t B = j.batch, xn = tokens ? B * j.context : B * input_dim;
+    size_t yn = tokens ? B * j.context : B;
     void *x = malloc(xn * sizeof(float)); /* int32 or float: both 4 bytes */
     int32_t *y = malloc(yn * sizeof(int32_t));
     if (!x || !y) {
@@ -232,7 +233,7 @@ int main(int argc, char **argv)
     }
     for (uint64_t s = 0; s < j.steps; s++) {
         fprintf(f, "%s\n {\"x\": ", s ? "," : "");
-        if (j.model == JOBCFG_GPT) {
+        if (tokens) {
             data_stream_next_tokens(&ds, B, x, y);
             put_ints(f, x, xn);
         } else {

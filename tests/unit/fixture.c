@@ -83,7 +83,7 @@ void fx_job(job_config *j, const char *out)
 
 void fx_gpt(job_config *j, uint32_t layers, uint32_t heads, uint32_t width, uint32_t context)
 {
-    j->model = JOBCFG_GPT;
+    snprintf(j->model, sizeof j->model, "gpt");
     j->layers = layers;
     j->heads = heads;
     j->width = width;

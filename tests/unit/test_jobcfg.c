@@ -1,5 +1,6 @@
 /* test_jobcfg.c — job files: values, relative paths, and errors that name
- * file, line, section and key. */
+ * file, line, section and key, as gradd reads them: jobcfg's parse, then
+ * the checks of the job's model (model_check_job). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include "jobcfg.h"
+#include "models/model.h"
 
 static char dir[64], path[128];
 
@@ -45,13 +47,24 @@ static void write_job(const char *text)
     fclose(f);
 }
 
+/* A job file as `gradd run` and submit read it: parsed, then checked for
+ * its model.  0 with *out set, or -1 with err (and *out untouched). */
+static int load(const char *file, job_config *out, char *err, size_t err_len)
+{
+    static job_config j;
+    if (jobcfg_load(file, &j, err, err_len) != 0 || model_check_job(&j, err, err_len) != 0)
+        return -1;
+    *out = j;
+    return 0;
+}
+
 static void expect_error(const char *text, const char *want)
 {
     write_job(text);
     job_config j;
     memset(&j, 0x5A, sizeof j);
     char err[1024];
-    assert_int_equal(jobcfg_load(path, &j, err, sizeof err), -1);
+    assert_int_equal(load(path, &j, err, sizeof err), -1);
     char full[1200];
     snprintf(full, sizeof full, "%s%s", path, want);
     if (strncmp(err, full, strlen(full)) != 0)
@@ -75,11 +88,11 @@ static void test_values_and_relative_paths(void **state)
               "[output]\ndir = ./x/../runs/tiny/\ncheckpoint_every = 5\n");
     job_config j;
     char err[1024];
-    if (jobcfg_load(path, &j, err, sizeof err) != 0)
+    if (load(path, &j, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_string_equal(j.name, "tiny");
     assert_int_equal(j.priority, 5);
-    assert_int_equal(j.model, JOBCFG_GPT);
+    assert_string_equal(j.model, "gpt");
     assert_int_equal(j.layers, 3);
     assert_int_equal(j.micro_batch, 5);
     assert_int_equal(j.mem_limit, 512u << 20);
@@ -92,7 +105,7 @@ static void test_values_and_relative_paths(void **state)
 
     write_job("[model]\ntype = mlp\nhidden = 256, 128\n[data]\nformat = idx\ntrain = corpus.txt\n"
               "train_labels = corpus.txt\n[output]\ndir = /tmp/x\n");
-    if (jobcfg_load(path, &j, err, sizeof err) != 0)
+    if (load(path, &j, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_int_equal(j.nhidden, 2);
     assert_int_equal(j.hidden[0], 256);
@@ -103,7 +116,7 @@ static void test_values_and_relative_paths(void **state)
 
     write_job("[model]\ntype = mlp\n[data]\nformat = idx\ntrain = corpus.txt\ntrain_labels = corpus.txt\n"
               "[memory]\ntune = off\n[output]\ndir = /tmp/x\n");
-    if (jobcfg_load(path, &j, err, sizeof err) != 0)
+    if (load(path, &j, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_false(j.tune);
     assert_string_equal(j.name, "job"); /* from the file name */
@@ -134,6 +147,10 @@ static void test_errors(void **state)
     expect_error("[model]\ntype = mlp\n[data]\nformat = idx\ntrain = corpus.txt\ntrain_labels = corpus.txt\n"
                  "val = corpus.txt\n[output]\ndir = o\n",
                  ": [data] val_labels: is required for an mlp when val is set");
+    /* jobcfg takes any type (gradctl cannot know a daemon's models); the
+     * model checks name the ones there are. */
+    expect_error("[model]\ntype = rnn\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
+                 ":2: [model] type: 'rnn' is not one of mlp|gpt");
     expect_error("[job]\ndevice = gpu0\n" GPT_HEAD, ":2: [job] device: expected auto, cpu, cpuN or cuda:N");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
     /* Tokens are held in 16 bits: a larger vocabulary could never be fed. */
@@ -163,20 +180,21 @@ static void test_examples(void **state)
     snprintf(pattern, sizeof pattern, "%s/etc/jobs/*.cfg", root ? root : ".");
     glob_t g;
     assert_int_equal(glob(pattern, 0, NULL, &g), 0);
-    bool seen_model[2] = {false, false}, seen_prec[3] = {false, false, false};
+    bool seen_mlp = false, seen_gpt = false, seen_prec[3] = {false, false, false};
     for (size_t i = 0; i < g.gl_pathc; i++) {
         job_config j;
         char err[1024];
-        if (jobcfg_load(g.gl_pathv[i], &j, err, sizeof err) != 0)
+        if (load(g.gl_pathv[i], &j, err, sizeof err) != 0)
             fail_msg("%s", err);
-        seen_model[j.model] = true;
+        seen_mlp |= strcmp(j.model, "mlp") == 0;
+        seen_gpt |= strcmp(j.model, "gpt") == 0;
         seen_prec[j.precision] = true;
         /* Mixed precision exists only on CUDA: such examples must say so. */
         if (j.precision != JOBCFG_FP32 && strncmp(j.device, "cuda", 4) != 0)
             fail_msg("%s: precision %d on device '%s'", g.gl_pathv[i], j.precision, j.device);
     }
     globfree(&g);
-    assert_true(seen_model[JOBCFG_MLP] && seen_model[JOBCFG_GPT]);
+    assert_true(seen_mlp && seen_gpt);
     assert_true(seen_prec[JOBCFG_FP32] && seen_prec[JOBCFG_BF16] && seen_prec[JOBCFG_FP16]);
 }
 

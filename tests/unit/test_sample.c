@@ -93,7 +93,7 @@ static void gpt_shape(job_config *j, uint32_t layers, uint32_t heads, uint32_t w
                       uint32_t vocab)
 {
     jobcfg_defaults(j);
-    j->model = JOBCFG_GPT;
+    snprintf(j->model, sizeof j->model, "gpt");
     j->layers = layers;
     j->heads = heads;
     j->width = width;
@@ -470,17 +470,19 @@ static void test_other_vocab(void **state)
 static void test_signature(void **state)
 {
     (void)state;
-    uint32_t l, h, w, c, v;
+    job_config j;
     char err[256];
-    assert_int_equal(sample_parse_signature("gpt layers=4 heads=4 width=128 context=128 vocab=256", &l, &h, &w, &c, &v,
-                                            err, sizeof err),
-                     0);
-    assert_int_equal(l * 1000 + h * 100 + w + c + v, 4000 + 400 + 128 + 128 + 256);
-    assert_int_equal(sample_parse_signature("gpt layers=4 heads=4 width=128 context=128 vocab=256 extra", &l, &h, &w,
-                                            &c, &v, err, sizeof err),
+    jobcfg_defaults(&j);
+    assert_int_equal(model_parse_line("gpt layers=4 heads=4 width=128 context=128 vocab=256", &j, err, sizeof err), 0);
+    assert_string_equal(j.model, "gpt");
+    assert_int_equal(j.layers * 1000 + j.heads * 100 + j.width + j.context + j.vocab, 4000 + 400 + 128 + 128 + 256);
+    assert_int_equal(model_parse_line("gpt layers=4 heads=4 width=128 context=128 vocab=256 extra", &j, err,
+                                      sizeof err),
                      -1);
-    assert_int_equal(sample_parse_signature("gpt layers=4", &l, &h, &w, &c, &v, err, sizeof err), -1);
+    assert_int_equal(model_parse_line("gpt layers=4", &j, err, sizeof err), -1);
     assert_non_null(strstr(err, "is not a gpt model line"));
+    assert_int_equal(model_parse_line("mlp inputs=784 hidden=64 classes=10", &j, err, sizeof err), -1);
+    assert_non_null(strstr(err, "an mlp ('mlp inputs=784 hidden=64 classes=10'); only gpt models generate text"));
 }
 
 int main(void)

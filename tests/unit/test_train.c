@@ -691,7 +691,7 @@ static void test_mlp_learns_fashion(void **state)
     job_config j;
     train_result res;
     jobcfg_defaults(&j);
-    j.model = JOBCFG_MLP;
+    snprintf(j.model, sizeof j.model, "mlp");
     j.nhidden = 1;
     j.hidden[0] = 128;
     snprintf(j.hidden_text, sizeof j.hidden_text, "128");

@@ -1,0 +1,460 @@
+/* memory.c — a run's device memory, and the batch controller at work:
+ * budgets, probes, and changes of micro-batch (before a step, after an OOM
+ * inside one, at step boundaries). */
+#include "run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool/dev.h"
+#include "units.h"
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+/* Workspace for the kernels comes from the pool too, tagged as such. */
+/* A NULL here is an OOM in the middle of a step: the kernels skip their
+ * work (the CUDA backend also turns it into a sticky error that the next
+ * sync returns), and the step notices r->mem.oom and is redone smaller. */
+static void *scratch_acquire(void *user, size_t bytes)
+{
+    run *r = user;
+    pool_oom_report oom;
+    void *ptr = pool_alloc(r->p, bytes, POOL_TAG_WORKSPACE, r->job, &oom);
+    if (!ptr && !r->mem.oom) {
+        r->mem.oom = true;
+        r->mem.last_oom = oom;
+    }
+    return ptr;
+}
+
+static void scratch_release(void *user, void *ptr)
+{
+    run *r = user;
+    pool_free(r->p, ptr);
+}
+
+kern_scratch memory_scratch(run *r)
+{
+    return (kern_scratch){scratch_acquire, scratch_release, r};
+}
+
+static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
+{
+    pool_oom_report oom;
+    void *ptr = pool_alloc(r->p, bytes ? bytes : 1, tag, r->job, &oom);
+    if (ptr)
+        return ptr;
+    /* The state that lives as long as the job does not fit: say how much
+     * it is, and what to change, as the micro-batch-1 report does. */
+    size_t P = r->m->num_params, lasting = P * 4 * sizeof(float) + (r->m->needs_params16 ? P * sizeof(uint16_t) : 0);
+    size_t act1 = 0, per = 0;
+    r->m->ops->activation_bytes(r->m, &act1, &per);
+    char need[16], act[16], sum[16];
+    units_format_size(lasting, need, sizeof need);
+    units_format_size(act1 + per, act, sizeof act);
+    units_format_size(lasting + act1 + per, sum, sizeof sum);
+    run_fail(r,
+             "out of memory for the %s: %s; the parameters, gradients and optimizer state alone take %s, and "
+             "micro-batch 1 about %s more: %s at least %s, or train a smaller model",
+             what, oom.message, need, act, oom.job_limit_hit ? "raise [memory] limit to" : "the job needs free", sum);
+    return NULL;
+}
+
+/* What the job holds at its peak: the pool's per-job peak since the last
+ * pool_job_reset_peak. */
+static size_t job_peak(run *r)
+{
+    pool_stats *ps = malloc(sizeof *ps);
+    size_t peak = 0;
+    if (!ps)
+        return 0;
+    pool_stats_read(r->p, ps);
+    for (size_t i = 0; i < ps->njobs; i++)
+        if (ps->jobs[i].job == r->job)
+            peak = (size_t)ps->jobs[i].peak;
+    free(ps);
+    return peak;
+}
+
+/* The bytes this job may hold at its peak, now: its [memory] limit, and its
+ * share of what the pool holds or can still get from the device.  The
+ * device's free memory counts less the pool's low watermark, which is kept
+ * for other processes; what the other jobs in the pool need (their peaks,
+ * or more if they hold more now) is theirs.  reserved + device free does
+ * not move when the pool trims or grows, only when another process takes
+ * or returns memory, so the budget is steady while nothing else changes. */
+static size_t job_budget(run *r, size_t *avail)
+{
+    pool_stats *ps = malloc(sizeof *ps);
+    if (avail)
+        *avail = SIZE_MAX;
+    if (!ps)
+        return r->j->mem_limit ? r->j->mem_limit : SIZE_MAX;
+    pool_stats_read(r->p, ps);
+    size_t room = (size_t)ps->reserved_bytes[POOL_ALL].current + ps->device_free;
+    room = room > r->mem.low_watermark ? room - r->mem.low_watermark : 0;
+    if (room > ps->cap)
+        room = ps->cap;
+    size_t others = 0;
+    for (size_t i = 0; i < ps->njobs; i++) {
+        if (ps->jobs[i].job == r->job)
+            continue;
+        /* Its need at the size it runs now where it said (a job's all-time
+         * peak keeps its probes and tuning, which would hold the others at
+         * what they found while it searched); else its peak. */
+        int64_t need = ps->jobs[i].need ? (int64_t)ps->jobs[i].need : ps->jobs[i].peak;
+        if (ps->jobs[i].current > need)
+            need = ps->jobs[i].current;
+        others += need > 0 ? (size_t)need : 0;
+    }
+    size_t b = room > others ? room - others : 0;
+    /* Under the watermark even after pool_tick's pressure trim: the job
+     * gives back the shortfall out of what it uses now — the "then shrink"
+     * after "trim first".  (The sum above misses it when the pool's slack,
+     * reserved memory no block can use, hides the shortfall.) */
+    if (r->mem.low_watermark && ps->device_free < r->mem.low_watermark && r->mem.micro) {
+        double need = batch_peak(&r->ctl, r->mem.micro), shortfall = (double)(r->mem.low_watermark - ps->device_free);
+        size_t give = need > shortfall ? (size_t)(need - shortfall) : 0;
+        if (give < b)
+            b = give;
+    }
+    free(ps);
+    if (avail)
+        *avail = b;
+    if (r->j->mem_limit && r->j->mem_limit < b)
+        b = r->j->mem_limit;
+    return b;
+}
+
+static void free_micro(run *r)
+{
+    pool_free(r->p, r->mem.y);
+    pool_free(r->p, r->mem.x);
+    pool_free(r->p, r->mem.acts);
+    r->mem.y = r->mem.x = r->mem.acts = NULL;
+    r->mem.micro = 0;
+}
+
+/* Size the per-micro-batch memory (activations, input and target buffers)
+ * for n samples.  The old blocks go first so the new ones can reuse their
+ * space.  trim >= 0 (a pool_trim_reason) gives cached memory back to the
+ * device in between: when shrinking because memory is short, the smaller
+ * block would otherwise be carved out of the old one's segment and keep all
+ * of it reserved.  0, or -1 with r->mem.last_oom filled and nothing held. */
+static int set_micro(run *r, uint32_t n, int trim)
+{
+    free_micro(r);
+    if (trim >= 0)
+        pool_trim(r->p, (pool_trim_reason)trim, 0);
+    pool_oom_report oom;
+    r->mem.act_bytes = r->mem.act_fixed + r->mem.act_per * n;
+    r->mem.acts = pool_alloc(r->p, r->mem.act_bytes, POOL_TAG_ACTIVATIONS, r->job, &oom);
+    if (r->mem.acts)
+        r->mem.x = pool_alloc(r->p, n * r->data.x_bytes, POOL_TAG_DATA, r->job, &oom);
+    if (r->mem.x)
+        r->mem.y = pool_alloc(r->p, n * r->data.y_bytes, POOL_TAG_DATA, r->job, &oom);
+    if (!r->mem.y) {
+        free_micro(r);
+        r->mem.last_oom = oom;
+        return -1;
+    }
+    r->m->ops->bind_activations(r->m, r->mem.acts, n);
+    /* What the other jobs' budgets leave for this one from now on. */
+    double need = batch_peak(&r->ctl, n);
+    pool_job_set_need(r->p, r->job, need > 0 ? (size_t)need : 0);
+    if (!r->host_visible) {
+        free(r->mem.x_host);
+        free(r->mem.y_host);
+        r->mem.x_host = malloc(n * r->data.x_bytes);
+        r->mem.y_host = malloc(n * r->data.y_bytes);
+    }
+    r->mem.micro = n;
+    return 0;
+}
+
+/* The state that lives as long as the job: parameters, gradients, Adam. */
+train_outcome memory_alloc(run *r)
+{
+    size_t P = r->m->num_params;
+    r->mem.params = alloc_tagged(r, P * sizeof(float), POOL_TAG_PARAMS, "parameters");
+    if (!r->mem.params)
+        return TRAIN_FAILED;
+    r->mem.grads = alloc_tagged(r, P * sizeof(float), POOL_TAG_GRADS, "gradients");
+    if (!r->mem.grads)
+        return TRAIN_FAILED;
+    r->mem.opt = alloc_tagged(r, 2 * P * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
+    if (!r->mem.opt)
+        return TRAIN_FAILED;
+    if (r->m->needs_params16) {
+        r->mem.params16 = alloc_tagged(r, P * sizeof(uint16_t), POOL_TAG_PARAMS, "16-bit parameters");
+        if (!r->mem.params16)
+            return TRAIN_FAILED;
+    }
+    r->mem.segs = malloc((size_t)r->m->ntensors * sizeof *r->mem.segs);
+    if (!r->mem.segs)
+        return run_fail(r, "out of host memory for the optimizer's tensor list");
+    for (int i = 0; i < r->m->ntensors; i++)
+        r->mem.segs[i] = (kern_segment){r->m->tensors[i].offset, r->m->tensors[i].numel, r->m->tensors[i].decay};
+    r->m->params = r->mem.params;
+    r->m->params16 = r->mem.params16;
+    r->m->grads = r->mem.grads;
+    r->mem.persistent = pool_block_size(r->p, r->mem.params) + pool_block_size(r->p, r->mem.grads) +
+                    pool_block_size(r->p, r->mem.opt) + pool_block_size(r->p, r->mem.params16);
+    r->res->persistent_bytes = r->mem.persistent;
+
+    size_t fixed, per;
+    r->m->ops->activation_bytes(r->m, &fixed, &per);
+    r->mem.act_fixed = r->res->act_fixed = fixed;
+    r->mem.act_per = r->res->act_per_sample = per;
+    return TRAIN_DONE;
+}
+
+/* params16 = params rounded (model.h), after anything but the optimizer
+ * wrote params: initialisation and a checkpoint's load. */
+void memory_refresh_params16(run *r)
+{
+    if (!r->mem.params16)
+        return;
+    size_t P = r->m->num_params;
+    if (r->j->precision == JOBCFG_FP16)
+        r->k->cast_f32_to_f16(r->kc, r->mem.params16, r->mem.params, P);
+    else
+        r->k->cast_f32_to_bf16(r->kc, r->mem.params16, r->mem.params, P);
+}
+
+void memory_free(run *r)
+{
+    free_micro(r);
+    void *bufs[] = {r->mem.opt, r->mem.grads, r->mem.params, r->mem.params16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        pool_free(r->p, bufs[i]);
+    free(r->mem.x_host);
+    free(r->mem.y_host);
+    free(r->mem.segs);
+    r->mem.segs = NULL;
+}
+
+/* ---- the batch controller at work ------------------------------------------------------ */
+
+/* Micro-batch 1 does not fit: fail with what a person needs to act. */
+static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
+{
+    pool_stats *ps = malloc(sizeof *ps);
+    char used[512] = "", a[16], b[16], need_s[16], lim[16];
+    size_t held = 0;
+    if (ps) {
+        pool_stats_read(r->p, ps);
+        size_t off = 0;
+        for (size_t i = 0; i < ps->njobs; i++) {
+            if (ps->jobs[i].job != r->job)
+                continue;
+            held = (size_t)ps->jobs[i].current;
+            for (int t = 0; t < POOL_TAG_COUNT && off < sizeof used; t++)
+                if (ps->jobs[i].tag_current[t] > 0)
+                    off += (size_t)snprintf(used + off, sizeof used - off, "%s%s %s", off ? ", " : "",
+                                            pool_tag_name((pool_tag)t),
+                                            units_format_size((uint64_t)ps->jobs[i].tag_current[t], a, sizeof a));
+        }
+        free(ps);
+    }
+    /* What micro-batch 1 needs: the fitted peak, and at least what was held
+     * plus what was asked for when it failed. */
+    double model_need = batch_peak(&r->ctl, 1);
+    size_t need = held + oom->requested;
+    if (model_need > (double)need)
+        need = (size_t)model_need;
+    units_format_size(need, need_s, sizeof need_s);
+    char fix[400];
+    if (oom->job_limit_hit || (r->j->mem_limit && need > r->j->mem_limit))
+        snprintf(fix, sizeof fix, "raise [memory] limit from %s to at least %s, or train a smaller model",
+                 units_format_size(oom->job_limit_hit ? oom->job_limit : r->j->mem_limit, lim, sizeof lim),
+                 need_s);
+    else
+        snprintf(fix, sizeof fix,
+                 "free memory on %s (other processes or jobs hold it; the job needs about %s), run it on "
+                 "another device ([job] device), or train a smaller model ([model] width, layers or context)",
+                 pool_device(r->p)->id, need_s);
+    char ck[160];
+    if (checkpoint_exists(r))
+        snprintf(ck, sizeof ck, "the last checkpoint in %s is kept; resubmit to resume from it", r->j->out_dir);
+    else
+        snprintf(ck, sizeof ck, "no checkpoint was written yet ([output] checkpoint_every)");
+    return run_fail(r,
+                    "out of memory at micro-batch 1 in step %llu: requested %s (%s); in use by the job: %s; "
+                    "device free %s of %s.\nTo fix: %s.\n%s.\nPool: %s",
+                    (unsigned long long)r->progress.step + 1, units_format_size(oom->requested, a, sizeof a),
+                    pool_tag_name(oom->tag), used[0] ? used : "nothing",
+                    units_format_size(oom->device_free, b, sizeof b),
+                    units_format_size(oom->device_total, lim, sizeof lim), fix, ck, oom->message);
+}
+
+/* After an OOM: shrink until the per-micro-batch memory fits again. */
+train_outcome memory_after_oom(run *r)
+{
+    pool_oom_report rep = r->mem.last_oom;
+    for (;;) {
+        size_t avail, bud = job_budget(r, &avail);
+        uint32_t n = batch_on_oom(&r->ctl, r->progress.step, bud, avail, rep.job_allocated + rep.requested);
+        if (n == 0)
+            return fail_no_fit(r, &rep);
+        int rc = set_micro(r, n, POOL_TRIM_OOM);
+        outputs_batch_change(r);
+        if (rc == 0)
+            return TRAIN_DONE;
+        rep = r->mem.last_oom;
+    }
+}
+
+/* Wait for the queued device work: 0; 1 when it ran out of memory
+ * (r->mem.oom then set, with a report); -1 when the device failed otherwise
+ * (the run failed, with the kernels' message).  A faulting kernel or a GEMM without
+ * an algorithm is not cured by a smaller micro-batch: treated as an OOM it
+ * would shrink down to 1 and end as "does not fit". */
+int memory_device_check(run *r, const char *during)
+{
+    int e = r->k->sync(r->kc);
+    if (e == KERN_ERR_DEVICE) {
+        run_fail(r, "the device failed %s: %s", during, r->k->error(r->kc));
+        return -1;
+    }
+    if (e == KERN_ERR_OOM && !r->mem.oom) {
+        /* Memory the pool did not hand out (a library's own). */
+        r->mem.oom = true;
+        memset(&r->mem.last_oom, 0, sizeof r->mem.last_oom);
+        r->mem.last_oom.job = r->job;
+        r->mem.last_oom.job_allocated = job_peak(r);
+        snprintf(r->mem.last_oom.message, sizeof r->mem.last_oom.message,
+                 "the device ran out of memory outside the pool: %s", r->k->error(r->kc));
+    }
+    return r->mem.oom ? 1 : 0;
+}
+
+/* One probe: a forward and backward of n real samples at micro-batch n,
+ * measuring the job's pool peak.  Nothing of it survives: the gradients are
+ * zeroed and the data position is put back.  0 with *peak, 1 when it ran
+ * out of memory (*peak then what the job held plus what it asked for, which
+ * the peak at n exceeds), -1 on another failure (message set). */
+static int probe(run *r, uint32_t n, size_t *peak)
+{
+    if (set_micro(r, n, -1) != 0) {
+        *peak = r->mem.last_oom.job_allocated + r->mem.last_oom.requested;
+        return 1;
+    }
+    uint64_t epoch, index;
+    data_stream_state(&r->data.stream, &epoch, &index);
+    pool_job_reset_peak(r->p, r->job);
+    r->mem.oom = false;
+    run_next_batch(r, n, false);
+    model_batch mb = {r->mem.x, r->mem.y, n};
+    run_forward_backward(r, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
+    if (memory_device_check(r, "while measuring a micro-batch's memory") < 0)
+        return -1;
+    *peak = job_peak(r);
+    r->k->zero(r->kc, r->mem.grads, r->m->num_params);
+    char err[512];
+    if (data_stream_set_state(&r->data.stream, epoch, index, err, sizeof err) != 0) {
+        run_fail(r, "%s", err);
+        return -1;
+    }
+    bool oom = r->mem.oom;
+    r->mem.oom = false;
+    if (oom)
+        *peak = r->mem.last_oom.job_allocated + r->mem.last_oom.requested;
+    return oom ? 1 : 0;
+}
+
+/* Does what the checkpoint's run found (r->ckpt.found) still apply?  Only on the
+ * same device and under the same budget (within 2%, the controller's
+ * tolerance for "nothing changed"): a changed [memory] limit, a device with
+ * more or less memory, or other jobs holding more or less of it all change
+ * what fits, and a new search costs a few probes. */
+static bool found_still_holds(run *r, size_t budget)
+{
+    char devsig[96];
+    checkpoint_device_signature(r, devsig, sizeof devsig);
+    double was = (double)r->ckpt.found.budget, now = (double)budget;
+    return r->ckpt.found.fit && strcmp(r->ckpt.found.device, devsig) == 0 && now >= 0.98 * was && now <= 1.02 * was;
+}
+
+/* Choose the first micro-batch: the configured one; by probing; or, when
+ * resuming, the size the checkpoint's run had found, verified by one probe.
+ * Then allocate for it (shrinking if even that does not fit). */
+static train_outcome choose_micro_fitting(run *r)
+{
+    const job_config *j = r->j;
+    batch_ctl *c = &r->ctl;
+    batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
+    batch_set_tune(c, j->tune && !j->micro_batch);
+    /* The prior: the estimate, plus the input buffers, as the pool rounds. */
+    batch_prior(c, r->mem.persistent + r->mem.act_fixed + 2 * 512, r->mem.act_per + r->data.x_bytes + r->data.y_bytes);
+    batch_min_per_sample(c, r->mem.act_per + r->data.x_bytes + r->data.y_bytes);
+    size_t budget = job_budget(r, &c->fit_avail);
+    if (j->micro_batch) {
+        batch_probe_skip(c, budget);
+    } else {
+        if (found_still_holds(r, budget))
+            batch_resume(c, r->ckpt.found.fit, r->ckpt.found.tuned, r->ckpt.found.fixed, r->ckpt.found.per_sample);
+        for (uint32_t n; (n = batch_probe_next(c, budget)) != 0;) {
+            size_t peak = 0;
+            int rc = probe(r, n, &peak);
+            if (rc < 0)
+                return TRAIN_FAILED;
+            batch_probe_result(c, n, peak, rc == 0, budget);
+        }
+    }
+    c->predicted_max = batch_max_for(c, (double)budget * (1.0 - c->margin));
+    /* The fit is made before this run's first step: after the resumed
+     * one, not before step 1. */
+    if (c->changes)
+        c->last.step = r->progress.step;
+    /* Said before it is applied: should the size then not fit, the OOM
+     * that shrinks it is the next change, not a replacement of this one. */
+    r->mem.act_bytes = r->mem.act_fixed + r->mem.act_per * c->micro;
+    if (!j->micro_batch)
+        outputs_batch_change(r);
+    if (set_micro(r, c->micro, -1) != 0 && memory_after_oom(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
+    outputs_sync(r);
+    return TRAIN_DONE;
+}
+
+train_outcome memory_choose_micro(run *r)
+{
+    pool_config pc;
+    pool_get_config(r->p, &pc);
+    r->mem.low_watermark = pc.low_watermark;
+    pool_fit_begin(r->p);
+    train_outcome o = choose_micro_fitting(r);
+    pool_fit_end(r->p);
+    return o;
+}
+
+/* At a step boundary: shrink before an OOM, grow back, or tune. */
+train_outcome memory_adapt(run *r)
+{
+    batch_reason why;
+    uint32_t from = r->mem.micro;
+    size_t avail, bud = job_budget(r, &avail);
+    uint32_t n = batch_step_end(&r->ctl, r->progress.step, bud, avail, r->progress.step_s, &why);
+    if (n == from) {
+        /* The tuner's choice is an event even when it keeps the size. */
+        if (why != BATCH_REASON_NONE)
+            outputs_batch_change(r);
+        else
+            outputs_sync(r);
+        return TRAIN_DONE;
+    }
+    if (set_micro(r, n, why == BATCH_REASON_PRESSURE ? POOL_TRIM_PRESSURE : -1) == 0) {
+        outputs_batch_change(r);
+        return TRAIN_DONE;
+    }
+    /* The memory went elsewhere between the decision and the allocation:
+     * stay where we were, or shrink as after an OOM. */
+    batch_apply_failed(&r->ctl, n, from);
+    if (set_micro(r, from, POOL_TRIM_OOM) == 0) {
+        outputs_sync(r);
+        return TRAIN_DONE;
+    }
+    return memory_after_oom(r);
+}

@@ -1,0 +1,189 @@
+/* run.h — one training run's state, and what the engine's files call of
+ * one another (internal to engine/; train.h is the engine's face).
+ *
+ * train.c owns the run: its data, the loop and the step.  memory.c owns its
+ * device memory and the batch controller's decisions, checkpoint.c the
+ * resume state and the exported model, outputs.c the output directory,
+ * metrics.jsonl, TensorBoard and the progress report.  Each part of the
+ * struct below says its owner, which sets it up and releases it; the other
+ * files go through the owner's functions for anything that allocates or
+ * writes a file, and use plain state directly (the step clears mem.oom, a
+ * resume restores progress and the data position).
+ */
+#ifndef GRADD_RUN_H
+#define GRADD_RUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "batch.h"
+#include "io/data.h"
+#include "models/model.h"
+#include "pool/pool.h"
+#include "tboard.h"
+#include "train.h"
+
+/* The training data and how a sample is laid out in memory (train.c). */
+typedef struct {
+    data_tokens tok_train, tok_val;
+    data_images img_train, img_val;
+    data_images img_val_view; /* a held-out tail of img_train (not owned) */
+    const data_images *val_images;
+    bool have_val;
+    data_stream stream;
+    data_eval eval;
+    uint32_t input_dim, classes;
+    size_t x_bytes, y_bytes; /* one sample's input and target */
+} run_data;
+
+/* Device memory, all from the pool, and what the batch controller is fed
+ * (memory.c). */
+typedef struct {
+    float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
+    uint16_t *params16;          /* the model's needs_params16, else NULL */
+    kern_segment *segs;          /* the model's tensors, for adamw_multi (host memory) */
+    void *acts, *x, *y;
+    size_t act_bytes;
+    uint32_t micro;            /* what acts/x/y are sized for (0: nothing held) */
+    size_t act_fixed, act_per; /* the model's activation estimate */
+    size_t persistent;         /* params + grads + optimizer, as the pool holds them */
+    void *x_host, *y_host;     /* staging when device memory is not host memory */
+    size_t low_watermark;      /* the pool's: device memory kept free for others */
+    bool oom;                  /* an allocation inside the step failed */
+    pool_oom_report last_oom;  /* the first such failure's report */
+} run_memory;
+
+/* What the run that wrote the checkpoint found with micro_batch = auto
+ * (fit 0: nothing), for choosing the first micro-batch. */
+typedef struct {
+    uint32_t fit, tuned;
+    size_t budget;
+    double fixed, per_sample;
+    char device[96];
+} run_found;
+
+/* checkpoint.c */
+typedef struct {
+    char path_resume[4096], path_model[4096];
+    run_found found;
+} run_checkpoints;
+
+/* Where the training stands: what a checkpoint keeps besides the tensors
+ * (train.c). */
+typedef struct {
+    uint64_t step;
+    /* Updates the optimizer applied: AdamW's t, for its bias correction
+     * 1 - beta^t.  It is `step` less fp16's skipped steps, which consume
+     * their data and count for the schedule, logging and checkpoint_every,
+     * but leave the moments untouched, so counting them would correct
+     * moments that hold fewer updates than t says (PyTorch's GradScaler
+     * skips optimizer.step() on overflow alike). */
+    uint64_t opt_steps;
+    double loss_scale;
+    uint64_t good_steps; /* fp16: steps since the loss scale last changed */
+    double step_s;       /* the last step's forward, backward and optimizer time, for tuning */
+} run_progress;
+
+/* outputs.c */
+typedef struct {
+    int lock_fd; /* out_dir/.lock, flock'd for the run; -1: none */
+    FILE *metrics;
+    tb_writer *tb;
+    char path_metrics[4096];
+    char err[1024]; /* the first failed metrics or TensorBoard write; "": none */
+} run_outputs;
+
+typedef struct run {
+    const job_config *j;
+    const model_kind *kind; /* the job's model, from the registry */
+    pool *p;
+    const kern_ops *k;
+    kern_ctx *kc;
+    uint32_t job;
+    bool host_visible; /* device memory is host memory (the cpu backend) */
+    model *m;
+
+    run_data data;
+    run_memory mem;
+    batch_ctl ctl; /* the batch controller (memory.c) */
+    run_progress progress;
+    run_checkpoints ckpt;
+    run_outputs out;
+
+    train_progress prog; /* the report: outputs.c publishes it, each file fills in its figures */
+    train_result *res;
+    const train_hooks *hooks;
+} run;
+
+/* ---- train.c ---------------------------------------------------------------------- */
+
+/* Fail the run with a message a person can act on (res->message). */
+train_outcome run_fail(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Stage n samples from the stream (or the eval set) into device memory;
+ * the number staged. */
+size_t run_next_batch(run *r, size_t n, bool eval);
+/* A micro-batch's forward and backward; the sum of its losses. */
+double run_forward_backward(run *r, const model_batch *mb, float dloss);
+
+/* ---- memory.c ---------------------------------------------------------------------- */
+
+/* The kernels' workspace, from the pool, for the run's kernel context. */
+kern_scratch memory_scratch(run *r);
+/* The state that lives as long as the job: parameters, gradients, Adam. */
+train_outcome memory_alloc(run *r);
+void memory_free(run *r);
+/* params16 = params rounded, after anything but the optimizer wrote params. */
+void memory_refresh_params16(run *r);
+/* Wait for the queued device work: 0; 1 when it ran out of memory; -1
+ * when the device failed otherwise (the run failed). */
+int memory_device_check(run *r, const char *during);
+/* The first micro-batch, allocated. */
+train_outcome memory_choose_micro(run *r);
+/* At a step boundary: shrink before an OOM, grow back, or tune. */
+train_outcome memory_adapt(run *r);
+/* After an OOM inside a step: shrink until the micro-batch fits again. */
+train_outcome memory_after_oom(run *r);
+
+/* ---- checkpoint.c ------------------------------------------------------------------ */
+
+/* Name the checkpoint files and remove what a run killed mid-write left. */
+void checkpoint_paths(run *r);
+/* Load out_dir/resume.safetensors if present: 1 when resumed, 0 when there
+ * is none, -1 (the run failed) when it is unusable. */
+int checkpoint_load(run *r);
+/* Write the resume state at data position (epoch, index). */
+train_outcome checkpoint_save(run *r, uint64_t epoch, uint64_t index);
+/* Write model.safetensors: 0, or -1 with err. */
+int checkpoint_export(run *r, char *err, size_t err_len);
+/* Whether a resume state exists, seen as the job's owner. */
+bool checkpoint_exists(const run *r);
+/* The device the run is on, as a checkpoint records where a micro-batch
+ * was found. */
+void checkpoint_device_signature(const run *r, char *buf, size_t len);
+
+/* ---- outputs.c --------------------------------------------------------------------- */
+
+/* Create and lock the output directory for the run. */
+train_outcome outputs_claim_dir(run *r);
+/* Open metrics.jsonl (trimmed to the checkpoint when resumed) and the
+ * TensorBoard writer. */
+train_outcome outputs_open(run *r, bool resumed);
+/* Flush what was logged; false when a log write failed (r->out.err). */
+bool outputs_flush(run *r);
+/* A step's report; skipped: an fp16 step whose gradients overflowed. */
+void outputs_step(run *r, double loss, double lr, double norm, double ups, double dt, bool skipped);
+/* A validation's report over `units` (r->prog.val_loss and val_accuracy
+ * set). */
+void outputs_eval(run *r, uint64_t units);
+/* Publish the batch controller's state in the progress report. */
+void outputs_sync(run *r);
+/* A change of micro-batch: metrics.jsonl, the pool's timeline, the report. */
+void outputs_batch_change(run *r);
+/* Close the logs; o, or TRAIN_FAILED when o was TRAIN_DONE and closing failed. */
+train_outcome outputs_close(run *r, train_outcome o);
+/* Let another run take the output directory. */
+void outputs_release(run *r);
+
+#endif

@@ -1,0 +1,118 @@
+/* registry.c — the model kinds gradd trains, and the questions the rest of
+ * gradd asks about a job's model.
+ *
+ * A new kind is a file in models/ that defines its model_kind, and one
+ * line in each of the two lists below.
+ */
+#include "model.h"
+
+#include <stdio.h>
+#include <string.h>
+
+extern const model_kind model_kind_mlp;
+extern const model_kind model_kind_gpt;
+
+/* In this order in messages ("'x' is not one of mlp|gpt"). */
+static const model_kind *const kinds[] = {
+    &model_kind_mlp,
+    &model_kind_gpt,
+};
+#define NKINDS (sizeof kinds / sizeof kinds[0])
+
+const model_kind *const *model_kinds(size_t *n)
+{
+    *n = NKINDS;
+    return kinds;
+}
+
+/* The kind whose name is the first len bytes of name. */
+static const model_kind *find(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NKINDS; i++)
+        if (strlen(kinds[i]->name) == len && strncmp(kinds[i]->name, name, len) == 0)
+            return kinds[i];
+    return NULL;
+}
+
+/* The names of the kinds that generate (generating) or of all, joined by
+ * sep. */
+static const char *names(char *buf, size_t len, const char *sep, bool generating)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NKINDS && at < len; i++)
+        if (!generating || kinds[i]->generates)
+            at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? sep : "", kinds[i]->name);
+    return buf;
+}
+
+const model_kind *model_kind_of(const job_config *j)
+{
+    return find(j->model, strlen(j->model));
+}
+
+const model_kind *model_kind_need(const job_config *j, char *err, size_t err_len)
+{
+    const model_kind *kind = model_kind_of(j);
+    if (!kind) {
+        char why[160], all[96];
+        snprintf(why, sizeof why, "'%s' is not one of %s", j->model, names(all, sizeof all, "|", false));
+        model_job_error(j, "model", "type", why, err, err_len);
+    }
+    return kind;
+}
+
+const char *model_unit(const job_config *j)
+{
+    const model_kind *kind = model_kind_of(j);
+    return kind ? kind->unit : "samples";
+}
+
+bool model_generates(const job_config *j)
+{
+    const model_kind *kind = model_kind_of(j);
+    return kind && kind->generates;
+}
+
+int model_job_error(const job_config *j, const char *section, const char *key, const char *why, char *err,
+                    size_t err_len)
+{
+    char where[PATH_MAX + 64];
+    snprintf(err, err_len, "%s: %s", jobcfg_where(j, section, key, where, sizeof where), why);
+    return -1;
+}
+
+int model_check_job(const job_config *j, char *err, size_t err_len)
+{
+    const model_kind *kind = model_kind_need(j, err, err_len);
+    if (!kind)
+        return -1;
+    return kind->check_job ? kind->check_job(j, err, err_len) : 0;
+}
+
+int model_parse_line(const char *line, job_config *j, char *err, size_t err_len)
+{
+    const model_kind *kind = find(line, strcspn(line, " "));
+    char gen[96];
+    if (kind && !kind->generates) {
+        snprintf(err, err_len, "%s ('%s'); only %s models generate text", kind->a_name, line,
+                 names(gen, sizeof gen, " or ", true));
+        return -1;
+    }
+    /* A line that names no kind: the first generating kind's parser says
+     * what a line should look like. */
+    for (size_t i = 0; !kind && i < NKINDS; i++)
+        if (kinds[i]->generates)
+            kind = kinds[i];
+    if (!kind) {
+        snprintf(err, err_len, "'%s': this gradd has no model that generates text", line);
+        return -1;
+    }
+    snprintf(j->model, sizeof j->model, "%s", kind->name);
+    return kind->parse(line, j, err, err_len);
+}
+
+void model_describe(const model *m, char *buf, size_t len)
+{
+    m->kind->describe(m, buf, len);
+}
