@@ -28,7 +28,6 @@ uint32_t rng_u32(void)
     return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
 
-/* uniform in [-1, 1) */
 float rng_f(void)
 {
     return (float)((rng_u32() >> 8) * (1.0 / 8388608.0) - 1.0);
@@ -66,7 +65,6 @@ double dotd(const float *a, const float *b, size_t n)
     return s;
 }
 
-/* max_i |got - want| <= atol + rtol·|want| */
 void assert_close(const char *what, const float *got, const double *want, size_t n, double rtol, double atol)
 {
     for (size_t i = 0; i < n; i++) {
@@ -80,8 +78,6 @@ void assert_close(const char *what, const float *got, const double *want, size_t
 
 /* ---- finite differences -------------------------------------------------------------- */
 
-/* Compares analytic (n) with the central difference of loss over x (n).
- * `skip` (may be NULL) marks elements where the loss is not differentiable. */
 void check_grad(const char *what, float *x, const float *analytic, size_t n, loss_fn loss, void *c,
                 const unsigned char *skip)
 {
