@@ -9,6 +9,11 @@ pkgs=(
   libopenblas-dev libcmocka-dev libjemalloc-dev zlib1g-dev libjansson-dev scdoc
   clang libclang-rt-14-dev
   fortunes dataset-fashion-mnist
+  # What the tests run beyond the build: python3 -m venv (scripts/pyenv.sh),
+  # systemd-analyze and systemd-socket-activate (test_systemd), setpriv
+  # (test_service_user).  A minimal Debian (debootstrap, a container) lacks
+  # the first two.
+  python3-venv systemd util-linux
 )
 
 missing=()
