@@ -1,6 +1,7 @@
 /* ctx.h — what one running gradd owns: its configuration, its devices and
- * one memory pool per device.  The event loop, the RPC handlers and (later)
- * the workers all reach the devices through this. */
+ * one memory pool per device, and the queue and workers that use them.  The
+ * event loop, the RPC handlers and the workers reach the devices through
+ * this. */
 #ifndef GRADD_CTX_H
 #define GRADD_CTX_H
 

@@ -150,9 +150,9 @@ class Adaptive(harness.DaemonTest):
         self.assertEqual(row[-4], str(j["micro_fit"]), text)  # ... MAX OOMS "1->16 tuned@21"
         if m0 == 1:
             # Seen on a loaded 2-core machine, where timing favours tiny
-            # sizes: there is nothing smaller to shrink to.  test_batch's
-            # tuning tests cover growth back to the tuned size with a cost
-            # they control.
+            # sizes: there is nothing smaller to shrink to.  The tuning
+            # tests of test_batch_ctl and test_batch_fit cover growth back
+            # to the tuned size with a cost they control.
             self.d.ctl("cancel", str(jid))
             self.skipTest("tuned to micro-batch 1: nothing to shrink to")
         # Pressure, then none: growth goes back to the tuned size, not the

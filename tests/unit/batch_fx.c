@@ -79,7 +79,7 @@ void make_job(job_config *j, const shape *s, const char *out, uint32_t micro, ui
 {
     fx_job(j, out);
     if (s->mlp) {
-        j->model = JOBCFG_MLP;
+        snprintf(j->model, sizeof j->model, "mlp");
         j->nhidden = 2;
         j->hidden[0] = 256;
         j->hidden[1] = 128;

@@ -158,7 +158,7 @@ static void test_errors(void **state)
                  ":3: [model] vocab: ");
     expect_error("[model]\ntype = mlp\nhidden =\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":3: [model] hidden: expected up to 8");
-    /* Found by fuzzing: a NUL byte used to end the value early. */
+    /* Found by fuzzing: a NUL byte must not end the value early. */
     {
         FILE *f = fopen(path, "wb");
         fwrite("[model]\ntype = gpt\nlayers = 2\0junk\n", 1, 35, f);
