@@ -248,6 +248,26 @@ int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *e
     return 0;
 }
 
+void workers_set_hang(workers *ws, int dev, bool hang, uint32_t *nworkers, uint32_t *nbusy)
+{
+    *nworkers = *nbusy = 0;
+    if (!ws->n)
+        return;
+    queue *q = ws->w[0].q;
+    pthread_mutex_lock(&q->lock);
+    for (int k = 0; k < ws->n; k++) {
+        worker *w = &ws->w[k];
+        if (w->dev != dev)
+            continue;
+        w->hang = hang;
+        (*nworkers)++;
+        *nbusy += w->busy;
+    }
+    /* Released threads wait on the queue's condition variable. */
+    pthread_cond_broadcast(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
 void workers_stop(workers *ws)
 {
     if (!ws->w)

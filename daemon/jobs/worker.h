@@ -39,6 +39,10 @@ typedef struct workers {
 
 /* Start the worker threads.  0, or -1 with err. */
 int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *err, size_t err_len);
+/* Test hook (--test-hooks): make the job threads of device `dev` block at
+ * their next poll (hang) or let them go on, as a deadlocked kernel would
+ * stop them.  Says how many threads the device has and how many are busy. */
+void workers_set_hang(workers *ws, int dev, bool hang, uint32_t *nworkers, uint32_t *nbusy);
 /* Ask running jobs to checkpoint and stop (they go back to queued), wait
  * for every worker to finish, free them. */
 void workers_stop(workers *ws);

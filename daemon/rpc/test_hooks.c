@@ -111,18 +111,7 @@ void rpc_test_hang(const rpc_call *c, const Gradd__Request *req)
     }
     Gradd__TestHangResponse th;
     gradd__test_hang_response__init(&th);
-    pthread_mutex_lock(&ctx->q->lock);
-    for (int k = 0; k < ctx->ws->n; k++) {
-        worker *w = &ctx->ws->w[k];
-        if (w->dev != i)
-            continue;
-        w->hang = !rq->release;
-        th.workers++;
-        th.busy += w->busy;
-    }
-    /* Released threads wait on the queue's condition variable. */
-    pthread_cond_broadcast(&ctx->q->cond);
-    pthread_mutex_unlock(&ctx->q->lock);
+    workers_set_hang(ctx->ws, i, !rq->release, &th.workers, &th.busy);
     log_dev(LOG_WARN, ctx->devs[i]->id, "test hook: %u job thread%s of %s %s", th.workers, th.workers == 1 ? "" : "s",
             ctx->devs[i]->id, rq->release ? "released" : "told to hang at the next poll");
     RPC_SEND(c, TEST_HANG, test_hang, &th);
