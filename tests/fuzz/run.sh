@@ -112,12 +112,10 @@ sources() {
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" \
-        "$ROOT/daemon/models/model.c $ROOT/daemon/models/registry.c $ROOT/daemon/models/model_gpt.c" \
-        "$ROOT/daemon/models/model_mlp.c" ;;
+        "$ROOT/daemon/models/*.c" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
     data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c" ;;
-    sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/model.c $ROOT/daemon/models/registry.c" \
-        "$ROOT/daemon/models/model_gpt.c $ROOT/daemon/models/model_mlp.c" \
+    sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/*.c" \
         "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
