@@ -13,7 +13,6 @@
 #include "io/safetensors.h"
 #include "pool/dev.h"
 
-#define RESUME_FORMAT "gradd-resume-1"
 
 void checkpoint_paths(run *r)
 {
@@ -69,7 +68,7 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     st_writer_add(w, "params", ST_F32, 1, shape, hp, P * sizeof(float), err, err_len);
     st_writer_add(w, "adam_m", ST_F32, 1, shape, ho, P * sizeof(float), err, err_len);
     st_writer_add(w, "adam_v", ST_F32, 1, shape, ho + P, P * sizeof(float), err, err_len);
-    st_writer_meta(w, "format", RESUME_FORMAT, err, err_len);
+    st_writer_meta(w, "format", TRAIN_RESUME_FORMAT, err, err_len);
     st_writer_meta(w, "model", sig, err, err_len);
 #define META(key, fmt, val) (snprintf(v, sizeof v, fmt, val), st_writer_meta(w, key, v, err, err_len))
     META("step", "%llu", (unsigned long long)r->progress.step);
@@ -265,9 +264,9 @@ int checkpoint_load(run *r)
      * go on from (exact for fp32 and bf16, which skip nothing). */
     uint64_t opt_steps = st_meta(f, "optimizer_steps") ? meta_u64(f, "optimizer_steps", &ok) : step;
     uint64_t shape[1] = {P};
-    if (!fmt || strcmp(fmt, RESUME_FORMAT) != 0) {
+    if (!fmt || strcmp(fmt, TRAIN_RESUME_FORMAT) != 0) {
         run_fail(r, "cannot resume: %s: metadata format is '%s', expected '%s'", r->ckpt.path_resume,
-                 fmt ? fmt : "(none)", RESUME_FORMAT);
+                 fmt ? fmt : "(none)", TRAIN_RESUME_FORMAT);
     } else if (!msig || strcmp(msig, sig) != 0) {
         run_fail(r, "cannot resume: %s was written for '%s' but the job is '%s'; use another [output] dir",
                  r->ckpt.path_resume, msig ? msig : "(none)", sig);

@@ -10,11 +10,11 @@
 #include <unistd.h>
 
 #include "jobcfg.h"
+#include "train.h"
 #include "kernels.h"
 #include "models/model.h"
 #include "io/safetensors.h"
 
-#define RESUME_FORMAT "gradd-resume-1" /* checkpoint.c's format */
 
 struct sample_model {
     const kern_ops *k;
@@ -117,7 +117,7 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
     }
     /* Which of the two files: the checkpoint says so in "format". */
     const char *fmt = st_meta(f, "format");
-    bool resume = fmt && strcmp(fmt, RESUME_FORMAT) == 0;
+    bool resume = fmt && strcmp(fmt, TRAIN_RESUME_FORMAT) == 0;
     const char *key = resume ? "model" : "gradd_model";
     const char *sig = st_meta(f, key);
     job_config *jc = malloc(sizeof *jc);

@@ -95,6 +95,10 @@ typedef struct {
 #define TRAIN_LOSS_SCALE_GROW_EVERY 2000
 #define TRAIN_LOSS_SCALE_MAX 16777216.0
 
+/* The "format" metadata of resume.safetensors (checkpoint.c writes it;
+ * sample.c reads a checkpoint as well as a finished model). */
+#define TRAIN_RESUME_FORMAT "gradd-resume-1"
+
 typedef enum { TRAIN_DONE = 0, TRAIN_STOPPED = 1, TRAIN_FAILED = 2 } train_outcome;
 
 typedef struct {

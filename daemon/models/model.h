@@ -177,6 +177,10 @@ const model_kind *model_kind_need(const job_config *j, char *err, size_t err_len
 const char *model_unit(const job_config *j);
 /* Whether the job's model generates text (false when its kind is unknown). */
 bool model_generates(const job_config *j);
+/* Why a job that does not generate text cannot be sampled, for a message
+ * that goes on "job N (NAME) ": "trains an mlp classifier; only gpt jobs
+ * generate text". */
+const char *model_why_no_text(const job_config *j, char *buf, size_t len);
 
 /* The job file's checks that depend on its model: a kind gradd has, then
  * that kind's own.  Called right after jobcfg parses a file that is to be

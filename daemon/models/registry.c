@@ -82,6 +82,15 @@ int model_job_error(const job_config *j, const char *section, const char *key, c
     return -1;
 }
 
+const char *model_why_no_text(const job_config *j, char *buf, size_t len)
+{
+    const model_kind *kind = model_kind_of(j);
+    char gen[96];
+    snprintf(buf, len, "trains %s%s; only %s jobs generate text", kind ? kind->a_name : "a model of no known kind",
+             kind && kind->classifies ? " classifier" : "", names(gen, sizeof gen, " or ", true));
+    return buf;
+}
+
 int model_check_job(const job_config *j, char *err, size_t err_len)
 {
     const model_kind *kind = model_kind_need(j, err, err_len);

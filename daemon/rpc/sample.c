@@ -151,8 +151,8 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req)
                      "its model is unknown",
                      j->id, j->name);
         } else if (!model_generates(&j->cfg)) {
-            snprintf(msg, sizeof msg, "job %u (%s) trains an mlp classifier; only gpt jobs generate text", j->id,
-                     j->name);
+            char why[160];
+            snprintf(msg, sizeof msg, "job %u (%s) %s", j->id, j->name, model_why_no_text(&j->cfg, why, sizeof why));
         } else {
             snprintf(op->out_dir, sizeof op->out_dir, "%s", j->cfg.out_dir);
         }
