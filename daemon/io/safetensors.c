@@ -154,45 +154,27 @@ static size_t skip(const htext *h, size_t i)
     return v ? end : h->n;
 }
 
-/* The value of member k of the object (or element k of the array) whose
- * value starts at i; *key_end, for an object, is where that member's key
- * ends.  The text is valid JSON here: only whitespace and punctuation are
- * stepped over by hand. */
-static size_t nth(const htext *h, size_t i, size_t k, size_t *key_end)
-{
-    bool obj = h->s[i] == '{';
-    i = ws(h, i + 1);
-    for (size_t j = 0; i < h->n; j++) {
-        if (obj) {
-            i = skip(h, i);
-            if (key_end)
-                *key_end = i;
-            i = ws(h, ws(h, i) + 1); /* the ':' */
-        }
-        if (j == k)
-            return i;
-        i = ws(h, skip(h, i));
-        if (i >= h->n || h->s[i] != ',')
-            break;
-        i = ws(h, i + 1);
-    }
-    return h->n;
-}
-
-/* Which member of the object (or element of the array) whose value starts
- * at i holds byte `at`, and (*v) where that member's value starts; SIZE_MAX
- * if none does. */
-static size_t holder(const htext *h, size_t i, size_t at, size_t *v)
+/* Steps through the members of the object (or the elements of the array)
+ * whose value starts at i, to member k or to the one holding byte `at`
+ * (SIZE_MAX for the one not asked for).  Returns its index, with *v where
+ * its value starts and, in an object, *key_end where its key ends; SIZE_MAX
+ * if there is none.  The text is valid JSON here: only whitespace and
+ * punctuation are stepped over by hand. */
+static size_t member(const htext *h, size_t i, size_t k, size_t at, size_t *v, size_t *key_end)
 {
     if (i >= h->n || (h->s[i] != '{' && h->s[i] != '['))
         return SIZE_MAX;
     bool obj = h->s[i] == '{';
     i = ws(h, i + 1);
     for (size_t j = 0; i < h->n && h->s[i] != '}' && h->s[i] != ']'; j++) {
-        if (obj)
-            i = ws(h, ws(h, skip(h, i)) + 1); /* the key and the ':' */
-        size_t end = skip(h, i);
-        if (at >= i && at < end) {
+        if (obj) {
+            i = skip(h, i);
+            if (key_end)
+                *key_end = i;
+            i = ws(h, ws(h, i) + 1); /* the ':' */
+        }
+        size_t end = j == k ? i : skip(h, i);
+        if (j == k || (at >= i && at < end)) {
             *v = i;
             return j;
         }
@@ -202,6 +184,14 @@ static size_t holder(const htext *h, size_t i, size_t at, size_t *v)
         i = ws(h, i + 1);
     }
     return SIZE_MAX;
+}
+
+/* Where the value of member k starts. */
+static size_t nth(const htext *h, size_t i, size_t k, size_t *key_end)
+{
+    size_t v = h->n;
+    member(h, i, k, SIZE_MAX, &v, key_end);
+    return v;
 }
 
 /* jansson reads "-0" as the integer 0, which the format refuses like any
@@ -234,9 +224,9 @@ static void find_negative_zero(htext *h)
         (at + 2 < h->n && (h->s[at + 2] == '.' || h->s[at + 2] == 'e' || h->s[at + 2] == 'E')))
         return;
     size_t v1 = 0, v2 = 0, v3 = 0;
-    size_t k = holder(h, ws(h, 0), at, &v1);
-    size_t j = k == SIZE_MAX ? SIZE_MAX : holder(h, v1, at, &v2);
-    size_t e = j == SIZE_MAX ? SIZE_MAX : holder(h, v2, at, &v3);
+    size_t k = member(h, ws(h, 0), SIZE_MAX, at, &v1, NULL);
+    size_t j = k == SIZE_MAX ? SIZE_MAX : member(h, v1, SIZE_MAX, at, &v2, NULL);
+    size_t e = j == SIZE_MAX ? SIZE_MAX : member(h, v2, SIZE_MAX, at, &v3, NULL);
     if (e == SIZE_MAX || v3 != at)
         return;
     h->nz = true;
