@@ -3,8 +3,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int fileio_write_all(int fd, const void *buf, size_t n)
@@ -51,4 +54,25 @@ int fileio_lock(const char *path, const char *note, char *holder, size_t holder_
     if (ftruncate(fd, 0) == 0 && fileio_write_all(fd, note, strlen(note)) == 0)
         (void)fileio_write_all(fd, "\n", 1);
     return fd;
+}
+
+int fileio_mkdirs(const char *path, mode_t mode, const char *what, char *err, size_t err_len)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
+            return -1;
+        }
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot create %s %s: %s", what, tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
 }

@@ -119,27 +119,6 @@ static void metrics_line(run *r, json_t *line)
 
 /* ---- the output directory -------------------------------------------------------------- */
 
-static int make_dir(const char *path, char *err, size_t err_len)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *s = tmp + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
-            return -1;
-        }
-        *s = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-        snprintf(err, err_len, "cannot create output directory %s: %s", tmp, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
 /* Hold out_dir/.lock for the run: two runs writing one directory (two
  * devices given the same job file, or `gradd run` beside the daemon)
  * would interleave checkpoints and metrics, and each would resume from
@@ -162,7 +141,7 @@ static train_outcome lock_out_dir(run *r)
 train_outcome outputs_claim_dir(run *r)
 {
     char err[1024];
-    if (make_dir(r->j->out_dir, err, sizeof err) != 0)
+    if (fileio_mkdirs(r->j->out_dir, 0755, "output directory", err, sizeof err) != 0)
         return run_fail(r, "%s", err);
     if (lock_out_dir(r) != TRAIN_DONE)
         return TRAIN_FAILED;
@@ -180,7 +159,8 @@ train_outcome outputs_open(run *r, bool resumed)
         return run_fail(r, "cannot write %s: %s", r->out.path_metrics, strerror(errno));
     char tbdir[4200];
     snprintf(tbdir, sizeof tbdir, "%s/tensorboard", r->j->out_dir);
-    if (make_dir(tbdir, err, sizeof err) != 0 || tb_open(tbdir, &r->out.tb, err, sizeof err) != 0)
+    if (fileio_mkdirs(tbdir, 0755, "output directory", err, sizeof err) != 0 ||
+        tb_open(tbdir, &r->out.tb, err, sizeof err) != 0)
         return run_fail(r, "%s", err);
     /* The next step is the first this run logs: earlier files' events from
      * it on are a crashed run's, past the checkpoint resumed from. */

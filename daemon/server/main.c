@@ -18,6 +18,7 @@
 #include "base/ctx.h"
 #include "gradd-config.h"
 #include "base/log.h"
+#include "fileio.h"
 #include "paths.h"
 #include "jobs/queue.h"
 #include "jobs/worker.h"
@@ -47,28 +48,6 @@ static void usage(FILE *f)
             "  -V, --version         print the version and exit\n"
             "  -h, --help            this help\n",
             GRADD_SYSCONFDIR);
-}
-
-/* mkdir -p with the final component private to the daemon. */
-static int make_dirs(const char *path, char *err, size_t err_len)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
-            return -1;
-        }
-        *p = '/';
-    }
-    if (mkdir(tmp, 0750) != 0 && errno != EEXIST) {
-        snprintf(err, err_len, "cannot create state directory %s: %s", tmp, strerror(errno));
-        return -1;
-    }
-    return 0;
 }
 
 /* Under systemd, StateDirectory= (passed as $STATE_DIRECTORY, a
@@ -227,7 +206,7 @@ int main(int argc, char **argv)
     /* ---- devices, then the socket ---- */
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
-    if (make_dirs(state_dir, err, sizeof err) != 0) {
+    if (fileio_mkdirs(state_dir, 0750, "state directory", err, sizeof err) != 0) {
         log_error("%s", err);
         return 1;
     }
