@@ -69,6 +69,22 @@ static void default_state_dir(char *buf, size_t len)
         snprintf(buf, len, "/tmp/gradd-%u/state", (unsigned)geteuid());
 }
 
+static void default_socket(char *buf, size_t len)
+{
+    paths_default_socket(buf, len);
+}
+
+/* The command line's path, else gradd.conf's, else the default. */
+static void choose_path(char *buf, size_t len, const char *arg, const char *conf, void (*dflt)(char *, size_t))
+{
+    if (arg)
+        snprintf(buf, len, "%s", arg);
+    else if (conf[0])
+        snprintf(buf, len, "%s", conf);
+    else
+        dflt(buf, len);
+}
+
 /* 500 clients at once need 500 descriptors: take what the hard limit allows. */
 static void raise_fd_limit(void)
 {
@@ -182,18 +198,8 @@ int main(int argc, char **argv)
     }
 
     char socket_path[PATH_MAX], state_dir[PATH_MAX];
-    if (socket_arg)
-        snprintf(socket_path, sizeof socket_path, "%s", socket_arg);
-    else if (ctx.cfg.socket_path[0])
-        snprintf(socket_path, sizeof socket_path, "%s", ctx.cfg.socket_path);
-    else
-        paths_default_socket(socket_path, sizeof socket_path);
-    if (state_arg)
-        snprintf(state_dir, sizeof state_dir, "%s", state_arg);
-    else if (ctx.cfg.state_dir[0])
-        snprintf(state_dir, sizeof state_dir, "%s", ctx.cfg.state_dir);
-    else
-        default_state_dir(state_dir, sizeof state_dir);
+    choose_path(socket_path, sizeof socket_path, socket_arg, ctx.cfg.socket_path, default_socket);
+    choose_path(state_dir, sizeof state_dir, state_arg, ctx.cfg.state_dir, default_state_dir);
 
     if (check_only) {
         printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source, socket_path, state_dir);
