@@ -11,10 +11,9 @@
 # Environment:
 #   DEBIAN_MIRROR    default http://deb.debian.org/debian
 #   GRADD_CI_CACHE   where the base system's downloaded .debs are kept
-#                    (default /var/cache/gradd-ci; fetched anew after 7
-#                    days).
-#                    Only downloads are kept: every run installs the base
-#                    system and everything the scripts add from packages.
+#                    (default /var/cache/gradd-ci), fetched anew after 7
+#                    days.  Only downloads are kept: every run installs
+#                    the base system and all the scripts add from packages.
 #   GRADD_CI_KEEP=1  leave the chroot behind (its path is printed).
 set -euo pipefail
 
