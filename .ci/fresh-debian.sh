@@ -11,10 +11,9 @@
 # Environment:
 #   DEBIAN_MIRROR    default http://deb.debian.org/debian
 #   GRADD_CI_CACHE   where the base system's downloaded .debs are kept
-#                    (default /var/cache/gradd-ci; fetched anew after 7
-#                    days).
-#                    Only downloads are kept: every run installs the base
-#                    system and everything the scripts add from packages.
+#                    (default /var/cache/gradd-ci), fetched anew after 7
+#                    days.  Only downloads are kept: every run installs
+#                    the base system and all the scripts add from packages.
 #   GRADD_CI_KEEP=1  leave the chroot behind (its path is printed).
 set -euo pipefail
 
@@ -25,6 +24,8 @@ set -euo pipefail
 if [ "${1:-}" = --inside ]; then
   root=$2
   shift 2
+  # Which processes are in the namespace: the cleanup waits for them all.
+  stat -L -c %i /proc/self/ns/pid >"$(dirname "$root")/pidns"
   mount -t proc proc "$root/proc"
   mount --bind /dev "$root/dev"
   mount --bind /dev/pts "$root/dev/pts"
@@ -60,7 +61,24 @@ if ! command -v debootstrap >/dev/null || [ ! -f /usr/share/keyrings/debian-arch
 fi
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/gradd-fresh-debian.XXXXXX")
+child=
 cleanup() {
+  # unshare ignores SIGINT and SIGTERM while it waits; killed, it takes
+  # the namespace's first process with it (--kill-child), and the kernel
+  # then kills every other process in the namespace.  They die a moment
+  # later; the chroot is removed only once none is left.
+  if [ -n "$child" ]; then
+    echo "fresh-debian: stopping everything in the chroot" >&2
+    kill -KILL "$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true
+  fi
+  if [ -s "$work/pidns" ]; then
+    ns=$(cat "$work/pidns")
+    for _ in $(seq 300); do
+      grep -qxF "$ns" <<<"$(stat -L -c %i /proc/[0-9]*/ns/pid 2>/dev/null || true)" || break
+      sleep 0.1
+    done
+  fi
   if [ "${GRADD_CI_KEEP:-}" = 1 ]; then
     echo "fresh-debian: chroot kept in $work/root"
   else
@@ -71,6 +89,9 @@ cleanup() {
   rm -f "${tarball:-/nonexistent}.$$"
 }
 trap cleanup EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 root=$work/root
 start=$SECONDS
 
@@ -113,7 +134,12 @@ fi
 mv "$work/gradd" "$root/root/gradd"
 echo "=== fresh-debian: bookworm minbase ready in $((SECONDS - start)) s"
 
+# In the background so that a signal to this script runs its traps at
+# once instead of after the commands.
+unshare --mount --propagation private --pid --fork --kill-child "$BASH" "$0" --inside "$root" "${cmds[@]}" &
+child=$!
 rc=0
-unshare --mount --propagation private --pid --fork --kill-child "$BASH" "$0" --inside "$root" "${cmds[@]}" || rc=$?
+wait "$child" || rc=$?
+child=
 echo "=== fresh-debian: $([ "$rc" = 0 ] && echo PASS || echo "FAIL ($rc)") in $((SECONDS - start)) s"
 exit "$rc"
