@@ -44,6 +44,30 @@ static const opts_def opts[] = {
      NULL},
     {"daemon", "max_job_file", OPTS_SIZE, D(max_job_file), 1024, 64 << 20, false, "1M",
      "largest job file accepted by submit", NULL},
+    /* A user's share of the daemon's own memory and disk: a record costs
+     * both, finished or not, so the records and the bytes kept (job files
+     * and job logs) are bounded per user; the oldest finished records go
+     * first when a submit needs room. */
+    {"daemon", "max_records_per_user", OPTS_COUNT, D(max_records_per_user), 1, 1e6, false, "500",
+     "job records one user may have, finished ones included (the oldest finished are forgotten to make room)", NULL},
+    {"daemon", "max_bytes_per_user", OPTS_SIZE, D(max_bytes_per_user), 1 << 20, SZ_MAX, false, "1G",
+     "bytes of job files and job logs one user may have in the state dir (the oldest finished are forgotten "
+     "to make room)",
+     NULL},
+    {"daemon", "max_job_log", OPTS_SIZE, D(max_job_log), 64 << 10, SZ_MAX, false, "16M",
+     "a job log's size: past it, its first half stays and the rest keeps the newest lines", NULL},
+    {"daemon", "max_job_data", OPTS_SIZE, D(max_job_data), 1 << 20, SZ_MAX, true, "8G",
+     "host memory one job's training and validation data may take (unlimited: no bound)", NULL},
+    {"daemon", "max_clients_per_user", OPTS_COUNT, D(max_clients_per_user), 1, 65536, false, "64",
+     "connections one user may hold at once, watches included (root and admin_group: max_clients)", NULL},
+    {"daemon", "max_user_priority", OPTS_COUNT, D(max_user_priority), 0, 1000, false, "100",
+     "the highest [job] priority a user outside admin_group may ask for", NULL},
+    {"daemon", "sample_timeout", OPTS_DURATION, D(sample_timeout_ms), 100, 86400e3, false, "2m",
+     "longest a gradctl sample may generate before it is stopped", NULL},
+    {"daemon", "stop_timeout", OPTS_DURATION, D(stop_timeout_ms), 100, 3600e3, false, "2m",
+     "on SIGTERM, wait this long for jobs to checkpoint and stop, then exit anyway (below the unit's "
+     "TimeoutStopSec)",
+     NULL},
     {"daemon", "log_level", OPTS_CHOICE, D(log_level), 0, 0, false, "info", "error, warning, info or debug",
      "error|warning|info|debug"},
     {"daemon", "log_target", OPTS_CHOICE, D(log_target), 0, 0, false, "auto",

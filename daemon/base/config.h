@@ -4,7 +4,8 @@
  * default, bounds), so defaults live in one place and every error can name
  * file:line, section and key.  Sections:
  *   [daemon]      socket, state_dir, max_frame, client_timeout, max_clients,
- *                 socket_group, admin_group, log_level
+ *                 socket_group, admin_group, log_level, and the per-user
+ *                 limits (records, bytes, clients, priority, job log, data)
  *   [cpu]         capacity, devices
  *   [cuda]        enabled, module_dir
  *   [pool]        defaults for every device's memory pool
@@ -51,6 +52,14 @@ typedef struct gradd_config {
     uint64_t max_jobs_per_device;
     uint64_t max_queued_per_user;
     uint64_t max_job_file;
+    uint64_t max_records_per_user;
+    uint64_t max_bytes_per_user;
+    uint64_t max_job_log;
+    uint64_t max_job_data; /* UINT64_MAX: unlimited */
+    uint64_t max_clients_per_user;
+    uint64_t max_user_priority;
+    uint64_t sample_timeout_ms;
+    uint64_t stop_timeout_ms;
 
     /* [cpu] */
     uint64_t cpu_capacity;
