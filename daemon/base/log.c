@@ -76,32 +76,23 @@ static int to_sink(log_sink_fn fn, log_level l, uint32_t job, const char *dev, c
 }
 
 /* Messages quote what users wrote (job names, paths, reasons).  A newline
- * in one would forge a line of its own, an ESC sequence would act on the
- * terminal of whoever reads the log: controls, DEL and bytes that are not
- * UTF-8 are written as \xNN, and a backslash as \\ so that the form reads
- * back unambiguously. */
+ * in one would forge a line of its own, an escape sequence or a bidi
+ * override would act on the terminal of whoever reads the log: the message
+ * takes utf8_safe_step's form, and a backslash is written as \\ so that the
+ * form reads back unambiguously. */
 static void log_escape(const char *in, char *out, size_t out_len)
 {
     const unsigned char *p = (const unsigned char *)in;
     size_t n = strlen(in), o = 0;
-    for (size_t i = 0; i < n && o + 5 < out_len;) {
-        size_t k = p[i] < 0x80 ? 1 : utf8_seq(p + i, n - i);
-        if (k > 1) {
-            if (o + k + 1 > out_len)
-                break;
-            memcpy(out + o, p + i, k);
-            o += k;
-            i += k;
-        } else if (k == 0 || p[i] < 0x20 || p[i] == 0x7f) {
-            o += (size_t)snprintf(out + o, out_len - o, "\\x%02x", p[i]);
-            i++;
-        } else if (p[i] == '\\') {
-            out[o++] = '\\';
-            out[o++] = '\\';
-            i++;
-        } else {
-            out[o++] = (char)p[i++];
-        }
+    for (size_t i = 0; i < n;) {
+        char step[UTF8_SAFE_MAX];
+        size_t len;
+        size_t k = utf8_safe_step(p + i, n - i, UTF8_SAFE_BACKSLASH, step, &len);
+        if (o + len + 1 > out_len)
+            break;
+        memcpy(out + o, step, len);
+        o += len;
+        i += k;
     }
     out[o] = '\0';
 }
