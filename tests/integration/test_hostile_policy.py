@@ -200,6 +200,44 @@ class HostilePolicy(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn(b"--name must be", r.stderr)
 
+    # ---- what all users share ------------------------------------------------------
+
+    def test_trim_and_reset_peaks_are_for_admins(self):
+        for args in (("trim",), ("trim", "-d", "cpu0"), ("stats", "--reset-peaks")):
+            r = self.ctl(OTHER, *args, check=False)
+            self.assertNotEqual(r.returncode, 0, args)
+            err = r.stderr.decode()
+            self.assertIn("for root and group '%s' only ([daemon] admin_group)" % ADMIN, err)
+            self.assertEqual(r.stdout, b"", args)
+        # Plain statistics stay open to everyone.
+        self.assertIn(b"Allocated memory", self.ctl(OTHER, "stats").stdout)
+        for user in (ADMIN, None):
+            self.assertIn(b"cpu0: released", self.ctl(user, "trim").stdout)
+            stats = json.loads(self.ctl(user, "--json", "stats", "--reset-peaks").stdout)
+            self.assertEqual(stats["pools"][0]["device"], "cpu0")
+
+    def test_priority_ceiling(self):
+        # Above the ceiling, from the file or the command line: refused,
+        # naming where it came from and the key.
+        path = self.job_file(OTHER, priority=11)
+        r = self.ctl(OTHER, "submit", path, check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("%s:3: [job] priority: 11 is above 10, the highest that users outside group '%s' may ask "
+                      "for ([daemon] max_user_priority)" % (path.decode(), ADMIN), r.stderr.decode())
+        r = self.ctl(OTHER, "submit", self.job_file(OTHER), "--priority", "1000", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("submit: --priority 1000 is above 10", r.stderr.decode())
+        self.assertIn("[daemon] max_user_priority", r.stderr.decode())
+        self.assertEqual(json.loads(self.ctl(None, "--json", "list").stdout)["jobs"], [])
+        # At the ceiling, and above it for root and admin_group: accepted.
+        self.assertIn(b"job 1 queued", self.ctl(OTHER, "submit", self.job_file(OTHER, priority=10)).stdout)
+        self.assertIn(b"job 2 queued", self.ctl(ADMIN, "submit", self.job_file(ADMIN, priority=500)).stdout)
+        self.assertIn(b"job 3 queued", self.ctl(None, "submit", self.job_file(OTHER), "--priority", "1000").stdout)
+        jobs = {j["id"]: j for j in json.loads(self.ctl(None, "--json", "list").stdout)["jobs"]}
+        self.assertEqual({i: jobs[i]["priority"] for i in jobs}, {1: 10, 2: 500, 3: 1000})
+        for i in (1, 2, 3):
+            self.wait_state(i, ("completed",))
+
 
 if __name__ == "__main__":
     harness.main()
