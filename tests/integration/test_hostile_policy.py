@@ -239,5 +239,22 @@ class HostilePolicy(unittest.TestCase):
             self.wait_state(i, ("completed",))
 
 
+
+class UnitHardening(unittest.TestCase):
+    @unittest.skipUnless(shutil.which("systemd-analyze"), "needs systemd-analyze")
+    def test_exposure_is_at_most_3(self):
+        unit = os.environ.get("GRADD_SERVICE_UNIT", "")
+        if not os.path.exists(unit):
+            self.skipTest("no built gradd.service (GRADD_SERVICE_UNIT)")
+        r = subprocess.run(["systemd-analyze", "security", "--help"], capture_output=True, text=True, timeout=30)
+        if "--offline" not in r.stdout:
+            self.skipTest("this systemd-analyze has no --offline (systemd 250 or later has)")
+        r = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", unit],
+                           capture_output=True, text=True, timeout=60)
+        m = re.search(r"Overall exposure level for gradd\.service: (\d+\.\d+)", r.stdout)
+        self.assertIsNotNone(m, r.stdout + r.stderr)
+        self.assertLessEqual(float(m.group(1)), 3.0, r.stdout)
+
+
 if __name__ == "__main__":
     harness.main()
