@@ -39,22 +39,7 @@ void table_puts(FILE *f, const char *s)
 
 const char *table_text(const char *s, char *buf, size_t len)
 {
-    if (!len)
-        return buf;
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    size_t n = strlen((const char *)p), i = 0, o = 0;
-    while (i < n) {
-        char out[UTF8_SAFE_MAX];
-        size_t olen;
-        size_t k = text_step(p + i, n - i, 0, out, &olen);
-        if (o + olen >= len)
-            break;
-        memcpy(buf + o, out, olen);
-        o += olen;
-        i += k;
-    }
-    buf[o] = '\0';
-    return buf;
+    return len ? utf8_safe(s ? s : "", 0, buf, len) : buf;
 }
 
 /* ---- tables --------------------------------------------------------------- */

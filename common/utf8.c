@@ -102,6 +102,24 @@ size_t utf8_safe_step(const unsigned char *s, size_t n, unsigned flags, char out
     return k;
 }
 
+char *utf8_safe(const char *s, unsigned flags, char *buf, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), o = 0;
+    for (size_t i = 0; i < n;) {
+        char step[UTF8_SAFE_MAX];
+        size_t step_len;
+        size_t k = utf8_safe_step(p + i, n - i, flags, step, &step_len);
+        if (o + step_len >= len)
+            break;
+        memcpy(buf + o, step, step_len);
+        o += step_len;
+        i += k;
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
 bool utf8_cut_short(const unsigned char *s, size_t n)
 {
     size_t need = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3

@@ -46,6 +46,10 @@ enum {
 size_t utf8_safe_step(const unsigned char *s, size_t n, unsigned flags, char out[UTF8_SAFE_MAX],
                       size_t *out_len);
 
+/* The safe form of the NUL-terminated s into buf (len > 0; always
+ * terminated, cut before a step that does not fit); returns buf. */
+char *utf8_safe(const char *s, unsigned flags, char *buf, size_t len);
+
 /* Whether s[0..n) is the start of a UTF-8 sequence that its end cuts short
  * (so that text arriving in pieces can hold it back for the next piece). */
 bool utf8_cut_short(const unsigned char *s, size_t n);

@@ -10,25 +10,21 @@
 
 #include "utf8.h"
 
-/* The whole safe form of s, with flags, in a static buffer. */
+/* The whole safe form of s, with flags, in a static buffer; each step
+ * checked against utf8_safe_step's bounds. */
 static const char *safe(const char *s, unsigned flags)
 {
     static char buf[1024];
     const unsigned char *p = (const unsigned char *)s;
-    size_t n = strlen(s), o = 0;
-    for (size_t i = 0; i < n;) {
+    for (size_t i = 0, n = strlen(s); i < n;) {
         char step[UTF8_SAFE_MAX];
         size_t len;
         size_t k = utf8_safe_step(p + i, n - i, flags, step, &len);
         assert_true(k >= 1 && k <= 4 && k <= n - i);
         assert_true(len <= 4 * k);
-        assert_true(o + len < sizeof buf);
-        memcpy(buf + o, step, len);
-        o += len;
         i += k;
     }
-    buf[o] = '\0';
-    return buf;
+    return utf8_safe(s, flags, buf, sizeof buf);
 }
 
 static void test_decode(void **state)
@@ -83,6 +79,10 @@ static void test_safe_form(void **state)
     assert_string_equal(safe("c\\d", UTF8_SAFE_BACKSLASH), "c\\\\d");
     /* A sequence cut at the end is its bytes, one by one. */
     assert_string_equal(safe("x\xe2\x80", 0), "x\\xe2\\x80");
+    /* A buffer too small ends before the escape that does not fit. */
+    char small[7];
+    assert_string_equal(utf8_safe("a\xe2\x80\xae", 0, small, 7), "a");
+    assert_string_equal(utf8_safe("\xe2\x80\xae""b", 0, small, 7), "\\u202e");
 }
 
 /* Every byte string of up to two bytes, and each 3-byte one over a few
