@@ -15,6 +15,7 @@ import time
 import unittest
 
 import harness
+import test_service_user
 from harness import GRADCTL, GRADD
 
 HOSTILE = "nobody"  # submits the job with the hostile output dir
@@ -28,29 +29,9 @@ EVIL = b"run-\x1b[2J\x9b31m\xc2\x9b1m\xe2\x80\xaegpj.exe"
 EVIL_NAME = "old-\x1b]0;pwned\x07\u009b2J\u202eevil"
 BIDI = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C, 0x2028, 0x2029}
 
-JOB = """[job]
-name = {name}
-priority = {priority}
-[model]
-type = gpt
-layers = 1
-heads = 1
-width = 16
-context = 8
-[data]
-format = text
-train = {train}
-[train]
-steps = {steps}
-batch = 4
-micro_batch = 2
-threads = 1
-eval_every = 0
-[output]
-dir = {out}
-checkpoint_every = 0
-log_every = 1000
-"""
+# The service test's small GPT, with a name, a priority and a length.
+JOB = ("[job]\nname = {name}\npriority = {priority}\n"
+       + test_service_user.JOB.replace("steps = 1000000", "steps = {steps}"))
 
 
 def as_user(name):
