@@ -131,8 +131,9 @@ static int run(ctl *c, int argc, char **argv)
         fprintf(stderr, " (step %" PRIu64 "), seed %" PRIu64 ", %zu tokens in %.2fs\n", s->step, s->seed,
                 s->n_token_ids, s->elapsed_s);
         if (s->vocab == 256) {
-            fputs(prompt, stdout);
-            fputs(text, stdout);
+            /* The model may have learnt escape sequences from its data. */
+            table_put_text(stdout, prompt, strlen(prompt), TABLE_TEXT_LINES);
+            table_put_text(stdout, text, strlen(text), TABLE_TEXT_LINES);
             if (!(s->text.len && s->text.data[s->text.len - 1] == '\n'))
                 putchar('\n');
         } else {

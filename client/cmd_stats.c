@@ -122,8 +122,8 @@ static void rows(table *t, const char *name, const Gradd__PoolStat *p, bool byte
 static void print_pool(const Gradd__PoolStats *p)
 {
     char a[16], b[16], c[16], d[16], e[16];
-    printf("%s  cap %s of %s  device free %s  expandable segments %s  max split %s\n", p->device,
-           sz(p->cap, a), sz(p->device_total, b), sz(p->device_free, c), p->expandable_segments ? "on" : "off",
+    table_puts(stdout, p->device);
+    printf("  cap %s of %s  device free %s  expandable segments %s  max split %s\n", sz(p->cap, a), sz(p->device_total, b), sz(p->device_free, c), p->expandable_segments ? "on" : "off",
            p->max_split_size >= (uint64_t)1 << 60 ? "unlimited" : sz(p->max_split_size, d));
     static const char *const head[] = {"", ">CURRENT", ">PEAK", ">TOTAL ALLOC", ">TOTAL FREED"};
     table t;

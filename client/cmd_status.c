@@ -61,8 +61,11 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
     }
     table_print(&t, stdout);
     table_free(&t);
-    if (st->cuda_note && *st->cuda_note)
-        printf("\n%s\n", st->cuda_note);
+    if (st->cuda_note && *st->cuda_note) {
+        printf("\n");
+        table_puts(stdout, st->cuda_note);
+        printf("\n");
+    }
     size_t n = active[0].n + active[1].n;
     if (n) {
         double now = jobfmt_now();

@@ -4,6 +4,7 @@
 
 #include "ctl.h"
 #include "jout.h"
+#include "table.h"
 #include "units.h"
 
 static int run(ctl *c, int argc, char **argv)
@@ -36,7 +37,8 @@ static int run(ctl *c, int argc, char **argv)
     } else {
         for (size_t i = 0; i < r->n_results; i++) {
             char a[16], b[16];
-            printf("%s: released %s in %llu segment%s (%.3f ms); reserved now %s\n", r->results[i]->device,
+            table_puts(stdout, r->results[i]->device);
+            printf(": released %s in %llu segment%s (%.3f ms); reserved now %s\n",
                    units_format_size(r->results[i]->bytes, a, sizeof a),
                    (unsigned long long)r->results[i]->segments, r->results[i]->segments == 1 ? "" : "s",
                    (double)r->results[i]->ns / 1e6, units_format_size(r->results[i]->reserved_after, b, sizeof b));

@@ -317,9 +317,12 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     if (j->micro_max || j->micro_fit)
         fprintf(f, LABEL "predicted max %u, found to fit %u, oom recoveries %llu\n", "", j->micro_max,
                 j->micro_fit, (unsigned long long)j->oom_recoveries);
-    if (j->change_reason && *j->change_reason)
-        fprintf(f, LABEL "%u → %u at step %llu (%s)\n", "last change", j->change_from, j->change_to,
-                (unsigned long long)j->change_step, j->change_reason);
+    if (j->change_reason && *j->change_reason) {
+        fprintf(f, LABEL "%u → %u at step %llu (", "last change", j->change_from, j->change_to,
+                (unsigned long long)j->change_step);
+        table_puts(f, j->change_reason);
+        fputs(")\n", f);
+    }
     field(f, "speed", jobfmt_speed(j, a, sizeof a));
 
     fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");

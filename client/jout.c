@@ -90,6 +90,31 @@ void jout_set(json_t *obj, const char *key, json_t *v)
     free(k);
 }
 
+/* Write JSON text with DEL, C1 and bidi controls as \uXXXX: jansson escapes
+ * C0 controls only, and a reader who looks at the JSON in a terminal is
+ * reached by the others.  Outside strings JSON text is printable ASCII, so
+ * each of them is inside a string, where the escape means the same. */
+static void put_json(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t from = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_decode(p + i, n - i, &cp);
+        if (k == 0) {
+            i++; /* not from jansson, which writes valid UTF-8 */
+            continue;
+        }
+        if (utf8_unsafe_cp(cp)) {
+            fwrite(p + from, 1, i - from, stdout);
+            printf("\\u%04X", (unsigned)cp); /* as jansson writes C0 */
+            from = i + k;
+        }
+        i += k;
+    }
+    fwrite(p + from, 1, n - from, stdout);
+}
+
 int jout_print(json_t *doc)
 {
     char *text = json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -102,13 +127,13 @@ int jout_print(json_t *doc)
     /* Each marked string, "\u0000DIGITS", goes out as DIGITS. */
     const char *p = text;
     for (const char *m; (m = strstr(p, BIG_MARK));) {
-        fwrite(p, 1, (size_t)(m - p), stdout);
+        put_json(p, (size_t)(m - p));
         m += strlen(BIG_MARK);
         size_t n = strspn(m, "0123456789");
         fwrite(m, 1, n, stdout);
         p = m + n + 1; /* past the closing quote */
     }
-    fputs(p, stdout);
+    put_json(p, strlen(p));
     fputc('\n', stdout);
     fflush(stdout);
     free(text);

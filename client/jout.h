@@ -26,6 +26,8 @@ json_t *jout_real(double v);     /* null where not finite: JSON has no inf/nan *
 void jout_set(json_t *obj, const char *key, json_t *v);
 
 /* Write doc on one line of stdout and flush; the reference is taken.
+ * DEL, C1 and bidi controls (utf8_unsafe_cp) in its strings go out as
+ * \uXXXX escapes, as jansson writes C0 controls.
  * CTL_OK, so that a command can end with `return jout_print(doc)`;
  * CTL_ERR_DAEMON for a document that jansson did not make (a bug). */
 int jout_print(json_t *doc);

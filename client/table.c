@@ -10,40 +10,10 @@
 
 /* ---- terminal-safe text --------------------------------------------------- */
 
-/* Whether s[0..n) starts a UTF-8 sequence that the end of the piece cuts
- * short: with TABLE_TEXT_MORE its rest is in the next piece. */
-static bool cut_short(const unsigned char *s, size_t n)
+/* One step of the safe form (utf8_safe_step) for table_* flags. */
+static size_t text_step(const unsigned char *s, size_t n, unsigned flags, char out[UTF8_SAFE_MAX], size_t *out_len)
 {
-    size_t need = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-                : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    if (n >= need)
-        return false;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return false;
-    return true;
-}
-
-/* One step of the safe form: the bytes at s consumed (n > 0 available) and
- * what they print as in out (at most 4 bytes, not terminated). */
-static size_t text_step(const unsigned char *s, size_t n, unsigned flags, char out[4], size_t *out_len)
-{
-    size_t k = utf8_seq(s, n);
-    bool control = *s < 0x20 || *s == 0x7f;
-    if ((flags & TABLE_TEXT_LINES) && (*s == '\n' || *s == '\t'))
-        control = false;
-    if (k == 0 || control) {
-        static const char hex[] = "0123456789abcdef";
-        out[0] = '\\';
-        out[1] = 'x';
-        out[2] = hex[*s >> 4];
-        out[3] = hex[*s & 15];
-        *out_len = 4;
-        return 1;
-    }
-    memcpy(out, s, k);
-    *out_len = k;
-    return k;
+    return utf8_safe_step(s, n, (flags & TABLE_TEXT_LINES) ? UTF8_SAFE_LINES : 0, out, out_len);
 }
 
 size_t table_put_text(FILE *f, const char *s, size_t n, unsigned flags)
@@ -51,9 +21,9 @@ size_t table_put_text(FILE *f, const char *s, size_t n, unsigned flags)
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
-        if ((flags & TABLE_TEXT_MORE) && cut_short(p + i, n - i))
+        if ((flags & TABLE_TEXT_MORE) && utf8_cut_short(p + i, n - i))
             break;
-        char out[4];
+        char out[UTF8_SAFE_MAX];
         size_t len;
         i += text_step(p + i, n - i, flags, out, &len);
         fwrite(out, 1, len, f);
@@ -69,22 +39,7 @@ void table_puts(FILE *f, const char *s)
 
 const char *table_text(const char *s, char *buf, size_t len)
 {
-    if (!len)
-        return buf;
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    size_t n = strlen((const char *)p), i = 0, o = 0;
-    while (i < n) {
-        char out[4];
-        size_t olen;
-        size_t k = text_step(p + i, n - i, 0, out, &olen);
-        if (o + olen >= len)
-            break;
-        memcpy(buf + o, out, olen);
-        o += olen;
-        i += k;
-    }
-    buf[o] = '\0';
-    return buf;
+    return len ? utf8_safe(s ? s : "", 0, buf, len) : buf;
 }
 
 /* ---- tables --------------------------------------------------------------- */
@@ -118,7 +73,7 @@ void table_cell(table *t, const char *fmt, ...)
         raw = NULL;
     va_end(ap);
     /* Made safe here, once, so that the widths below measure what prints:
-     * each byte becomes at most 4. */
+     * each byte becomes at most 4 (utf8_safe_step). */
     t->cells[n] = NULL;
     if (raw) {
         size_t len = strlen(raw) * 4 + 1;

@@ -31,9 +31,11 @@ void table_free(table *t);
 
 /* Job names, paths and reasons come from the daemon and, through it, from
  * other users and old state: printed raw, an ESC sequence or a BEL in one
- * would act on the reader's terminal.  The safe form keeps valid UTF-8 and
- * shows C0 controls and DEL as "\x1b", and each byte that is not part of a
- * valid UTF-8 sequence as "\xff". */
+ * would act on the reader's terminal, and a bidi override would make it
+ * read as something else.  The safe form is utf8_safe_step's: valid UTF-8
+ * kept, C0 controls and DEL shown as "\x1b", C1 and bidi controls as
+ * "\u202e", and each byte that is not part of a valid UTF-8 sequence as
+ * "\xff". */
 enum {
     TABLE_TEXT_LINES = 1, /* keep \n and \t (log text is multi-line) */
     TABLE_TEXT_MORE = 2,  /* more text follows: leave a sequence cut at the end */

@@ -131,11 +131,16 @@ const char *jobcfg_name_problem(const char *name)
         return "is empty";
     if (!utf8_valid(name))
         return "is not valid UTF-8";
-    for (const unsigned char *s = (const unsigned char *)name; *s; s++)
-        /* C0 controls, DEL, and the C1 controls U+0080..U+009F (C2 80..9F):
-         * terminals act on them. */
-        if (*s < 0x20 || *s == 0x7f || (s[0] == 0xc2 && s[1] >= 0x80 && s[1] <= 0x9f))
-            return "contains a control character";
+    /* C0 and C1 controls and DEL: terminals act on them; bidi controls make
+     * what follows read in another order (utf8_unsafe_cp). */
+    const unsigned char *s = (const unsigned char *)name;
+    for (size_t i = 0, n = strlen(name); i < n;) {
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        if (utf8_unsafe_cp(cp))
+            return cp <= 0x9f ? "contains a control character" : "contains a bidi control or line separator";
+        i += k;
+    }
     return NULL;
 }
 

@@ -94,7 +94,8 @@ int jobcfg_load_record(const void *contents, size_t len, const char *path, job_c
  * device it names is missing, its data cannot be read as its owner. */
 const char *jobcfg_where(const job_config *j, const char *section, const char *key, char *buf, size_t len);
 /* NULL if `name` may name a job, else why not: it is shown in every user's
- * terminal and JSON, so it must be valid UTF-8 without control characters. */
+ * terminal and JSON, so it must be valid UTF-8 without control characters
+ * or bidi controls. */
 const char *jobcfg_name_problem(const char *name);
 /* Every key with its default, as a commented job file. */
 void jobcfg_print_defaults(FILE *f);

@@ -75,37 +75,6 @@ static int to_sink(log_sink_fn fn, log_level l, uint32_t job, const char *dev, c
     return fn(atomic_load(&sink_user), iov, n);
 }
 
-/* Messages quote what users wrote (job names, paths, reasons).  A newline
- * in one would forge a line of its own, an ESC sequence would act on the
- * terminal of whoever reads the log: controls, DEL and bytes that are not
- * UTF-8 are written as \xNN, and a backslash as \\ so that the form reads
- * back unambiguously. */
-static void log_escape(const char *in, char *out, size_t out_len)
-{
-    const unsigned char *p = (const unsigned char *)in;
-    size_t n = strlen(in), o = 0;
-    for (size_t i = 0; i < n && o + 5 < out_len;) {
-        size_t k = p[i] < 0x80 ? 1 : utf8_seq(p + i, n - i);
-        if (k > 1) {
-            if (o + k + 1 > out_len)
-                break;
-            memcpy(out + o, p + i, k);
-            o += k;
-            i += k;
-        } else if (k == 0 || p[i] < 0x20 || p[i] == 0x7f) {
-            o += (size_t)snprintf(out + o, out_len - o, "\\x%02x", p[i]);
-            i++;
-        } else if (p[i] == '\\') {
-            out[o++] = '\\';
-            out[o++] = '\\';
-            i++;
-        } else {
-            out[o++] = (char)p[i++];
-        }
-    }
-    out[o] = '\0';
-}
-
 void log_emit(log_level l, uint32_t job, const char *dev, const char *file, int line, const char *func,
               const char *fmt, ...)
 {
@@ -117,7 +86,12 @@ void log_emit(log_level l, uint32_t job, const char *dev, const char *file, int 
     va_start(ap, fmt);
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
-    log_escape(raw, msg, sizeof msg);
+    /* Messages quote what users wrote (job names, paths, reasons).  A
+     * newline in one would forge a line of its own, an escape sequence or a
+     * bidi override would act on the terminal of whoever reads the log: the
+     * message takes utf8_safe's form, and a backslash is written as \\ so
+     * that the form reads back unambiguously. */
+    utf8_safe(raw, UTF8_SAFE_BACKSLASH, msg, sizeof msg);
     log_sink_fn fn = atomic_load(&sink);
     if (fn && to_sink(fn, l, job, dev, file, line, func, msg) >= 0)
         return;

@@ -152,6 +152,19 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         }
         cfg->priority = rq->priority;
     }
+    /* Priorities above the ceiling would let one user's queue pass everyone
+     * else's for good: they are for admin_group. */
+    if ((uint64_t)cfg->priority > ctx->cfg.max_user_priority && !rpc_peer_admin(c)) {
+        char at[PATH_MAX + 64];
+        snprintf(msg, sizeof msg,
+                 "%s%s%lld is above %llu, the highest that users outside group '%s' may ask for "
+                 "([daemon] max_user_priority)",
+                 rq->has_priority ? "submit: --priority" : jobcfg_where(cfg, "job", "priority", at, sizeof at),
+                 rq->has_priority ? " " : ": ", (long long)cfg->priority,
+                 (unsigned long long)ctx->cfg.max_user_priority, ctx->cfg.admin_group);
+        rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        goto out;
+    }
     char where[PATH_MAX + 64];
     bool have_cuda = false, found = false, found_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)

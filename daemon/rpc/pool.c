@@ -189,6 +189,10 @@ void rpc_stats(const rpc_call *c, const Gradd__Request *req)
     gradd_ctx *ctx = c->ctx;
     const Gradd__StatsRequest *rq = req->stats;
     int idx[CTX_MAX_DEVICES];
+    /* Plain statistics are for everyone; clearing the peaks that every
+     * user reads is not. */
+    if (rq->reset_peaks && !rpc_need_admin(c, "resetting the peaks of pools that all users share"))
+        return;
     int n = select_devices(c, rq->device, idx);
     if (n < 0)
         return;
@@ -224,6 +228,10 @@ void rpc_trim(const rpc_call *c, const Gradd__Request *req)
 {
     gradd_ctx *ctx = c->ctx;
     const Gradd__TrimRequest *rq = req->trim;
+    /* A trim empties the cache that every user's jobs allocate from: at
+     * will, one user could keep everyone's jobs paying for device allocs. */
+    if (!rpc_need_admin(c, "trimming pools that all users share"))
+        return;
     int idx[CTX_MAX_DEVICES];
     int n = select_devices(c, rq->device, idx);
     if (n < 0)

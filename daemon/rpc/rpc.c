@@ -5,8 +5,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "engine/batch.h"
+#include "jobs/access.h"
 #include "jobs/queue.h"
 #include "models/model.h"
 
@@ -63,6 +65,23 @@ void rpc_error(const rpc_call *c, Gradd__Error__Code code, const char *msg)
     Gradd__Error err;
     wire_error_response(&resp, &err, code, msg);
     c->send(c->conn, &resp);
+}
+
+bool rpc_peer_admin(const rpc_call *c)
+{
+    uid_t uid = c->peer->uid;
+    return uid == geteuid() || access_is_admin(uid, c->peer->gid, c->ctx->cfg.admin_group);
+}
+
+bool rpc_need_admin(const rpc_call *c, const char *what)
+{
+    if (rpc_peer_admin(c))
+        return true;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s is for root and group '%s' only ([daemon] admin_group)", what,
+             c->ctx->cfg.admin_group);
+    rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+    return false;
 }
 
 /* ---- a job, as JobInfo ---------------------------------------------------------- */

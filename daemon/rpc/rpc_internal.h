@@ -39,6 +39,13 @@ struct job;
 /* Answer with an Error. */
 void rpc_error(const rpc_call *c, Gradd__Error__Code code, const char *msg);
 
+/* Whether the peer may act on what all users share: root, the daemon's own
+ * user (who could stop it anyway) or [daemon] admin_group. */
+bool rpc_peer_admin(const rpc_call *c);
+/* rpc_peer_admin; for anyone else false, answered that `what` (e.g.
+ * "trimming the pools") is for root and admin_group only. */
+bool rpc_need_admin(const rpc_call *c, const char *what);
+
 /* A JobInfo message and the storage its fields point into. */
 typedef struct {
     Gradd__JobInfo msg;

@@ -28,6 +28,7 @@
 #           CPU kernels: OpenBLAS and OpenMP)
 #   queue   daemon/jobs/queue_state.c: a job's state file and the next_id file as
 #           queue_open parses them, persist -> parse round trip of what parses
+#   utf8    common/utf8.c: the safe form of shown text, whole and in pieces
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -104,7 +105,7 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data sample queue)
+HARNESSES=(wire units config jobcfg safetensors data sample queue utf8)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
@@ -119,6 +120,7 @@ sources() {
         "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
+    utf8) echo "$ROOT/common/utf8.c" ;;
     esac
 }
 # Extra flags and libraries per harness.
