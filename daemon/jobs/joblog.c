@@ -123,9 +123,7 @@ joblog_result joblog_write(joblog *l, const void *buf, size_t len)
         l->dropped += len;
         return JOBLOG_WRITTEN;
     }
-    /* Stopped while still within its head: the head may fill up. */
-    uint64_t bound = l->stop_wanted ? head_cap(l) : l->max;
-    if (l->size + len > bound || (l->stop_wanted && l->size > head_cap(l))) {
+    if (l->size + len > l->max || l->stop_wanted) {
         if (!l->rewrite_failed)
             return JOBLOG_FULL;
         l->dropped += len;
@@ -145,8 +143,9 @@ joblog_result joblog_write(joblog *l, const void *buf, size_t len)
 
 /* ---- rewriting ------------------------------------------------------------------------ */
 
-/* Where the head ends: after the last newline within its cap (0 if there
- * is none: a log whose first line alone is that long keeps no head). */
+/* Where the head ends: after the last newline within its cap, which is
+ * all of a log stopped before it got that far (0 if there is none: a log
+ * whose first line alone is that long keeps no head). */
 static int find_head(int rfd, const joblog *l, uint64_t *head, char *buf)
 {
     uint64_t end = head_cap(l) < l->size ? head_cap(l) : l->size;

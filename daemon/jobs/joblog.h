@@ -15,7 +15,8 @@
  * quarter of max_job_log appended, however short the lines.
  *
  * The owner's stored bytes may stop a log (joblog_stop): it is cut back to
- * its head and one marker saying why, and nothing more is kept.
+ * its head (or what it has, if less) and one marker saying why, and
+ * nothing more is kept.
  */
 #ifndef GRADD_JOBLOG_H
 #define GRADD_JOBLOG_H
@@ -71,9 +72,10 @@ joblog_result joblog_write(joblog *l, const void *buf, size_t len);
  * then as it was, and writes that do not fit are dropped). */
 int joblog_rewrite(joblog *l, size_t incoming, char *err, size_t err_len);
 
-/* Stop the log growing past its head; `why` names the limit, for the
- * marker.  The next write that passes the head answers JOBLOG_FULL (for
- * the rewrite that cuts the file back), and later ones are dropped. */
+/* Stop the log growing: it keeps its head, or what it has if it has not
+ * got that far; `why` names the limit, for the marker.  The next write
+ * answers JOBLOG_FULL (for the rewrite that cuts the file back), and later
+ * ones are dropped. */
 void joblog_stop(joblog *l, const char *why);
 
 #endif

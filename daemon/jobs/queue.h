@@ -174,8 +174,8 @@ int queue_make_room(queue *q, uid_t uid, uint64_t add_bytes, char *err, size_t e
 /* j's log is log_bytes long now (its worker, lock held).  When its
  * owner's bytes pass max_bytes_per_user, j is marked for the loop's
  * queue_room_for_logs (a worker runs as the owner, who may not remove
- * files in the state dir). */
-void queue_log_grew(queue *q, job *j, uint64_t log_bytes);
+ * files in the state dir).  The bytes left below the limit (0: past it). */
+uint64_t queue_log_grew(queue *q, job *j, uint64_t log_bytes);
 /* For each marked job: forget its owner's oldest finished jobs until the
  * bytes fit; if they still do not, set log_stop on the owner's running
  * jobs.  Takes the lock. */

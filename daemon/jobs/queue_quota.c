@@ -116,20 +116,21 @@ int queue_make_room(queue *q, uid_t uid, uint64_t add_bytes, char *err, size_t e
     return rc;
 }
 
-void queue_log_grew(queue *q, job *j, uint64_t log_bytes)
+uint64_t queue_log_grew(queue *q, job *j, uint64_t log_bytes)
 {
     j->log_bytes = log_bytes;
     if (j->log_stop || j->bytes_over)
-        return;
+        return 0;
     size_t records;
     uint64_t bytes;
     user_usage(q, j->uid, &records, &bytes);
     if (bytes <= q->max_bytes_per_user)
-        return;
+        return q->max_bytes_per_user - bytes;
     /* Removing files is for the daemon's identity, and this thread runs
      * as the job's owner: the loop does it (queue_save_unsaved). */
     j->bytes_over = true;
     q->any_bytes_over = true;
+    return 0;
 }
 
 void queue_room_for_logs(queue *q)
@@ -172,6 +173,8 @@ void queue_room_for_logs(queue *q)
                 q->jobs[k]->bytes_over = false;
             }
     }
+    /* Their workers wait for the answer. */
+    pthread_cond_broadcast(&q->cond);
     pthread_mutex_unlock(&q->lock);
     if (gone)
         queue_notify(q);
