@@ -90,6 +90,8 @@ int queue_persist(queue *q, job *j, char *err, size_t err_len)
     snprintf(dir, sizeof dir, "%s/%u", q->dir, j->id);
     int rc = atomic_write(dir, "state", buf, len, err, err_len);
     free(buf);
+    if (rc == 0)
+        j->state_bytes = len;
     return rc;
 }
 
@@ -216,6 +218,7 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     j->priority = cfg->priority;
     j->submitted_at = now_unix();
     snprintf(j->source, sizeof j->source, "%s", cfg->source);
+    j->cfg_bytes = len;
 
     pthread_mutex_lock(&q->lock);
     if (q->next_id >= QUEUE_ID_END) {
@@ -294,6 +297,7 @@ void queue_save_unsaved(queue *q)
 {
     /* Called on every worker notify (each step of each job) and every
      * second: the lock only when there is something to save. */
+    queue_room_for_logs(q);
     if (!atomic_load(&q->any_unsaved))
         return;
     pthread_mutex_lock(&q->lock);
@@ -462,6 +466,7 @@ static job *load_job(queue *q, uint32_t id)
     }
     int rc = queue_parse_state(state, len, id, j, perr, sizeof perr);
     free(state);
+    j->state_bytes = len;
     if (rc != 0) {
         /* perr starts with the line number: PATH:LINE: KEY: what. */
         log_job(LOG_WARN, id, NULL, "queue: %s:%s; job %u skipped", path, perr, id);
@@ -473,6 +478,11 @@ static job *load_job(queue *q, uint32_t id)
     j->have_progress = j->state != JOB_QUEUED && j->state != JOB_RUNNING && j->prog.step > 0;
     snprintf(path, sizeof path, "%s/%u/job.cfg", q->dir, id);
     char *contents = read_file(path, QUEUE_JOBCFG_MAX, &len);
+    j->cfg_bytes = contents ? len : 0;
+    struct stat st;
+    char logp[PATH_MAX + 32];
+    queue_log_path(q, id, logp, sizeof logp);
+    j->log_bytes = lstat(logp, &st) == 0 ? (uint64_t)st.st_size : 0;
     char err[1024];
     if (!contents) {
         snprintf(err, sizeof err, "cannot read %s: %s", path, read_error(errno, QUEUE_JOBCFG_MAX));
@@ -543,6 +553,7 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
 {
     memset(q, 0, sizeof *q);
     q->lock_fd = -1;
+    q->max_records_per_user = q->max_bytes_per_user = UINT64_MAX;
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     snprintf(q->dir, sizeof q->dir, "%s/jobs", state_dir);

@@ -58,6 +58,12 @@ typedef struct job {
     bool prune_failed; /* queue_prune could not remove it: not tried again */
     bool save_failed;  /* its last persist failed (logged once): retried while unsaved */
     bool have_progress;
+    /* What it holds in the state dir, for max_bytes_per_user: its job.cfg,
+     * its state file (as last written) and its log (as its worker writes
+     * it). */
+    uint64_t cfg_bytes, state_bytes, log_bytes;
+    bool bytes_over; /* its log took its owner past max_bytes_per_user: the loop makes room */
+    bool log_stop;   /* no room could be made: its log stops at its head */
     train_progress prog;
     uint64_t version; /* bumped on every change a watcher should see */
 } job;
@@ -71,6 +77,8 @@ typedef struct queue {
     uint64_t next_id;   /* QUEUE_ID_END once every id has been given */
     bool stopping;
     _Atomic bool any_unsaved; /* some job is marked unsaved; read without the lock */
+    _Atomic bool any_bytes_over; /* some job is marked bytes_over; likewise */
+    uint64_t max_records_per_user, max_bytes_per_user; /* queue_set_limits; unlimited at open */
     int lock_fd;      /* STATE_DIR/lock, flock'd while open */
     void (*notify)(void *user); /* both guarded by lock; called under it */
     void *notify_user;
@@ -144,10 +152,34 @@ size_t queue_prune(queue *q, double now, double max_age);
 /* What a job directory is renamed to while queue_remove empties it. */
 #define QUEUE_TOMB ".removed-"
 
-/* Persist every job marked unsaved (takes the lock; on the daemon's own
- * identity, from the event loop when a worker notifies).  Failures are
- * logged. */
+/* Persist every job marked unsaved, and make room for users whose running
+ * jobs' logs passed max_bytes_per_user (queue_room_for_logs) (takes the
+ * lock; on the daemon's own identity, from the event loop when a worker
+ * notifies).  Failures are logged. */
 void queue_save_unsaved(queue *q);
+
+/* ---- per-user limits (queue_quota.c) ---- */
+
+/* [daemon] max_records_per_user and max_bytes_per_user.  Takes the lock. */
+void queue_set_limits(queue *q, uint64_t max_records, uint64_t max_bytes);
+/* The bytes j holds in the state dir. */
+uint64_t queue_job_bytes(const job *j);
+/* Before a submit of add_bytes (its job file and state) by uid: while
+ * another record or the bytes would pass a limit, forget uid's oldest
+ * finished jobs (each logged).  0 when it fits; -1 with err naming the
+ * limit and its key when nothing finished is left to forget.  Takes the
+ * lock; on the daemon's identity. */
+#define QUEUE_STATE_RESERVE 4096 /* what a submit counts for the state file it will write */
+int queue_make_room(queue *q, uid_t uid, uint64_t add_bytes, char *err, size_t err_len);
+/* j's log is log_bytes long now (its worker, lock held).  When its
+ * owner's bytes pass max_bytes_per_user, j is marked for the loop's
+ * queue_room_for_logs (a worker runs as the owner, who may not remove
+ * files in the state dir).  The bytes left below the limit (0: past it). */
+uint64_t queue_log_grew(queue *q, job *j, uint64_t log_bytes);
+/* For each marked job: forget its owner's oldest finished jobs until the
+ * bytes fit; if they still do not, set log_stop on the owner's running
+ * jobs.  Takes the lock. */
+void queue_room_for_logs(queue *q);
 
 /* Call the notify callback.  The caller does not hold the lock: the
  * callback is made with it held (so that clearing notify under the lock

@@ -1,6 +1,7 @@
 /* worker.c — one thread per job slot of a device. */
 #include "worker.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 
 #include "access.h"
+#include "joblog.h"
 #include "runner.h"
 #include "base/log.h"
 #include "models/model.h"
@@ -17,15 +19,104 @@
 typedef struct {
     worker *w;
     job *j;
-    FILE *log; /* the job's log, opened with the daemon's identity */
+    uint32_t id;
+    joblog log; /* the job's log, opened with the daemon's identity */
     bool counted_resume;
+    bool as_owner;       /* the thread has the owner's identity; `saved` holds the daemon's */
+    access_saved saved;
+    bool identity_lost;  /* the owner's identity could not be taken back: stop the job */
+    char lost_why[256];
+    uint64_t checked_log; /* the log's size when its owner's bytes were last counted */
+    uint64_t next_check;  /* ... and when they are counted again */
 } job_run;
+
+/* Counting a user's bytes looks at every record: done once per this much
+ * log growth, or sooner when less is left below the limit (then at every
+ * line: a user's jobs pass it by a line each at most). */
+#define LOG_CHECK_EVERY (16u << 10)
 
 static double now_unix(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The owner's bytes, counted as the log grows; and the log stopped at its
+ * head when the loop could not make room for them. */
+static void log_account(job_run *r)
+{
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    uint64_t size = r->log.size;
+    if (size >= r->next_check || size < r->checked_log) {
+        uint64_t left = queue_log_grew(q, r->j, size);
+        r->checked_log = size;
+        r->next_check = size + (left < LOG_CHECK_EVERY ? left : LOG_CHECK_EVERY);
+    } else {
+        r->j->log_bytes = size;
+    }
+    if (r->j->bytes_over) {
+        /* The loop makes room or stops this log; lines written meanwhile
+         * would only pass the limit further, so wait for it (bounded: a
+         * queue without a loop, as in tests, must not hang the job). */
+        pthread_mutex_unlock(&q->lock);
+        queue_notify(q);
+        pthread_mutex_lock(&q->lock);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 2;
+        while (r->j->bytes_over && !q->stopping)
+            if (pthread_cond_timedwait(&q->cond, &q->lock, &until) != 0)
+                break;
+    }
+    bool stop = r->j->log_stop;
+    pthread_mutex_unlock(&q->lock);
+    if (stop && !r->log.stop_wanted) {
+        char why[160], lim[16];
+        snprintf(why, sizeof why, "uid %u's jobs hold more than [daemon] max_bytes_per_user = %s in the state dir",
+                 (unsigned)r->j->uid, units_format_size(r->w->ctx->cfg.max_bytes_per_user, lim, sizeof lim));
+        joblog_stop(&r->log, why);
+    }
+}
+
+/* One or more whole lines into the job's log, within its bound; r->j only
+ * while the thread has the owner's identity (after the job's end it may be
+ * gone). */
+static void log_line(job_run *r, const char *text)
+{
+    size_t len = strlen(text);
+    joblog_result res = joblog_write(&r->log, text, len);
+    if (res == JOBLOG_FULL) {
+        char err[512];
+        /* The rewrite makes a file in the state dir, which is the
+         * daemon's: the owner, whose identity the thread has while the
+         * job runs, may not write there. */
+        if (r->as_owner)
+            access_restore(&r->saved);
+        int rc = joblog_rewrite(&r->log, len, err, sizeof err);
+        if (r->as_owner && access_become(r->j->uid, r->j->gid, &r->saved, r->lost_why, sizeof r->lost_why) != 0) {
+            /* Never go on as the daemon: the job stops at its next poll. */
+            r->as_owner = false;
+            r->identity_lost = true;
+        }
+        if (rc != 0)
+            log_job(LOG_WARN, r->id, NULL, "job %u: %s; lines past its bound are dropped", r->id, err);
+        res = joblog_write(&r->log, text, len);
+        if (res == JOBLOG_FULL)
+            r->log.dropped += len; /* longer than all the room there is */
+    }
+    if (res == JOBLOG_ERROR && !r->log.rewrite_failed) {
+        log_job(LOG_WARN, r->id, NULL, "job %u: cannot write %s: %s", r->id, r->log.path, strerror(errno));
+        r->log.rewrite_failed = true;
+    }
+}
+
+/* log_line, counted against the owner's bytes: while the job runs. */
+static void log_put(job_run *r, const char *text)
+{
+    log_line(r, text);
+    log_account(r);
 }
 
 static void on_step(void *user, const train_progress *p)
@@ -48,18 +139,19 @@ static void on_step(void *user, const train_progress *p)
     r->w->beats++;
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
-    if (r->log && (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1)) {
-        char a[16], b[16];
-        fprintf(r->log, "step %llu/%llu loss %.4f", (unsigned long long)p->step, (unsigned long long)p->steps,
-                p->loss);
+    if (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1) {
+        char a[16], b[16], line[512];
+        size_t n = 0;
+        n += (size_t)snprintf(line + n, sizeof line - n, "step %llu/%llu loss %.4f", (unsigned long long)p->step,
+                              (unsigned long long)p->steps, p->loss);
         if (!isnan(p->val_loss))
-            fprintf(r->log, " val %.4f", p->val_loss);
+            n += (size_t)snprintf(line + n, sizeof line - n, " val %.4f", p->val_loss);
         if (!isnan(p->val_accuracy))
-            fprintf(r->log, " acc %.2f%%", p->val_accuracy * 100);
-        fprintf(r->log, " lr %.2e norm %.3f %.0f %s/s micro %u×%u mem %s/%s\n", p->lr, p->grad_norm,
-                p->units_per_s, model_unit(&r->j->cfg), p->micro, p->accum,
-                units_format_size(p->allocated, a, sizeof a), units_format_size(p->reserved, b, sizeof b));
-        fflush(r->log);
+            n += (size_t)snprintf(line + n, sizeof line - n, " acc %.2f%%", p->val_accuracy * 100);
+        snprintf(line + n, sizeof line - n, " lr %.2e norm %.3f %.0f %s/s micro %u×%u mem %s/%s\n", p->lr,
+                 p->grad_norm, p->units_per_s, model_unit(&r->j->cfg), p->micro, p->accum,
+                 units_format_size(p->allocated, a, sizeof a), units_format_size(p->reserved, b, sizeof b));
+        log_put(r, line);
     }
 }
 
@@ -74,7 +166,7 @@ static bool should_stop(void *user)
      * leave it.  No beats while here; shutdown still gets it out. */
     while (r->w->hang && !q->stopping)
         pthread_cond_wait(&q->cond, &q->lock);
-    bool stop = r->j->cancel_requested || q->stopping;
+    bool stop = r->j->cancel_requested || q->stopping || r->identity_lost;
     pthread_mutex_unlock(&q->lock);
     return stop;
 }
@@ -106,10 +198,13 @@ static int cpu_share(const gradd_ctx *ctx)
 /* A runner's note, in the job's log. */
 static void log_note(void *user, const char *fmt, va_list ap)
 {
-    FILE *f = user;
-    fputs("== ", f);
-    vfprintf(f, fmt, ap);
-    fputc('\n', f);
+    char line[4096];
+    memcpy(line, "== ", 3);
+    int n = vsnprintf(line + 3, sizeof line - 4, fmt, ap);
+    size_t end = n < 0 ? 3 : 3 + ((size_t)n < sizeof line - 4 ? (size_t)n : sizeof line - 5);
+    line[end] = '\n';
+    line[end + 1] = '\0';
+    log_put(user, line);
 }
 
 static void run_one(worker *w, job *j)
@@ -119,22 +214,27 @@ static void run_one(worker *w, job *j)
     dev *d = ctx->devs[w->dev];
     char path[PATH_MAX + 32];
     queue_log_path(q, j->id, path, sizeof path);
-    job_run r = {w, j, fopen(path, "a"), false};
-    if (r.log)
-        fprintf(r.log, "== job %u (%s) starting on %s, owner %s (uid %u)\n", j->id, j->name, d->id, j->user,
-                (unsigned)j->uid);
+    job_run r = {.w = w, .j = j, .id = j->id};
+    char err[512], line[1024];
+    if (joblog_open(&r.log, path, ctx->cfg.max_job_log, err, sizeof err) != 0)
+        log_job(LOG_WARN, j->id, d->id, "job %u: %s; it runs without a log", j->id, err);
+    pthread_mutex_lock(&q->lock);
+    r.checked_log = j->log_bytes = r.log.size;
+    pthread_mutex_unlock(&q->lock);
+    snprintf(line, sizeof line, "== job %u (%s) starting on %s, owner %s (uid %u)\n", j->id, j->name, d->id, j->user,
+             (unsigned)j->uid);
+    log_put(&r, line);
 
     train_result res;
     memset(&res, 0, sizeof res);
     train_outcome o = TRAIN_FAILED;
-    char err[512];
-    access_saved saved;
     const runner *run = runner_for(&j->cfg);
     if (!run) {
         snprintf(res.message, sizeof res.message, "no runner takes this job");
-    } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
+    } else if (access_become(j->uid, j->gid, &r.saved, err, sizeof err) != 0) {
         snprintf(res.message, sizeof res.message, "%s", err);
     } else {
+        r.as_owner = true;
         runner_env env = {
             .ctx = ctx,
             .dev = w->dev,
@@ -142,11 +242,17 @@ static void run_one(worker *w, job *j)
             .cpu_share = cpu_share(ctx),
             .cpu_slots = cpu_slots(ctx),
             .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r},
-            .note = r.log ? log_note : NULL,
-            .note_user = r.log,
+            .note = r.log.fd >= 0 ? log_note : NULL,
+            .note_user = &r,
         };
         o = run->run(&env, &j->cfg, &res);
-        access_restore(&saved);
+        if (r.as_owner)
+            access_restore(&r.saved);
+        r.as_owner = false;
+    }
+    if (r.identity_lost) {
+        o = TRAIN_FAILED;
+        snprintf(res.message, sizeof res.message, "stopped: after rewriting its log, %s", r.lost_why);
     }
     pool_job_forget(ctx->pools[w->dev], j->id);
 
@@ -183,10 +289,11 @@ static void run_one(worker *w, job *j)
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
     log_job(LOG_INFO, id, d->id, "job %u (%s) on %s: %s", id, name, d->id, outcome);
-    if (r.log) {
-        fprintf(r.log, "== job %u %s\n", id, outcome);
-        fclose(r.log);
-    }
+    /* Not counted in log_bytes (the job may be gone once the lock is let
+     * go): its next load counts it. */
+    snprintf(line, sizeof line, "== job %u %.1000s\n", id, outcome);
+    log_line(&r, line);
+    joblog_close(&r.log);
 }
 
 static void *worker_main(void *arg)

@@ -208,6 +208,12 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
+    /* The job file and a state file (a few KiB): room for both, made by
+     * forgetting the submitter's oldest finished jobs if need be. */
+    if (queue_make_room(ctx->q, peer->uid, rq->contents.len + QUEUE_STATE_RESERVE, err, sizeof err) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, err);
+        goto out;
+    }
     char user[64];
     user_name(peer->uid, user, sizeof user);
     uint32_t id;

@@ -231,6 +231,7 @@ int main(int argc, char **argv)
         return 1;
     }
     ctx.q = &q;
+    queue_set_limits(&q, ctx.cfg.max_records_per_user, ctx.cfg.max_bytes_per_user);
     static server srv;
     if (server_init(&srv, &ctx, socket_path, err, sizeof err) != 0) {
         log_error("%s", err);
