@@ -16,9 +16,11 @@
 
 /* A client that stops reading gets cut off here rather than making the
  * daemon buffer its responses without bound: what is queued when it asks
- * again, or when a stream pushes a frame.  One answer may go beyond it (a
- * full timeline ring is some 22 MB of JSON): the client asked for it. */
-#define CONN_MAX_QUEUED ((size_t)16 << 20)
+ * again, or when a stream pushes a frame.  Long answers stream (rpc_stream)
+ * and keep far below it; one answer may still go beyond it (a full
+ * timeline ring is some 22 MB of JSON): the client asked for it.  Small,
+ * since every connection of every user may hold this much. */
+#define CONN_MAX_QUEUED ((size_t)1 << 20)
 #define CONN_READ_BUF 16384
 /* Deferred work run at once (samples, each holding a thread of libuv's
  * pool and a CPU core for a few seconds).  More is refused, not queued. */
@@ -94,6 +96,8 @@ static void conn_close(server_conn *c)
     uv_close((uv_handle_t *)&c->idle, conn_handle_closed);
 }
 
+static void stream_push(server_conn *c);
+
 static void on_write(uv_write_t *req, int status)
 {
     write_op *op = (write_op *)req;
@@ -109,6 +113,8 @@ static void on_write(uv_write_t *req, int status)
     }
     if (c->close_after_write && c->writes_pending == 0)
         conn_close(c);
+    else
+        stream_push(c); /* the client took a frame: room for the next */
 }
 
 /* Close a connection whose client is not reading what it was sent. */
@@ -120,6 +126,12 @@ static bool conn_over_limit(server_conn *c)
              (unsigned)c->peer.uid);
     conn_close(c);
     return true;
+}
+
+static size_t conn_queued(void *conn)
+{
+    server_conn *c = conn;
+    return uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe);
 }
 
 static int conn_send(void *conn, const Gradd__Response *resp)
@@ -179,6 +191,7 @@ static rpc_call conn_call(server_conn *c)
         .ctx = c->srv->ctx,
         .peer = &c->peer,
         .send = conn_send,
+        .queued = conn_queued,
         .conn = c,
         .work_pending = c->work != NULL,
         .work_running = c->srv->works,
