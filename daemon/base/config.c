@@ -27,7 +27,8 @@ static const opts_def opts[] = {
     {"daemon", "client_timeout", OPTS_DURATION, D(client_timeout_ms), 1, 86400e3, false, "60s",
      "close a connection that sends no complete request for this long", NULL},
     {"daemon", "max_clients", OPTS_COUNT, D(max_clients), 1, 65536, false, "1024",
-     "connections served at once; more are closed on accept", NULL},
+     "connections served at once; more are closed on accept (the last eighth, at most 16, only for root "
+     "and admin_group)", NULL},
     {"daemon", "socket_group", OPTS_STRING, D(socket_group), 0, 0, false, "gradd",
      "the socket's group: its members may use gradd", NULL},
     {"daemon", "admin_group", OPTS_STRING, D(admin_group), 0, 0, false, "gradd-admin",

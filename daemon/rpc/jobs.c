@@ -3,11 +3,15 @@
  * for its owner, root and the admin group (owned_job). */
 #include "rpc_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "jobs/access.h"
@@ -236,60 +240,59 @@ out:
  * frame far below any cap, however many finished jobs are kept. */
 #define LIST_CHUNK 256
 
-static bool list_wants(const Gradd__ListRequest *rq, job_state want_state, const job *j)
+/* list, as a stream: a frame of jobs per turn while the client keeps up. */
+typedef struct {
+    rpc_stream base; /* first: the server holds &base */
+    job_state want_state;
+    char *user;     /* the filter, copied: the request is freed */
+    uint32_t after; /* the last id sent */
+} list_stream;
+
+static bool list_wants(const list_stream *ls, const job *j)
 {
-    if (want_state != JOB_STATE_COUNT && j->state != want_state)
+    if (ls->want_state != JOB_STATE_COUNT && j->state != ls->want_state)
         return false;
-    if (rq->user && *rq->user) {
+    if (ls->user) {
         char uid[16];
         snprintf(uid, sizeof uid, "%u", (unsigned)j->uid);
-        if (strcmp(rq->user, j->user) != 0 && strcmp(rq->user, uid) != 0)
+        if (strcmp(ls->user, j->user) != 0 && strcmp(ls->user, uid) != 0)
             return false;
     }
     return true;
 }
 
-void rpc_list(const rpc_call *c, const Gradd__Request *req)
+static bool list_next(rpc_stream *s, const rpc_call *c)
 {
+    list_stream *ls = (list_stream *)s;
     gradd_ctx *ctx = c->ctx;
-    const Gradd__ListRequest *rq = req->list;
-    if (!ctx->q) {
-        rpc_error(c, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
-        return;
-    }
-    job_state want_state = JOB_STATE_COUNT;
-    if (rq->state && *rq->state && job_state_parse(rq->state, &want_state) != 0) {
-        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST,
-                   "unknown state; use queued, running, completed, failed or cancelled");
-        return;
-    }
+    if (c->queued(c->conn) >= RPC_STREAM_WINDOW)
+        return true;
     rpc_job_store *st = calloc(LIST_CHUNK, sizeof *st);
     Gradd__JobInfo **ptrs = calloc(LIST_CHUNK, sizeof *ptrs);
     if (!st || !ptrs) {
         free(st);
         free(ptrs);
         rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
-        return;
+        return false;
     }
     /* Frame by frame, each under the lock on its own: a chunk starts after
      * the last id sent, so jobs that come or go in between are listed at
      * most once. */
-    uint32_t after = 0;
     bool more = true;
-    while (more) {
+    while (more && c->queued(c->conn) < RPC_STREAM_WINDOW) {
         size_t k = 0;
         pthread_mutex_lock(&ctx->q->lock);
         size_t i = 0, n = ctx->q->n;
-        while (i < n && ctx->q->jobs[i]->id <= after)
+        while (i < n && ctx->q->jobs[i]->id <= ls->after)
             i++;
         for (; i < n && k < LIST_CHUNK; i++) {
             job *j = ctx->q->jobs[i];
-            if (!list_wants(rq, want_state, j))
+            if (!list_wants(ls, j))
                 continue;
             rpc_job_info(ctx, j, &st[k]);
             ptrs[k] = &st[k].msg;
             k++;
-            after = j->id;
+            ls->after = j->id;
         }
         more = i < n;
         pthread_mutex_unlock(&ctx->q->lock);
@@ -299,10 +302,47 @@ void rpc_list(const rpc_call *c, const Gradd__Request *req)
         lr.jobs = ptrs;
         lr.more = more;
         if (RPC_SEND(c, LIST, list, &lr) != 0)
-            break;
+            more = false;
     }
     free(st);
     free(ptrs);
+    return more;
+}
+
+static void list_free(rpc_stream *s)
+{
+    list_stream *ls = (list_stream *)s;
+    free(ls->user);
+    free(ls);
+}
+
+rpc_stream *rpc_list(const rpc_call *c, const Gradd__Request *req)
+{
+    gradd_ctx *ctx = c->ctx;
+    const Gradd__ListRequest *rq = req->list;
+    if (!ctx->q) {
+        rpc_error(c, GRADD__ERROR__CODE__UNAVAILABLE, "this gradd has no job queue");
+        return NULL;
+    }
+    job_state want_state = JOB_STATE_COUNT;
+    if (rq->state && *rq->state && job_state_parse(rq->state, &want_state) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST,
+                   "unknown state; use queued, running, completed, failed or cancelled");
+        return NULL;
+    }
+    list_stream *ls = calloc(1, sizeof *ls);
+    if (ls && rq->user && *rq->user && !(ls->user = strdup(rq->user))) {
+        free(ls);
+        ls = NULL;
+    }
+    if (!ls) {
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return NULL;
+    }
+    ls->base.next = list_next;
+    ls->base.free = list_free;
+    ls->want_state = want_state;
+    return &ls->base;
 }
 
 void rpc_job(const rpc_call *c, const Gradd__Request *req)
@@ -371,39 +411,112 @@ void rpc_remove(const rpc_call *c, const Gradd__Request *req)
     RPC_SEND(c, REMOVE, remove, &rr);
 }
 
+/* logs, as a stream: a chunk of the log per turn while the client keeps
+ * up, up to the size it had when asked. */
+typedef struct {
+    rpc_stream base; /* first: the server holds &base */
+    uint32_t id;
+    int fd;        /* -1: no log yet */
+    uint64_t left; /* bytes still to send */
+} logs_stream;
+
+static bool logs_next(rpc_stream *s, const rpc_call *c)
+{
+    logs_stream *ls = (logs_stream *)s;
+    if (c->queued(c->conn) >= RPC_STREAM_WINDOW)
+        return true;
+    char *buf = malloc(RPC_CHUNK);
+    if (!buf) {
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+        return false;
+    }
+    bool more = true;
+    while (more && c->queued(c->conn) < RPC_STREAM_WINDOW) {
+        size_t want = ls->left < RPC_CHUNK ? (size_t)ls->left : RPC_CHUNK;
+        ssize_t n = want && ls->fd >= 0 ? read(ls->fd, buf, want) : 0;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "job %u: reading its log: %s", ls->id, strerror(errno));
+            rpc_error(c, GRADD__ERROR__CODE__INTERNAL, msg);
+            break;
+        }
+        ls->left -= (uint64_t)n;
+        /* Short: the log was cut while being read (it keeps its head and
+         * tail); what was read is all there is. */
+        bool last = (size_t)n < want || ls->left == 0;
+        Gradd__LogsResponse lr;
+        gradd__logs_response__init(&lr);
+        lr.chunk.data = (uint8_t *)buf;
+        lr.chunk.len = (size_t)n;
+        lr.last = last;
+        more = RPC_SEND(c, LOGS, logs, &lr) == 0 && !last;
+    }
+    free(buf);
+    return more;
+}
+
+static void logs_free(rpc_stream *s)
+{
+    logs_stream *ls = (logs_stream *)s;
+    if (ls->fd >= 0)
+        close(ls->fd);
+    free(ls);
+}
+
+/* Open the log without blocking and only if it is a regular file: it is in
+ * the daemon's state dir, but a file that is not one must never hold up the
+ * loop.  0 (fd -1 when there is no log yet), or -1 with err. */
+static int logs_open(const char *path, int *fd, uint64_t *size, char *err, size_t err_len)
+{
+    *fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    *size = 0;
+    if (*fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    const char *bad = fstat(*fd, &st) != 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : NULL;
+    if (bad) {
+        snprintf(err, err_len, "%s: %s", path, bad);
+        close(*fd);
+        *fd = -1;
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
+
 /* A job's log is its owner's, as a batch job's output file would be: it
  * can name their files and say why they failed. */
-void rpc_logs(const rpc_call *c, const Gradd__Request *req)
+rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req)
 {
     gradd_ctx *ctx = c->ctx;
     uint32_t id = req->logs->id;
     job *j = owned_job(c, id, "read its log");
     if (!j)
-        return;
+        return NULL;
     char path[PATH_MAX + 32];
     queue_log_path(ctx->q, id, path, sizeof path);
     pthread_mutex_unlock(&ctx->q->lock);
-    FILE *f = fopen(path, "r");
-    char *buf = malloc(RPC_CHUNK);
-    if (!buf) {
-        if (f)
-            fclose(f);
+    logs_stream *ls = malloc(sizeof *ls);
+    if (!ls) {
         rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
-        return;
+        return NULL;
     }
-    bool last = false;
-    while (!last) {
-        size_t n = f ? fread(buf, 1, RPC_CHUNK, f) : 0;
-        last = n < RPC_CHUNK;
-        Gradd__LogsResponse lr;
-        gradd__logs_response__init(&lr);
-        lr.chunk.data = (uint8_t *)buf;
-        lr.chunk.len = n;
-        lr.last = last;
-        if (RPC_SEND(c, LOGS, logs, &lr) != 0)
-            break;
+    char err[PATH_MAX + 128];
+    if (logs_open(path, &ls->fd, &ls->left, err, sizeof err) != 0) {
+        free(ls);
+        char msg[sizeof err + 64];
+        snprintf(msg, sizeof msg, "job %u: cannot read its log %s", id, err);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, msg);
+        return NULL;
     }
-    free(buf);
-    if (f)
-        fclose(f);
+    ls->base.next = logs_next;
+    ls->base.free = logs_free;
+    ls->id = id;
+    return &ls->base;
 }

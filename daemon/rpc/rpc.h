@@ -13,6 +13,7 @@
 #define GRADD_RPC_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "base/ctx.h"
@@ -27,12 +28,16 @@ typedef struct {
 /* Queue one response on the connection `conn`; returns 0 or -1 when the
  * connection is gone or over its output limit. */
 typedef int (*rpc_send_fn)(void *conn, const Gradd__Response *resp);
+/* Bytes queued on the connection `conn` that its client has not taken yet
+ * (beyond what the kernel's socket buffer holds). */
+typedef size_t (*rpc_queued_fn)(void *conn);
 
 /* One request being answered, as the server sees its connection. */
 typedef struct {
     gradd_ctx *ctx;
     const rpc_peer *peer;
     rpc_send_fn send;
+    rpc_queued_fn queued;
     void *conn;
     /* Deferred work in flight: whether this connection waits for some, and
      * how much the daemon runs of the most it runs at once.  A command
@@ -42,9 +47,12 @@ typedef struct {
 } rpc_call;
 
 /* Frames that follow a request.  The server calls next once when the
- * stream starts and again each time a job changes, until next returns
- * false (the stream has ended); then, or when the connection closes first,
- * it calls free. */
+ * stream starts, again each time a job changes and each time the client
+ * has taken a frame, until next returns false (the stream has ended);
+ * then, or when the connection closes first, it calls free.  A stream
+ * sends only while call->queued is small and waits for the next call
+ * otherwise: a client that stops reading holds up its own stream, never
+ * the daemon's memory. */
 typedef struct rpc_stream {
     bool (*next)(struct rpc_stream *st, const rpc_call *call);
     void (*free)(struct rpc_stream *st);

@@ -24,6 +24,10 @@ struct job;
 /* Bytes per chunk of an answer that comes in pieces (timeline, logs):
  * every frame stays far below any cap, whatever the whole is. */
 #define RPC_CHUNK ((size_t)256 << 10)
+/* A streamed answer (logs, list) sends its next frame only while less
+ * than this is queued for the client: what a client that stops reading
+ * costs the daemon is about two frames, however long the answer. */
+#define RPC_STREAM_WINDOW RPC_CHUNK
 
 /* Send msg as the answer's body: CASE names the body case (STATUS, STATS,
  * ...) and FIELD the Response's field for it (status, stats, ...).  The
@@ -62,11 +66,11 @@ void rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
 
 /* jobs.c */
 void rpc_submit(const rpc_call *c, const Gradd__Request *req);
-void rpc_list(const rpc_call *c, const Gradd__Request *req);
+rpc_stream *rpc_list(const rpc_call *c, const Gradd__Request *req);
 void rpc_job(const rpc_call *c, const Gradd__Request *req);
 void rpc_cancel(const rpc_call *c, const Gradd__Request *req);
 void rpc_remove(const rpc_call *c, const Gradd__Request *req);
-void rpc_logs(const rpc_call *c, const Gradd__Request *req);
+rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req);
 /* pool.c */
 void rpc_status(const rpc_call *c, const Gradd__Request *req);
 void rpc_stats(const rpc_call *c, const Gradd__Request *req);

@@ -1,7 +1,8 @@
 /* watch.c — the watch request: one job's JobInfo again each time it
  * changes, until it is completed, failed or cancelled.  The server calls
- * watch_next whenever a worker reports a change (and once at the start);
- * the stream only remembers which version of the job the client has. */
+ * watch_next whenever a worker reports a change, whenever the client has
+ * taken what it was sent, and once at the start; the stream only remembers
+ * which version of the job the client has. */
 #include "rpc_internal.h"
 
 #include <stdio.h>
@@ -23,6 +24,12 @@ static bool watch_next(rpc_stream *s, const rpc_call *c)
     gradd_ctx *ctx = c->ctx;
     if (!ctx->q)
         return true;
+    /* A watcher that has not taken its last event gets the state the job
+     * has once it does, not every change in between: one event waits for
+     * it at most, however fast the job changes and however many watch.
+     * The version is marked only once sent, so the final event follows. */
+    if (c->queued(c->conn) > 0)
+        return true;
     rpc_job_store *st = malloc(sizeof *st);
     if (!st)
         return true;
@@ -43,6 +50,13 @@ static bool watch_next(rpc_stream *s, const rpc_call *c)
         RPC_SEND(c, WATCH, watch, &ev);
     }
     free(st);
+    if (!j) {
+        /* Removed before the watcher saw it end: say so rather than leave
+         * it waiting for an event that cannot come. */
+        char msg[64];
+        snprintf(msg, sizeof msg, "job %u was removed", w->id);
+        rpc_error(c, GRADD__ERROR__CODE__NOT_FOUND, msg);
+    }
     return !final;
 }
 

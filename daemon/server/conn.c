@@ -1,7 +1,7 @@
-/* conn.c — one client's connection: accepting it, reading its frames,
- * handing each request to rpc, writing the answers, and keeping what an
- * answer leaves behind (a stream, deferred work) until it ends or the
- * client leaves. */
+/* conn.c — one client's connection: admitting it (max_clients, per user),
+ * reading its frames, handing each request to rpc, writing the answers,
+ * and keeping what an answer leaves behind (a stream, deferred work) until
+ * it ends or the client leaves. */
 #include "server_internal.h"
 
 #include <errno.h>
@@ -11,18 +11,25 @@
 #include <sys/socket.h>
 
 #include "base/log.h"
+#include "jobs/access.h"
 #include "rpc/rpc.h"
 #include "wire.h"
 
 /* A client that stops reading gets cut off here rather than making the
  * daemon buffer its responses without bound: what is queued when it asks
- * again, or when a stream pushes a frame.  One answer may go beyond it (a
- * full timeline ring is some 22 MB of JSON): the client asked for it. */
-#define CONN_MAX_QUEUED ((size_t)16 << 20)
+ * again, or when a stream pushes a frame.  Long answers stream (rpc_stream)
+ * and keep far below it; one answer may still go beyond it (a full
+ * timeline ring is some 22 MB of JSON): the client asked for it.  Small,
+ * since every connection of every user may hold this much. */
+#define CONN_MAX_QUEUED ((size_t)1 << 20)
 #define CONN_READ_BUF 16384
 /* Deferred work run at once (samples, each holding a thread of libuv's
  * pool and a CPU core for a few seconds).  More is refused, not queued. */
 #define WORK_SLOTS 2
+/* Slots of max_clients kept for root and admin_group (an eighth, at most
+ * this many): however the others are held, an administrator can get in to
+ * see why and cancel. */
+#define CONN_ADMIN_RESERVE 16
 
 typedef struct work_op work_op;
 
@@ -37,6 +44,7 @@ struct server_conn {
     bool closing;
     bool close_after_write;
     bool answering; /* inside rpc_dispatch: the chunks of one answer */
+    bool admitted;  /* counted in nclients and per_uid */
     size_t writes_pending;
     rpc_stream *stream; /* pushed to on every job change until it ends */
     work_op *work;      /* deferred work being done for this connection */
@@ -59,6 +67,48 @@ typedef struct {
     uint8_t *data;
 } write_op;
 
+/* ---- connections per uid ------------------------------------------------------ */
+
+static server_uid_count *uid_find(server *s, uid_t uid)
+{
+    for (size_t i = 0; i < s->nper_uid; i++)
+        if (s->per_uid[i].uid == uid)
+            return &s->per_uid[i];
+    return NULL;
+}
+
+static size_t uid_held(server *s, uid_t uid)
+{
+    const server_uid_count *u = uid_find(s, uid);
+    return u ? u->n : 0;
+}
+
+static int uid_hold(server *s, uid_t uid)
+{
+    server_uid_count *u = uid_find(s, uid);
+    if (!u) {
+        if (s->nper_uid == s->per_uid_cap) {
+            size_t ncap = s->per_uid_cap ? s->per_uid_cap * 2 : 16;
+            server_uid_count *n = realloc(s->per_uid, ncap * sizeof *n);
+            if (!n)
+                return -1;
+            s->per_uid = n;
+            s->per_uid_cap = ncap;
+        }
+        u = &s->per_uid[s->nper_uid++];
+        *u = (server_uid_count){.uid = uid, .n = 0};
+    }
+    u->n++;
+    return 0;
+}
+
+static void uid_release(server *s, uid_t uid)
+{
+    server_uid_count *u = uid_find(s, uid);
+    if (u && --u->n == 0)
+        *u = s->per_uid[--s->nper_uid];
+}
+
 /* ---- connection lifetime ----------------------------------------------------- */
 
 static void conn_handle_closed(uv_handle_t *h)
@@ -74,6 +124,10 @@ static void conn_handle_closed(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
+    if (c->admitted) {
+        s->nclients--;
+        uid_release(s, c->peer.uid);
+    }
     /* Work still running for it finds no connection to answer. */
     if (c->work)
         c->work->conn = NULL;
@@ -94,6 +148,8 @@ static void conn_close(server_conn *c)
     uv_close((uv_handle_t *)&c->idle, conn_handle_closed);
 }
 
+static void stream_push(server_conn *c);
+
 static void on_write(uv_write_t *req, int status)
 {
     write_op *op = (write_op *)req;
@@ -109,6 +165,8 @@ static void on_write(uv_write_t *req, int status)
     }
     if (c->close_after_write && c->writes_pending == 0)
         conn_close(c);
+    else
+        stream_push(c); /* the client took a frame: room for the next */
 }
 
 /* Close a connection whose client is not reading what it was sent. */
@@ -120,6 +178,12 @@ static bool conn_over_limit(server_conn *c)
              (unsigned)c->peer.uid);
     conn_close(c);
     return true;
+}
+
+static size_t conn_queued(void *conn)
+{
+    server_conn *c = conn;
+    return uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe);
 }
 
 static int conn_send(void *conn, const Gradd__Response *resp)
@@ -179,6 +243,7 @@ static rpc_call conn_call(server_conn *c)
         .ctx = c->srv->ctx,
         .peer = &c->peer,
         .send = conn_send,
+        .queued = conn_queued,
         .conn = c,
         .work_pending = c->work != NULL,
         .work_running = c->srv->works,
@@ -341,6 +406,69 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 
 /* ---- accepting --------------------------------------------------------------- */
 
+/* Whether c may stay: max_clients for all, and for everyone but root and
+ * admin_group also max_clients_per_user and the slots kept for them.
+ * Watches count like any connection: they are what a user holds longest. */
+static bool conn_admit(server_conn *c, char *why, size_t len)
+{
+    server *s = c->srv;
+    const gradd_config *cfg = &s->ctx->cfg;
+    uid_t uid = c->peer.uid;
+    uint64_t reserve = cfg->max_clients / 8 < CONN_ADMIN_RESERVE ? cfg->max_clients / 8 : CONN_ADMIN_RESERVE;
+    size_t held = uid_held(s, uid);
+    bool full = s->nclients >= cfg->max_clients;
+    bool over_user = held >= cfg->max_clients_per_user;
+    bool in_reserve = s->nclients >= cfg->max_clients - reserve;
+    /* Asked only at a limit: it may read the group and user databases. */
+    if (!full && (over_user || in_reserve) && access_is_admin(uid, c->peer.gid, cfg->admin_group))
+        over_user = in_reserve = false;
+    if (full || in_reserve) {
+        char kept[160] = "";
+        if (!full)
+            snprintf(kept, sizeof kept, ", but for the last %llu kept for root and group '%s'",
+                     (unsigned long long)reserve, cfg->admin_group);
+        snprintf(why, len, "gradd is serving as many clients as its [daemon] max_clients (%llu)%s; try again later",
+                 (unsigned long long)cfg->max_clients, kept);
+        return false;
+    }
+    if (over_user) {
+        snprintf(why, len,
+                 "uid %u already holds %zu connections to gradd ([daemon] max_clients_per_user = %llu); close "
+                 "some (watches count) and try again",
+                 (unsigned)uid, held, (unsigned long long)cfg->max_clients_per_user);
+        return false;
+    }
+    if (uid_hold(s, uid) != 0) {
+        snprintf(why, len, "gradd is out of memory; try again later");
+        return false;
+    }
+    s->nclients++;
+    c->admitted = true;
+    return true;
+}
+
+/* Say why in one non-blocking write that nobody waits for, then close: a
+ * flood of connections costs no queue, and a client that reads learns it
+ * is the daemon's limit, not a crash. */
+static void conn_refuse(server_conn *c, const char *why)
+{
+    server *s = c->srv;
+    if (s->refused++ % 100 == 0)
+        log_warn("refusing connection %llu from uid %u (%zu clients): %s", (unsigned long long)c->id,
+                 (unsigned)c->peer.uid, s->nclients, why);
+    uv_os_fd_t fd;
+    Gradd__Response resp;
+    Gradd__Error err;
+    wire_error_response(&resp, &err, GRADD__ERROR__CODE__UNAVAILABLE, why);
+    size_t len;
+    uint8_t *buf = wire_pack_response(&resp, &len);
+    if (buf && uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+        send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        log_debug("conn %llu: refusal not sent: %s", (unsigned long long)c->id, strerror(errno));
+    free(buf);
+    conn_close(c);
+}
+
 void server_accept(uv_stream_t *l, int status)
 {
     server *s = l->data;
@@ -369,28 +497,6 @@ void server_accept(uv_stream_t *l, int status)
         conn_close(c);
         return;
     }
-    if (s->nconns > s->ctx->cfg.max_clients) {
-        if (s->refused++ % 100 == 0)
-            log_warn("refusing connection: %zu clients already (daemon max_clients)", s->nconns - 1);
-        /* Say why, in one non-blocking write that nobody waits for: a
-         * flood of connections costs no queue, and a client that reads
-         * learns it is the daemon's limit, not a crash. */
-        uv_os_fd_t fd;
-        Gradd__Response resp;
-        Gradd__Error err;
-        char msg[128];
-        snprintf(msg, sizeof msg, "gradd is serving as many clients as its [daemon] max_clients (%llu); try again later",
-                 (unsigned long long)s->ctx->cfg.max_clients);
-        wire_error_response(&resp, &err, GRADD__ERROR__CODE__UNAVAILABLE, msg);
-        size_t len;
-        uint8_t *buf = wire_pack_response(&resp, &len);
-        if (buf && uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-            send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-            log_debug("conn %llu: refusal not sent: %s", (unsigned long long)c->id, strerror(errno));
-        free(buf);
-        conn_close(c);
-        return;
-    }
     uv_os_fd_t fd;
     struct ucred cred;
     socklen_t cl = sizeof cred;
@@ -405,6 +511,11 @@ void server_accept(uv_stream_t *l, int status)
     c->peer.pid = cred.pid;
     log_debug("conn %llu: uid %u gid %u pid %d", (unsigned long long)c->id, (unsigned)cred.uid,
               (unsigned)cred.gid, (int)cred.pid);
+    char why[256];
+    if (!conn_admit(c, why, sizeof why)) {
+        conn_refuse(c, why);
+        return;
+    }
     uint64_t t = s->ctx->cfg.client_timeout_ms;
     uv_timer_start(&c->idle, on_idle, t, t);
     uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);

@@ -155,4 +155,5 @@ void server_free(server *s)
         log_warn("event loop closed with handles still open");
     free(s->wd.beats);
     free(s->wd.since_ns);
+    free(s->per_uid);
 }

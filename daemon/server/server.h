@@ -17,6 +17,12 @@
 
 typedef struct server_conn server_conn;
 
+/* How many admitted connections one uid holds. */
+typedef struct {
+    uid_t uid;
+    size_t n;
+} server_uid_count;
+
 typedef struct server {
     uv_loop_t loop;
     uv_pipe_t listener;
@@ -30,6 +36,11 @@ typedef struct server {
     server_conn *conns; /* all open connections, for shutdown */
     size_t nconns;
     uint64_t accepted, refused;
+    /* Connections admitted under max_clients and max_clients_per_user, and
+     * how many each uid holds: only uids holding some, so a short array. */
+    size_t nclients;
+    server_uid_count *per_uid;
+    size_t nper_uid, per_uid_cap;
     bool stopping;
     bool activated;        /* the socket came from systemd (gradd.socket) */
     svc_watchdog_state wd; /* beats, one per worker, allocated by main */
