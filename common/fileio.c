@@ -1,4 +1,5 @@
-/* fileio.c — write_all, and a lock file that names its holder. */
+/* fileio.c — write_all, opening a file that must be regular without
+ * blocking, and a lock file that names its holder. */
 #include "fileio.h"
 
 #include <errno.h>
@@ -9,6 +10,8 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "errmsg.h"
 
 int fileio_write_all(int fd, const void *buf, size_t n)
 {
@@ -30,6 +33,78 @@ int fileio_write_all(int fd, const void *buf, size_t n)
         n -= (size_t)w;
     }
     return 0;
+}
+
+const char *fileio_kind(mode_t mode)
+{
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISLNK(mode))
+        return "a symbolic link";
+    return S_ISREG(mode) ? "a regular file" : "of an unknown type";
+}
+
+static int not_regular(const char *path, mode_t mode, char *err, size_t err_len)
+{
+    errmsg_set(err, err_len, "%s: not a regular file (%s)", path, fileio_kind(mode));
+    errno = EINVAL;
+    return -1;
+}
+
+int fileio_open_regular(const char *path, int flags, mode_t mode, char *err, size_t err_len)
+{
+    /* Look first, so that a device is refused before open(2) could do
+     * anything to it (a tape rewinds on open).  The fstat below decides:
+     * the name may be swapped in between. */
+    struct stat st;
+    int looked = flags & O_NOFOLLOW ? lstat(path, &st) : stat(path, &st);
+    if (looked == 0 && !S_ISREG(st.st_mode))
+        return not_regular(path, st.st_mode, err, err_len);
+    /* O_NONBLOCK: opening a FIFO waits for the other end, and some devices
+     * wait for a carrier; no regular file ever does. */
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, mode);
+    if (fd < 0) {
+        int e = errno;
+        /* A FIFO swapped in after the look: no reader (ENXIO), or a link
+         * under O_NOFOLLOW (ELOOP). */
+        if ((e == ENXIO || e == ELOOP) && lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            return not_regular(path, st.st_mode, err, err_len);
+        errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(e));
+        errno = e;
+        return -1;
+    }
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errmsg_set(err, err_len, "%s: cannot stat: %s", path, strerror(e));
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return not_regular(path, st.st_mode, err, err_len);
+    }
+    /* Reads and writes of a regular file never return EAGAIN, but a FILE*
+     * or a caller that checks its flags should see what it asked for. */
+    if (!(flags & O_NONBLOCK)) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+            int e = errno;
+            close(fd);
+            errmsg_set(err, err_len, "%s: fcntl: %s", path, strerror(e));
+            errno = e;
+            return -1;
+        }
+    }
+    return fd;
 }
 
 int fileio_lock(const char *path, const char *note, char *holder, size_t holder_len)

@@ -9,6 +9,18 @@
  * set (EIO when the descriptor accepts nothing). */
 int fileio_write_all(int fd, const void *buf, size_t n);
 
+/* Open path with open(2)'s flags and mode (O_CLOEXEC and O_NOCTTY
+ * added) in a way that cannot block, and only if it is a regular file:
+ * a FIFO or a device there (a user's "data" or a name in their output
+ * directory) would stop the thread that opens it, or worse.  The open
+ * itself is O_NONBLOCK, cleared afterwards unless flags ask for it; with
+ * O_NOFOLLOW a symbolic link counts as not regular.  The descriptor, or
+ * -1 with errno set (EINVAL: not a regular file) and err saying
+ * "PATH: not a regular file (a FIFO)" or "PATH: cannot open: REASON". */
+int fileio_open_regular(const char *path, int flags, mode_t mode, char *err, size_t err_len);
+/* What kind of file a mode is, for a message: "a FIFO", "a directory"... */
+const char *fileio_kind(mode_t mode);
+
 /* Hold path (created 0640 if missing) with flock for as long as the
  * returned descriptor is open; a crash releases it.  The file then says
  * who holds it (note, e.g. "pid 12, job 3").  -1 with errno set where it

@@ -3,6 +3,7 @@
 #include "run.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,20 +24,42 @@ static double wall_s(void)
 
 /* ---- metrics ------------------------------------------------------------------------------ */
 
+/* fopen for the files a run keeps in its output directory, which its
+ * owner may have replaced with a FIFO, a device or a link: opened without
+ * blocking, not through a link, and only if regular (fileio.h).  NULL
+ * with errno and the reason in err. */
+static FILE *open_regular(const char *path, int flags, const char *fmode, char *err, size_t err_len)
+{
+    int fd = fileio_open_regular(path, flags | O_NOFOLLOW, 0666, err, err_len);
+    FILE *f = fd >= 0 ? fdopen(fd, fmode) : NULL;
+    if (fd >= 0 && !f) {
+        int e = errno;
+        snprintf(err, err_len, "%s: %s", path, strerror(e));
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
 /* On resume keep the lines of steps the checkpoint covers and drop the
  * rest: they belong to work that is about to be redone, and so does a last
  * line cut short by a crash or a full disk.  The copy replaces the file
  * only when all of it was written: 0, or -1 with err (the file as it was). */
 static int trim_metrics(const char *path, uint64_t upto, char *err, size_t err_len)
 {
-    FILE *in = fopen(path, "r");
-    if (!in)
+    char why[4300];
+    FILE *in = open_regular(path, O_RDONLY, "r", why, sizeof why);
+    if (!in && errno == ENOENT)
         return 0; /* none yet: nothing to keep */
+    if (!in) {
+        snprintf(err, err_len, "cannot trim %s (for the resumed run): %s", path, why);
+        return -1;
+    }
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
+    FILE *out = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, "w", why, sizeof why);
     if (!out) {
-        snprintf(err, err_len, "cannot trim %s (for the resumed run): %s: %s", path, tmp, strerror(errno));
+        snprintf(err, err_len, "cannot trim %s (for the resumed run): %s", path, why);
         fclose(in);
         return -1;
     }
@@ -154,9 +177,10 @@ train_outcome outputs_open(run *r, bool resumed)
     char err[1024];
     if (resumed && trim_metrics(r->out.path_metrics, r->progress.step, err, sizeof err) != 0)
         return run_fail(r, "%s", err);
-    r->out.metrics = fopen(r->out.path_metrics, resumed ? "a" : "w");
+    r->out.metrics = open_regular(r->out.path_metrics, O_WRONLY | O_CREAT | (resumed ? O_APPEND : O_TRUNC),
+                                  resumed ? "a" : "w", err, sizeof err);
     if (!r->out.metrics)
-        return run_fail(r, "cannot write %s: %s", r->out.path_metrics, strerror(errno));
+        return run_fail(r, "cannot write %s", err);
     char tbdir[4200];
     snprintf(tbdir, sizeof tbdir, "%s/tensorboard", r->j->out_dir);
     if (fileio_mkdirs(tbdir, 0755, "output directory", err, sizeof err) != 0 ||

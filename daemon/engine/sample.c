@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "jobcfg.h"
 #include "train.h"
 #include "kernels.h"
@@ -218,12 +219,16 @@ int sample_pick_file(const char *out_dir, char *buf, size_t len, char *err, size
     for (size_t i = 0; i < 2; i++) {
         snprintf(buf, len, "%s/%s", out_dir, names[i]);
         /* open, not access(2): access checks the real uid, and the caller
-         * may have switched only its filesystem identity (access.h). */
-        int fd = open(buf, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+         * may have switched only its filesystem identity (access.h).  Not
+         * a regular file (a FIFO the owner made) is refused here, naming
+         * it, rather than passed over for the other. */
+        int fd = fileio_open_regular(buf, O_RDONLY, 0, err, err_len);
         if (fd >= 0) {
             close(fd);
             return 0;
         }
+        if (errno == EINVAL)
+            return -1;
         errs[i] = errno;
     }
     int i = errs[0] != ENOENT ? 0 : errs[1] != ENOENT ? 1 : -1;
@@ -324,6 +329,12 @@ int sample_generate(sample_model *s, const sample_opts *o, sample_output *out, c
     size_t done = 0; /* seq[0, done) are in the cache */
     int rc = 0;
     for (uint32_t i = 0; i < o->tokens; i++) {
+        const char *why = o->stop ? o->stop(o->stop_user) : NULL;
+        if (why) {
+            snprintf(err, err_len, "stopped after %u of %u tokens: %s", i, o->tokens, why);
+            rc = -1;
+            break;
+        }
         size_t len = have < T ? have : T;
         if (cached && have <= T) {
             for (; done < have && rc == 0; done++)

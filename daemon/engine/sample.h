@@ -44,6 +44,11 @@ typedef struct {
     int threads;           /* CPU threads for the kernels; 0: all cores */
     bool no_cache;         /* tests and timings only: no key/value cache, every token a
                             * forward_logits over the whole window (the same tokens, O(n²)) */
+    /* Asked before each token (NULL: never): why to stop now (a time limit,
+     * a client that left), or NULL to go on.  A generation holds a thread
+     * and a core that other users' samples wait for. */
+    const char *(*stop)(void *user);
+    void *stop_user;
 } sample_opts;
 
 typedef struct {
@@ -67,7 +72,8 @@ uint32_t sample_context(const sample_model *m);
 uint64_t sample_step(const sample_model *m);
 
 /* Generate.  0, or -1 with err naming the bad option (e.g. a prompt for a
- * model that does not read bytes).  Free out with sample_output_free. */
+ * model that does not read bytes) or saying why o->stop stopped it, after
+ * how many tokens.  Free out with sample_output_free. */
 int sample_generate(sample_model *m, const sample_opts *o, sample_output *out, char *err, size_t err_len);
 void sample_output_free(sample_output *out);
 

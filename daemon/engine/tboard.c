@@ -371,15 +371,17 @@ int tb_close(tb_writer *w, char *err, size_t err_len)
 long tb_read_records(const char *path, unsigned flags, tb_record_fn fn, void *ctx, char *err,
                      size_t err_len)
 {
-    FILE *fp = fopen(path, "rbe");
-    if (!fp) {
-        errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    int fd = fileio_open_regular(path, O_RDONLY, 0, err, err_len);
+    if (fd < 0)
         return -1;
-    }
+    FILE *fp = fdopen(fd, "rb");
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        errmsg_set(err, err_len, "%s: not a readable regular file", path);
-        fclose(fp);
+    if (!fp || fstat(fd, &sb) != 0) {
+        errmsg_set(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+        if (fp)
+            fclose(fp);
+        else
+            close(fd);
         return -1;
     }
     uint64_t size = (uint64_t)sb.st_size;

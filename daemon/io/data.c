@@ -6,6 +6,7 @@
 #include "data_internal.h"
 
 #include "errmsg.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,21 +28,15 @@ int data_src_open(data_src *s, const char *path, bool gz_ok, char *err, size_t e
 {
     memset(s, 0, sizeof *s);
     s->path = path;
-    s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    s->fd = fileio_open_regular(path, O_RDONLY, 0, err, err_len);
     if (s->fd < 0)
-        return errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
     struct stat st;
     if (fstat(s->fd, &st) != 0) {
         int e = errno;
         close(s->fd);
         s->fd = -1;
         return errmsg_set(err, err_len, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(s->fd);
-        s->fd = -1;
-        return errmsg_set(err, err_len, "%s: %s", path,
-                          S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
     }
     s->size = (uint64_t)st.st_size;
     if (!gz_ok)
@@ -322,7 +317,9 @@ int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t
         if (!is_dir) {
             unsigned char m[6] = {0};
             ssize_t r = -1;
-            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+            /* Only a regular file is read; what else is there, the
+             * format's loader refuses, naming it. */
+            int fd = fileio_open_regular(path, O_RDONLY, 0, NULL, 0);
             if (fd >= 0) {
                 r = read_full(fd, m, sizeof m);
                 close(fd);
@@ -416,7 +413,7 @@ void data_tokens_free(data_tokens *t)
 static bool is_npy(const char *path)
 {
     unsigned char m[6];
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = fileio_open_regular(path, O_RDONLY, 0, NULL, 0);
     if (fd < 0)
         return false;
     ssize_t r = read_full(fd, m, sizeof m);

@@ -10,6 +10,7 @@
 #include "safetensors.h"
 
 #include "errmsg.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -899,18 +900,12 @@ int st_open(const char *path, st_file **out, char *err, size_t err_len)
         errmsg_set(err, err_len, "%s: out of memory", path);
         return -1;
     }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        errmsg_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    f->fd = fileio_open_regular(path, O_RDONLY, 0, err, err_len);
+    if (f->fd < 0)
         goto fail;
-    }
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) {
         errmsg_set(err, err_len, "%s: stat: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        errmsg_set(err, err_len, "%s: not a regular file", path);
         goto fail;
     }
     f->file_size = (uint64_t)sb.st_size;

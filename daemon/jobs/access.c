@@ -15,6 +15,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fileio.h"
+
 /* glibc's setgroups changes every thread of the process; the system call
  * itself changes only the caller, which is what a worker needs. */
 static int thread_setgroups(int n, const gid_t *groups)
@@ -90,7 +92,15 @@ static int check_readable(const job_config *j, const char *key, const char *path
     }
     struct stat st;
     int rc = 0;
-    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    /* A FIFO or a device would block or misbehave when the job reads it:
+     * refused now, naming it, rather than failing the job later. */
+    bool stated = fstat(fd, &st) == 0;
+    if (stated && !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        snprintf(err, err_len, "%s: %s: not a regular file (%s)", where, path, fileio_kind(st.st_mode));
+        close(fd);
+        return -1;
+    }
+    if (stated && S_ISDIR(st.st_mode)) {
         /* A directory of text files: every file in it must be readable. */
         DIR *d = fdopendir(fd);
         struct dirent *e;

@@ -163,8 +163,9 @@ static bool should_stop(void *user)
     r->w->beats++;
     /* Test hook (--test-hooks, TestHangRequest): a job thread stuck
      * without exiting, as a deadlocked kernel or a hung driver call would
-     * leave it.  No beats while here; shutdown still gets it out. */
-    while (r->w->hang && !q->stopping)
+     * leave it.  No beats while here, and a shutdown cannot get it out
+     * either: only a release does (workers_stop gives up on it). */
+    while (r->w->hang)
         pthread_cond_wait(&q->cond, &q->lock);
     bool stop = r->j->cancel_requested || q->stopping || r->identity_lost;
     pthread_mutex_unlock(&q->lock);
@@ -311,6 +312,8 @@ static void *worker_main(void *arg)
         while (!q->stopping && !(j = queue_next_for(q, d->id, d->kind == DEV_KIND_CUDA, have_cuda)))
             pthread_cond_wait(&q->cond, &q->lock);
         if (q->stopping) {
+            w->exited = true;
+            pthread_cond_broadcast(&q->cond); /* workers_stop waits for it */
             pthread_mutex_unlock(&q->lock);
             return NULL;
         }
@@ -347,7 +350,7 @@ int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *e
         w->dev = i / per_device;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             snprintf(err, err_len, "cannot start a worker thread");
-            workers_stop(ws);
+            workers_stop(ws, UINT64_MAX);
             return -1;
         }
         w->started = true;
@@ -375,21 +378,57 @@ void workers_set_hang(workers *ws, int dev, bool hang, uint32_t *nworkers, uint3
     pthread_mutex_unlock(&q->lock);
 }
 
-void workers_stop(workers *ws)
+int workers_stop(workers *ws, uint64_t timeout_ms)
 {
     if (!ws->w)
-        return;
+        return 0;
     queue *q = ws->w[0].q;
-    if (q) {
-        pthread_mutex_lock(&q->lock);
-        q->stopping = true;
-        pthread_cond_broadcast(&q->cond);
-        pthread_mutex_unlock(&q->lock);
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    uint64_t ns = (uint64_t)end.tv_nsec + (timeout_ms % 1000) * 1000000u;
+    bool forever = timeout_ms / 1000 > (uint64_t)INT32_MAX;
+    end.tv_sec += (time_t)(timeout_ms / 1000 + ns / 1000000000u);
+    end.tv_nsec = (long)(ns % 1000000000u);
+    int left = 0;
+    pthread_mutex_lock(&q->lock);
+    q->stopping = true;
+    pthread_cond_broadcast(&q->cond);
+    for (;;) {
+        left = 0;
+        for (int i = 0; i < ws->n; i++)
+            left += ws->w[i].started && !ws->w[i].exited;
+        if (!left)
+            break;
+        if (forever)
+            pthread_cond_wait(&q->cond, &q->lock);
+        else if (pthread_cond_clockwait(&q->cond, &q->lock, CLOCK_MONOTONIC, &end) == ETIMEDOUT)
+            break;
     }
+    /* A thread that did not stop in time is stuck where no poll reaches it
+     * (a hung device call, a kernel that never returns): it still holds
+     * its job, which stays recorded as running and so resumes from its
+     * last checkpoint at the next start, as after a crash. */
+    for (int i = 0; left && i < ws->n; i++) {
+        worker *w = &ws->w[i];
+        if (!w->started || w->exited)
+            continue;
+        if (w->busy)
+            log_job(LOG_ERR, w->job, w->ctx->devs[w->dev]->id,
+                    "job %u on %s did not stop within %llums ([daemon] stop_timeout): its thread is stuck; it "
+                    "resumes from its last checkpoint at the next start",
+                    w->job, w->ctx->devs[w->dev]->id, (unsigned long long)timeout_ms);
+        else
+            log_error("a job thread of %s did not stop within %llums ([daemon] stop_timeout)",
+                      w->ctx->devs[w->dev]->id, (unsigned long long)timeout_ms);
+    }
+    pthread_mutex_unlock(&q->lock);
+    if (left)
+        return left;
     for (int i = 0; i < ws->n; i++)
         if (ws->w[i].started)
             pthread_join(ws->w[i].thread, NULL);
     free(ws->w);
     ws->w = NULL;
     ws->n = 0;
+    return 0;
 }

@@ -13,6 +13,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "base/ctx.h"
 #include "queue.h"
@@ -30,6 +31,7 @@ typedef struct worker {
     uint64_t beats;
     uint32_t job;     /* the job it runs while busy, for the watchdog's message */
     bool hang;        /* test hook: block at the next poll until released */
+    bool exited;      /* the thread has returned: workers_stop may join it */
 } worker;
 
 typedef struct workers {
@@ -43,8 +45,12 @@ int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *e
  * their next poll (hang) or let them go on, as a deadlocked kernel would
  * stop them.  Says how many threads the device has and how many are busy. */
 void workers_set_hang(workers *ws, int dev, bool hang, uint32_t *nworkers, uint32_t *nbusy);
-/* Ask running jobs to checkpoint and stop (they go back to queued), wait
- * for every worker to finish, free them. */
-void workers_stop(workers *ws);
+/* Ask running jobs to checkpoint and stop (they go back to queued) and
+ * wait up to timeout_ms (UINT64_MAX: for ever) for every worker to finish.
+ * 0 once all have, with the workers freed.  Else how many threads are
+ * still running, each logged with its job; ws stays allocated, as those
+ * threads may still touch it, the queue and the pools, so the caller must
+ * free none of them (it should save the queue and exit). */
+int workers_stop(workers *ws, uint64_t timeout_ms);
 
 #endif

@@ -12,6 +12,7 @@
 #ifndef GRADD_RPC_H
 #define GRADD_RPC_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -66,10 +67,14 @@ typedef enum {
 
 /* A slow part of an answer.  The server calls run once, in a thread off
  * the loop, then done on the loop with the connection to answer (NULL when
- * the client left); done frees the work. */
+ * the client left); done frees the work.  The server sets cancelled, from
+ * the loop while run may be running, once nobody will read the answer (the
+ * client left, the daemon stops): run should then end soon, as its thread
+ * is one of the few the server has and a stop waits for it. */
 typedef struct rpc_work {
     void (*run)(struct rpc_work *w);
     void (*done)(struct rpc_work *w, const rpc_call *call, rpc_work_status status);
+    atomic_bool cancelled;
 } rpc_work;
 
 /* What a request leaves to the server beyond what was sent: at most one of

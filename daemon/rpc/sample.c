@@ -16,6 +16,7 @@
 #include "jobs/access.h"
 #include "jobs/queue.h"
 #include "models/model.h"
+#include "units.h"
 
 typedef struct {
     rpc_work base; /* first: the server holds &base */
@@ -26,6 +27,9 @@ typedef struct {
     char out_dir[PATH_MAX];
     uint8_t *prompt;
     sample_opts opts;
+    uint64_t timeout_ms; /* [daemon] sample_timeout */
+    uint64_t deadline_ns;
+    char why_stop[160];
     /* out, filled in by sample_run */
     Gradd__Error__Code code; /* 0: ok */
     char err[1536];
@@ -36,10 +40,33 @@ typedef struct {
     double elapsed_s;
 } sample_op;
 
+/* sample_opts.stop: a client that left (Ctrl-C in gradctl sample) or a
+ * daemon that stops frees the slot within a token; so does the time limit,
+ * counted from the start of the load. */
+static const char *sample_stop(void *user)
+{
+    sample_op *op = user;
+    if (atomic_load(&op->base.cancelled))
+        return "cancelled: the client left or gradd is stopping";
+    if (ctx_now_ns() < op->deadline_ns)
+        return NULL;
+    char limit[32];
+    if (op->timeout_ms % 1000 == 0)
+        units_format_duration((double)op->timeout_ms / 1e3, limit, sizeof limit);
+    else
+        snprintf(limit, sizeof limit, "%llums", (unsigned long long)op->timeout_ms);
+    snprintf(op->why_stop, sizeof op->why_stop,
+             "it ran longer than the daemon allows ([daemon] sample_timeout = %s); ask for fewer tokens", limit);
+    return op->why_stop;
+}
+
 static void sample_run(rpc_work *w)
 {
     sample_op *op = (sample_op *)w;
     uint64_t t0 = ctx_now_ns();
+    op->deadline_ns = t0 + op->timeout_ms * 1000000ull;
+    op->opts.stop = sample_stop;
+    op->opts.stop_user = op;
     access_saved saved;
     char err[1024];
     /* The file is read as the user who asked (who is usually the owner):
@@ -182,5 +209,6 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req)
         op->opts.seed = ctx_now_ns() ^ ((uint64_t)c->peer->pid << 32);
     /* One core: training jobs keep the rest. */
     op->opts.threads = 1;
+    op->timeout_ms = ctx->cfg.sample_timeout_ms;
     return &op->base;
 }

@@ -128,9 +128,12 @@ static void conn_handle_closed(uv_handle_t *h)
         s->nclients--;
         uid_release(s, c->peer.uid);
     }
-    /* Work still running for it finds no connection to answer. */
-    if (c->work)
+    /* Work still running for it finds no connection to answer, and is
+     * told to stop early: its answer has no reader. */
+    if (c->work) {
         c->work->conn = NULL;
+        atomic_store(&c->work->w->cancelled, true);
+    }
     if (c->stream)
         c->stream->free(c->stream);
     wire_reader_free(&c->rd);

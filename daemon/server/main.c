@@ -258,8 +258,20 @@ int main(int argc, char **argv)
     server_run(&srv);
     /* Running jobs checkpoint and go back to the queue before we exit;
      * tell systemd that may take a while. */
-    svc_extend_timeout(120ull * 1000000);
-    workers_stop(&ws);
+    svc_extend_timeout((ctx.cfg.stop_timeout_ms + 5000) * 1000);
+    int stuck = workers_stop(&ws, ctx.cfg.stop_timeout_ms);
+    if (stuck) {
+        /* Waiting longer could be for ever (a hung device call), and under
+         * systemd ends in SIGKILL anyway.  The stuck threads may still use
+         * the queue, the pools and the loop, so nothing is freed: save
+         * what the queue has not, and go.  Their jobs are still recorded
+         * as running, so they resume at the next start. */
+        queue_save_unsaved(&q);
+        log_error("exiting with status 3: %d job thread%s did not stop within [daemon] stop_timeout (%llums); "
+                  "see above",
+                  stuck, stuck == 1 ? "" : "s", (unsigned long long)ctx.cfg.stop_timeout_ms);
+        _exit(3);
+    }
     ctx.ws = NULL;
     server_free(&srv);
     queue_close(&q);

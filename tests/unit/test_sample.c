@@ -75,7 +75,7 @@ static sample_model *load(const char *name)
 static void gen_with(sample_model *m, const char *prompt, uint32_t n, double temp, uint64_t seed, bool no_cache,
                      sample_output *o)
 {
-    sample_opts so = {(const uint8_t *)prompt, strlen(prompt), n, temp, seed, 1, no_cache};
+    sample_opts so = {(const uint8_t *)prompt, strlen(prompt), n, temp, seed, 1, no_cache, NULL, NULL};
     char err[512];
     if (sample_generate(m, &so, o, err, sizeof err) != 0)
         fail_msg("%s", err);
@@ -428,6 +428,22 @@ static void test_bad_files(void **state)
     assert_non_null(strstr(err, "has no model.safetensors"));
     assert_int_equal(sample_pick_file(out_dir, picked, sizeof picked, err, sizeof err), 0);
     assert_non_null(strstr(picked, "/model.safetensors"));
+    /* A FIFO in its place is named and refused, not opened for a writer
+     * that never comes, nor passed over for the other file. */
+    char fifo[700], want[800];
+    snprintf(fifo, sizeof fifo, "%s/model.safetensors", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(sample_pick_file(dir, picked, sizeof picked, err, sizeof err), -1);
+    snprintf(want, sizeof want, "%s: not a regular file (a FIFO)", fifo);
+    assert_string_equal(err, want);
+    unlink(fifo);
+}
+
+/* sample_opts.stop: go on for three tokens, then stop. */
+static const char *stop_on_fourth(void *user)
+{
+    int *calls = user;
+    return ++*calls > 3 ? "enough" : NULL;
 }
 
 /* A model over other tokens than bytes: ids, no text, and no prompt. */
@@ -446,7 +462,7 @@ static void test_other_vocab(void **state)
     sample_model *m;
     assert_int_equal(sample_load(path, 1, &m, err, sizeof err), 0);
     assert_int_equal(sample_vocab(m), 300);
-    sample_opts so = {(const uint8_t *)"hi", 2, 5, 0.8, 1, 1, false};
+    sample_opts so = {(const uint8_t *)"hi", 2, 5, 0.8, 1, 1, false, NULL, NULL};
     sample_output o;
     assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
     assert_non_null(strstr(err, "prompt: the model's vocabulary has 300 tokens"));
@@ -464,6 +480,18 @@ static void test_other_vocab(void **state)
     so.temperature = -1;
     assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
     assert_non_null(strstr(err, "temperature: -1"));
+    /* A stop (the daemon's time limit, a client gone) ends it between
+     * tokens, saying why and after how many; nothing is left to free. */
+    int calls = 0;
+    so.temperature = 0.8;
+    so.tokens = 5;
+    so.stop = stop_on_fourth;
+    so.stop_user = &calls;
+    assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
+    assert_string_equal(err, "stopped after 3 of 5 tokens: enough");
+    assert_int_equal(calls, 4);
+    assert_null(o.ids);
+    assert_int_equal(o.n, 0);
     sample_free(m);
 }
 
