@@ -67,27 +67,21 @@ int joblog_open(joblog *l, const char *path, uint64_t max, char *err, size_t err
     memset(l, 0, sizeof *l);
     l->max = max;
     snprintf(l->path, sizeof l->path, "%s", path);
-    /* O_NONBLOCK: opening a FIFO for writing would wait for a reader.  The
-     * state dir is the daemon's, but the check costs nothing and a planted
-     * special file must fail the log, not hang the worker. */
-    l->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0640);
-    if (l->fd < 0) {
-        /* ENXIO: a FIFO without a reader; ELOOP: a symbolic link. */
-        snprintf(err, err_len, "cannot open %s: %s", path,
-                 errno == ENXIO || errno == ELOOP ? "not a regular file" : strerror(errno));
+    /* The state dir is the daemon's, but a planted special file must fail
+     * the log, not hang the worker. */
+    l->fd = fileio_open_regular(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW, 0640, err, err_len);
+    if (l->fd < 0)
         return -1;
-    }
     struct stat st;
-    const char *bad = fstat(l->fd, &st) != 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : NULL;
-    if (bad) {
-        snprintf(err, err_len, "cannot open %s: %s", path, bad);
+    if (fstat(l->fd, &st) != 0) {
+        snprintf(err, err_len, "%s: cannot stat: %s", path, strerror(errno));
         close(l->fd);
         l->fd = -1;
         return -1;
     }
     l->size = (uint64_t)st.st_size;
     /* Reading back needs a descriptor that may read: the append one may not. */
-    int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int rfd = fileio_open_regular(path, O_RDONLY | O_NOFOLLOW, 0, NULL, 0);
     if (rfd >= 0) {
         int wfd = l->fd;
         l->fd = rfd;
@@ -216,7 +210,7 @@ int joblog_rewrite(joblog *l, size_t incoming, char *err, size_t err_len)
     int dlen = slash ? (int)(slash + 1 - l->path) : 0;
     snprintf(tmp, sizeof tmp, "%.*s.log.tmp", dlen, l->path);
     char *buf = malloc(COPY_CHUNK);
-    int rfd = open(l->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int rfd = fileio_open_regular(l->path, O_RDONLY | O_NOFOLLOW, 0, NULL, 0);
     int wfd = -1;
     const char *what = l->path;
     if (!buf || rfd < 0)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "fileio.h"
 #include "jobs/access.h"
 #include "jobs/queue.h"
 #include "models/model.h"
@@ -470,18 +471,15 @@ static void logs_free(rpc_stream *s)
  * loop.  0 (fd -1 when there is no log yet), or -1 with err. */
 static int logs_open(const char *path, int *fd, uint64_t *size, char *err, size_t err_len)
 {
-    *fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     *size = 0;
-    if (*fd < 0) {
-        if (errno == ENOENT)
-            return 0;
-        snprintf(err, err_len, "%s: %s", path, strerror(errno));
-        return -1;
-    }
     struct stat st;
-    const char *bad = fstat(*fd, &st) != 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : NULL;
-    if (bad) {
-        snprintf(err, err_len, "%s: %s", path, bad);
+    if (lstat(path, &st) != 0 && errno == ENOENT)
+        return 0;
+    *fd = fileio_open_regular(path, O_RDONLY | O_NOFOLLOW, 0, err, err_len);
+    if (*fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (fstat(*fd, &st) != 0) {
+        snprintf(err, err_len, "%s: cannot stat: %s", path, strerror(errno));
         close(*fd);
         *fd = -1;
         return -1;

@@ -230,7 +230,7 @@ static void test_special_files(void **state)
     assert_int_equal(joblog_open(&l, path, MAX, err, sizeof err), -1);
     assert_int_equal(l.fd, -1);
     char want[256];
-    snprintf(want, sizeof want, "cannot open %s: not a regular file", path);
+    snprintf(want, sizeof want, "%s: not a regular file (a FIFO)", path);
     assert_string_equal(err, want);
     /* A job with no log runs: writes go nowhere. */
     assert_int_equal(joblog_write(&l, "x\n", 2), JOBLOG_WRITTEN);
@@ -238,7 +238,7 @@ static void test_special_files(void **state)
     snprintf(path, sizeof path, "%s/link", td_path);
     assert_int_equal(symlink("/etc/passwd", path), 0);
     assert_int_equal(joblog_open(&l, path, MAX, err, sizeof err), -1);
-    snprintf(want, sizeof want, "cannot open %s: not a regular file", path);
+    snprintf(want, sizeof want, "%s: not a regular file (a symbolic link)", path);
     assert_string_equal(err, want);
 
     snprintf(path, sizeof path, "%s/dir", td_path);
