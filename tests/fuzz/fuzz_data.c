@@ -108,7 +108,7 @@ static void streams_tokens(const data_tokens *t, size_t T)
     if (t->n < T + 1)
         return;
     data_stream s, r;
-    CHECK(data_stream_tokens(&s, t, T, 1234, err, sizeof err) == 0);
+    CHECK(data_stream_tokens(&s, t, T, 1234, NULL, err, sizeof err) == 0);
     uint64_t size = data_stream_epoch_size(&s);
     CHECK(size >= 1 && size <= (t->n - 1) / T);
     enum { MAXN = 8 };
@@ -130,7 +130,7 @@ static void streams_tokens(const data_tokens *t, size_t T)
     uint64_t e, i;
     data_stream_state(&s, &e, &i);
     CHECK(i < size);
-    CHECK(data_stream_tokens(&r, t, T, 1234, err, sizeof err) == 0);
+    CHECK(data_stream_tokens(&r, t, T, 1234, NULL, err, sizeof err) == 0);
     CHECK(data_stream_set_state(&r, e, i, err, sizeof err) == 0);
     data_stream_next_tokens(&s, MAXN, in, tg);
     data_stream_next_tokens(&r, MAXN, in2, tg2);
@@ -148,7 +148,7 @@ static void streams_tokens(const data_tokens *t, size_t T)
         size_t got;
         while ((got = data_eval_next_tokens(&ev, MAXN, in, tg)) > 0) {
             CHECK(got <= MAXN);
-            CHECK(in[0] == t->tok[seen * T]);
+            CHECK(in[0] == data_token(t, seen * T));
             seen += got;
         }
         CHECK(seen == ev.size);
@@ -160,16 +160,16 @@ static void fuzz_tokens(data_format fmt, uint32_t vocab, size_t T)
     data_tokens t;
     memset(&t, 0xa5, sizeof t);
     err[0] = '\0';
-    if (data_tokens_load(&t, paths[0], fmt, vocab, err, sizeof err) != 0) {
+    if (data_tokens_load(&t, paths[0], fmt, vocab, NULL, err, sizeof err) != 0) {
         check_err(1);
         CHECK(zeroed(&t, sizeof t));
         return;
     }
-    CHECK(t.n > 0 && t.tok);
+    CHECK(t.n > 0 && (t.tok != NULL) != (t.u8 != NULL));
     CHECK(strcmp(t.source, paths[0]) == 0);
     uint32_t m = 0;
     for (size_t i = 0; i < t.n; i++)
-        m = t.tok[i] > m ? t.tok[i] : m;
+        m = data_token(&t, i) > m ? data_token(&t, i) : m;
     CHECK(m == t.max_token);
     if (vocab)
         CHECK(m < vocab);
@@ -182,7 +182,7 @@ static void fuzz_tokens(data_format fmt, uint32_t vocab, size_t T)
     streams_tokens(&t, T);
     data_tokens v;
     size_t n = t.n;
-    if (data_tokens_split(&t, &v, 0.25, err, sizeof err) == 0) {
+    if (data_tokens_split(&t, &v, 0.25, NULL, err, sizeof err) == 0) {
         CHECK(t.n + v.n == n && t.n > 0 && v.n > 0);
         streams_tokens(&v, T);
         data_tokens_free(&v);
@@ -198,7 +198,7 @@ static void fuzz_images(uint32_t classes)
     memset(&d, 0xa5, sizeof d);
     err[0] = '\0';
     size_t limit = classes ? 3 : 0;
-    if (data_images_load(&d, paths[0], paths[1], classes, limit, err, sizeof err) != 0) {
+    if (data_images_load(&d, paths[0], paths[1], classes, limit, NULL, err, sizeof err) != 0) {
         check_err(2);
         CHECK(zeroed(&d, sizeof d));
         return;
@@ -214,7 +214,7 @@ static void fuzz_images(uint32_t classes)
     int32_t y[4];
     CHECK(x);
     data_stream s;
-    CHECK(data_stream_images(&s, &d, 99, err, sizeof err) == 0);
+    CHECK(data_stream_images(&s, &d, 99, NULL, err, sizeof err) == 0);
     CHECK(data_stream_epoch_size(&s) == d.n);
     for (int k = 0; k < 6; k++) {
         data_stream_next_images(&s, per, x, y);
@@ -240,7 +240,7 @@ static void fuzz_npy(void)
     data_npy a;
     memset(&a, 0xa5, sizeof a);
     err[0] = '\0';
-    if (data_npy_load(&a, paths[0], err, sizeof err) != 0) {
+    if (data_npy_load(&a, paths[0], NULL, err, sizeof err) != 0) {
         check_err(1);
         CHECK(zeroed(&a, sizeof a));
         return;
