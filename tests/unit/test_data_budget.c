@@ -23,23 +23,14 @@
 
 static char err[1024];
 
-static const char *path_of(const char *name)
-{
-    static char p[8][256];
-    static unsigned k;
-    char *out = p[k++ % 8];
-    snprintf(out, 256, "%s/%s", td_path, name);
-    return out;
-}
-
+/* The tests run in the scratch directory: a file's name is its path. */
 static const char *put(const char *name, const void *data, size_t n)
 {
-    const char *p = path_of(name);
-    FILE *f = fopen(p, "wb");
+    FILE *f = fopen(name, "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(data, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
-    return p;
+    return name;
 }
 
 static void be32(unsigned char *p, uint32_t v)
@@ -51,7 +42,7 @@ static void be32(unsigned char *p, uint32_t v)
 /* An IDX images header (n × r × c) then `body` zero bytes, gzip'd. */
 static const char *idx_gz_zeros(const char *name, uint32_t n, uint32_t r, uint32_t c, size_t body)
 {
-    const char *p = path_of(name);
+    const char *p = name;
     gzFile g = gzopen(p, "wb9");
     assert_non_null(g);
     unsigned char h[16];
@@ -147,12 +138,12 @@ static void test_sparse_text_refused(void **state)
     assert_int_equal(b.used, 0);
     assert_int_equal(b.peak, 0);
     /* the same in a directory: the file that overflows is named */
-    assert_int_equal(mkdir(path_of("dir"), 0755), 0);
+    assert_int_equal(mkdir("dir", 0755), 0);
     char small[100] = {'x'};
     put("dir/a", small, sizeof small);
     const char *big = put("dir/b", "", 0);
     assert_int_equal(truncate(big, (off_t)1 << 32), 0);
-    refused(data_tokens_load(&t, path_of("dir"), DATA_FMT_AUTO, 256, &b, err, sizeof err), big,
+    refused(data_tokens_load(&t, "dir", DATA_FMT_AUTO, 256, &b, err, sizeof err), big,
             KEY, NULL);
     assert_int_equal(b.used, 0);
 }
@@ -278,13 +269,13 @@ static void test_gzip_past_header(void **state)
 static int setup(void **state)
 {
     (void)state;
-    return td_make("data-budget");
+    return td_make("data-budget") != 0 || chdir(td_path) != 0 ? -1 : 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    return td_remove();
+    return chdir("/") != 0 ? -1 : td_remove();
 }
 
 int main(void)
