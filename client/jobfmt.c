@@ -339,6 +339,9 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
         fprintf(f, LABEL "  %-*s %8s  (peak %s)\n", "", w, u->tag ? u->tag : "",
                 units_format_size(u->allocated, a, sizeof a), units_format_size(u->peak, b, sizeof b));
     }
+    if (j->data_bytes)
+        fprintf(f, LABEL "%s (%llu bytes)\n", "host data", units_format_size(j->data_bytes, a, sizeof a),
+                (unsigned long long)j->data_bytes);
 
     if (j->submitted_at > 0)
         fprintf(f, LABEL "%s (%s ago)\n", "submitted", local_time(j->submitted_at, a, sizeof a),
@@ -452,6 +455,7 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "unit", jout_str(j->unit));
     json_object_set_new(o, "mem_allocated", jout_uint(j->mem_allocated));
     json_object_set_new(o, "mem_tags", tags);
+    json_object_set_new(o, "data_bytes", jout_uint(j->data_bytes));
     json_object_set_new(o, "submitted_at", time_json(j->submitted_at));
     json_object_set_new(o, "started_at", time_json(j->started_at));
     json_object_set_new(o, "finished_at", time_json(j->finished_at));

@@ -34,6 +34,7 @@ typedef struct {
     bool have_val;
     data_stream stream;
     data_eval eval;
+    data_budget budget; /* what all of the above holds, against the hooks' data_limit */
     uint32_t input_dim, classes;
     size_t x_bytes, y_bytes; /* one sample's input and target */
 } run_data;

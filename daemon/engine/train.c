@@ -49,42 +49,55 @@ double train_lr(const job_config *j, uint64_t step)
 
 /* ---- data ------------------------------------------------------------------------------ */
 
-static train_outcome load_data(run *r)
+static train_outcome load_data_(run *r);
+/* The job's data, within its share of host memory; what it holds is part
+ * of the job's progress from its first step. */
+static train_outcome load_data(run *r, const train_hooks *h)
+{
+    r->data.budget.limit = h ? h->data_limit : 0;
+    r->data.budget.key = h ? h->data_limit_key : NULL;
+    train_outcome o = load_data_(r);
+    r->prog.data_bytes = r->data.budget.used;
+    return o;
+}
+
+static train_outcome load_data_(run *r)
 {
     const job_config *j = r->j;
+    data_budget *b = &r->data.budget;
     char err[1024];
     if (r->kind->data == MODEL_DATA_TOKENS) {
         data_format fmt = j->format == JOBCFG_DATA_TEXT     ? DATA_FMT_TEXT
                           : j->format == JOBCFG_DATA_TOKENS ? DATA_FMT_LLMC
                           : j->format == JOBCFG_DATA_NPY    ? DATA_FMT_NPY
                                                             : DATA_FMT_AUTO;
-        if (data_tokens_load(&r->data.tok_train, j->train, fmt, j->vocab, err, sizeof err) != 0)
+        if (data_tokens_load(&r->data.tok_train, j->train, fmt, j->vocab, b, err, sizeof err) != 0)
             return run_fail(r, "%s", err);
         if (j->val[0]) {
-            if (data_tokens_load(&r->data.tok_val, j->val, fmt, j->vocab, err, sizeof err) != 0)
+            if (data_tokens_load(&r->data.tok_val, j->val, fmt, j->vocab, b, err, sizeof err) != 0)
                 return run_fail(r, "%s", err);
             r->data.have_val = true;
         } else if (j->val_fraction > 0) {
-            if (data_tokens_split(&r->data.tok_train, &r->data.tok_val, j->val_fraction, err, sizeof err) != 0)
+            if (data_tokens_split(&r->data.tok_train, &r->data.tok_val, j->val_fraction, b, err, sizeof err) != 0)
                 return run_fail(r, "%s", err);
             r->data.have_val = true;
         }
         if (r->data.tok_train.n < (size_t)j->context + 1)
             return run_fail(r, "%s: %zu tokens is less than one window of context %u + 1", j->train,
                             r->data.tok_train.n, j->context);
-        if (data_stream_tokens(&r->data.stream, &r->data.tok_train, j->context, j->seed, err, sizeof err) != 0)
+        if (data_stream_tokens(&r->data.stream, &r->data.tok_train, j->context, j->seed, b, err, sizeof err) != 0)
             return run_fail(r, "%s", err);
         if (r->data.have_val && data_eval_tokens(&r->data.eval, &r->data.tok_val, j->context, err, sizeof err) != 0)
             return run_fail(r, "%s", err);
         r->data.x_bytes = r->data.y_bytes = (size_t)j->context * sizeof(int32_t);
         return TRAIN_DONE;
     }
-    if (data_images_load(&r->data.img_train, j->train, j->train_labels, 0, j->subset, err, sizeof err) != 0)
+    if (data_images_load(&r->data.img_train, j->train, j->train_labels, 0, j->subset, b, err, sizeof err) != 0)
         return run_fail(r, "%s", err);
     r->data.input_dim = (uint32_t)r->data.img_train.dim;
     r->data.classes = r->data.img_train.classes;
     if (j->val[0]) {
-        if (data_images_load(&r->data.img_val, j->val, j->val_labels, r->data.classes, j->val_subset, err,
+        if (data_images_load(&r->data.img_val, j->val, j->val_labels, r->data.classes, j->val_subset, b, err,
                              sizeof err) != 0)
             return run_fail(r, "%s", err);
         if (r->data.img_val.dim != r->data.img_train.dim)
@@ -114,7 +127,7 @@ static train_outcome load_data(run *r)
         r->data.val_images = &r->data.img_val_view;
         r->data.have_val = true;
     }
-    if (data_stream_images(&r->data.stream, &r->data.img_train, j->seed, err, sizeof err) != 0)
+    if (data_stream_images(&r->data.stream, &r->data.img_train, j->seed, b, err, sizeof err) != 0)
         return run_fail(r, "%s", err);
     if (r->data.have_val)
         data_eval_images(&r->data.eval, r->data.val_images);
@@ -381,7 +394,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
     char err[1024];
     /* The data first: a job whose data is refused leaves no output
      * directory behind. */
-    if (load_data(r) != TRAIN_DONE)
+    if (load_data(r, h) != TRAIN_DONE)
         return TRAIN_FAILED;
     if (outputs_claim_dir(r) != TRAIN_DONE)
         return TRAIN_FAILED;

@@ -54,6 +54,7 @@ typedef struct {
     uint64_t change_step;
     char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow" */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
+    uint64_t data_bytes;        /* host memory the job's data holds (io/data.h's budget) */
 } train_progress;
 
 typedef struct {
@@ -80,6 +81,11 @@ typedef struct {
      * 16-bit arithmetic; a test drives overflows through the kern_ops it
      * passes (the engine takes an overflow from a non-finite sumsq). */
     bool cpu_mixed_precision;
+    /* The host memory the job's training and validation data may hold
+     * (0: no bound), and how a refusal names that bound for the person
+     * who can change it, e.g. "[daemon] max_job_data"; may be NULL. */
+    uint64_t data_limit;
+    const char *data_limit_key;
 } train_hooks;
 
 /* fp16 dynamic loss scaling: the scale starts high, halves on a step whose

@@ -7,6 +7,7 @@
 
 #include "errmsg.h"
 #include "fileio.h"
+#include "units.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +21,43 @@
 int data_oom(const char *path, char *err, size_t err_len)
 {
     return errmsg_set(err, err_len, "%s: out of memory", path);
+}
+
+/* ---- the budget ----------------------------------------------------------- */
+
+int data_budget_take(data_budget *b, uint64_t bytes, const char *path, char *err, size_t err_len)
+{
+    if (!b)
+        return 0;
+    uint64_t total;
+    if (__builtin_add_overflow(b->used, bytes, &total) || (b->limit && total > b->limit)) {
+        char need[16], held[32] = "", lim[16];
+        if (b->used)
+            snprintf(held, sizeof held, " on top of %s", units_format_size(b->used, lim, sizeof lim));
+        units_format_size(b->limit, lim, sizeof lim);
+        return errmsg_set(err, err_len,
+                          "%s: the job's data would need %s (%llu bytes) more host memory%s, past "
+                          "what one job's data may hold (%s = %s)",
+                          path, units_format_size(bytes, need, sizeof need), (ull)bytes, held,
+                          b->key ? b->key : "limit", lim);
+    }
+    b->used = total;
+    if (total > b->peak)
+        b->peak = total;
+    return 0;
+}
+
+void data_budget_give(data_budget *b, uint64_t bytes)
+{
+    if (b)
+        b->used = bytes < b->used ? b->used - bytes : 0;
+}
+
+uint64_t data_budget_room(const data_budget *b)
+{
+    if (!b || !b->limit)
+        return UINT64_MAX;
+    return b->limit > b->used ? b->limit - b->used : 0;
 }
 
 /* ---- a file, read sequentially, gunzipped where it is gzip -------------- */
@@ -199,6 +237,22 @@ int data_src_drain(data_src *s, uint64_t *rest, char *err, size_t err_len)
     }
 }
 
+int data_src_drain_some(data_src *s, uint64_t *rest, char *err, size_t err_len)
+{
+    unsigned char buf[4096];
+    *rest = 0;
+    while (*rest <= DATA_CHUNK) {
+        ssize_t r = data_src_read(s, buf, sizeof buf, err, err_len);
+        if (r < 0)
+            return -1;
+        *rest += (uint64_t)r;
+        if ((size_t)r < sizeof buf)
+            return 0;
+    }
+    *rest = DATA_CHUNK + 1;
+    return 0;
+}
+
 void data_src_blame_gzip(data_src *s, char *err, size_t err_len)
 {
     if (!s->gz || s->failed)
@@ -296,13 +350,18 @@ static void tokens_finish(data_tokens *t)
 {
     uint32_t m = 0;
     for (size_t i = 0; i < t->n; i++)
-        if (t->tok[i] > m)
-            m = t->tok[i];
+        if (data_token(t, i) > m)
+            m = data_token(t, i);
     t->max_token = m;
 }
 
+static size_t token_bytes(const data_tokens *t)
+{
+    return t->u8 ? 1 : sizeof *t->tok;
+}
+
 int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t vocab,
-                     char *err, size_t err_len)
+                     data_budget *budget, char *err, size_t err_len)
 {
     memset(t, 0, sizeof *t);
     struct stat st;
@@ -337,13 +396,13 @@ int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t
     int rc;
     switch (fmt) {
     case DATA_FMT_LLMC:
-        rc = data_llmc_load(t, path, err, err_len);
+        rc = data_llmc_load(t, path, budget, err, err_len);
         break;
     case DATA_FMT_NPY:
-        rc = data_npy_tokens_load(t, path, err, err_len);
+        rc = data_npy_tokens_load(t, path, budget, err, err_len);
         break;
     default:
-        rc = data_text_load(t, path, is_dir, err, err_len);
+        rc = data_text_load(t, path, is_dir, budget, err, err_len);
         break;
     }
     if (rc != 0) {
@@ -353,6 +412,7 @@ int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t
     set_source(t->source, path);
     tokens_finish(t);
     if (vocab && data_tokens_check_vocab(t, vocab, err, err_len) != 0) {
+        data_budget_give(budget, (uint64_t)t->n * token_bytes(t));
         data_tokens_free(t);
         return -1;
     }
@@ -364,16 +424,16 @@ int data_tokens_check_vocab(const data_tokens *t, uint32_t vocab, char *err, siz
     if (t->max_token < vocab)
         return 0;
     for (size_t i = 0; i < t->n; i++)
-        if (t->tok[i] >= vocab)
+        if (data_token(t, i) >= vocab)
             return errmsg_set(err, err_len,
                               "%s: token %u at index %zu (byte offset %llu) is out of range for vocab %u",
-                              t->source, t->tok[i], i,
+                              t->source, data_token(t, i), i,
                               (ull)(t->data_offset + (uint64_t)i * t->elem_size), vocab);
     return 0;
 }
 
-int data_tokens_split(data_tokens *train, data_tokens *val, double fraction, char *err,
-                      size_t err_len)
+int data_tokens_split(data_tokens *train, data_tokens *val, double fraction, data_budget *budget,
+                      char *err, size_t err_len)
 {
     memset(val, 0, sizeof *val);
     if (!(fraction > 0 && fraction < 1))
@@ -384,11 +444,29 @@ int data_tokens_split(data_tokens *train, data_tokens *val, double fraction, cha
         return errmsg_set(err, err_len,
                           "%s: %zu tokens are too few to hold out a validation fraction of %g",
                           train->source, train->n, fraction);
-    size_t nt = train->n - nv;
-    val->tok = malloc(nv * sizeof *val->tok);
-    if (!val->tok)
+    size_t nt = train->n - nv, es = token_bytes(train);
+    if (data_budget_take(budget, (uint64_t)nv * es, train->source, err, err_len) != 0)
+        return -1;
+    unsigned char *from = train->u8 ? train->u8 : (unsigned char *)train->tok;
+    unsigned char *copy = malloc(nv * es);
+    if (!copy) {
+        data_budget_give(budget, (uint64_t)nv * es);
         return data_oom(train->source, err, err_len);
-    memcpy(val->tok, train->tok + nt, nv * sizeof *val->tok);
+    }
+    memcpy(copy, from + nt * es, nv * es);
+    /* The tail now lives in *val: hand its memory back. */
+    unsigned char *kept = realloc(from, nt * es);
+    if (kept) {
+        from = kept;
+        data_budget_give(budget, (uint64_t)nv * es);
+    }
+    if (train->u8) {
+        train->u8 = from;
+        val->u8 = copy;
+    } else {
+        train->tok = (uint16_t *)from;
+        val->tok = (uint16_t *)copy;
+    }
     val->n = nv;
     val->elem_size = train->elem_size;
     val->data_offset = train->data_offset + (uint64_t)nt * train->elem_size;
@@ -405,6 +483,7 @@ void data_tokens_free(data_tokens *t)
     if (!t)
         return;
     free(t->tok);
+    free(t->u8);
     memset(t, 0, sizeof *t);
 }
 
@@ -423,23 +502,31 @@ static bool is_npy(const char *path)
 
 /* Images, told apart by the magic: .npy, or else IDX. */
 static int load_image_part(data_images *d, const char *path, uint64_t limit, uint64_t *total,
-                           char *err, size_t err_len)
+                           data_budget *b, char *err, size_t err_len)
 {
     if (is_npy(path))
-        return data_npy_images_load(d, path, limit, total, err, err_len);
-    return data_idx_images_load(d, path, limit, total, err, err_len);
+        return data_npy_images_load(d, path, limit, total, b, err, err_len);
+    return data_idx_images_load(d, path, limit, total, b, err, err_len);
 }
 
-/* Labels: *n of them (all, for the count check), the first keep in *out. */
+static uint64_t images_bytes(const data_images *d)
+{
+    return (uint64_t)d->n * d->rows * d->cols * (d->f32 ? sizeof(float) : 1);
+}
+
+/* Labels: *n of them (all, for the count check), the first keep in *out
+ * (keep × 4 bytes charged to b). */
 static int load_label_part(const char *path, uint64_t limit, uint32_t classes, int32_t **out,
-                           uint64_t *n, uint32_t *max_label, char *err, size_t err_len)
+                           uint64_t *n, uint32_t *max_label, data_budget *b, char *err,
+                           size_t err_len)
 {
     *out = NULL;
     data_npy a;
-    if ((is_npy(path) ? data_npy_labels_load(&a, path, err, err_len)
-                      : data_idx_labels_load(&a, path, err, err_len)) != 0)
+    if ((is_npy(path) ? data_npy_labels_load(&a, path, b, err, err_len)
+                      : data_idx_labels_load(&a, path, b, err, err_len)) != 0)
         return -1;
     uint64_t count = a.count;
+    uint64_t raw = count * data_dtype_size(a.dtype);
     int rc = 0;
     if (count == 0) {
         rc = errmsg_set(err, err_len, "%s: no labels", path);
@@ -461,33 +548,62 @@ static int load_label_part(const char *path, uint64_t limit, uint32_t classes, i
         if (v > m)
             m = v;
     }
+    /* Widen the first keep labels to int32 in the array itself, from the
+     * back so that no label is overwritten before it is read: one array,
+     * never a second full copy. */
     uint64_t keep = limit && limit < count ? limit : count;
-    *out = malloc((size_t)keep * sizeof **out);
-    if (!*out) {
-        rc = data_oom(path, err, err_len);
-        goto out;
+    uint64_t need = keep * sizeof **out;
+    if (need > raw) {
+        if (data_budget_take(b, need - raw, path, err, err_len) != 0) {
+            rc = -1;
+            goto out;
+        }
+        void *grown = realloc(a.data, (size_t)need);
+        if (!grown) {
+            data_budget_give(b, need - raw);
+            rc = data_oom(path, err, err_len);
+            goto out;
+        }
+        a.data = grown;
+        raw = need;
     }
-    for (uint64_t i = 0; i < keep; i++)
-        (*out)[i] = (int32_t)data_npy_int(&a, i);
+    for (uint64_t i = keep; i-- > 0;) {
+        int32_t v = (int32_t)data_npy_int(&a, i);
+        ((int32_t *)a.data)[i] = v;
+    }
+    if (raw > need) {
+        void *shrunk = realloc(a.data, need ? (size_t)need : 1);
+        if (shrunk) {
+            a.data = shrunk;
+            data_budget_give(b, raw - need);
+            raw = need;
+        }
+    }
+    *out = a.data;
+    a.data = NULL;
     *n = count;
     *max_label = (uint32_t)m;
 out:
+    if (rc != 0)
+        data_budget_give(b, raw);
     data_npy_free(&a);
     return rc;
 }
 
 int data_images_load(data_images *d, const char *images_path, const char *labels_path,
-                     uint32_t classes, size_t limit, char *err, size_t err_len)
+                     uint32_t classes, size_t limit, data_budget *budget, char *err, size_t err_len)
 {
     memset(d, 0, sizeof *d);
     uint64_t total = 0;
-    if (load_image_part(d, images_path, limit, &total, err, err_len) != 0)
+    if (load_image_part(d, images_path, limit, &total, budget, err, err_len) != 0)
         return -1;
     int32_t *labels = NULL;
-    uint64_t nl = 0;
+    uint64_t nl = 0, held = 0;
     uint32_t max_label = 0;
-    if (load_label_part(labels_path, limit, classes, &labels, &nl, &max_label, err, err_len) != 0)
+    if (load_label_part(labels_path, limit, classes, &labels, &nl, &max_label, budget, err,
+                        err_len) != 0)
         goto fail;
+    held = (uint64_t)d->n * sizeof *labels;
     if (nl != total) {
         errmsg_set(err, err_len, "%s: %llu labels, but %s holds %llu images", labels_path, (ull)nl,
                    images_path, (ull)total);
@@ -499,6 +615,7 @@ int data_images_load(data_images *d, const char *images_path, const char *labels
     set_source(d->source, images_path);
     return 0;
 fail:
+    data_budget_give(budget, images_bytes(d) + held);
     free(labels);
     data_images_free(d);
     return -1;
@@ -586,21 +703,25 @@ static int tokens_fit(const data_tokens *t, size_t T, char *err, size_t err_len)
     return 0;
 }
 
-static int stream_init(data_stream *s, uint64_t size, const char *source, char *err,
-                       size_t err_len)
+static int stream_init(data_stream *s, uint64_t size, const char *source, data_budget *b,
+                       char *err, size_t err_len)
 {
     if (size > SIZE_MAX / sizeof *s->order)
         return data_oom(source, err, err_len);
+    if (data_budget_take(b, size * sizeof *s->order, source, err, err_len) != 0)
+        return -1;
     s->size = size;
     s->order = malloc((size_t)size * sizeof *s->order);
-    if (!s->order)
+    if (!s->order) {
+        data_budget_give(b, size * sizeof *s->order);
         return data_oom(source, err, err_len);
+    }
     stream_epoch(s);
     return 0;
 }
 
 int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t seed,
-                       char *err, size_t err_len)
+                       data_budget *budget, char *err, size_t err_len)
 {
     memset(s, 0, sizeof *s);
     if (tokens_fit(t, T, err, err_len) != 0)
@@ -616,18 +737,18 @@ int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t 
     s->T = T;
     s->seed = seed;
     s->max_offset = slack < T - 1 ? slack : T - 1;
-    return stream_init(s, w, t->source, err, err_len);
+    return stream_init(s, w, t->source, budget, err, err_len);
 }
 
-int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, char *err,
-                       size_t err_len)
+int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, data_budget *budget,
+                       char *err, size_t err_len)
 {
     memset(s, 0, sizeof *s);
     if (d->n == 0)
         return errmsg_set(err, err_len, "%s: no images", d->source);
     s->images = d;
     s->seed = seed;
-    return stream_init(s, d->n, d->source, err, err_len);
+    return stream_init(s, d->n, d->source, budget, err, err_len);
 }
 
 uint64_t data_stream_epoch_size(const data_stream *s)
@@ -671,6 +792,14 @@ static uint64_t stream_take(data_stream *s)
 
 static void copy_window(const data_tokens *t, size_t start, size_t T, int32_t *in, int32_t *tgt)
 {
+    if (t->u8) {
+        const uint8_t *p = t->u8 + start;
+        for (size_t j = 0; j < T; j++) {
+            in[j] = p[j];
+            tgt[j] = p[j + 1];
+        }
+        return;
+    }
     const uint16_t *p = t->tok + start;
     for (size_t j = 0; j < T; j++) {
         in[j] = p[j];

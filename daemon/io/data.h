@@ -19,7 +19,9 @@
  *          (detected from the 1f 8b magic; trailing data after the gzip
  *          stream is an error, concatenated gzip members are read on).
  *
- * Tokens are held as uint16 (vocab ≤ 65536, as llm.c's format implies).
+ * Tokens are held as uint16 (vocab ≤ 65536, as llm.c's format implies), or
+ * as bytes where the file holds bytes (text, '|u1' npy): one copy of the
+ * file's tokens, never a wider one.
  * Images are exposed as float32: ubyte pixels scaled by 1/255 into [0, 1];
  * '<f4' npy pixels are passed through unchanged.
  *
@@ -39,6 +41,11 @@
  *
  * Memory: loaded data lives in host memory owned by the structs here; the
  * batch functions write into caller-provided buffers and never allocate.
+ * Files are read, not mapped: a mapping of a file its owner can truncate
+ * or rewrite would let that user fault the daemon (SIGBUS) or slip tokens
+ * past the vocab check.  A data_budget bounds a job's share: each load,
+ * split and stream charges what it will hold before allocating it, and a
+ * gzip'd file is held to the size its header declares.
  * Errors: functions returning int give 0, or -1 with a message in err that
  * starts with the file's path and names the offset/record/field involved.
  * Nothing here is thread-safe; one stream per thread.
@@ -59,6 +66,20 @@
 #define DATA_NPY_MAX_DIMS 8
 #define DATA_SOURCE_MAX (PATH_MAX + 64)
 
+/* ---- a job's host memory for data ----------------------------------------- */
+
+typedef struct data_budget {
+    uint64_t limit;  /* bytes the job's data may hold; 0: no bound */
+    const char *key; /* how a refusal names the bound ("[daemon] max_job_data"); may be NULL */
+    /* Bytes held now: every array the loads below keep (tokens, pixels,
+     * labels, a stream's sample order), charged before it is allocated.
+     * A load gives back what it held only for a while, and everything on
+     * failure; the _free functions do not, so a budget serves one job's
+     * data for its whole life. */
+    uint64_t used;
+    uint64_t peak; /* the most `used` reached, transient buffers included */
+} data_budget;
+
 /* ---- token streams -------------------------------------------------------- */
 
 typedef enum {
@@ -73,7 +94,8 @@ typedef enum {
 int data_format_parse(const char *name, data_format *out);
 
 typedef struct data_tokens {
-    uint16_t *tok;
+    uint16_t *tok; /* n tokens, or NULL when they are bytes ... */
+    uint8_t *u8;   /* ... here (text, '|u1' npy): exactly one of the two is set */
     size_t n;
     uint32_t max_token;               /* the largest token present */
     char source[DATA_SOURCE_MAX];     /* the path, for messages */
@@ -82,16 +104,23 @@ typedef struct data_tokens {
     unsigned elem_size;
 } data_tokens;
 
+static inline uint32_t data_token(const data_tokens *t, size_t i)
+{
+    return t->u8 ? t->u8[i] : t->tok[i];
+}
+
 /* Load a token stream.  vocab > 0 also checks every token < vocab.
- * An empty stream is an error.  On failure *t is left zeroed. */
+ * An empty stream is an error.  On failure *t is left zeroed.  budget
+ * (may be NULL: no bound, no count) is charged with what *t holds. */
 int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t vocab,
-                     char *err, size_t err_len);
+                     data_budget *budget, char *err, size_t err_len);
 /* Every token < vocab, or an error naming the first that is not. */
 int data_tokens_check_vocab(const data_tokens *t, uint32_t vocab, char *err, size_t err_len);
 /* Hold out the last `fraction` (0 < fraction < 1) of *train as *val (a copy);
- * *train keeps the rest.  Both must end up non-empty. */
-int data_tokens_split(data_tokens *train, data_tokens *val, double fraction, char *err,
-                      size_t err_len);
+ * *train keeps the rest and gives back the memory of the tail.  Both must
+ * end up non-empty. */
+int data_tokens_split(data_tokens *train, data_tokens *val, double fraction, data_budget *budget,
+                      char *err, size_t err_len);
 void data_tokens_free(data_tokens *t);
 
 /* ---- images --------------------------------------------------------------- */
@@ -108,9 +137,10 @@ typedef struct data_images {
 /* Load images and labels; each file is IDX (gzip'd or not) or .npy, told
  * apart by its magic.  classes > 0 checks every label < classes (else
  * classes = max label + 1).  limit > 0 keeps only the first `limit` samples
- * (both files are still read and validated in full). */
+ * (both files are still read and validated in full).  budget as for
+ * data_tokens_load. */
 int data_images_load(data_images *d, const char *images_path, const char *labels_path,
-                     uint32_t classes, size_t limit, char *err, size_t err_len);
+                     uint32_t classes, size_t limit, data_budget *budget, char *err, size_t err_len);
 /* Image i as dim floats. */
 void data_images_get(const data_images *d, size_t i, float *out);
 void data_images_free(data_images *d);
@@ -128,7 +158,7 @@ typedef struct data_npy {
     void *data;           /* count elements, host byte order */
 } data_npy;
 
-int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len);
+int data_npy_load(data_npy *a, const char *path, data_budget *budget, char *err, size_t err_len);
 void data_npy_free(data_npy *a);
 
 /* ---- the shuffled training stream ---------------------------------------- */
@@ -146,12 +176,13 @@ typedef struct data_stream {
     uint64_t *order;     /* size entries: this epoch's permutation */
 } data_stream;
 
-/* Windows of T+1 tokens; needs t->n >= T + 1.  t must outlive the stream. */
+/* Windows of T+1 tokens; needs t->n >= T + 1.  t must outlive the stream.
+ * The sample order (8 bytes a sample) is charged to budget (may be NULL). */
 int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t seed,
-                       char *err, size_t err_len);
+                       data_budget *budget, char *err, size_t err_len);
 /* Single images; d must outlive the stream. */
-int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, char *err,
-                       size_t err_len);
+int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, data_budget *budget,
+                       char *err, size_t err_len);
 uint64_t data_stream_epoch_size(const data_stream *s);
 /* The position of the next sample: sample `index` of epoch `epoch`. */
 void data_stream_state(const data_stream *s, uint64_t *epoch, uint64_t *index);

@@ -1,6 +1,9 @@
 /* data_idx.c — MNIST-style IDX files, big-endian: images (magic 0x803,
  * N × rows × cols ubyte) and labels (magic 0x801, N ubyte), gzip'd or not
- * (data_src gunzips where it sees the gzip magic). */
+ * (data_src gunzips where it sees the gzip magic).  A gzip'd file can
+ * inflate a thousandfold, so its header's sizes are what is charged to the
+ * job's budget, before anything is inflated past the header, and the
+ * stream is not inflated far past what the header declares. */
 #include "data_internal.h"
 
 #include "errmsg.h"
@@ -17,15 +20,19 @@ static uint32_t be32(const unsigned char *p)
 typedef struct {
     uint64_t n, rows, cols; /* rows = cols = 1 for labels */
     unsigned char *data;    /* the first keep records */
+    uint64_t held;          /* bytes of data, charged to the budget */
 } idx_file;
 
-static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, char *err,
-                    size_t err_len)
+static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, data_budget *b,
+                    char *err, size_t err_len)
 {
     memset(f, 0, sizeof *f);
     data_src s;
     if (data_src_open(&s, path, true, err, err_len) != 0)
         return -1;
+    /* Whether an error is worth reading on for damage in the gzip stream
+     * further on (data_src_blame_gzip): not when the rest is not wanted. */
+    bool blame = true;
     const char *z = s.gz ? " (decompressed)" : "";
     const char *what = images ? "images" : "labels";
     uint32_t want_magic = images ? DATA_IDX_IMAGES_MAGIC : DATA_IDX_LABELS_MAGIC;
@@ -90,14 +97,34 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
         goto out;
     }
     uint64_t keep_n = limit && limit < d[0] ? limit : d[0];
+    if (data_budget_take(b, keep_n * rec, path, err, err_len) != 0) {
+        rc = -1;
+        blame = false;
+        goto out;
+    }
+    f->held = keep_n * rec;
     uint64_t got;
     if (data_src_read_body(&s, total, keep_n * rec, &f->data, &got, err, err_len) != 0) {
         rc = -1;
         goto out;
     }
     uint64_t rest = 0;
-    if (got == total && data_src_drain(&s, &rest, err, err_len) != 0) {
+    if (got == total && data_src_drain_some(&s, &rest, err, err_len) != 0) {
         rc = -1;
+        goto out;
+    }
+    if (rest > DATA_CHUNK) {
+        char more[96];
+        if (s.gz)
+            snprintf(more, sizeof more, "the gzip stream inflates past them (stopped %u bytes on)",
+                     DATA_CHUNK);
+        else
+            snprintf(more, sizeof more, "the file is %llu bytes", (ull)s.size);
+        rc = errmsg_set(err, err_len,
+                        "%s: trailing bytes: the header says %s %s, so %llu bytes should follow the "
+                        "%llu-byte header, but %s",
+                        path, dims, what, (ull)total, (ull)hbytes, more);
+        blame = false;
         goto out;
     }
     if (got < total || rest) {
@@ -112,21 +139,23 @@ static int load_idx(idx_file *f, const char *path, bool images, uint64_t limit, 
     f->rows = d[1];
     f->cols = d[2];
 out:
-    if (rc != 0)
+    if (rc != 0 && blame)
         data_src_blame_gzip(&s, err, err_len);
     data_src_close(&s);
     if (rc != 0) {
+        data_budget_give(b, f->held);
         free(f->data);
         f->data = NULL;
+        f->held = 0;
     }
     return rc;
 }
 
 int data_idx_images_load(data_images *d, const char *path, uint64_t limit, uint64_t *total,
-                         char *err, size_t err_len)
+                         data_budget *b, char *err, size_t err_len)
 {
     idx_file f;
-    if (load_idx(&f, path, true, limit, err, err_len) != 0)
+    if (load_idx(&f, path, true, limit, b, err, err_len) != 0)
         return -1;
     *total = f.n;
     d->n = (size_t)(limit && limit < f.n ? limit : f.n);
@@ -138,11 +167,12 @@ int data_idx_images_load(data_images *d, const char *path, uint64_t limit, uint6
 
 /* The labels' data starts after the 8-byte header: their byte offsets in
  * messages count from there. */
-int data_idx_labels_load(data_npy *a, const char *path, char *err, size_t err_len)
+int data_idx_labels_load(data_npy *a, const char *path, data_budget *b, char *err,
+                         size_t err_len)
 {
     memset(a, 0, sizeof *a);
     idx_file f;
-    if (load_idx(&f, path, false, 0, err, err_len) != 0)
+    if (load_idx(&f, path, false, 0, b, err, err_len) != 0)
         return -1;
     a->dtype = DATA_U8;
     a->ndim = 1;

@@ -25,6 +25,13 @@ typedef unsigned long long ull;
 /* "PATH: out of memory" into err; returns -1. */
 int data_oom(const char *path, char *err, size_t err_len);
 
+/* Charge bytes to b (NULL: nothing to do) before allocating them; -1 with
+ * err naming path, the size and the bound when it would pass b->limit. */
+int data_budget_take(data_budget *b, uint64_t bytes, const char *path, char *err, size_t err_len);
+void data_budget_give(data_budget *b, uint64_t bytes);
+/* What b still allows (UINT64_MAX: no bound). */
+uint64_t data_budget_room(const data_budget *b);
+
 static inline uint32_t data_le32(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -62,6 +69,10 @@ void data_src_close(data_src *s);
 ssize_t data_src_read(data_src *s, void *buf, size_t n, char *err, size_t err_len);
 /* Read and discard the rest; *rest = how many bytes there were. */
 int data_src_drain(data_src *s, uint64_t *rest, char *err, size_t err_len);
+/* As data_src_drain, but reads no more than DATA_CHUNK bytes, so that a
+ * gzip stream that goes on past its declared size is not inflated to its
+ * end: *rest = the bytes found, or DATA_CHUNK + 1 when there were more. */
+int data_src_drain_some(data_src *s, uint64_t *rest, char *err, size_t err_len);
 /* After an error in the content of a gzip'd file: if the gzip stream itself
  * is damaged further on, that is the real cause, so report it instead. */
 void data_src_blame_gzip(data_src *s, char *err, size_t err_len);
@@ -72,22 +83,27 @@ int data_src_read_body(data_src *s, uint64_t total, uint64_t keep, unsigned char
 
 /* ---- the formats ------------------------------------------------------------ */
 
-/* Each loader fills *t (tok, n, data_offset, elem_size) or fails with *t's
- * fields unset; data_tokens_load does the rest. */
-int data_text_load(data_tokens *t, const char *path, bool is_dir, char *err, size_t err_len);
-int data_llmc_load(data_tokens *t, const char *path, char *err, size_t err_len);
-int data_npy_tokens_load(data_tokens *t, const char *path, char *err, size_t err_len);
+/* Each loader fills *t (tok or u8, n, data_offset, elem_size) or fails with
+ * *t's fields unset; data_tokens_load does the rest.  Each charges b with
+ * what it keeps, and gives everything back when it fails. */
+int data_text_load(data_tokens *t, const char *path, bool is_dir, data_budget *b, char *err,
+                   size_t err_len);
+int data_llmc_load(data_tokens *t, const char *path, data_budget *b, char *err, size_t err_len);
+int data_npy_tokens_load(data_tokens *t, const char *path, data_budget *b, char *err,
+                         size_t err_len);
 
 /* Images into d (n, rows, cols, and u8 or f32): the first `limit` (0: all)
  * of the *total the file holds. */
 int data_npy_images_load(data_images *d, const char *path, uint64_t limit, uint64_t *total,
-                         char *err, size_t err_len);
+                         data_budget *b, char *err, size_t err_len);
 int data_idx_images_load(data_images *d, const char *path, uint64_t limit, uint64_t *total,
-                         char *err, size_t err_len);
+                         data_budget *b, char *err, size_t err_len);
 /* All of a file's labels as a 1-d integer array (IDX: '|u1'); on failure
  * *a is zeroed. */
-int data_npy_labels_load(data_npy *a, const char *path, char *err, size_t err_len);
-int data_idx_labels_load(data_npy *a, const char *path, char *err, size_t err_len);
+int data_npy_labels_load(data_npy *a, const char *path, data_budget *b, char *err,
+                         size_t err_len);
+int data_idx_labels_load(data_npy *a, const char *path, data_budget *b, char *err,
+                         size_t err_len);
 
 /* ---- .npy dtypes (data_npy.c) ------------------------------------------------ */
 

@@ -7,13 +7,14 @@
 
 #include <stdlib.h>
 
-int data_llmc_load(data_tokens *t, const char *path, char *err, size_t err_len)
+int data_llmc_load(data_tokens *t, const char *path, data_budget *b, char *err, size_t err_len)
 {
     data_src s;
     if (data_src_open(&s, path, false, err, err_len) != 0)
         return -1;
     unsigned char h[DATA_LLMC_HEADER_BYTES];
     int rc = 0;
+    uint64_t held = 0; /* charged to b */
     ssize_t r = data_src_read(&s, h, sizeof h, err, err_len);
     if (r < 0) {
         rc = -1;
@@ -53,8 +54,14 @@ int data_llmc_load(data_tokens *t, const char *path, char *err, size_t err_len)
                         DATA_LLMC_HEADER_BYTES, count, (ull)s.size);
         goto out;
     }
-    t->tok = malloc((size_t)count * sizeof *t->tok);
+    held = 2 * (uint64_t)count;
+    if (data_budget_take(b, held, path, err, err_len) != 0) {
+        rc = -1;
+        goto out;
+    }
+    t->tok = malloc((size_t)held);
     if (!t->tok) {
+        data_budget_give(b, held);
         rc = data_oom(path, err, err_len);
         goto out;
     }
@@ -64,7 +71,7 @@ int data_llmc_load(data_tokens *t, const char *path, char *err, size_t err_len)
         goto out;
     }
     uint64_t rest = 0;
-    if ((uint64_t)r < 2 * (uint64_t)count || data_src_drain(&s, &rest, err, err_len) != 0 || rest) {
+    if ((uint64_t)r < held || data_src_drain_some(&s, &rest, err, err_len) != 0 || rest) {
         rc = errmsg_set(err, err_len, "%s: the file changed size while being read", path);
         goto out;
     }
@@ -76,7 +83,8 @@ int data_llmc_load(data_tokens *t, const char *path, char *err, size_t err_len)
     t->elem_size = 2;
 out:
     data_src_close(&s);
-    if (rc != 0) {
+    if (rc != 0 && t->tok) {
+        data_budget_give(b, held);
         free(t->tok);
         t->tok = NULL;
     }

@@ -170,17 +170,18 @@ static const char *npy_parse_header(cur *c, data_npy *a, char *descr, size_t des
     return NULL;
 }
 
-int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
+/* Open the file and read its preamble and header into *a (all but data),
+ * checking the file's size against the shape: s is left at the first data
+ * byte.  On failure s is closed and *a zeroed. */
+static int npy_open(data_src *s, data_npy *a, const char *path, char *err, size_t err_len)
 {
     memset(a, 0, sizeof *a);
-    data_src s;
-    if (data_src_open(&s, path, false, err, err_len) != 0)
+    if (data_src_open(s, path, false, err, err_len) != 0)
         return -1;
     int rc = 0;
     char *hdr = NULL;
-    unsigned char *body = NULL;
     unsigned char pre[12];
-    ssize_t r = data_src_read(&s, pre, 10, err, err_len);
+    ssize_t r = data_src_read(s, pre, 10, err, err_len);
     if (r < 0) {
         rc = -1;
         goto out;
@@ -205,7 +206,7 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
         hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8;
         hstart = 10;
     } else {
-        if (data_src_read(&s, pre + 10, 2, err, err_len) != 2) {
+        if (data_src_read(s, pre + 10, 2, err, err_len) != 2) {
             rc = errmsg_set(err, err_len, "%s: truncated .npy preamble", path);
             goto out;
         }
@@ -223,7 +224,7 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
         rc = data_oom(path, err, err_len);
         goto out;
     }
-    r = data_src_read(&s, hdr, (size_t)hlen, err, err_len);
+    r = data_src_read(s, hdr, (size_t)hlen, err, err_len);
     if (r < 0) {
         rc = -1;
         goto out;
@@ -279,7 +280,7 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
     a->count = count;
     a->data_offset = hstart + hlen;
     uint64_t want = count * esize;
-    uint64_t have = s.size > a->data_offset ? s.size - a->data_offset : 0;
+    uint64_t have = s->size > a->data_offset ? s->size - a->data_offset : 0;
     if (have != want) {
         char shape[200];
         size_t o = 0;
@@ -296,35 +297,75 @@ int data_npy_load(data_npy *a, const char *path, char *err, size_t err_len)
                         (ull)want, (ull)a->data_offset, (ull)have);
         goto out;
     }
-    uint64_t got;
-    if (data_src_read_body(&s, want, want, &body, &got, err, err_len) != 0) {
-        rc = -1;
-        goto out;
-    }
-    uint64_t rest = 0;
-    if (got != want || data_src_drain(&s, &rest, err, err_len) != 0 || rest) {
-        rc = errmsg_set(err, err_len, "%s: the file changed size while being read", path);
-        goto out;
-    }
-    if (!data_host_le() && esize > 1)
-        for (uint64_t i = 0; i < count; i++) {
-            unsigned char *e = body + i * esize;
-            for (unsigned k = 0; k < esize / 2; k++) {
-                unsigned char x = e[k];
-                e[k] = e[esize - 1 - k];
-                e[esize - 1 - k] = x;
-            }
-        }
-    a->data = body;
-    body = NULL;
 out:
     free(hdr);
-    free(body);
-    data_src_close(&s);
     if (rc != 0) {
+        data_src_close(s);
         memset(a, 0, sizeof *a);
+        return rc;
     }
-    return rc;
+    return 0;
+}
+
+/* Little-endian elements of esize bytes into host order. */
+static void npy_to_host(unsigned char *p, uint64_t count, unsigned esize)
+{
+    if (data_host_le() || esize < 2)
+        return;
+    for (uint64_t i = 0; i < count; i++) {
+        unsigned char *e = p + i * esize;
+        for (unsigned k = 0; k < esize / 2; k++) {
+            unsigned char x = e[k];
+            e[k] = e[esize - 1 - k];
+            e[esize - 1 - k] = x;
+        }
+    }
+}
+
+/* The file ends where the shape says: nothing was appended meanwhile. */
+static int npy_check_end(data_src *s, const char *path, uint64_t got, uint64_t want, char *err,
+                         size_t err_len)
+{
+    uint64_t rest = 0;
+    if (got != want || data_src_drain_some(s, &rest, err, err_len) != 0 || rest)
+        return errmsg_set(err, err_len, "%s: the file changed size while being read", path);
+    return 0;
+}
+
+/* The rest of an opened file, in host order, into a->data, charged to b.
+ * Closes s; on failure *a is zeroed. */
+static int npy_read_data(data_src *s, data_npy *a, const char *path, data_budget *b, char *err,
+                         size_t err_len)
+{
+    unsigned esize = data_dtype_size(a->dtype);
+    uint64_t want = a->count * esize, got = 0;
+    unsigned char *body = NULL;
+    if (data_budget_take(b, want, path, err, err_len) != 0) {
+        data_src_close(s);
+        memset(a, 0, sizeof *a);
+        return -1;
+    }
+    int rc = data_src_read_body(s, want, want, &body, &got, err, err_len);
+    if (rc == 0)
+        rc = npy_check_end(s, path, got, want, err, err_len);
+    data_src_close(s);
+    if (rc != 0) {
+        data_budget_give(b, want);
+        free(body);
+        memset(a, 0, sizeof *a);
+        return -1;
+    }
+    npy_to_host(body, a->count, esize);
+    a->data = body;
+    return 0;
+}
+
+int data_npy_load(data_npy *a, const char *path, data_budget *b, char *err, size_t err_len)
+{
+    data_src s;
+    if (npy_open(&s, a, path, err, err_len) != 0)
+        return -1;
+    return npy_read_data(&s, a, path, b, err, err_len);
 }
 
 void data_npy_free(data_npy *a)
@@ -335,75 +376,118 @@ void data_npy_free(data_npy *a)
     memset(a, 0, sizeof *a);
 }
 
-int data_npy_tokens_load(data_tokens *t, const char *path, char *err, size_t err_len)
+/* '<i4' tokens into uint16, a chunk at a time: the file's four bytes a
+ * token are never all held at once.  s is at the first data byte. */
+static int npy_i4_tokens(data_src *s, const data_npy *a, uint16_t *tok, const char *path,
+                         char *err, size_t err_len)
 {
-    data_npy a;
-    if (data_npy_load(&a, path, err, err_len) != 0)
-        return -1;
+    int32_t *buf = malloc(DATA_CHUNK);
+    if (!buf)
+        return data_oom(path, err, err_len);
+    const size_t per = DATA_CHUNK / sizeof *buf;
     int rc = 0;
-    if (a.ndim != 1 || a.dtype == DATA_F32) {
-        rc = errmsg_set(err, err_len,
-                        "%s: a token .npy must be 1-d '<u2', '<i4' or '|u1', not %d-d '%s'", path,
-                        a.ndim, data_dtype_name(a.dtype));
-        goto out;
-    }
-    if (a.count == 0) {
-        rc = errmsg_set(err, err_len, "%s: empty array (no tokens)", path);
-        goto out;
-    }
-    if (a.dtype == DATA_U16) {
-        t->tok = a.data;
-        a.data = NULL;
-    } else {
-        t->tok = malloc((size_t)a.count * sizeof *t->tok);
-        if (!t->tok) {
-            rc = data_oom(path, err, err_len);
-            goto out;
+    uint64_t i = 0;
+    while (rc == 0 && i < a->count) {
+        size_t n = a->count - i < per ? (size_t)(a->count - i) : per;
+        ssize_t r = data_src_read(s, buf, n * sizeof *buf, err, err_len);
+        if (r < 0) {
+            rc = -1;
+            break;
         }
-        for (uint64_t i = 0; i < a.count; i++) {
-            int64_t v = data_npy_int(&a, i);
-            if (v < 0 || v > UINT16_MAX) {
+        if ((size_t)r < n * sizeof *buf) {
+            rc = errmsg_set(err, err_len, "%s: the file changed size while being read", path);
+            break;
+        }
+        npy_to_host((unsigned char *)buf, n, sizeof *buf);
+        for (size_t k = 0; k < n; k++, i++) {
+            if (buf[k] < 0 || buf[k] > UINT16_MAX) {
                 rc = errmsg_set(err, err_len,
                                 "%s: token %lld at index %llu (byte offset %llu) does not fit uint16 "
                                 "token storage (0..65535)",
-                                path, (long long)v, (ull)i,
-                                (ull)(a.data_offset + i * data_dtype_size(a.dtype)));
-                free(t->tok);
-                t->tok = NULL;
-                goto out;
+                                path, (long long)buf[k], (ull)i, (ull)(a->data_offset + i * 4));
+                break;
             }
-            t->tok[i] = (uint16_t)v;
+            tok[i] = (uint16_t)buf[k];
+        }
+    }
+    free(buf);
+    if (rc == 0)
+        rc = npy_check_end(s, path, a->count * 4, a->count * 4, err, err_len);
+    return rc;
+}
+
+int data_npy_tokens_load(data_tokens *t, const char *path, data_budget *b, char *err,
+                         size_t err_len)
+{
+    data_npy a;
+    data_src s;
+    if (npy_open(&s, &a, path, err, err_len) != 0)
+        return -1;
+    int rc = 0;
+    if (a.ndim != 1 || a.dtype == DATA_F32)
+        rc = errmsg_set(err, err_len,
+                        "%s: a token .npy must be 1-d '<u2', '<i4' or '|u1', not %d-d '%s'", path,
+                        a.ndim, data_dtype_name(a.dtype));
+    else if (a.count == 0)
+        rc = errmsg_set(err, err_len, "%s: empty array (no tokens)", path);
+    if (rc != 0) {
+        data_src_close(&s);
+        return rc;
+    }
+    if (a.dtype != DATA_I32) {
+        /* '<u2' and '|u1' are held as the file has them. */
+        if (npy_read_data(&s, &a, path, b, err, err_len) != 0)
+            return -1;
+        if (a.dtype == DATA_U16)
+            t->tok = a.data;
+        else
+            t->u8 = a.data;
+    } else {
+        uint64_t held = a.count * sizeof *t->tok;
+        if (data_budget_take(b, held, path, err, err_len) != 0) {
+            data_src_close(&s);
+            return -1;
+        }
+        t->tok = malloc((size_t)held);
+        rc = t->tok ? npy_i4_tokens(&s, &a, t->tok, path, err, err_len) : data_oom(path, err, err_len);
+        data_src_close(&s);
+        if (rc != 0) {
+            data_budget_give(b, held);
+            free(t->tok);
+            t->tok = NULL;
+            return -1;
         }
     }
     t->n = (size_t)a.count;
     t->data_offset = a.data_offset;
     t->elem_size = data_dtype_size(a.dtype);
-out:
-    data_npy_free(&a);
-    return rc;
+    return 0;
 }
 
 /* (N, rows, cols) or (N, D), '|u1' or finite '<f4'. */
 int data_npy_images_load(data_images *d, const char *path, uint64_t limit, uint64_t *total,
-                         char *err, size_t err_len)
+                         data_budget *b, char *err, size_t err_len)
 {
     data_npy a;
-    if (data_npy_load(&a, path, err, err_len) != 0)
+    data_src s;
+    if (npy_open(&s, &a, path, err, err_len) != 0)
         return -1;
     int rc = 0;
-    if ((a.ndim != 2 && a.ndim != 3) || (a.dtype != DATA_U8 && a.dtype != DATA_F32)) {
+    uint64_t rows = a.ndim == 3 ? a.shape[1] : 1, cols = a.ndim ? a.shape[a.ndim - 1] : 0;
+    if ((a.ndim != 2 && a.ndim != 3) || (a.dtype != DATA_U8 && a.dtype != DATA_F32))
         rc = errmsg_set(err, err_len,
                         "%s: an image .npy must be (N, rows, cols) or (N, D) of '|u1' or '<f4', not "
                         "%d-d '%s'",
                         path, a.ndim, data_dtype_name(a.dtype));
-        goto out;
-    }
-    uint64_t rows = a.ndim == 3 ? a.shape[1] : 1, cols = a.shape[a.ndim - 1];
-    if (a.shape[0] == 0 || rows == 0 || cols == 0) {
+    else if (a.shape[0] == 0 || rows == 0 || cols == 0)
         rc = errmsg_set(err, err_len, "%s: image .npy has a zero dimension", path);
-        goto out;
+    if (rc != 0) {
+        data_src_close(&s);
+        return rc;
     }
-    uint64_t dim = rows * cols;
+    if (npy_read_data(&s, &a, path, b, err, err_len) != 0)
+        return -1;
+    uint64_t dim = rows * cols, held = a.count * data_dtype_size(a.dtype);
     if (a.dtype == DATA_F32) {
         const float *x = a.data;
         for (uint64_t i = 0; i < a.count; i++)
@@ -413,7 +497,9 @@ int data_npy_images_load(data_images *d, const char *path, uint64_t limit, uint6
                                 "finite",
                                 path, (double)x[i], (ull)i, (ull)(i / dim),
                                 (ull)(a.data_offset + 4 * i));
-                goto out;
+                data_budget_give(b, held);
+                data_npy_free(&a);
+                return rc;
             }
     }
     *total = a.shape[0];
@@ -421,30 +507,33 @@ int data_npy_images_load(data_images *d, const char *path, uint64_t limit, uint6
     d->rows = (size_t)rows;
     d->cols = (size_t)cols;
     if (d->n < a.shape[0]) { /* give back what the subset does not need */
-        void *np = realloc(a.data, d->n * (size_t)dim * data_dtype_size(a.dtype));
-        if (np)
+        uint64_t keep = d->n * dim * data_dtype_size(a.dtype);
+        void *np = realloc(a.data, (size_t)keep);
+        if (np) {
             a.data = np;
+            data_budget_give(b, held - keep);
+        }
     }
     if (a.dtype == DATA_F32)
         d->f32 = a.data;
     else
         d->u8 = a.data;
-    a.data = NULL;
-out:
-    data_npy_free(&a);
-    return rc;
+    return 0;
 }
 
-int data_npy_labels_load(data_npy *a, const char *path, char *err, size_t err_len)
+int data_npy_labels_load(data_npy *a, const char *path, data_budget *b, char *err,
+                         size_t err_len)
 {
-    if (data_npy_load(a, path, err, err_len) != 0)
+    data_src s;
+    if (npy_open(&s, a, path, err, err_len) != 0)
         return -1;
     if (a->ndim != 1 || a->dtype == DATA_F32) {
         int rc = errmsg_set(err, err_len,
                             "%s: a label .npy must be 1-d '|u1', '<u2' or '<i4', not %d-d '%s'", path,
                             a->ndim, data_dtype_name(a->dtype));
-        data_npy_free(a);
+        data_src_close(&s);
+        memset(a, 0, sizeof *a);
         return rc;
     }
-    return 0;
+    return npy_read_data(&s, a, path, b, err, err_len);
 }

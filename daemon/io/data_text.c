@@ -1,6 +1,7 @@
 /* data_text.c — text as tokens: one token per byte, from one file or from
  * a directory of text files read in name order (see data.h for which
- * entries count). */
+ * entries count).  The bytes read are the tokens: one buffer, grown as the
+ * files come and charged to the job's budget before it grows. */
 #include "data_internal.h"
 
 #include "errmsg.h"
@@ -15,38 +16,67 @@
 
 typedef struct {
     unsigned char *p;
-    size_t n, cap;
+    size_t n, cap; /* cap bytes charged to budget */
+    data_budget *budget;
 } bytes;
 
+/* Room for `more` bytes past the n held: twice the buffer where the
+ * budget allows, so that many small files cost few reallocations, but
+ * never refused for the doubling alone. */
+static int grow(bytes *b, uint64_t more, const char *path, char *err, size_t err_len)
+{
+    uint64_t want = (uint64_t)b->n + more;
+    if (want <= b->cap)
+        return 0;
+    uint64_t ncap = (uint64_t)b->cap * 2 > want ? (uint64_t)b->cap * 2 : want;
+    uint64_t room = data_budget_room(b->budget);
+    if (ncap > want && ncap - b->cap > room)
+        ncap = want > b->cap + room ? want : b->cap + room;
+    if (ncap > SIZE_MAX / 2)
+        return data_oom(path, err, err_len);
+    if (data_budget_take(b->budget, ncap - b->cap, path, err, err_len) != 0)
+        return -1;
+    unsigned char *np = realloc(b->p, (size_t)ncap);
+    if (!np) {
+        data_budget_give(b->budget, ncap - b->cap);
+        return data_oom(path, err, err_len);
+    }
+    b->p = np;
+    b->cap = (size_t)ncap;
+    return 0;
+}
+
+/* The file's bytes after those held.  Its size says how many to make room
+ * for, so that a file is refused before any of it is read; a byte past
+ * them (it grew meanwhile) makes room for more. */
 static int append_file(bytes *b, const char *path, char *err, size_t err_len)
 {
     data_src s;
     if (data_src_open(&s, path, false, err, err_len) != 0)
         return -1;
-    for (;;) {
-        if (b->cap - b->n < DATA_CHUNK) {
-            size_t want = b->n + (s.size > s.out ? (size_t)(s.size - s.out) : 0) + DATA_CHUNK;
-            size_t ncap = b->cap * 2 > want ? b->cap * 2 : want;
-            unsigned char *np = realloc(b->p, ncap);
-            if (!np) {
-                data_src_close(&s);
-                return data_oom(path, err, err_len);
-            }
-            b->p = np;
-            b->cap = ncap;
-        }
+    int rc = grow(b, s.size, path, err, err_len);
+    while (rc == 0) {
         size_t want = b->cap - b->n;
-        ssize_t r = data_src_read(&s, b->p + b->n, want, err, err_len);
+        ssize_t r = want ? data_src_read(&s, b->p + b->n, want, err, err_len) : 0;
         if (r < 0) {
-            data_src_close(&s);
-            return -1;
+            rc = -1;
+            break;
         }
         b->n += (size_t)r;
         if ((size_t)r < want)
             break;
+        unsigned char c; /* full: does the file end here? */
+        r = data_src_read(&s, &c, 1, err, err_len);
+        if (r < 0)
+            rc = -1;
+        if (r <= 0)
+            break;
+        rc = grow(b, 1 + DATA_CHUNK, path, err, err_len);
+        if (rc == 0)
+            b->p[b->n++] = c;
     }
     data_src_close(&s);
-    return 0;
+    return rc;
 }
 
 static bool text_name_ok(const char *name)
@@ -120,24 +150,26 @@ static int read_text_dir(bytes *b, const char *dir, char *err, size_t err_len)
     return rc;
 }
 
-int data_text_load(data_tokens *t, const char *path, bool is_dir, char *err, size_t err_len)
+int data_text_load(data_tokens *t, const char *path, bool is_dir, data_budget *budget, char *err,
+                   size_t err_len)
 {
-    bytes b = {0};
+    bytes b = {.budget = budget};
     int rc = is_dir ? read_text_dir(&b, path, err, err_len) : append_file(&b, path, err, err_len);
     if (rc == 0 && b.n == 0)
         rc = errmsg_set(err, err_len, "%s: empty file (no tokens)", path);
-    if (rc == 0) {
-        t->tok = malloc(b.n * sizeof *t->tok);
-        if (!t->tok)
-            rc = data_oom(path, err, err_len);
+    if (rc != 0) {
+        data_budget_give(budget, b.cap);
+        free(b.p);
+        return rc;
     }
-    if (rc == 0) {
-        for (size_t i = 0; i < b.n; i++)
-            t->tok[i] = b.p[i];
-        t->n = b.n;
-        t->data_offset = 0;
-        t->elem_size = 1;
+    unsigned char *fit = realloc(b.p, b.n);
+    if (fit) {
+        data_budget_give(budget, b.cap - b.n);
+        b.p = fit;
     }
-    free(b.p);
-    return rc;
+    t->u8 = b.p;
+    t->n = b.n;
+    t->data_offset = 0;
+    t->elem_size = 1;
+    return 0;
 }

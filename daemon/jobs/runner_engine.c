@@ -44,7 +44,10 @@ static train_outcome engine_run(const runner_env *env, const job_config *cfg, tr
     if (d->kind == DEV_KIND_CPU && cfg->threads > (uint32_t)cores)
         runner_note(env, "[train] threads = %u is more than the %d cores here: the threads will take turns, "
                     "and the job runs far slower than with %d", cfg->threads, cores, cores);
-    train_outcome o = train_run(cfg, ctx->pools[env->dev], k, env->job_id, &env->hooks, res);
+    train_hooks hooks = env->hooks;
+    hooks.data_limit = ctx->cfg.max_job_data == UINT64_MAX ? 0 : ctx->cfg.max_job_data;
+    hooks.data_limit_key = "[daemon] max_job_data";
+    train_outcome o = train_run(cfg, ctx->pools[env->dev], k, env->job_id, &hooks, res);
     free(shared);
     return o;
 }

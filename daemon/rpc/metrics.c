@@ -95,6 +95,7 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
             {"gradd_job_loss", "Training loss of the last step."},
             {"gradd_job_units_per_second", "Tokens (gpt) or samples (mlp) per second."},
             {"gradd_job_micro_batch", "Current micro-batch size."},
+            {"gradd_job_data_bytes", "Host memory the job's training and validation data hold."},
         };
         for (size_t m = 0; m < sizeof jm / sizeof jm[0]; m++) {
             fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", jm[m][0], jm[m][1], jm[m][0]);
@@ -103,7 +104,7 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
                 if (j->state != JOB_RUNNING || !j->have_progress)
                     continue;
                 double v[] = {(double)j->prog.step, (double)j->prog.steps, j->prog.loss, j->prog.units_per_s,
-                              (double)j->prog.micro};
+                              (double)j->prog.micro, (double)j->prog.data_bytes};
                 /* Names and users are user-controlled: escape for the format. */
                 char name[160];
                 size_t o = 0;

@@ -125,6 +125,9 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
         m->micro_max = j->prog.micro_max;
         m->micro_fit = j->prog.micro_fit;
         m->oom_recoveries = j->prog.oom_recoveries;
+        /* Held while it runs, as mem_allocated: a finished job holds none. */
+        if (j->state == JOB_RUNNING)
+            m->data_bytes = j->prog.data_bytes;
         if (j->prog.batch_changes) {
             m->change_from = j->prog.change_from;
             m->change_to = j->prog.change_to;

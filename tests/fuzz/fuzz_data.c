@@ -10,7 +10,9 @@
  *                      4 generic .npy
  *   byte0 & 0x08: gzip the images part first (so the fuzzer reaches the IDX
  *                 parser behind gzip as easily as without); 0x10: the labels
- *                 part; 0x20: check tokens against vocab 50257 / 10 classes.
+ *                 part; 0x20: check tokens against vocab 50257 / 10 classes;
+ *                 0x40: a data budget of bytes 2-3 × 16 bytes (tokens) or
+ *                 byte 1 × 64 bytes (images).
  * Files are memfds read back through /proc/self/fd/N.
  *
  * Properties (abort() on violation):
@@ -20,7 +22,10 @@
  *   - what loads is consistent: counts, shapes, tokens < vocab, labels <
  *     classes, u8 pixels scaled into [0, 1], targets = inputs shifted by one;
  *   - a stream's position saved and restored continues identically; the
- *     evaluation pass yields exactly its size.
+ *     evaluation pass yields exactly its size;
+ *   - the budget holds exactly what was loaded (one byte a byte token, two
+ *     a uint16 one, pixels as stored, four a label, eight a stream sample),
+ *     never more than its limit, and nothing after a failure.
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -108,7 +113,7 @@ static void streams_tokens(const data_tokens *t, size_t T)
     if (t->n < T + 1)
         return;
     data_stream s, r;
-    CHECK(data_stream_tokens(&s, t, T, 1234, err, sizeof err) == 0);
+    CHECK(data_stream_tokens(&s, t, T, 1234, NULL, err, sizeof err) == 0);
     uint64_t size = data_stream_epoch_size(&s);
     CHECK(size >= 1 && size <= (t->n - 1) / T);
     enum { MAXN = 8 };
@@ -130,7 +135,7 @@ static void streams_tokens(const data_tokens *t, size_t T)
     uint64_t e, i;
     data_stream_state(&s, &e, &i);
     CHECK(i < size);
-    CHECK(data_stream_tokens(&r, t, T, 1234, err, sizeof err) == 0);
+    CHECK(data_stream_tokens(&r, t, T, 1234, NULL, err, sizeof err) == 0);
     CHECK(data_stream_set_state(&r, e, i, err, sizeof err) == 0);
     data_stream_next_tokens(&s, MAXN, in, tg);
     data_stream_next_tokens(&r, MAXN, in2, tg2);
@@ -148,28 +153,31 @@ static void streams_tokens(const data_tokens *t, size_t T)
         size_t got;
         while ((got = data_eval_next_tokens(&ev, MAXN, in, tg)) > 0) {
             CHECK(got <= MAXN);
-            CHECK(in[0] == t->tok[seen * T]);
+            CHECK(in[0] == data_token(t, seen * T));
             seen += got;
         }
         CHECK(seen == ev.size);
     }
 }
 
-static void fuzz_tokens(data_format fmt, uint32_t vocab, size_t T)
+static void fuzz_tokens(data_format fmt, uint32_t vocab, size_t T, uint64_t limit)
 {
     data_tokens t;
     memset(&t, 0xa5, sizeof t);
     err[0] = '\0';
-    if (data_tokens_load(&t, paths[0], fmt, vocab, err, sizeof err) != 0) {
+    data_budget b = {.limit = limit, .key = "[fuzz] limit"};
+    if (data_tokens_load(&t, paths[0], fmt, vocab, &b, err, sizeof err) != 0) {
         check_err(1);
         CHECK(zeroed(&t, sizeof t));
+        CHECK(b.used == 0 && (!limit || b.peak <= limit));
         return;
     }
-    CHECK(t.n > 0 && t.tok);
+    CHECK(t.n > 0 && (t.tok != NULL) != (t.u8 != NULL));
+    CHECK(b.used == t.n * (t.u8 ? 1 : 2) && (!limit || b.peak <= limit));
     CHECK(strcmp(t.source, paths[0]) == 0);
     uint32_t m = 0;
     for (size_t i = 0; i < t.n; i++)
-        m = t.tok[i] > m ? t.tok[i] : m;
+        m = data_token(&t, i) > m ? data_token(&t, i) : m;
     CHECK(m == t.max_token);
     if (vocab)
         CHECK(m < vocab);
@@ -182,27 +190,33 @@ static void fuzz_tokens(data_format fmt, uint32_t vocab, size_t T)
     streams_tokens(&t, T);
     data_tokens v;
     size_t n = t.n;
-    if (data_tokens_split(&t, &v, 0.25, err, sizeof err) == 0) {
+    uint64_t held = b.used;
+    if (data_tokens_split(&t, &v, 0.25, &b, err, sizeof err) == 0) {
         CHECK(t.n + v.n == n && t.n > 0 && v.n > 0);
+        CHECK(b.used == held);
         streams_tokens(&v, T);
         data_tokens_free(&v);
     } else {
         check_err(1);
+        CHECK(b.used == held);
     }
     data_tokens_free(&t);
 }
 
-static void fuzz_images(uint32_t classes)
+static void fuzz_images(uint32_t classes, uint64_t budget)
 {
     data_images d;
     memset(&d, 0xa5, sizeof d);
     err[0] = '\0';
     size_t limit = classes ? 3 : 0;
-    if (data_images_load(&d, paths[0], paths[1], classes, limit, err, sizeof err) != 0) {
+    data_budget b = {.limit = budget};
+    if (data_images_load(&d, paths[0], paths[1], classes, limit, &b, err, sizeof err) != 0) {
         check_err(2);
         CHECK(zeroed(&d, sizeof d));
+        CHECK(b.used == 0 && (!budget || b.peak <= budget));
         return;
     }
+    CHECK(b.used == d.n * d.dim * (d.u8 ? 1 : 4) + d.n * 4 && (!budget || b.peak <= budget));
     CHECK(d.n > 0 && d.dim == d.rows * d.cols && d.dim > 0);
     CHECK(!limit || d.n <= limit);
     CHECK((d.u8 != NULL) != (d.f32 != NULL));
@@ -214,7 +228,15 @@ static void fuzz_images(uint32_t classes)
     int32_t y[4];
     CHECK(x);
     data_stream s;
-    CHECK(data_stream_images(&s, &d, 99, err, sizeof err) == 0);
+    uint64_t held = b.used;
+    if (data_stream_images(&s, &d, 99, &b, err, sizeof err) != 0) {
+        check_err(2);
+        CHECK(budget && b.used == held);
+        free(x);
+        data_images_free(&d);
+        return;
+    }
+    CHECK(b.used == held + d.n * 8);
     CHECK(data_stream_epoch_size(&s) == d.n);
     for (int k = 0; k < 6; k++) {
         data_stream_next_images(&s, per, x, y);
@@ -240,7 +262,7 @@ static void fuzz_npy(void)
     data_npy a;
     memset(&a, 0xa5, sizeof a);
     err[0] = '\0';
-    if (data_npy_load(&a, paths[0], err, sizeof err) != 0) {
+    if (data_npy_load(&a, paths[0], NULL, err, sizeof err) != 0) {
         check_err(1);
         CHECK(zeroed(&a, sizeof a));
         return;
@@ -260,20 +282,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned mode = (data[0] & 7) % 5, flags = data[0];
     size_t T = 1 + data[1] % 32;
     bool strict = flags & 0x20;
+    uint64_t tok_budget = flags & 0x40 ? ((uint64_t)data[2] | (uint64_t)data[3] << 8) * 16 + 1 : 0;
+    uint64_t img_budget = flags & 0x40 ? (uint64_t)data[1] * 64 + 1 : 0;
     const uint8_t *p = data + 4;
     size_t n = size - 4;
     switch (mode) {
     case 0:
         put(0, p, n);
-        fuzz_tokens(DATA_FMT_LLMC, strict ? 50257 : 0, T);
+        fuzz_tokens(DATA_FMT_LLMC, strict ? 50257 : 0, T, tok_budget);
         break;
     case 1:
         put(0, p, n);
-        fuzz_tokens(DATA_FMT_NPY, strict ? 50257 : 0, T);
+        fuzz_tokens(DATA_FMT_NPY, strict ? 50257 : 0, T, tok_budget);
         break;
     case 2:
         put(0, p, n);
-        fuzz_tokens(DATA_FMT_AUTO, strict ? 256 : 0, T);
+        fuzz_tokens(DATA_FMT_AUTO, strict ? 256 : 0, T, tok_budget);
         break;
     case 3: {
         size_t split = (size_t)data[2] | (size_t)data[3] << 8;
@@ -291,7 +315,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 put(k, part[k], len[k]);
             }
         }
-        fuzz_images(strict ? 10 : 0);
+        fuzz_images(strict ? 10 : 0, img_budget);
         break;
     }
     default:

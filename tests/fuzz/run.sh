@@ -115,7 +115,7 @@ sources() {
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" \
         "$ROOT/daemon/models/*.c" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
-    data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c" ;;
+    data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c" ;;
     sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/*.c" \
         "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;

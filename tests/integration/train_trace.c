@@ -158,12 +158,12 @@ int main(int argc, char **argv)
     data_images img = {0};
     uint32_t input_dim = 0, classes = 0;
     if (tokens) {
-        if (data_tokens_load(&tok, j.train, DATA_FMT_TEXT, j.vocab, err, sizeof err) != 0) {
+        if (data_tokens_load(&tok, j.train, DATA_FMT_TEXT, j.vocab, NULL, err, sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
     } else {
-        if (data_images_load(&img, j.train, j.train_labels, 0, j.subset, err, sizeof err) != 0) {
+        if (data_images_load(&img, j.train, j.train_labels, 0, j.subset, NULL, err, sizeof err) != 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
@@ -217,8 +217,8 @@ int main(int argc, char **argv)
     fprintf(f, "],\n\"batches\": [");
     /* The stream train_run read from, from the start again. */
     data_stream ds;
-    int rc = tokens ? data_stream_tokens(&ds, &tok, j.context, j.seed, err, sizeof err)
-                    : data_stream_images(&ds, &img, j.seed, err, sizeof err);
+    int rc = tokens ? data_stream_tokens(&ds, &tok, j.context, j.seed, NULL, err, sizeof err)
+                    : data_stream_images(&ds, &img, j.seed, NULL, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "%s\n", err);
         return 1;

@@ -219,10 +219,10 @@ static void test_text_file(void **state)
     const char *s = "hello, world\n\xff\x00z";
     const char *p = write_file("t.txt", s, 16);
     data_tokens t;
-    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 256, err, sizeof err));
+    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 256, NULL, err, sizeof err));
     assert_int_equal(t.n, 16);
     for (size_t i = 0; i < 16; i++)
-        assert_int_equal(t.tok[i], (unsigned char)s[i]);
+        assert_int_equal(data_token(&t, i), (unsigned char)s[i]);
     assert_int_equal(t.max_token, 255);
     assert_string_equal(t.source, p);
     expect_fail(data_tokens_check_vocab(&t, 128, err, sizeof err), p, "token 255 at index 13",
@@ -230,17 +230,17 @@ static void test_text_file(void **state)
     data_tokens_free(&t);
 
     const char *e = write_file("empty.txt", "", 0);
-    expect_fail(data_tokens_load(&t, e, DATA_FMT_TEXT, 0, err, sizeof err), e, "empty");
+    expect_fail(data_tokens_load(&t, e, DATA_FMT_TEXT, 0, NULL, err, sizeof err), e, "empty");
     assert_null(t.tok);
-    expect_fail(data_tokens_load(&t, tmp("missing"), DATA_FMT_AUTO, 0, err, sizeof err),
+    expect_fail(data_tokens_load(&t, tmp("missing"), DATA_FMT_AUTO, 0, NULL, err, sizeof err),
                 tmp("missing"), "cannot open");
     /* a FIFO is refused, not waited on */
     const char *f = tmp("fifo");
     assert_int_equal(mkfifo(f, 0600), 0);
-    expect_fail(data_tokens_load(&t, f, DATA_FMT_AUTO, 0, err, sizeof err), f,
+    expect_fail(data_tokens_load(&t, f, DATA_FMT_AUTO, 0, NULL, err, sizeof err), f,
                 "not a regular file");
     data_images d;
-    expect_fail(data_images_load(&d, f, f, 0, 0, err, sizeof err), f, "not a regular file");
+    expect_fail(data_images_load(&d, f, f, 0, 0, NULL, err, sizeof err), f, "not a regular file");
 }
 
 static void test_text_dir(void **state)
@@ -260,19 +260,19 @@ static void test_text_dir(void **state)
     assert_int_equal(mkdir(tmp("fort/sub"), 0700), 0);
     write_file("fort/sub/x", "XXX", 3);
     data_tokens t;
-    ok(data_tokens_load(&t, d, DATA_FMT_AUTO, 256, err, sizeof err));
+    ok(data_tokens_load(&t, d, DATA_FMT_AUTO, 256, NULL, err, sizeof err));
     const char *want = "AA\nBBB\nBBB\n";
     assert_int_equal(t.n, strlen(want));
     for (size_t i = 0; i < t.n; i++)
-        assert_int_equal(t.tok[i], (unsigned char)want[i]);
+        assert_int_equal(data_token(&t, i), (unsigned char)want[i]);
     data_tokens_free(&t);
-    expect_fail(data_tokens_load(&t, d, DATA_FMT_LLMC, 0, err, sizeof err), d, "directory");
+    expect_fail(data_tokens_load(&t, d, DATA_FMT_LLMC, 0, NULL, err, sizeof err), d, "directory");
 
     char e[600];
     snprintf(e, sizeof e, "%s/emptydir", dir);
     assert_int_equal(mkdir(e, 0700), 0);
     write_file("emptydir/x.dat", "1", 1);
-    expect_fail(data_tokens_load(&t, e, DATA_FMT_TEXT, 0, err, sizeof err), e, "no text");
+    expect_fail(data_tokens_load(&t, e, DATA_FMT_TEXT, 0, NULL, err, sizeof err), e, "no text");
 }
 
 /* ---- llm.c ------------------------------------------------------------------- */
@@ -285,19 +285,19 @@ static void test_llmc_valid(void **state)
     unsigned char *b = llmc(20240520, 1, 6, tok, 6, &len);
     const char *p = write_file("ok.bin", b, len);
     data_tokens t;
-    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err));
+    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err));
     assert_int_equal(t.n, 6);
     for (int i = 0; i < 6; i++)
-        assert_int_equal(t.tok[i], tok[i]);
+        assert_int_equal(data_token(&t, i), tok[i]);
     assert_int_equal(t.max_token, 65535);
     data_tokens_free(&t);
     /* vocab known: the first token out of range is named with its offset */
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_LLMC, 50257, err, sizeof err), p,
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_LLMC, 50257, NULL, err, sizeof err), p,
                 "token 65535 at index 4 (byte offset 1032)", "vocab 50257");
     assert_null(t.tok);
     /* the magic, not the name, decides under auto */
     const char *q = write_file("tokens.dat", b, len);
-    ok(data_tokens_load(&t, q, DATA_FMT_AUTO, 65536, err, sizeof err));
+    ok(data_tokens_load(&t, q, DATA_FMT_AUTO, 65536, NULL, err, sizeof err));
     assert_int_equal(t.n, 6);
     assert_int_equal(t.elem_size, 2);
     data_tokens_free(&t);
@@ -314,49 +314,49 @@ static void test_llmc_invalid(void **state)
 
     b = llmc(12345, 1, 4, tok, 4, &len);
     const char *p = write_file("magic.bin", b, len);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p,
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p,
                 "bad magic 12345 (expected 20240520 for an llm.c token file)");
     free(b);
 
     b = llmc(20240520, 2, 4, tok, 4, &len);
     p = write_file("version.bin", b, len);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p, "bad version 2",
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p, "bad version 2",
                 "expected 1");
     free(b);
 
     b = llmc(20240520, 1, 5, tok, 4, &len); /* says 5, holds 4 */
     p = write_file("short.bin", b, len);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p, "truncated body",
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p, "truncated body",
                 "5 tokens", "1034 bytes", "it is 1032 bytes");
     free(b);
 
     b = llmc(20240520, 1, 3, tok, 4, &len); /* says 3, holds 4 */
     p = write_file("long.bin", b, len);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p, "trailing bytes",
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p, "trailing bytes",
                 "1030 bytes", "it is 1032 bytes");
     free(b);
 
     b = llmc(20240520, 1, 0, tok, 0, &len);
     p = write_file("zero.bin", b, len);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p, "token count 0");
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p, "token count 0");
     free(b);
 
     b = llmc(20240520, 1, -4, tok, 4, &len);
     p = write_file("neg.bin", b, len);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p, "token count -4");
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p, "token count -4");
     free(b);
 
     b = llmc(20240520, 1, 4, tok, 4, &len);
     p = write_file("hdr.bin", b, 100);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p,
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p,
                 "truncated header", "100 bytes");
     /* forced format: a text file is refused as llm.c with the magic named */
     p = write_file("text.txt", "hello world", 11);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_LLMC, 0, err, sizeof err), p, "bad magic",
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_LLMC, 0, NULL, err, sizeof err), p, "bad magic",
                 "20240520");
     /* *.bin under auto is an llm.c file, so a wrong one gets the llm.c message */
     p = write_file("text.bin", "hello world", 11);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err), p, "bad magic");
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err), p, "bad magic");
     free(b);
     assert_null(t.tok);
 }
@@ -370,37 +370,37 @@ static void test_npy_tokens(void **state)
     uint16_t u16[] = {5, 6, 65535};
     const char *p = write_npy("u2.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }",
                               u16, sizeof u16);
-    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err));
+    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err));
     assert_int_equal(t.n, 3);
-    assert_int_equal(t.tok[2], 65535);
+    assert_int_equal(data_token(&t, 2), 65535);
     data_tokens_free(&t);
 
     int32_t i32[] = {0, 1, 50000, 2};
     p = write_npy("i4.npy", "{\"descr\":\"<i4\",\"fortran_order\":False,\"shape\":(4,)}", i32,
                   sizeof i32);
-    ok(data_tokens_load(&t, p, DATA_FMT_NPY, 50257, err, sizeof err));
+    ok(data_tokens_load(&t, p, DATA_FMT_NPY, 50257, NULL, err, sizeof err));
     assert_int_equal(t.n, 4);
-    assert_int_equal(t.tok[2], 50000);
+    assert_int_equal(data_token(&t, 2), 50000);
     data_tokens_free(&t);
 
     int32_t bad[] = {0, -1};
     p = write_npy("neg.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", bad,
                   sizeof bad);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_NPY, 0, err, sizeof err), p,
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_NPY, 0, NULL, err, sizeof err), p,
                 "token -1 at index 1", "uint16");
 
     uint8_t u8[] = {'h', 'i'};
     p = write_npy("u1.bin.npy", "{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", u8, 2);
-    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 256, err, sizeof err));
-    assert_int_equal(t.tok[1], 'i');
+    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 256, NULL, err, sizeof err));
+    assert_int_equal(data_token(&t, 1), 'i');
     data_tokens_free(&t);
 
     float f[] = {1, 2};
     p = write_npy("f4.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", f,
                   sizeof f);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_NPY, 0, err, sizeof err), p, "'<f4'", "1-d");
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_NPY, 0, NULL, err, sizeof err), p, "'<f4'", "1-d");
     p = write_npy("2d.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (1, 2), }", u16, 4);
-    expect_fail(data_tokens_load(&t, p, DATA_FMT_NPY, 0, err, sizeof err), p, "2-d");
+    expect_fail(data_tokens_load(&t, p, DATA_FMT_NPY, 0, NULL, err, sizeof err), p, "2-d");
 
     /* v2 header */
     size_t len;
@@ -408,7 +408,7 @@ static void test_npy_tokens(void **state)
                            sizeof u16, &len);
     p = write_file("v2.npy", b, len);
     free(b);
-    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, err, sizeof err));
+    ok(data_tokens_load(&t, p, DATA_FMT_AUTO, 0, NULL, err, sizeof err));
     assert_int_equal(t.n, 3);
     data_tokens_free(&t);
 }
@@ -422,7 +422,7 @@ static void npy_bad(const char *name, int major, const char *dict, size_t dlen, 
     const char *p = write_file(name, b, cut ? (size_t)cut : len);
     free(b);
     data_npy a;
-    expect_fail(data_npy_load(&a, p, err, sizeof err), p, frag1, frag2);
+    expect_fail(data_npy_load(&a, p, NULL, err, sizeof err), p, frag1, frag2);
     assert_null(a.data);
 }
 
@@ -435,7 +435,7 @@ static void test_npy_invalid(void **state)
     float v[6] = {1, 2, 3, 4, 5, 6};
     unsigned char *b = npy(1, good, v, sizeof v, &len);
     const char *p = write_file("good.npy", b, len);
-    ok(data_npy_load(&a, p, err, sizeof err));
+    ok(data_npy_load(&a, p, NULL, err, sizeof err));
     assert_int_equal(a.dtype, DATA_F32);
     assert_int_equal(a.ndim, 2);
     assert_int_equal(a.shape[0], 2);
@@ -447,15 +447,15 @@ static void test_npy_invalid(void **state)
     /* damaged copies of the good file */
     b[0] = 'X';
     p = write_file("magic.npy", b, len);
-    expect_fail(data_npy_load(&a, p, err, sizeof err), p, "not a .npy file");
+    expect_fail(data_npy_load(&a, p, NULL, err, sizeof err), p, "not a .npy file");
     b[0] = 0x93;
     b[6] = 4;
     p = write_file("ver.npy", b, len);
-    expect_fail(data_npy_load(&a, p, err, sizeof err), p, "version 4.0");
+    expect_fail(data_npy_load(&a, p, NULL, err, sizeof err), p, "version 4.0");
     b[6] = 1;
     b[127] = ' ';
     p = write_file("nl.npy", b, len);
-    expect_fail(data_npy_load(&a, p, err, sizeof err), p, "newline");
+    expect_fail(data_npy_load(&a, p, NULL, err, sizeof err), p, "newline");
     free(b);
 
     npy_bad("short.npy", 1, good, 20, 0, "truncated data", "needs 24 data bytes");
@@ -517,20 +517,20 @@ static void test_idx_valid(void **state)
     const char *ip = write_file("i.idx", im, li), *lp = write_file("l.idx", lb, ll);
     const char *gi = write_gz("i.idx.gz", im, li), *gl = write_gz("l.idx.gz", lb, ll);
     data_images d;
-    ok(data_images_load(&d, ip, lp, 10, 0, err, sizeof err));
+    ok(data_images_load(&d, ip, lp, 10, 0, NULL, err, sizeof err));
     check_images(&d, 12, 3, 4);
     assert_int_equal(d.classes, 10);
     assert_string_equal(d.source, ip);
     data_images_free(&d);
-    ok(data_images_load(&d, gi, gl, 0, 0, err, sizeof err));
+    ok(data_images_load(&d, gi, gl, 0, 0, NULL, err, sizeof err));
     check_images(&d, 12, 3, 4);
     assert_int_equal(d.classes, 10); /* max label + 1 */
     data_images_free(&d);
     /* plain images, gzip'd labels; subset */
-    ok(data_images_load(&d, ip, gl, 10, 5, err, sizeof err));
+    ok(data_images_load(&d, ip, gl, 10, 5, NULL, err, sizeof err));
     check_images(&d, 5, 3, 4);
     data_images_free(&d);
-    ok(data_images_load(&d, gi, lp, 10, 100, err, sizeof err));
+    ok(data_images_load(&d, gi, lp, 10, 100, NULL, err, sizeof err));
     check_images(&d, 12, 3, 4);
     data_images_free(&d);
     /* concatenated gzip members read on */
@@ -544,7 +544,7 @@ static void test_idx_valid(void **state)
     memcpy(cat, b1, n1);
     memcpy(cat + n1, b2, n2);
     const char *cp = write_file("cat.idx.gz", cat, n1 + n2);
-    ok(data_images_load(&d, cp, lp, 10, 0, err, sizeof err));
+    ok(data_images_load(&d, cp, lp, 10, 0, NULL, err, sizeof err));
     check_images(&d, 12, 3, 4);
     data_images_free(&d);
     free(b1);
@@ -566,52 +566,52 @@ static void test_idx_invalid(void **state)
     const char *p;
 
     /* swapped files: each magic named */
-    expect_fail(data_images_load(&d, lp, lp, 10, 0, err, sizeof err), lp, "bad magic 0x00000801",
+    expect_fail(data_images_load(&d, lp, lp, 10, 0, NULL, err, sizeof err), lp, "bad magic 0x00000801",
                 "expected 0x00000803 for IDX ubyte images", "labels file");
-    expect_fail(data_images_load(&d, ip, ip, 10, 0, err, sizeof err), ip, "bad magic 0x00000803",
+    expect_fail(data_images_load(&d, ip, ip, 10, 0, NULL, err, sizeof err), ip, "bad magic 0x00000803",
                 "expected 0x00000801 for IDX ubyte labels");
     assert_null(d.u8);
     size_t lm;
     unsigned char *m = idx_images(0x0d03, 12, 3, 4, &lm);
     p = write_file("m.idx", m, lm);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "bad magic 0x00000d03");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "bad magic 0x00000d03");
     free(m);
     m = idx_images(0x803, 12, 0, 4, &lm);
     p = write_file("zero.idx", m, lm);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "dimension 1 (rows) is 0");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "dimension 1 (rows) is 0");
     free(m);
     /* truncated and trailing, plain and gzip'd */
     p = write_file("cut.idx", im, li - 3);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "truncated body",
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "truncated body",
                 "12×3×4 images", "160 bytes", "it is 157 bytes");
     p = write_gz("cut.gz", im, li - 3);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "truncated body",
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "truncated body",
                 "144 bytes should follow the 16-byte header, but 141 do (decompressed)");
     unsigned char *more = calloc(1, li + 5);
     memcpy(more, im, li);
     p = write_file("more.idx", more, li + 5);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "trailing bytes",
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "trailing bytes",
                 "but 149 do");
     p = write_gz("more.gz", more, li + 5);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "trailing bytes",
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "trailing bytes",
                 "149 do (decompressed)");
     free(more);
     p = write_file("hdr.idx", im, 10);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "truncated IDX header");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "truncated IDX header");
     p = write_file("tiny.idx", im, 2);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "too short", "2 bytes");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "too short", "2 bytes");
     /* labels: out of range, N mismatch */
     lb[8 + 7] = 10;
     p = write_file("l10.idx", lb, ll);
-    expect_fail(data_images_load(&d, ip, p, 10, 0, err, sizeof err), p,
+    expect_fail(data_images_load(&d, ip, p, 10, 0, NULL, err, sizeof err), p,
                 "label 10 at record 7 (byte offset 15) is out of range for 10 classes");
     lb[8 + 7] = 7;
     unsigned char *l11 = idx_labels(0x801, 11, &ll);
     p = write_file("l11.idx", l11, ll);
-    expect_fail(data_images_load(&d, ip, p, 10, 0, err, sizeof err), p, "11 labels", ip,
+    expect_fail(data_images_load(&d, ip, p, 10, 0, NULL, err, sizeof err), p, "11 labels", ip,
                 "12 images");
     /* a subset does not hide a mismatch */
-    expect_fail(data_images_load(&d, ip, p, 10, 5, err, sizeof err), p, "11 labels");
+    expect_fail(data_images_load(&d, ip, p, 10, 5, NULL, err, sizeof err), p, "11 labels");
     free(l11);
     /* corrupt gzip: flip bytes in the deflate data; cut the stream; append garbage */
     size_t gl;
@@ -621,32 +621,32 @@ static void test_idx_invalid(void **state)
     for (size_t k = 12; k < gl - 8; k += 3)
         bad[k] ^= 0x5a;
     p = write_file("corrupt.gz", bad, gl);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "gzip");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "gzip");
     memcpy(bad, gz, gl);
     bad[gl - 4] ^= 1; /* ISIZE, the last 4 bytes */
     p = write_file("isize.gz", bad, gl);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "corrupt gzip data",
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "corrupt gzip data",
                 "incorrect length check");
     memcpy(bad, gz, gl);
     bad[gl - 8] ^= 1; /* CRC-32, the 4 before */
     p = write_file("crc.gz", bad, gl);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "corrupt gzip data",
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "corrupt gzip data",
                 "incorrect data check");
     p = write_file("trunc.gz", gz, gl / 2);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "truncated gzip stream");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "truncated gzip stream");
     p = write_file("trunc2.gz", gz, gl - 4);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "truncated gzip stream");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "truncated gzip stream");
     memcpy(bad, gz, gl);
     memcpy(bad + gl, "GARBAGE!", 8);
     p = write_file("garbage.gz", bad, gl + 8);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p,
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p,
                 "8 bytes of trailing garbage after the gzip stream");
     p = write_file("hdronly.gz", gz, 2);
-    expect_fail(data_images_load(&d, p, lp, 10, 0, err, sizeof err), p, "gzip");
+    expect_fail(data_images_load(&d, p, lp, 10, 0, NULL, err, sizeof err), p, "gzip");
     free(bad);
     free(gz);
     /* not a regular file */
-    expect_fail(data_images_load(&d, dir, lp, 10, 0, err, sizeof err), dir, "directory");
+    expect_fail(data_images_load(&d, dir, lp, 10, 0, NULL, err, sizeof err), dir, "directory");
     free(im);
     free(lb);
 }
@@ -666,7 +666,7 @@ static void test_npy_images(void **state)
     const char *yp = write_npy("y.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (4,), }",
                                y, sizeof y);
     data_images d;
-    ok(data_images_load(&d, xp, yp, 4, 0, err, sizeof err));
+    ok(data_images_load(&d, xp, yp, 4, 0, NULL, err, sizeof err));
     assert_int_equal(d.n, 4);
     assert_int_equal(d.dim, 6);
     assert_non_null(d.f32);
@@ -675,17 +675,17 @@ static void test_npy_images(void **state)
     assert_memory_equal(out, x + 12, sizeof out); /* f32 passes through */
     assert_int_equal(d.labels[3], 1);
     data_images_free(&d);
-    ok(data_images_load(&d, xp, yp, 0, 2, err, sizeof err));
+    ok(data_images_load(&d, xp, yp, 0, 2, NULL, err, sizeof err));
     assert_int_equal(d.n, 2);
     assert_int_equal(d.classes, 4);
     data_images_free(&d);
-    expect_fail(data_images_load(&d, xp, yp, 3, 0, err, sizeof err), yp, "label 3 at record 0",
+    expect_fail(data_images_load(&d, xp, yp, 3, 0, NULL, err, sizeof err), yp, "label 3 at record 0",
                 "3 classes");
     x[7] = NAN;
     const char *np = write_npy("nan.npy", 
                                "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 6), }",
                                x, sizeof x);
-    expect_fail(data_images_load(&d, np, yp, 4, 0, err, sizeof err), np, "index 7", "image 1",
+    expect_fail(data_images_load(&d, np, yp, 4, 0, NULL, err, sizeof err), np, "index 7", "image 1",
                 "not finite");
     /* u8 (N, r, c) images with IDX labels */
     size_t li, ll;
@@ -695,12 +695,12 @@ static void test_npy_images(void **state)
                                "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 2, 2), }",
                                im + 16, 12);
     const char *lp = write_gz("l.gz", lb, ll);
-    ok(data_images_load(&d, up, lp, 10, 0, err, sizeof err));
+    ok(data_images_load(&d, up, lp, 10, 0, NULL, err, sizeof err));
     check_images(&d, 3, 2, 2);
     data_images_free(&d);
-    expect_fail(data_images_load(&d, up, yp, 10, 0, err, sizeof err), yp, "4 labels", "3 images");
-    expect_fail(data_images_load(&d, yp, yp, 10, 0, err, sizeof err), yp, "image .npy", "1-d");
-    expect_fail(data_images_load(&d, up, xp, 10, 0, err, sizeof err), xp, "label .npy", "'<f4'");
+    expect_fail(data_images_load(&d, up, yp, 10, 0, NULL, err, sizeof err), yp, "4 labels", "3 images");
+    expect_fail(data_images_load(&d, yp, yp, 10, 0, NULL, err, sizeof err), yp, "image .npy", "1-d");
+    expect_fail(data_images_load(&d, up, xp, 10, 0, NULL, err, sizeof err), xp, "label .npy", "'<f4'");
     free(im);
     free(lb);
 }
@@ -757,8 +757,8 @@ static void test_stream_tokens(void **state)
     data_tokens t;
     fake_tokens(&t, 1001); /* 1000 / 8 = 125 windows; slack 0, so 124 with shifts */
     data_stream a, b;
-    ok(data_stream_tokens(&a, &t, T, 42, err, sizeof err));
-    ok(data_stream_tokens(&b, &t, T, 42, err, sizeof err));
+    ok(data_stream_tokens(&a, &t, T, 42, NULL, err, sizeof err));
+    ok(data_stream_tokens(&b, &t, T, 42, NULL, err, sizeof err));
     uint64_t W = data_stream_epoch_size(&a);
     assert_int_equal(W, 124);
     enum { STEPS = 40, B = 16 };
@@ -798,13 +798,13 @@ static void test_stream_tokens(void **state)
     }
     /* per-sample draws equal too */
     data_stream c;
-    ok(data_stream_tokens(&c, &t, T, 42, err, sizeof err));
+    ok(data_stream_tokens(&c, &t, T, 42, NULL, err, sizeof err));
     static int32_t in3[STEPS * B * T], tg3[STEPS * B * T];
     draw_tokens(&c, STEPS, ones, 16, in3, tg3);
     assert_memory_equal(in1, in3, sizeof in1);
     /* another seed, another order */
     data_stream_free(&c);
-    ok(data_stream_tokens(&c, &t, T, 43, err, sizeof err));
+    ok(data_stream_tokens(&c, &t, T, 43, NULL, err, sizeof err));
     draw_tokens(&c, 1, whole, 1, in3, tg3);
     assert_true(memcmp(in1, in3, B * T * sizeof *in1) != 0);
     data_stream_free(&c);
@@ -812,10 +812,10 @@ static void test_stream_tokens(void **state)
     data_stream_free(&b);
     /* too short */
     t.n = 8;
-    expect_fail(data_stream_tokens(&a, &t, T, 1, err, sizeof err), "fake.bin",
+    expect_fail(data_stream_tokens(&a, &t, T, 1, NULL, err, sizeof err), "fake.bin",
                 "8 tokens are too few for context 8");
     t.n = 9; /* exactly one window, no shift */
-    ok(data_stream_tokens(&a, &t, T, 1, err, sizeof err));
+    ok(data_stream_tokens(&a, &t, T, 1, NULL, err, sizeof err));
     assert_int_equal(data_stream_epoch_size(&a), 1);
     int32_t x[T], y[T];
     for (int i = 0; i < 3; i++) {
@@ -833,7 +833,7 @@ static void test_stream_resume(void **state)
     data_tokens t;
     fake_tokens(&t, 500);
     data_stream a, b;
-    ok(data_stream_tokens(&a, &t, T, 7, err, sizeof err));
+    ok(data_stream_tokens(&a, &t, T, 7, NULL, err, sizeof err));
     uint64_t W = data_stream_epoch_size(&a);
     int32_t x[5 * T], y[5 * T], x2[5 * T], y2[5 * T];
     /* save at several points, including just before an epoch turns */
@@ -842,7 +842,7 @@ static void test_stream_resume(void **state)
         uint64_t e, i;
         data_stream_state(&a, &e, &i);
         assert_true(i < W);
-        ok(data_stream_tokens(&b, &t, T, 7, err, sizeof err));
+        ok(data_stream_tokens(&b, &t, T, 7, NULL, err, sizeof err));
         ok(data_stream_set_state(&b, e, i, err, sizeof err));
         for (int k = 0; k < 3; k++) {
             data_stream_next_tokens(&a, 5, x, y);
@@ -855,7 +855,7 @@ static void test_stream_resume(void **state)
     expect_fail(data_stream_set_state(&a, 0, W, err, sizeof err), "fake.bin", "past the epoch");
     /* a restore to an earlier epoch replays it */
     ok(data_stream_set_state(&a, 0, 0, err, sizeof err));
-    ok(data_stream_tokens(&b, &t, T, 7, err, sizeof err));
+    ok(data_stream_tokens(&b, &t, T, 7, NULL, err, sizeof err));
     data_stream_next_tokens(&a, 5, x, y);
     data_stream_next_tokens(&b, 5, x2, y2);
     assert_memory_equal(x, x2, sizeof x);
@@ -870,8 +870,8 @@ static void test_stream_images(void **state)
     data_images d;
     fake_images(&d, 37);
     data_stream a, b;
-    ok(data_stream_images(&a, &d, 9, err, sizeof err));
-    ok(data_stream_images(&b, &d, 9, err, sizeof err));
+    ok(data_stream_images(&a, &d, 9, NULL, err, sizeof err));
+    ok(data_stream_images(&b, &d, 9, NULL, err, sizeof err));
     assert_int_equal(data_stream_epoch_size(&a), 37);
     enum { N = 16 * 10 };
     static float xa[N * 3], xb[N * 3];
@@ -916,12 +916,12 @@ static void test_eval_and_split(void **state)
     (void)state;
     data_tokens t, v;
     fake_tokens(&t, 1000);
-    expect_fail(data_tokens_split(&t, &v, 1.0, err, sizeof err), "fake.bin", "fraction 1");
-    expect_fail(data_tokens_split(&t, &v, 0.0001, err, sizeof err), "fake.bin", "too few");
-    ok(data_tokens_split(&t, &v, 0.1, err, sizeof err));
+    expect_fail(data_tokens_split(&t, &v, 1.0, NULL, err, sizeof err), "fake.bin", "fraction 1");
+    expect_fail(data_tokens_split(&t, &v, 0.0001, NULL, err, sizeof err), "fake.bin", "too few");
+    ok(data_tokens_split(&t, &v, 0.1, NULL, err, sizeof err));
     assert_int_equal(t.n, 900);
     assert_int_equal(v.n, 100);
-    assert_int_equal(v.tok[0], 900);
+    assert_int_equal(data_token(&v, 0), 900);
     assert_int_equal(v.max_token, 999);
     assert_int_equal(t.max_token, 899);
     assert_non_null(strstr(v.source, "fake.bin (validation: last 100 tokens)"));
@@ -1009,14 +1009,14 @@ static void test_real_fortunes(void **state)
     }
     closedir(d);
     data_tokens t;
-    ok(data_tokens_load(&t, FORTUNES, DATA_FMT_AUTO, 256, err, sizeof err));
+    ok(data_tokens_load(&t, FORTUNES, DATA_FMT_AUTO, 256, NULL, err, sizeof err));
     assert_int_equal(t.n, want);
     assert_true(t.n > 2000000); /* ~2.5 MB */
     print_message("fortunes: %zu byte tokens\n", t.n);
     data_tokens v;
-    ok(data_tokens_split(&t, &v, 0.1, err, sizeof err));
+    ok(data_tokens_split(&t, &v, 0.1, NULL, err, sizeof err));
     data_stream s;
-    ok(data_stream_tokens(&s, &t, 256, 1, err, sizeof err));
+    ok(data_stream_tokens(&s, &t, 256, 1, NULL, err, sizeof err));
     assert_int_equal(data_stream_epoch_size(&s), (t.n - 1) / 256 - ((t.n - 1) % 256 < 255));
     static int32_t x[16 * 256], y[16 * 256];
     data_stream_next_tokens(&s, 16, x, y);
@@ -1035,7 +1035,7 @@ static void test_real_fashion(void **state)
     }
     data_images tr, te;
     ok(data_images_load(&tr, FASHION "/train-images-idx3-ubyte.gz",
-                        FASHION "/train-labels-idx1-ubyte.gz", 10, 0, err, sizeof err));
+                        FASHION "/train-labels-idx1-ubyte.gz", 10, 0, NULL, err, sizeof err));
     assert_int_equal(tr.n, 60000);
     assert_int_equal(tr.rows, 28);
     assert_int_equal(tr.cols, 28);
@@ -1046,7 +1046,7 @@ static void test_real_fashion(void **state)
     for (int c = 0; c < 10; c++)
         assert_int_equal(count[c], 6000); /* fashion-mnist is balanced */
     ok(data_images_load(&te, FASHION "/t10k-images-idx3-ubyte.gz",
-                        FASHION "/t10k-labels-idx1-ubyte.gz", 10, 0, err, sizeof err));
+                        FASHION "/t10k-labels-idx1-ubyte.gz", 10, 0, NULL, err, sizeof err));
     assert_int_equal(te.n, 10000);
     assert_int_equal(te.dim, 784);
     float x[784];
@@ -1061,7 +1061,7 @@ static void test_real_fashion(void **state)
     /* the subset keeps the first N */
     data_images sub;
     ok(data_images_load(&sub, FASHION "/train-images-idx3-ubyte.gz",
-                        FASHION "/train-labels-idx1-ubyte.gz", 10, 1000, err, sizeof err));
+                        FASHION "/train-labels-idx1-ubyte.gz", 10, 1000, NULL, err, sizeof err));
     assert_int_equal(sub.n, 1000);
     assert_memory_equal(sub.u8, tr.u8, 1000 * 784);
     assert_memory_equal(sub.labels, tr.labels, 1000 * sizeof *sub.labels);
@@ -1069,7 +1069,7 @@ static void test_real_fashion(void **state)
     data_images_free(&tr);
     /* labels and images swapped */
     expect_fail(data_images_load(&tr, FASHION "/t10k-labels-idx1-ubyte.gz",
-                                 FASHION "/t10k-images-idx3-ubyte.gz", 10, 0, err, sizeof err),
+                                 FASHION "/t10k-images-idx3-ubyte.gz", 10, 0, NULL, err, sizeof err),
                 FASHION "/t10k-labels-idx1-ubyte.gz", "bad magic 0x00000801");
 }
 
