@@ -222,6 +222,14 @@ size_t pool_timeline_snapshot(pool *p, pool_event *out, size_t max);
  * one thread track per job, and counter tracks ("ph":"C") for allocated
  * bytes per tag and reserved bytes per pool.  0, or -1 with errno set. */
 int pool_timeline_write_json(pool *p, FILE *f);
+/* The same trace in parts, so that a caller can send it as its reader
+ * takes it: begin copies the ring (NULL with errno set); each next appends
+ * about `want` bytes to f (at least one event) and says 1 while more
+ * follow, 0 after the last part, -1 with errno on failure. */
+typedef struct pool_tl_export pool_tl_export;
+pool_tl_export *pool_timeline_export_begin(pool *p);
+int pool_timeline_export_next(pool_tl_export *x, FILE *f, size_t want);
+void pool_timeline_export_free(pool_tl_export *x);
 
 /* ---- checking --------------------------------------------------------------- */
 

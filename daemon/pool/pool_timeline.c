@@ -248,60 +248,78 @@ static int instant(FILE *f, const pool_event *e, double ts)
     return rc;
 }
 
-int pool_timeline_write_json(pool *p, FILE *f)
+/* An export in progress: the ring as it was when it began, and the
+ * counter tracks as far as the events written so far. */
+struct pool_tl_export {
+    pool_event *ev;
+    size_t n, next; /* events held; the next to write */
+    int64_t tags[POOL_TAG_COUNT], res[POOL_NSUB];
+    uint64_t total, t0;
+    char device[16];
+    int phase; /* 0: the header is next; 1: events; 2: done */
+};
+
+pool_tl_export *pool_timeline_export_begin(pool *p)
 {
-    if (!f) {
-        errno = EINVAL;
-        return -1;
-    }
+    pool_tl_export *x = calloc(1, sizeof *x);
+    if (!x)
+        return NULL;
     pthread_mutex_lock(&p->lock);
     size_t held = p->ring_total < p->ring_cap ? (size_t)p->ring_total : p->ring_cap;
-    pool_event *ev = held ? malloc(held * sizeof *ev) : NULL;
-    if (held && !ev) {
+    x->ev = held ? malloc(held * sizeof *x->ev) : NULL;
+    if (held && !x->ev) {
         pthread_mutex_unlock(&p->lock);
+        free(x);
         errno = ENOMEM;
-        return -1;
+        return NULL;
     }
-    size_t n = held ? ring_copy(p, ev, held) : 0;
-    int64_t tags[POOL_TAG_COUNT], res[POOL_NSUB] = {0};
+    x->n = held ? ring_copy(p, x->ev, held) : 0;
     for (int t = 0; t < POOL_TAG_COUNT; t++)
-        tags[t] = POOL_LD(p->live.tag_current[t]);
+        x->tags[t] = POOL_LD(p->live.tag_current[t]);
     for (int i = 0; i < POOL_NSUB; i++)
-        for (const pool_segment *s = p->sub[i].segs; s; s = s->next)
-            res[i] += (int64_t)s->size;
-    uint64_t total = p->ring_total, t0 = p->t0_ns;
+        for (const pool_segment *sg = p->sub[i].segs; sg; sg = sg->next)
+            x->res[i] += (int64_t)sg->size;
+    x->total = p->ring_total;
+    x->t0 = p->t0_ns;
     pthread_mutex_unlock(&p->lock);
+    snprintf(x->device, sizeof x->device, "%s", p->d->id);
 
     /* Wind the counters back to just before the oldest held event. */
-    for (size_t i = 0; i < n; i++) {
-        const pool_event *e = &ev[i];
+    for (size_t i = 0; i < x->n; i++) {
+        const pool_event *e = &x->ev[i];
         if (e->external)
             continue;
         if (e->kind == POOL_EV_ALLOC)
-            tags[e->tag % POOL_TAG_COUNT] -= (int64_t)e->bytes;
+            x->tags[e->tag % POOL_TAG_COUNT] -= (int64_t)e->bytes;
         else if (e->kind == POOL_EV_FREE)
-            tags[e->tag % POOL_TAG_COUNT] += (int64_t)e->bytes;
+            x->tags[e->tag % POOL_TAG_COUNT] += (int64_t)e->bytes;
         else if (e->kind == POOL_EV_SEGMENT_MAP)
-            res[res_index(e)] -= (int64_t)e->bytes;
+            x->res[res_index(e)] -= (int64_t)e->bytes;
         else if (e->kind == POOL_EV_SEGMENT_UNMAP)
-            res[res_index(e)] += (int64_t)e->bytes;
+            x->res[res_index(e)] += (int64_t)e->bytes;
     }
+    return x;
+}
 
-    errno = 0;
+/* The trace's opening: metadata, one named track per job, the counters'
+ * starting values. */
+static int export_header(pool_tl_export *x, FILE *f)
+{
+    const pool_event *ev = x->ev;
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"device\":");
-    int bad = put_string(f, p->d->id);
+    int bad = put_string(f, x->device);
     fprintf(f, ",\"events_recorded\":%llu,\"events_dropped\":%llu},\n\"traceEvents\":[\n",
-            (unsigned long long)total, (unsigned long long)(total - n));
+            (unsigned long long)x->total, (unsigned long long)(x->total - x->n));
     fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":", f);
     char pname[96];
-    snprintf(pname, sizeof pname, "gradd pool %s", p->d->id);
+    snprintf(pname, sizeof pname, "gradd pool %s", x->device);
     bad |= put_string(f, pname);
     fputs("}},\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"pool\"}}", f);
 
     /* Name each job's track once.  Jobs are few; a short list is enough. */
     uint32_t named[POOL_MAX_JOBS];
     size_t nnamed = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < x->n; i++) {
         uint64_t tid = event_tid(&ev[i]);
         if (!tid)
             continue;
@@ -316,32 +334,59 @@ int pool_timeline_write_json(pool *p, FILE *f)
                 (unsigned long long)tid, ev[i].job);
     }
 
-    double first = n ? ts_us(ev[0].ns, t0) : 0.0;
-    counter_allocated(f, first, tags);
-    counter_reserved(f, first, res);
-    for (size_t i = 0; i < n; i++) {
-        const pool_event *e = &ev[i];
-        double ts = ts_us(e->ns, t0);
-        bad |= instant(f, e, ts);
-        if (e->external)
-            continue;
-        switch (e->kind) {
-        case POOL_EV_ALLOC:
-        case POOL_EV_FREE:
-            tags[e->tag % POOL_TAG_COUNT] += e->kind == POOL_EV_ALLOC ? (int64_t)e->bytes : -(int64_t)e->bytes;
-            counter_allocated(f, ts, tags);
-            break;
-        case POOL_EV_SEGMENT_MAP:
-        case POOL_EV_SEGMENT_UNMAP:
-            res[res_index(e)] += e->kind == POOL_EV_SEGMENT_MAP ? (int64_t)e->bytes : -(int64_t)e->bytes;
-            counter_reserved(f, ts, res);
-            break;
-        default:
-            break;
-        }
+    double first = x->n ? ts_us(ev[0].ns, x->t0) : 0.0;
+    counter_allocated(f, first, x->tags);
+    counter_reserved(f, first, x->res);
+    return bad;
+}
+
+static int export_event(pool_tl_export *x, FILE *f, const pool_event *e)
+{
+    double ts = ts_us(e->ns, x->t0);
+    int bad = instant(f, e, ts);
+    if (e->external)
+        return bad;
+    switch (e->kind) {
+    case POOL_EV_ALLOC:
+    case POOL_EV_FREE:
+        x->tags[e->tag % POOL_TAG_COUNT] += e->kind == POOL_EV_ALLOC ? (int64_t)e->bytes : -(int64_t)e->bytes;
+        counter_allocated(f, ts, x->tags);
+        break;
+    case POOL_EV_SEGMENT_MAP:
+    case POOL_EV_SEGMENT_UNMAP:
+        x->res[res_index(e)] += e->kind == POOL_EV_SEGMENT_MAP ? (int64_t)e->bytes : -(int64_t)e->bytes;
+        counter_reserved(f, ts, x->res);
+        break;
+    default:
+        break;
     }
-    fputs("\n]}\n", f);
-    free(ev);
+    return bad;
+}
+
+int pool_timeline_export_next(pool_tl_export *x, FILE *f, size_t want)
+{
+    if (!x || !f) {
+        errno = EINVAL;
+        return -1;
+    }
+    errno = 0;
+    int bad = 0;
+    long start = ftell(f);
+    if (x->phase == 0) {
+        bad |= export_header(x, f);
+        x->phase = 1;
+    }
+    /* An event and its counter take a few hundred bytes: write until the
+     * part is about `want` long. */
+    while (x->phase == 1 && x->next < x->n && !bad) {
+        bad |= export_event(x, f, &x->ev[x->next++]);
+        if (start >= 0 && (size_t)(ftell(f) - start) >= want)
+            break;
+    }
+    if (x->phase == 1 && x->next == x->n) {
+        fputs("\n]}\n", f);
+        x->phase = 2;
+    }
     if (fflush(f) != 0 || ferror(f)) {
         if (!errno)
             errno = EIO;
@@ -351,5 +396,29 @@ int pool_timeline_write_json(pool *p, FILE *f)
         errno = ENOMEM;
         return -1;
     }
-    return 0;
+    return x->phase != 2;
+}
+
+void pool_timeline_export_free(pool_tl_export *x)
+{
+    if (!x)
+        return;
+    free(x->ev);
+    free(x);
+}
+
+int pool_timeline_write_json(pool *p, FILE *f)
+{
+    if (!f) {
+        errno = EINVAL;
+        return -1;
+    }
+    pool_tl_export *x = pool_timeline_export_begin(p);
+    if (!x)
+        return -1;
+    int rc;
+    while ((rc = pool_timeline_export_next(x, f, SIZE_MAX)) == 1)
+        ;
+    pool_timeline_export_free(x);
+    return rc < 0 ? -1 : 0;
 }

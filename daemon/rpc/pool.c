@@ -259,7 +259,57 @@ void rpc_trim(const rpc_call *c, const Gradd__Request *req)
 
 /* ---- timeline -------------------------------------------------------------- */
 
-void rpc_timeline(const rpc_call *c, const Gradd__Request *req)
+/* timeline, as a stream: the ring is copied when asked (a few MB at
+ * most), and rendered a chunk per turn while the client keeps up, so a
+ * client that stops reading holds one copy of the ring, never its whole
+ * JSON (tens of MB) queued on the connection. */
+typedef struct {
+    rpc_stream base; /* first: the server holds &base */
+    pool_tl_export *x;
+    const char *device;
+    uint64_t events;
+    bool done;
+} timeline_stream;
+
+static bool timeline_next(rpc_stream *s, const rpc_call *c)
+{
+    timeline_stream *ts = (timeline_stream *)s;
+    while (!ts->done && c->queued(c->conn) < RPC_STREAM_WINDOW) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        int rc = f ? pool_timeline_export_next(ts->x, f, RPC_CHUNK / 2) : -1;
+        if (f)
+            fclose(f);
+        if (rc < 0 || !buf) {
+            free(buf);
+            rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "cannot render the timeline");
+            return false;
+        }
+        Gradd__TimelineResponse tl;
+        gradd__timeline_response__init(&tl);
+        tl.device = (char *)ts->device;
+        tl.chunk.data = (uint8_t *)buf;
+        tl.chunk.len = len;
+        tl.last = rc == 0;
+        tl.events = ts->events;
+        ts->done = tl.last;
+        int sent = RPC_SEND(c, TIMELINE, timeline, &tl);
+        free(buf);
+        if (sent != 0)
+            return false;
+    }
+    return !ts->done;
+}
+
+static void timeline_free(rpc_stream *s)
+{
+    timeline_stream *ts = (timeline_stream *)s;
+    pool_timeline_export_free(ts->x);
+    free(ts);
+}
+
+rpc_stream *rpc_timeline(const rpc_call *c, const Gradd__Request *req)
 {
     gradd_ctx *ctx = c->ctx;
     const Gradd__TimelineRequest *rq = req->timeline;
@@ -267,42 +317,28 @@ void rpc_timeline(const rpc_call *c, const Gradd__Request *req)
     if ((!rq->device || !*rq->device) && ctx->ndev > 1) {
         rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST,
                    "this daemon has several devices; name one with -d DEV");
-        return;
+        return NULL;
     }
     int n = select_devices(c, rq->device, idx);
     if (n < 0)
-        return;
+        return NULL;
     if (n == 0) {
         rpc_error(c, GRADD__ERROR__CODE__NOT_FOUND, "this daemon has no devices");
-        return;
+        return NULL;
     }
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
     pool_stats ps;
     pool_stats_read(ctx->pools[idx[0]], &ps);
-    int rc = f ? pool_timeline_write_json(ctx->pools[idx[0]], f) : -1;
-    if (f)
-        fclose(f);
-    if (rc != 0 || !buf) {
-        free(buf);
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "cannot render the timeline");
-        return;
+    timeline_stream *ts = calloc(1, sizeof *ts);
+    if (ts)
+        ts->x = pool_timeline_export_begin(ctx->pools[idx[0]]);
+    if (!ts || !ts->x) {
+        free(ts);
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "cannot render the timeline: out of memory");
+        return NULL;
     }
-    /* Chunks keep every frame far below the cap whatever the ring holds. */
-    size_t off = 0;
-    do {
-        size_t n_chunk = len - off < RPC_CHUNK ? len - off : RPC_CHUNK;
-        Gradd__TimelineResponse tl;
-        gradd__timeline_response__init(&tl);
-        tl.device = ctx->devs[idx[0]]->id;
-        tl.chunk.data = (uint8_t *)buf + off;
-        tl.chunk.len = n_chunk;
-        off += n_chunk;
-        tl.last = off >= len;
-        tl.events = ps.timeline_events;
-        if (RPC_SEND(c, TIMELINE, timeline, &tl) != 0)
-            break;
-    } while (off < len);
-    free(buf);
+    ts->base.next = timeline_next;
+    ts->base.free = timeline_free;
+    ts->device = ctx->devs[idx[0]]->id;
+    ts->events = ps.timeline_events;
+    return &ts->base;
 }

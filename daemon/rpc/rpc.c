@@ -26,7 +26,7 @@ static const rpc_command commands[] = {
     [GRADD__REQUEST__BODY_STATUS] = {.answer = rpc_status},
     [GRADD__REQUEST__BODY_STATS] = {.answer = rpc_stats},
     [GRADD__REQUEST__BODY_TRIM] = {.answer = rpc_trim},
-    [GRADD__REQUEST__BODY_TIMELINE] = {.answer = rpc_timeline},
+    [GRADD__REQUEST__BODY_TIMELINE] = {.stream = rpc_timeline},
     [GRADD__REQUEST__BODY_TEST_PRESSURE] = {.answer = rpc_test_pressure},
     [GRADD__REQUEST__BODY_TEST_ALLOC] = {.answer = rpc_test_alloc},
     [GRADD__REQUEST__BODY_TEST_HANG] = {.answer = rpc_test_hang},

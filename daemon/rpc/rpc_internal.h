@@ -75,7 +75,7 @@ rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req);
 void rpc_status(const rpc_call *c, const Gradd__Request *req);
 void rpc_stats(const rpc_call *c, const Gradd__Request *req);
 void rpc_trim(const rpc_call *c, const Gradd__Request *req);
-void rpc_timeline(const rpc_call *c, const Gradd__Request *req);
+rpc_stream *rpc_timeline(const rpc_call *c, const Gradd__Request *req);
 /* metrics.c */
 void rpc_metrics(const rpc_call *c, const Gradd__Request *req);
 /* watch.c */

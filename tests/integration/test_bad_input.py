@@ -157,7 +157,7 @@ class BadInput(unittest.TestCase):
         self.assertEqual(bad, [], "%d of %d clients failed, e.g. %r" % (len(bad), n, bad[:3]))
         self.still_serving()
 
-    @unittest.skipIf(os.environ.get("GRADD_SANITIZE", "none") != "none",
+    @unittest.skipIf(harness.SANITIZED,
                      "ASan's quarantine holds freed memory on purpose; LeakSanitizer checks leaks at exit instead")
     def test_memory_bounded_under_repeated_abuse(self):
         def round_of_abuse():

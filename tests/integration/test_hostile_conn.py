@@ -27,9 +27,7 @@ for key, small in (("layers", "1"), ("width", "16"), ("context", "8"), ("batch",
     JOB = re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, small), JOB, count=1)
 
 KiB, MiB = 1024, 1024 * 1024
-SANITIZED = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
-# ASan's quarantine keeps freed memory on purpose: the RSS bounds are for
-# a plain build; the behaviour is checked in both.
+SANITIZED = harness.SANITIZED
 RSS_NOTE = "RSS bounds are checked without sanitizers only"
 
 # Needs root, to act as other users.

@@ -47,9 +47,7 @@ LINE_SLACK = 1024
 # The daemon's RSS may grow this much over a loop that, unbounded, kept
 # about 27 KB per record (82 MB for 3000).
 RSS_SLACK_KB = 8 << 10
-# AddressSanitizer holds freed memory in quarantine (up to 256 MB), so RSS
-# says nothing about what the daemon keeps there.
-SANITIZED = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
+SANITIZED = harness.SANITIZED
 
 
 class HostileDisk(unittest.TestCase):

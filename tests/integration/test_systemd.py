@@ -239,7 +239,7 @@ class Systemd(unittest.TestCase):
         # interval, so a loaded machine still leaves a wide margin; under
         # the sanitizers' unoptimised build every op is slower: a longer
         # interval and a smaller batch keep the same proportions.
-        sanitized = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
+        sanitized = harness.SANITIZED
         interval, batch = (2.0, 32) if sanitized else (1.0, 96)
         p, rx, ctl, job, log_path, out = self.watched(
             "a long step is not a hung thread, and a cancel need not wait for it.\n",
