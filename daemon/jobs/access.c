@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,67 @@ static int thread_setgroups(int n, const gid_t *groups)
     return (int)syscall(SYS_setgroups, (size_t)n, groups);
 }
 
+/* The groups of user `name` with primary group gid, as getgrouplist gives
+ * them: into a buffer grown to what it asks for, since a fixed one would
+ * come back empty (-1) for a user in more groups than it holds, and the job
+ * would run without any of them.  0, or -1 with err. */
+static int user_groups(const char *name, gid_t gid, gid_t **out, int *n, char *err, size_t err_len)
+{
+    long max = sysconf(_SC_NGROUPS_MAX);
+    if (max <= 0)
+        max = NGROUPS_MAX;
+    int cap = 64;
+    gid_t *g = NULL;
+    for (;;) {
+        gid_t *bigger = realloc(g, (size_t)cap * sizeof *g);
+        if (!bigger) {
+            free(g);
+            snprintf(err, err_len, "out of memory for the %d groups of %s", cap, name);
+            return -1;
+        }
+        g = bigger;
+        int want = cap;
+        if (getgrouplist(name, gid, g, &want) >= 0) {
+            *out = g;
+            *n = want;
+            return 0;
+        }
+        /* -1 with want set to how many there are; the kernel takes at most
+         * max for one thread, and fewer would silently drop some. */
+        if (want > max) {
+            free(g);
+            snprintf(err, err_len, "user %s is in %d groups, more than the %ld this system allows a process "
+                     "(NGROUPS_MAX)", name, want, max);
+            return -1;
+        }
+        cap = want > cap ? want : cap * 2;
+    }
+}
+
+/* The calling thread's own supplementary groups, malloc'd (NULL for none). */
+static int thread_groups(gid_t **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    for (;;) {
+        int k = getgroups(0, NULL);
+        if (k <= 0)
+            return k;
+        gid_t *g = malloc((size_t)k * sizeof *g);
+        if (!g)
+            return -1;
+        int got = getgroups(k, g);
+        if (got >= 0) {
+            *out = g;
+            *n = got;
+            return 0;
+        }
+        free(g);
+        if (errno != EINVAL)
+            return -1; /* EINVAL: they changed between the calls; again */
+    }
+}
+
 int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t err_len)
 {
     memset(saved, 0, sizeof *saved);
@@ -31,26 +93,35 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
      * anyone else fails below, with the same explanation. */
     const char *why_fail = "gradd runs as uid %u and cannot act for uid %u; run it as root or give it "
                            "CAP_SETUID and CAP_SETGID";
-    gid_t groups[ACCESS_MAX_GROUPS];
-    int n = ACCESS_MAX_GROUPS;
+    gid_t *groups = NULL;
+    int n = 0;
     struct passwd pw, *res = NULL;
     char buf[4096];
     if (getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res) {
-        if (getgrouplist(pw.pw_name, gid, groups, &n) < 0)
-            n = 0;
-    } else {
+        if (user_groups(pw.pw_name, gid, &groups, &n, err, err_len) != 0)
+            return -1;
+    } else if ((groups = malloc(sizeof *groups))) {
         groups[0] = gid;
         n = 1;
+    } else {
+        snprintf(err, err_len, "out of memory");
+        return -1;
     }
-    saved->ngroups = getgroups(ACCESS_MAX_GROUPS, saved->groups);
-    if (saved->ngroups < 0)
-        saved->ngroups = 0;
+    if (thread_groups(&saved->groups, &saved->ngroups) != 0) {
+        snprintf(err, err_len, "cannot read this thread's groups: %s", strerror(errno));
+        free(groups);
+        return -1;
+    }
     saved->fsgid = (gid_t)setfsgid((gid_t)-1);
     saved->fsuid = (uid_t)setfsuid((uid_t)-1);
     /* Groups and gid first: after setfsuid the thread may no longer be
      * allowed to change them. */
-    if (thread_setgroups(n, groups) != 0) {
+    int rc = thread_setgroups(n, groups);
+    free(groups);
+    if (rc != 0) {
         snprintf(err, err_len, why_fail, (unsigned)geteuid(), (unsigned)uid);
+        free(saved->groups);
+        saved->groups = NULL;
         return -1;
     }
     setfsgid(gid);
@@ -60,6 +131,8 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
         setfsuid(saved->fsuid);
         setfsgid(saved->fsgid);
         thread_setgroups(saved->ngroups, saved->groups);
+        free(saved->groups);
+        saved->groups = NULL;
         snprintf(err, err_len, why_fail, (unsigned)geteuid(), (unsigned)uid);
         return -1;
     }
@@ -67,13 +140,16 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
     return 0;
 }
 
-void access_restore(const access_saved *saved)
+void access_restore(access_saved *saved)
 {
     if (!saved->switched)
         return;
     setfsuid(saved->fsuid);
     setfsgid(saved->fsgid);
     thread_setgroups(saved->ngroups, saved->groups);
+    free(saved->groups);
+    saved->groups = NULL;
+    saved->switched = false;
 }
 
 /* Open for reading as the current filesystem identity. */

@@ -21,21 +21,20 @@
 
 #include "jobcfg.h"
 
-#define ACCESS_MAX_GROUPS 256
-
 typedef struct {
     bool switched;
     uid_t fsuid;
     gid_t fsgid;
     int ngroups;
-    gid_t groups[ACCESS_MAX_GROUPS];
+    gid_t *groups; /* the thread's own, malloc'd: as many as it has */
 } access_saved;
 
-/* Take uid/gid (and uid's supplementary groups) as this thread's filesystem
- * identity.  0, or -1 with err (e.g. the daemon lacks the capability). */
+/* Take uid/gid (and every one of uid's supplementary groups, up to the
+ * kernel's NGROUPS_MAX) as this thread's filesystem identity.  0, or -1
+ * with err (e.g. the daemon lacks the capability). */
 int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t err_len);
-/* Back to the identity saved by access_become. */
-void access_restore(const access_saved *saved);
+/* Back to the identity saved by access_become, and free what it kept. */
+void access_restore(access_saved *saved);
 
 /* As the owner: every data file of the job is readable, and the output
  * directory exists (created if needed) and is writable.  0, or -1 with a
