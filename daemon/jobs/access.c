@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <pthread.h>
 #include <pwd.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,7 +202,7 @@ static int make_writable_dir(const job_config *j, char *err, size_t err_len)
             continue;
         char c = *s;
         *s = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) {
             snprintf(err, err_len, "%s: cannot create %s: %s", where, tmp, strerror(errno));
             return -1;
         }
@@ -221,22 +223,63 @@ static int make_writable_dir(const job_config *j, char *err, size_t err_len)
     return 0;
 }
 
-int access_check_job(uid_t uid, gid_t gid, const job_config *j, char *err, size_t err_len)
+int access_own_fs(char *err, size_t err_len)
 {
-    access_saved saved;
-    if (access_become(uid, gid, &saved, err, err_len) != 0)
+    if (unshare(CLONE_FS) != 0) {
+        snprintf(err, err_len, "cannot give a job thread its own umask (unshare CLONE_FS): %s", strerror(errno));
         return -1;
-    int rc = check_readable(j, "train", j->train, err, err_len);
+    }
+    return 0;
+}
+
+typedef struct {
+    uid_t uid;
+    gid_t gid;
+    mode_t mask;
+    const job_config *j;
+    char *err;
+    size_t err_len;
+    int rc;
+} check_args;
+
+static void *check_job_thread(void *arg)
+{
+    check_args *a = arg;
+    a->rc = -1;
+    if (access_own_fs(a->err, a->err_len) != 0)
+        return NULL;
+    umask(a->mask);
+    access_saved saved;
+    if (access_become(a->uid, a->gid, &saved, a->err, a->err_len) != 0)
+        return NULL;
+    const job_config *j = a->j;
+    int rc = check_readable(j, "train", j->train, a->err, a->err_len);
     if (rc == 0)
-        rc = check_readable(j, "train_labels", j->train_labels, err, err_len);
+        rc = check_readable(j, "train_labels", j->train_labels, a->err, a->err_len);
     if (rc == 0)
-        rc = check_readable(j, "val", j->val, err, err_len);
+        rc = check_readable(j, "val", j->val, a->err, a->err_len);
     if (rc == 0)
-        rc = check_readable(j, "val_labels", j->val_labels, err, err_len);
+        rc = check_readable(j, "val_labels", j->val_labels, a->err, a->err_len);
     if (rc == 0)
-        rc = make_writable_dir(j, err, err_len);
+        rc = make_writable_dir(j, a->err, a->err_len);
     access_restore(&saved);
-    return rc;
+    a->rc = rc;
+    return NULL;
+}
+
+int access_check_job(uid_t uid, gid_t gid, mode_t mask, const job_config *j, char *err, size_t err_len)
+{
+    /* The output directory it may create is the owner's, with their
+     * umask: on a thread of its own, whose umask is no other's. */
+    check_args a = {uid, gid, mask & 0777, j, err, err_len, -1};
+    pthread_t t;
+    int e = pthread_create(&t, NULL, check_job_thread, &a);
+    if (e != 0) {
+        snprintf(err, err_len, "cannot start a thread to check the job's files: %s", strerror(e));
+        return -1;
+    }
+    pthread_join(t, NULL);
+    return a.rc;
 }
 
 bool access_is_admin(uid_t uid, gid_t gid, const char *group)

@@ -35,7 +35,7 @@ static int atomic_write(const char *dir, const char *name, const void *data, siz
     char tmp[PATH_MAX + 64], path[PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
         snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
         return -1;
@@ -200,7 +200,7 @@ static double now_unix(void)
 static int remove_tree(const char *dir);
 
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
-                 const char *user, uint32_t *id, char *err, size_t err_len)
+                 mode_t mask, const char *user, uint32_t *id, char *err, size_t err_len)
 {
     job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -211,6 +211,7 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     snprintf(j->name, sizeof j->name, "%s", cfg->name);
     j->uid = uid;
     j->gid = gid;
+    j->umask = mask & 0777;
     snprintf(j->user, sizeof j->user, "%s", user);
     j->state = JOB_QUEUED;
     j->priority = cfg->priority;
@@ -238,7 +239,7 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     snprintf(parent, sizeof parent, "%s", q->dir);
     if (atomic_write(parent, "next_id", idbuf, (size_t)n, err, err_len) == 0) {
         q->next_id = (uint64_t)j->id + 1;
-        if (mkdir(dir, 0750) != 0 && errno != EEXIST)
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
             snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
         else if (atomic_write(dir, "job.cfg", contents, len, err, err_len) == 0 &&
                  queue_persist(q, j, err, err_len) == 0 && table_add(q, j) == 0)
@@ -530,7 +531,7 @@ static int lock_state_dir(const char *state_dir, char *err, size_t err_len)
     char path[PATH_MAX + 8], note[32], holder[64];
     snprintf(path, sizeof path, "%s/lock", state_dir);
     snprintf(note, sizeof note, "%ld", (long)getpid());
-    int fd = fileio_lock(path, note, holder, sizeof holder);
+    int fd = fileio_lock(path, 0600, note, holder, sizeof holder);
     if (fd < 0 && errno == EWOULDBLOCK)
         snprintf(err, err_len, "state directory %s is in use by another gradd (pid %s); give this one its own --state-dir",
                  state_dir, holder[0] ? holder : "unknown");
@@ -546,7 +547,7 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     snprintf(q->dir, sizeof q->dir, "%s/jobs", state_dir);
-    if (mkdir_p(q->dir, 0750) != 0) {
+    if (mkdir_p(q->dir, 0700) != 0) {
         snprintf(err, err_len, "cannot create %s: %s", q->dir, strerror(errno));
         return -1;
     }

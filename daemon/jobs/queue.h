@@ -43,6 +43,7 @@ typedef struct job {
     char reason[1024];     /* why it failed or was cancelled */
     char source[PATH_MAX]; /* the job file it was submitted from */
     uint32_t resumes;      /* times it started from a checkpoint */
+    mode_t umask;          /* the submitter's: the job's outputs are created with it */
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is
@@ -83,10 +84,11 @@ typedef struct queue {
 int queue_open(queue *q, const char *state_dir, char *err, size_t err_len);
 void queue_close(queue *q);
 
-/* Add a validated job; writes it to disk before returning.  The caller does
- * not hold the lock.  0 with *id set, or -1 with err. */
+/* Add a validated job of uid/gid, whose outputs get umask `mask`; writes it
+ * to disk before returning.  The caller does not hold the lock.  0 with *id
+ * set, or -1 with err. */
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
-                 const char *user, uint32_t *id, char *err, size_t err_len);
+                 mode_t mask, const char *user, uint32_t *id, char *err, size_t err_len);
 
 /* The rest need the lock held. */
 job *queue_find(queue *q, uint32_t id);

@@ -212,7 +212,7 @@ int main(int argc, char **argv)
     /* ---- devices, then the socket ---- */
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
-    if (fileio_mkdirs(state_dir, 0750, "state directory", err, sizeof err) != 0) {
+    if (fileio_mkdirs(state_dir, 0700, "state directory", err, sizeof err) != 0) {
         log_error("%s", err);
         return 1;
     }

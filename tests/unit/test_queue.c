@@ -56,6 +56,7 @@ static void base_job(job *j, uint32_t id)
     strcpy(j->device, "cpu0");
     strcpy(j->source, "/home/alice/tiny.cfg");
     j->resumes = 2;
+    j->umask = 027;
 }
 
 static char *base_text(uint32_t id, size_t *len)
@@ -124,6 +125,7 @@ static void assert_same_job(const job *a, const job *b)
     assert_string_equal(a->reason, b->reason);
     assert_string_equal(a->source, b->source);
     assert_int_equal(a->resumes, b->resumes);
+    assert_int_equal(a->umask, b->umask);
     const double da[] = {a->prog.loss, a->prog.val_loss, a->prog.val_accuracy, a->prog.units_per_s, a->prog.elapsed_s};
     const double db[] = {b->prog.loss, b->prog.val_loss, b->prog.val_accuracy, b->prog.units_per_s, b->prog.elapsed_s};
     for (size_t i = 0; i < sizeof da / sizeof da[0]; i++)
@@ -347,6 +349,34 @@ static void test_progress_fields(void **state)
     expect_edit_error("loss", "loss=\n", ": loss: '' is not a number");
     expect_edit_error("loss", "loss=-nan\n", ": loss: '-nan' is not a number");
     expect_edit_error("step", "step=-1\n", ": step: '-1' is not a number");
+}
+
+/* The umask a job's outputs get: octal as written; a file from before it
+ * was kept gives 022; anything else is damage. */
+static void test_umask_field(void **state)
+{
+    (void)state;
+    static job j;
+    char err[512];
+    size_t len;
+    char *t = base_text(7, &len);
+    assert_non_null(strstr(t, "\numask=0027\n"));
+    free(t);
+    t = edit("umask", "", 0, &len);
+    if (queue_parse_state(t, len, 7, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.umask, 022);
+    free(t);
+    t = edit("umask", "umask=0\n", 8, &len);
+    if (queue_parse_state(t, len, 7, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.umask, 0);
+    free(t);
+    expect_edit_error("umask", "umask=01000\n", ": umask: '01000' is not a umask (octal, 0 to 0777)");
+    expect_edit_error("umask", "umask=0078\n", ": umask: '0078' is not a umask");
+    expect_edit_error("umask", "umask=-1\n", ": umask: '-1' is not a umask");
+    expect_edit_error("umask", "umask=\n", ": umask: '' is not a umask");
+    expect_edit_error("umask", "umask=00777\n", ": umask: '00777' is not a umask");
 }
 
 static void test_keys(void **state)
@@ -783,10 +813,10 @@ static void test_ids_run_out(void **state)
     job_config cfg = {0};
     snprintf(cfg.name, sizeof cfg.name, "last");
     uint32_t id = 0;
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), 0);
     assert_int_equal(id, UINT32_MAX);
     id = 7;
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), -1);
     assert_non_null(strstr(err, "every job id (1 to 4294967295) has been given"));
     assert_int_equal(id, 7);
     assert_int_equal(q.n, 1);
@@ -801,7 +831,7 @@ static void test_ids_run_out(void **state)
     assert_int_equal(unlink(path), 0);
     open_capturing(&q);
     assert_int_equal(q.next_id, QUEUE_ID_END);
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), -1);
     queue_close(&q);
 }
 
@@ -819,7 +849,7 @@ static void test_full_state_dir(void **state)
     job_config cfg = {0};
     snprintf(cfg.name, sizeof cfg.name, "j");
     uint32_t id = 0;
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), 0);
     assert_int_equal(id, 1);
 
     snprintf(path, sizeof path, "%s/1/.state.tmp", jobs);
@@ -855,12 +885,12 @@ static void test_full_state_dir(void **state)
     assert_int_equal(mkdir(path, 0750), 0);
     snprintf(path, sizeof path, "%s/2/.job.cfg.tmp", jobs);
     assert_int_equal(symlink("/dev/full", path), 0);
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), -1);
     assert_non_null(strstr(err, "the job was not queued: cannot write"));
     snprintf(path, sizeof path, "%s/2", jobs);
     assert_int_not_equal(access(path, F_OK), 0);
     assert_int_equal(q.n, 1);
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), 0);
     assert_int_equal(id, 3);
     log_set_sink(NULL, NULL);
     queue_close(&q);
@@ -928,6 +958,7 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_progress_fields),
+        cmocka_unit_test(test_umask_field),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_nul_and_truncation),
         cmocka_unit_test(test_next_id),
