@@ -63,21 +63,6 @@ static int atomic_write(const char *dir, const char *name, const void *data, siz
     return 0;
 }
 
-static int mkdir_p(const char *path, mode_t mode)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *s = tmp + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(tmp, mode) != 0 && errno != EEXIST)
-            return -1;
-        *s = '/';
-    }
-    return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 int queue_persist(queue *q, job *j, char *err, size_t err_len)
 {
     size_t len;
@@ -547,10 +532,8 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     snprintf(q->dir, sizeof q->dir, "%s/jobs", state_dir);
-    if (mkdir_p(q->dir, 0700) != 0) {
-        snprintf(err, err_len, "cannot create %s: %s", q->dir, strerror(errno));
+    if (queue_prepare_dir(q->dir, err, err_len) != 0)
         return -1;
-    }
     /* Before anything is read: a second daemon must not requeue the
      * first one's running jobs. */
     q->lock_fd = lock_state_dir(state_dir, err, err_len);

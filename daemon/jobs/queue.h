@@ -83,6 +83,12 @@ typedef struct queue {
  * with the reason in err. */
 int queue_open(queue *q, const char *state_dir, char *err, size_t err_len);
 void queue_close(queue *q);
+/* Create the state directory `dir` (0700, and each missing directory on
+ * the way), and refuse it unless it is owned by the daemon's user and
+ * writable by nobody else, and no one but that user and root could
+ * replace it or a directory on the way (queue_dir.c).  0, or -1 with err
+ * naming the directory and what is wrong.  queue_open calls it. */
+int queue_prepare_dir(const char *dir, char *err, size_t err_len);
 
 /* Add a validated job of uid/gid, whose outputs get umask `mask`; writes it
  * to disk before returning.  The caller does not hold the lock.  0 with *id

@@ -1,8 +1,13 @@
-"""Who a job's files belong to and what it may read, on a shared server.
+"""Who a job's files belong to and who may steer the daemon through its
+state directory, on a shared server.
 
 - A job's outputs follow its submitter's umask (077: nobody else may read
   the model or the metrics), also when the job resumes under a restarted
   daemon, while the daemon's own umask stays its own.
+- A state directory another user made or may write is refused by name, and
+  with neither HOME nor XDG_STATE_HOME gradd does not fall back to a path
+  in /tmp that another user could have made first (they did: with a job
+  record that trains on the victim's private file).
 - A user in more than 256 groups keeps every one of them: a data file
   readable only through the 300th is read.
 """
@@ -181,6 +186,112 @@ class Umask(unittest.TestCase):
         got = modes(out)
         want = {p: 0o750 if stat.S_ISDIR(os.lstat(os.path.join(out, p)).st_mode) else 0o640 for p in got}
         self.assertEqual(got, want)
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"), "needs root and setpriv to act as other users")
+class StateDir(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="gradd-ident-")
+        os.chmod(self.dir, 0o755)
+        self.conf = os.path.join(self.dir, "gradd.conf")
+        with open(self.conf, "w") as f:
+            f.write("[daemon]\n")
+        self.sock = os.path.join(self.dir, "gradd.sock")
+        self.planted = None
+
+    def tearDown(self):
+        if self.planted:
+            shutil.rmtree(self.planted, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def gradd(self, *args, prefix=(), env=None):
+        """Run gradd to its exit (it must refuse to start)."""
+        try:
+            r = subprocess.run(list(prefix) + [GRADD, "-c", self.conf] + list(args), capture_output=True,
+                               text=True, timeout=30, env=env)
+        except subprocess.TimeoutExpired:
+            self.fail("gradd started: %s" % (args,))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        return r.stderr
+
+    def plant(self, top, owner):
+        """A state directory with a job record in it, made by `owner`."""
+        pw = pwd.getpwnam(owner)
+        jobs = os.path.join(top, "state", "jobs", "1")
+        os.makedirs(jobs)
+        with open(os.path.join(jobs, "job.cfg"), "w") as f:
+            f.write(JOB.format(train="/etc/shadow", out=os.path.join(self.dir, "stolen"), steps=1))
+        for root, dirs, files in os.walk(top):
+            for p in [root] + [os.path.join(root, n) for n in files]:
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+        return os.path.join(top, "state")
+
+    def test_no_home_does_not_fall_back_to_tmp(self):
+        victim = pwd.getpwnam(USER)
+        if not can_run(USER):
+            self.skipTest("%s cannot run %s" % (USER, GRADD))
+        top = "/tmp/gradd-%d" % victim.pw_uid
+        if os.path.lexists(top):
+            self.skipTest("%s exists already" % top)
+        self.planted = top
+        planted = self.plant(top, "daemon")
+        before = sorted(os.listdir(planted))
+        os.chmod(self.dir, 0o777)  # the victim's socket
+        err = self.gradd("-s", self.sock, prefix=as_user(USER), env={"PATH": os.environ["PATH"]})
+        self.assertIn("no state directory: HOME and XDG_STATE_HOME are unset; set [daemon] state_dir", err)
+        self.assertEqual(sorted(os.listdir(planted)), before)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "stolen")))
+
+    def test_state_dir_someone_else_made_in_tmp(self):
+        # /tmp as it is: world-writable with the sticky bit.
+        shared = os.path.join(self.dir, "tmp")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)
+        top = os.path.join(shared, "gradd-0")
+        state = self.plant(top, USER)
+        err = self.gradd("-s", self.sock, "--state-dir", state)
+        self.assertIn("state directory: %s belongs to uid %d, not to uid 0 that gradd runs as, and is in %s, "
+                      "which others may write: someone else made it" % (top, pwd.getpwnam(USER).pw_uid, shared),
+                      err)
+
+    def test_state_dir_owned_by_another_user(self):
+        state = self.plant(os.path.join(self.dir, "theirs"), USER)
+        os.chown(os.path.dirname(state), 0, 0)
+        err = self.gradd("-s", self.sock, "--state-dir", state)
+        self.assertIn("state directory %s belongs to uid %d, not to uid 0 that gradd runs as" %
+                      (state, pwd.getpwnam(USER).pw_uid), err)
+
+    def test_state_dir_writable_by_group_or_others(self):
+        for mode, who in ((0o770, "its group"), (0o707, "others")):
+            state = os.path.join(self.dir, "state-%o" % mode)
+            os.mkdir(state)
+            os.chmod(state, mode)
+            err = self.gradd("-s", self.sock, "--state-dir", state)
+            self.assertIn("state directory %s is writable by %s (mode %04o)" % (state, who, mode), err)
+            self.assertEqual(os.listdir(state), [])
+
+    def test_parent_writable_by_group(self):
+        parent = os.path.join(self.dir, "team")
+        os.mkdir(parent)
+        os.chmod(parent, 0o775)
+        err = self.gradd("-s", self.sock, "--state-dir", os.path.join(parent, "state"))
+        self.assertIn("state directory: %s is writable by its group (mode 0775), who could replace %s/state" %
+                      (parent, parent), err)
+
+    def test_private_and_group_readable_dirs_are_used(self):
+        # As StateDirectory= makes them: 0700, or 0750 (readable, not writable).
+        for mode in (0o700, 0o750):
+            state = os.path.join(self.dir, "ok-%o" % mode)
+            os.mkdir(state)
+            os.chmod(state, mode)
+            d = harness.Daemon("[daemon]\n", args=("--state-dir", state))
+            try:
+                d.ctl("list")
+                self.assertEqual(stat.S_IMODE(os.stat(os.path.join(state, "jobs")).st_mode), 0o700)
+                self.assertEqual(stat.S_IMODE(os.stat(os.path.join(state, "lock")).st_mode), 0o600)
+            finally:
+                self.assertEqual(d.stop(), 0, d.read_log())
+                d.cleanup()
 
 
 GROUPS = 300

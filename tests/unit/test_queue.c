@@ -379,6 +379,47 @@ static void test_umask_field(void **state)
     expect_edit_error("umask", "umask=00777\n", ": umask: '00777' is not a umask");
 }
 
+/* The state directory: made private, refused where another could have
+ * made or may change it (the ownership cases need other users: see
+ * tests/integration/test_hostile_ident.py). */
+static void test_prepare_dir(void **state)
+{
+    (void)state;
+    char path[128], want[256], err[1024];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/a/b/state//", td_path);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/a/b/state", td_path);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0700);
+
+    assert_int_equal(chmod(path, 0750), 0); /* readable by a group is fine */
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), 0);
+    assert_int_equal(chmod(path, 0770), 0);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory %s is writable by its group (mode 0770)", path);
+    assert_non_null(strstr(err, want));
+
+    snprintf(path, sizeof path, "%s/a", td_path);
+    assert_int_equal(chmod(path, 0707), 0);
+    snprintf(path, sizeof path, "%s/a/b/state", td_path);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory: %s/a is writable by others (mode 0707), who could replace %s/a/b",
+             td_path, td_path);
+    assert_non_null(strstr(err, want));
+
+    snprintf(path, sizeof path, "%s/file", td_path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/file/state", td_path);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory: %s/file is not a directory", td_path);
+    assert_non_null(strstr(err, want));
+    assert_int_equal(queue_prepare_dir("", err, sizeof err), -1);
+    assert_non_null(strstr(err, "state directory: '' is empty"));
+}
+
 static void test_keys(void **state)
 {
     (void)state;
@@ -959,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_progress_fields),
         cmocka_unit_test(test_umask_field),
+        cmocka_unit_test_setup_teardown(test_prepare_dir, setup, teardown),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_nul_and_truncation),
         cmocka_unit_test(test_next_id),
