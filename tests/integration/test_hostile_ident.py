@@ -25,31 +25,13 @@ import time
 import unittest
 
 import harness
+import test_service_user
 from harness import GRADCTL, GRADD
 
 USER = "nobody"
 
-JOB = """
-[model]
-type = gpt
-layers = 1
-heads = 1
-width = 16
-context = 8
-[data]
-format = text
-train = {train}
-[train]
-steps = {steps}
-batch = 4
-micro_batch = 2
-threads = 1
-eval_every = 0
-[output]
-dir = {out}
-checkpoint_every = 20
-log_every = 1000
-"""
+# test_service_user's tiny GPT, for as many steps as a test needs.
+JOB = test_service_user.JOB.replace("steps = 1000000", "steps = {steps}")
 
 
 def as_user(user, umask=None):

@@ -362,21 +362,24 @@ static void test_umask_field(void **state)
     char *t = base_text(7, &len);
     assert_non_null(strstr(t, "\numask=0027\n"));
     free(t);
-    t = edit("umask", "", 0, &len);
-    if (queue_parse_state(t, len, 7, &j, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    assert_int_equal(j.umask, 022);
-    free(t);
-    t = edit("umask", "umask=0\n", 8, &len);
-    if (queue_parse_state(t, len, 7, &j, err, sizeof err) != 0)
-        fail_msg("%s", err);
-    assert_int_equal(j.umask, 0);
-    free(t);
-    expect_edit_error("umask", "umask=01000\n", ": umask: '01000' is not a umask (octal, 0 to 0777)");
-    expect_edit_error("umask", "umask=0078\n", ": umask: '0078' is not a umask");
-    expect_edit_error("umask", "umask=-1\n", ": umask: '-1' is not a umask");
-    expect_edit_error("umask", "umask=\n", ": umask: '' is not a umask");
-    expect_edit_error("umask", "umask=00777\n", ": umask: '00777' is not a umask");
+    const struct {
+        const char *line;
+        mode_t want;
+    } ok[] = {{"", 022}, {"umask=0\n", 0}, {"umask=777\n", 0777}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        t = edit("umask", ok[i].line, strlen(ok[i].line), &len);
+        if (queue_parse_state(t, len, 7, &j, err, sizeof err) != 0)
+            fail_msg("'%s': %s", ok[i].line, err);
+        assert_int_equal(j.umask, ok[i].want);
+        free(t);
+    }
+    const char *bad[] = {"01000", "0078", "-1", "", "00777", "0x1f"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[32], want[64];
+        snprintf(line, sizeof line, "umask=%s\n", bad[i]);
+        snprintf(want, sizeof want, ": umask: '%s' is not a umask (octal, 0 to 0777)", bad[i]);
+        expect_edit_error("umask", line, want);
+    }
 }
 
 /* The state directory: made private, refused where another could have
