@@ -152,13 +152,13 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         }
         cfg->priority = rq->priority;
     }
-    /* A client that does not say gets what outputs always had. */
-    mode_t mask = rq->has_umask ? (mode_t)rq->umask : 022;
     if (rq->umask > 0777) {
         snprintf(msg, sizeof msg, "submit: umask %#o is not from 0 to 0777", (unsigned)rq->umask);
         rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         goto out;
     }
+    /* A client that does not say gets what outputs always had. */
+    mode_t mask = rq->has_umask ? (mode_t)rq->umask : 022;
     char where[PATH_MAX + 64];
     bool have_cuda = false, found = false, found_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)

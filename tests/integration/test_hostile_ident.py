@@ -131,6 +131,21 @@ class Umask(unittest.TestCase):
         want = {p: 0o755 if stat.S_ISDIR(os.lstat(os.path.join(out, p)).st_mode) else 0o644 for p in got}
         self.assertEqual(got, want)
 
+    def test_raw_submit_umask(self):
+        """A client's umask past 0777 is refused; a client that sends none
+        gets 022."""
+        path = self.job_file("raw", 1)
+        with open(path, "rb") as f:
+            body = harness.field_bytes(1, path.encode()) + harness.field_bytes(2, f.read())
+        for extra, want in ((harness.field_varint(6, 0o1000) + harness.field_varint(7, 1),
+                             "submit: umask 01000 is not from 0 to 0777"), (b"", None)):
+            with harness.connect(self.d.sock) as s:
+                req = harness.field_varint(1, harness.PROTOCOL_VERSION) + harness.field_bytes(20, body + extra)
+                s.sendall(harness.frame(req))
+                self.assertEqual(harness.error_message(harness.recv_frame(s)), want)
+        j = self.job(1)
+        self.assertEqual(j["umask"], "0022")
+
     def test_umask_survives_a_restart(self):
         self.ctl("submit", self.job_file("resumed", 1000000), umask=0o027)
         out = os.path.join(self.home, "resumed")
