@@ -201,7 +201,8 @@ int main(int argc, char **argv)
     choose_path(state_dir, sizeof state_dir, state_arg, ctx.cfg.state_dir, default_state_dir);
 
     if (check_only) {
-        printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source, socket_path,
+        printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source,
+               socket_path[0] ? socket_path : "(none: set [daemon] socket or XDG_RUNTIME_DIR)",
                state_dir[0] ? state_dir : "(none: set [daemon] state_dir, HOME or XDG_STATE_HOME)");
         return 0;
     }

@@ -7,7 +7,8 @@ state directory, on a shared server.
 - A state directory another user made or may write is refused by name, and
   with neither HOME nor XDG_STATE_HOME gradd does not fall back to a path
   in /tmp that another user could have made first (they did: with a job
-  record that trains on the victim's private file).
+  record that trains on the victim's private file); nor, without
+  XDG_RUNTIME_DIR, does gradd or gradctl use a socket there.
 - A user in more than 256 groups keeps every one of them: a data file
   readable only through the 300th is read.
 """
@@ -18,6 +19,7 @@ import os
 import pwd
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -29,6 +31,8 @@ import test_service_user
 from harness import GRADCTL, GRADD
 
 USER = "nobody"
+# The socket of an installed gradd (gradd.socket), common/paths.h.
+SYSTEM_SOCKET = "/run/gradd/gradd.sock"
 
 # test_service_user's tiny GPT, for as many steps as a test needs.
 JOB = test_service_user.JOB.replace("steps = 1000000", "steps = {steps}")
@@ -223,21 +227,53 @@ class StateDir(unittest.TestCase):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
         return os.path.join(top, "state")
 
-    def test_no_home_does_not_fall_back_to_tmp(self):
-        victim = pwd.getpwnam(USER)
+    def victims_tmp_dir(self):
+        """/tmp/gradd-UID of USER, which the test may plant (and removes)."""
         if not can_run(USER):
             self.skipTest("%s cannot run %s" % (USER, GRADD))
-        top = "/tmp/gradd-%d" % victim.pw_uid
+        top = "/tmp/gradd-%d" % pwd.getpwnam(USER).pw_uid
         if os.path.lexists(top):
             self.skipTest("%s exists already" % top)
         self.planted = top
-        planted = self.plant(top, "daemon")
+        return top
+
+    def test_no_home_does_not_fall_back_to_tmp(self):
+        planted = self.plant(self.victims_tmp_dir(), "daemon")
         before = sorted(os.listdir(planted))
         os.chmod(self.dir, 0o777)  # the victim's socket
         err = self.gradd("-s", self.sock, prefix=as_user(USER), env={"PATH": os.environ["PATH"]})
         self.assertIn("no state directory: HOME and XDG_STATE_HOME are unset; set [daemon] state_dir", err)
         self.assertEqual(sorted(os.listdir(planted)), before)
         self.assertFalse(os.path.exists(os.path.join(self.dir, "stolen")))
+
+    def test_no_runtime_dir_makes_no_socket_in_tmp(self):
+        top = self.victims_tmp_dir()
+        state = os.path.join(self.dir, "state")
+        os.mkdir(state, 0o700)
+        os.chown(state, pwd.getpwnam(USER).pw_uid, 0)
+        err = self.gradd("--state-dir", state, prefix=as_user(USER), env={"PATH": os.environ["PATH"]})
+        self.assertIn("no socket path: XDG_RUNTIME_DIR is unset", err)
+        self.assertIn("set [daemon] socket or pass -s PATH", err)
+        self.assertFalse(os.path.lexists(top))
+
+    def test_client_ignores_a_socket_planted_in_tmp(self):
+        if os.path.lexists(SYSTEM_SOCKET):
+            self.skipTest("a system gradd serves %s" % SYSTEM_SOCKET)
+        top = self.victims_tmp_dir()
+        os.mkdir(top, 0o755)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as fake:
+            fake.bind(os.path.join(top, "gradd.sock"))
+            fake.listen(8)
+            fake.setblocking(False)
+            os.chmod(os.path.join(top, "gradd.sock"), 0o666)
+            daemon = pwd.getpwnam("daemon")
+            os.chown(top, daemon.pw_uid, daemon.pw_gid)
+            r = subprocess.run(as_user(USER) + [GRADCTL, "status"], capture_output=True, text=True, timeout=30,
+                               env={"PATH": os.environ["PATH"]})
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn(SYSTEM_SOCKET, r.stderr)
+            with self.assertRaises(BlockingIOError):
+                fake.accept()
 
     def test_state_dir_someone_else_made_in_tmp(self):
         # /tmp as it is: world-writable with the sticky bit.
