@@ -157,6 +157,12 @@ static int run(ctl *c, int argc, char **argv)
     sr.path = abs;
     sr.contents.data = contents;
     sr.contents.len = len;
+    /* The job's outputs are created as this shell would create them: its
+     * umask (read by setting it, so set it back). */
+    mode_t mask = umask(022);
+    umask(mask);
+    sr.umask = (uint32_t)mask;
+    sr.has_umask = true;
 
     Gradd__Response *resp;
     int rc = ctl_call(c, "submit", GRADD__REQUEST__BODY_SUBMIT, &sr, &resp);

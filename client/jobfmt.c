@@ -355,6 +355,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
         fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
     fprintf(f, LABEL "%u\n", "resumes", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
+    fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
     field(f, "job file", j->job_file && *j->job_file ? j->job_file : "-");
 }
 
@@ -462,6 +463,9 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "elapsed_s", jout_real(j->elapsed_s));
     json_object_set_new(o, "reason", jout_str(j->reason));
     json_object_set_new(o, "out_dir", jout_str(j->out_dir));
+    char mask[8];
+    snprintf(mask, sizeof mask, "%04o", (unsigned)j->umask & 0777);
+    json_object_set_new(o, "umask", jout_str(mask));
     json_object_set_new(o, "job_file", jout_str(j->job_file));
     json_object_set_new(o, "resumes", jout_uint(j->resumes));
     return o;

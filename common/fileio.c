@@ -107,11 +107,11 @@ int fileio_open_regular(const char *path, int flags, mode_t mode, char *err, siz
     return fd;
 }
 
-int fileio_lock(const char *path, const char *note, char *holder, size_t holder_len)
+int fileio_lock(const char *path, mode_t mode, const char *note, char *holder, size_t holder_len)
 {
     if (holder_len)
         holder[0] = '\0';
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
         return -1;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -139,7 +139,7 @@ int fileio_mkdirs(const char *path, mode_t mode, const char *what, char *err, si
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) {
             snprintf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
             return -1;
         }

@@ -21,14 +21,14 @@ int fileio_open_regular(const char *path, int flags, mode_t mode, char *err, siz
 /* What kind of file a mode is, for a message: "a FIFO", "a directory"... */
 const char *fileio_kind(mode_t mode);
 
-/* Hold path (created 0640 if missing) with flock for as long as the
- * returned descriptor is open; a crash releases it.  The file then says
- * who holds it (note, e.g. "pid 12, job 3").  -1 with errno set where it
+/* Hold path (created `mode`, less the umask, if missing) with flock for as
+ * long as the returned descriptor is open; a crash releases it.  The file
+ * then says who holds it (note, e.g. "pid 12, job 3").  -1 with errno set where it
  * cannot; EWOULDBLOCK where another holds it, with that holder's note (up
  * to its first newline) in holder[0..holder_len). */
-int fileio_lock(const char *path, const char *note, char *holder, size_t holder_len);
+int fileio_lock(const char *path, mode_t mode, const char *note, char *holder, size_t holder_len);
 
-/* mkdir -p: the parents 0755 (less the umask), the last one `mode`; what
+/* mkdir -p: the parents 0777 (less the umask), the last one `mode`; what
  * exists already is kept as it is.  0, or -1 with "cannot create ..." in
  * err, naming the last one as `what` (e.g. "output directory"). */
 int fileio_mkdirs(const char *path, mode_t mode, const char *what, char *err, size_t err_len);

@@ -14,8 +14,8 @@ const char *paths_default_socket(char *buf, size_t len)
         snprintf(buf, len, "%s", PATHS_SYSTEM_SOCKET);
     else if (xdg && *xdg == '/')
         snprintf(buf, len, "%s/gradd.sock", xdg);
-    else
-        snprintf(buf, len, "/tmp/gradd-%u/gradd.sock", (unsigned)geteuid());
+    else if (len)
+        buf[0] = '\0'; /* not in a shared directory such as /tmp, which another user could make first */
     return buf;
 }
 
@@ -31,7 +31,8 @@ const char *paths_client_socket(char *buf, size_t len)
      * system's (gradd.socket), which is where an installed gradd serves
      * every member of its socket group. */
     struct stat st;
-    if (geteuid() != 0 && lstat(buf, &st) != 0 && errno == ENOENT && lstat(PATHS_SYSTEM_SOCKET, &st) == 0)
+    if (geteuid() != 0 &&
+        (!buf[0] || (lstat(buf, &st) != 0 && errno == ENOENT && lstat(PATHS_SYSTEM_SOCKET, &st) == 0)))
         snprintf(buf, len, "%s", PATHS_SYSTEM_SOCKET);
     return buf;
 }

@@ -8,12 +8,13 @@
 #define PATHS_SYSTEM_SOCKET "/run/gradd/gradd.sock"
 
 /* /run/gradd/gradd.sock for root; $XDG_RUNTIME_DIR/gradd.sock otherwise,
- * or /tmp/gradd-UID/gradd.sock when that variable is unset. */
+ * or "" (none) when that variable is unset. */
 const char *paths_default_socket(char *buf, size_t len);
 
 /* The socket a client should use: $GRADD_SOCKET if set, else the default;
- * for an ordinary user whose default socket does not exist, the system
- * socket when that one does (an installed gradd serving everyone). */
+ * for an ordinary user without one, or whose default socket does not
+ * exist, the system socket when that one does (an installed gradd serving
+ * everyone). */
 const char *paths_client_socket(char *buf, size_t len);
 
 #endif

@@ -151,7 +151,7 @@ static train_outcome lock_out_dir(run *r)
     char path[4200], note[64], holder[128];
     snprintf(path, sizeof path, "%s/.lock", r->j->out_dir);
     snprintf(note, sizeof note, "pid %ld, job %u", (long)getpid(), r->job);
-    r->out.lock_fd = fileio_lock(path, note, holder, sizeof holder);
+    r->out.lock_fd = fileio_lock(path, 0666, note, holder, sizeof holder);
     if (r->out.lock_fd >= 0)
         return TRAIN_DONE;
     if (errno != EWOULDBLOCK)
@@ -164,7 +164,7 @@ static train_outcome lock_out_dir(run *r)
 train_outcome outputs_claim_dir(run *r)
 {
     char err[1024];
-    if (fileio_mkdirs(r->j->out_dir, 0755, "output directory", err, sizeof err) != 0)
+    if (fileio_mkdirs(r->j->out_dir, 0777, "output directory", err, sizeof err) != 0)
         return run_fail(r, "%s", err);
     if (lock_out_dir(r) != TRAIN_DONE)
         return TRAIN_FAILED;
@@ -183,7 +183,7 @@ train_outcome outputs_open(run *r, bool resumed)
         return run_fail(r, "cannot write %s", err);
     char tbdir[4200];
     snprintf(tbdir, sizeof tbdir, "%s/tensorboard", r->j->out_dir);
-    if (fileio_mkdirs(tbdir, 0755, "output directory", err, sizeof err) != 0 ||
+    if (fileio_mkdirs(tbdir, 0777, "output directory", err, sizeof err) != 0 ||
         tb_open(tbdir, &r->out.tb, err, sizeof err) != 0)
         return run_fail(r, "%s", err);
     /* The next step is the first this run logs: earlier files' events from

@@ -326,7 +326,7 @@ int tb_open(const char *dir, tb_writer **out, char *err, size_t err_len)
             snprintf(w->path, plen, "%s/events.out.tfevents.%lld.%s.%ld.gradd.%d", dir, t,
                      host, pid, k);
         w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
-                     0644);
+                     0666);
         if (w->fd >= 0 || errno != EEXIST)
             break;
     }

@@ -436,7 +436,7 @@ int st_write_atomic(st_writer *w, const char *path, char *err, size_t err_len)
         goto out;
     }
     for (int attempt = 0; attempt < 2; attempt++) {
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
         if (fd >= 0 || errno != EEXIST || attempt == 1)
             break;
         /* Left over by an earlier process with our pid: it is stale. */

@@ -6,7 +6,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
+#include <pthread.h>
 #include <pwd.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,67 @@ static int thread_setgroups(int n, const gid_t *groups)
     return (int)syscall(SYS_setgroups, (size_t)n, groups);
 }
 
+/* The groups of user `name` with primary group gid, as getgrouplist gives
+ * them: into a buffer grown to what it asks for, since a fixed one would
+ * come back empty (-1) for a user in more groups than it holds, and the job
+ * would run without any of them.  0, or -1 with err. */
+static int user_groups(const char *name, gid_t gid, gid_t **out, int *n, char *err, size_t err_len)
+{
+    long max = sysconf(_SC_NGROUPS_MAX);
+    if (max <= 0)
+        max = NGROUPS_MAX;
+    int cap = 64;
+    gid_t *g = NULL;
+    for (;;) {
+        gid_t *bigger = realloc(g, (size_t)cap * sizeof *g);
+        if (!bigger) {
+            free(g);
+            snprintf(err, err_len, "out of memory for the %d groups of %s", cap, name);
+            return -1;
+        }
+        g = bigger;
+        int want = cap;
+        if (getgrouplist(name, gid, g, &want) >= 0) {
+            *out = g;
+            *n = want;
+            return 0;
+        }
+        /* -1 with want set to how many there are; the kernel takes at most
+         * max for one thread, and fewer would silently drop some. */
+        if (want > max) {
+            free(g);
+            snprintf(err, err_len, "user %s is in %d groups, more than the %ld this system allows a process "
+                     "(NGROUPS_MAX)", name, want, max);
+            return -1;
+        }
+        cap = want > cap ? want : cap * 2;
+    }
+}
+
+/* The calling thread's own supplementary groups, malloc'd (NULL for none). */
+static int thread_groups(gid_t **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    for (;;) {
+        int k = getgroups(0, NULL);
+        if (k <= 0)
+            return k;
+        gid_t *g = malloc((size_t)k * sizeof *g);
+        if (!g)
+            return -1;
+        int got = getgroups(k, g);
+        if (got >= 0) {
+            *out = g;
+            *n = got;
+            return 0;
+        }
+        free(g);
+        if (errno != EINVAL)
+            return -1; /* EINVAL: they changed between the calls; again */
+    }
+}
+
 int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t err_len)
 {
     memset(saved, 0, sizeof *saved);
@@ -33,26 +97,35 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
      * anyone else fails below, with the same explanation. */
     const char *why_fail = "gradd runs as uid %u and cannot act for uid %u; run it as root or give it "
                            "CAP_SETUID and CAP_SETGID";
-    gid_t groups[ACCESS_MAX_GROUPS];
-    int n = ACCESS_MAX_GROUPS;
+    gid_t *groups = NULL;
+    int n = 0;
     struct passwd pw, *res = NULL;
     char buf[4096];
     if (getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res) {
-        if (getgrouplist(pw.pw_name, gid, groups, &n) < 0)
-            n = 0;
-    } else {
+        if (user_groups(pw.pw_name, gid, &groups, &n, err, err_len) != 0)
+            return -1;
+    } else if ((groups = malloc(sizeof *groups))) {
         groups[0] = gid;
         n = 1;
+    } else {
+        snprintf(err, err_len, "out of memory");
+        return -1;
     }
-    saved->ngroups = getgroups(ACCESS_MAX_GROUPS, saved->groups);
-    if (saved->ngroups < 0)
-        saved->ngroups = 0;
+    if (thread_groups(&saved->groups, &saved->ngroups) != 0) {
+        snprintf(err, err_len, "cannot read this thread's groups: %s", strerror(errno));
+        free(groups);
+        return -1;
+    }
     saved->fsgid = (gid_t)setfsgid((gid_t)-1);
     saved->fsuid = (uid_t)setfsuid((uid_t)-1);
     /* Groups and gid first: after setfsuid the thread may no longer be
      * allowed to change them. */
-    if (thread_setgroups(n, groups) != 0) {
+    int rc = thread_setgroups(n, groups);
+    free(groups);
+    if (rc != 0) {
         snprintf(err, err_len, why_fail, (unsigned)geteuid(), (unsigned)uid);
+        free(saved->groups);
+        saved->groups = NULL;
         return -1;
     }
     setfsgid(gid);
@@ -62,6 +135,8 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
         setfsuid(saved->fsuid);
         setfsgid(saved->fsgid);
         thread_setgroups(saved->ngroups, saved->groups);
+        free(saved->groups);
+        saved->groups = NULL;
         snprintf(err, err_len, why_fail, (unsigned)geteuid(), (unsigned)uid);
         return -1;
     }
@@ -69,13 +144,16 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
     return 0;
 }
 
-void access_restore(const access_saved *saved)
+void access_restore(access_saved *saved)
 {
     if (!saved->switched)
         return;
     setfsuid(saved->fsuid);
     setfsgid(saved->fsgid);
     thread_setgroups(saved->ngroups, saved->groups);
+    free(saved->groups);
+    saved->groups = NULL;
+    saved->switched = false;
 }
 
 /* Open for reading as the current filesystem identity. */
@@ -134,7 +212,7 @@ static int make_writable_dir(const job_config *j, char *err, size_t err_len)
             continue;
         char c = *s;
         *s = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) {
             snprintf(err, err_len, "%s: cannot create %s: %s", where, tmp, strerror(errno));
             return -1;
         }
@@ -155,22 +233,63 @@ static int make_writable_dir(const job_config *j, char *err, size_t err_len)
     return 0;
 }
 
-int access_check_job(uid_t uid, gid_t gid, const job_config *j, char *err, size_t err_len)
+int access_own_fs(char *err, size_t err_len)
 {
-    access_saved saved;
-    if (access_become(uid, gid, &saved, err, err_len) != 0)
+    if (unshare(CLONE_FS) != 0) {
+        snprintf(err, err_len, "cannot give a job thread its own umask (unshare CLONE_FS): %s", strerror(errno));
         return -1;
-    int rc = check_readable(j, "train", j->train, err, err_len);
+    }
+    return 0;
+}
+
+typedef struct {
+    uid_t uid;
+    gid_t gid;
+    mode_t mask;
+    const job_config *j;
+    char *err;
+    size_t err_len;
+    int rc;
+} check_args;
+
+static void *check_job_thread(void *arg)
+{
+    check_args *a = arg;
+    a->rc = -1;
+    if (access_own_fs(a->err, a->err_len) != 0)
+        return NULL;
+    umask(a->mask);
+    access_saved saved;
+    if (access_become(a->uid, a->gid, &saved, a->err, a->err_len) != 0)
+        return NULL;
+    const job_config *j = a->j;
+    int rc = check_readable(j, "train", j->train, a->err, a->err_len);
     if (rc == 0)
-        rc = check_readable(j, "train_labels", j->train_labels, err, err_len);
+        rc = check_readable(j, "train_labels", j->train_labels, a->err, a->err_len);
     if (rc == 0)
-        rc = check_readable(j, "val", j->val, err, err_len);
+        rc = check_readable(j, "val", j->val, a->err, a->err_len);
     if (rc == 0)
-        rc = check_readable(j, "val_labels", j->val_labels, err, err_len);
+        rc = check_readable(j, "val_labels", j->val_labels, a->err, a->err_len);
     if (rc == 0)
-        rc = make_writable_dir(j, err, err_len);
+        rc = make_writable_dir(j, a->err, a->err_len);
     access_restore(&saved);
-    return rc;
+    a->rc = rc;
+    return NULL;
+}
+
+int access_check_job(uid_t uid, gid_t gid, mode_t mask, const job_config *j, char *err, size_t err_len)
+{
+    /* The output directory it may create is the owner's, with their
+     * umask: on a thread of its own, whose umask is no other's. */
+    check_args a = {uid, gid, mask & 0777, j, err, err_len, -1};
+    pthread_t t;
+    int e = pthread_create(&t, NULL, check_job_thread, &a);
+    if (e != 0) {
+        snprintf(err, err_len, "cannot start a thread to check the job's files: %s", strerror(e));
+        return -1;
+    }
+    pthread_join(t, NULL);
+    return a.rc;
 }
 
 bool access_is_admin(uid_t uid, gid_t gid, const char *group)

@@ -11,6 +11,11 @@
  *
  * Needs CAP_SETUID and CAP_SETGID (root has them) unless the owner is the
  * daemon's own user, in which case nothing changes.
+ *
+ * The umask is the owner's too, but it belongs to the filesystem context
+ * (cwd, root, umask) that threads share: a thread that creates a job's
+ * files first takes a context of its own (access_own_fs), so that setting
+ * the job's umask there leaves the daemon's own files private.
  */
 #ifndef GRADD_ACCESS_H
 #define GRADD_ACCESS_H
@@ -21,26 +26,32 @@
 
 #include "jobcfg.h"
 
-#define ACCESS_MAX_GROUPS 256
-
 typedef struct {
     bool switched;
     uid_t fsuid;
     gid_t fsgid;
     int ngroups;
-    gid_t groups[ACCESS_MAX_GROUPS];
+    gid_t *groups; /* the thread's own, malloc'd: as many as it has */
 } access_saved;
 
-/* Take uid/gid (and uid's supplementary groups) as this thread's filesystem
- * identity.  0, or -1 with err (e.g. the daemon lacks the capability). */
+/* Take uid/gid (and every one of uid's supplementary groups, up to the
+ * kernel's NGROUPS_MAX) as this thread's filesystem identity.  0, or -1
+ * with err (e.g. the daemon lacks the capability). */
 int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t err_len);
-/* Back to the identity saved by access_become. */
-void access_restore(const access_saved *saved);
+/* Back to the identity saved by access_become, and free what it kept. */
+void access_restore(access_saved *saved);
 
-/* As the owner: every data file of the job is readable, and the output
- * directory exists (created if needed) and is writable.  0, or -1 with a
- * message naming the file, line, key and path (jobcfg_where). */
-int access_check_job(uid_t uid, gid_t gid, const job_config *j, char *err, size_t err_len);
+/* Give the calling thread its own filesystem context (unshare CLONE_FS),
+ * so that its umask() changes no other thread's.  Once per thread.  0, or
+ * -1 with err. */
+int access_own_fs(char *err, size_t err_len);
+
+/* As the owner, with umask `mask`: every data file of the job is readable,
+ * and the output directory exists (created if needed) and is writable.
+ * Done on a short-lived thread of its own, so the caller's umask stays.
+ * 0, or -1 with a message naming the file, line, key and path
+ * (jobcfg_where). */
+int access_check_job(uid_t uid, gid_t gid, mode_t mask, const job_config *j, char *err, size_t err_len);
 
 /* Is uid root or a member of `group` (by name)? */
 bool access_is_admin(uid_t uid, gid_t gid, const char *group);

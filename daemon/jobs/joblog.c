@@ -69,7 +69,7 @@ int joblog_open(joblog *l, const char *path, uint64_t max, char *err, size_t err
     snprintf(l->path, sizeof l->path, "%s", path);
     /* The state dir is the daemon's, but a planted special file must fail
      * the log, not hang the worker. */
-    l->fd = fileio_open_regular(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW, 0640, err, err_len);
+    l->fd = fileio_open_regular(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW, 0600, err, err_len);
     if (l->fd < 0)
         return -1;
     struct stat st;
@@ -252,7 +252,7 @@ int joblog_rewrite(joblog *l, size_t incoming, char *err, size_t err_len)
     }
     what = tmp;
     unlink(tmp);
-    wfd = open(tmp, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+    wfd = open(tmp, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (wfd < 0 || copy_range(rfd, wfd, 0, head, buf) != 0 || fileio_write_all(wfd, marker, (size_t)mlen) != 0 ||
         copy_range(rfd, wfd, from, l->size, buf) != 0 || fdatasync(wfd) != 0)
         goto fail;

@@ -35,7 +35,7 @@ static int atomic_write(const char *dir, const char *name, const void *data, siz
     char tmp[PATH_MAX + 64], path[PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
         snprintf(err, err_len, "cannot write %s: %s", tmp, strerror(errno));
         return -1;
@@ -61,21 +61,6 @@ static int atomic_write(const char *dir, const char *name, const void *data, siz
         return -1;
     }
     return 0;
-}
-
-static int mkdir_p(const char *path, mode_t mode)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *s = tmp + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(tmp, mode) != 0 && errno != EEXIST)
-            return -1;
-        *s = '/';
-    }
-    return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 int queue_persist(queue *q, job *j, char *err, size_t err_len)
@@ -202,7 +187,7 @@ static double now_unix(void)
 static int remove_tree(const char *dir);
 
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
-                 const char *user, uint32_t *id, char *err, size_t err_len)
+                 mode_t mask, const char *user, uint32_t *id, char *err, size_t err_len)
 {
     job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -213,6 +198,7 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     snprintf(j->name, sizeof j->name, "%s", cfg->name);
     j->uid = uid;
     j->gid = gid;
+    j->umask = mask & 0777;
     snprintf(j->user, sizeof j->user, "%s", user);
     j->state = JOB_QUEUED;
     j->priority = cfg->priority;
@@ -241,7 +227,7 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     snprintf(parent, sizeof parent, "%s", q->dir);
     if (atomic_write(parent, "next_id", idbuf, (size_t)n, err, err_len) == 0) {
         q->next_id = (uint64_t)j->id + 1;
-        if (mkdir(dir, 0750) != 0 && errno != EEXIST)
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
             snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
         else if (atomic_write(dir, "job.cfg", contents, len, err, err_len) == 0 &&
                  queue_persist(q, j, err, err_len) == 0 && table_add(q, j) == 0)
@@ -540,7 +526,7 @@ static int lock_state_dir(const char *state_dir, char *err, size_t err_len)
     char path[PATH_MAX + 8], note[32], holder[64];
     snprintf(path, sizeof path, "%s/lock", state_dir);
     snprintf(note, sizeof note, "%ld", (long)getpid());
-    int fd = fileio_lock(path, note, holder, sizeof holder);
+    int fd = fileio_lock(path, 0600, note, holder, sizeof holder);
     if (fd < 0 && errno == EWOULDBLOCK)
         snprintf(err, err_len, "state directory %s is in use by another gradd (pid %s); give this one its own --state-dir",
                  state_dir, holder[0] ? holder : "unknown");
@@ -557,10 +543,8 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
     snprintf(q->dir, sizeof q->dir, "%s/jobs", state_dir);
-    if (mkdir_p(q->dir, 0750) != 0) {
-        snprintf(err, err_len, "cannot create %s: %s", q->dir, strerror(errno));
+    if (queue_prepare_dir(q->dir, err, err_len) != 0)
         return -1;
-    }
     /* Before anything is read: a second daemon must not requeue the
      * first one's running jobs. */
     q->lock_fd = lock_state_dir(state_dir, err, err_len);

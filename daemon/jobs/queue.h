@@ -43,6 +43,7 @@ typedef struct job {
     char reason[1024];     /* why it failed or was cancelled */
     char source[PATH_MAX]; /* the job file it was submitted from */
     uint32_t resumes;      /* times it started from a checkpoint */
+    mode_t umask;          /* the submitter's: the job's outputs are created with it */
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is
@@ -90,11 +91,18 @@ typedef struct queue {
  * with the reason in err. */
 int queue_open(queue *q, const char *state_dir, char *err, size_t err_len);
 void queue_close(queue *q);
+/* Create the state directory `dir` (0700, and each missing directory on
+ * the way), and refuse it unless it is owned by the daemon's user and
+ * writable by nobody else, and no one but that user and root could
+ * replace it or a directory on the way (queue_dir.c).  0, or -1 with err
+ * naming the directory and what is wrong.  queue_open calls it. */
+int queue_prepare_dir(const char *dir, char *err, size_t err_len);
 
-/* Add a validated job; writes it to disk before returning.  The caller does
- * not hold the lock.  0 with *id set, or -1 with err. */
+/* Add a validated job of uid/gid, whose outputs get umask `mask`; writes it
+ * to disk before returning.  The caller does not hold the lock.  0 with *id
+ * set, or -1 with err. */
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
-                 const char *user, uint32_t *id, char *err, size_t err_len);
+                 mode_t mask, const char *user, uint32_t *id, char *err, size_t err_len);
 
 /* The rest need the lock held. */
 job *queue_find(queue *q, uint32_t id);

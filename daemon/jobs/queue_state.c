@@ -51,6 +51,7 @@ typedef enum {
     QS_TIME,  /* double, unix seconds */
     QS_STATE, /* job_state, by name */
     QS_F64,   /* double: finite, or nan */
+    QS_MODE,  /* mode_t permission bits, octal, 0 to 0777 */
 } qs_kind;
 
 typedef struct {
@@ -82,6 +83,9 @@ static const qs_field qs_fields[] = {
     QS_FIELD("reason", QS_STR, reason),
     QS_FIELD("source", QS_STR, source),
     QS_FIELD("resumes", QS_U32, resumes),
+    /* Absent (a job queued before it was kept): 022, what gradd gave
+     * every job's outputs until then. */
+    {"umask", QS_MODE, offsetof(job, umask), sizeof(mode_t), true},
     QS_PROG("step", QS_U64, step),
     QS_PROG("loss", QS_F64, loss),
     QS_PROG("val_loss", QS_F64, val_loss),
@@ -155,6 +159,7 @@ char *queue_format_state(const job *j, size_t *len)
         case QS_U64: fprintf(f, "%" PRIu64, *(const uint64_t *)p); break;
         case QS_TIME: fprintf(f, "%.6f", *(const double *)p); break;
         case QS_STATE: fputs(job_state_name(*(const job_state *)p), f); break;
+        case QS_MODE: fprintf(f, "%04o", (unsigned)*(const mode_t *)p & 0777); break;
         case QS_F64: {
             double v = *(const double *)p;
             /* One spelling for every nan (%g may write -nan), and inf,
@@ -372,6 +377,21 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
         *(double *)p = x;
         return 0;
     }
+    case QS_MODE: {
+        /* Octal digits, as written: a umask with more bits (setuid, or
+         * one from another gradd) is damage, not something to honour. */
+        bool ok = n > 0 && n <= 4;
+        unsigned m = 0;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = v[i] >= '0' && v[i] <= '7';
+            m = m * 8 + (unsigned)(v[i] - '0');
+        }
+        if (!ok || m > 0777)
+            return qs_fail(err, err_len, line, f->key, "'%s' is not a umask (octal, 0 to 0777)",
+                           qs_show(shown, v, n));
+        *(mode_t *)p = (mode_t)m;
+        return 0;
+    }
     case QS_STATE: {
         char name[16] = "";
         job_state s;
@@ -394,6 +414,7 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
     static const job zero;
     job tmp = zero;
     tmp.prog.loss = tmp.prog.val_loss = tmp.prog.val_accuracy = NAN;
+    tmp.umask = 022;
     unsigned seen[QS_NFIELDS] = {0}; /* the line each key was on; 0: not yet */
     char shown[QS_SHOW_MAX + 4];
     unsigned line = 0;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "access.h"
@@ -232,10 +233,15 @@ static void run_one(worker *w, job *j)
     const runner *run = runner_for(&j->cfg);
     if (!run) {
         snprintf(res.message, sizeof res.message, "no runner takes this job");
+    } else if (w->own_fs_err[0]) {
+        snprintf(res.message, sizeof res.message, "%s", w->own_fs_err);
     } else if (access_become(j->uid, j->gid, &r.saved, err, sizeof err) != 0) {
         snprintf(res.message, sizeof res.message, "%s", err);
     } else {
         r.as_owner = true;
+        /* Everything the run creates gets the owner's umask; this thread's
+         * own (access_own_fs), so the daemon's files keep theirs. */
+        mode_t daemon_mask = umask(j->umask);
         runner_env env = {
             .ctx = ctx,
             .dev = w->dev,
@@ -247,6 +253,7 @@ static void run_one(worker *w, job *j)
             .note_user = &r,
         };
         o = run->run(&env, &j->cfg, &res);
+        umask(daemon_mask);
         if (r.as_owner)
             access_restore(&r.saved);
         r.as_owner = false;
@@ -303,6 +310,10 @@ static void *worker_main(void *arg)
     gradd_ctx *ctx = w->ctx;
     queue *q = w->q;
     dev *d = ctx->devs[w->dev];
+    /* Failing that, every job here fails saying why, rather than run
+     * with a umask that is not its owner's. */
+    if (access_own_fs(w->own_fs_err, sizeof w->own_fs_err) != 0)
+        log_error("%s", w->own_fs_err);
     bool have_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)
         have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;

@@ -24,6 +24,7 @@ typedef struct worker {
     queue *q;
     int dev;          /* index into ctx->devs */
     bool started;
+    char own_fs_err[160]; /* why it has no filesystem context of its own; "" if it has */
     /* Guarded by the queue lock: whether a job is running, and a counter
      * the job thread bumps between micro-batches and between the layers of
      * each (train_hooks.poll), which the watchdog checks. */

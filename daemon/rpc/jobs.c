@@ -170,6 +170,13 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
         goto out;
     }
+    if (rq->umask > 0777) {
+        snprintf(msg, sizeof msg, "submit: umask %#o is not from 0 to 0777", (unsigned)rq->umask);
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        goto out;
+    }
+    /* A client that does not say gets what outputs always had. */
+    mode_t mask = rq->has_umask ? (mode_t)rq->umask : 022;
     char where[PATH_MAX + 64];
     bool have_cuda = false, found = false, found_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)
@@ -209,7 +216,7 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         goto out;
     }
     /* Everything the job will read or write, checked as its owner. */
-    if (access_check_job(peer->uid, peer->gid, cfg, err, sizeof err) != 0) {
+    if (access_check_job(peer->uid, peer->gid, mask, cfg, err, sizeof err) != 0) {
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
@@ -222,7 +229,7 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
     char user[64];
     user_name(peer->uid, user, sizeof user);
     uint32_t id;
-    if (queue_submit(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, user, &id, err,
+    if (queue_submit(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, mask, user, &id, err,
                      sizeof err) != 0) {
         rpc_error(c, GRADD__ERROR__CODE__INTERNAL, err);
         goto out;

@@ -99,6 +99,7 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->id = j->id;
     m->name = st->name;
     m->uid = (uint32_t)j->uid;
+    m->umask = (uint32_t)j->umask;
     m->user = st->user;
     m->state = (char *)job_state_name(j->state);
     m->device = st->device;

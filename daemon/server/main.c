@@ -18,7 +18,6 @@
 #include "base/ctx.h"
 #include "gradd-config.h"
 #include "base/log.h"
-#include "fileio.h"
 #include "paths.h"
 #include "jobs/queue.h"
 #include "jobs/worker.h"
@@ -66,7 +65,7 @@ static void default_state_dir(char *buf, size_t len)
     else if (home && *home == '/')
         snprintf(buf, len, "%s/.local/state/gradd", home);
     else
-        snprintf(buf, len, "/tmp/gradd-%u/state", (unsigned)geteuid());
+        buf[0] = '\0'; /* not a shared path such as /tmp, where another user could make it first */
 }
 
 static void default_socket(char *buf, size_t len)
@@ -202,7 +201,9 @@ int main(int argc, char **argv)
     choose_path(state_dir, sizeof state_dir, state_arg, ctx.cfg.state_dir, default_state_dir);
 
     if (check_only) {
-        printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source, socket_path, state_dir);
+        printf("config %s: ok\nsocket %s\nstate_dir %s\n", ctx.cfg.source,
+               socket_path[0] ? socket_path : "(none: set [daemon] socket or XDG_RUNTIME_DIR)",
+               state_dir[0] ? state_dir : "(none: set [daemon] state_dir, HOME or XDG_STATE_HOME)");
         return 0;
     }
 
@@ -212,7 +213,12 @@ int main(int argc, char **argv)
     /* ---- devices, then the socket ---- */
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
-    if (fileio_mkdirs(state_dir, 0750, "state directory", err, sizeof err) != 0) {
+    if (!state_dir[0]) {
+        log_error("no state directory: HOME and XDG_STATE_HOME are unset; set [daemon] state_dir in gradd.conf "
+                  "or pass --state-dir DIR");
+        return 1;
+    }
+    if (queue_prepare_dir(state_dir, err, sizeof err) != 0) {
         log_error("%s", err);
         return 1;
     }

@@ -128,6 +128,11 @@ int server_bind(server *s, const char *path, char *err, size_t err_len)
      * starting at once cannot replace each other's socket.  The fd is ours,
      * not bound through libuv, whose close would unlink the path even when
      * it is no longer our socket. */
+    if (!path[0]) {
+        snprintf(err, err_len, "no socket path: XDG_RUNTIME_DIR is unset (gradd makes none in a shared directory "
+                 "such as /tmp, where another user could make it first); set [daemon] socket or pass -s PATH");
+        return -1;
+    }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     char suffix[32];
     snprintf(suffix, sizeof suffix, ".%ld.new", (long)getpid());

@@ -5,8 +5,8 @@
  *   - on failure err is non-empty and starts with "LINE: ", and the output
  *     is untouched;
  *   - on success id is 7, every string is terminated inside its field, the
- *     state is a known one, no uid or gid is (uid_t)-1, and every time is
- *     finite, at least 0 and below 1e12;
+ *     state is a known one, no uid or gid is (uid_t)-1, the umask has no
+ *     bit above 0777, and every time is finite, at least 0 and below 1e12;
  *   - what parses, written by queue_format_state (what queue_persist
  *     writes), parses back to the same job, and writing that gives the
  *     same bytes again;
@@ -65,6 +65,7 @@ static void check_same(const job *a, const job *b)
     CHECK(strcmp(a->reason, b->reason) == 0);
     CHECK(strcmp(a->source, b->source) == 0);
     CHECK(a->resumes == b->resumes);
+    CHECK(a->umask == b->umask);
     /* The progress fields: nan reads back as nan. */
     const double da[] = {a->prog.loss, a->prog.val_loss, a->prog.val_accuracy, a->prog.units_per_s, a->prog.elapsed_s};
     const double db[] = {b->prog.loss, b->prog.val_loss, b->prog.val_accuracy, b->prog.units_per_s, b->prog.elapsed_s};
@@ -97,6 +98,7 @@ static void fuzz_state(const char *data, size_t size)
     CHECK(terminated(j.source, sizeof j.source) && terminated(j.prog.change_reason, sizeof j.prog.change_reason));
     CHECK(j.state < JOB_STATE_COUNT);
     CHECK(j.uid != (uid_t)-1 && j.gid != (gid_t)-1);
+    CHECK((j.umask & ~(mode_t)0777) == 0);
     CHECK(time_ok(j.submitted_at) && time_ok(j.started_at) && time_ok(j.finished_at));
 
     size_t len1, len2;

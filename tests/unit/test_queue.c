@@ -56,6 +56,7 @@ static void base_job(job *j, uint32_t id)
     strcpy(j->device, "cpu0");
     strcpy(j->source, "/home/alice/tiny.cfg");
     j->resumes = 2;
+    j->umask = 027;
 }
 
 static char *base_text(uint32_t id, size_t *len)
@@ -124,6 +125,7 @@ static void assert_same_job(const job *a, const job *b)
     assert_string_equal(a->reason, b->reason);
     assert_string_equal(a->source, b->source);
     assert_int_equal(a->resumes, b->resumes);
+    assert_int_equal(a->umask, b->umask);
     const double da[] = {a->prog.loss, a->prog.val_loss, a->prog.val_accuracy, a->prog.units_per_s, a->prog.elapsed_s};
     const double db[] = {b->prog.loss, b->prog.val_loss, b->prog.val_accuracy, b->prog.units_per_s, b->prog.elapsed_s};
     for (size_t i = 0; i < sizeof da / sizeof da[0]; i++)
@@ -347,6 +349,78 @@ static void test_progress_fields(void **state)
     expect_edit_error("loss", "loss=\n", ": loss: '' is not a number");
     expect_edit_error("loss", "loss=-nan\n", ": loss: '-nan' is not a number");
     expect_edit_error("step", "step=-1\n", ": step: '-1' is not a number");
+}
+
+/* The umask a job's outputs get: octal as written; a file from before it
+ * was kept gives 022; anything else is damage. */
+static void test_umask_field(void **state)
+{
+    (void)state;
+    static job j;
+    char err[512];
+    size_t len;
+    char *t = base_text(7, &len);
+    assert_non_null(strstr(t, "\numask=0027\n"));
+    free(t);
+    const struct {
+        const char *line;
+        mode_t want;
+    } ok[] = {{"", 022}, {"umask=0\n", 0}, {"umask=777\n", 0777}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        t = edit("umask", ok[i].line, strlen(ok[i].line), &len);
+        if (queue_parse_state(t, len, 7, &j, err, sizeof err) != 0)
+            fail_msg("'%s': %s", ok[i].line, err);
+        assert_int_equal(j.umask, ok[i].want);
+        free(t);
+    }
+    const char *bad[] = {"01000", "0078", "-1", "", "00777", "0x1f"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[32], want[64];
+        snprintf(line, sizeof line, "umask=%s\n", bad[i]);
+        snprintf(want, sizeof want, ": umask: '%s' is not a umask (octal, 0 to 0777)", bad[i]);
+        expect_edit_error("umask", line, want);
+    }
+}
+
+/* The state directory: made private, refused where another could have
+ * made or may change it (the ownership cases need other users: see
+ * tests/integration/test_hostile_ident.py). */
+static void test_prepare_dir(void **state)
+{
+    (void)state;
+    char path[128], want[256], err[1024];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/a/b/state//", td_path);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/a/b/state", td_path);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0700);
+
+    assert_int_equal(chmod(path, 0750), 0); /* readable by a group is fine */
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), 0);
+    assert_int_equal(chmod(path, 0770), 0);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory %s is writable by its group (mode 0770)", path);
+    assert_non_null(strstr(err, want));
+
+    snprintf(path, sizeof path, "%s/a", td_path);
+    assert_int_equal(chmod(path, 0707), 0);
+    snprintf(path, sizeof path, "%s/a/b/state", td_path);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory: %s/a is writable by others (mode 0707), who could replace %s/a/b",
+             td_path, td_path);
+    assert_non_null(strstr(err, want));
+
+    snprintf(path, sizeof path, "%s/file", td_path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/file/state", td_path);
+    assert_int_equal(queue_prepare_dir(path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "state directory: %s/file is not a directory", td_path);
+    assert_non_null(strstr(err, want));
+    assert_int_equal(queue_prepare_dir("", err, sizeof err), -1);
+    assert_non_null(strstr(err, "state directory: '' is empty"));
 }
 
 static void test_keys(void **state)
@@ -783,10 +857,10 @@ static void test_ids_run_out(void **state)
     job_config cfg = {0};
     snprintf(cfg.name, sizeof cfg.name, "last");
     uint32_t id = 0;
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), 0);
     assert_int_equal(id, UINT32_MAX);
     id = 7;
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), -1);
     assert_non_null(strstr(err, "every job id (1 to 4294967295) has been given"));
     assert_int_equal(id, 7);
     assert_int_equal(q.n, 1);
@@ -801,7 +875,7 @@ static void test_ids_run_out(void **state)
     assert_int_equal(unlink(path), 0);
     open_capturing(&q);
     assert_int_equal(q.next_id, QUEUE_ID_END);
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), -1);
     queue_close(&q);
 }
 
@@ -819,7 +893,7 @@ static void test_full_state_dir(void **state)
     job_config cfg = {0};
     snprintf(cfg.name, sizeof cfg.name, "j");
     uint32_t id = 0;
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), 0);
     assert_int_equal(id, 1);
 
     snprintf(path, sizeof path, "%s/1/.state.tmp", jobs);
@@ -855,12 +929,12 @@ static void test_full_state_dir(void **state)
     assert_int_equal(mkdir(path, 0750), 0);
     snprintf(path, sizeof path, "%s/2/.job.cfg.tmp", jobs);
     assert_int_equal(symlink("/dev/full", path), 0);
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), -1);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), -1);
     assert_non_null(strstr(err, "the job was not queued: cannot write"));
     snprintf(path, sizeof path, "%s/2", jobs);
     assert_int_not_equal(access(path, F_OK), 0);
     assert_int_equal(q.n, 1);
-    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, "alice", &id, err, sizeof err), 0);
+    assert_int_equal(queue_submit(&q, &cfg, "x\n", 2, 1000, 1000, 022, "alice", &id, err, sizeof err), 0);
     assert_int_equal(id, 3);
     log_set_sink(NULL, NULL);
     queue_close(&q);
@@ -928,6 +1002,8 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_progress_fields),
+        cmocka_unit_test(test_umask_field),
+        cmocka_unit_test_setup_teardown(test_prepare_dir, setup, teardown),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_nul_and_truncation),
         cmocka_unit_test(test_next_id),
