@@ -109,13 +109,13 @@ HARNESSES=(wire units config jobcfg safetensors data sample queue utf8)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
-    wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $GEN/gradd.pb-c.c" ;;
+    wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" \
         "$ROOT/daemon/models/*.c" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
-    data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c" ;;
+    data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c $ROOT/common/fileio.c" ;;
     sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/*.c" \
         "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
