@@ -206,6 +206,13 @@ class HostileConn(unittest.TestCase):
 
     # ---- one user holds every connection it may --------------------------------
 
+    def harness_for_others(self):
+        """A directory other users can import harness from: the checkout
+        may be where they cannot read (under /root, 0700)."""
+        shutil.copy(harness.__file__, self.dir)
+        os.chmod(os.path.join(self.dir, "harness.py"), 0o644)
+        return self.dir
+
     def hold_as(self, user, n, jid):
         """As `user`: n watch connections on job jid, then one more.  Returns
         the process (holding them until its stdin closes) and what the last
@@ -228,7 +235,7 @@ class HostileConn(unittest.TestCase):
             "b = harness.recv_frame(s)\n"
             "print(harness.error_message(b) if b and harness.error_message(b) else 'accepted', flush=True)\n"
             "sys.stdin.read()\n"
-        ) % (os.path.dirname(harness.__file__), n, self.d.sock, watch_request(jid), self.d.sock)
+        ) % (self.harness_for_others(), n, self.d.sock, watch_request(jid), self.d.sock)
         p = subprocess.Popen(setpriv(user) + [sys.executable, "-c", script], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(p.kill)

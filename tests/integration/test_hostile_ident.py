@@ -38,12 +38,17 @@ SYSTEM_SOCKET = "/run/gradd/gradd.sock"
 JOB = test_service_user.JOB.replace("steps = 1000000", "steps = {steps}")
 
 
-def as_user(user, umask=None):
+def as_user(user):
     pw = pwd.getpwnam(user)
-    cmd = ["setpriv", "--reuid=%d" % pw.pw_uid, "--regid=%d" % pw.pw_gid, "--init-groups"]
-    if umask is None:
-        return cmd
-    return cmd + ["sh", "-c", "umask %03o && exec \"$@\"" % umask, "sh"]
+    return ["setpriv", "--reuid=%d" % pw.pw_uid, "--regid=%d" % pw.pw_gid, "--init-groups"]
+
+
+def with_umask(umask):
+    """For subprocess's preexec_fn: the umask setpriv, and so the command
+    it runs, inherits.  Not a shell between them: setpriv reaches the
+    command with root's access still, a shell as the user may not (a
+    checkout under /root, 0700)."""
+    return lambda: os.umask(umask)
 
 
 def modes(top):
@@ -93,8 +98,8 @@ class Umask(unittest.TestCase):
         return path
 
     def ctl(self, *args, umask=0o022):
-        r = subprocess.run(as_user(USER, umask) + [GRADCTL, "-s", self.d.sock] + list(args), capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(as_user(USER) + [GRADCTL, "-s", self.d.sock] + list(args), capture_output=True,
+                           text=True, timeout=60, preexec_fn=with_umask(umask))
         self.assertEqual(r.returncode, 0, "%s\n%s" % (r.stderr, self.d.read_log()))
         return r.stdout
 
