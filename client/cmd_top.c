@@ -389,8 +389,11 @@ static int run(ctl *c, int argc, char **argv)
             term_size(&rows, &cols);
         frame f;
         rc = frame_fetch(c, &f);
-        if (rc != CTL_OK)
+        if (rc != CTL_OK) {
+            if (got_quit)
+                rc = CTL_OK; /* a signal to stop cut the exchange short */
             break;
+        }
         char *text = NULL;
         size_t len = 0;
         FILE *o = open_memstream(&text, &len);

@@ -95,8 +95,7 @@ void rpc_procs_match(rpc_job_pid *jobs, size_t njobs, rpc_proc_jobs *out, size_t
     }
 }
 
-/* The name of uid, or its number. */
-static void user_name(uid_t uid, char *buf, size_t len)
+void rpc_user_name(uid_t uid, char *buf, size_t len)
 {
     struct passwd pw, *res = NULL;
     char tmp[4096];
@@ -119,7 +118,7 @@ static void describe(pid_t pid, Gradd__GpuProcess *m, char *user, char *command,
     if (stat(path, &st) != 0)
         return;
     m->uid = (uint32_t)st.st_uid;
-    user_name(st.st_uid, user, len);
+    rpc_user_name(st.st_uid, user, len);
     snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
@@ -175,7 +174,7 @@ rpc_procs *rpc_procs_fill(gradd_ctx *ctx, int i, uint64_t pool_reserved, Gradd__
         m->used_bytes = found[k].used_bytes;
         if ((pid_t)found[k].pid == self) {
             m->uid = (uint32_t)geteuid();
-            user_name(geteuid(), p->user[k], sizeof p->user[k]);
+            rpc_user_name(geteuid(), p->user[k], sizeof p->user[k]);
             snprintf(p->command[k], sizeof p->command[k], "gradd");
         } else {
             describe((pid_t)found[k].pid, m, p->user[k], p->command[k], sizeof p->command[k]);

@@ -85,6 +85,8 @@ void rpc_procs_match(rpc_job_pid *jobs, size_t njobs, rpc_proc_jobs *out, size_t
  * memory, g untouched), to free with rpc_procs_free after the answer. */
 rpc_procs *rpc_procs_fill(gradd_ctx *ctx, int i, uint64_t pool_reserved, Gradd__Device *g);
 void rpc_procs_free(rpc_procs *p);
+/* The name of uid (getpwuid_r), or its number. */
+void rpc_user_name(uid_t uid, char *buf, size_t len);
 
 /* ---- the commands, by file ---------------------------------------------- */
 

@@ -20,31 +20,11 @@ import time
 import unittest
 
 import harness
+import test_service_user
 from harness import GRADCTL, GRADD
 
-JOB = """
-[job]
-name = {name}
-[model]
-type = gpt
-layers = 1
-heads = 1
-width = 16
-context = 8
-[data]
-format = text
-train = {train}
-[train]
-steps = 1000000
-batch = 4
-micro_batch = 2
-threads = 1
-eval_every = 0
-[output]
-dir = {out}
-checkpoint_every = 0
-log_every = 1000
-"""
+# The service test's small GPT, named.
+JOB = "[job]\nname = {name}\n" + test_service_user.JOB
 
 # What the name becomes in a terminal: ESC and the bidi override escaped.
 EVIL_NAME = "top-\x1b[2J\u202eevil"
@@ -67,21 +47,15 @@ def size_text(n):
     return "%.0f%s" % (v, unit)
 
 
-class Top(unittest.TestCase):
+class Top(harness.DaemonTest):
     def setUp(self):
+        super().setUp()
         self.dir = tempfile.mkdtemp(prefix="gradd-top-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         os.chmod(self.dir, 0o755)
         self.train = os.path.join(self.dir, "corpus.txt")
         harness.write_corpus(self.train)
-        self.state = os.path.join(self.dir, "state")
-        self.d = harness.Daemon("[daemon]\nclient_timeout = 60s\n", args=("--state-dir", self.state))
-
-    def tearDown(self):
-        code = self.d.stop()
-        log = self.d.read_log()
-        self.d.cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.assertEqual(code, 0, "gradd exited %d:\n%s" % (code, log))
+        self.state = os.path.join(self.d.dir, "state")
 
     def submit(self, name="toptest"):
         cfg = os.path.join(self.dir, name + ".cfg")
