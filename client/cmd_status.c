@@ -14,17 +14,73 @@ static int print_json(const Gradd__StatusResponse *st)
     json_t *devices = json_array();
     for (size_t i = 0; i < st->n_devices; i++) {
         const Gradd__Device *d = st->devices[i];
-        json_array_append_new(devices, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", jout_str(d->id),
-                                                 "name", jout_str(d->name), "kind", jout_str(d->kind), "mem_total",
-                                                 jout_uint(d->mem_total), "mem_free", jout_uint(d->mem_free),
-                                                 "pool_reserved", jout_uint(d->pool_reserved), "pool_allocated",
-                                                 jout_uint(d->pool_allocated), "fragmentation",
-                                                 jout_real(d->fragmentation)));
+        json_t *procs = json_array();
+        for (size_t k = 0; k < d->n_processes; k++) {
+            const Gradd__GpuProcess *p = d->processes[k];
+            json_t *jobs = json_array();
+            for (size_t j = 0; j < p->n_jobs; j++)
+                json_array_append_new(jobs, jout_uint(p->jobs[j]));
+            json_array_append_new(procs, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "pid", jout_uint(p->pid), "uid",
+                                                   jout_uint(p->uid), "user", jout_str(p->user), "command",
+                                                   jout_str(p->command), "used_bytes", jout_uint(p->used_bytes),
+                                                   "jobs", jobs));
+        }
+        json_array_append_new(devices, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id",
+                                                 jout_str(d->id), "name", jout_str(d->name), "kind",
+                                                 jout_str(d->kind), "mem_total", jout_uint(d->mem_total), "mem_free",
+                                                 jout_uint(d->mem_free), "pool_reserved", jout_uint(d->pool_reserved),
+                                                 "pool_allocated", jout_uint(d->pool_allocated), "fragmentation",
+                                                 jout_real(d->fragmentation), "processes", procs, "process_note",
+                                                 jout_str(d->process_note)));
     }
     return jout_print(json_pack("{s:o, s:o, s:I, s:o, s:o, s:o, s:o}", "daemon_version", jout_str(st->daemon_version),
                                 "protocol_version", jout_uint(st->protocol_version), "pid", (json_int_t)st->pid,
                                 "uptime_s", jout_real(st->uptime_s), "peer_uid", jout_uint(st->peer_uid), "cuda_note",
                                 jout_str(st->cuda_note), "devices", devices));
+}
+
+/* Every process on each device, then each reason a list is missing, once
+ * for all the devices it applies to. */
+static void print_processes(const Gradd__StatusResponse *st)
+{
+    static const char *const head[] = {"DEVICE", ">PID", "USER", "COMMAND", ">MEM"};
+    table t;
+    table_init(&t, 5, head);
+    for (size_t i = 0; i < st->n_devices; i++) {
+        const Gradd__Device *d = st->devices[i];
+        for (size_t k = 0; k < d->n_processes; k++) {
+            const Gradd__GpuProcess *p = d->processes[k];
+            char cmd[256], m[16];
+            table_cell(&t, "%s", d->id);
+            table_cell(&t, "%u", p->pid);
+            table_cell(&t, "%s", p->user && *p->user ? p->user : "-");
+            table_cell(&t, "%s", jobfmt_process(p, cmd, sizeof cmd));
+            table_cell(&t, "%s", units_format_size(p->used_bytes, m, sizeof m));
+        }
+    }
+    if (t.nrows) {
+        printf("\n");
+        table_print(&t, stdout);
+    }
+    table_free(&t);
+    for (size_t i = 0; i < st->n_devices; i++) {
+        const char *note = st->devices[i]->process_note;
+        bool seen = !note || !*note;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = st->devices[k]->process_note && strcmp(st->devices[k]->process_note, note) == 0;
+        if (seen)
+            continue;
+        printf("\n");
+        for (size_t k = i, first = 1; k < st->n_devices; k++)
+            if (st->devices[k]->process_note && strcmp(st->devices[k]->process_note, note) == 0) {
+                printf("%s", first ? "" : ", ");
+                table_puts(stdout, st->devices[k]->id);
+                first = 0;
+            }
+        printf(": ");
+        table_puts(stdout, note);
+        printf("\n");
+    }
 }
 
 /* The overview: devices with their running jobs, then the running and
@@ -61,6 +117,7 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
     }
     table_print(&t, stdout);
     table_free(&t);
+    print_processes(st);
     if (st->cuda_note && *st->cuda_note) {
         printf("\n");
         table_puts(stdout, st->cuda_note);

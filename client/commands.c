@@ -3,12 +3,14 @@
 #include "ctl.h"
 
 extern const ctl_cmd cmd_status, cmd_stats, cmd_trim, cmd_timeline, cmd_test_pressure,
-    cmd_test_alloc, cmd_test_hang, cmd_sample, cmd_submit, cmd_list, cmd_cancel, cmd_rm, cmd_watch, cmd_logs, cmd_metrics;
+    cmd_test_alloc, cmd_test_hang, cmd_sample, cmd_submit, cmd_list, cmd_cancel, cmd_rm, cmd_watch, cmd_logs, cmd_metrics,
+    cmd_top;
 
 const ctl_cmd *const ctl_commands[] = {
     &cmd_submit,
     &cmd_list,
     &cmd_status,
+    &cmd_top,
     &cmd_watch,
     &cmd_cancel,
     &cmd_rm,

@@ -190,6 +190,17 @@ const char *jobfmt_eta(const Gradd__JobInfo *j, char *buf, size_t len)
     return units_format_duration(per_step * (double)(j->steps - j->step), buf, len);
 }
 
+const char *jobfmt_process(const Gradd__GpuProcess *p, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s", p->command && *p->command ? p->command : "?");
+    for (size_t k = 0; k < p->n_jobs && n >= 0 && (size_t)n < len; k++)
+        n += snprintf(buf + n, len - (size_t)n, "%s%u", k ? ", " : p->n_jobs > 1 ? " (jobs " : " (job ",
+                      p->jobs[k]);
+    if (p->n_jobs && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, ")");
+    return buf;
+}
+
 const char *jobfmt_batch(const Gradd__JobInfo *j, char *buf, size_t len)
 {
     char m[16], a[16];

@@ -57,6 +57,10 @@ const char *jobfmt_eta(const Gradd__JobInfo *j, char *buf, size_t len);
 /* "4×4"; "auto×-" while an automatic micro-batch is not yet chosen. */
 const char *jobfmt_batch(const Gradd__JobInfo *j, char *buf, size_t len);
 
+/* A process on a device as status and top name it: its command, and the
+ * jobs it runs, "gradd (jobs 3, 5)"; not yet made safe. */
+const char *jobfmt_process(const Gradd__GpuProcess *p, char *buf, size_t len);
+
 /* ---- views ---------------------------------------------------------------- */
 
 /* The columns of `gradctl list`, for table_init; JOBFMT_COLS of them. */

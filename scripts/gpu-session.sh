@@ -6,7 +6,8 @@
 # own time limit and its own exit status in the log, so one failure does not
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
-#   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps.
+#   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
+#   nvml (about 30 s) runs only when named: STEPS=nvml or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -163,4 +164,75 @@ if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_c
   REPEAT=${REPEAT:-3} timeout 400 bench/pool/run_gpu.sh "$top/.device/bin" | tee -a "$out/bench.jsonl"
   echo "rc=${PIPESTATUS[0]}"
 fi
+if want nvml; then
+  # Everyone on the GPU: while a gradd job trains on cuda0, a PyTorch
+  # process holds 4 GiB there.  status must list both (gradd by its job,
+  # the other by pid, user and command, with its memory), and top show
+  # them in its frame.
+  section "nvml: gradctl status and top with another process on the GPU"
+  sock=/tmp/gradd-nvml.sock
+  ctl() { gx "$B/client/gradctl" -s $sock "$@"; }
+  ( . "$top/.device/env.sh"; setsid "$B/daemon/gradd" -s $sock --state-dir /tmp/gradd-nvml-state >/tmp/gradd-nvml.log 2>&1 & )
+  for i in $(seq 50); do [ -S $sock ] && break; sleep 0.2; done
+  "$py" -c "import torch,time; x=torch.empty(2**30, device='cuda'); torch.cuda.synchronize(); print('holder ready', flush=True); time.sleep(60)" \
+    >/tmp/holder.out 2>&1 & holder=$!
+  for i in $(seq 100); do grep -q 'holder ready' /tmp/holder.out && break; sleep 0.2; done
+  cat >/tmp/job-nvml.cfg <<CFG
+[job]
+name = nvml-view
+device = cuda:0
+[model]
+type = gpt
+layers = 2
+heads = 4
+width = 128
+context = 128
+[data]
+format = text
+train = $top/.device/data/fortunes
+[train]
+steps = 100000
+batch = 16
+micro_batch = 16
+threads = 8
+eval_every = 0
+[output]
+dir = /tmp/out-nvml
+checkpoint_every = 0
+log_every = 1000
+CFG
+  id=$(ctl submit /tmp/job-nvml.cfg | grep -o '[0-9]\+' | head -1)
+  for i in $(seq 100); do ctl --json status "$id" | grep -q '"state":"running"' && break; sleep 0.2; done
+  sleep 2
+  ctl status
+  ctl top --once
+  ctl --json status >/tmp/nvml-status.json
+  "$py" - "$holder" "$id" "$(id -un)" <<'PY'
+import json, sys
+holder, job, user = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+st = json.load(open("/tmp/nvml-status.json"))
+dev = [d for d in st["devices"] if d["id"] == "cuda0"][0]
+procs = {p["pid"]: p for p in dev["processes"]}
+ok = True
+def check(what, cond):
+    global ok
+    ok &= bool(cond)
+    print("nvml:", "PASS" if cond else "FAIL", what)
+check("no process note (got %r)" % dev["process_note"], dev["process_note"] == "")
+g = procs.get(st["pid"])
+check("gradd listed with job %d: %r" % (job, g), g and g["command"] == "gradd" and job in g["jobs"])
+h = procs.get(holder)
+check("holder %d listed as %s, python, >= 4 GiB: %r" % (holder, user, h),
+      h and h["user"] == user and h["command"].startswith("python") and h["used_bytes"] >= 1 << 32 and not h["jobs"])
+print("nvml:", "ALL PASS" if ok else "SOME FAILED")
+sys.exit(0 if ok else 1)
+PY
+  echo "rc=$?"
+  ctl cancel "$id"
+  kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+  gpid=$("$py" -c 'import json; print(json.load(open("/tmp/nvml-status.json"))["pid"])')
+  kill -TERM "$gpid" 2>/dev/null; sleep 1
+  echo "--- gradd log"; tail -10 /tmp/gradd-nvml.log
+fi
+
 section end

@@ -77,6 +77,12 @@ int ctx_open(gradd_ctx *c, char *err, size_t err_len)
     }
     if (c->cuda_note[0])
         log_info("%s", c->cuda_note);
+    bool any_cuda = false;
+    for (int i = 0; i < c->ndev; i++)
+        any_cuda |= c->devs[i]->kind == DEV_KIND_CUDA;
+    /* Only where there is a GPU: NVML says nothing about simulated devices. */
+    if (any_cuda && !(c->nvml = dev_nvml_open(NULL, c->nvml_note, sizeof c->nvml_note)))
+        log_info("%s", c->nvml_note);
     return 0;
 }
 
@@ -93,6 +99,8 @@ void ctx_close(gradd_ctx *c)
         c->devs[i] = NULL;
     }
     c->ndev = 0;
+    dev_nvml_close(c->nvml);
+    c->nvml = NULL;
 }
 
 int ctx_find_device(const gradd_ctx *c, const char *id)

@@ -27,6 +27,8 @@ typedef struct gradd_ctx {
     dev *devs[CTX_MAX_DEVICES];
     pool *pools[CTX_MAX_DEVICES];
     char cuda_note[256]; /* why there are no CUDA devices, when there are none */
+    dev_nvml *nvml;      /* lists the processes on CUDA devices; NULL without */
+    char nvml_note[256]; /* why nvml is NULL while there are CUDA devices */
     uint64_t start_ns;   /* CLOCK_MONOTONIC at start */
     bool test_hooks;     /* --test-hooks: simulated device pressure over the socket */
     ctx_held test_held[CTX_MAX_DEVICES]; /* blocks held by the test_alloc hook */

@@ -64,6 +64,9 @@ struct dev {
     char id[16];       /* "cpu0", "cuda0" — what users type after -d */
     void *impl;        /* backend state */
     char last_error[160];
+    /* "0000:3b:00.0" for a CUDA device ("" otherwise): what NVML knows it
+     * by, whatever order CUDA_DEVICE_ORDER gives the CUDA indices. */
+    char pci_bus_id[32];
 };
 
 /* ---- thin wrappers (the pool calls these, never ops directly) ---------- */
@@ -96,7 +99,7 @@ size_t dev_cpu_external(const dev *d);
 /* ---- cuda backend (dev_cuda.c, built into the gradd-cuda module) -------- */
 /* The module exports one symbol of this type, named DEV_CUDA_ENTRY. */
 #define DEV_CUDA_ENTRY "gradd_cuda_module_v1"
-#define DEV_CUDA_ABI 1
+#define DEV_CUDA_ABI 2
 typedef struct dev_cuda_module {
     int abi; /* DEV_CUDA_ABI */
     /* Number of CUDA devices, or -1 with `why` filled when none can be used
@@ -116,5 +119,26 @@ int dev_cuda_probe(const char *module_dir, dev **out, int max, char *why, size_t
  * back the handle dev_cuda_probe already holds, so this is the same code the
  * devices run on.  NULL when there is no module. */
 const void *dev_cuda_kern_ops(const char *module_dir);
+
+/* ---- processes on a device, from NVML (dev_nvml.c) ----------------------- */
+/* The driver's management library, loaded with dlopen like the CUDA module:
+ * gradd never links it, so a machine without a driver still starts. */
+typedef struct dev_nvml dev_nvml;
+
+#define DEV_NVML_LIBRARY "libnvidia-ml.so.1"
+
+typedef struct {
+    uint32_t pid;
+    uint64_t used_bytes; /* 0 where the driver does not say */
+} dev_nvml_proc;
+
+/* Load `library` (NULL: DEV_NVML_LIBRARY) and initialise NVML.  NULL with
+ * `why` set ("NVML not available: ...") when it cannot be used. */
+dev_nvml *dev_nvml_open(const char *library, char *why, size_t why_len);
+void dev_nvml_close(dev_nvml *n);
+/* The compute processes on CUDA device d (found by its PCI bus id) into
+ * out: how many were written (at most max; any beyond are left out), or -1
+ * with `why` set. */
+int dev_nvml_procs(dev_nvml *n, const dev *d, dev_nvml_proc *out, int max, char *why, size_t why_len);
 
 #endif

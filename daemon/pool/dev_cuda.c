@@ -364,6 +364,9 @@ static dev_status module_create(int index, dev **out)
     d->impl = c;
     snprintf(d->name, sizeof d->name, "%.63s", prop.name);
     snprintf(d->id, sizeof d->id, "cuda%d", index);
+    /* Empty on failure: the device then has no process list, nothing worse. */
+    if (cudaDeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, index) != cudaSuccess)
+        d->pci_bus_id[0] = '\0';
     *out = d;
     return DEV_OK;
 }

@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,16 +77,6 @@ static job *owned_job(const rpc_call *c, uint32_t id, const char *what)
     pthread_mutex_unlock(&ctx->q->lock);
     rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
     return NULL;
-}
-
-static void user_name(uid_t uid, char *buf, size_t len)
-{
-    struct passwd pw, *res = NULL;
-    char tmp[4096];
-    if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res)
-        snprintf(buf, len, "%s", pw.pw_name);
-    else
-        snprintf(buf, len, "%u", (unsigned)uid);
 }
 
 void rpc_submit(const rpc_call *c, const Gradd__Request *req)
@@ -227,7 +216,7 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         goto out;
     }
     char user[64];
-    user_name(peer->uid, user, sizeof user);
+    rpc_user_name(peer->uid, user, sizeof user);
     uint32_t id;
     if (queue_submit(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, mask, user, &id, err,
                      sizeof err) != 0) {

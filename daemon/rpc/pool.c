@@ -43,6 +43,7 @@ void rpc_status(const rpc_call *c, const Gradd__Request *req)
     gradd__status_response__init(&st);
     Gradd__Device devs[CTX_MAX_DEVICES];
     Gradd__Device *ptrs[CTX_MAX_DEVICES];
+    rpc_procs *procs[CTX_MAX_DEVICES] = {0};
     pool_stats *ps = malloc(sizeof *ps);
     if (!ps) {
         rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
@@ -63,6 +64,9 @@ void rpc_status(const rpc_call *c, const Gradd__Request *req)
         g->pool_reserved = (uint64_t)ps->reserved_bytes[POOL_ALL].current;
         g->pool_allocated = (uint64_t)ps->allocated_bytes[POOL_ALL].current;
         g->fragmentation = ps->fragmentation;
+        procs[i] = rpc_procs_fill(ctx, i, g->pool_reserved, g);
+        if (!procs[i])
+            g->process_note = (char *)"out of memory listing the processes";
         ptrs[i] = g;
     }
     free(ps);
@@ -76,6 +80,8 @@ void rpc_status(const rpc_call *c, const Gradd__Request *req)
     st.peer_uid = (uint32_t)c->peer->uid;
 
     RPC_SEND(c, STATUS, status, &st);
+    for (int i = 0; i < ctx->ndev; i++)
+        rpc_procs_free(procs[i]);
 }
 
 /* ---- stats ----------------------------------------------------------------- */

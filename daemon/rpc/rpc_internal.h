@@ -9,6 +9,7 @@
  *   watch.c       watch: a stream of one job's changes
  *   sample.c      sample: text from a job's model, generated off the loop
  *   test_hooks.c  test_pressure, test_alloc, test_hang (only with --test-hooks)
+ *   procs.c       the processes on each device, for status
  */
 #ifndef GRADD_RPC_INTERNAL_H
 #define GRADD_RPC_INTERNAL_H
@@ -61,6 +62,31 @@ typedef struct {
 
 /* Fill st from j; the caller holds the queue lock. */
 void rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
+
+/* ---- the processes on a device (procs.c) --------------------------------- */
+
+typedef struct rpc_procs rpc_procs;
+/* A running job and the process it computes in. */
+typedef struct {
+    uint32_t job;
+    pid_t pid;
+} rpc_job_pid;
+/* For one process, pid: its jobs are jobs[first .. first+n). */
+typedef struct {
+    pid_t pid;
+    size_t first, n;
+} rpc_proc_jobs;
+
+/* Sort jobs by pid then id, and set each of out[0..nprocs)'s slice of its
+ * jobs (out[k].pid given). */
+void rpc_procs_match(rpc_job_pid *jobs, size_t njobs, rpc_proc_jobs *out, size_t nprocs);
+/* Fill g's processes and process_note for device i of ctx, whose pool
+ * holds pool_reserved; what they point into is returned (NULL: out of
+ * memory, g untouched), to free with rpc_procs_free after the answer. */
+rpc_procs *rpc_procs_fill(gradd_ctx *ctx, int i, uint64_t pool_reserved, Gradd__Device *g);
+void rpc_procs_free(rpc_procs *p);
+/* The name of uid (getpwuid_r), or its number. */
+void rpc_user_name(uid_t uid, char *buf, size_t len);
 
 /* ---- the commands, by file ---------------------------------------------- */
 
