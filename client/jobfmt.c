@@ -123,7 +123,7 @@ static int id_arg(const ctl *c, int argc, char **argv, uint32_t *id)
 int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id, Gradd__Response **out)
 {
     *out = NULL;
-    uint32_t v;
+    uint32_t v = 0;
     int rc = id_arg(c, argc, argv, &v);
     if (rc != CTL_OK)
         return rc;
