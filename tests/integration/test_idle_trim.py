@@ -11,39 +11,9 @@ jobs on one 80 MiB device: what the first left cached, the second gets
 back through the pool's trim and retry, and no OOM is counted."""
 import json
 import os
-import shutil
-import tempfile
 import time
 
 import harness
-
-JOB = """
-[job]
-name = {name}
-[model]
-type = gpt
-layers = 2
-heads = 2
-width = {width}
-context = {context}
-vocab = 256
-[data]
-format = text
-train = {train}
-val_fraction = 0.1
-[train]
-steps = {steps}
-batch = {micro}
-micro_batch = {micro}
-lr = 1e-3
-threads = 1
-eval_batches = 1
-[memory]
-tune = off
-[output]
-dir = {out}
-log_every = 1
-"""
 
 MiB = 1 << 20
 # The daemon's timer ticks once a second; the sanitizers slow it down.
@@ -52,32 +22,36 @@ LATE = 4.0 if harness.SANITIZED else 3.0
 
 class JobsMixin:
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="gradd-idle-")
-        # Cleanups run after DaemonTest.tearDown has stopped the daemon.
-        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
-        os.chmod(self.dir, 0o755)
-        self.train = os.path.join(self.dir, "corpus.txt")
-        harness.write_corpus(self.train)
+        self.dir, self.train = harness.scratch_corpus(self, "gradd-idle-")
         super().setUp()
 
     def submit(self, name, steps=3, width=32, context=32, micro=8):
+        """A small byte-level GPT with a fixed micro-batch (no probing or
+        tuning, so its memory is the same on every run)."""
         cfg = os.path.join(self.dir, name + ".cfg")
-        with open(cfg, "w") as f:
-            f.write(JOB.format(name=name, train=self.train, steps=steps, width=width, context=context, micro=micro,
-                               out=os.path.join(self.dir, "out-" + name)))
+        harness.write_job(cfg, {
+            "job": {"name": name},
+            "model": {"type": "gpt", "layers": 2, "heads": 2, "width": width, "context": context, "vocab": 256},
+            "data": {"format": "text", "train": self.train, "val_fraction": 0.1},
+            "train": {"steps": steps, "batch": micro, "micro_batch": micro, "threads": 1, "eval_batches": 1},
+            "memory": {"tune": "off"},
+            "output": {"dir": os.path.join(self.dir, "out-" + name)},
+        })
         return int(self.d.ctl("submit", cfg).stdout.split()[1])
 
     def info(self, jid):
         return self.d.ctl_json("status", str(jid))
 
-    def wait_state(self, jid, states, timeout=60):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            j = self.info(jid)
-            if j["state"] in states:
-                return j
-            time.sleep(0.02)
-        self.fail("job %d not %s within %ds: %s" % (jid, states, timeout, self.info(jid)))
+    def finish_big_job(self, name):
+        """Run a job with 20 MiB and more of activations to its end;
+        (its id, the pool's stats then, what the pool holds then)."""
+        jid = self.submit(name, width=64, context=64, micro=32)
+        harness.wait_job(self.d, jid, ("completed",))
+        p = self.pool()
+        # What the job left: all of it cached, none of it in use.
+        self.assertEqual(p["allocated_bytes"]["all"]["current"], 0)
+        self.assertGreater(self.reserved(p), 20 * MiB)
+        return jid, p, self.reserved(p)
 
     def pool(self):
         return self.d.ctl_json("stats")["pools"][0]
@@ -97,13 +71,7 @@ class IdleTrim(JobsMixin, harness.DaemonTest):
     test_hooks = True
 
     def test_finished_job_cache_goes_back(self):
-        jid = self.submit("done", width=64, context=64, micro=32)
-        self.wait_state(jid, ("completed",))
-        p = self.pool()
-        before = self.reserved(p)
-        # What the job left: all of it cached, none of it in use.
-        self.assertEqual(p["allocated_bytes"]["all"]["current"], 0)
-        self.assertGreater(before, 20 * MiB)
+        jid, p, before = self.finish_big_job("done")
         self.assertEqual((p["trims"], p["idle_trims"], p["idle_trimmed_bytes"]), (0, 0, 0))
         deadline = time.time() + LATE + 1
         while self.reserved() and time.time() < deadline:
@@ -132,7 +100,7 @@ class IdleTrim(JobsMixin, harness.DaemonTest):
 
     def test_running_job_keeps_its_memory(self):
         jid = self.submit("long", steps=1000000)
-        self.wait_state(jid, ("running",))
+        harness.wait_job(self.d, jid, ("running",))
         deadline = time.time() + 60
         while self.info(jid)["step"] < 3 and time.time() < deadline:
             time.sleep(0.02)
@@ -149,7 +117,7 @@ class IdleTrim(JobsMixin, harness.DaemonTest):
         self.assertEqual(self.info(jid)["state"], "running")
         # Once it stops, the device is idle and all of it goes back.
         self.d.ctl("cancel", str(jid))
-        self.wait_state(jid, ("cancelled",))
+        harness.wait_job(self.d, jid, ("cancelled",))
         deadline = time.time() + LATE + 1
         while self.reserved() and time.time() < deadline:
             time.sleep(0.05)
@@ -164,25 +132,17 @@ class Sharing(JobsMixin, harness.DaemonTest):
     conf = "[daemon]\nmax_jobs_per_device = 2\n[cpu]\ncapacity = 80M\n[pool]\nidle_trim = 0\n"
 
     def test_idle_trim_off_keeps_the_cache(self):
-        jid = self.submit("kept", width=64, context=64, micro=32)
-        self.wait_state(jid, ("completed",))
-        before = self.reserved()
-        self.assertGreater(before, 20 * MiB)
+        _, _, before = self.finish_big_job("kept")
         time.sleep(2.5)
         p = self.pool()
         self.assertEqual((self.reserved(p), p["trims"], p["idle_trims"]), (before, 0, 0))
 
     def test_second_job_reclaims_the_first_jobs_cache(self):
-        a = self.submit("first", width=64, context=64, micro=32)
-        self.wait_state(a, ("completed",))
-        p = self.pool()
-        left = self.reserved(p)
-        self.assertEqual(p["allocated_bytes"]["all"]["current"], 0)
-        self.assertGreater(left, 20 * MiB)
+        _, _, left = self.finish_big_job("first")
         # Twice the micro-batch: more than the 80 MiB cap minus what the
         # first job left cached.
         b = self.submit("second", width=64, context=64, micro=64)
-        j = self.wait_state(b, ("completed", "failed"))
+        j = harness.wait_job(self.d, b, ("completed", "failed"))
         self.assertEqual(j["state"], "completed", j)
         # No OOM reached the job: its fixed micro-batch never changed.
         self.assertEqual((j["micro"], j["accum"], j["last_change"]), (64, 1, None), j)
