@@ -63,6 +63,7 @@ static json_t *pool_json(const Gradd__PoolStats *p)
         {"cache_hits", p->cache_hits},       {"alloc_retries", p->alloc_retries},
         {"ooms", p->ooms},                   {"trims", p->trims},
         {"trimmed_bytes", p->trimmed_bytes}, {"trim_ns", p->trim_ns},
+        {"idle_trims", p->idle_trims},       {"idle_trimmed_bytes", p->idle_trimmed_bytes},
         {"largest_free_block", p->largest_free_block},
         {"timeline_events", p->timeline_events}, {"timeline_dropped", p->timeline_dropped},
     };
@@ -145,9 +146,10 @@ static void print_pool(const Gradd__PoolStats *p)
            (unsigned long long)p->device_allocs, (unsigned long long)p->device_frees,
            (unsigned long long)p->cache_hits, requests ? 100.0 * (double)p->cache_hits / (double)requests : 0.0,
            (unsigned long long)requests);
-    printf("Alloc retries %llu, OOMs %llu; trims %llu released %s in %.3f ms\n",
+    printf("Alloc retries %llu, OOMs %llu; trims %llu released %s in %.3f ms (idle: %llu, %s)\n",
            (unsigned long long)p->alloc_retries, (unsigned long long)p->ooms, (unsigned long long)p->trims,
-           sz(p->trimmed_bytes, a), (double)p->trim_ns / 1e6);
+           sz(p->trimmed_bytes, a), (double)p->trim_ns / 1e6, (unsigned long long)p->idle_trims,
+           sz(p->idle_trimmed_bytes, b));
     printf("Largest free block %s; fragmentation %.1f%%; timeline %llu events (%llu dropped)\n",
            sz(p->largest_free_block, a), p->fragmentation * 100, (unsigned long long)p->timeline_events,
            (unsigned long long)p->timeline_dropped);

@@ -96,6 +96,8 @@ static const opts_def opts[] = {
      "trim the cache every N training steps (0: off)", NULL},
     {"pool", "trim_interval", OPTS_DURATION, P(trim_every_ms), 0, 86400e3, false, "0",
      "trim the cache this often (0: off)", NULL},
+    {"pool", "idle_trim", OPTS_DURATION, P(idle_trim_ms), 0, 86400e3, false, "60s",
+     "give the whole cache back once no job has run on the device this long (0: off)", NULL},
     {"pool", "timeline_events", OPTS_COUNT, P(timeline_capacity), 0, 1 << 24, false, "65536",
      "events kept in the memory timeline ring buffer (0: off)", NULL},
 };

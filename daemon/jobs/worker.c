@@ -339,7 +339,10 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&q->lock);
         queue_notify(q);
         log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
+        /* The pool's idle trim waits while any job runs on the device. */
+        pool_use_begin(ctx->pools[w->dev]);
         run_one(w, j);
+        pool_use_end(ctx->pools[w->dev]);
         pthread_mutex_lock(&q->lock);
         w->busy = false;
         pthread_mutex_unlock(&q->lock);

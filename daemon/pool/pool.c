@@ -298,6 +298,7 @@ int pool_create(dev *d, const pool_config *c, pool **out)
     }
     p->t0_ns = pool_now_ns();
     p->last_periodic_ns = p->t0_ns;
+    p->idle_since_ns = p->t0_ns;
     pool_tl_clock_init(p);
     *out = p;
     return 0;

@@ -10,7 +10,8 @@
  * params/grads/optimizer (persistent) and the rest (transient) use separate
  * segments, which keeps long-lived state out of freed activations' holes.
  * Cached memory goes back to the device on trims: on request, periodically,
- * past a GC threshold, under external pressure and on OOM.
+ * past a GC threshold, under external pressure, on OOM and once no job has
+ * run for a while.
  *
  * Threads: every function may be called from any thread.  Allocation, free
  * and trim serialise on one pool mutex; pool_stats_read never takes it.
@@ -57,6 +58,8 @@ typedef struct pool_config {
     size_t low_watermark;     /* 0 = off; trim when device free < this */
     uint64_t trim_every_steps; /* 0 = off; periodic trim in pool_tick */
     uint64_t trim_every_ms;   /* 0 = off; periodic trim in pool_tick */
+    uint64_t idle_trim_ms;    /* 0 = off (the default); trim everything in pool_tick once no
+                                 pool_use_begin has been open this long */
     size_t timeline_capacity; /* ring buffer events; default 65536; 0 = timeline off */
 } pool_config;
 
@@ -103,7 +106,8 @@ typedef enum {
     POOL_TRIM_PERIODIC,
     POOL_TRIM_GC,
     POOL_TRIM_PRESSURE,
-    POOL_TRIM_OOM
+    POOL_TRIM_OOM,
+    POOL_TRIM_IDLE
 } pool_trim_reason;
 
 const char *pool_trim_reason_name(pool_trim_reason r); /* "request", "periodic", ... */
@@ -125,6 +129,13 @@ pool_trim_result pool_trim(pool *p, pool_trim_reason why, size_t target_bytes);
  * pool: with two jobs, "every N steps" means every N step boundaries of
  * either. */
 void pool_tick(pool *p, uint64_t step);
+/* A job starts or stops running on the pool's device.  While any job runs
+ * the pool is busy; once the last one stops and idle_trim_ms passes with
+ * none, the next pool_tick gives the whole cache back (reason idle), once
+ * per idle spell.  A pool nobody ever calls these for counts as idle from
+ * its creation.  Each begin needs one end; the pool counts them. */
+void pool_use_begin(pool *p);
+void pool_use_end(pool *p);
 
 /* ---- statistics ----------------------------------------------------------- */
 
@@ -143,6 +154,7 @@ typedef struct pool_stats {
         inactive_split_blocks[3];
     uint64_t device_allocs, device_frees, cache_hits, alloc_retries, ooms, trims, trimmed_bytes,
         trim_ns;
+    uint64_t idle_trims, idle_trimmed_bytes; /* the part of trims/trimmed_bytes with reason idle */
     uint64_t invalid_frees;
     size_t largest_free_block;
     double fragmentation; /* 1 - largest_free_block / (reserved - allocated); 0 when nothing is cached */

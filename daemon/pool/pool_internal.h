@@ -156,6 +156,8 @@ enum {
     POOL_CTR_TRIMMED_BYTES,
     POOL_CTR_TRIM_NS,
     POOL_CTR_INVALID_FREES,
+    POOL_CTR_IDLE_TRIMS,
+    POOL_CTR_IDLE_TRIMMED_BYTES,
     POOL_CTR_COUNT
 };
 
@@ -215,6 +217,9 @@ struct pool {
     /* trim policy state */
     uint64_t steps_since_trim;
     uint64_t last_periodic_ns;
+    unsigned users;         /* open pool_use_begin calls */
+    uint64_t idle_since_ns; /* when users last fell to 0 (or creation) */
+    bool idle_trimmed;      /* this idle spell's trim has run */
 
     /* timeline */
     pool_event *ring;

@@ -115,6 +115,8 @@ static bool try_read(pool_live *l, pool_stats *o)
     o->trims = POOL_LD(l->ctr[POOL_CTR_TRIMS]);
     o->trimmed_bytes = POOL_LD(l->ctr[POOL_CTR_TRIMMED_BYTES]);
     o->trim_ns = POOL_LD(l->ctr[POOL_CTR_TRIM_NS]);
+    o->idle_trims = POOL_LD(l->ctr[POOL_CTR_IDLE_TRIMS]);
+    o->idle_trimmed_bytes = POOL_LD(l->ctr[POOL_CTR_IDLE_TRIMMED_BYTES]);
     o->invalid_frees = POOL_LD(l->ctr[POOL_CTR_INVALID_FREES]);
     o->largest_free_block = POOL_LD(l->largest_free);
     for (int t = 0; t < POOL_TAG_COUNT; t++) {

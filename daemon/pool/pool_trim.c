@@ -17,7 +17,7 @@
 
 const char *pool_trim_reason_name(pool_trim_reason r)
 {
-    static const char *const names[] = {"request", "periodic", "gc", "pressure", "oom"};
+    static const char *const names[] = {"request", "periodic", "gc", "pressure", "oom", "idle"};
     return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "?";
 }
 
@@ -71,6 +71,10 @@ pool_trim_result pool_trim_locked(pool *p, pool_trim_reason why, size_t target_b
     pool_ctr_add(p, POOL_CTR_TRIMS, 1);
     pool_ctr_add(p, POOL_CTR_TRIMMED_BYTES, released);
     pool_ctr_add(p, POOL_CTR_TRIM_NS, ns);
+    if (why == POOL_TRIM_IDLE) {
+        pool_ctr_add(p, POOL_CTR_IDLE_TRIMS, 1);
+        pool_ctr_add(p, POOL_CTR_IDLE_TRIMMED_BYTES, released);
+    }
     pool_tl_record(p, POOL_EV_TRIM, 0, POOL_TAG_OTHER, false, released, 0, (uint64_t)why);
     pool_stats_end(p);
 
@@ -89,6 +93,26 @@ pool_trim_result pool_trim(pool *p, pool_trim_reason why, size_t target_bytes)
     pool_trim_result r = pool_trim_locked(p, why, target_bytes);
     pthread_mutex_unlock(&p->lock);
     return r;
+}
+
+/* ==== whether jobs run ========================================================================= */
+
+void pool_use_begin(pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->users++;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_use_end(pool *p)
+{
+    uint64_t now = pool_now_ns();
+    pthread_mutex_lock(&p->lock);
+    if (p->users && --p->users == 0) {
+        p->idle_since_ns = now;
+        p->idle_trimmed = false;
+    }
+    pthread_mutex_unlock(&p->lock);
 }
 
 /* ==== policies ======================================================================== */
@@ -123,9 +147,19 @@ void pool_tick(pool *p, uint64_t step)
     size_t dev_free = 0, dev_total = 0;
     bool pressure = c->low_watermark && dev_mem_info(p->d, &dev_free, &dev_total) == DEV_OK &&
                     dev_free < c->low_watermark;
-    uint64_t now = c->trim_every_ms ? pool_now_ns() : 0;
+    uint64_t now = c->trim_every_ms || c->idle_trim_ms ? pool_now_ns() : 0;
 
     pthread_mutex_lock(&p->lock);
+    /* No job has run here for idle_trim: the device is better off with
+     * the whole cache than the pool is, since nothing here will reuse it
+     * soon.  Once per idle spell, so an allocation made without a job (a
+     * test hook) and unreleasable slack do not bring a trim every tick.
+     * `now` was read before the lock, so it may predate idle_since. */
+    if (c->idle_trim_ms && !p->users && !p->idle_trimmed && now >= p->idle_since_ns &&
+        now - p->idle_since_ns >= c->idle_trim_ms * 1000000u && releasable(p)) {
+        pool_trim_locked(p, POOL_TRIM_IDLE, 0);
+        p->idle_trimmed = true;
+    }
     bool periodic = false;
     if (c->trim_every_steps && step && ++p->steps_since_trim >= c->trim_every_steps)
         periodic = true;

@@ -46,6 +46,8 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
         {"gradd_pool_ooms_total", "counter", "Allocations that failed."},
         {"gradd_pool_trims_total", "counter", "Cache trims."},
         {"gradd_pool_trimmed_bytes_total", "counter", "Bytes returned to the device by trims."},
+        {"gradd_pool_idle_trims_total", "counter", "Trims of an idle device (idle_trim)."},
+        {"gradd_pool_idle_trimmed_bytes_total", "counter", "Bytes returned by idle trims."},
     };
     enum { NDM = sizeof dm / sizeof dm[0] };
     /* One reading per device, so that the families agree with each other. */
@@ -64,7 +66,8 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
         double v[NDM] = {(double)tot, (double)fr, (double)ps->allocated_bytes[POOL_ALL].current,
                          (double)ps->reserved_bytes[POOL_ALL].current, (double)ps->cap,
                          (double)ps->largest_free_block, ps->fragmentation, (double)ps->device_allocs,
-                         (double)ps->cache_hits, (double)ps->ooms, (double)ps->trims, (double)ps->trimmed_bytes};
+                         (double)ps->cache_hits, (double)ps->ooms, (double)ps->trims, (double)ps->trimmed_bytes,
+                         (double)ps->idle_trims, (double)ps->idle_trimmed_bytes};
         memcpy(dv[i], v, sizeof v);
     }
     for (size_t m = 0; m < NDM; m++) {

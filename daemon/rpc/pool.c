@@ -149,6 +149,8 @@ static void fill_pool_stats(stats_store *s, const char *device_id)
     m->trims = ps->trims;
     m->trimmed_bytes = ps->trimmed_bytes;
     m->trim_ns = ps->trim_ns;
+    m->idle_trims = ps->idle_trims;
+    m->idle_trimmed_bytes = ps->idle_trimmed_bytes;
     m->largest_free_block = ps->largest_free_block;
     m->fragmentation = ps->fragmentation;
     for (int t = 0; t < POOL_TAG_COUNT; t++) {

@@ -107,6 +107,40 @@ def write_corpus(path):
             f.write("the quick brown fox %d jumps over the lazy dog.\n" % (i % 13))
 
 
+def scratch_corpus(test, prefix):
+    """A directory for one test's job files and outputs, readable by the
+    users jobs run as and removed after the test (after DaemonTest's
+    tearDown), holding write_corpus's text.  Returns (dir, corpus path)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    test.addCleanup(shutil.rmtree, d, ignore_errors=True)
+    os.chmod(d, 0o755)
+    corpus = os.path.join(d, "corpus.txt")
+    write_corpus(corpus)
+    return d, corpus
+
+
+def write_job(path, sections):
+    """Write a job file from {"section": {"key": value}}, in that order."""
+    with open(path, "w") as f:
+        for name, keys in sections.items():
+            f.write("[%s]\n" % name)
+            f.writelines("%s = %s\n" % kv for kv in keys.items())
+    os.chmod(path, 0o644)
+
+
+def wait_job(d, jid, states, timeout=60):
+    """Poll `gradctl status ID` until the job is in one of states; its JSON."""
+    deadline = time.time() + timeout
+    while True:
+        j = d.ctl_json("status", str(jid))
+        if j["state"] in states or time.time() > deadline:
+            break
+        time.sleep(0.02)
+    if j["state"] not in states:
+        raise AssertionError("job %d not %s within %ds: %s" % (jid, "/".join(states), timeout, j))
+    return j
+
+
 # ---- hand-made protobuf, for speaking to the daemon without gradctl --------
 
 def varint(n):

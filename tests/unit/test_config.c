@@ -67,7 +67,7 @@ static void test_values(void **state)
     char err[512];
     const char *p = write_conf("[daemon]\nsocket = /tmp/x.sock\nmax_frame = 64K\nclient_timeout = 500ms\n"
                                "[cpu]\ncapacity = 1.5G\ndevices = 2\n"
-                               "[pool.cpu1]\nexpandable_segments = yes\nmemory_fraction = 0.5\n"
+                               "[pool.cpu1]\nexpandable_segments = yes\nmemory_fraction = 0.5\nidle_trim = 0\n"
                                "[pool]\nmax_split_size = 64M\ngc_threshold = 0.8\ntrim_interval = 2m\n");
     if (config_load(p, &c, err, sizeof err) != 0)
         fail_msg("%s", err);
@@ -84,7 +84,9 @@ static void test_values(void **state)
     config_pool_for(&c, "cpu0", &pc);
     assert_false(pc.expandable_segments);
     assert_true(pc.memory_fraction == 1.0);
+    assert_int_equal(pc.idle_trim_ms, 60000);
     config_pool_for(&c, "cpu1", &pc);
+    assert_int_equal(pc.idle_trim_ms, 0);
     /* The override applies on top of [pool], even though [pool] came later. */
     assert_true(pc.expandable_segments);
     assert_true(pc.memory_fraction == 0.5);

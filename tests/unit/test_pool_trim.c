@@ -2,8 +2,9 @@
  * memory back and refuses it: expandable segments mapping and unmapping
  * chunks, the memory-fraction cap and per-job limits, an OOM released by a
  * trim and retried, the OOM report, and every trim trigger (request,
- * periodic by steps and by time, the GC threshold in LRU order, and the
- * low watermark under another process's pressure).
+ * periodic by steps and by time, the GC threshold in LRU order, the low
+ * watermark under another process's pressure, and the idle trim once no
+ * job runs), and one job's cache reclaimed for another before an OOM.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -446,6 +447,129 @@ static void test_trim_low_watermark(void **state)
 }
 
 
+/* ==== the idle trim ========================================================================= */
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void test_trim_idle(void **state)
+{
+    (void)state;
+    fx f;
+    pool_config c = cfg_default();
+    c.idle_trim_ms = 50;
+    fx_open(&f, 256 * MiB, &c);
+    /* Two jobs run; one ends with its cache left behind. */
+    pool_use_begin(f.p);
+    pool_use_begin(f.p);
+    make_idle(&f, 20 * MiB, 22 * MiB, 24 * MiB);
+    pool_use_end(f.p);
+    sleep_ms(80);
+    pool_tick(f.p, 0);
+    assert_int_equal(stats(f.p)->trims, 0); /* the other job still runs */
+    pool_use_end(f.p);
+    pool_tick(f.p, 0);
+    assert_int_equal(stats(f.p)->trims, 0); /* idle, but not for idle_trim yet */
+    sleep_ms(80);
+    pool_tick(f.p, 0);
+    pool_stats *s = stats(f.p);
+    assert_int_equal(s->trims, 1);
+    assert_int_equal(s->idle_trims, 1);
+    assert_int_equal(s->trimmed_bytes, 66 * MiB);
+    assert_int_equal(s->idle_trimmed_bytes, 66 * MiB);
+    assert_int_equal(s->reserved_bytes[POOL_ALL].current, 0);
+    assert_int_equal(device_free(f.d), 256 * MiB);
+    assert_int_equal(count_events(f.p, POOL_EV_TRIM, POOL_TRIM_IDLE), 1);
+    assert_string_equal(pool_trim_reason_name(POOL_TRIM_IDLE), "idle");
+    CHECK(f.p);
+
+    /* Once per idle spell: memory cached without a job stays until a job
+     * has come and gone. */
+    make_idle(&f, 20 * MiB, 22 * MiB, 24 * MiB);
+    sleep_ms(80);
+    pool_tick(f.p, 0);
+    assert_int_equal(stats(f.p)->trims, 1);
+    pool_use_begin(f.p);
+    pool_use_end(f.p);
+    sleep_ms(80);
+    pool_tick(f.p, 0);
+    s = stats(f.p);
+    assert_int_equal(s->idle_trims, 2);
+    assert_int_equal(s->idle_trimmed_bytes, 132 * MiB);
+    assert_int_equal(s->reserved_bytes[POOL_ALL].current, 0);
+    fx_close(&f);
+}
+
+static void test_trim_idle_keeps_live_blocks(void **state)
+{
+    (void)state;
+    fx f;
+    pool_config c = cfg_default();
+    c.idle_trim_ms = 1;
+    fx_open(&f, 256 * MiB, &c);
+    make_idle(&f, 20 * MiB, 22 * MiB, 24 * MiB);
+    void *live = pool_alloc(f.p, 30 * MiB, POOL_TAG_PARAMS, 1, NULL);
+    sleep_ms(5);
+    pool_tick(f.p, 0);
+    pool_stats *s = stats(f.p);
+    assert_int_equal(s->idle_trimmed_bytes, 66 * MiB);
+    assert_int_equal(s->reserved_bytes[POOL_ALL].current, 30 * MiB);
+    pool_free(f.p, live);
+    fx_close(&f);
+}
+
+static void test_trim_idle_off(void **state)
+{
+    (void)state;
+    fx f;
+    fx_open(&f, 256 * MiB, NULL); /* pool_config_default: idle_trim_ms = 0 */
+    make_idle(&f, 20 * MiB, 22 * MiB, 24 * MiB);
+    pool_use_begin(f.p);
+    pool_use_end(f.p);
+    sleep_ms(5);
+    pool_tick(f.p, 0);
+    pool_stats *s = stats(f.p);
+    assert_int_equal(s->trims, 0);
+    assert_int_equal(s->reserved_bytes[POOL_ALL].current, 66 * MiB);
+    fx_close(&f);
+}
+
+/* One pool, two jobs: what job 1 freed is cached, and job 2's miss gets
+ * it back through the OOM trim before any OOM, while job 1's live block
+ * stays where it is. */
+static void test_oom_reclaims_other_jobs_cache(void **state)
+{
+    (void)state;
+    fx f;
+    fx_open(&f, 64 * MiB, NULL);
+    void *held = pool_alloc(f.p, 20 * MiB, POOL_TAG_PARAMS, 1, NULL);
+    void *freed = pool_alloc(f.p, 20 * MiB, POOL_TAG_ACTIVATIONS, 1, NULL);
+    assert_true(held && freed);
+    pool_free(f.p, freed);
+    /* 40 MiB reserved, 20 cached: job 2's 30 MiB fits no cached block and
+     * 40 + 30 is past the 64 MiB cap. */
+    pool_oom_report r;
+    void *b = pool_alloc(f.p, 30 * MiB, POOL_TAG_ACTIVATIONS, 2, &r);
+    assert_non_null(b);
+    pool_stats *s = stats(f.p);
+    assert_int_equal(s->ooms, 0);
+    assert_int_equal(s->alloc_retries, 1);
+    assert_int_equal(s->trimmed_bytes, 20 * MiB);
+    assert_int_equal(s->reserved_bytes[POOL_ALL].current, 50 * MiB);
+    assert_int_equal(count_events(f.p, POOL_EV_TRIM, POOL_TRIM_OOM), 1);
+    assert_int_equal(count_events(f.p, POOL_EV_OOM, -1), 0);
+    for (size_t i = 0; i < s->njobs; i++)
+        assert_int_equal(s->jobs[i].current, s->jobs[i].job == 1 ? 20 * MiB : 30 * MiB);
+    CHECK(f.p);
+    pool_free(f.p, held);
+    pool_free(f.p, b);
+    fx_close(&f);
+}
+
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +586,10 @@ int main(void)
         cmocka_unit_test(test_trim_periodic_ms),
         cmocka_unit_test(test_trim_gc_lru),
         cmocka_unit_test(test_trim_low_watermark),
+        cmocka_unit_test(test_trim_idle),
+        cmocka_unit_test(test_trim_idle_keeps_live_blocks),
+        cmocka_unit_test(test_trim_idle_off),
+        cmocka_unit_test(test_oom_reclaims_other_jobs_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
