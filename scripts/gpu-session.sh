@@ -7,7 +7,8 @@
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
-#   nvml (about 30 s) runs only when named: STEPS=nvml or STEPS=...,nvml.
+#   nvml (about 30 s) and idle (about 40 s) run only when named:
+#   STEPS=nvml,idle or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -163,6 +164,36 @@ if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_c
   section "pool trace on cuda"
   REPEAT=${REPEAT:-3} timeout 400 bench/pool/run_gpu.sh "$top/.device/bin" | tee -a "$out/bench.jsonl"
   echo "rc=${PIPESTATUS[0]}"
+fi
+if want idle; then
+  # An idle device gives its memory back: GPT-2 124M leaves its whole peak
+  # reserved when it ends; [pool] idle_trim = 3s must return all of it.
+  section "idle: GPT-2 124M's cache returned after [pool] idle_trim"
+  sock=/tmp/gradd-idle.sock
+  printf '[pool]\nidle_trim = 3s\n' >/tmp/gradd-idle.conf
+  ( . "$top/.device/env.sh"; setsid "$B/daemon/gradd" -c /tmp/gradd-idle.conf -s $sock --state-dir /tmp/gradd-idle-state \
+      >/tmp/gradd-idle.log 2>&1 & )
+  for i in $(seq 50); do [ -S $sock ] && break; sleep 0.2; done
+  [ -s /tmp/tokens.bin ] || "$py" bench/train/make_tokens.py /tmp/tokens.bin $((1 << 21))
+  { gpt2_job gpt2-idle /tmp/tokens.bin; printf '[train]\nsteps = 5\nbatch = 16\nmicro_batch = 16\nprecision = bf16\n'
+    printf '[output]\ndir = /tmp/runs/gpt2-idle\ncheckpoint_every = 0\n'; } >/tmp/gpt2-idle.cfg
+  id=$(gx "$B/client/gradctl" -s $sock submit /tmp/gpt2-idle.cfg | grep -o '[0-9]\+' | head -1)
+  gx timeout 120 "$B/client/gradctl" -s $sock watch "$id" | tail -1
+  gx "$B/client/gradctl" -s $sock --json stats -d cuda0 >/tmp/idle-0.json
+  sleep 6
+  gx "$B/client/gradctl" -s $sock --json stats -d cuda0 >/tmp/idle-1.json
+  gx "$B/client/gradctl" -s $sock stats -d cuda0 | grep -i -E "reserved memory|trims"
+  "$py" - <<'PY'
+import json
+def pool(p):
+    return json.load(open(p))["pools"][0]
+a, b = pool("/tmp/idle-0.json"), pool("/tmp/idle-1.json")
+ra, rb = a["reserved_bytes"]["all"]["current"], b["reserved_bytes"]["all"]["current"]
+print("idle: reserved at the end %.2f GiB, 6 s later %.2f GiB; idle trims %d, %.2f GiB"
+      % (ra / 2**30, rb / 2**30, b["idle_trims"], b["idle_trimmed_bytes"] / 2**30))
+print("idle:", "PASS" if ra > 0 and rb == 0 and b["idle_trims"] == 1 else "FAIL")
+PY
+  kill "$(pgrep -f "gradd -c /tmp/gradd-idle.conf")" 2>/dev/null
 fi
 if want nvml; then
   # Everyone on the GPU: while a gradd job trains on cuda0, a PyTorch
