@@ -17,6 +17,9 @@
 
 #define LD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define ST(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+/* The page is const to a side that only reads; C11 atomics are read
+ * through non-const pointers. */
+#define RW(pg) ((pool_shm_page *)(pg))
 
 static const unsigned seals_needed = F_SEAL_SHRINK | F_SEAL_GROW;
 
@@ -208,7 +211,7 @@ static uint64_t mono_ns(void)
 
 int pool_shm_read(const pool_shm_page *pg, pool_stats *out, uint64_t timeout_ns)
 {
-    pool_shm_page *w = (pool_shm_page *)pg; /* atomics are read through non-const */
+    pool_shm_page *w = RW(pg);
     uint64_t fig[POOL_SHM_NFIG];
     uint64_t deadline = mono_ns() + timeout_ns;
     for (unsigned tries = 0;; tries++) {
@@ -241,60 +244,63 @@ int pool_shm_read(const pool_shm_page *pg, pool_stats *out, uint64_t timeout_ns)
 
 void pool_shm_set_budget(pool_shm_page *pg, uint64_t bytes) { ST(pg->budget, bytes); }
 
-uint64_t pool_shm_request_trim(pool_shm_page *pg, uint64_t target)
+/* Trim and reclaim are one protocol: the asking side stores its argument
+ * and bumps a request number; the other side sees a pending request while
+ * the number differs from its answer, and answers by storing the number.
+ * The number is stored last (release), so the argument read after seeing
+ * it (acquire) is the one that came with it. */
+static uint64_t ask(_Atomic uint64_t *req, _Atomic uint64_t *arg, uint64_t value)
 {
-    ST(pg->trim_target, target);
-    uint64_t req = LD(pg->trim_req) + 1;
-    atomic_store_explicit(&pg->trim_req, req, memory_order_release);
-    return req;
+    atomic_store_explicit(arg, value, memory_order_relaxed);
+    uint64_t n = atomic_load_explicit(req, memory_order_relaxed) + 1;
+    atomic_store_explicit(req, n, memory_order_release);
+    return n;
 }
 
-bool pool_shm_trim_done(const pool_shm_page *pg, uint64_t req)
+static uint64_t pending(_Atomic uint64_t *req, _Atomic uint64_t *ack, _Atomic uint64_t *arg,
+                        uint64_t *value)
 {
-    pool_shm_page *w = (pool_shm_page *)pg;
-    return atomic_load_explicit(&w->trim_ack, memory_order_acquire) >= req;
+    uint64_t n = atomic_load_explicit(req, memory_order_acquire);
+    if (n == atomic_load_explicit(ack, memory_order_relaxed))
+        return 0;
+    *value = atomic_load_explicit(arg, memory_order_relaxed);
+    return n;
 }
+
+static bool answered(_Atomic uint64_t *ack, uint64_t n)
+{
+    return atomic_load_explicit(ack, memory_order_acquire) >= n;
+}
+
+static void answer(_Atomic uint64_t *ack, uint64_t n) { atomic_store_explicit(ack, n, memory_order_release); }
+
+uint64_t pool_shm_request_trim(pool_shm_page *pg, uint64_t target)
+{
+    return ask(&pg->trim_req, &pg->trim_target, target);
+}
+
+bool pool_shm_trim_done(const pool_shm_page *pg, uint64_t req) { return answered(&RW(pg)->trim_ack, req); }
 
 uint64_t pool_shm_trim_pending(const pool_shm_page *pg, uint64_t *target)
 {
-    pool_shm_page *w = (pool_shm_page *)pg;
-    uint64_t req = atomic_load_explicit(&w->trim_req, memory_order_acquire);
-    if (req == LD(w->trim_ack))
-        return 0;
-    *target = LD(w->trim_target);
-    return req;
+    return pending(&RW(pg)->trim_req, &RW(pg)->trim_ack, &RW(pg)->trim_target, target);
 }
 
-void pool_shm_trim_ack(pool_shm_page *pg, uint64_t req)
-{
-    atomic_store_explicit(&pg->trim_ack, req, memory_order_release);
-}
+void pool_shm_trim_ack(pool_shm_page *pg, uint64_t req) { answer(&pg->trim_ack, req); }
 
 uint64_t pool_shm_reclaim_ask(pool_shm_page *pg, uint64_t bytes)
 {
-    ST(pg->need_bytes, bytes);
-    uint64_t seq = LD(pg->need_seq) + 1;
-    atomic_store_explicit(&pg->need_seq, seq, memory_order_release);
-    return seq;
+    return ask(&pg->need_seq, &pg->need_bytes, bytes);
 }
 
 bool pool_shm_reclaim_answered(const pool_shm_page *pg, uint64_t seq)
 {
-    pool_shm_page *w = (pool_shm_page *)pg;
-    return atomic_load_explicit(&w->reclaim_ack, memory_order_acquire) >= seq;
+    return answered(&RW(pg)->reclaim_ack, seq);
 }
 
 uint64_t pool_shm_reclaim_pending(const pool_shm_page *pg, uint64_t *bytes)
 {
-    pool_shm_page *w = (pool_shm_page *)pg;
-    uint64_t seq = atomic_load_explicit(&w->need_seq, memory_order_acquire);
-    if (seq == LD(w->reclaim_ack))
-        return 0;
-    *bytes = LD(w->need_bytes);
-    return seq;
+    return pending(&RW(pg)->need_seq, &RW(pg)->reclaim_ack, &RW(pg)->need_bytes, bytes);
 }
 
-void pool_shm_reclaim_answer(pool_shm_page *pg, uint64_t seq)
-{
-    atomic_store_explicit(&pg->reclaim_ack, seq, memory_order_release);
-}
+void pool_shm_reclaim_answer(pool_shm_page *pg, uint64_t seq) { answer(&pg->reclaim_ack, seq); }
