@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,7 +170,14 @@ static int ensure_init(void)
             r = read_env() == 0 ? 1 : -1;
             if (r == 1 && g->pg) {
                 atomic_store(&g->helper_stop, 0);
-                if (pthread_create(&g->helper, NULL, helper_main, NULL) != 0) {
+                /* The program's signals are for its own threads: the
+                 * helper starts (and stays) with all of them blocked. */
+                sigset_t all, old;
+                sigfillset(&all);
+                pthread_sigmask(SIG_SETMASK, &all, &old);
+                int rc = pthread_create(&g->helper, NULL, helper_main, NULL);
+                pthread_sigmask(SIG_SETMASK, &old, NULL);
+                if (rc != 0) {
                     snprintf(g->init_error, sizeof g->init_error,
                              "gradd allocator: cannot start the statistics thread");
                     pool_shm_unmap(g->pg);
