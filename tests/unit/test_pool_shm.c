@@ -34,6 +34,18 @@ static void expect_refused(int fd, const char *why)
     assert_non_null(strstr(err, fdname));
 }
 
+/* A fresh page, mapped. */
+static pool_shm_page *open_page(int *fd)
+{
+    *fd = pool_shm_create();
+    assert_true(*fd >= 0);
+    char err[256];
+    pool_shm_page *pg = pool_shm_map(*fd, err, sizeof err);
+    if (!pg)
+        fail_msg("%s", err);
+    return pg;
+}
+
 static void test_map_checks(void **state)
 {
     (void)state;
@@ -83,10 +95,8 @@ static void test_round_trip(void **state)
     assert_null(pool_alloc(f.p, 300 * MiB, POOL_TAG_OTHER, 1, NULL));
     pool_stats want = *stats(f.p);
 
-    int fd = pool_shm_create();
-    char err[256];
-    pool_shm_page *pg = pool_shm_map(fd, err, sizeof err);
-    assert_non_null(pg);
+    int fd;
+    pool_shm_page *pg = open_page(&fd);
     pool_shm_publish(pg, &want);
     pool_stats got;
     assert_int_equal(pool_shm_read(pg, &got, 1000000), 0);
@@ -138,10 +148,8 @@ static void *writer(void *arg)
 static void test_no_torn_reads(void **state)
 {
     (void)state;
-    int fd = pool_shm_create();
-    char err[256];
-    writer_arg w = {.pg = pool_shm_map(fd, err, sizeof err)};
-    assert_non_null(w.pg);
+    int fd;
+    writer_arg w = {.pg = open_page(&fd)};
     pool_stats first = {0};
     pool_shm_publish(w.pg, &first);
     pthread_t t;
@@ -171,10 +179,8 @@ static void test_no_torn_reads(void **state)
 static void test_hostile_page(void **state)
 {
     (void)state;
-    int fd = pool_shm_create();
-    char err[256];
-    pool_shm_page *pg = pool_shm_map(fd, err, sizeof err);
-    assert_non_null(pg);
+    int fd;
+    pool_shm_page *pg = open_page(&fd);
     pool_stats s;
 
     /* A writer that never finishes: the reader gives up on time. */
@@ -209,34 +215,39 @@ static void test_hostile_page(void **state)
     close(fd);
 }
 
+/* One request and its answer through the page, seen from both sides. */
+static void exchange(pool_shm_page *asker, pool_shm_page *answerer,
+                     uint64_t (*ask)(pool_shm_page *, uint64_t),
+                     uint64_t (*pending)(const pool_shm_page *, uint64_t *),
+                     void (*answer)(pool_shm_page *, uint64_t),
+                     bool (*done)(const pool_shm_page *, uint64_t), uint64_t value)
+{
+    uint64_t got = 1;
+    assert_int_equal(pending(answerer, &got), 0);
+    uint64_t n = ask(asker, value);
+    assert_int_equal(n, 1);
+    assert_false(done(asker, n));
+    assert_int_equal(pending(answerer, &got), n);
+    assert_int_equal(got, value);
+    answer(answerer, n);
+    assert_true(done(asker, n));
+    assert_int_equal(pending(answerer, &got), 0);
+}
+
 static void test_control_words(void **state)
 {
     (void)state;
-    int fd = pool_shm_create();
+    int fd;
+    pool_shm_page *daemon = open_page(&fd);
     char err[256];
-    pool_shm_page *daemon = pool_shm_map(fd, err, sizeof err);
     pool_shm_page *lib = pool_shm_map(fd, err, sizeof err);
-    assert_non_null(daemon);
     assert_non_null(lib);
-    uint64_t target = 1, bytes = 1;
-
-    assert_int_equal(pool_shm_trim_pending(lib, &target), 0);
-    uint64_t req = pool_shm_request_trim(daemon, 4 * MiB);
-    assert_false(pool_shm_trim_done(daemon, req));
-    assert_int_equal(pool_shm_trim_pending(lib, &target), req);
-    assert_int_equal(target, 4 * MiB);
-    pool_shm_trim_ack(lib, req);
-    assert_true(pool_shm_trim_done(daemon, req));
-    assert_int_equal(pool_shm_trim_pending(lib, &target), 0);
-
-    assert_int_equal(pool_shm_reclaim_pending(daemon, &bytes), 0);
-    uint64_t seq = pool_shm_reclaim_ask(lib, 40 * MiB);
-    assert_false(pool_shm_reclaim_answered(lib, seq));
-    assert_int_equal(pool_shm_reclaim_pending(daemon, &bytes), seq);
-    assert_int_equal(bytes, 40 * MiB);
-    pool_shm_reclaim_answer(daemon, seq);
-    assert_true(pool_shm_reclaim_answered(lib, seq));
-    assert_int_equal(pool_shm_reclaim_pending(daemon, &bytes), 0);
+    /* Trims: the daemon asks, the library answers; reclaims the other
+     * way round. */
+    exchange(daemon, lib, pool_shm_request_trim, pool_shm_trim_pending, pool_shm_trim_ack,
+             pool_shm_trim_done, 4 * MiB);
+    exchange(lib, daemon, pool_shm_reclaim_ask, pool_shm_reclaim_pending, pool_shm_reclaim_answer,
+             pool_shm_reclaim_answered, 40 * MiB);
 
     pool_shm_set_budget(daemon, 64 * MiB);
     assert_int_equal(atomic_load(&lib->budget), 64 * MiB);
