@@ -315,8 +315,9 @@ static void helper_tick(void)
 /* The helper thread: every ALLOC_TICK_NS it applies a changed budget,
  * serves a trim request and publishes what changed.  Doing this here
  * rather than in gradd_alloc keeps the allocation path off the page (a
- * snapshot costs a few microseconds) and lets a process that has gone
- * quiet still answer a trim. */
+ * snapshot and its publication cost about 0.5 us, three times a cached
+ * allocation and free) and lets a process that has gone quiet still
+ * answer a trim. */
 static void *helper_main(void *arg)
 {
     (void)arg;
