@@ -223,6 +223,34 @@ static void map_delete_at(pool *p, size_t i)
 
 /* ==== creation ===================================================================================== */
 
+/* Make stream slot `slot`'s four sub-pools (the next unused slot). */
+static int stream_slot_init(pool *p, int slot)
+{
+    for (int i = slot * POOL_NSUB; i < (slot + 1) * POOL_NSUB; i++) {
+        pool_sub *sp = &p->sub[i];
+        sp->small = i % 2 == 0;
+        sp->persistent = i % POOL_NSUB >= 2;
+        /* Large free blocks come in too many sizes for exact bins; the
+         * large pool keeps the tree alone. */
+        if (sp->small && !(sp->bins = calloc(1, sizeof *sp->bins)))
+            return -1;
+        if (p->expandable) {
+            /* Twice the cap: the holes trims punch can push a run's end
+             * above the cap, and reserving address space costs nothing. */
+            size_t va = pool_round_up(p->cap, p->granularity) * 2;
+            void *base = NULL;
+            if (dev_va_reserve(p->d, va, &base) != DEV_OK)
+                return -1;
+            sp->va_base = (uintptr_t)base;
+            sp->va_size = va;
+        }
+    }
+    /* Counted only once whole, so pool_destroy releases what a failed
+     * attempt made (its bins and ranges) through the loop over nsub. */
+    p->nsub = (slot + 1) * POOL_NSUB;
+    return 0;
+}
+
 int pool_create(dev *d, const pool_config *c, pool **out)
 {
     if (!out)
@@ -262,14 +290,6 @@ int pool_create(dev *d, const pool_config *c, pool **out)
         free(p);
         return -1;
     }
-    for (int i = 0; i < POOL_NSUB; i++) {
-        p->sub[i].small = i % 2 == 0;
-        p->sub[i].persistent = i >= 2;
-        /* Large free blocks come in too many sizes for exact bins; the
-         * large pool keeps the tree alone. */
-        if (p->sub[i].small && !(p->sub[i].bins = calloc(1, sizeof *p->sub[i].bins)))
-            goto fail;
-    }
     if (!map_init(p, 10))
         goto fail;
     if (cfg.timeline_capacity) {
@@ -283,19 +303,11 @@ int pool_create(dev *d, const pool_config *c, pool **out)
      * pool_stats.expandable_segments says which is in effect. */
     size_t g = cfg.expandable_segments ? dev_va_granularity(d) : 0;
     if (g) {
-        /* Twice the cap: the holes trims punch can push a run's end above
-         * the cap, and reserving address space costs nothing. */
-        size_t va = pool_round_up(p->cap, g) * 2;
-        for (int i = 0; i < POOL_NSUB; i++) {
-            void *base = NULL;
-            if (dev_va_reserve(d, va, &base) != DEV_OK)
-                goto fail;
-            p->sub[i].va_base = (uintptr_t)base;
-            p->sub[i].va_size = va;
-        }
         p->granularity = g;
         p->expandable = true;
     }
+    if (stream_slot_init(p, 0) != 0)
+        goto fail;
     p->t0_ns = pool_now_ns();
     p->last_periodic_ns = p->t0_ns;
     p->idle_since_ns = p->t0_ns;
@@ -312,7 +324,7 @@ void pool_destroy(pool *p)
 {
     if (!p)
         return;
-    for (int i = 0; i < POOL_NSUB; i++) {
+    for (int i = 0; i < POOL_NSUB_ALL; i++) {
         pool_sub *sp = &p->sub[i];
         pool_segment *s = sp->segs;
         while (s) {
@@ -506,6 +518,10 @@ static void fill_oom(pool *p, pool_oom_report *r, size_t bytes, pool_tag tag, ui
     case POOL_GROW_CAP: cause = "the pool cap is reached"; break;
     case POOL_GROW_VA: cause = "the reserved address range is exhausted"; break;
     case POOL_GROW_HOST: cause = "the host is out of memory for bookkeeping"; break;
+    case POOL_GROW_STREAMS:
+        snprintf(buf, sizeof buf, "a new stream, and the pool already serves %d", POOL_MAX_STREAMS);
+        cause = buf;
+        break;
     case POOL_GROW_DEVICE:
         snprintf(buf, sizeof buf, "the device refused (%s)", detail && *detail ? detail : "out of memory");
         cause = buf;
@@ -531,14 +547,33 @@ static void fill_oom(pool *p, pool_oom_report *r, size_t bytes, pool_tag tag, ui
     }
 }
 
+/* The slot of a stream's sub-pools, made on its first use; -1 when the
+ * table is full or the host has no memory for the slot.  Under the mutex. */
+static int stream_slot(pool *p, uintptr_t stream)
+{
+    int n = p->nsub / POOL_NSUB;
+    for (int i = 0; i < n; i++)
+        if (p->stream_key[i] == stream)
+            return i;
+    if (n == POOL_MAX_STREAMS || stream_slot_init(p, n) != 0)
+        return -1;
+    p->stream_key[n] = stream;
+    return n;
+}
+
 void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_report *oom)
+{
+    return pool_alloc_stream(p, bytes, tag, job, 0, oom);
+}
+
+void *pool_alloc_stream(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintptr_t stream,
+                        pool_oom_report *oom)
 {
     if ((unsigned)tag >= POOL_TAG_COUNT)
         tag = POOL_TAG_OTHER;
     size_t size = bytes > SIZE_MAX - POOL_ROUND ? SIZE_MAX : pool_round_up(bytes ? bytes : 1, POOL_ROUND);
     bool small = size <= POOL_SMALL_MAX;
     bool persistent = pool_tag_persistent(tag);
-    pool_sub *sp = &p->sub[pool_sub_index(small, persistent)];
 
     pthread_mutex_lock(&p->lock);
     pool_grow_fail why = POOL_GROW_OK;
@@ -547,6 +582,12 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     bool limit_hit = false;
     pool_block *b = NULL;
     bool hit = false;
+    int base = stream ? stream_slot(p, stream) * POOL_NSUB : 0;
+    pool_sub *sp = &p->sub[base < 0 ? 0 : base + pool_sub_index(small, persistent)];
+    if (base < 0) {
+        why = POOL_GROW_STREAMS;
+        goto fail_unslotted;
+    }
 
     /* Two block structs (split remainder, growth) and a map slot up front. */
     if (!pool_blk_reserve(p, 2) || !map_reserve(p)) {
@@ -589,7 +630,7 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     }
     /* Last resort before OOM: the other lifetime's cached blocks. */
     if (!b && why != POOL_GROW_HOST) {
-        b = find_fit(p, &p->sub[pool_sub_index(small, !persistent)], size);
+        b = find_fit(p, &p->sub[base + pool_sub_index(small, !persistent)], size);
         hit = b != NULL;
     }
     /* A trim on the way may have used the structs reserved above. */

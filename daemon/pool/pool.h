@@ -84,6 +84,13 @@ typedef struct pool_oom_report {
 /* NULL only on OOM (oom, when given, says why).  A 0-byte request gets a
  * 512-byte block, so NULL never means "nothing asked for". */
 void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_report *oom);
+/* The same on a stream, an opaque handle (cudaStream_t for PyTorch; 0 is
+ * what pool_alloc uses).  Cached blocks are reused only by allocations on
+ * the stream that freed them: work queued on that stream may still use a
+ * freed block, and only that stream's later work is ordered after it.  A
+ * pool serves 16 streams; a 17th fails as OOM, naming the reason. */
+void *pool_alloc_stream(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintptr_t stream,
+                        pool_oom_report *oom);
 /* NULL is ignored; a pointer the pool did not hand out (or a double free) is
  * ignored and counted in pool_stats.invalid_frees. */
 void pool_free(pool *p, void *ptr);

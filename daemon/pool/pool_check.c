@@ -256,8 +256,9 @@ static int check_locked(check_ctx *c, pool *p)
         return fail(c, "out of host memory for the check");
     int rc = -1;
 
-    for (int i = 0; i < POOL_NSUB; i++) {
+    for (int i = 0; i < p->nsub; i++) {
         pool_sub *sp = &p->sub[i];
+        const char *sname = sub_name[i % POOL_NSUB];
         const pool_segment *prev = NULL;
         size_t n = 0;
         for (const pool_segment *s = sp->segs; s; prev = s, s = s->next, n++) {
@@ -279,7 +280,7 @@ static int check_locked(check_ctx *c, pool *p)
                 goto out;
         }
         if (prev != sp->segs_tail || n != sp->nsegs) {
-            fail(c, "%s segment list tail or count is wrong", sub_name[i]);
+            fail(c, "%s segment list tail or count is wrong", sname);
             goto out;
         }
         const pool_block *last = NULL;
@@ -287,24 +288,24 @@ static int check_locked(check_ctx *c, pool *p)
         if (check_tree(c, p, sp, sp->root, 0, &last, &nfree) < 0)
             goto out;
         if (sp->bins && sp->root && avl_min_size(sp->root) <= POOL_BIN_MAX) {
-            fail(c, "%s free tree holds a block small enough for a bin", sub_name[i]);
+            fail(c, "%s free tree holds a block small enough for a bin", sname);
             goto out;
         }
         if (sp->max != last) {
-            fail(c, "%s pool's cached largest free block is stale", sub_name[i]);
+            fail(c, "%s pool's cached largest free block is stale", sname);
             goto out;
         }
-        if (check_bins(c, p, sp, sub_name[i], &nfree) < 0)
+        if (check_bins(c, p, sp, sname, &nfree) < 0)
             goto out;
         if (nfree != sp->nfree) {
-            fail(c, "%s free bins and tree hold %zu blocks, counted %zu", sub_name[i], nfree, sp->nfree);
+            fail(c, "%s free bins and tree hold %zu blocks, counted %zu", sname, nfree, sp->nfree);
             goto out;
         }
     }
     /* Every free block found in a segment is in its bin or tree and the
      * counts match, so the bins and trees hold exactly the free blocks. */
     size_t free_blocks = 0, in_trees = 0;
-    for (int i = 0; i < POOL_NSUB; i++) {
+    for (int i = 0; i < p->nsub; i++) {
         in_trees += p->sub[i].nfree;
         for (const pool_segment *s = p->sub[i].segs; s; s = s->next)
             for (const pool_block *b = s->head; b; b = b->next)

@@ -114,6 +114,13 @@ typedef struct {
 } pool_sub;
 
 #define POOL_NSUB 4
+/* Free blocks are keyed by stream: each stream a caller names gets its own
+ * four sub-pools (sub[slot * POOL_NSUB + class]), because a block freed on
+ * one stream may still be read by work queued there, and only work on the
+ * same stream is ordered after it.  Slot 0 is stream 0, made at creation;
+ * the others are made on a stream's first allocation. */
+#define POOL_MAX_STREAMS 16
+#define POOL_NSUB_ALL (POOL_NSUB * POOL_MAX_STREAMS)
 
 static inline int pool_sub_index(bool small, bool persistent) { return (small ? 0 : 1) + (persistent ? 2 : 0); }
 
@@ -191,7 +198,9 @@ struct pool {
     pthread_mutex_t lock;
     pthread_mutex_t fit_lock; /* pool_fit_begin/end; never taken with lock held */
 
-    pool_sub sub[POOL_NSUB]; /* by pool_sub_index */
+    pool_sub sub[POOL_NSUB_ALL]; /* by stream slot × POOL_NSUB + pool_sub_index */
+    uintptr_t stream_key[POOL_MAX_STREAMS];
+    int nsub; /* sub-pools in use: POOL_NSUB × the streams seen */
     /* The largest free block's size, kept as blocks come and go so that
      * closing a section need not look at every sub-pool: exact unless
      * largest_stale, which a removal of a block of exactly that size sets
@@ -306,7 +315,7 @@ static inline size_t pool_sub_largest(const pool_sub *sp)
 static inline size_t pool_largest_free(const pool *p)
 {
     size_t m = 0;
-    for (int i = 0; i < POOL_NSUB; i++) {
+    for (int i = 0; i < p->nsub; i++) {
         size_t s = pool_sub_largest(&p->sub[i]);
         if (s > m)
             m = s;
@@ -397,7 +406,7 @@ static inline void pool_tl_record(pool *p, pool_event_kind kind, uint32_t job, i
     e->kind = (uint8_t)kind;
     e->tag = (uint8_t)tag;
     e->small = sub % 2 == 0;
-    e->persistent = sub >= 2;
+    e->persistent = sub % POOL_NSUB >= 2;
     e->external = 0;
     e->note[0] = 0;
     p->ring_total++;
@@ -429,6 +438,7 @@ typedef enum {
     POOL_GROW_DEVICE,
     POOL_GROW_HOST,
     POOL_GROW_VA,
+    POOL_GROW_STREAMS, /* a new stream and no slot left for it */
 } pool_grow_fail;
 /* A free block of at least size bytes in sp from new device memory: a new
  * fixed segment, or a newly mapped run of the reserved range.  With the

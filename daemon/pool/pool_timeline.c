@@ -276,9 +276,9 @@ pool_tl_export *pool_timeline_export_begin(pool *p)
     x->n = held ? ring_copy(p, x->ev, held) : 0;
     for (int t = 0; t < POOL_TAG_COUNT; t++)
         x->tags[t] = POOL_LD(p->live.tag_current[t]);
-    for (int i = 0; i < POOL_NSUB; i++)
+    for (int i = 0; i < p->nsub; i++)
         for (const pool_segment *sg = p->sub[i].segs; sg; sg = sg->next)
-            x->res[i] += (int64_t)sg->size;
+            x->res[i % POOL_NSUB] += (int64_t)sg->size;
     x->total = p->ring_total;
     x->t0 = p->t0_ns;
     pthread_mutex_unlock(&p->lock);

@@ -27,7 +27,7 @@ static bool target_met(size_t target, size_t released) { return target && releas
 
 static void trim_chunks(pool *p, size_t target, size_t *released, size_t *pieces)
 {
-    for (int i = POOL_NSUB - 1; i >= 0 && !target_met(target, *released); i--) {
+    for (int i = p->nsub - 1; i >= 0 && !target_met(target, *released); i--) {
         pool_segment *run = p->sub[i].segs_tail;
         while (run && !target_met(target, *released)) {
             /* Unmapping may split or free this run; what lies below b

@@ -29,6 +29,8 @@
 #   queue   daemon/jobs/queue_state.c: a job's state file and the next_id file as
 #           queue_open parses them, persist -> parse round trip of what parses
 #   utf8    common/utf8.c: the safe form of shown text, whole and in pieces
+#   pool_shm  daemon/pool/pool_shm.c: a program job's statistics page as the
+#           daemon maps and reads it (via a memfd, sealed or not, any size)
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -105,7 +107,7 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data sample queue utf8)
+HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
@@ -121,6 +123,7 @@ sources() {
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
     utf8) echo "$ROOT/common/utf8.c" ;;
+    pool_shm) echo "$ROOT/daemon/pool/pool_shm.c" ;;
     esac
 }
 # Extra flags and libraries per harness.
