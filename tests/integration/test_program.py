@@ -15,6 +15,7 @@ import time
 import unittest
 
 import harness
+import test_service_user
 
 PY = shutil.which("python3") or sys.executable
 OWNER = "nobody"
@@ -255,6 +256,58 @@ class ProgramAsOwner(harness.DaemonTest):
             self.assertIn("env USER %r\n" % OWNER, out)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"), "needs root and setpriv to act as other users")
+class ProgramUnderServiceUser(test_service_user.ServiceUser):
+    """gradd as gradd.service runs it (a service user with only CAP_SETUID
+    and CAP_SETGID, ambient): the program still runs as its owner with no
+    capabilities (setresuid alone would leave it those two), and cancel
+    reaches its group, which the service user may not signal itself."""
+
+    def setUp(self):
+        super().setUp()
+        owner = pwd.getpwnam(test_service_user.OWNER)
+        self.pids = os.path.join(self.home, "pids")
+        with open(os.path.join(self.home, "stubborn.py"), "w") as f:
+            f.write(STUBBORN)
+        self.cfg = os.path.join(self.home, "prog.cfg")
+        with open(self.cfg, "w") as f:
+            f.write("[job]\ntype = program\n[program]\ncommand = python3 stubborn.py ignore %s\ngrace = 1s\n"
+                    % self.pids)
+        for p in (self.cfg, os.path.join(self.home, "stubborn.py")):
+            os.chown(p, owner.pw_uid, owner.pw_gid)
+
+    def test_owner_no_capabilities_and_cancel(self):
+        self.start()
+        self.assertIn("job 1 queued", self.ctl("submit", self.cfg))
+        deadline = time.time() + 20
+        while not os.path.exists(self.pids):
+            self.assertLess(time.time(), deadline, self.read_logs())
+            time.sleep(0.02)
+        main_pid, child_pid = read_pids(self.pids)
+        with open("/proc/%d/status" % main_pid) as f:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        owner = pwd.getpwnam(test_service_user.OWNER)
+        self.assertEqual(status["Uid"].split(), [str(owner.pw_uid)] * 4)
+        self.assertEqual(status["Gid"].split(), [str(owner.pw_gid)] * 4)
+        self.assertEqual(sorted(map(int, status["Groups"].split())),
+                         sorted(set(os.getgrouplist(test_service_user.OWNER, owner.pw_gid))))
+        for cap in ("CapEff", "CapPrm", "CapAmb", "CapInh"):
+            self.assertEqual(status[cap], "0000000000000000", cap)
+        self.ctl("cancel", "1")
+        deadline = time.time() + 10
+        while self.job()["state"] != "cancelled":
+            self.assertLess(time.time(), deadline, self.read_logs())
+            time.sleep(0.05)
+        self.assertEqual(self.job()["reason"], "cancelled: killed with SIGKILL after the 1000ms grace")
+        self.assertFalse(alive(main_pid) or alive(child_pid))
+
+
+# Its own tests run from test_service_user.py.
+for _name in dir(test_service_user.ServiceUser):
+    if _name.startswith("test_") and _name != "test_owner_no_capabilities_and_cancel":
+        setattr(ProgramUnderServiceUser, _name, None)
 
 
 class ProgramRestart(unittest.TestCase):
