@@ -239,9 +239,14 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
     table_cell(t, "%s", j->name && *j->name ? j->name : "-");
     table_cell(t, "%s", j->state && *j->state ? j->state : "-");
     table_cell(t, "%s", j->device && *j->device ? j->device : "-");
-    table_cell(t, "%llu/%llu", (unsigned long long)j->step, (unsigned long long)j->steps);
+    /* A program's steps and batches are its own, unless it reports them. */
+    bool program = j->type && !strcmp(j->type, "program");
+    if (program)
+        table_cell(t, "-");
+    else
+        table_cell(t, "%llu/%llu", (unsigned long long)j->step, (unsigned long long)j->steps);
     table_cell(t, "%s", jobfmt_loss(step_loss(j), loss, sizeof loss));
-    table_cell(t, "%s", jobfmt_batch(j, batch, sizeof batch));
+    table_cell(t, "%s", program && !j->micro ? "-" : jobfmt_batch(j, batch, sizeof batch));
     table_cell(t, "%s", jobfmt_speed(j, speed, sizeof speed));
     table_cell(t, "%s", j->mem_allocated ? units_format_size(j->mem_allocated, mem, sizeof mem) : "-");
     if (j->submitted_at > 0)

@@ -137,6 +137,10 @@ class ProgramJobs(harness.DaemonTest):
         # A clean exit completes it; list shows it without steps or loss.
         ok = self.submit(self.job("[job]\ntype = program\n[program]\ncommand = %s probe.py 0\n" % PY, "ok.cfg"))
         self.assertEqual(self.wait(ok)["state"], "completed")
+        rows = [line.split() for line in self.d.ctl("list").stdout.splitlines()[1:]]
+        self.assertEqual([r[:8] for r in rows],
+                         [[str(jid), "root", "job", "failed", "cpu0", "-", "-", "-"],
+                          [str(ok), "root", "ok", "completed", "cpu0", "-", "-", "-"]])
 
     def test_signal_fails_naming_it(self):
         path = self.job("[job]\ntype = program\n[program]\ncommand = /bin/sh -c 'echo dying; kill -SEGV $$'\n")
