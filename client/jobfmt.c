@@ -250,9 +250,14 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
     table_cell(t, "%s", j->name && *j->name ? j->name : "-");
     table_cell(t, "%s", j->state && *j->state ? j->state : "-");
     table_cell(t, "%s", j->device && *j->device ? j->device : "-");
-    table_cell(t, "%llu/%llu", (unsigned long long)j->step, (unsigned long long)j->steps);
+    /* A program's steps and batches are its own, unless it reports them. */
+    bool program = j->type && !strcmp(j->type, "program");
+    if (program)
+        table_cell(t, "-");
+    else
+        table_cell(t, "%llu/%llu", (unsigned long long)j->step, (unsigned long long)j->steps);
     table_cell(t, "%s", jobfmt_loss(step_loss(j), loss, sizeof loss));
-    table_cell(t, "%s", jobfmt_batch(j, batch, sizeof batch));
+    table_cell(t, "%s", program && !j->micro ? "-" : jobfmt_batch(j, batch, sizeof batch));
     table_cell(t, "%s", jobfmt_speed(j, speed, sizeof speed));
     table_cell(t, "%s", j->mem_allocated ? units_format_size(j->mem_allocated, mem, sizeof mem) : "-");
     if (j->submitted_at > 0)
@@ -303,6 +308,21 @@ static void indented(FILE *f, const char *label, const char *text)
     }
 }
 
+/* A program job's times: it has no steps, speed or batch of gradd's. */
+static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
+{
+    char a[64], b[64];
+    if (j->submitted_at > 0)
+        fprintf(f, LABEL "%s (%s ago)\n", "submitted", local_time(j->submitted_at, a, sizeof a),
+                units_format_duration(now - j->submitted_at, b, sizeof b));
+    fprintf(f, LABEL "%s\n", "started", local_time(j->started_at, a, sizeof a));
+    fprintf(f, LABEL "%s\n", "finished", local_time(j->finished_at, a, sizeof a));
+    fprintf(f, LABEL "%u\n", "restarts", j->resumes);
+    field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
+    fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
+    field(f, "job file", j->job_file && *j->job_file ? j->job_file : "-");
+}
+
 void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
 {
     char a[64], b[64];
@@ -316,6 +336,13 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
         indented(f, "reason", j->reason);
     field(f, "device", j->device && *j->device ? j->device : "-");
     fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
+    if (j->type && !strcmp(j->type, "program")) {
+        /* Its own program: no steps or batches that gradd knows of. */
+        field(f, "type", "program");
+        field(f, "command", j->command ? j->command : "");
+        program_times(f, j, now);
+        return;
+    }
     fprintf(f, LABEL "%llu/%llu steps (%.1f%%)\n", "progress", (unsigned long long)j->step,
             (unsigned long long)j->steps, percent(j));
     if (isfinite(step_loss(j)))
@@ -479,5 +506,7 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "umask", jout_str(mask));
     json_object_set_new(o, "job_file", jout_str(j->job_file));
     json_object_set_new(o, "resumes", jout_uint(j->resumes));
+    json_object_set_new(o, "type", jout_str(j->type && *j->type ? j->type : "engine"));
+    json_object_set_new(o, "command", jout_str(j->command));
     return o;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "argsplit.h"
 #include "opts.h"
 #include "utf8.h"
 
@@ -19,6 +20,8 @@ static const opts_def opts[] = {
     {"job", "name", OPTS_STRING, J(name), 0, 0, false, "", "shown in gradctl list (default: the file name)", NULL},
     {"job", "device", OPTS_STRING, J(device), 0, 0, false, "auto", "auto, cpu, cpuN or cuda:N", NULL},
     {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
+    {"job", "type", OPTS_CHOICE, J(type), 0, 0, false, "engine",
+     "engine: gradd trains the model below; program: run [program] command", "engine|program"},
 
     {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp or gpt (gradd checks it)", NULL},
     {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},
@@ -68,6 +71,15 @@ static const opts_def opts[] = {
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",
      "write the resume state every N steps (0: only at the end)", NULL},
     {"output", "log_every", OPTS_COUNT, J(log_every), 1, 1e12, false, "1", "metrics.jsonl line every N steps", NULL},
+
+    {"program", "command", OPTS_STRING, J(command), 0, 0, false, "",
+     "type = program: the program and its arguments, quoted as in sh, run without a shell", NULL},
+    {"program", "workdir", OPTS_STRING, J(workdir), PATHS, "", "its working directory (default: the job file's)", NULL},
+    {"program", "env", OPTS_STRING, J(env), 0, 0, false, "", "KEY=VALUE words added to its environment", NULL},
+    {"program", "grace", OPTS_DURATION, J(grace_ms), 0, 1e15, false, "30s",
+     "on cancel: SIGTERM, then SIGKILL after this", NULL},
+    {"program", "restart", OPTS_CHOICE, J(restart), 0, 0, false, "no",
+     "on-failure: queue it again when a daemon restart cut it short", "no|on-failure"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -239,6 +251,111 @@ static int check_readable(const parse_ctx *p, const char *key, const char *file,
     return complain(p, "data", key, err, err_len, why);
 }
 
+/* ---- program jobs ------------------------------------------------------------- */
+
+/* Keys that only gradd's engine reads: a program job may not set them,
+ * and their defaults must not describe it (steps, a model type). */
+static bool engine_only(const opts_def *o)
+{
+    static const char *const keys[] = {"memory.margin", "memory.grow_after", "memory.tune",
+                                       "output.checkpoint_every", "output.log_every"};
+    if (!strcmp(o->section, "model") || !strcmp(o->section, "data") || !strcmp(o->section, "train"))
+        return true;
+    char full[64];
+    snprintf(full, sizeof full, "%s.%s", o->section, o->key);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strcmp(full, keys[i]))
+            return true;
+    return false;
+}
+
+/* Each kind of job refuses the keys of the other, naming the first one
+ * set (by line). */
+static int check_kind_keys(parse_ctx *p, char *err, size_t err_len)
+{
+    job_config *j = p->j;
+    bool program = j->type == JOBCFG_PROGRAM;
+    const opts_def *first = NULL;
+    int first_line = 0;
+    for (size_t i = 0; i < NOPTS; i++) {
+        int line = j->key_line[i];
+        bool foreign = program ? engine_only(&opts[i]) : !strcmp(opts[i].section, "program");
+        if (line && foreign && (!first || line < first_line)) {
+            first = &opts[i];
+            first_line = line;
+        }
+    }
+    if (!first)
+        return 0;
+    char why[160];
+    if (program)
+        snprintf(why, sizeof why, "is for gradd's own training; a job with [job] type = program may not set it");
+    else
+        snprintf(why, sizeof why, "is for [job] type = program, and this job's type is engine");
+    return complain(p, first->section, first->key, err, err_len, why);
+}
+
+/* The characters of an environment variable's name, as sh accepts them. */
+static bool env_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || (s[0] >= '0' && s[0] <= '9'))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
+            return false;
+    }
+    return true;
+}
+
+int jobcfg_check_env(const char *env, char *why, size_t why_len)
+{
+    static const char *const reserved[] = {"CUDA_VISIBLE_DEVICES", "GRADD_JOB_ID", "GRADD_SOCKET"};
+    char words[JOBCFG_COMMAND_MAX];
+    int n = argsplit(env, words, sizeof words, why, why_len);
+    if (n < 0)
+        return -1;
+    const char *w = words;
+    for (int i = 0; i < n; i++, w = argsplit_next(w)) {
+        const char *eq = strchr(w, '=');
+        if (!eq || !env_name_ok(w, (size_t)(eq - w))) {
+            snprintf(why, why_len, "'%.64s' is not NAME=VALUE with a NAME of letters, digits and _", w);
+            return -1;
+        }
+        for (size_t r = 0; r < sizeof reserved / sizeof reserved[0]; r++)
+            if (strlen(reserved[r]) == (size_t)(eq - w) && !strncmp(w, reserved[r], (size_t)(eq - w))) {
+                snprintf(why, why_len, "%s is set by gradd for every program job", reserved[r]);
+                return -1;
+            }
+    }
+    return 0;
+}
+
+static int validate_program(parse_ctx *p, const char *dir, char *err, size_t err_len)
+{
+    job_config *j = p->j;
+    for (size_t i = 0; i < NOPTS; i++)
+        if (engine_only(&opts[i]))
+            memset((char *)j + opts[i].offset, 0, opts[i].size);
+    char words[JOBCFG_COMMAND_MAX], why[192];
+    int n = argsplit(j->command, words, sizeof words, why, sizeof why);
+    if (n < 0)
+        return complain(p, "program", "command", err, err_len, why);
+    if (n == 0)
+        return complain(p, "program", "command", err, err_len, "is required for [job] type = program");
+    if (jobcfg_check_env(j->env, why, sizeof why) != 0)
+        return complain(p, "program", "env", err, err_len, why);
+    if (!j->workdir[0])
+        snprintf(j->workdir, sizeof j->workdir, "%s", dir);
+    if (resolve(j->workdir, sizeof j->workdir, dir) != 0)
+        return complain(p, "program", "workdir", err, err_len, "path is too long");
+    if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
+        return complain(p, "output", "dir", err, err_len, "path is too long");
+    return 0;
+}
+
+/* ---- the whole file ------------------------------------------------------------- */
+
 static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
 {
     job_config *j = p->j;
@@ -268,6 +385,10 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     const char *d = j->device;
     if (strcmp(d, "auto") && strncmp(d, "cpu", 3) && strncmp(d, "cuda:", 5))
         return complain(p, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
+    if (check_kind_keys(p, err, err_len) != 0)
+        return -1;
+    if (j->type == JOBCFG_PROGRAM)
+        return validate_program(p, dir, err, err_len);
 
     if (strcmp(j->micro_text, "auto") == 0) {
         j->micro_batch = 0;

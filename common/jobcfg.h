@@ -1,5 +1,6 @@
 /* jobcfg.h — job.cfg: what to train, on what data, how, and where the
  * results go.  An INI file (sections [job] [model] [data] [train] [memory]
+ * [output], or for a user's own program [job] [program] [memory]
  * [output]); every error names FILE:LINE: [section] key, and a bad file
  * yields nothing.  Relative paths resolve against the file's directory. */
 #ifndef GRADD_JOBCFG_H
@@ -18,6 +19,10 @@
 
 typedef enum { JOBCFG_DATA_AUTO = 0, JOBCFG_DATA_TEXT, JOBCFG_DATA_TOKENS, JOBCFG_DATA_IDX, JOBCFG_DATA_NPY } jobcfg_format;
 typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precision;
+/* [job] type: gradd's own engine, or a program of the user's (runner.h). */
+typedef enum { JOBCFG_ENGINE = 0, JOBCFG_PROGRAM = 1 } jobcfg_type;
+typedef enum { JOBCFG_RESTART_NO = 0, JOBCFG_RESTART_ON_FAILURE = 1 } jobcfg_restart;
+#define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 typedef struct job_config {
     char source[PATH_MAX]; /* the file, as given */
@@ -26,6 +31,7 @@ typedef struct job_config {
     char name[64];
     char device[16]; /* auto | cpu | cpuN | cuda:N */
     int64_t priority;
+    int type; /* jobcfg_type */
 
     /* [model] */
     /* The kind of model, as the file names it.  gradd checks it, and the
@@ -71,6 +77,14 @@ typedef struct job_config {
     uint64_t checkpoint_every; /* 0: only at the end */
     uint64_t log_every;
 
+    /* [program]: only for type = program, whose file may set no [model],
+     * [data] or [train] key (and whose engine fields are all zero). */
+    char command[JOBCFG_COMMAND_MAX]; /* as written; argsplit.h reads it */
+    char workdir[PATH_MAX];           /* absolute; default: the job file's directory */
+    char env[JOBCFG_COMMAND_MAX];     /* KEY=VALUE words, as written */
+    uint64_t grace_ms;                /* SIGTERM, then this long, then SIGKILL */
+    int restart;                      /* jobcfg_restart */
+
     /* The line each key was set on (0: left at its default), so that errors
      * found later, by the daemon, still name it: see jobcfg_where. */
     int key_line[JOBCFG_MAX_KEYS];
@@ -97,6 +111,9 @@ const char *jobcfg_where(const job_config *j, const char *section, const char *k
  * terminal and JSON, so it must be valid UTF-8 without control characters
  * or bidi controls. */
 const char *jobcfg_name_problem(const char *name);
+/* 0 if `env` ([program] env) is NAME=VALUE words that gradd does not set
+ * itself, else -1 with why. */
+int jobcfg_check_env(const char *env, char *why, size_t why_len);
 /* Every key with its default, as a commented job file. */
 void jobcfg_print_defaults(FILE *f);
 

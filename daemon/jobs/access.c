@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "argsplit.h"
 #include "fileio.h"
 
 /* glibc's setgroups changes every thread of the process; the system call
@@ -88,6 +89,21 @@ static int thread_groups(gid_t **out, int *n)
     }
 }
 
+int access_groups(uid_t uid, gid_t gid, gid_t **out, int *n, char *err, size_t err_len)
+{
+    struct passwd pw, *res = NULL;
+    char buf[4096];
+    if (getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res)
+        return user_groups(pw.pw_name, gid, out, n, err, err_len);
+    if (!(*out = malloc(sizeof **out))) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    (*out)[0] = gid;
+    *n = 1;
+    return 0;
+}
+
 int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t err_len)
 {
     memset(saved, 0, sizeof *saved);
@@ -99,18 +115,8 @@ int access_become(uid_t uid, gid_t gid, access_saved *saved, char *err, size_t e
                            "CAP_SETUID and CAP_SETGID";
     gid_t *groups = NULL;
     int n = 0;
-    struct passwd pw, *res = NULL;
-    char buf[4096];
-    if (getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res) {
-        if (user_groups(pw.pw_name, gid, &groups, &n, err, err_len) != 0)
-            return -1;
-    } else if ((groups = malloc(sizeof *groups))) {
-        groups[0] = gid;
-        n = 1;
-    } else {
-        snprintf(err, err_len, "out of memory");
+    if (access_groups(uid, gid, &groups, &n, err, err_len) != 0)
         return -1;
-    }
     if (thread_groups(&saved->groups, &saved->ngroups) != 0) {
         snprintf(err, err_len, "cannot read this thread's groups: %s", strerror(errno));
         free(groups);
@@ -242,6 +248,111 @@ int access_own_fs(char *err, size_t err_len)
     return 0;
 }
 
+/* ---- program jobs ---------------------------------------------------------------- */
+
+/* An executable regular file, as the current filesystem identity:
+ * faccessat with AT_EACCESS asks as the fsuid, where access() would ask
+ * as the daemon's real uid. */
+static int executable(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    if (!S_ISREG(st.st_mode)) {
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EACCES;
+        return -1;
+    }
+    return faccessat(AT_FDCWD, path, X_OK, AT_EACCESS);
+}
+
+int access_find_command(const job_config *j, const char *argv0, char *out, size_t out_len, char *err,
+                        size_t err_len)
+{
+    char where[PATH_MAX + 64];
+    jobcfg_where(j, "program", "command", where, sizeof where);
+    if (!argv0[0]) {
+        snprintf(err, err_len, "%s: the program's name is empty", where);
+        return -1;
+    }
+    if (strchr(argv0, '/')) {
+        /* Relative to its working directory, as the program would see it. */
+        while (argv0[0] == '.' && argv0[1] == '/')
+            argv0 += 2;
+        if ((size_t)snprintf(out, out_len, "%s%s%s", argv0[0] == '/' ? "" : j->workdir, argv0[0] == '/' ? "" : "/",
+                             argv0) >= out_len) {
+            snprintf(err, err_len, "%s: %s: path is too long", where, argv0);
+            return -1;
+        }
+        if (executable(out) == 0)
+            return 0;
+        snprintf(err, err_len, "%s: cannot execute %s: %s", where, out, strerror(errno));
+        return -1;
+    }
+    char path_var[JOBCFG_COMMAND_MAX];
+    access_program_path(j, path_var, sizeof path_var);
+    int first_errno = ENOENT;
+    for (char *save = NULL, *dir = strtok_r(path_var, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+        if ((size_t)snprintf(out, out_len, "%s%s%s/%s", dir[0] == '/' ? "" : j->workdir, dir[0] == '/' ? "" : "/",
+                             dir, argv0) >= out_len)
+            continue;
+        if (executable(out) == 0)
+            return 0;
+        /* Like execvp: a file found but not executable says so, rather
+         * than "not found" from a later directory. */
+        if (errno != ENOENT && errno != ENOTDIR && first_errno == ENOENT)
+            first_errno = errno;
+    }
+    access_program_path(j, path_var, sizeof path_var);
+    snprintf(err, err_len, "%s: cannot execute %s: %s (PATH=%s)", where, argv0,
+             first_errno == ENOENT ? "not found" : strerror(first_errno), path_var);
+    return -1;
+}
+
+void access_program_path(const job_config *j, char *out, size_t out_len)
+{
+    snprintf(out, out_len, "%s", ACCESS_DEFAULT_PATH);
+    char words[JOBCFG_COMMAND_MAX], why[128];
+    int n = argsplit(j->env, words, sizeof words, why, sizeof why);
+    const char *w = words;
+    for (int i = 0; i < n; i++, w = argsplit_next(w))
+        if (!strncmp(w, "PATH=", 5))
+            snprintf(out, out_len, "%s", w + 5);
+}
+
+/* The working directory exists and the owner may enter it. */
+static int check_workdir(const job_config *j, char *err, size_t err_len)
+{
+    char where[PATH_MAX + 64];
+    struct stat st;
+    int rc = stat(j->workdir, &st);
+    if (rc == 0 && !S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = faccessat(AT_FDCWD, j->workdir, X_OK, AT_EACCESS);
+    if (rc == 0)
+        return 0;
+    snprintf(err, err_len, "%s: cannot enter %s: %s", jobcfg_where(j, "program", "workdir", where, sizeof where),
+             j->workdir, strerror(errno));
+    return -1;
+}
+
+static int check_program(const job_config *j, char *err, size_t err_len)
+{
+    if (check_workdir(j, err, err_len) != 0)
+        return -1;
+    char words[JOBCFG_COMMAND_MAX], why[128], path[PATH_MAX];
+    if (argsplit(j->command, words, sizeof words, why, sizeof why) < 1) {
+        char where[PATH_MAX + 64];
+        snprintf(err, err_len, "%s: %s", jobcfg_where(j, "program", "command", where, sizeof where), why);
+        return -1;
+    }
+    if (access_find_command(j, words, path, sizeof path, err, err_len) != 0)
+        return -1;
+    return j->out_dir[0] ? make_writable_dir(j, err, err_len) : 0;
+}
+
 typedef struct {
     uid_t uid;
     gid_t gid;
@@ -263,6 +374,11 @@ static void *check_job_thread(void *arg)
     if (access_become(a->uid, a->gid, &saved, a->err, a->err_len) != 0)
         return NULL;
     const job_config *j = a->j;
+    if (j->type == JOBCFG_PROGRAM) {
+        a->rc = check_program(j, a->err, a->err_len);
+        access_restore(&saved);
+        return NULL;
+    }
     int rc = check_readable(j, "train", j->train, a->err, a->err_len);
     if (rc == 0)
         rc = check_readable(j, "train_labels", j->train_labels, a->err, a->err_len);

@@ -47,11 +47,27 @@ void access_restore(access_saved *saved);
 int access_own_fs(char *err, size_t err_len);
 
 /* As the owner, with umask `mask`: every data file of the job is readable,
- * and the output directory exists (created if needed) and is writable.
+ * and the output directory exists (created if needed) and is writable; for
+ * a program job, its workdir may be entered and its command executed.
  * Done on a short-lived thread of its own, so the caller's umask stays.
  * 0, or -1 with a message naming the file, line, key and path
  * (jobcfg_where). */
 int access_check_job(uid_t uid, gid_t gid, mode_t mask, const job_config *j, char *err, size_t err_len);
+
+/* uid's supplementary groups with primary group gid (just gid for a uid
+ * without a passwd entry), malloc'd into *out.  0, or -1 with err. */
+int access_groups(uid_t uid, gid_t gid, gid_t **out, int *n, char *err, size_t err_len);
+
+/* The PATH a program job's command is looked up on, and that it sees:
+ * its [program] env's PATH, else this. */
+#define ACCESS_DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
+void access_program_path(const job_config *j, char *out, size_t out_len);
+/* Where argv0 (the command's first word) runs from, as execvp would find
+ * it on that PATH, relative names against the job's workdir: an
+ * executable regular file for the current filesystem identity.  0 with
+ * the path in out, or -1 with err naming the file, line and the command. */
+int access_find_command(const job_config *j, const char *argv0, char *out, size_t out_len, char *err,
+                        size_t err_len);
 
 /* Is uid root or a member of `group` (by name)? */
 bool access_is_admin(uid_t uid, gid_t gid, const char *group);

@@ -15,6 +15,7 @@
 
 #include "access.h"
 #include "fileio.h"
+#include "runner.h"
 #include "base/log.h"
 
 /* ---- files ------------------------------------------------------------------------- */
@@ -509,6 +510,25 @@ static job *load_job(queue *q, uint32_t id)
     } else if (err[0]) {
         log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s; listed without its settings", id, j->name,
                 job_state_name(j->state), err);
+    }
+    if (j->state == JOB_RUNNING && j->cfg.type == JOBCFG_PROGRAM) {
+        /* Its program ended with the daemon, or was orphaned by a crash:
+         * started again only if its file asks, as it resumes from
+         * checkpoints of its own that gradd knows nothing of. */
+        runner_end_orphans(j->pgid, j->uid);
+        j->pgid = 0;
+        if (j->cfg.restart == JOBCFG_RESTART_ON_FAILURE) {
+            j->state = JOB_QUEUED;
+            j->resumes++;
+            log_job(LOG_INFO, id, NULL, "queue: job %u (%s) was running; queued again ([program] restart = "
+                    "on-failure)", id, j->name);
+        } else {
+            j->state = JOB_FAILED;
+            j->finished_at = (double)time(NULL);
+            snprintf(j->reason, sizeof j->reason, "daemon restarted");
+            log_job(LOG_INFO, id, NULL, "queue: job %u (%s) was running: failed, daemon restarted", id, j->name);
+        }
+        queue_persist_or_retry(q, j, NULL);
     }
     if (j->state == JOB_RUNNING) {
         /* It was running when the daemon stopped: run it again; the

@@ -44,6 +44,7 @@ typedef struct job {
     char source[PATH_MAX]; /* the job file it was submitted from */
     uint32_t resumes;      /* times it started from a checkpoint */
     mode_t umask;          /* the submitter's: the job's outputs are created with it */
+    uint32_t pgid;         /* a program job's process group while it runs; 0: none */
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is

@@ -86,6 +86,8 @@ static const qs_field qs_fields[] = {
     /* Absent (a job queued before it was kept): 022, what gradd gave
      * every job's outputs until then. */
     {"umask", QS_MODE, offsetof(job, umask), sizeof(mode_t), true},
+    /* Absent: 0, no process group (an engine job's, or one from before). */
+    {"pgid", QS_U32, offsetof(job, pgid), sizeof(uint32_t), true},
     QS_PROG("step", QS_U64, step),
     QS_PROG("loss", QS_F64, loss),
     QS_PROG("val_loss", QS_F64, val_loss),

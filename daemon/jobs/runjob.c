@@ -156,8 +156,16 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
      * probed (CUDA takes a while to say there is none). */
     static job_config j;
     char err[1024];
-    if (jobcfg_load(path, &j, err, sizeof err) != 0 || model_check_job(&j, err, sizeof err) != 0) {
+    if (jobcfg_load(path, &j, err, sizeof err) != 0 ||
+        (j.type == JOBCFG_ENGINE && model_check_job(&j, err, sizeof err) != 0)) {
         fprintf(stderr, "gradd: %s\n", err);
+        return 2;
+    }
+    /* The program would run as whoever runs gradd, which the command
+     * itself does as well, without gradd in between. */
+    if (j.type == JOBCFG_PROGRAM) {
+        fprintf(stderr, "gradd: %s: [job] type = program: gradd run trains engine jobs only; submit it to a "
+                "daemon (gradctl submit), or run its command yourself\n", path);
         return 2;
     }
     /* From here to the printed result: SIGINT, SIGTERM and SIGHUP (a

@@ -4,6 +4,7 @@
 #include <stddef.h>
 
 static const runner *const runners[] = {
+    &runner_program,
     &runner_engine,
 };
 

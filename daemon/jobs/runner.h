@@ -13,6 +13,7 @@
 
 #include <stdarg.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "base/ctx.h"
 #include "engine/train.h"
@@ -31,6 +32,16 @@ typedef struct runner_env {
      * stderr for `gradd run`); may be NULL. */
     void (*note)(void *user, const char *fmt, va_list ap);
     void *note_user;
+    /* For a program job (NULL in `gradd run`, which refuses them): its
+     * owner; a place for its output, whole lines; whether the daemon is
+     * stopping (rather than the job cancelled); and where its process
+     * group is, recorded so that a daemon killed meanwhile can end it at
+     * its next start (0: it ended).  All take note_user. */
+    uid_t uid;
+    gid_t gid;
+    void (*output)(void *user, const char *text);
+    bool (*daemon_stopping)(void *user);
+    void (*started)(void *user, uint32_t pgid);
 } runner_env;
 
 typedef struct runner {
@@ -47,6 +58,15 @@ const runner *runner_for(const job_config *cfg);
 
 /* The engine's runner: gradd's own training loop (engine/train.h). */
 extern const runner runner_engine;
+/* A user's own program ([job] type = program), run as its owner. */
+extern const runner runner_program;
+
+/* Signal a program job's process group `pgid` (uid `owner`'s), also from
+ * a daemon that runs as a service user without CAP_KILL.  0, or -1. */
+int runner_signal_group(uint32_t pgid, int sig, uid_t owner);
+/* At start: SIGKILL a program job's group left by a daemon that was
+ * killed, if it is still there and is the owner's; else nothing. */
+void runner_end_orphans(uint32_t pgid, uid_t owner);
 
 /* env->note with printf arguments; nothing when env->note is NULL. */
 void runner_note(const runner_env *env, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -9,8 +9,7 @@
 
 static bool engine_takes(const job_config *cfg)
 {
-    (void)cfg;
-    return true;
+    return cfg->type == JOBCFG_ENGINE;
 }
 
 static const kern_ops *device_kernels(const gradd_ctx *ctx, const dev *d)

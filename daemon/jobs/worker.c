@@ -173,6 +173,36 @@ static bool should_stop(void *user)
     return stop;
 }
 
+/* A program job's output, whole lines. */
+static void on_output(void *user, const char *text)
+{
+    log_put(user, text);
+}
+
+static bool daemon_stopping(void *user)
+{
+    job_run *r = user;
+    pthread_mutex_lock(&r->w->q->lock);
+    bool stopping = r->w->q->stopping;
+    pthread_mutex_unlock(&r->w->q->lock);
+    return stopping;
+}
+
+/* Recorded by the loop (this thread, as the owner, cannot write the state
+ * dir), so that a daemon killed while the program runs ends its group at
+ * the next start. */
+static void on_started(void *user, uint32_t pgid)
+{
+    job_run *r = user;
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    r->j->pgid = pgid;
+    r->j->unsaved = true;
+    q->any_unsaved = true;
+    pthread_mutex_unlock(&q->lock);
+    queue_notify(q);
+}
+
 /* threads = 0 ("all cores") on a daemon that runs more than one CPU job at
  * a time: each job gets an even share of the cores it may use, rather than
  * every job's OpenMP threads contending for all of them (two such jobs on
@@ -251,6 +281,11 @@ static void run_one(worker *w, job *j)
             .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r},
             .note = r.log.fd >= 0 ? log_note : NULL,
             .note_user = &r,
+            .uid = j->uid,
+            .gid = j->gid,
+            .output = r.log.fd >= 0 ? on_output : NULL,
+            .daemon_stopping = daemon_stopping,
+            .started = on_started,
         };
         o = run->run(&env, &j->cfg, &res);
         umask(daemon_mask);
@@ -270,10 +305,17 @@ static void run_one(worker *w, job *j)
         j->state = JOB_COMPLETED;
         break;
     case TRAIN_STOPPED:
-        if (j->cancel_requested) {
+        if (j->cancel_requested && j->cfg.type == JOBCFG_PROGRAM) {
+            j->state = JOB_CANCELLED;
+            snprintf(j->reason, sizeof j->reason, "cancelled: %s", res.message);
+        } else if (j->cancel_requested) {
             j->state = JOB_CANCELLED;
             snprintf(j->reason, sizeof j->reason, "cancelled at step %llu; checkpoint in %s",
                      (unsigned long long)res.steps_done, j->cfg.out_dir);
+        } else if (j->cfg.type == JOBCFG_PROGRAM) {
+            /* Left recorded as running, as after a crash: the next start
+             * fails it or queues it again by its [program] restart. */
+            j->state = JOB_RUNNING;
         } else {
             j->state = JOB_QUEUED; /* daemon shutdown: resume at the next start */
         }
@@ -284,7 +326,7 @@ static void run_one(worker *w, job *j)
         snprintf(j->reason, sizeof j->reason, "%s", res.message);
         break;
     }
-    if (j->state != JOB_QUEUED)
+    if (j->state != JOB_QUEUED && j->state != JOB_RUNNING)
         j->finished_at = now_unix();
     queue_touch(q, j);
     queue_persist_or_retry(q, j, d->id);

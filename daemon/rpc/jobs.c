@@ -117,7 +117,7 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         goto out;
     }
     int lrc = jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
-    if (lrc == 0)
+    if (lrc == 0 && cfg->type == JOBCFG_ENGINE)
         lrc = model_check_job(cfg, err, sizeof err);
     access_restore(&saved);
     if (lrc != 0) {

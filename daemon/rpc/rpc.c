@@ -144,6 +144,9 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->out_dir = st->out_dir;
     m->job_file = st->job_file;
     m->resumes = j->resumes;
+    m->type = j->cfg.type == JOBCFG_PROGRAM ? "program" : "engine";
+    snprintf(st->command, sizeof st->command, "%s", j->cfg.command);
+    m->command = st->command;
     /* Memory by tag from the pool the job runs in. */
     m->n_mem_tags = 0;
     m->mem_tags = st->tag_ptrs;

@@ -198,6 +198,8 @@ int main(int argc, char **argv)
 
     char socket_path[PATH_MAX], state_dir[PATH_MAX];
     choose_path(socket_path, sizeof socket_path, socket_arg, ctx.cfg.socket_path, default_socket);
+    /* Program jobs are told where it is (GRADD_SOCKET). */
+    snprintf(ctx.cfg.socket_path, sizeof ctx.cfg.socket_path, "%s", socket_path);
     choose_path(state_dir, sizeof state_dir, state_arg, ctx.cfg.state_dir, default_state_dir);
 
     if (check_only) {

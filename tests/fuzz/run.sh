@@ -31,6 +31,8 @@
 #   utf8    common/utf8.c: the safe form of shown text, whole and in pieces
 #   pool_shm  daemon/pool/pool_shm.c: a program job's statistics page as the
 #           daemon maps and reads it (via a memfd, sealed or not, any size)
+#   argsplit  common/argsplit.c: [program] command and env quoting, checked
+#           against a quoting of the words it returns
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -107,23 +109,25 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm)
+HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm argsplit)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
-    jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" \
+    jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
+        "$ROOT/common/utf8.c" \
         "$ROOT/daemon/models/*.c" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
     data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c $ROOT/common/fileio.c" ;;
     sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/*.c" \
-        "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/opts.c $ROOT/common/units.c" \
+        "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
     utf8) echo "$ROOT/common/utf8.c" ;;
     pool_shm) echo "$ROOT/daemon/pool/pool_shm.c" ;;
+    argsplit) echo "$ROOT/common/argsplit.c" ;;
     esac
 }
 # Extra flags and libraries per harness.

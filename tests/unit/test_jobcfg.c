@@ -52,7 +52,8 @@ static void write_job(const char *text)
 static int load(const char *file, job_config *out, char *err, size_t err_len)
 {
     static job_config j;
-    if (jobcfg_load(file, &j, err, err_len) != 0 || model_check_job(&j, err, err_len) != 0)
+    if (jobcfg_load(file, &j, err, err_len) != 0 ||
+        (j.type == JOBCFG_ENGINE && model_check_job(&j, err, err_len) != 0))
         return -1;
     *out = j;
     return 0;
@@ -172,6 +173,43 @@ static void test_errors(void **state)
 
 /* Every example in etc/jobs parses, and together they cover both models
  * and every precision (bf16 and fp16 on a GPU). */
+static void test_program(void **state)
+{
+    (void)state;
+    write_job("[job]\ntype = program\n[program]\ncommand = python3 'my train.py' --x\nworkdir = sub/..\n"
+              "env = A=1 'B=two words'\ngrace = 2s\nrestart = on-failure\n[memory]\nlimit = 1G\n");
+    job_config j;
+    char err[1024];
+    if (load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.type, JOBCFG_PROGRAM);
+    assert_string_equal(j.command, "python3 'my train.py' --x");
+    assert_string_equal(j.workdir, dir);
+    assert_int_equal(j.grace_ms, 2000);
+    assert_int_equal(j.restart, JOBCFG_RESTART_ON_FAILURE);
+    assert_int_equal(j.mem_limit, 1u << 30);
+    /* No engine default describes it. */
+    assert_int_equal(j.steps, 0);
+    assert_int_equal(j.batch, 0);
+    assert_string_equal(j.model, "");
+    assert_string_equal(j.out_dir, "");
+    write_job("[job]\ntype = program\n[program]\ncommand = true\n");
+    if (load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.grace_ms, 30000);
+    assert_int_equal(j.restart, JOBCFG_RESTART_NO);
+    expect_error("[job]\ntype = program\n", ": [program] command: is required");
+    expect_error("[job]\ntype = program\n[program]\ncommand = \"x\n", ":4: [program] command: unterminated");
+    expect_error("[job]\ntype = program\n[program]\ncommand = x\n[memory]\ntune = off\n",
+                 ":6: [memory] tune: is for gradd's own training");
+    expect_error("[job]\ntype = program\n[model]\nlayers = 3\n[program]\ncommand = x\n[data]\ntrain = a\n",
+                 ":4: [model] layers: is for gradd's own training");
+    expect_error(GPT_HEAD "[program]\ngrace = 1s\n", ":8: [program] grace: is for [job] type = program");
+    expect_error("[job]\ntype = program\n[program]\ncommand = x\nenv = A\n", ":5: [program] env: 'A' is not");
+    expect_error("[job]\ntype = program\n[program]\ncommand = x\nenv = CUDA_VISIBLE_DEVICES=1\n",
+                 ":5: [program] env: CUDA_VISIBLE_DEVICES is set by gradd");
+}
+
 static void test_examples(void **state)
 {
     (void)state;
@@ -186,6 +224,8 @@ static void test_examples(void **state)
         char err[1024];
         if (load(g.gl_pathv[i], &j, err, sizeof err) != 0)
             fail_msg("%s", err);
+        if (j.type == JOBCFG_PROGRAM)
+            continue;
         seen_mlp |= strcmp(j.model, "mlp") == 0;
         seen_gpt |= strcmp(j.model, "gpt") == 0;
         seen_prec[j.precision] = true;
@@ -203,6 +243,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_and_relative_paths),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_program),
         cmocka_unit_test(test_examples),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,520 @@
+/* runner_program.c — a user's own program as a job ([job] type = program).
+ *
+ * The job thread forks the program as the job's owner: their groups, gid
+ * and uid, no capabilities left (the daemon may be root, or a service user
+ * with CAP_SETUID and CAP_SETGID in its ambient set, which setresuid alone
+ * would pass on), in a session and process group of its own, stdin at
+ * /dev/null, stdout and stderr into a pipe that this thread copies into the
+ * job's log line by line (the log bounds it), in its workdir, with a clean
+ * environment.  The thread polls the pipe and the job's hooks every 100 ms,
+ * so a cancel or a daemon shutdown is seen at once: SIGTERM to the group,
+ * then SIGKILL to the group after [program] grace.
+ *
+ * Everything the child needs is built before the fork: after it, in a
+ * multithreaded daemon, the child may only make async-signal-safe calls
+ * (another thread may hold malloc's lock).  So ids and capabilities are
+ * changed with raw system calls, and a failure before execve is written to
+ * a close-on-exec pipe as a stage and an errno, for the job's reason.
+ */
+#include "runner.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/fsuid.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "access.h"
+#include "argsplit.h"
+#include "utf8.h"
+
+#define PROG_LINE_MAX 4096  /* a longer line goes to the log in pieces */
+#define PROG_TAIL_LINES 5   /* the last lines of output a failure shows */
+#define PROG_TAIL_WIDTH 160 /* ... each cut to this many bytes */
+#define PROG_POLL_MS 100    /* how soon a cancel or shutdown is seen */
+#define PROG_DRAIN_MS 1000  /* output read after the group is gone, at most */
+
+/* What the child reports before execve: which step failed, and errno. */
+enum { STAGE_IDS = 1, STAGE_CAPS, STAGE_FDS, STAGE_WORKDIR, STAGE_EXEC };
+
+typedef struct {
+    /* Built before the fork. */
+    char *words;      /* argsplit of [program] command */
+    char **argv;
+    char **envp;      /* each malloc'd "NAME=VALUE" */
+    size_t nenv;
+    char exe[PATH_MAX];
+    gid_t *groups;
+    int ngroups;
+    bool switch_ids;  /* the owner is not the daemon's own user */
+    uid_t uid;
+    gid_t gid;
+    const char *workdir;
+    int devnull, out[2], report[2];
+    /* The output, line by line. */
+    char line[PROG_LINE_MAX + 2];
+    size_t line_len;
+    char tail[PROG_TAIL_LINES][PROG_TAIL_WIDTH + 1];
+    int tail_next, tail_n;
+} prog;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- the environment ------------------------------------------------------------- */
+
+/* Set NAME=VALUE, replacing an earlier NAME. */
+static int env_set(prog *p, size_t cap, const char *name_value)
+{
+    size_t nl = strcspn(name_value, "=") + 1;
+    char *copy = strdup(name_value);
+    if (!copy)
+        return -1;
+    for (size_t i = 0; i < p->nenv; i++)
+        if (!strncmp(p->envp[i], name_value, nl)) {
+            free(p->envp[i]);
+            p->envp[i] = copy;
+            return 0;
+        }
+    if (p->nenv + 1 >= cap) {
+        free(copy);
+        return -1;
+    }
+    p->envp[p->nenv++] = copy;
+    p->envp[p->nenv] = NULL;
+    return 0;
+}
+
+static int env_setf(prog *p, size_t cap, const char *name, const char *value)
+{
+    char buf[PATH_MAX + 64];
+    if ((size_t)snprintf(buf, sizeof buf, "%s=%s", name, value) >= sizeof buf)
+        return -1;
+    return env_set(p, cap, buf);
+}
+
+/* A clean environment: what the program needs to find its way (PATH, who
+ * and where it is), gradd's variables, then the job's own entries, which
+ * may replace the first group but not gradd's (jobcfg_check_env). */
+static int build_env(prog *p, const runner_env *env, const job_config *cfg, char *err, size_t err_len)
+{
+    char words[JOBCFG_COMMAND_MAX], why[128];
+    int n = argsplit(cfg->env, words, sizeof words, why, sizeof why);
+    if (n < 0) {
+        snprintf(err, err_len, "[program] env: %s", why);
+        return -1;
+    }
+    size_t cap = (size_t)n + 16;
+    if (!(p->envp = calloc(cap, sizeof *p->envp))) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    struct passwd pw, *res = NULL;
+    char pwbuf[4096], num[32], user[32];
+    bool known = getpwuid_r(env->uid, &pw, pwbuf, sizeof pwbuf, &res) == 0 && res;
+    snprintf(user, sizeof user, "%u", (unsigned)env->uid);
+    const dev *d = env->ctx->devs[env->dev];
+    char cuda[16] = "";
+    if (d->kind == DEV_KIND_CUDA)
+        snprintf(cuda, sizeof cuda, "%d", d->index);
+    snprintf(num, sizeof num, "%u", env->job_id);
+    int rc = env_setf(p, cap, "PATH", ACCESS_DEFAULT_PATH);
+    rc |= env_setf(p, cap, "HOME", known ? pw.pw_dir : "/");
+    rc |= env_setf(p, cap, "USER", known ? pw.pw_name : user);
+    rc |= env_setf(p, cap, "LOGNAME", known ? pw.pw_name : user);
+    rc |= env_setf(p, cap, "LANG", "C.UTF-8");
+    /* Python buffers a pipe in 8 KiB blocks: without this its prints
+     * would reach `gradctl logs` and `watch` minutes late. */
+    rc |= env_setf(p, cap, "PYTHONUNBUFFERED", "1");
+    rc |= env_setf(p, cap, "CUDA_VISIBLE_DEVICES", cuda);
+    rc |= env_setf(p, cap, "GRADD_JOB_ID", num);
+    rc |= env_setf(p, cap, "GRADD_SOCKET", env->ctx->cfg.socket_path);
+    const char *w = words;
+    for (int i = 0; i < n; i++, w = argsplit_next(w))
+        rc |= env_set(p, cap, w);
+    if (rc) {
+        snprintf(err, err_len, "out of memory, or a variable longer than %d bytes", PATH_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- starting it ------------------------------------------------------------------- */
+
+static void prog_free(prog *p)
+{
+    free(p->words);
+    free(p->argv);
+    for (size_t i = 0; p->envp && i < p->nenv; i++)
+        free(p->envp[i]);
+    free(p->envp);
+    free(p->groups);
+    int *fds[] = {&p->devnull, &p->out[0], &p->out[1], &p->report[0], &p->report[1]};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (*fds[i] >= 0) {
+            close(*fds[i]);
+            *fds[i] = -1;
+        }
+}
+
+static int prepare(prog *p, const runner_env *env, const job_config *cfg, char *err, size_t err_len)
+{
+    char why[128];
+    size_t len = strlen(cfg->command) + 1;
+    if (!(p->words = malloc(len)) || !(p->argv = calloc(len + 1, sizeof *p->argv))) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    int n = argsplit(cfg->command, p->words, len, why, sizeof why);
+    if (n < 1) {
+        snprintf(err, err_len, "[program] command: %s", n < 0 ? why : "is empty");
+        return -1;
+    }
+    const char *w = p->words;
+    for (int i = 0; i < n; i++, w = argsplit_next(w))
+        p->argv[i] = (char *)w;
+    /* Found as the owner (this thread's filesystem identity), as at submit. */
+    if (access_find_command(cfg, p->argv[0], p->exe, sizeof p->exe, err, err_len) != 0)
+        return -1;
+    if (build_env(p, env, cfg, err, err_len) != 0)
+        return -1;
+    p->uid = env->uid;
+    p->gid = env->gid;
+    p->switch_ids = env->uid != geteuid() || env->gid != getegid();
+    if (p->switch_ids && access_groups(env->uid, env->gid, &p->groups, &p->ngroups, err, err_len) != 0)
+        return -1;
+    p->workdir = cfg->workdir;
+    p->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (p->devnull < 0 || pipe2(p->out, O_CLOEXEC) != 0 || pipe2(p->report, O_CLOEXEC) != 0) {
+        snprintf(err, err_len, "cannot make the program's pipes: %s", strerror(errno));
+        return -1;
+    }
+    fcntl(p->out[0], F_SETFL, O_NONBLOCK);
+    return 0;
+}
+
+/* In the child: async-signal-safe calls only.  Never returns. */
+static void child(const prog *p)
+{
+    int report[2] = {0, 0};
+    /* Handlers and ignored signals are the daemon's, not the program's
+     * (an ignored SIGPIPE would survive execve). */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &dfl, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    if (dup2(p->devnull, 0) < 0 || dup2(p->out[1], 1) < 0 || dup2(p->out[1], 2) < 0) {
+        report[0] = STAGE_FDS;
+        goto fail;
+    }
+    if (p->switch_ids) {
+        /* Raw system calls: glibc's wrappers would signal the daemon's
+         * other threads, which do not exist in this child. */
+        report[0] = STAGE_IDS;
+        if (syscall(SYS_setgroups, (size_t)p->ngroups, p->groups) != 0 ||
+            syscall(SYS_setresgid, p->gid, p->gid, p->gid) != 0 || syscall(SYS_setresuid, p->uid, p->uid, p->uid) != 0)
+            goto fail;
+    }
+    /* A service user keeps CAP_SETUID and CAP_SETGID across setresuid
+     * (no uid was 0), and an ambient capability passes to the program:
+     * clear every set, then check. */
+    report[0] = STAGE_CAPS;
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct caps[2];
+    memset(caps, 0, sizeof caps);
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
+        goto fail;
+    if (p->uid != 0 && syscall(SYS_capset, &hdr, caps) != 0)
+        goto fail;
+    if (p->uid != 0 && (syscall(SYS_capget, &hdr, caps) != 0 || caps[0].effective || caps[0].permitted ||
+                        caps[0].inheritable || caps[1].effective || caps[1].permitted || caps[1].inheritable)) {
+        errno = EPERM;
+        goto fail;
+    }
+    report[0] = STAGE_FDS;
+    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+        goto fail;
+    report[0] = STAGE_WORKDIR;
+    if (chdir(p->workdir) != 0)
+        goto fail;
+    report[0] = STAGE_EXEC;
+    execve(p->exe, p->argv, p->envp);
+fail:
+    report[1] = errno;
+    ssize_t w = write(p->report[1], report, sizeof report);
+    (void)w;
+    _exit(127);
+}
+
+/* Start it; its pid (its process group's id), or -1 with err. */
+static pid_t start(prog *p, char *err, size_t err_len)
+{
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, err_len, "cannot start the program: fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0)
+        child(p);
+    close(p->out[1]);
+    close(p->report[1]);
+    p->out[1] = p->report[1] = -1;
+    /* Until execve (the report pipe closes) or a report: then the child
+     * has its own process group, so that kill(-pid) reaches it. */
+    int report[2];
+    ssize_t got;
+    do
+        got = read(p->report[0], report, sizeof report);
+    while (got < 0 && errno == EINTR);
+    if (got != (ssize_t)sizeof report)
+        return pid;
+    static const char *const what[] = {"", "cannot take the owner's uid, gid and groups", "cannot drop capabilities",
+                                       "cannot set up stdin, stdout and stderr", "cannot enter the workdir",
+                                       "cannot execute"};
+    int stage = report[0] >= 1 && report[0] <= STAGE_EXEC ? report[0] : 0;
+    const char *arg = stage == STAGE_WORKDIR ? p->workdir : stage == STAGE_EXEC ? p->exe : "";
+    snprintf(err, err_len, "%s%s%s: %s", what[stage], arg[0] ? " " : "", arg, strerror(report[1]));
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* ---- its output -------------------------------------------------------------------- */
+
+static void emit_line(prog *p, const runner_env *env)
+{
+    if (!p->line_len)
+        return;
+    if (p->line[p->line_len - 1] != '\n')
+        p->line[p->line_len++] = '\n';
+    p->line[p->line_len] = '\0';
+    if (env->output)
+        env->output(env->note_user, p->line);
+    size_t keep = p->line_len - 1 < PROG_TAIL_WIDTH ? p->line_len - 1 : PROG_TAIL_WIDTH;
+    memcpy(p->tail[p->tail_next], p->line, keep);
+    p->tail[p->tail_next][keep] = '\0';
+    p->tail_next = (p->tail_next + 1) % PROG_TAIL_LINES;
+    if (p->tail_n < PROG_TAIL_LINES)
+        p->tail_n++;
+    p->line_len = 0;
+}
+
+/* Read what the pipe has.  false at its end (every writer gone). */
+static bool drain(prog *p, const runner_env *env)
+{
+    char buf[16384];
+    for (;;) {
+        ssize_t n = read(p->out[0], buf, sizeof buf);
+        if (n == 0)
+            return false;
+        if (n < 0)
+            return errno == EAGAIN || errno == EINTR;
+        for (ssize_t i = 0; i < n; i++) {
+            p->line[p->line_len++] = buf[i];
+            if (buf[i] == '\n' || p->line_len == PROG_LINE_MAX)
+                emit_line(p, env);
+        }
+    }
+}
+
+/* "\nlast lines of output:\n..." with each line made safe to show. */
+static void append_tail(const prog *p, char *msg, size_t len)
+{
+    if (!p->tail_n)
+        return;
+    size_t n = strlen(msg);
+    n += (size_t)snprintf(msg + n, n < len ? len - n : 0, "\nlast lines of output:");
+    int first = (p->tail_next - p->tail_n + PROG_TAIL_LINES) % PROG_TAIL_LINES;
+    for (int k = 0; k < p->tail_n && n + 4 < len; k++) {
+        char safe[PROG_TAIL_WIDTH * 4 + 1];
+        utf8_safe(p->tail[(first + k) % PROG_TAIL_LINES], 0, safe, sizeof safe);
+        n += (size_t)snprintf(msg + n, len - n, "\n  %s", safe);
+    }
+}
+
+static void describe_exit(const siginfo_t *si, char *buf, size_t len)
+{
+    if (si->si_code == CLD_EXITED) {
+        snprintf(buf, len, "exited with status %d", si->si_status);
+        return;
+    }
+    const char *abbrev = sigabbrev_np(si->si_status);
+    snprintf(buf, len, "killed by signal %s%s%s", abbrev ? "SIG" : "", abbrev ? abbrev : "",
+             si->si_code == CLD_DUMPED ? " (core dumped)" : "");
+    if (!abbrev)
+        snprintf(buf, len, "killed by signal %d", si->si_status);
+}
+
+/* ---- signals to its group --------------------------------------------------------- */
+
+int runner_signal_group(uint32_t pgid, int sig, uid_t owner)
+{
+    if (kill(-(pid_t)pgid, sig) == 0 || errno != EPERM || geteuid() == 0)
+        return errno == EPERM ? -1 : 0;
+    /* A service user with CAP_SETUID but not CAP_KILL: signal as the
+     * owner, from this thread alone (the raw call changes no other), and
+     * back; its filesystem identity follows the euid, so it is put back
+     * too. */
+    uid_t euid = geteuid(), fsuid = (uid_t)setfsuid((uid_t)-1);
+    if (syscall(SYS_setresuid, (uid_t)-1, owner, (uid_t)-1) != 0)
+        return -1;
+    int rc = kill(-(pid_t)pgid, sig), e = errno;
+    syscall(SYS_setresuid, (uid_t)-1, euid, (uid_t)-1);
+    setfsuid(fsuid);
+    errno = e;
+    return rc == 0 || e == ESRCH ? 0 : -1;
+}
+
+void runner_end_orphans(uint32_t pgid, uid_t owner)
+{
+    if (!pgid)
+        return;
+    /* The group is the program's if its session has the same id (it was
+     * made by the program's setsid) and a member is the owner's: a pid
+     * given since to someone else's process is left alone. */
+    DIR *d = opendir("/proc");
+    bool ours = false;
+    for (struct dirent *e; d && !ours && (e = readdir(d));) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char stat_path[300], buf[1024];
+        snprintf(stat_path, sizeof stat_path, "/proc/%s/stat", e->d_name);
+        struct stat st;
+        FILE *f = fopen(stat_path, "re");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        bool owned = fstat(fileno(f), &st) == 0 && st.st_uid == owner;
+        fclose(f);
+        buf[n] = '\0';
+        char *close_paren = strrchr(buf, ')');
+        unsigned pgrp = 0, session = 0;
+        if (owned && close_paren && sscanf(close_paren + 1, " %*c %*d %u %u", &pgrp, &session) == 2)
+            ours = pgrp == pgid && session == pgid;
+    }
+    if (d)
+        closedir(d);
+    if (ours)
+        runner_signal_group(pgid, SIGKILL, owner);
+}
+
+/* ---- the runner -------------------------------------------------------------------- */
+
+static bool program_takes(const job_config *cfg)
+{
+    return cfg->type == JOBCFG_PROGRAM;
+}
+
+static train_outcome fail(train_result *res, const char *msg)
+{
+    snprintf(res->message, sizeof res->message, "%s", msg);
+    res->outcome = TRAIN_FAILED;
+    return TRAIN_FAILED;
+}
+
+static train_outcome program_run(const runner_env *env, const job_config *cfg, train_result *res)
+{
+    prog *p = calloc(1, sizeof *p);
+    if (!p)
+        return fail(res, "out of memory");
+    p->devnull = p->out[0] = p->out[1] = p->report[0] = p->report[1] = -1;
+    char err[1024];
+    pid_t pid = -1;
+    if (prepare(p, env, cfg, err, sizeof err) != 0 || (pid = start(p, err, sizeof err)) < 0) {
+        prog_free(p);
+        free(p);
+        return fail(res, err);
+    }
+    if (env->started)
+        env->started(env->note_user, (uint32_t)pid);
+    runner_note(env, "started %s as pid %d in %s", p->exe, (int)pid, cfg->workdir);
+    const train_hooks *h = &env->hooks;
+    bool open_pipe = true, stopping = false, killed = false;
+    uint64_t deadline = 0, grace = 0;
+    siginfo_t si;
+    for (;;) {
+        if (!stopping && h->should_stop && h->should_stop(h->user)) {
+            stopping = true;
+            grace = cfg->grace_ms;
+            /* A daemon that stops must be done within its stop_timeout:
+             * half of it, at most, for the program. */
+            if (env->daemon_stopping && env->daemon_stopping(env->note_user) &&
+                grace > env->ctx->cfg.stop_timeout_ms / 2)
+                grace = env->ctx->cfg.stop_timeout_ms / 2;
+            deadline = now_ms() + grace;
+            runner_signal_group((uint32_t)pid, SIGTERM, env->uid);
+            runner_note(env, "SIGTERM to process group %d; SIGKILL in %llums unless it has ended",
+                        (int)pid, (unsigned long long)grace);
+        }
+        if (stopping && !killed && now_ms() >= deadline) {
+            runner_signal_group((uint32_t)pid, SIGKILL, env->uid);
+            killed = true;
+        }
+        struct pollfd pfd = {open_pipe ? p->out[0] : -1, POLLIN, 0};
+        if (poll(&pfd, 1, PROG_POLL_MS) > 0 && open_pipe)
+            open_pipe = drain(p, env);
+        /* Seen exited but not reaped: its pid, and so its group's id, is
+         * not given to another process until the group is ended below. */
+        memset(&si, 0, sizeof si);
+        int w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
+        if ((w == 0 && si.si_pid == pid) || (w != 0 && errno != EINTR))
+            break;
+    }
+    /* What it left behind in its group ends with it. */
+    runner_signal_group((uint32_t)pid, SIGKILL, env->uid);
+    waitpid(pid, NULL, 0);
+    if (env->started)
+        env->started(env->note_user, 0);
+    for (uint64_t until = now_ms() + PROG_DRAIN_MS; open_pipe && now_ms() < until;) {
+        struct pollfd pfd = {p->out[0], POLLIN, 0};
+        if (poll(&pfd, 1, PROG_POLL_MS) > 0)
+            open_pipe = drain(p, env);
+    }
+    emit_line(p, env);
+    char how[128];
+    if (si.si_pid == pid)
+        describe_exit(&si, how, sizeof how);
+    else
+        snprintf(how, sizeof how, "ended, its exit status unknown (waitid: %s)", strerror(errno));
+    train_outcome o;
+    if (stopping) {
+        if (killed)
+            snprintf(res->message, sizeof res->message, "killed with SIGKILL after the %llums grace",
+                     (unsigned long long)grace);
+        else
+            snprintf(res->message, sizeof res->message, "%s after SIGTERM", how);
+        o = TRAIN_STOPPED;
+    } else if (si.si_pid == pid && si.si_code == CLD_EXITED && si.si_status == 0) {
+        o = TRAIN_DONE;
+    } else {
+        snprintf(res->message, sizeof res->message, "%s", how);
+        append_tail(p, res->message, sizeof res->message);
+        o = TRAIN_FAILED;
+    }
+    res->outcome = o;
+    prog_free(p);
+    free(p);
+    return o;
+}
+
+const runner runner_program = {"program", program_takes, program_run};
