@@ -12,6 +12,11 @@ ninja -C "$build" >/dev/null
 bundler=${DEVICE_BUNDLE:-../shared/tools/device-bundle}
 mkdir -p "$(git rev-parse --git-dir)/info"
 "$bundler" "$build"
+# The allocator library for PyTorch programs (alloc/): a library, not a
+# program, so the bundler does not gather it; its Debian libraries
+# (jansson) are the daemon's, already bundled.
+mkdir -p .device/bin/alloc
+cp "$build/alloc/libgradd-alloc.so" .device/bin/alloc/
 # Our own env.sh over the bundler's: the CUDA runtime is searched for too
 # (the module links libcudart.so.13, which the bundle leaves to the
 # machine), /opt (the torch venv's nvidia/*/lib) even when it is another

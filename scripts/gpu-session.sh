@@ -7,8 +7,8 @@
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
-#   nvml (about 30 s) and idle (about 40 s) run only when named:
-#   STEPS=nvml,idle or STEPS=...,nvml.
+#   nvml (about 30 s), idle (about 40 s) and alloc (about 40 s) run only
+#   when named: STEPS=nvml,idle,alloc or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -194,6 +194,18 @@ print("idle: reserved at the end %.2f GiB, 6 s later %.2f GiB; idle trims %d, %.
 print("idle:", "PASS" if ra > 0 and rb == 0 and b["idle_trims"] == 1 else "FAIL")
 PY
   kill "$(pgrep -f "gradd -c /tmp/gradd-idle.conf")" 2>/dev/null
+fi
+if want alloc; then
+  # PyTorch on gradd's pool: libgradd-alloc as the program's CUDA
+  # allocator.  An OOM must arrive as an exception, and a GPT-2 124M step
+  # must cost what it costs on PyTorch's caching allocator.
+  section "alloc: PyTorch with libgradd-alloc"
+  lib=$B/alloc/libgradd-alloc.so
+  GRADD_ALLOC_LIB=$lib LD_LIBRARY_PATH=$gx_ld timeout 120 "$py" bench/alloc/with_gradd_alloc.py "$lib" \
+    bench/alloc/oom_smoke.py
+  echo "rc=$?"
+  LD_LIBRARY_PATH=$gx_ld PEER_PYTHON=$py timeout 300 bench/alloc/run_gpu.sh "$lib" | tee -a "$out/bench.jsonl"
+  echo "rc=${PIPESTATUS[0]}"
 fi
 if want nvml; then
   # Everyone on the GPU: while a gradd job trains on cuda0, a PyTorch
