@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 lib=${1:?usage: run_gpu.sh path/to/libgradd-alloc.so}
 py=${PEER_PYTHON:-python3}
 step=$here/../train/peer_torch_gpu.py
-args=(--modes "${MODES:-eager}" --batch "${BATCH:-16}" --steps "${STEPS:-20}" --warmup 5)
+args=(--modes "${ALLOC_MODES:-eager}" --batch "${ALLOC_BATCH:-16}" --steps "${ALLOC_STEPS:-20}" --warmup 5)
 torch_json=$("$py" "$step" "${args[@]}" | grep '^{' | tail -1)
 gradd_json=$("$py" "$here/with_gradd_alloc.py" "$lib" "$step" "${args[@]}" | grep '^{' | tail -1)
 echo "torch caching allocator: $torch_json" >&2

@@ -93,10 +93,31 @@ static void set_drv_err(dev *d, const char *what, CUresult r)
     snprintf(d->last_error, sizeof d->last_error, "%s on %s: CUresult %d", what, d->id, (int)r);
 }
 
+/* Make the device the calling thread's current one for one call, and put
+ * back the one it had: in a program's process (libgradd-alloc) the current
+ * device is the program's, and what it launches next must go where it
+ * meant, whichever device the pool just served. */
+static int enter_device(dev *d)
+{
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = -1;
+    if (prev != impl(d)->ordinal)
+        cudaSetDevice(impl(d)->ordinal);
+    return prev;
+}
+
+static void leave_device(dev *d, int prev)
+{
+    if (prev >= 0 && prev != impl(d)->ordinal)
+        cudaSetDevice(prev);
+}
+
 static dev_status cuda_alloc(dev *d, size_t bytes, void **ptr)
 {
-    cudaSetDevice(impl(d)->ordinal);
+    int prev = enter_device(d);
     cudaError_t e = cudaMalloc(ptr, bytes);
+    leave_device(d, prev);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError(); /* clear the sticky-free error so the retry is clean */
         set_err(d, "cudaMalloc", e);
@@ -112,15 +133,17 @@ static dev_status cuda_alloc(dev *d, size_t bytes, void **ptr)
 static void cuda_free(dev *d, void *ptr, size_t bytes)
 {
     (void)bytes;
-    cudaSetDevice(impl(d)->ordinal);
+    int prev = enter_device(d);
     cudaFree(ptr);
+    leave_device(d, prev);
 }
 
 static dev_status cuda_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
 {
     size_t f = 0, t = 0;
-    cudaSetDevice(impl(d)->ordinal);
+    int prev = enter_device(d);
     cudaError_t e = cudaMemGetInfo(&f, &t);
+    leave_device(d, prev);
     /* Not recorded in last_error: that is the allocation paths', under the
      * pool lock, and status requests and workers ask this without it (a
      * failure here would garble an OOM report being written). */
@@ -135,8 +158,9 @@ static dev_status cuda_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
 
 static dev_status cuda_sync(dev *d)
 {
-    cudaSetDevice(impl(d)->ordinal);
+    int prev = enter_device(d);
     cudaError_t e = cudaDeviceSynchronize();
+    leave_device(d, prev);
     if (e != cudaSuccess) {
         set_err(d, "cudaDeviceSynchronize", e);
         return DEV_ERR_BACKEND;
