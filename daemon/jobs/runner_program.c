@@ -70,12 +70,7 @@ typedef struct {
     int tail_next, tail_n;
 } prog;
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t now_ms(void) { return ctx_now_ns() / 1000000u; }
 
 /* ---- the environment ------------------------------------------------------------- */
 

@@ -4,6 +4,7 @@
  * uses on a page an untrusted process writes.
  */
 #include "pool_shm.h"
+#include "pool_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -202,18 +203,11 @@ void pool_shm_publish(pool_shm_page *pg, const pool_stats *s)
     atomic_store_explicit(&pg->seq, seq + 1, memory_order_release);
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 int pool_shm_read(const pool_shm_page *pg, pool_stats *out, uint64_t timeout_ns)
 {
     pool_shm_page *w = RW(pg);
     uint64_t fig[POOL_SHM_NFIG];
-    uint64_t deadline = mono_ns() + timeout_ns;
+    uint64_t deadline = pool_now_ns() + timeout_ns;
     for (unsigned tries = 0;; tries++) {
         if (!header_ok(pg)) {
             errno = EPROTO;
@@ -231,7 +225,7 @@ int pool_shm_read(const pool_shm_page *pg, pool_stats *out, uint64_t timeout_ns)
         }
         /* The clock only every few tries: a writer's section is short. */
         if (tries % 16 == 15) {
-            if (mono_ns() >= deadline) {
+            if (pool_now_ns() >= deadline) {
                 errno = ETIMEDOUT;
                 return -1;
             }

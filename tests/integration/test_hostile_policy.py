@@ -117,8 +117,8 @@ class HostilePolicy(unittest.TestCase):
         path = self.job_file(HOSTILE, steps=1000000, out=EVIL)
         self.ctl(HOSTILE, "submit", path)
         self.wait_state(1, ("running",))
-        # A record from old state (or an older gradd) may hold a name that
-        # submit no longer accepts: its name is put there by hand.
+        # A record from an older gradd's state may hold a name that submit
+        # refuses: its name is put there by hand.
         self.restart_with_name(1, EVIL_NAME)
         self.wait_state(1, ("running",))
 

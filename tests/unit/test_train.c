@@ -437,8 +437,8 @@ static void test_limit_under_the_model(void **state)
 }
 
 /* RLIMIT_FSIZE as small as `bytes` (with SIGXFSZ ignored, a write past it
- * fails with EFBIG), or back to `was`: a full disk, for a run's regular
- * files, which a link to /dev/full no longer stands in for. */
+ * fails with EFBIG), or back to `was`: a full disk for a run's files,
+ * which must be regular (a link to /dev/full is refused as special). */
 static void limit_file_size(struct rlimit *was, rlim_t bytes)
 {
     struct rlimit lim;
