@@ -190,7 +190,12 @@ class Lifecycle(unittest.TestCase):
                         self.assertIsNone(p.poll())
                     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
                         c.connect(path)  # ConnectionRefusedError would fail the test
-                    # No temporary name is left beside it.
+                    # No temporary name is left beside it once the daemon
+                    # serves: the name goes between link() and the event
+                    # loop, so a round trip (not the file's mere appearance)
+                    # is the point after which it must be gone.
+                    r = subprocess.run([GRADCTL, "-s", path, "status"], capture_output=True, text=True, timeout=30)
+                    self.assertEqual(r.returncode, 0, r.stderr)
                     self.assertEqual(sorted(os.listdir(tmp)), ["g.sock", "state"])
                 finally:
                     p.terminate()
