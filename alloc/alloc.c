@@ -1,6 +1,6 @@
 /* alloc.c — libgradd-alloc's state and entry points: the environment, one
  * pool per device on the chosen backend, allocation with the budget and
- * the reclaim retry, frees, fork, and the helper thread that keeps the
+ * the reclaim hook, frees, fork, and the helper thread that keeps the
  * shared page (daemon/pool/pool_shm.h) current and serves the daemon's
  * trim requests and budget changes.
  */
@@ -83,6 +83,24 @@ static int env_size(const char *name, uint64_t *out)
     return 0;
 }
 
+/* A number in [0, 1]; unset leaves *out alone. */
+static int env_fraction(const char *name, double *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (*end || errno || !(x >= 0 && x <= 1)) {
+        snprintf(alloc_g.init_error, sizeof alloc_g.init_error,
+                 "gradd allocator: %s=%.64s: not a number from 0 to 1", name, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 /* A whole number in [0, max]; unset leaves *out alone. */
 static int env_uint(const char *name, uint64_t max, uint64_t *out)
 {
@@ -130,6 +148,19 @@ static int read_env(void)
         env_uint("GRADD_RECLAIM_MS", 10000, &ms) || env_uint("GRADD_POOL_FD", INT_MAX, &fd) ||
         env_uint("GRADD_POOL_EVENTFD", INT_MAX, &efd))
         return -1;
+    /* The daemon's [pool] policies, so that a program's pool trims as an
+     * engine job's does. */
+    pool_config *pc = &g->pool_cfg;
+    pool_config_default(pc);
+    uint64_t max_split = 0, low = 0, every_ms = 0;
+    if (env_fraction("GRADD_ALLOC_GC_THRESHOLD", &pc->gc_threshold) ||
+        env_size("GRADD_ALLOC_LOW_WATERMARK", &low) || env_size("GRADD_ALLOC_MAX_SPLIT", &max_split) ||
+        env_uint("GRADD_ALLOC_TRIM_EVERY_MS", UINT32_MAX, &every_ms))
+        return -1;
+    pc->low_watermark = (size_t)low;
+    if (max_split)
+        pc->max_split_size = (size_t)max_split;
+    pc->trim_every_ms = every_ms;
     if (cap == 0 || cap > SIZE_MAX || external > cap) {
         snprintf(g->init_error, sizeof g->init_error,
                  "gradd allocator: GRADD_ALLOC_CPU_CAPACITY must be above 0 and at least "
@@ -216,6 +247,8 @@ static uint64_t budget_now(void)
     return b ? b : g->env_budget;
 }
 
+static bool reclaim_hook(void *user, size_t bytes, uint32_t job);
+
 /* Device `device`'s pool, made at its first use; NULL with the error set. */
 pool *alloc_pool(int device, bool create)
 {
@@ -240,8 +273,7 @@ pool *alloc_pool(int device, bool create)
         dev_status st = g->cpu ? dev_cpu_create(g->cpu_capacity, device, &d) : alloc_cuda_create(device, &d);
         if (st == DEV_OK && g->cpu)
             st = dev_cpu_set_external(d, g->cpu_external);
-        pool_config c;
-        pool_config_default(&c);
+        pool_config c = g->pool_cfg;
         c.expandable_segments = g->expandable;
         /* The page carries event counts, not the ring; a short ring keeps
          * each program's host memory small. */
@@ -256,6 +288,8 @@ pool *alloc_pool(int device, bool create)
             p = NULL;
         } else {
             g->devs[device] = d;
+            if (g->pg)
+                pool_set_reclaim(p, reclaim_hook, NULL);
             uint64_t b = budget_now();
             pool_job_set_limit(p, g->job, (size_t)b);
             g->budget_applied[device] = b;
@@ -297,13 +331,23 @@ static void helper_tick(void)
             g->budget_applied[i] = b;
         }
     }
+    /* The pool's own policies (gc_threshold, low_watermark, periodic)
+     * every 50 ticks: often enough for them, rarely enough that allocating
+     * threads seldom meet this thread on the pool's lock. */
+    if (++g->ticks % 50 == 0)
+        for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+            pool *p = atomic_load(&g->pools[i]);
+            if (p)
+                pool_tick(p, 0);
+        }
     uint64_t target = 0;
-    uint64_t req = pool_shm_trim_pending(g->pg, &target);
+    pool_trim_reason why;
+    uint64_t req = pool_shm_trim_pending(g->pg, &target, &why);
     if (req) {
         for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
             pool *p = atomic_load(&g->pools[i]);
             if (p)
-                pool_trim(p, POOL_TRIM_REQUEST, (size_t)target);
+                pool_trim(p, why, (size_t)target);
         }
         alloc_publish();
         pool_shm_trim_ack(g->pg, req);
@@ -331,11 +375,29 @@ static void *helper_main(void *arg)
 
 /* ==== allocation ===================================================================== */
 
-/* Ask the daemon to have other jobs give back their caches, and wait a
- * bounded time for its answer. */
-static void reclaim(size_t bytes)
+/* On a simulated device, take what the daemon says gradd's other
+ * processes hold as taken from this process's copy of the device. */
+static void apply_shared(void)
 {
     alloc_state *g = &alloc_g;
+    if (!g->cpu || !g->pg || g->page_device < 0)
+        return;
+    uint64_t v = pool_shm_shared(g->pg);
+    if (v != atomic_load_explicit(&g->shared_applied, memory_order_relaxed)) {
+        atomic_store_explicit(&g->shared_applied, v, memory_order_relaxed);
+        dev_cpu_set_shared(g->devs[g->page_device], (size_t)(v > SIZE_MAX ? SIZE_MAX : v));
+    }
+}
+
+/* The pool's reclaim hook: ask the daemon to have the other jobs on the
+ * device give back their caches, and wait a bounded time for its answer. */
+static bool reclaim_hook(void *user, size_t bytes, uint32_t job)
+{
+    (void)user;
+    (void)job;
+    alloc_state *g = &alloc_g;
+    if (!g->reclaim_ns)
+        return false;
     uint64_t seq = pool_shm_reclaim_ask(g->pg, bytes);
     if (g->event_fd >= 0) {
         uint64_t one = 1;
@@ -347,6 +409,9 @@ static void reclaim(size_t bytes)
     uint64_t deadline = mono_ns() + g->reclaim_ns;
     while (!pool_shm_reclaim_answered(g->pg, seq) && mono_ns() < deadline)
         sleep_ns(1000000);
+    bool done = pool_shm_reclaim_answered(g->pg, seq);
+    apply_shared();
+    return done;
 }
 
 static void set_oom_error(int device, size_t bytes, const pool_oom_report *oom)
@@ -379,14 +444,9 @@ void *gradd_alloc(ssize_t size, int device, void *stream)
     alloc_state *g = &alloc_g;
     uint32_t job = g->job;
     pool_oom_report oom;
+    apply_shared();
+    /* The pool calls reclaim_hook when the device is short. */
     void *ptr = pool_alloc_stream(p, (size_t)size, POOL_TAG_OTHER, job, (uintptr_t)stream, &oom);
-    /* Reclaim helps only when the device is short: not past the budget,
-     * nor past this pool's own cap (which its OOM trim already handled). */
-    if (!ptr && !oom.job_limit_hit && g->pg && g->reclaim_ns && oom.allocated <= oom.cap &&
-        (size_t)size <= oom.cap - oom.allocated) {
-        reclaim((size_t)size);
-        ptr = pool_alloc_stream(p, (size_t)size, POOL_TAG_OTHER, job, (uintptr_t)stream, &oom);
-    }
     if (!ptr)
         set_oom_error(device, (size_t)size, &oom);
     atomic_store_explicit(&g->dirty, 1, memory_order_relaxed);
@@ -433,6 +493,8 @@ void gradd_alloc_shutdown(void)
     }
     g->page_device = -1;
     g->event_fd = -1;
+    g->ticks = 0;
+    atomic_store(&g->shared_applied, 0);
     g->init_error[0] = 0;
     atomic_store(&g->dirty, 0);
     atomic_store(&g->ready, 0);

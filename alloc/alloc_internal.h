@@ -36,6 +36,7 @@ typedef struct {
     bool cpu, expandable;
     size_t cpu_capacity, cpu_external;
     uint64_t env_budget;
+    pool_config pool_cfg; /* the daemon's [pool] policies, from the environment */
     uint32_t job;
     uint64_t reclaim_ns;
 
@@ -52,6 +53,8 @@ typedef struct {
     bool helper_running;
     _Atomic int helper_stop;
     _Atomic int dirty;         /* something changed since the last publish */
+    _Atomic uint64_t shared_applied; /* the page's shared word, as the device has it */
+    unsigned ticks;
     pthread_mutex_t pub_lock;  /* one publisher at a time; guards pub_stats */
     pool_stats pub_stats;
 } alloc_state;

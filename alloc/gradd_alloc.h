@@ -20,6 +20,11 @@
  *                           unset or 0: none).  The page's budget word, when
  *                           the daemon sets one, replaces it.
  *   GRADD_ALLOC_EXPANDABLE  1: expandable segments, where the device can
+ *   GRADD_ALLOC_GC_THRESHOLD, GRADD_ALLOC_LOW_WATERMARK, GRADD_ALLOC_MAX_SPLIT,
+ *   GRADD_ALLOC_TRIM_EVERY_MS  the daemon's [pool] gc_threshold (0 to 1),
+ *                           low_watermark and max_split_size (sizes) and
+ *                           trim_every (milliseconds), applied to the
+ *                           program's pool as to the daemon's
  *   GRADD_JOB_ID            the job the pool counts every block for
  *   GRADD_POOL_FD           the shared page (daemon/pool/pool_shm.h): the
  *                           statistics, trim and reclaim requests

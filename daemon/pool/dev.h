@@ -95,6 +95,12 @@ dev_status dev_cpu_create(size_t capacity, int index, dev **out);
  * daemon's --test-hooks RPC call this; the cuda backend has no equivalent. */
 dev_status dev_cpu_set_external(dev *d, size_t bytes);
 size_t dev_cpu_external(const dev *d);
+/* What gradd's other processes on the same simulated device hold (the
+ * program jobs, each with its own pool over its own copy of the device;
+ * in a program, the daemon and the other programs).  A fact, not a
+ * request: it may take the device past its capacity, and then nothing
+ * more fits until it drops. */
+void dev_cpu_set_shared(dev *d, size_t bytes);
 
 /* ---- cuda backend (dev_cuda.c, built into the gradd-cuda module) -------- */
 /* The module exports one symbol of this type, named DEV_CUDA_ENTRY. */

@@ -21,8 +21,10 @@
 typedef struct {
     pthread_mutex_t lock;
     size_t capacity;
-    size_t used;     /* raw + committed + external, never above capacity */
+    size_t used;     /* raw + committed + external + shared; only shared may
+                        take it past capacity */
     size_t external; /* the simulated other process */
+    size_t shared;   /* what gradd's other processes hold (dev_cpu_set_shared) */
 } cpu_dev;
 
 static cpu_dev *impl(dev *d) { return (cpu_dev *)d->impl; }
@@ -32,7 +34,7 @@ static dev_status charge(cpu_dev *c, size_t bytes)
 {
     dev_status st = DEV_OK;
     pthread_mutex_lock(&c->lock);
-    if (bytes > c->capacity - c->used)
+    if (c->used > c->capacity || bytes > c->capacity - c->used)
         st = DEV_ERR_OOM;
     else
         c->used += bytes;
@@ -79,7 +81,7 @@ static dev_status cpu_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
     cpu_dev *c = impl(d);
     pthread_mutex_lock(&c->lock);
     if (free_bytes)
-        *free_bytes = c->capacity - c->used;
+        *free_bytes = c->used < c->capacity ? c->capacity - c->used : 0;
     if (total_bytes)
         *total_bytes = c->capacity;
     pthread_mutex_unlock(&c->lock);
@@ -196,7 +198,7 @@ dev_status dev_cpu_set_external(dev *d, size_t bytes)
     dev_status st = DEV_OK;
     pthread_mutex_lock(&c->lock);
     size_t others = c->used - c->external;
-    if (bytes > c->capacity - others)
+    if (others > c->capacity || bytes > c->capacity - others)
         st = DEV_ERR_OOM;
     else {
         c->used = others + bytes;
@@ -204,6 +206,17 @@ dev_status dev_cpu_set_external(dev *d, size_t bytes)
     }
     pthread_mutex_unlock(&c->lock);
     return st;
+}
+
+void dev_cpu_set_shared(dev *d, size_t bytes)
+{
+    if (!d || d->kind != DEV_KIND_CPU)
+        return;
+    cpu_dev *c = impl(d);
+    pthread_mutex_lock(&c->lock);
+    c->used = c->used - c->shared + bytes;
+    c->shared = bytes;
+    pthread_mutex_unlock(&c->lock);
 }
 
 size_t dev_cpu_external(const dev *d)

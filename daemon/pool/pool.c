@@ -1,6 +1,7 @@
 /* pool.c — the caching allocator's entry points: creation, pool_alloc
- * (best fit and split, the cap and the job's limit, one trim and retry
- * before an OOM) and pool_free (coalescing), with the pointer map of live
+ * (best fit and split, the cap and the job's limit, one trim and retry,
+ * then one more after the reclaim hook has other holders of the device
+ * give back their caches, before an OOM) and pool_free (coalescing), with the pointer map of live
  * blocks and the spare block structs they use.
  *
  * Segments and growth are in pool_segment.c, the free trees in
@@ -566,8 +567,17 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
     return pool_alloc_stream(p, bytes, tag, job, 0, oom);
 }
 
-void *pool_alloc_stream(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintptr_t stream,
-                        pool_oom_report *oom)
+void pool_set_reclaim(pool *p, pool_reclaim_fn fn, void *user)
+{
+    p->reclaim = fn;
+    p->reclaim_user = user;
+}
+
+/* One attempt.  With `first` set and a reclaim hook, a failure for want of
+ * device memory is not counted as an OOM: *reclaim says to ask the hook
+ * and try again. */
+static void *alloc_once(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintptr_t stream,
+                        pool_oom_report *oom, bool first, bool *reclaim)
 {
     if ((unsigned)tag >= POOL_TAG_COUNT)
         tag = POOL_TAG_OTHER;
@@ -638,6 +648,11 @@ void *pool_alloc_stream(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintp
         b = NULL;
         why = POOL_GROW_HOST;
     }
+    if (!b && first && why == POOL_GROW_DEVICE && p->reclaim) {
+        *reclaim = true;
+        pthread_mutex_unlock(&p->lock);
+        return NULL;
+    }
     if (!b)
         goto fail;
 
@@ -661,6 +676,26 @@ fail:
         fill_oom(p, oom, bytes, tag, job, slot, limit_hit, why, detail);
     pthread_mutex_unlock(&p->lock);
     return NULL;
+}
+
+void *pool_alloc_stream(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintptr_t stream,
+                        pool_oom_report *oom)
+{
+    bool again = false;
+    void *ptr = alloc_once(p, bytes, tag, job, stream, oom, true, &again);
+    if (ptr || !again)
+        return ptr;
+    size_t size = bytes > SIZE_MAX - POOL_ROUND ? SIZE_MAX : pool_round_up(bytes ? bytes : 1, POOL_ROUND);
+    if (p->reclaim(p->reclaim_user, size, job)) {
+        pthread_mutex_lock(&p->lock);
+        pool_stats_begin(p);
+        pool_ctr_add(p, POOL_CTR_ALLOC_RETRIES, 1);
+        pool_stats_end(p);
+        pthread_mutex_unlock(&p->lock);
+    }
+    /* Tried again either way: the last attempt is the one that counts an
+     * OOM and fills its report. */
+    return alloc_once(p, bytes, tag, job, stream, oom, false, &again);
 }
 
 /* ==== free ======================================================================================================= */

@@ -91,6 +91,16 @@ void *pool_alloc(pool *p, size_t bytes, pool_tag tag, uint32_t job, pool_oom_rep
  * pool serves 16 streams; a 17th fails as OOM, naming the reason. */
 void *pool_alloc_stream(pool *p, size_t bytes, pool_tag tag, uint32_t job, uintptr_t stream,
                         pool_oom_report *oom);
+/* Other holders of the device: called, without the pool's lock, when an
+ * allocation of `bytes` for `job` would fail because the device itself is
+ * short (not the cap, not the job's limit) after the pool's own trim.  It
+ * asks whoever else holds memory on the device to give back what they
+ * cache, waits a bounded time, and returns true when something may have
+ * been freed; the pool then retries once (counted in alloc_retries).  It
+ * may call pool_trim on this pool.  Set it before the pool is shared
+ * between threads; NULL removes it. */
+typedef bool (*pool_reclaim_fn)(void *user, size_t bytes, uint32_t job);
+void pool_set_reclaim(pool *p, pool_reclaim_fn fn, void *user);
 /* NULL is ignored; a pointer the pool did not hand out (or a double free) is
  * ignored and counted in pool_stats.invalid_frees. */
 void pool_free(pool *p, void *ptr);
@@ -114,7 +124,9 @@ typedef enum {
     POOL_TRIM_GC,
     POOL_TRIM_PRESSURE,
     POOL_TRIM_OOM,
-    POOL_TRIM_IDLE
+    POOL_TRIM_IDLE,
+    POOL_TRIM_RECLAIM, /* another job on the device needed the memory */
+    POOL_TRIM_REASONS
 } pool_trim_reason;
 
 const char *pool_trim_reason_name(pool_trim_reason r); /* "request", "periodic", ... */

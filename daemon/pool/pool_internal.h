@@ -197,6 +197,10 @@ struct pool {
     bool expandable;
     pthread_mutex_t lock;
     pthread_mutex_t fit_lock; /* pool_fit_begin/end; never taken with lock held */
+    /* Asked, without lock, before an allocation fails for want of device
+     * memory (pool_set_reclaim). */
+    pool_reclaim_fn reclaim;
+    void *reclaim_user;
 
     pool_sub sub[POOL_NSUB_ALL]; /* by stream slot × POOL_NSUB + pool_sub_index */
     uintptr_t stream_key[POOL_MAX_STREAMS];

@@ -111,7 +111,7 @@ void pool_shm_unmap(pool_shm_page *pg)
     X(requested_bytes) X(allocations) X(segments) X(active_blocks) X(inactive_split_blocks)
 #define CTRS(X)                                                                        \
     X(device_allocs) X(device_frees) X(cache_hits) X(alloc_retries) X(ooms) X(trims)   \
-    X(trimmed_bytes) X(trim_ns) X(invalid_frees)
+    X(trimmed_bytes) X(trim_ns) X(invalid_frees) X(idle_trims) X(idle_trimmed_bytes)
 
 void pool_shm_pack(const pool_stats *s, uint64_t *fig)
 {
@@ -184,7 +184,7 @@ void pool_shm_unpack(const uint64_t *fig, pool_stats *out)
     }
 }
 
-_Static_assert(9 * 3 * 4 + 9 + 6 + 2 * POOL_TAG_COUNT + 2 == POOL_SHM_NFIG,
+_Static_assert(9 * 3 * 4 + 11 + 6 + 2 * POOL_TAG_COUNT + 2 == POOL_SHM_NFIG,
                "pack and unpack walk POOL_SHM_NFIG words");
 
 /* ==== the seqlock ============================================================== */
@@ -238,6 +238,10 @@ int pool_shm_read(const pool_shm_page *pg, pool_stats *out, uint64_t timeout_ns)
 
 void pool_shm_set_budget(pool_shm_page *pg, uint64_t bytes) { ST(pg->budget, bytes); }
 
+void pool_shm_set_shared(pool_shm_page *pg, uint64_t bytes) { ST(pg->shared, bytes); }
+
+uint64_t pool_shm_shared(const pool_shm_page *pg) { return LD(RW(pg)->shared); }
+
 /* Trim and reclaim are one protocol: the asking side stores its argument
  * and bumps a request number; the other side sees a pending request while
  * the number differs from its answer, and answers by storing the number.
@@ -268,16 +272,20 @@ static bool answered(_Atomic uint64_t *ack, uint64_t n)
 
 static void answer(_Atomic uint64_t *ack, uint64_t n) { atomic_store_explicit(ack, n, memory_order_release); }
 
-uint64_t pool_shm_request_trim(pool_shm_page *pg, uint64_t target)
+uint64_t pool_shm_request_trim(pool_shm_page *pg, uint64_t target, pool_trim_reason why)
 {
+    ST(pg->trim_why, (uint64_t)why);
     return ask(&pg->trim_req, &pg->trim_target, target);
 }
 
 bool pool_shm_trim_done(const pool_shm_page *pg, uint64_t req) { return answered(&RW(pg)->trim_ack, req); }
 
-uint64_t pool_shm_trim_pending(const pool_shm_page *pg, uint64_t *target)
+uint64_t pool_shm_trim_pending(const pool_shm_page *pg, uint64_t *target, pool_trim_reason *why)
 {
-    return pending(&RW(pg)->trim_req, &RW(pg)->trim_ack, &RW(pg)->trim_target, target);
+    uint64_t n = pending(&RW(pg)->trim_req, &RW(pg)->trim_ack, &RW(pg)->trim_target, target);
+    uint64_t w = LD(RW(pg)->trim_why);
+    *why = w < POOL_TRIM_REASONS ? (pool_trim_reason)w : POOL_TRIM_REQUEST;
+    return n;
 }
 
 void pool_shm_trim_ack(pool_shm_page *pg, uint64_t req) { answer(&pg->trim_ack, req); }

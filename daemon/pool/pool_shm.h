@@ -12,6 +12,11 @@
  *   header      magic, version, size, figure count: the creator, once.
  *   budget      the daemon: the job's [memory] limit in bytes (0: none),
  *               enforced by the library on every allocation.
+ *   shared      the daemon, on a simulated device only: what gradd's
+ *               other processes hold of it (the daemon's pool and the
+ *               other programs' reserved bytes), which the library's copy
+ *               of the device counts as taken (dev_cpu_set_shared).  A
+ *               GPU needs no such word: its driver knows.
  *   statistics  the library: the pool's figures (pool_stats) under a
  *               seqlock.  The writer makes seq odd, writes, makes it even;
  *               a reader copies, and keeps the copy only if seq was even
@@ -19,16 +24,18 @@
  *               writer stopped mid-write (killed, or hostile) cannot hang
  *               it.
  *
- * Trim: the daemon sets trim_target and bumps trim_req; the library, at
- * its next allocation or free, trims (target bytes, 0: all it caches),
- * publishes, and stores trim_ack = trim_req.  A process that makes no
- * calls trims nothing, and trim_ack says so.
+ * Trim: the daemon sets trim_target and trim_why (a pool_trim_reason)
+ * and bumps trim_req; the library's helper thread, within about 2 ms,
+ * trims (target bytes, 0: all it caches), publishes, and stores
+ * trim_ack = trim_req.  A process stopped (SIGSTOP, a debugger) trims
+ * nothing, and trim_ack says so.
  *
  * Reclaim: a library about to fail an allocation for want of device
  * memory (not for its own budget) stores need_bytes, bumps need_seq and
  * writes 1 to the eventfd in GRADD_POOL_EVENTFD when it has one (the
  * daemon may also poll need_seq).  The daemon has the other jobs on the
- * device trim, then stores reclaim_ack = need_seq.  The library waits for
+ * device trim (and, on a simulated device, updates shared), then stores
+ * reclaim_ack = need_seq.  The library waits for
  * that for at most GRADD_RECLAIM_MS (default 200 ms), retries once, and
  * only then fails.  need_bytes stays as the last request; it is advice,
  * not a claim.
@@ -44,18 +51,19 @@
 #include "pool.h"
 
 #define POOL_SHM_MAGIC 0x50445247u /* "GRDP" little-endian */
-#define POOL_SHM_VERSION 1u
+#define POOL_SHM_VERSION 2u
 #define POOL_SHM_SIZE 4096u
-/* Statistics words: 9 figures × 3 pools × 4 values, 9 counters, 6 device
+/* Statistics words: 9 figures × 3 pools × 4 values, 11 counters, 6 device
  * and configuration words, 2 × the tags, 2 timeline counters. */
-#define POOL_SHM_NFIG (9 * 3 * 4 + 9 + 6 + 2 * POOL_TAG_COUNT + 2)
+#define POOL_SHM_NFIG (9 * 3 * 4 + 11 + 6 + 2 * POOL_TAG_COUNT + 2)
 
 typedef struct pool_shm_page {
     uint32_t magic, version, size, nfig;
     /* written by the daemon */
     _Atomic uint64_t budget;
-    _Atomic uint64_t trim_req, trim_target;
+    _Atomic uint64_t trim_req, trim_target, trim_why;
     _Atomic uint64_t reclaim_ack;
+    _Atomic uint64_t shared;
     /* written by the library */
     _Atomic uint64_t pid;
     _Atomic uint64_t trim_ack;
@@ -89,9 +97,10 @@ void pool_shm_unmap(pool_shm_page *pg);
  * came within timeout_ns. */
 int pool_shm_read(const pool_shm_page *pg, pool_stats *out, uint64_t timeout_ns);
 void pool_shm_set_budget(pool_shm_page *pg, uint64_t bytes);
-/* Ask for a trim of target bytes (0: everything cached); returns the
- * request's number, done once pool_shm_trim_done says so. */
-uint64_t pool_shm_request_trim(pool_shm_page *pg, uint64_t target);
+void pool_shm_set_shared(pool_shm_page *pg, uint64_t bytes);
+/* Ask for a trim of target bytes (0: everything cached) for reason why;
+ * returns the request's number, done once pool_shm_trim_done says so. */
+uint64_t pool_shm_request_trim(pool_shm_page *pg, uint64_t target, pool_trim_reason why);
 bool pool_shm_trim_done(const pool_shm_page *pg, uint64_t req);
 /* A reclaim request not yet answered: its number (0: none) and bytes. */
 uint64_t pool_shm_reclaim_pending(const pool_shm_page *pg, uint64_t *bytes);
@@ -99,10 +108,12 @@ void pool_shm_reclaim_answer(pool_shm_page *pg, uint64_t seq);
 
 /* ---- the library's side ----------------------------------------------------- */
 
+uint64_t pool_shm_shared(const pool_shm_page *pg);
 /* Publish a snapshot under the seqlock.  One writer at a time. */
 void pool_shm_publish(pool_shm_page *pg, const pool_stats *s);
-/* The trim the daemon asks for: its number (0: none pending) and target. */
-uint64_t pool_shm_trim_pending(const pool_shm_page *pg, uint64_t *target);
+/* The trim the daemon asks for: its number (0: none pending), target and
+ * reason (POOL_TRIM_REQUEST where the word is out of range). */
+uint64_t pool_shm_trim_pending(const pool_shm_page *pg, uint64_t *target, pool_trim_reason *why);
 void pool_shm_trim_ack(pool_shm_page *pg, uint64_t req);
 /* Ask the daemon to reclaim bytes from other jobs; returns the request's
  * number, answered once pool_shm_reclaim_answered says so. */

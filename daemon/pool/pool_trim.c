@@ -17,7 +17,8 @@
 
 const char *pool_trim_reason_name(pool_trim_reason r)
 {
-    static const char *const names[] = {"request", "periodic", "gc", "pressure", "oom", "idle"};
+    static const char *const names[] = {"request", "periodic", "gc", "pressure", "oom", "idle", "reclaim"};
+    _Static_assert(sizeof names / sizeof names[0] == POOL_TRIM_REASONS, "a name for every reason");
     return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "?";
 }
 

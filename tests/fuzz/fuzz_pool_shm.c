@@ -85,7 +85,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(errno == EPROTO || errno == ETIMEDOUT);
         }
         uint64_t v = 0;
-        (void)pool_shm_trim_pending(pg, &v);
+        pool_trim_reason why;
+        if (pool_shm_trim_pending(pg, &v, &why))
+            CHECK((unsigned)why < POOL_TRIM_REASONS);
+        (void)pool_shm_shared(pg);
         (void)pool_shm_reclaim_pending(pg, &v);
         pool_shm_unmap(pg);
     }

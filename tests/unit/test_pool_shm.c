@@ -63,7 +63,7 @@ static void test_map_checks(void **state)
     assert_int_equal(errno, EPERM);
     pg->version = 99;
     pool_shm_unmap(pg);
-    expect_refused(fd, "not a version 1 gradd pool page");
+    expect_refused(fd, "not a version 2 gradd pool page");
     close(fd);
 
     /* Unsealed, of the wrong size, or not a file at all. */
@@ -234,6 +234,21 @@ static void exchange(pool_shm_page *asker, pool_shm_page *answerer,
     assert_int_equal(pending(answerer, &got), 0);
 }
 
+/* Trims carry a reason: these ask with idle and check it arrives. */
+static uint64_t ask_idle_trim(pool_shm_page *pg, uint64_t target)
+{
+    return pool_shm_request_trim(pg, target, POOL_TRIM_IDLE);
+}
+
+static uint64_t trim_pending_idle(const pool_shm_page *pg, uint64_t *target)
+{
+    pool_trim_reason why = POOL_TRIM_REQUEST;
+    uint64_t n = pool_shm_trim_pending(pg, target, &why);
+    if (n)
+        assert_int_equal(why, POOL_TRIM_IDLE);
+    return n;
+}
+
 static void test_control_words(void **state)
 {
     (void)state;
@@ -244,13 +259,21 @@ static void test_control_words(void **state)
     assert_non_null(lib);
     /* Trims: the daemon asks, the library answers; reclaims the other
      * way round. */
-    exchange(daemon, lib, pool_shm_request_trim, pool_shm_trim_pending, pool_shm_trim_ack,
+    exchange(daemon, lib, ask_idle_trim, trim_pending_idle, pool_shm_trim_ack,
              pool_shm_trim_done, 4 * MiB);
     exchange(lib, daemon, pool_shm_reclaim_ask, pool_shm_reclaim_pending, pool_shm_reclaim_answer,
              pool_shm_reclaim_answered, 40 * MiB);
 
     pool_shm_set_budget(daemon, 64 * MiB);
     assert_int_equal(atomic_load(&lib->budget), 64 * MiB);
+    pool_shm_set_shared(daemon, 24 * MiB);
+    assert_int_equal(pool_shm_shared(lib), 24 * MiB);
+    /* A reason word out of range reads as a plain request. */
+    atomic_store(&daemon->trim_why, 99);
+    uint64_t target;
+    pool_trim_reason why = POOL_TRIM_IDLE;
+    pool_shm_trim_pending(lib, &target, &why);
+    assert_int_equal(why, POOL_TRIM_REQUEST);
     pool_shm_unmap(daemon);
     pool_shm_unmap(lib);
     close(fd);
