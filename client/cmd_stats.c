@@ -66,6 +66,8 @@ static json_t *pool_json(const Gradd__PoolStats *p)
         {"idle_trims", p->idle_trims},       {"idle_trimmed_bytes", p->idle_trimmed_bytes},
         {"largest_free_block", p->largest_free_block},
         {"timeline_events", p->timeline_events}, {"timeline_dropped", p->timeline_dropped},
+        {"job", p->job},                     {"pid", p->pid},
+        {"reclaims", p->reclaims},
     };
     for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++)
         json_object_set_new(o, counters[k].k, jout_uint(counters[k].v));
@@ -124,6 +126,10 @@ static void print_pool(const Gradd__PoolStats *p)
 {
     char a[16], b[16], c[16], d[16], e[16];
     table_puts(stdout, p->device);
+    /* A program job's own pool, in its process. */
+    if (p->job)
+        printf("  program job %u (pid %llu): its own pool; reclaims for it %llu\n", p->job,
+               (unsigned long long)p->pid, (unsigned long long)p->reclaims);
     printf("  cap %s of %s  device free %s  expandable segments %s  max split %s\n", sz(p->cap, a), sz(p->device_total, b), sz(p->device_free, c), p->expandable_segments ? "on" : "off",
            p->max_split_size >= (uint64_t)1 << 60 ? "unlimited" : sz(p->max_split_size, d));
     static const char *const head[] = {"", ">CURRENT", ">PEAK", ">TOTAL ALLOC", ">TOTAL FREED"};

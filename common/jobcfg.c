@@ -80,6 +80,8 @@ static const opts_def opts[] = {
      "on cancel: SIGTERM, then SIGKILL after this", NULL},
     {"program", "restart", OPTS_CHOICE, J(restart), 0, 0, false, "no",
      "on-failure: queue it again when a daemon restart cut it short", "no|on-failure"},
+    {"program", "allocator", OPTS_CHOICE, J(allocator), 0, 0, false, "gradd",
+     "gradd: its PyTorch allocates from a gradd pool (live stats, budget, reclaim); pytorch: its own", "gradd|pytorch"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -310,7 +312,10 @@ static bool env_name_ok(const char *s, size_t n)
 
 int jobcfg_check_env(const char *env, char *why, size_t why_len)
 {
-    static const char *const reserved[] = {"CUDA_VISIBLE_DEVICES", "GRADD_JOB_ID", "GRADD_SOCKET"};
+    static const char *const reserved[] = {"CUDA_VISIBLE_DEVICES",     "GRADD_JOB_ID",        "GRADD_SOCKET",
+                                           "GRADD_POOL_FD",            "GRADD_POOL_EVENTFD",  "GRADD_ALLOC_LIB",
+                                           "GRADD_ALLOC_BACKEND",      "GRADD_ALLOC_CPU_CAPACITY",
+                                           "GRADD_ALLOC_CPU_EXTERNAL", "GRADD_ALLOC_LIMIT"};
     char words[JOBCFG_COMMAND_MAX];
     int n = argsplit(env, words, sizeof words, why, why_len);
     if (n < 0)

@@ -22,6 +22,7 @@ typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precis
 /* [job] type: gradd's own engine, or a program of the user's (runner.h). */
 typedef enum { JOBCFG_ENGINE = 0, JOBCFG_PROGRAM = 1 } jobcfg_type;
 typedef enum { JOBCFG_RESTART_NO = 0, JOBCFG_RESTART_ON_FAILURE = 1 } jobcfg_restart;
+typedef enum { JOBCFG_ALLOC_GRADD = 0, JOBCFG_ALLOC_PYTORCH = 1 } jobcfg_allocator;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 typedef struct job_config {
@@ -84,6 +85,7 @@ typedef struct job_config {
     char env[JOBCFG_COMMAND_MAX];     /* KEY=VALUE words, as written */
     uint64_t grace_ms;                /* SIGTERM, then this long, then SIGKILL */
     int restart;                      /* jobcfg_restart */
+    int allocator;                    /* jobcfg_allocator: whose pool PyTorch allocates from */
 
     /* The line each key was set on (0: left at its default), so that errors
      * found later, by the daemon, still name it: see jobcfg_where. */

@@ -1,13 +1,16 @@
 /* ctx.c — opening and closing the devices and their pools. */
 #include "ctx.h"
 
+#include <errno.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "gradd-config.h"
 #include "log.h"
 
 uint64_t ctx_now_ns(void)
@@ -27,10 +30,55 @@ static int add_device(gradd_ctx *c, dev *d, char *err, size_t err_len)
         dev_destroy(d);
         return -1;
     }
+    pool_peers *pp = pool_peers_create(d, p, pc.idle_trim_ms);
+    if (!pp) {
+        snprintf(err, err_len, "out of memory for the program pools of %s", d->id);
+        pool_destroy(p);
+        dev_destroy(d);
+        return -1;
+    }
+    /* An engine job's allocation that the device refuses asks the
+     * programs on it for their caches before it fails. */
+    pool_set_reclaim(p, pool_peers_reclaim_hook, pp);
     c->devs[c->ndev] = d;
     c->pools[c->ndev] = p;
+    c->peers[c->ndev] = pp;
     c->ndev++;
     return 0;
+}
+
+/* A build tree keeps the library in alloc/ beside daemon/, and the
+ * Python folder in the sources; an install keeps both in the module
+ * directory. */
+static void find_alloc(gradd_ctx *c)
+{
+    char exe[PATH_MAX], lib[PATH_MAX + 32], py[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
+    if (slash) {
+        *slash = '\0';
+        snprintf(lib, sizeof lib, "%s/../alloc/libgradd-alloc.so", exe);
+        snprintf(py, sizeof py, "%s/python", GRADD_SOURCE_ROOT);
+    }
+    if (!slash || access(lib, R_OK) != 0) {
+        snprintf(lib, sizeof lib, "%s/libgradd-alloc.so", GRADD_MODULE_DIR);
+        snprintf(py, sizeof py, "%s/python", GRADD_MODULE_DIR);
+    }
+    c->alloc_lib[0] = c->python_dir[0] = '\0';
+    /* Absolute and without "..": a program's view of the path is the
+     * same wherever it runs. */
+    if (access(lib, R_OK) != 0 || !realpath(lib, c->alloc_lib)) {
+        c->alloc_lib[0] = '\0';
+        snprintf(c->alloc_note, sizeof c->alloc_note,
+                 "gradd's allocator for programs is not installed (%s: %s): program jobs use their own", lib,
+                 strerror(errno));
+        return;
+    }
+    /* Without the shim a program can still load the library itself. */
+    if (access(py, R_OK | X_OK) != 0 || !realpath(py, c->python_dir)) {
+        c->python_dir[0] = '\0';
+        snprintf(c->alloc_note, sizeof c->alloc_note, "no Python shim for programs (%s: %s)", py, strerror(errno));
+    }
 }
 
 int ctx_open(gradd_ctx *c, char *err, size_t err_len)
@@ -77,6 +125,9 @@ int ctx_open(gradd_ctx *c, char *err, size_t err_len)
     }
     if (c->cuda_note[0])
         log_info("%s", c->cuda_note);
+    find_alloc(c);
+    if (c->alloc_note[0])
+        log_info("%s", c->alloc_note);
     bool any_cuda = false;
     for (int i = 0; i < c->ndev; i++)
         any_cuda |= c->devs[i]->kind == DEV_KIND_CUDA;
@@ -93,6 +144,8 @@ void ctx_close(gradd_ctx *c)
             pool_free(c->pools[i], c->test_held[i].ptrs[k]);
         free(c->test_held[i].ptrs);
         memset(&c->test_held[i], 0, sizeof c->test_held[i]);
+        pool_peers_destroy(c->peers[i]);
+        c->peers[i] = NULL;
         pool_destroy(c->pools[i]);
         dev_destroy(c->devs[i]);
         c->pools[i] = NULL;

@@ -5,12 +5,14 @@
 #ifndef GRADD_CTX_H
 #define GRADD_CTX_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
 #include "pool/dev.h"
 #include "pool/pool.h"
+#include "pool/pool_peers.h"
 
 #define CTX_MAX_DEVICES 32
 
@@ -26,9 +28,16 @@ typedef struct gradd_ctx {
     int ndev;
     dev *devs[CTX_MAX_DEVICES];
     pool *pools[CTX_MAX_DEVICES];
+    pool_peers *peers[CTX_MAX_DEVICES]; /* the program jobs' own pools on each device */
     char cuda_note[256]; /* why there are no CUDA devices, when there are none */
     dev_nvml *nvml;      /* lists the processes on CUDA devices; NULL without */
     char nvml_note[256]; /* why nvml is NULL while there are CUDA devices */
+    /* What a program job's PyTorch allocates through: libgradd-alloc and
+     * the folder with the shim and the gradd package ("" and a note when
+     * not found; program jobs then run on their own allocator). */
+    char alloc_lib[PATH_MAX];
+    char python_dir[PATH_MAX];
+    char alloc_note[PATH_MAX + 128];
     uint64_t start_ns;   /* CLOCK_MONOTONIC at start */
     bool test_hooks;     /* --test-hooks: simulated device pressure over the socket */
     ctx_held test_held[CTX_MAX_DEVICES]; /* blocks held by the test_alloc hook */

@@ -10,6 +10,12 @@
  * so a cancel or a daemon shutdown is seen at once: SIGTERM to the group,
  * then SIGKILL to the group after [program] grace.
  *
+ * With [program] allocator = gradd, the program gets a pool page and an
+ * eventfd (pool_shm.h) as fds 3 and 4, which the device's pool_peers
+ * watch while it runs: its allocator library publishes its statistics
+ * there and asks for reclaims, and the daemon sets its budget ([memory]
+ * limit) and asks for trims.
+ *
  * Everything the child needs is built before the fork: after it, in a
  * multithreaded daemon, the child may only make async-signal-safe calls
  * (another thread may hold malloc's lock).  So ids and capabilities are
@@ -31,6 +37,7 @@
 #include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -38,6 +45,8 @@
 
 #include "access.h"
 #include "argsplit.h"
+#include "pool/pool_shm.h"
+#include "units.h"
 #include "utf8.h"
 
 #define PROG_LINE_MAX 4096  /* a longer line goes to the log in pieces */
@@ -63,11 +72,15 @@ typedef struct {
     gid_t gid;
     const char *workdir;
     int devnull, out[2], report[2];
+    /* The pool page and its eventfd (pool_shm.h), when PyTorch allocates
+     * from gradd's pool; the program gets them as fds 3 and 4. */
+    int page_fd, event_fd;
     /* The output, line by line. */
     char line[PROG_LINE_MAX + 2];
     size_t line_len;
     char tail[PROG_TAIL_LINES][PROG_TAIL_WIDTH + 1];
     int tail_next, tail_n;
+    bool pooled; /* added to the device's pool_peers */
 } prog;
 
 static uint64_t now_ms(void) { return ctx_now_ns() / 1000000u; }
@@ -98,10 +111,49 @@ static int env_set(prog *p, size_t cap, const char *name_value)
 
 static int env_setf(prog *p, size_t cap, const char *name, const char *value)
 {
-    char buf[PATH_MAX + 64];
+    char buf[PATH_MAX * 2 + 64];
     if ((size_t)snprintf(buf, sizeof buf, "%s=%s", name, value) >= sizeof buf)
         return -1;
     return env_set(p, cap, buf);
+}
+
+/* What libgradd-alloc reads (alloc/gradd_alloc.h): the library, the page
+ * and eventfd, the device, and the pool's policies from [pool]. */
+static int pool_env(prog *p, size_t cap, const runner_env *env)
+{
+    const dev *d = env->ctx->devs[env->dev];
+    pool_config pc;
+    pool_get_config(env->ctx->pools[env->dev], &pc);
+    char num[64];
+    int rc = env_setf(p, cap, "GRADD_ALLOC_LIB", env->ctx->alloc_lib);
+    rc |= env_setf(p, cap, "GRADD_POOL_FD", "3");
+    rc |= env_setf(p, cap, "GRADD_POOL_EVENTFD", "4");
+    rc |= env_setf(p, cap, "GRADD_ALLOC_BACKEND", d->kind == DEV_KIND_CUDA ? "cuda" : "cpu");
+    if (d->kind != DEV_KIND_CUDA) {
+        size_t f = 0, t = 0;
+        dev_mem_info((dev *)d, &f, &t);
+        snprintf(num, sizeof num, "%zu", t);
+        rc |= env_setf(p, cap, "GRADD_ALLOC_CPU_CAPACITY", num);
+    }
+    if (pc.expandable_segments)
+        rc |= env_setf(p, cap, "GRADD_ALLOC_EXPANDABLE", "1");
+    if (pc.gc_threshold > 0) {
+        snprintf(num, sizeof num, "%.6g", pc.gc_threshold);
+        rc |= env_setf(p, cap, "GRADD_ALLOC_GC_THRESHOLD", num);
+    }
+    if (pc.low_watermark) {
+        snprintf(num, sizeof num, "%zu", pc.low_watermark);
+        rc |= env_setf(p, cap, "GRADD_ALLOC_LOW_WATERMARK", num);
+    }
+    if (pc.max_split_size && pc.max_split_size != SIZE_MAX) {
+        snprintf(num, sizeof num, "%zu", pc.max_split_size);
+        rc |= env_setf(p, cap, "GRADD_ALLOC_MAX_SPLIT", num);
+    }
+    if (pc.trim_every_ms) {
+        snprintf(num, sizeof num, "%llu", (unsigned long long)pc.trim_every_ms);
+        rc |= env_setf(p, cap, "GRADD_ALLOC_TRIM_EVERY_MS", num);
+    }
+    return rc;
 }
 
 /* A clean environment: what the program needs to find its way (PATH, who
@@ -115,7 +167,7 @@ static int build_env(prog *p, const runner_env *env, const job_config *cfg, char
         snprintf(err, err_len, "[program] env: %s", why);
         return -1;
     }
-    size_t cap = (size_t)n + 16;
+    size_t cap = (size_t)n + 32;
     if (!(p->envp = calloc(cap, sizeof *p->envp))) {
         snprintf(err, err_len, "out of memory");
         return -1;
@@ -140,9 +192,22 @@ static int build_env(prog *p, const runner_env *env, const job_config *cfg, char
     rc |= env_setf(p, cap, "CUDA_VISIBLE_DEVICES", cuda);
     rc |= env_setf(p, cap, "GRADD_JOB_ID", num);
     rc |= env_setf(p, cap, "GRADD_SOCKET", env->ctx->cfg.socket_path);
+    if (p->page_fd >= 0)
+        rc |= pool_env(p, cap, env);
     const char *w = words;
     for (int i = 0; i < n; i++, w = argsplit_next(w))
         rc |= env_set(p, cap, w);
+    /* gradd's folder first, so that its shim runs and `import gradd`
+     * finds gradd's package; the job's own entries after it. */
+    if (env->ctx->python_dir[0]) {
+        const char *own = NULL;
+        for (size_t i = 0; i < p->nenv; i++)
+            if (!strncmp(p->envp[i], "PYTHONPATH=", 11))
+                own = p->envp[i] + 11;
+        char joined[PATH_MAX * 2];
+        snprintf(joined, sizeof joined, "%s%s%s", env->ctx->python_dir, own && *own ? ":" : "", own ? own : "");
+        rc |= env_setf(p, cap, "PYTHONPATH", joined);
+    }
     if (rc) {
         snprintf(err, err_len, "out of memory, or a variable longer than %d bytes", PATH_MAX);
         return -1;
@@ -160,7 +225,7 @@ static void prog_free(prog *p)
         free(p->envp[i]);
     free(p->envp);
     free(p->groups);
-    int *fds[] = {&p->devnull, &p->out[0], &p->out[1], &p->report[0], &p->report[1]};
+    int *fds[] = {&p->devnull, &p->out[0], &p->out[1], &p->report[0], &p->report[1], &p->page_fd, &p->event_fd};
     for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
         if (*fds[i] >= 0) {
             close(*fds[i]);
@@ -249,6 +314,10 @@ static void child(const prog *p)
     }
     report[0] = STAGE_FDS;
     if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+        goto fail;
+    /* Both are above 4 (pool_setup), so these make fresh fds without
+     * close-on-exec. */
+    if (p->page_fd >= 0 && (dup2(p->page_fd, 3) != 3 || dup2(p->event_fd, 4) != 4))
         goto fail;
     report[0] = STAGE_WORKDIR;
     if (chdir(p->workdir) != 0)
@@ -427,15 +496,54 @@ static train_outcome fail(train_result *res, const char *msg)
     return TRAIN_FAILED;
 }
 
+/* The pool page and eventfd of a program whose PyTorch allocates from
+ * gradd's pool, watched by the device's pool_peers; nothing (and a note)
+ * when it uses its own allocator. */
+static int pool_setup(prog *p, const runner_env *env, const job_config *cfg, char *err, size_t err_len)
+{
+    gradd_ctx *ctx = env->ctx;
+    if (cfg->allocator == JOBCFG_ALLOC_PYTORCH) {
+        runner_note(env, "allocator: the program's own ([program] allocator = pytorch)");
+        return 0;
+    }
+    if (!ctx->alloc_lib[0]) {
+        runner_note(env, "allocator: the program's own: %s", ctx->alloc_note);
+        return 0;
+    }
+    int page = pool_shm_create(), efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    p->page_fd = page >= 0 ? fcntl(page, F_DUPFD_CLOEXEC, 5) : -1;
+    p->event_fd = efd >= 0 ? fcntl(efd, F_DUPFD_CLOEXEC, 5) : -1;
+    int e = errno;
+    if (page >= 0)
+        close(page);
+    if (efd >= 0)
+        close(efd);
+    if (p->page_fd < 0 || p->event_fd < 0) {
+        snprintf(err, err_len, "cannot make the program's pool page: %s", strerror(e));
+        return -1;
+    }
+    if (pool_peers_add(ctx->peers[env->dev], env->job_id, p->page_fd, p->event_fd, cfg->mem_limit, err, err_len) != 0)
+        return -1;
+    p->pooled = true;
+    char lim[16] = "none";
+    if (cfg->mem_limit)
+        units_format_size(cfg->mem_limit, lim, sizeof lim);
+    runner_note(env, "allocator: gradd's pool on %s (%s), budget %s", ctx->devs[env->dev]->id, ctx->alloc_lib, lim);
+    return 0;
+}
+
 static train_outcome program_run(const runner_env *env, const job_config *cfg, train_result *res)
 {
     prog *p = calloc(1, sizeof *p);
     if (!p)
         return fail(res, "out of memory");
-    p->devnull = p->out[0] = p->out[1] = p->report[0] = p->report[1] = -1;
+    p->devnull = p->out[0] = p->out[1] = p->report[0] = p->report[1] = p->page_fd = p->event_fd = -1;
     char err[1024];
     pid_t pid = -1;
-    if (prepare(p, env, cfg, err, sizeof err) != 0 || (pid = start(p, err, sizeof err)) < 0) {
+    if (pool_setup(p, env, cfg, err, sizeof err) != 0 || prepare(p, env, cfg, err, sizeof err) != 0 ||
+        (pid = start(p, err, sizeof err)) < 0) {
+        if (p->pooled)
+            pool_peers_remove(env->ctx->peers[env->dev], env->job_id);
         prog_free(p);
         free(p);
         return fail(res, err);
@@ -507,6 +615,8 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
         o = TRAIN_FAILED;
     }
     res->outcome = o;
+    if (p->pooled)
+        pool_peers_remove(env->ctx->peers[env->dev], env->job_id);
     prog_free(p);
     free(p);
     return o;

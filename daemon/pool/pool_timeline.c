@@ -239,6 +239,9 @@ static int instant(FILE *f, const pool_event *e, double ts)
         fprintf(f, ",\"job\":%u", e->job);
         break;
     }
+    /* A program job's pool events are marks on its job's track. */
+    if (e->external && (e->kind == POOL_EV_SEGMENT_MAP || e->kind == POOL_EV_SEGMENT_UNMAP || e->kind == POOL_EV_TRIM))
+        fprintf(f, ",\"job\":%u", e->job);
     int rc = 0;
     if (e->external) {
         fputs(",\"note\":", f);

@@ -10,6 +10,48 @@
 
 #include "jobs/queue.h"
 
+/* The program jobs' own pools, labelled by device and job. */
+static void program_pools(gradd_ctx *ctx, FILE *f)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } pm[] = {
+        {"gradd_program_pool_allocated_bytes", "gauge", "Bytes in live blocks of a program job's own pool."},
+        {"gradd_program_pool_reserved_bytes", "gauge", "Bytes a program job's pool holds from the device."},
+        {"gradd_program_pool_largest_free_block_bytes", "gauge", "Largest cached free block of a program's pool."},
+        {"gradd_program_pool_alloc_retries_total", "counter", "A program's allocations retried after a trim or reclaim."},
+        {"gradd_program_pool_ooms_total", "counter", "A program's allocations that failed."},
+        {"gradd_program_pool_trims_total", "counter", "Trims of a program's pool."},
+        {"gradd_program_pool_trimmed_bytes_total", "counter", "Bytes a program's pool gave back."},
+        {"gradd_program_pool_reclaims_total", "counter", "Reclaims the daemon made for a program."},
+    };
+    enum { NPM = sizeof pm / sizeof pm[0] };
+    pool_peer_view *views[CTX_MAX_DEVICES] = {0};
+    size_t nv[CTX_MAX_DEVICES] = {0}, any = 0;
+    for (int i = 0; i < ctx->ndev; i++) {
+        size_t want = pool_peers_count(ctx->peers[i]);
+        if (want && (views[i] = malloc(want * sizeof *views[i])))
+            any += nv[i] = pool_peers_read(ctx->peers[i], views[i], want);
+    }
+    for (size_t m = 0; any && m < NPM; m++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", pm[m].name, pm[m].help, pm[m].name, pm[m].type);
+        for (int i = 0; i < ctx->ndev; i++)
+            for (size_t k = 0; k < nv[i]; k++) {
+                const pool_peer_view *v = &views[i][k];
+                const pool_stats *ps = &v->stats;
+                if (!v->live)
+                    continue;
+                double x[NPM] = {(double)ps->allocated_bytes[POOL_ALL].current,
+                                 (double)ps->reserved_bytes[POOL_ALL].current,
+                                 (double)ps->largest_free_block, (double)ps->alloc_retries, (double)ps->ooms,
+                                 (double)ps->trims, (double)ps->trimmed_bytes, (double)v->reclaims};
+                fprintf(f, "%s{device=\"%s\",job=\"%u\"} %.17g\n", pm[m].name, ctx->devs[i]->id, v->job, x[m]);
+            }
+    }
+    for (int i = 0; i < ctx->ndev; i++)
+        free(views[i]);
+}
+
 void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
 {
     (void)req;
@@ -84,6 +126,7 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req)
             fprintf(f, "gradd_pool_tag_allocated_bytes{device=\"%s\",tag=\"%s\"} %lld\n", ctx->devs[i]->id,
                     pool_tag_name((pool_tag)t), (long long)ps->tag_current[t]);
     }
+    program_pools(ctx, f);
     if (ctx->q) {
         pthread_mutex_lock(&ctx->q->lock);
         size_t counts[JOB_STATE_COUNT] = {0};

@@ -10,6 +10,9 @@
 #include "base/log.h"
 #include "gradd-config.h"
 
+/* How long gradctl trim waits for the program jobs' pools to answer. */
+#define RPC_TRIM_WAIT_NS ((uint64_t)200000000)
+
 /* Resolve a request's device selector: "" means all.  Returns the number of
  * indices written, or -1 after sending NOT_FOUND. */
 static int select_devices(const rpc_call *c, const char *want, int *idx)
@@ -61,10 +64,12 @@ void rpc_status(const rpc_call *c, const Gradd__Request *req)
         g->mem_total = t;
         g->mem_free = f;
         pool_stats_read(ctx->pools[i], ps);
-        g->pool_reserved = (uint64_t)ps->reserved_bytes[POOL_ALL].current;
-        g->pool_allocated = (uint64_t)ps->allocated_bytes[POOL_ALL].current;
+        size_t prog_alloc = 0, prog_res = pool_peers_reserved(ctx->peers[i], &prog_alloc);
+        /* The device's figures: the daemon's pool and the programs' own. */
+        g->pool_reserved = (uint64_t)ps->reserved_bytes[POOL_ALL].current + prog_res;
+        g->pool_allocated = (uint64_t)ps->allocated_bytes[POOL_ALL].current + prog_alloc;
         g->fragmentation = ps->fragmentation;
-        procs[i] = rpc_procs_fill(ctx, i, g->pool_reserved, g);
+        procs[i] = rpc_procs_fill(ctx, i, (uint64_t)ps->reserved_bytes[POOL_ALL].current, g);
         if (!procs[i])
             g->process_note = (char *)"out of memory listing the processes";
         ptrs[i] = g;
@@ -204,30 +209,56 @@ void rpc_stats(const rpc_call *c, const Gradd__Request *req)
     int n = select_devices(c, rq->device, idx);
     if (n < 0)
         return;
-    stats_store *store = calloc((size_t)(n ? n : 1), sizeof *store);
-    Gradd__PoolStats **ptrs = calloc((size_t)(n ? n : 1), sizeof *ptrs);
+    /* Each device's pool, then the program jobs' pools on it. */
+    pool_peer_view *views[CTX_MAX_DEVICES] = {0};
+    size_t nviews[CTX_MAX_DEVICES] = {0}, total = (size_t)n;
+    for (int k = 0; k < n; k++) {
+        pool_peers *pp = ctx->peers[idx[k]];
+        size_t want = pool_peers_count(pp);
+        if (want && (views[k] = malloc(want * sizeof *views[k])))
+            total += nviews[k] = pool_peers_read(pp, views[k], want);
+    }
+    stats_store *store = calloc(total ? total : 1, sizeof *store);
+    Gradd__PoolStats **ptrs = calloc(total ? total : 1, sizeof *ptrs);
     if (!store || !ptrs) {
         free(store);
         free(ptrs);
+        for (int k = 0; k < n; k++)
+            free(views[k]);
         rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
         return;
     }
+    size_t m = 0;
     for (int k = 0; k < n; k++) {
         pool *p = ctx->pools[idx[k]];
         /* Read first, then reset: the reply shows the peaks being cleared. */
-        pool_stats_read(p, &store[k].ps);
+        pool_stats_read(p, &store[m].ps);
         if (rq->reset_peaks)
             pool_stats_reset_peaks(p);
-        fill_pool_stats(&store[k], ctx->devs[idx[k]]->id);
-        ptrs[k] = &store[k].msg;
+        fill_pool_stats(&store[m], ctx->devs[idx[k]]->id);
+        ptrs[m] = &store[m].msg;
+        m++;
+        for (size_t v = 0; v < nviews[k]; v++) {
+            if (!views[k][v].live)
+                continue;
+            store[m].ps = views[k][v].stats;
+            fill_pool_stats(&store[m], ctx->devs[idx[k]]->id);
+            store[m].msg.job = views[k][v].job;
+            store[m].msg.pid = views[k][v].pid;
+            store[m].msg.reclaims = views[k][v].reclaims;
+            ptrs[m] = &store[m].msg;
+            m++;
+        }
     }
     Gradd__StatsResponse sr;
     gradd__stats_response__init(&sr);
-    sr.n_pools = (size_t)n;
+    sr.n_pools = m;
     sr.pools = ptrs;
     RPC_SEND(c, STATS, stats, &sr);
     free(ptrs);
     free(store);
+    for (int k = 0; k < n; k++)
+        free(views[k]);
 }
 
 /* ---- trim ------------------------------------------------------------------ */
@@ -247,16 +278,24 @@ void rpc_trim(const rpc_call *c, const Gradd__Request *req)
     Gradd__TrimResult res[CTX_MAX_DEVICES];
     Gradd__TrimResult *ptrs[CTX_MAX_DEVICES];
     for (int k = 0; k < n; k++) {
+        uint64_t t0 = ctx_now_ns();
         pool_trim_result r = pool_trim(ctx->pools[idx[k]], POOL_TRIM_REQUEST, 0);
+        /* And the program jobs' own pools: a program that does not answer
+         * within the wait is reported, not waited for. */
+        size_t answered = 0, programs = pool_peers_count(ctx->peers[idx[k]]);
+        size_t prog_bytes = programs ? pool_peers_trim(ctx->peers[idx[k]], RPC_TRIM_WAIT_NS, &answered) : 0;
+        size_t prog_alloc = 0, prog_res = programs ? pool_peers_reserved(ctx->peers[idx[k]], &prog_alloc) : 0;
         gradd__trim_result__init(&res[k]);
         res[k].device = ctx->devs[idx[k]]->id;
-        res[k].bytes = r.bytes;
+        res[k].bytes = r.bytes + prog_bytes;
         res[k].segments = r.segments;
-        res[k].ns = r.ns;
-        res[k].reserved_after = r.reserved_after;
+        res[k].ns = programs ? ctx_now_ns() - t0 : r.ns;
+        res[k].reserved_after = r.reserved_after + prog_res;
         ptrs[k] = &res[k];
-        log_dev(LOG_INFO, ctx->devs[idx[k]]->id, "trim on %s requested by uid %u: released %zu bytes in %zu segments", ctx->devs[idx[k]]->id,
-                 (unsigned)c->peer->uid, r.bytes, r.segments);
+        log_dev(LOG_INFO, ctx->devs[idx[k]]->id,
+                "trim on %s requested by uid %u: released %zu bytes in %zu segments, and %zu bytes of %zu "
+                "program pools (%zu answered)",
+                ctx->devs[idx[k]]->id, (unsigned)c->peer->uid, r.bytes, r.segments, prog_bytes, programs, answered);
     }
     Gradd__TrimResponse tr;
     gradd__trim_response__init(&tr);

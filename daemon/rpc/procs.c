@@ -37,13 +37,39 @@ struct rpc_procs {
     char note[256];
 };
 
-/* The process a running job computes in.  Engine jobs run on the daemon's
- * own threads.  A runner that starts the job in a process of its own
- * (program jobs) gives that process's pid here, from its job record. */
+/* What a process is matched to a running job by.  Engine jobs run on the
+ * daemon's own threads: its pid.  A program job's processes are in the
+ * session its runner made (runner_program.c: setsid), whose id is the
+ * group id the job records; the process on the device may be a child of
+ * the command (a shell's python), so any process of that session is the
+ * job's. */
 static pid_t job_pid(const job *j)
 {
-    (void)j;
-    return getpid();
+    return j->cfg.type == JOBCFG_PROGRAM && j->pgid ? (pid_t)j->pgid : getpid();
+}
+
+/* The key job_pid gives for the process pid: the daemon's pid for the
+ * daemon, else its session id (0 where /proc does not say). */
+static pid_t proc_key(pid_t pid)
+{
+    if (pid == getpid())
+        return pid;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* The comm may hold spaces and parentheses: the fields follow the last ')'. */
+    const char *rp = strrchr(buf, ')');
+    int session = 0;
+    if (!rp || sscanf(rp + 1, " %*c %*d %*d %d", &session) != 1)
+        return 0;
+    return (pid_t)session;
 }
 
 static int by_pid_then_id(const void *a, const void *b)
@@ -148,9 +174,18 @@ rpc_procs *rpc_procs_fill(gradd_ctx *ctx, int i, uint64_t pool_reserved, Gradd__
     dev_nvml_proc found[PROCS_MAX];
     int n = 0;
     if (d->kind != DEV_KIND_CUDA) {
-        /* A simulated device is the daemon's alone. */
+        /* A simulated device is the daemon's and its program jobs': the
+         * pages say what each program holds. */
         if (pool_reserved || p->njobs)
             found[n++] = (dev_nvml_proc){.pid = (uint32_t)getpid(), .used_bytes = pool_reserved};
+        size_t nv = pool_peers_count(ctx->peers[i]);
+        pool_peer_view *views = nv ? malloc(nv * sizeof *views) : NULL;
+        nv = views ? pool_peers_read(ctx->peers[i], views, nv) : 0;
+        for (size_t v = 0; v < nv && n < PROCS_MAX; v++)
+            if (views[v].live && views[v].pid && views[v].pid < INT32_MAX)
+                found[n++] = (dev_nvml_proc){.pid = (uint32_t)views[v].pid,
+                                             .used_bytes = (uint64_t)views[v].stats.reserved_bytes[POOL_ALL].current};
+        free(views);
     } else if (!ctx->nvml) {
         snprintf(p->note, sizeof p->note, "%s", ctx->nvml_note);
     } else {
@@ -162,7 +197,7 @@ rpc_procs *rpc_procs_fill(gradd_ctx *ctx, int i, uint64_t pool_reserved, Gradd__
     }
     rpc_proc_jobs slice[PROCS_MAX];
     for (int k = 0; k < n; k++)
-        slice[k].pid = (pid_t)found[k].pid;
+        slice[k].pid = proc_key((pid_t)found[k].pid);
     rpc_procs_match(p->jobs, p->njobs, slice, (size_t)n);
     for (size_t k = 0; k < p->njobs; k++)
         p->ids[k] = p->jobs[k].job;

@@ -151,7 +151,24 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->n_mem_tags = 0;
     m->mem_tags = st->tag_ptrs;
     int di = j->state == JOB_RUNNING ? ctx_find_device(ctx, j->device) : -1;
-    if (di >= 0) {
+    pool_peer_view *pv = di >= 0 && j->cfg.type == JOBCFG_PROGRAM ? malloc(sizeof *pv) : NULL;
+    if (pv) {
+        /* A program's memory is in its own pool, as its page shows it. */
+        if (pool_peers_read_job(ctx->peers[di], j->id, pv) && pv->live) {
+            m->mem_allocated = (uint64_t)pv->stats.allocated_bytes[POOL_ALL].current;
+            for (int t = 0; t < POOL_TAG_COUNT; t++) {
+                if (!pv->stats.tag_current[t] && !pv->stats.tag_peak[t])
+                    continue;
+                Gradd__TagUsage *u = &st->tags[m->n_mem_tags];
+                gradd__tag_usage__init(u);
+                u->tag = (char *)pool_tag_name((pool_tag)t);
+                u->allocated = (uint64_t)pv->stats.tag_current[t];
+                u->peak = (uint64_t)pv->stats.tag_peak[t];
+                st->tag_ptrs[m->n_mem_tags++] = u;
+            }
+        }
+        free(pv);
+    } else if (di >= 0) {
         pool_stats *ps = malloc(sizeof *ps);
         if (ps) {
             pool_stats_read(ctx->pools[di], ps);

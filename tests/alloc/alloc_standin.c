@@ -11,10 +11,16 @@
  *                  bytes, the streams step included)
  *   hold SIZE      allocate SIZE bytes and keep them: "ok" or "oom MESSAGE"
  *   freeall        free what hold kept
+ *   stats          "ok allocated=A reserved=R peak=P", the getters' figures
  *   fork           fork; the child must be refused cleanly: "ok" or "fail ..."
  *   quit
+ *
+ * alloc_standin [IN [OUT]]: commands from IN (a FIFO, for a program job,
+ * whose stdin is /dev/null) rather than stdin, and answers also appended
+ * to OUT.
  */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +37,25 @@ static ssize_t held_size[MAX_HELD];
 static int nheld;
 static uint64_t total_allocs, total_bytes, total_requested;
 static pthread_mutex_t totals_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Answers go to stdout and, when the command line names one, to a file
+ * the test reads (a program job's stdout is its log). */
+static FILE *answers;
+
+static void reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void reply(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (answers) {
+        va_start(ap, fmt);
+        vfprintf(answers, fmt, ap);
+        va_end(ap);
+        fflush(answers);
+    }
+}
 
 static uint64_t round512(uint64_t n) { return (n + 511) / 512 * 512; }
 
@@ -115,9 +140,9 @@ static void threads(void)
         e = w[0].err ? w[0].err : w[1].err;
     }
     if (e)
-        printf("fail %s\n", e);
+        reply("fail %s\n", e);
     else
-        printf("ok allocs=%llu bytes=%llu requested=%llu\n", (unsigned long long)total_allocs,
+        reply("ok allocs=%llu bytes=%llu requested=%llu\n", (unsigned long long)total_allocs,
                (unsigned long long)total_bytes, (unsigned long long)total_requested);
 }
 
@@ -135,27 +160,38 @@ static void do_fork(void)
     }
     int st;
     if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        printf("fail the child was not refused cleanly\n");
+        reply("fail the child was not refused cleanly\n");
         return;
     }
     void *p = gradd_alloc(4096, 0, NULL);
     if (!p) {
-        printf("fail the parent cannot allocate after fork: %s\n", gradd_alloc_last_error());
+        reply("fail the parent cannot allocate after fork: %s\n", gradd_alloc_last_error());
         return;
     }
     gradd_free(p, 4096, 0, NULL);
-    printf("ok\n");
+    reply("ok\n");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char line[256];
     setvbuf(stdout, NULL, _IOLBF, 0);
-    while (fgets(line, sizeof line, stdin)) {
+    FILE *in = stdin;
+    /* A FIFO opened read-write never reaches its end when a writer
+     * closes: the test writes one command at a time. */
+    if (argc > 1 && !(in = fopen(argv[1], "r+"))) {
+        perror(argv[1]);
+        return 2;
+    }
+    if (argc > 2 && !(answers = fopen(argv[2], "a"))) {
+        perror(argv[2]);
+        return 2;
+    }
+    while (fgets(line, sizeof line, in)) {
         long long n;
         if (strcmp(line, "streams\n") == 0) {
             const char *e = streams();
-            printf(e ? "fail %s\n" : "ok\n", e);
+            reply(e ? "fail %s\n" : "ok\n", e);
         } else if (strcmp(line, "threads\n") == 0) {
             threads();
         } else if (sscanf(line, "hold %lld", &n) == 1 && nheld < MAX_HELD) {
@@ -163,22 +199,25 @@ int main(void)
             if (p) {
                 held[nheld] = p;
                 held_size[nheld++] = (ssize_t)n;
-                printf("ok\n");
+                reply("ok\n");
             } else {
-                printf("oom %s\n", gradd_alloc_last_error());
+                reply("oom %s\n", gradd_alloc_last_error());
             }
         } else if (strcmp(line, "freeall\n") == 0) {
             while (nheld > 0) {
                 nheld--;
                 gradd_free(held[nheld], held_size[nheld], 0, NULL);
             }
-            printf("ok\n");
+            reply("ok\n");
+        } else if (strcmp(line, "stats\n") == 0) {
+            reply("ok allocated=%llu reserved=%llu peak=%llu\n", (unsigned long long)gradd_memory_allocated(0),
+                  (unsigned long long)gradd_memory_reserved(0), (unsigned long long)gradd_max_memory_allocated(0));
         } else if (strcmp(line, "fork\n") == 0) {
             do_fork();
         } else if (strcmp(line, "quit\n") == 0) {
             break;
         } else {
-            printf("fail unknown command\n");
+            reply("fail unknown command\n");
         }
     }
     gradd_alloc_shutdown();
