@@ -334,12 +334,15 @@ static void helper_tick(void)
     /* The pool's own policies (gc_threshold, low_watermark, periodic)
      * every 50 ticks: often enough for them, rarely enough that allocating
      * threads seldom meet this thread on the pool's lock. */
-    if (++g->ticks % 50 == 0)
+    if (++g->ticks % 50 == 0) {
         for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
             pool *p = atomic_load(&g->pools[i]);
             if (p)
                 pool_tick(p, 0);
         }
+        /* What a policy trimmed is on the page within the tick. */
+        atomic_store_explicit(&g->dirty, 1, memory_order_relaxed);
+    }
     uint64_t target = 0;
     pool_trim_reason why;
     uint64_t req = pool_shm_trim_pending(g->pg, &target, &why);

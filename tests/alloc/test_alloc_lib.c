@@ -268,6 +268,46 @@ static void test_standin_reclaim(void **state)
     stop(&s);
 }
 
+static bool reserved_at_most(const pool_stats *s, uint64_t n)
+{
+    return s->reserved_bytes[POOL_ALL].current <= (int64_t)n && s->trims > 0;
+}
+
+/* The daemon's [pool] policies reach a program's pool through the
+ * environment, and what gradd's other processes hold of a simulated
+ * device through the page. */
+static void test_standin_policies(void **state)
+{
+    (void)state;
+    const char *env[] = {"GRADD_ALLOC_CPU_CAPACITY=64M", "GRADD_ALLOC_GC_THRESHOLD=0.5", "GRADD_RECLAIM_MS=0",
+                         NULL};
+    standin s;
+    start(&s, env);
+    /* 48M cached is past half the cap: the helper's tick trims the least
+     * recently used segments until the pool is under 32M. */
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(cmd(&s, "hold 16777216"), "ok");
+    assert_string_equal(cmd(&s, "freeall"), "ok");
+    pool_stats st = wait_page(&s, reserved_at_most, 32 * MiB);
+    assert_true(st.reserved_bytes[POOL_ALL].current > 0); /* gc keeps what fits under the threshold */
+    assert_int_equal(st.idle_trims, 0);
+
+    /* Others hold 40M of the 64M device: 32M does not fit, 16M does. */
+    pool_shm_set_shared(s.pg, 40 * MiB);
+    assert_string_equal(cmd(&s, "freeall"), "ok");
+    uint64_t req_no = pool_shm_request_trim(s.pg, 0, POOL_TRIM_REQUEST);
+    uint64_t end = now_ns() + 5000000000u;
+    while (!pool_shm_trim_done(s.pg, req_no) && now_ns() < end)
+        nap_ms(1);
+    const char *r = cmd(&s, "hold 33554432");
+    assert_int_equal(strncmp(r, "oom CUDA out of memory. Tried to allocate 32.0M on device 0.", 60), 0);
+    assert_string_equal(cmd(&s, "hold 16777216"), "ok");
+    /* They give it back: now it fits. */
+    pool_shm_set_shared(s.pg, 0);
+    assert_string_equal(cmd(&s, "hold 33554432"), "ok");
+    stop(&s);
+}
+
 /* ==== in this process ==================================================================== */
 
 static void env_case(const char *name, const char *value, const char *want)
@@ -295,6 +335,10 @@ static void test_bad_environment(void **state)
     env_case("GRADD_POOL_FD", "999", "GRADD_POOL_FD: pool page fd 999: Bad file descriptor");
     env_case("GRADD_POOL_FD", "0", "GRADD_POOL_FD: pool page fd 0: not a memfd");
     env_case("GRADD_ALLOC_BACKEND", "rocm", "GRADD_ALLOC_BACKEND=rocm: expected cuda or cpu");
+    env_case("GRADD_ALLOC_GC_THRESHOLD", "1.5", "GRADD_ALLOC_GC_THRESHOLD=1.5: not a number from 0 to 1");
+    env_case("GRADD_ALLOC_GC_THRESHOLD", "half", "GRADD_ALLOC_GC_THRESHOLD=half: not a number from 0 to 1");
+    env_case("GRADD_ALLOC_LOW_WATERMARK", "-1", "GRADD_ALLOC_LOW_WATERMARK=-1: ");
+    env_case("GRADD_ALLOC_TRIM_EVERY_MS", "soon", "GRADD_ALLOC_TRIM_EVERY_MS=soon: not a whole number");
 #if !GRADD_ALLOC_HAVE_CUDA
     env_case("GRADD_ALLOC_BACKEND", "cuda", "GRADD_ALLOC_BACKEND=cuda: this library was built without CUDA");
 #endif
@@ -390,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_standin_page),
         cmocka_unit_test(test_standin_budget),
         cmocka_unit_test(test_standin_reclaim),
+        cmocka_unit_test(test_standin_policies),
         cmocka_unit_test(test_bad_environment),
         cmocka_unit_test(test_in_process),
     };
