@@ -57,6 +57,7 @@ struct pool_peers {
     peer *peers[POOL_PEERS_MAX];
     size_t n;
     int wake_fd;
+    _Atomic uint64_t last_hook_ns; /* the daemon's pool's last reclaim */
     pthread_t thread;
     bool running;
     _Atomic bool stop;
@@ -213,7 +214,18 @@ static bool reclaim(pool_peers *pp, uint32_t job, size_t bytes, bool trim_own)
 
 bool pool_peers_reclaim_hook(void *user, size_t bytes, uint32_t job)
 {
-    return reclaim(user, job, bytes, false);
+    pool_peers *pp = user;
+    /* An engine job probing for the largest micro-batch that fits fails
+     * allocations on purpose, many in a row: the programs give back what
+     * they cache once, not at every probe, and a program that does not
+     * answer costs one wait. */
+    uint64_t now = now_ns(), last = atomic_load(&pp->last_hook_ns);
+    if (last && now - last < PEERS_RECLAIM_SPACING_NS)
+        return false;
+    if (!pool_peers_count(pp))
+        return false;
+    atomic_store(&pp->last_hook_ns, now);
+    return reclaim(pp, job, bytes, false);
 }
 
 size_t pool_peers_trim(pool_peers *pp, uint64_t timeout_ns, size_t *answered)
