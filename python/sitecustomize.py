@@ -110,12 +110,19 @@ def _run_next_sitecustomize():
             later.append(entry)
     if not later:
         return
-    import importlib.machinery
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", later)
+    # The import system's own PathFinder and module_from_spec, which
+    # importlib.machinery and importlib.util re-export: importing those
+    # costs 1 to 5 ms (warnings, contextlib, collections) at every start.
+    try:
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import PathFinder
+    except ImportError:
+        from importlib.machinery import PathFinder
+        from importlib.util import module_from_spec
+    spec = PathFinder.find_spec("sitecustomize", later)
     if spec is None or spec.loader is None:
         return
-    import importlib.util
-    module = importlib.util.module_from_spec(spec)
+    module = module_from_spec(spec)
     # Under its own name, so that `import sitecustomize` later finds it
     # without running it again.
     sys.modules["sitecustomize"] = module
