@@ -17,6 +17,11 @@ mkdir -p "$(git rev-parse --git-dir)/info"
 # (jansson) are the daemon's, already bundled.
 mkdir -p .device/bin/alloc
 cp "$build/alloc/libgradd-alloc.so" .device/bin/alloc/
+# The shim that installs it in a program's PyTorch, beside it as installed
+# (<libdir>/gradd/python); the session's shim step reads the checkout's.
+rm -rf .device/bin/alloc/python
+cp -r python .device/bin/alloc/python
+find .device/bin/alloc/python -name __pycache__ -prune -exec rm -rf {} +
 # Our own env.sh over the bundler's: the CUDA runtime is searched for too
 # (the module links libcudart.so.13, which the bundle leaves to the
 # machine), /opt (the torch venv's nvidia/*/lib) even when it is another

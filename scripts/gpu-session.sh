@@ -7,8 +7,8 @@
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
-#   nvml (about 30 s), idle (about 40 s) and alloc (about 40 s) run only
-#   when named: STEPS=nvml,idle,alloc or STEPS=...,nvml.
+#   nvml (about 30 s), idle (about 40 s), alloc (about 40 s) and shim run
+#   only when named: STEPS=nvml,idle,alloc,shim or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -206,6 +206,20 @@ if want alloc; then
   echo "rc=$?"
   LD_LIBRARY_PATH=$gx_ld PEER_PYTHON=$py timeout 300 bench/alloc/run_gpu.sh "$lib" | tee -a "$out/bench.jsonl"
   echo "rc=${PIPESTATUS[0]}"
+fi
+if want shim; then
+  # A program job's PyTorch as gradd sets it up: python/ on PYTHONPATH and
+  # GRADD_ALLOC_LIB, so that `import torch` installs the allocator.  It
+  # trains eager and compiled, its memory functions answer from the pool,
+  # and an OOM is a catchable "CUDA out of memory." error
+  # (tests/python/test_shim_gpu.py; it fails rather than skips here).  The
+  # machine's libraries come first: the bundle's Debian ones only fill in
+  # what the library needs beyond torch's (jansson).
+  section "shim: PyTorch on gradd's allocator through python/sitecustomize.py"
+  GRADD_TEST_REQUIRE_GPU=1 GRADD_TEST_ALLOC_LIB=$B/alloc/libgradd-alloc.so GRADD_TEST_PYTHON_DIR=$top/python \
+    LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$top/.device/lib PYTHONDONTWRITEBYTECODE=1 \
+    timeout 300 "$py" tests/python/test_shim_gpu.py
+  echo "rc=$?"
 fi
 if want nvml; then
   # Everyone on the GPU: while a gradd job trains on cuda0, a PyTorch

@@ -2,38 +2,22 @@
 
     python3 with_gradd_alloc.py LIB PROGRAM [ARGS...]
 
-The allocator must be installed before the program's first CUDA
-allocation, so this runs first and then the program as __main__.  PyTorch
-cannot ask a pluggable allocator for its statistics: the few memory
-functions a benchmark calls are answered from the library's getters (the
-shim gradd will put on a program job's path does the same for all of
-them)."""
-import ctypes
+The program gets what a program job's PyTorch gets: gradd's shim
+(python/gradd/_alloc.py) installs the library as the allocator and serves
+torch.cuda's memory functions from it.  Then the program runs as
+__main__."""
+import os
 import runpy
 import sys
 
-import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+os.environ["GRADD_ALLOC_LIB"] = os.path.abspath(sys.argv[1])
 
-lib_path, prog = sys.argv[1], sys.argv[2]
-lib = ctypes.CDLL(lib_path)
-for name in ("gradd_memory_allocated", "gradd_memory_reserved", "gradd_max_memory_allocated"):
-    getattr(lib, name).restype = ctypes.c_uint64
-    getattr(lib, name).argtypes = [ctypes.c_int]
-lib.gradd_reset_peak_memory_stats.argtypes = [ctypes.c_int]
+import torch  # noqa: E402  (the shim is installed on torch, after its path is set)
+from gradd import _alloc  # noqa: E402
 
-torch.cuda.memory.change_current_allocator(
-    torch.cuda.memory.CUDAPluggableAllocator(lib_path, "gradd_alloc_throwing", "gradd_free"))
-
-
-def device_index(device=None):
-    return torch.cuda.current_device() if device is None else torch.device("cuda", device).index \
-        if isinstance(device, int) else torch.device(device).index or 0
-
-
-torch.cuda.memory_allocated = lambda device=None: lib.gradd_memory_allocated(device_index(device))
-torch.cuda.memory_reserved = lambda device=None: lib.gradd_memory_reserved(device_index(device))
-torch.cuda.max_memory_allocated = lambda device=None: lib.gradd_max_memory_allocated(device_index(device))
-torch.cuda.reset_peak_memory_stats = lambda device=None: lib.gradd_reset_peak_memory_stats(device_index(device))
-
+if not _alloc.install():
+    sys.exit("with_gradd_alloc: gradd's allocator is not installed (the gradd: line above says why)")
+prog = sys.argv[2]
 sys.argv = sys.argv[2:]
 runpy.run_path(prog, run_name="__main__")
