@@ -44,6 +44,34 @@ for fd in (3, 4):
 """
 
 
+# A PyTorch program on the simulated device: gradd's shim installs the
+# library at `import torch` (test mode: there is no CUDA), the program
+# allocates through it, and reports what torch.cuda's functions say; then
+# waits for the test to look at the daemon's side.
+TORCH_PROG = r"""
+import os, sys, time
+import torch
+from gradd import _alloc
+assert _alloc.installed, "the shim did not install the allocator"
+p = _alloc.lib.gradd_alloc(24 << 20, 0, None)
+assert p, _alloc.lib.gradd_alloc_last_error()
+print("allocated", torch.cuda.memory_allocated(), "stats", torch.cuda.memory_stats()["allocated_bytes.all.current"],
+      flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+_alloc.lib.gradd_free(p, 24 << 20, 0, None)
+print("freed", torch.cuda.memory_allocated(), flush=True)
+"""
+DEBIAN_PY = "/usr/bin/python3"
+
+
+def debian_torch():
+    try:
+        return subprocess.run([DEBIAN_PY, "-c", "import torch"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class StandIn:
     """One stand-in program job, driven through a FIFO; its answers are
     read from a file it appends to."""
@@ -271,6 +299,28 @@ class ProgramPools(harness.DaemonTest):
             # there is one.
             pp = re.search(r"env PYTHONPATH '([^']*)'", out).group(1)
             self.assertTrue(pp == "/opt/mine" or pp.endswith("/python:/opt/mine"), pp)
+
+    @unittest.skipUnless(debian_torch(), "no torch for /usr/bin/python3 (python3-torch, scripts/deps.sh)")
+    def test_python_program_through_the_shim(self):
+        prog = os.path.join(self.dir, "torch_prog.py")
+        go = os.path.join(self.dir, "go")
+        with open(prog, "w") as f:
+            f.write(TORCH_PROG)
+        path = os.path.join(self.dir, "torch.cfg")
+        with open(path, "w") as f:
+            f.write("[job]\ntype = program\ndevice = cpu0\n[program]\ncommand = %s %s %s\n" % (DEBIAN_PY, prog, go))
+        jid = int(self.d.ctl("submit", path).stdout.split()[1])
+        # The daemon sees what torch sees, while the program runs.
+        p = wait_pool(self, jid, lambda p: cur(p, "allocated_bytes") == 24 * MiB, timeout=60)
+        self.assertEqual(p["allocations"]["all"]["current"], 1)
+        self.assertEqual(self.d.ctl_json("status", str(jid))["mem_allocated"], 24 * MiB)
+        open(go, "w").close()
+        info = harness.wait_job(self.d, jid, ("completed", "failed"), timeout=60)
+        out = self.d.ctl("logs", str(jid)).stdout
+        self.assertEqual(info["state"], "completed", out)
+        self.assertIn("allocated %d stats %d\n" % (24 * MiB, 24 * MiB), out)
+        self.assertIn("freed 0\n", out)
+        self.assertNotIn("gradd:", out.replace("allocator: gradd's pool", ""))
 
     def test_reserved_env_refused(self):
         path = os.path.join(self.dir, "bad.cfg")
