@@ -8,7 +8,7 @@
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s) and shim run
-#   only when named: STEPS=nvml,idle,alloc,shim or STEPS=...,nvml.
+#   only when named: STEPS=nvml,idle,alloc,shim,programs or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -220,6 +220,66 @@ if want shim; then
     LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$top/.device/lib PYTHONDONTWRITEBYTECODE=1 \
     timeout 300 "$py" tests/python/test_shim_gpu.py
   echo "rc=$?"
+fi
+if want programs; then
+  # Program jobs on one GPU (tests/gpu/programs/).  A holder caches 60% of
+  # the device and stays; then a second program needs 60%.  On gradd's
+  # pool the daemon has the holder give its cache back and the second runs;
+  # with PyTorch's own allocator (allocator = pytorch) the same pair OOMs.
+  # Then a Hugging Face Trainer fine-tune as a program job, with its pool
+  # in gradctl stats while it trains.
+  section "programs: two PyTorch programs on one GPU, and the HF Trainer"
+  sock=/tmp/gradd-prog.sock
+  ctl() { gx "$B/client/gradctl" -s $sock "$@"; }
+  printf '[daemon]\nmax_jobs_per_device = 4\n[pool]\nidle_trim = 0\n' >/tmp/gradd-prog.conf
+  ( . "$top/.device/env.sh"; setsid "$B/daemon/gradd" -c /tmp/gradd-prog.conf -s $sock \
+      --state-dir /tmp/gradd-prog-state >/tmp/gradd-prog.log 2>&1 & )
+  for i in $(seq 50); do [ -S $sock ] && break; sleep 0.2; done
+  # The library's own needs beyond torch's (jansson) from the bundle.
+  jobenv="LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$top/.device/lib"
+  progjob() {  # name allocator args...
+    local name=$1 alloc=$2; shift 2
+    printf '[job]\nname = %s\ntype = program\ndevice = cuda:0\n[program]\ncommand = %s %s\nworkdir = /tmp\nallocator = %s\nenv = %s\ngrace = 2s\n' \
+      "$name" "$py" "$*" "$alloc" "$jobenv" >/tmp/job-$name.cfg
+    ctl submit /tmp/job-$name.cfg | grep -o '[0-9]\+' | head -1
+  }
+  state() { ctl --json status "$1" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["state"])'; }
+  for alloc in gradd pytorch; do
+    hold=$(progjob hold-$alloc $alloc "$top/tests/gpu/programs/pair.py hold 0.6 60")
+    for i in $(seq 150); do ctl logs "$hold" | grep -q '^cached' && break; sleep 0.2; done
+    ctl logs "$hold" | tail -3
+    [ $alloc = gradd ] && ctl stats -d cuda0 | grep -E "program job|Reserved memory" | head -4
+    need=$(progjob need-$alloc $alloc "$top/tests/gpu/programs/pair.py need 0.6")
+    for i in $(seq 300); do case $(state "$need") in completed|failed) break ;; esac; sleep 0.2; done
+    echo "--- $alloc: need job $need $(state "$need")"; ctl logs "$need" | tail -3
+    [ $alloc = gradd ] && ctl --json stats -d cuda0 >/tmp/prog-stats.json
+    echo "$alloc $(state "$need")" >>/tmp/prog-pair.txt
+    ctl cancel "$hold" >/dev/null
+    for i in $(seq 100); do case $(state "$hold") in running) sleep 0.2 ;; *) break ;; esac; done
+  done
+  "$py" - <<'PY'
+import json
+res = dict(line.split() for line in open("/tmp/prog-pair.txt"))
+pools = [p for p in json.load(open("/tmp/prog-stats.json"))["pools"] if p["job"]]
+for p in pools:
+    print("programs: job %d pool: allocated %.2f GiB reserved %.2f GiB trims %d retries %d ooms %d reclaims %d"
+          % (p["job"], p["allocated_bytes"]["all"]["current"] / 2**30, p["reserved_bytes"]["all"]["current"] / 2**30,
+             p["trims"], p["alloc_retries"], p["ooms"], p["reclaims"]))
+ok = res.get("gradd") == "completed" and res.get("pytorch") == "failed"
+print("programs: pair with gradd's pool %s, with PyTorch's allocator %s:" % (res.get("gradd"), res.get("pytorch")),
+      "PASS" if ok else "FAIL")
+PY
+  rm -f /tmp/prog-pair.txt
+  hf=$(progjob hf-trainer gradd "$top/tests/gpu/programs/hf_trainer.py $top/.device/data/fortunes /tmp/out-hf")
+  for i in $(seq 100); do [ "$(state "$hf")" = running ] && break; sleep 0.2; done
+  sleep 8
+  ctl stats -d cuda0 | grep -E "program job|Allocated memory|Reserved memory" | head -6
+  ctl status "$hf" | head -20
+  for i in $(seq 600); do case $(state "$hf") in completed|failed|cancelled) break ;; esac; sleep 0.2; done
+  echo "--- hf trainer: $(state "$hf")"; ctl logs "$hf" | grep -v Warning | tail -12
+  gpid=$(ctl --json status | "$py" -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+  kill -TERM "$gpid" 2>/dev/null; sleep 1
+  echo "--- gradd log"; tail -8 /tmp/gradd-prog.log
 fi
 if want nvml; then
   # Everyone on the GPU: while a gradd job trains on cuda0, a PyTorch

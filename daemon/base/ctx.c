@@ -48,8 +48,8 @@ static int add_device(gradd_ctx *c, dev *d, char *err, size_t err_len)
 }
 
 /* A build tree keeps the library in alloc/ beside daemon/, and the
- * Python folder in the sources; an install keeps both in the module
- * directory. */
+ * Python folder in the sources; an install (and the GPU bundle) keeps the
+ * folder beside the library, in the module directory. */
 static void find_alloc(gradd_ctx *c)
 {
     char exe[PATH_MAX], lib[PATH_MAX + 32], py[PATH_MAX + 32];
@@ -73,6 +73,14 @@ static void find_alloc(gradd_ctx *c)
                  "gradd's allocator for programs is not installed (%s: %s): program jobs use their own", lib,
                  strerror(errno));
         return;
+    }
+    char beside[PATH_MAX + 16];
+    snprintf(beside, sizeof beside, "%s", c->alloc_lib);
+    char *cut = strrchr(beside, '/');
+    if (cut) {
+        snprintf(cut, sizeof beside - (size_t)(cut - beside), "/python");
+        if (access(beside, R_OK | X_OK) == 0)
+            snprintf(py, sizeof py, "%s", beside);
     }
     /* Without the shim a program can still load the library itself. */
     if (access(py, R_OK | X_OK) != 0 || !realpath(py, c->python_dir)) {
