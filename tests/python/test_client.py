@@ -1,5 +1,6 @@
 """gradd._client: the report's bytes, as a fake daemon on a Unix socket
-receives them (decoded here independently of the package), its answers,
+receives them (decoded by the integration tests' harness, not by the
+package), its answers,
 and a daemon that refuses, is away or never answers: a warning once and
 training goes on, within the timeout.  Pure Python: no torch needed."""
 import os
@@ -15,38 +16,18 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 
 import gradd  # noqa: E402
+import harness  # noqa: E402
 from gradd import _client  # noqa: E402
 
 
-def read_varint(b, i):
-    n = shift = 0
-    while True:
-        c = b[i]
-        i += 1
-        n |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            return n, i
-
-
-def fields(b):
-    """[(field, wire type, value)] of one protobuf message."""
-    out, i = [], 0
-    while i < len(b):
-        k, i = read_varint(b, i)
-        if k & 7 == 0:
-            v, i = read_varint(b, i)
-        elif k & 7 == 1:
-            v, i = struct.unpack("<d", b[i:i + 8])[0], i + 8
-        elif k & 7 == 2:
-            n, i = read_varint(b, i)
-            v, i = b[i:i + n], i + n
-        else:
-            raise AssertionError("wire type %d" % (k & 7))
-        out.append((k >> 3, k & 7, v))
-    return out
+def report_fields(body):
+    """The Request's version and its ReportRequest's fields."""
+    req = harness.parse_fields(body)
+    assert set(req) == {1, 29}, req
+    return req[1], harness.parse_fields(req[29][0])
 
 
 ACK = b"\x08\x01" + b"\xea\x01\x00"  # Response{version 1, report {}}
@@ -77,13 +58,11 @@ class FakeDaemon:
             except OSError:
                 return
             with c:
-                head = c.recv(4, socket.MSG_WAITALL)
-                (n,) = struct.unpack(">I", head)
-                self.bodies.append(c.recv(n, socket.MSG_WAITALL))
+                self.bodies.append(harness.recv_frame(c))
                 if self.answer is None:
                     time.sleep(3)
                     continue
-                c.sendall(struct.pack(">I", len(self.answer)) + self.answer)
+                c.sendall(harness.frame(self.answer))
 
     def close(self):
         self.stop = True
@@ -111,13 +90,11 @@ class Reports(unittest.TestCase):
         r = _client.Reporter(self.path, 7)
         self.assertTrue(r.report(8, 4, 120, 16, 8, "oom", 2.5))
         self.assertTrue(r.report(8, 4, 121))
-        req = fields(self.daemon.bodies[0])
-        self.assertEqual(req[0], (1, 0, 1))  # the protocol version
-        self.assertEqual(req[1][:2], (29, 2))
-        self.assertEqual(fields(req[1][2]), [(1, 0, 7), (2, 0, 8), (3, 0, 4), (4, 0, 120), (5, 0, 16), (6, 0, 8),
-                                             (7, 2, b"oom"), (8, 0, 1), (9, 1, 2.5)])
+        self.assertEqual(report_fields(self.daemon.bodies[0]),
+                         ([harness.PROTOCOL_VERSION], {1: [7], 2: [8], 3: [4], 4: [120], 5: [16], 6: [8], 7: [b"oom"],
+                                                       8: [1], 9: [struct.pack("<d", 2.5)]}))
         # No change and no loss: only what is set.
-        self.assertEqual(fields(fields(self.daemon.bodies[1])[1][2]), [(1, 0, 7), (2, 0, 8), (3, 0, 4), (4, 0, 121)])
+        self.assertEqual(report_fields(self.daemon.bodies[1])[1], {1: [7], 2: [8], 3: [4], 4: [121]})
         self.assertEqual((r.sent, r.errors), (2, 0))
 
     def test_environment(self):
@@ -138,8 +115,8 @@ class Reports(unittest.TestCase):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        self.assertEqual(fields(fields(self.daemon.bodies[0])[1][2])[:6],
-                         [(1, 0, 12), (2, 0, 4), (3, 0, 2), (4, 0, 3), (5, 0, 8), (6, 0, 4)])
+        self.assertEqual(report_fields(self.daemon.bodies[0])[1],
+                         {1: [12], 2: [4], 3: [2], 4: [3], 5: [8], 6: [4], 7: [b"oom"]})
 
     def test_outside_gradd_nothing_is_sent(self):
         r = _client.Reporter(socket_path="", job_id=None)

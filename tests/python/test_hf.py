@@ -22,16 +22,8 @@ try:
 except ImportError:
     transformers = None
 
+from fakes import FakeReporter  # noqa: E402
 from gradd import hf  # noqa: E402
-
-
-class FakeReporter:
-    def __init__(self):
-        self.calls = []
-
-    def report(self, micro, accum, step=0, change_from=0, change_to=0, reason="", loss=None):
-        self.calls.append((micro, accum, step, change_from, change_to, reason, loss))
-        return True
 
 
 @unittest.skipIf(transformers is None, "no transformers: scripts/pyenv-hf.sh makes a venv with it (-Dhf_venv)")

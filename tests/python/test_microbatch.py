@@ -20,23 +20,11 @@ except ImportError:  # pragma: no cover - the test's environment decides
     torch = None
 
 import gradd  # noqa: E402
-from gradd import microbatch  # noqa: E402
+from fakes import FakeReporter  # noqa: E402
 
 # float64 throughout: the only difference between a split and the whole
 # batch is the order of the sums, a few ulps.
 TOL = 1e-12
-
-
-class FakeReporter:
-    def __init__(self):
-        self.calls = []
-
-    def report(self, micro, accum, step=0, change_from=0, change_to=0, reason="", loss=None):
-        self.calls.append((micro, accum, step, change_from, change_to, reason, loss))
-        return True
-
-    def changes(self):
-        return [(c[3], c[4], c[5], c[2]) for c in self.calls if c[5]]
 
 
 def model_and_opt(seed=0):
@@ -60,14 +48,26 @@ def reference_step(x, y):
     return [p.detach().clone() for p in model.parameters()], float(loss)
 
 
+def setup(rows, micro):
+    """A batch, a model and an AdaptiveBatch on it with a FakeReporter."""
+    x, y = data(rows)
+    model, opt = model_and_opt()
+    rep = FakeReporter()
+    return x, y, model, rep, gradd.AdaptiveBatch(opt, micro=micro, reporter=rep)
+
+
+def assert_reference(test, model, loss, x, y):
+    """model's parameters and the step's loss are the full batch's."""
+    want, want_loss = reference_step(x, y)
+    for got, exp in zip(model.parameters(), want):
+        test.assertLess((got.detach() - exp).abs().max().item(), TOL)
+    test.assertAlmostEqual(loss, want_loss, delta=TOL)
+
+
 @unittest.skipIf(torch is None, "no torch for /usr/bin/python3 (scripts/deps.sh installs python3-torch)")
 class Accumulation(unittest.TestCase):
     def check_step(self, batch_of, micro, rows=10):
-        x, y = data(rows)
-        want, want_loss = reference_step(x, y)
-        model, opt = model_and_opt()
-        rep = FakeReporter()
-        step = gradd.AdaptiveBatch(opt, micro=micro, reporter=rep)
+        x, y, model, rep, step = setup(rows, micro)
         calls = []
 
         def loss_fn(mb):
@@ -75,10 +75,7 @@ class Accumulation(unittest.TestCase):
             calls.append(xs.shape[0])
             return torch.nn.functional.mse_loss(model(xs), ys)
 
-        loss = step(batch_of.pack(x, y), loss_fn)
-        for got, exp in zip(model.parameters(), want):
-            self.assertLess((got.detach() - exp).abs().max().item(), TOL)
-        self.assertAlmostEqual(loss, want_loss, delta=TOL)
+        assert_reference(self, model, step(batch_of.pack(x, y), loss_fn), x, y)
         return calls, rep
 
     class Tuple:
@@ -148,11 +145,7 @@ class OutOfMemory(unittest.TestCase):
         """One step whose loss_fn raises make_error() for a micro-batch of
         more than `limit` rows (on its second micro-batch, after a first
         one's backward, when fail_on_second)."""
-        x, y = data(rows)
-        want, want_loss = reference_step(x, y)
-        model, opt = model_and_opt()
-        rep = FakeReporter()
-        step = gradd.AdaptiveBatch(opt, micro=micro, reporter=rep)
+        x, y, model, rep, step = setup(rows, micro)
         seen = []
 
         def loss_fn(mb):
@@ -162,10 +155,7 @@ class OutOfMemory(unittest.TestCase):
                 raise make_error()
             return torch.nn.functional.mse_loss(model(mb[0]), mb[1])
 
-        loss = step((x, y), loss_fn)
-        for got, exp in zip(model.parameters(), want):
-            self.assertLess((got.detach() - exp).abs().max().item(), TOL)
-        self.assertAlmostEqual(loss, want_loss, delta=TOL)
+        assert_reference(self, model, step((x, y), loss_fn), x, y)
         self.assertTrue(all(p.grad is None for p in model.parameters()))
         return step, rep, seen
 
