@@ -14,10 +14,8 @@ of a report: without the two variables nothing is sent, and a daemon that
 is away, slow or refuses gets a warning once, then the program goes on.
 """
 import os
-import socket
 import struct
 import time
-import warnings
 
 PROTOCOL_VERSION = 1
 REQUEST_REPORT = 29
@@ -146,6 +144,8 @@ def decode_answer(body):
 # ---- one exchange -----------------------------------------------------------
 
 def _recv_exact(s, n, deadline):
+    import socket
+
     out = bytearray()
     while len(out) < n:
         left = deadline - time.monotonic()
@@ -162,6 +162,10 @@ def _recv_exact(s, n, deadline):
 def send_report(path, frame, timeout=TIMEOUT_S):
     """Send one report frame to the daemon at `path` and read its answer;
     ReportError unless it was taken."""
+    # Imported here: socket (with enum and selectors) would be most of what
+    # `import gradd` costs every Python program under the allocator shim.
+    import socket
+
     deadline = time.monotonic() + timeout
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -219,6 +223,8 @@ class Reporter:
             self.errors += 1
             self.last_error = e
             if not self._warned:
+                import warnings
+
                 self._warned = True
                 warnings.warn("%s; training goes on without reports" % e, RuntimeWarning, stacklevel=3)
             return False

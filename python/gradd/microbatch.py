@@ -33,11 +33,11 @@ micro-batch x accumulation and its last change ("start", "oom", "grow");
 with `report_every` seconds, the step and loss are reported as well.
 Without them nothing is reported and nothing else changes.
 
-torch is imported only when a step runs: `import gradd` stays cheap.
+torch (and collections.abc) are imported only when a step runs: `import
+gradd` stays cheap.
 """
 import math
 import time
-from collections.abc import Mapping
 
 from . import _client
 
@@ -59,6 +59,8 @@ def is_oom(exc):
 # ---- splitting a batch on dim 0 ----------------------------------------------
 
 def _leaves(batch):
+    from collections.abc import Mapping
+
     import torch
 
     if torch.is_tensor(batch):
@@ -90,6 +92,8 @@ def batch_rows(batch):
 
 def batch_slice(batch, lo, hi):
     """Rows lo..hi of every tensor of the batch, in the batch's shape."""
+    from collections.abc import Mapping
+
     import torch
 
     if torch.is_tensor(batch):
