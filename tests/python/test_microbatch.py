@@ -262,7 +262,8 @@ class Growth(unittest.TestCase):
 class Import(unittest.TestCase):
     def test_import_is_cheap(self):
         # gradd's allocator shim imports the package in every Python program.
-        code = "import sys, gradd, gradd.hf; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+        code = ("import sys, gradd, gradd.hf; "
+                "print(sorted(m for m in ('torch', 'transformers', 'socket') if m in sys.modules))")
         env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python"))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
         self.assertEqual((r.returncode, r.stdout, r.stderr), (0, "[]\n", ""))
