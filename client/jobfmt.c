@@ -252,7 +252,9 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
     table_cell(t, "%s", j->device && *j->device ? j->device : "-");
     /* A program's steps and batches are its own, unless it reports them. */
     bool program = j->type && !strcmp(j->type, "program");
-    if (program)
+    if (program && j->micro)
+        table_cell(t, "%llu", (unsigned long long)j->step);
+    else if (program)
         table_cell(t, "-");
     else
         table_cell(t, "%llu/%llu", (unsigned long long)j->step, (unsigned long long)j->steps);
@@ -323,6 +325,25 @@ static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
     field(f, "job file", j->job_file && *j->job_file ? j->job_file : "-");
 }
 
+/* The micro-batch lines: the batch controller's, or what a program's own
+ * micro-batching reported (python/gradd). */
+static void batch_lines(FILE *f, const Gradd__JobInfo *j)
+{
+    char a[64];
+    fprintf(f, LABEL "%s (micro-batch × accumulation)\n", "batch", jobfmt_batch(j, a, sizeof a));
+    if (j->micro_max || j->micro_fit)
+        fprintf(f, LABEL "predicted max %u, found to fit %u, oom recoveries %llu\n", "", j->micro_max,
+                j->micro_fit, (unsigned long long)j->oom_recoveries);
+    else if (j->oom_recoveries)
+        fprintf(f, LABEL "oom recoveries %llu\n", "", (unsigned long long)j->oom_recoveries);
+    if (j->change_reason && *j->change_reason) {
+        fprintf(f, LABEL "%u → %u at step %llu (", "last change", j->change_from, j->change_to,
+                (unsigned long long)j->change_step);
+        table_puts(f, j->change_reason);
+        fputs(")\n", f);
+    }
+}
+
 void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
 {
     char a[64], b[64];
@@ -337,9 +358,15 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     field(f, "device", j->device && *j->device ? j->device : "-");
     fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
     if (j->type && !strcmp(j->type, "program")) {
-        /* Its own program: no steps or batches that gradd knows of. */
+        /* Its own program: steps and batches only as it reports them. */
         field(f, "type", "program");
         field(f, "command", j->command ? j->command : "");
+        if (j->micro) {
+            fprintf(f, LABEL "%llu steps\n", "progress", (unsigned long long)j->step);
+            if (isfinite(step_loss(j)))
+                fprintf(f, LABEL "%s\n", "loss", jobfmt_loss(j->loss, a, sizeof a));
+            batch_lines(f, j);
+        }
         program_times(f, j, now);
         return;
     }
@@ -351,16 +378,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
         fprintf(f, LABEL "%s\n", "val loss", jobfmt_loss(j->val_loss, a, sizeof a));
     if (isfinite(j->val_accuracy))
         fprintf(f, LABEL "%.2f%%\n", "val acc", 100.0 * j->val_accuracy);
-    fprintf(f, LABEL "%s (micro-batch × accumulation)\n", "batch", jobfmt_batch(j, a, sizeof a));
-    if (j->micro_max || j->micro_fit)
-        fprintf(f, LABEL "predicted max %u, found to fit %u, oom recoveries %llu\n", "", j->micro_max,
-                j->micro_fit, (unsigned long long)j->oom_recoveries);
-    if (j->change_reason && *j->change_reason) {
-        fprintf(f, LABEL "%u → %u at step %llu (", "last change", j->change_from, j->change_to,
-                (unsigned long long)j->change_step);
-        table_puts(f, j->change_reason);
-        fputs(")\n", f);
-    }
+    batch_lines(f, j);
     field(f, "speed", jobfmt_speed(j, a, sizeof a));
 
     fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");

@@ -12,7 +12,9 @@ pkgs=(
   # What the tests run beyond the build: python3 -m venv (scripts/pyenv.sh),
   # systemd-analyze and systemd-socket-activate (test_systemd), setpriv
   # (test_service_user).  A minimal Debian (debootstrap, a container) lacks
-  # the first two.  python3-torch (CPU-only): the allocator shim's tests.
+  # the first two.  python3-torch (CPU-only): the allocator shim's and the
+  # `gradd` Python package's tests (tests/python), and the Trainer test's
+  # venv (scripts/pyenv-hf.sh).
   python3-venv systemd util-linux python3-torch
 )
 

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 py=$(scripts/pyenv.sh)
+# The Trainer test's venv; without it (offline) that test skips.
+hf=$(scripts/pyenv-hf.sh) || hf=
 if [ "${1:-}" = "--sanitize" ]; then
   dir=build/asan
   opts=(-Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug)
@@ -16,5 +18,5 @@ else
   dir=build/test
   opts=(-Dwerror=true)
 fi
-scripts/build.sh "$dir" "${opts[@]}" -Dpython_venv="$py"
+scripts/build.sh "$dir" "${opts[@]}" -Dpython_venv="$py" -Dhf_venv="$hf"
 meson test -C "$dir" --print-errorlogs --num-processes 2

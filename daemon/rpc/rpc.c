@@ -39,6 +39,7 @@ static const rpc_command commands[] = {
     [GRADD__REQUEST__BODY_METRICS] = {.answer = rpc_metrics},
     [GRADD__REQUEST__BODY_SAMPLE] = {.defer = rpc_sample},
     [GRADD__REQUEST__BODY_REMOVE] = {.answer = rpc_remove},
+    [GRADD__REQUEST__BODY_REPORT] = {.answer = rpc_report},
 };
 
 rpc_reply rpc_dispatch(const rpc_call *c, const Gradd__Request *req)

@@ -10,6 +10,7 @@
  *   sample.c      sample: text from a job's model, generated off the loop
  *   test_hooks.c  test_pressure, test_alloc, test_hang (only with --test-hooks)
  *   procs.c       the processes on each device, for status
+ *   report.c      report: a program job's micro-batch, from its own program
  */
 #ifndef GRADD_RPC_INTERNAL_H
 #define GRADD_RPC_INTERNAL_H
@@ -113,5 +114,7 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req);
 void rpc_test_pressure(const rpc_call *c, const Gradd__Request *req);
 void rpc_test_alloc(const rpc_call *c, const Gradd__Request *req);
 void rpc_test_hang(const rpc_call *c, const Gradd__Request *req);
+/* report.c */
+void rpc_report(const rpc_call *c, const Gradd__Request *req);
 
 #endif

@@ -74,6 +74,9 @@ submit_req = request(1, f_bytes(20, f_bytes(1, "/home/u/job.cfg") +
 sample_req = request(1, f_bytes(27, f_varint(1, 1) + f_bytes(2, "Q: ") + f_varint(3, 50) +
                                   f_varint(4, 1) + f_double(5, 0.8) + f_varint(6, 1) + f_varint(7, 42)))
 hang_req = request(1, f_bytes(16, f_bytes(1, "cpu0") + f_varint(2, 1)))
+report_req = request(1, f_bytes(29, f_varint(1, 3) + f_varint(2, 8) + f_varint(3, 4) + f_varint(4, 120) +
+                                  f_varint(5, 16) + f_varint(6, 8) + f_bytes(7, "oom") + f_varint(8, 1) +
+                                  f_double(9, 2.5)))
 
 # ---- responses (gradd.Response) ----------------------------------------------
 error_resp = f_varint(1, 1) + f_bytes(9, f_varint(1, 1) + f_bytes(2, "protocol version mismatch"))
@@ -124,6 +127,7 @@ SEEDS = {
                                                               f_bytes(3, "/r/model.safetensors") + f_varint(4, 600) +
                                                               f_varint(5, 256) + f_varint(6, 42) +
                                                               f_double(7, 2.0)))),
+    "report_then_ack": seed(frame(report_req) + frame(f_varint(1, 1) + f_bytes(29, b"")), chunks=(6, 30)),
 }
 
 
