@@ -239,8 +239,8 @@ if want programs; then
   jobenv="LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$top/.device/lib"
   progjob() {  # name allocator args...
     local name=$1 alloc=$2; shift 2
-    printf '[job]\nname = %s\ntype = program\ndevice = cuda:0\n[program]\ncommand = %s %s\nworkdir = /tmp\nallocator = %s\nenv = %s\ngrace = 2s\n' \
-      "$name" "$py" "$*" "$alloc" "$jobenv" >/tmp/job-$name.cfg
+    printf '[job]\nname = %s\ntype = program\ndevice = cuda:0\n[program]\ncommand = %s %s\nworkdir = /tmp\nallocator = %s\nenv = %s\ngrace = 2s\n%b' \
+      "$name" "$py" "$*" "$alloc" "$jobenv" "${PROG_EXTRA:-}" >/tmp/job-$name.cfg
     ctl submit /tmp/job-$name.cfg | grep -o '[0-9]\+' | head -1
   }
   state() { ctl --json status "$1" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["state"])'; }
@@ -270,7 +270,10 @@ print("programs: pair with gradd's pool %s, with PyTorch's allocator %s:" % (res
       "PASS" if ok else "FAIL")
 PY
   rm -f /tmp/prog-pair.txt
-  hf=$(progjob hf-trainer gradd "$top/tests/gpu/programs/hf_trainer.py $top/.device/data/fortunes /tmp/out-hf")
+  # Batch 512 does not fit a 1 GiB budget: the Trainer halves it on
+  # gradd's OOM, and gradctl status shows each size.
+  hf=$(PROG_EXTRA='[memory]\nlimit = 1G\n' progjob hf-trainer gradd \
+    "$top/tests/gpu/programs/hf_trainer.py $top/.device/data/fortunes /tmp/out-hf 512")
   for i in $(seq 100); do [ "$(state "$hf")" = running ] && break; sleep 0.2; done
   sleep 8
   ctl stats -d cuda0 | grep -E "program job|Allocated memory|Reserved memory" | head -6
