@@ -280,6 +280,7 @@ PY
   ctl status "$hf" | head -20
   for i in $(seq 600); do case $(state "$hf") in completed|failed|cancelled) break ;; esac; sleep 0.2; done
   echo "--- hf trainer: $(state "$hf")"; ctl logs "$hf" | grep -v Warning | tail -12
+  ctl status "$hf" | grep -i -E "batch|change|memory|reason"
   gpid=$(ctl --json status | "$py" -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
   kill -TERM "$gpid" 2>/dev/null; sleep 1
   echo "--- gradd log"; tail -8 /tmp/gradd-prog.log
