@@ -169,8 +169,8 @@ static int run(ctl *c, int argc, char **argv)
         case 'n': {
             char *end;
             unsigned long v = strtoul(optarg, &end, 10);
-            if (*end || end == optarg || optarg[0] == '-' || v < 1 || v > 1000)
-                return ctl_usage(c, "--limit: '%s' is not a number from 1 to 1000", optarg);
+            if (*end || end == optarg || optarg[0] == '-' || v < 1 || v > 500)
+                return ctl_usage(c, "--limit: '%s' is not a number from 1 to 500", optarg);
             hr.limit = (uint32_t)v;
             break;
         }

@@ -18,7 +18,10 @@
 #include "jobs/queue.h"
 
 #define HISTORY_DEFAULT_LIMIT 100
-#define HISTORY_MAX_LIMIT 1000
+/* Sent in one go when the work is done: the most there can be (about
+ * 1.4 KiB a record with a long reason) stays below what a connection may
+ * queue (1 MiB), so a slow reader gets all of it. */
+#define HISTORY_MAX_LIMIT 500
 #define HISTORY_FRAME 100 /* records per frame: far below any frame cap */
 #define HISTORY_WARN_MAX 5 /* damaged lines named in the log per request */
 

@@ -160,6 +160,8 @@ class History(unittest.TestCase):
         self.assertIn("--since: 'yesterday-ish' is not a time", r.stderr)
         r = d.ctl("history", "--state", "running", check=False)
         self.assertEqual(r.returncode, 2)
+        r = d.ctl("history", "-n", "501", check=False)
+        self.assertEqual((r.returncode, r.stderr.count("--limit: '501' is not a number from 1 to 500")), (2, 1))
 
         # The per-user summary: exact counts and sums (summed oldest first,
         # as the daemon reads the file).
@@ -241,7 +243,7 @@ class History(unittest.TestCase):
         self.assertEqual(os.path.getsize(self.acct + ".1"), before)
         with open(self.acct) as f:
             self.assertEqual([json.loads(l)["id"] for l in f], [jid2])
-        h = self.history("-n", "1000")
+        h = self.history("-n", "500")
         self.assertEqual(h["records"][0]["id"], jid2)
         self.assertEqual(len(h["records"]), 3 + (65536 - size) // len(filler) + 1)
         with open(self.acct, "a") as f:
