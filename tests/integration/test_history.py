@@ -232,13 +232,15 @@ class History(unittest.TestCase):
 
         # Rotation: past 64K the file becomes .1 and a new one starts with
         # the next record; the one after the next rotation replaces .1.
+        # The fillers leave less room than one of them; the next records,
+        # with longer names, do not fit in it.
         size = os.path.getsize(self.acct)
         filler = with_id(2000)
         with open(self.acct, "a") as f:
             f.write(filler * ((65536 - size) // len(filler)))
         before = os.path.getsize(self.acct)
         self.assertLessEqual(before, 65536)
-        jid2 = self.submit(self.program("two", "/bin/true"))
+        jid2 = self.submit(self.program("two-" + "x" * 50, "/bin/true"))
         harness.wait_job(d, jid2, ("completed",))
         self.assertEqual(os.path.getsize(self.acct + ".1"), before)
         with open(self.acct) as f:
@@ -248,7 +250,7 @@ class History(unittest.TestCase):
         self.assertEqual(len(h["records"]), 3 + (65536 - size) // len(filler) + 1)
         with open(self.acct, "a") as f:
             f.write(filler * ((65536 - os.path.getsize(self.acct)) // len(filler)))
-        jid3 = self.submit(self.program("three", "/bin/true"))
+        jid3 = self.submit(self.program("three-" + "x" * 50, "/bin/true"))
         harness.wait_job(d, jid3, ("completed",))
         self.assertLessEqual(os.path.getsize(self.acct + ".1"), 65536)
         with open(self.acct + ".1") as f:
