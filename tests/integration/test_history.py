@@ -11,36 +11,14 @@ import pwd
 import re
 import shutil
 import stat
-import subprocess
 import tempfile
-import time
 import unittest
 
 import harness
+import test_hostile_disk
 
-JOB = """[job]
-name = {name}
-[model]
-type = gpt
-layers = 1
-heads = 2
-width = 16
-context = 8
-vocab = 256
-[data]
-format = text
-train = {train}
-val_fraction = 0.1
-[train]
-steps = 3
-batch = 4
-micro_batch = 2
-threads = 1
-eval_every = 0
-[output]
-dir = {out}
-checkpoint_every = 0
-"""
+# The hostile-disk tests' tiny GPT: a few steps take well under a second.
+JOB = test_hostile_disk.JOB
 
 
 class History(unittest.TestCase):
@@ -71,7 +49,7 @@ class History(unittest.TestCase):
     def engine(self, name):
         path = os.path.join(self.dir, name + ".cfg")
         with open(path, "w") as f:
-            f.write(JOB.format(name=name, train=self.train, out=os.path.join(self.dir, "out-" + name)))
+            f.write(JOB.format(name=name, train=self.train, steps=3, out=os.path.join(self.dir, "out-" + name)))
         return path
 
     def program(self, name, command):
