@@ -311,6 +311,31 @@ static void indented(FILE *f, const char *label, const char *text)
 }
 
 /* A program job's times: it has no steps, speed or batch of gradd's. */
+/* The job's memory: held now and peak, then by tag.  A finished job holds
+ * nothing; its peaks were kept when it ended. */
+static void memory_lines(FILE *f, const Gradd__JobInfo *j)
+{
+    char a[64], b[64];
+    if (j->mem_peak)
+        fprintf(f, LABEL "%s (peak %s)\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-",
+                units_format_size(j->mem_peak, b, sizeof b));
+    else
+        fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");
+    int w = 0;
+    for (size_t i = 0; i < j->n_mem_tags; i++) {
+        int l = j->mem_tags[i]->tag ? (int)strlen(j->mem_tags[i]->tag) : 0;
+        if (l > w)
+            w = l;
+    }
+    for (size_t i = 0; i < j->n_mem_tags; i++) {
+        const Gradd__TagUsage *u = j->mem_tags[i];
+        if (!u->allocated && !u->peak)
+            continue;
+        fprintf(f, LABEL "  %-*s %8s  (peak %s)\n", "", w, u->tag ? u->tag : "",
+                units_format_size(u->allocated, a, sizeof a), units_format_size(u->peak, b, sizeof b));
+    }
+}
+
 static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
 {
     char a[64], b[64];
@@ -367,6 +392,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
                 fprintf(f, LABEL "%s\n", "loss", jobfmt_loss(j->loss, a, sizeof a));
             batch_lines(f, j);
         }
+        memory_lines(f, j);
         program_times(f, j, now);
         return;
     }
@@ -381,20 +407,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     batch_lines(f, j);
     field(f, "speed", jobfmt_speed(j, a, sizeof a));
 
-    fprintf(f, LABEL "%s\n", "memory", j->mem_allocated ? units_format_size(j->mem_allocated, a, sizeof a) : "-");
-    int w = 0;
-    for (size_t i = 0; i < j->n_mem_tags; i++) {
-        int l = j->mem_tags[i]->tag ? (int)strlen(j->mem_tags[i]->tag) : 0;
-        if (l > w)
-            w = l;
-    }
-    for (size_t i = 0; i < j->n_mem_tags; i++) {
-        const Gradd__TagUsage *u = j->mem_tags[i];
-        if (!u->allocated && !u->peak)
-            continue;
-        fprintf(f, LABEL "  %-*s %8s  (peak %s)\n", "", w, u->tag ? u->tag : "",
-                units_format_size(u->allocated, a, sizeof a), units_format_size(u->peak, b, sizeof b));
-    }
+    memory_lines(f, j);
     if (j->data_bytes)
         fprintf(f, LABEL "%s (%llu bytes)\n", "host data", units_format_size(j->data_bytes, a, sizeof a),
                 (unsigned long long)j->data_bytes);
@@ -511,6 +524,7 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "units_per_s", jout_real(j->units_per_s));
     json_object_set_new(o, "unit", jout_str(j->unit));
     json_object_set_new(o, "mem_allocated", jout_uint(j->mem_allocated));
+    json_object_set_new(o, "mem_peak", jout_uint(j->mem_peak));
     json_object_set_new(o, "mem_tags", tags);
     json_object_set_new(o, "data_bytes", jout_uint(j->data_bytes));
     json_object_set_new(o, "submitted_at", time_json(j->submitted_at));

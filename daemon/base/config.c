@@ -55,6 +55,12 @@ static const opts_def opts[] = {
      "bytes of job files and job logs one user may have in the state dir (the oldest finished are forgotten "
      "to make room)",
      NULL},
+    /* The accounting file outlives every job record, so it has a bound of
+     * its own; 64K at least so that any record fits. */
+    {"daemon", "max_accounting", OPTS_SIZE, D(max_accounting), 64 << 10, SZ_MAX, false, "64M",
+     "accounting.jsonl in the state dir (gradctl history): past it, it becomes accounting.jsonl.1, replacing "
+     "the one before",
+     NULL},
     {"daemon", "max_job_log", OPTS_SIZE, D(max_job_log), 64 << 10, SZ_MAX, false, "16M",
      "a job log's size: past it, its first half stays and the rest keeps the newest lines", NULL},
     {"daemon", "max_job_data", OPTS_SIZE, D(max_job_data), 1 << 20, SZ_MAX, true, "8G",

@@ -55,6 +55,7 @@ typedef struct gradd_config {
     uint64_t max_records_per_user;
     uint64_t max_bytes_per_user;
     uint64_t max_job_log;
+    uint64_t max_accounting; /* the accounting file's bound, before it rotates */
     uint64_t max_job_data; /* UINT64_MAX: unlimited */
     uint64_t max_clients_per_user;
     uint64_t max_user_priority;

@@ -120,6 +120,11 @@ typedef struct {
     size_t persistent_bytes;          /* params + grads + optimizer in the pool */
     double peak_fixed, peak_per_sample; /* the controller's fitted peak(n) = fixed + per_sample × n */
     char message[1024];               /* why it failed, a person can act on it */
+    /* Set by a runner whose job's memory is in a pool of its own (a
+     * program's), read before that pool goes: its peak, in all and by
+     * tag.  Otherwise the worker reads the device's pool. */
+    bool mem_own;
+    uint64_t mem_peak, mem_tag_peak[POOL_TAG_COUNT];
 } train_result;
 
 /* Run the job on the device behind `p` with kernels `k`.  Returns the

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "access.h"
+#include "acct.h"
 #include "fileio.h"
 #include "runner.h"
 #include "base/log.h"
@@ -66,6 +67,12 @@ static int atomic_write(const char *dir, const char *name, const void *data, siz
 
 int queue_persist(queue *q, job *j, char *err, size_t err_len)
 {
+    if (q->acct && j->state != JOB_QUEUED && j->state != JOB_RUNNING && j->accounted_at != j->finished_at) {
+        /* Marked even when the line could not be written (logged): a
+         * retry at every persist would only log the same failure. */
+        acct_append(q->acct, j);
+        j->accounted_at = j->finished_at;
+    }
     size_t len;
     char *buf = queue_format_state(j, &len);
     if (!buf) {
@@ -504,6 +511,7 @@ static job *load_job(queue *q, uint32_t id)
         /* The job can no longer run (a data file vanished, say): say why
          * rather than dropping it. */
         j->state = JOB_FAILED;
+        j->finished_at = (double)time(NULL);
         snprintf(j->reason, sizeof j->reason, "at restart: %s", err);
         queue_persist_or_retry(q, j, NULL);
         log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s", id, j->name, err);
@@ -620,6 +628,18 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
     if (q->n)
         log_info("queue: %zu jobs loaded from %s", q->n, q->dir);
     return 0;
+}
+
+void queue_set_acct(queue *q, struct acct_log *a)
+{
+    pthread_mutex_lock(&q->lock);
+    q->acct = a;
+    for (size_t i = 0; i < q->n; i++) {
+        job *j = q->jobs[i];
+        if (j->state != JOB_QUEUED && j->state != JOB_RUNNING && j->accounted_at != j->finished_at)
+            queue_persist_or_retry(q, j, NULL);
+    }
+    pthread_mutex_unlock(&q->lock);
 }
 
 void queue_close(queue *q)

@@ -46,6 +46,12 @@ typedef struct job {
     mode_t umask;          /* the submitter's: the job's outputs are created with it */
     uint32_t pgid;         /* a program job's process group while it runs; 0: none */
     uint64_t seq;          /* submit order, for ties in priority */
+    /* Its peak in its device's pool (a program's: in its own), in all and
+     * by tag, kept once it ends: the pool forgets the job then. */
+    uint64_t mem_peak, mem_tag_peak[POOL_TAG_COUNT];
+    /* The finished_at whose accounting line is written (acct.h); a job
+     * that ends again (run again after a crash) is accounted again. */
+    double accounted_at;
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is
      * all zero, so nothing may be taken from it (the model type, its
@@ -82,6 +88,7 @@ typedef struct queue {
     _Atomic bool any_bytes_over; /* some job is marked bytes_over; likewise */
     uint64_t max_records_per_user, max_bytes_per_user; /* queue_set_limits; unlimited at open */
     int lock_fd;      /* STATE_DIR/lock, flock'd while open */
+    struct acct_log *acct; /* where job ends are accounted (acct.h); NULL: nowhere */
     void (*notify)(void *user); /* both guarded by lock; called under it */
     void *notify_user;
 } queue;
@@ -107,7 +114,8 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
 
 /* The rest need the lock held. */
 job *queue_find(queue *q, uint32_t id);
-/* Write j's state file atomically; -1 with err on failure. */
+/* Write j's state file atomically; -1 with err on failure.  A job that
+ * has just ended gets its accounting line first (acct_append). */
 int queue_persist(queue *q, job *j, char *err, size_t err_len);
 /* queue_persist, and when it fails (a full disk) mark j unsaved, so that
  * queue_save_unsaved tries again until it is on disk: a job's end must not
@@ -189,6 +197,10 @@ uint64_t queue_log_grew(queue *q, job *j, uint64_t log_bytes);
  * bytes fit; if they still do not, set log_stop on the owner's running
  * jobs.  Takes the lock. */
 void queue_room_for_logs(queue *q);
+
+/* Account job ends in `a` from now on, starting with those that loading
+ * the queue made (jobs failed at restart).  Takes the lock. */
+void queue_set_acct(queue *q, struct acct_log *a);
 
 /* Call the notify callback.  The caller does not hold the lock: the
  * callback is made with it held (so that clearing notify under the lock

@@ -67,6 +67,9 @@ typedef struct {
  * results outlive the daemon.  Absent: 0, and nan for the doubles. */
 #define QS_PROG(k, kind, member) {k, kind, offsetof(job, prog.member), sizeof(((job *)0)->prog.member), true}
 
+#define QS_MEM(k, member) {k, QS_U64, offsetof(job, member), sizeof(uint64_t), true}
+#define QS_MEM_TAG(k, t) {k, QS_U64, offsetof(job, mem_tag_peak) + (t) * sizeof(uint64_t), sizeof(uint64_t), true}
+
 static const qs_field qs_fields[] = {
     QS_FIELD("id", QS_U32, id),
     QS_FIELD("name", QS_STR, name),
@@ -104,7 +107,20 @@ static const qs_field qs_fields[] = {
     QS_PROG("change_to", QS_U32, change_to),
     QS_PROG("change_step", QS_U64, change_step),
     QS_PROG("change_reason", QS_STR, change_reason),
+    /* Absent (a job from before they were kept): 0, nothing known. */
+    QS_MEM("mem_peak", mem_peak),
+    QS_MEM_TAG("mem_peak_params", POOL_TAG_PARAMS),
+    QS_MEM_TAG("mem_peak_grads", POOL_TAG_GRADS),
+    QS_MEM_TAG("mem_peak_optimizer", POOL_TAG_OPTIMIZER),
+    QS_MEM_TAG("mem_peak_activations", POOL_TAG_ACTIVATIONS),
+    QS_MEM_TAG("mem_peak_workspace", POOL_TAG_WORKSPACE),
+    QS_MEM_TAG("mem_peak_data", POOL_TAG_DATA),
+    QS_MEM_TAG("mem_peak_other", POOL_TAG_OTHER),
+    /* Absent: its finished_at (a job that ended before accounting was
+     * kept is not accounted late). */
+    {"accounted_at", QS_TIME, offsetof(job, accounted_at), sizeof(double), true},
 };
+_Static_assert(POOL_TAG_COUNT == 7, "a new pool tag needs its mem_peak_ key in the state file");
 #define QS_NFIELDS (sizeof qs_fields / sizeof qs_fields[0])
 
 /* The uid and gid are written with %u and checked against UINT32_MAX. */
@@ -459,9 +475,12 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
         if (!nl)
             return qs_fail(err, err_len, line, f->key, "no newline at the end (the file is cut short)");
     }
-    for (size_t i = 0; i < QS_NFIELDS; i++)
+    for (size_t i = 0; i < QS_NFIELDS; i++) {
         if (!seen[i] && !qs_fields[i].optional)
             return qs_fail(err, err_len, line + 1, qs_fields[i].key, "missing (the file ends before it)");
+        if (!seen[i] && qs_fields[i].off == offsetof(job, accounted_at))
+            tmp.accounted_at = tmp.finished_at;
+    }
     *out = tmp;
     return 0;
 }

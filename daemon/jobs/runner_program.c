@@ -532,6 +532,21 @@ static int pool_setup(prog *p, const runner_env *env, const job_config *cfg, cha
     return 0;
 }
 
+/* The program's peak as its page shows it, before the page goes: only a
+ * figure to show, as everything on the page. */
+static void keep_peak(const runner_env *env, train_result *res)
+{
+    pool_peer_view *pv = malloc(sizeof *pv);
+    if (pv && pool_peers_read_job(env->ctx->peers[env->dev], env->job_id, pv) && pv->live) {
+        res->mem_own = true;
+        int64_t peak = pv->stats.allocated_bytes[POOL_ALL].peak;
+        res->mem_peak = peak > 0 ? (uint64_t)peak : 0;
+        for (int t = 0; t < POOL_TAG_COUNT; t++)
+            res->mem_tag_peak[t] = pv->stats.tag_peak[t] > 0 ? (uint64_t)pv->stats.tag_peak[t] : 0;
+    }
+    free(pv);
+}
+
 static train_outcome program_run(const runner_env *env, const job_config *cfg, train_result *res)
 {
     prog *p = calloc(1, sizeof *p);
@@ -615,6 +630,8 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
         o = TRAIN_FAILED;
     }
     res->outcome = o;
+    if (p->pooled)
+        keep_peak(env, res);
     if (p->pooled)
         pool_peers_remove(env->ctx->peers[env->dev], env->job_id);
     prog_free(p);

@@ -40,6 +40,7 @@ static const rpc_command commands[] = {
     [GRADD__REQUEST__BODY_SAMPLE] = {.defer = rpc_sample},
     [GRADD__REQUEST__BODY_REMOVE] = {.answer = rpc_remove},
     [GRADD__REQUEST__BODY_REPORT] = {.answer = rpc_report},
+    [GRADD__REQUEST__BODY_HISTORY] = {.defer = rpc_history},
 };
 
 rpc_reply rpc_dispatch(const rpc_call *c, const Gradd__Request *req)
@@ -151,12 +152,26 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     /* Memory by tag from the pool the job runs in. */
     m->n_mem_tags = 0;
     m->mem_tags = st->tag_ptrs;
+    if (j->state != JOB_RUNNING && j->state != JOB_QUEUED) {
+        /* Ended: its pool forgot it; its peaks were kept. */
+        m->mem_peak = j->mem_peak;
+        for (int t = 0; t < POOL_TAG_COUNT; t++) {
+            if (!j->mem_tag_peak[t])
+                continue;
+            Gradd__TagUsage *u = &st->tags[m->n_mem_tags];
+            gradd__tag_usage__init(u);
+            u->tag = (char *)pool_tag_name((pool_tag)t);
+            u->peak = j->mem_tag_peak[t];
+            st->tag_ptrs[m->n_mem_tags++] = u;
+        }
+    }
     int di = j->state == JOB_RUNNING ? ctx_find_device(ctx, j->device) : -1;
     pool_peer_view *pv = di >= 0 && j->cfg.type == JOBCFG_PROGRAM ? malloc(sizeof *pv) : NULL;
     if (pv) {
         /* A program's memory is in its own pool, as its page shows it. */
         if (pool_peers_read_job(ctx->peers[di], j->id, pv) && pv->live) {
             m->mem_allocated = (uint64_t)pv->stats.allocated_bytes[POOL_ALL].current;
+            m->mem_peak = (uint64_t)pv->stats.allocated_bytes[POOL_ALL].peak;
             for (int t = 0; t < POOL_TAG_COUNT; t++) {
                 if (!pv->stats.tag_current[t] && !pv->stats.tag_peak[t])
                     continue;
@@ -177,6 +192,7 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
                 if (ps->jobs[r].job != j->id)
                     continue;
                 m->mem_allocated = (uint64_t)ps->jobs[r].current;
+                m->mem_peak = (uint64_t)ps->jobs[r].peak;
                 for (int t = 0; t < POOL_TAG_COUNT; t++) {
                     if (!ps->jobs[r].tag_current[t] && !ps->jobs[r].tag_peak[t])
                         continue;

@@ -11,6 +11,7 @@
  *   test_hooks.c  test_pressure, test_alloc, test_hang (only with --test-hooks)
  *   procs.c       the processes on each device, for status
  *   report.c      report: a program job's micro-batch, from its own program
+ *   history.c     history: finished jobs' accounting records, read off the loop
  */
 #ifndef GRADD_RPC_INTERNAL_H
 #define GRADD_RPC_INTERNAL_H
@@ -110,6 +111,8 @@ void rpc_metrics(const rpc_call *c, const Gradd__Request *req);
 rpc_stream *rpc_watch(const rpc_call *c, const Gradd__Request *req);
 /* sample.c */
 rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req);
+/* history.c */
+rpc_work *rpc_history(const rpc_call *c, const Gradd__Request *req);
 /* test_hooks.c */
 void rpc_test_pressure(const rpc_call *c, const Gradd__Request *req);
 void rpc_test_alloc(const rpc_call *c, const Gradd__Request *req);

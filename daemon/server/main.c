@@ -19,6 +19,7 @@
 #include "gradd-config.h"
 #include "base/log.h"
 #include "paths.h"
+#include "jobs/acct.h"
 #include "jobs/queue.h"
 #include "jobs/worker.h"
 #include "jobs/runjob.h"
@@ -240,6 +241,9 @@ int main(int argc, char **argv)
     }
     ctx.q = &q;
     queue_set_limits(&q, ctx.cfg.max_records_per_user, ctx.cfg.max_bytes_per_user);
+    static acct_log acct;
+    acct_init(&acct, state_dir, ctx.cfg.max_accounting);
+    queue_set_acct(&q, &acct);
     static server srv;
     if (server_init(&srv, &ctx, socket_path, err, sizeof err) != 0) {
         log_error("%s", err);

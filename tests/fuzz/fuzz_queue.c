@@ -77,6 +77,8 @@ static void check_same(const job *a, const job *b)
     CHECK(a->prog.change_from == b->prog.change_from && a->prog.change_to == b->prog.change_to);
     CHECK(a->prog.change_step == b->prog.change_step);
     CHECK(strcmp(a->prog.change_reason, b->prog.change_reason) == 0);
+    CHECK(a->mem_peak == b->mem_peak && memcmp(a->mem_tag_peak, b->mem_tag_peak, sizeof a->mem_tag_peak) == 0);
+    CHECK(a->accounted_at == b->accounted_at);
 }
 
 static void fuzz_state(const char *data, size_t size)

@@ -505,12 +505,44 @@ static void test_nul_and_truncation(void **state)
     /* Cut inside the last line, inside a middle line, and at a line end. */
     t = base_text(7, &len);
     char want[96];
-    expect_error_in(t, len - 1, 7, past_end(want, sizeof want, 0, "change_reason: no newline at the end (the file is cut short)"));
+    expect_error_in(t, len - 1, 7, past_end(want, sizeof want, 0, "accounted_at: no newline at the end (the file is cut short)"));
     char *at = strstr(t, "source=") + 10;
     expect_error_in(t, (size_t)(at - t), 7, "14: source: no newline at the end");
     at = strstr(t, "uid=");
     expect_error_in(t, (size_t)(at - t), 7, "3: uid: missing");
     free(t);
+}
+
+/* A finished job's kept peaks read back; a file from before accounting
+ * (no accounted_at) counts as accounted at its end, so that a restart
+ * does not account old jobs late. */
+static void test_kept_memory_and_accounted(void **state)
+{
+    (void)state;
+    job j, back;
+    base_job(&j, 7);
+    j.mem_peak = 123 * 512;
+    j.mem_tag_peak[POOL_TAG_PARAMS] = 100 * 512;
+    j.mem_tag_peak[POOL_TAG_OTHER] = 3 * 512;
+    j.finished_at = 1700000000.5;
+    j.accounted_at = 0;
+    size_t len;
+    char *t = queue_format_state(&j, &len);
+    assert_non_null(t);
+    assert_non_null(strstr(t, "\nmem_peak=62976\nmem_peak_params=51200\n"));
+    assert_non_null(strstr(t, "\nmem_peak_other=1536\naccounted_at=0.000000\n"));
+    char err[256];
+    if (queue_parse_state(t, len, 7, &back, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_true(back.mem_peak == j.mem_peak && back.accounted_at == 0);
+    assert_memory_equal(back.mem_tag_peak, j.mem_tag_peak, sizeof j.mem_tag_peak);
+    free(t);
+    t = edit("accounted_at", "", 0, &len);
+    if (queue_parse_state(t, len, 7, &back, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_true(back.accounted_at == back.finished_at);
+    free(t);
+    expect_edit_error("mem_peak_grads", "mem_peak_grads=-1\n", "mem_peak_grads: '-1' is not a number");
 }
 
 static void test_next_id(void **state)
@@ -1006,6 +1038,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_prepare_dir, setup, teardown),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_nul_and_truncation),
+        cmocka_unit_test(test_kept_memory_and_accounted),
         cmocka_unit_test(test_next_id),
         cmocka_unit_test_setup_teardown(test_open_skips_damaged_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_with_bad_next_id, setup, teardown),
