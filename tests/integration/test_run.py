@@ -146,6 +146,28 @@ class Run(unittest.TestCase):
         self.assertEqual([e.step for e in loss], list(range(1, 11)))
         self.assertAlmostEqual(loss[-1].value, [l["loss"] for l in lines if "loss" in l][-1], places=5)
         self.assertEqual([e.step for e in ea.Scalars("val/loss")], [5, 10])
+        # Throughput, the pool's memory and the micro-batch, at every step,
+        # as metrics.jsonl has them (scalars are float32).
+        self.assertEqual(sorted(ea.Tags()["scalars"]),
+                         ["batch/micro", "memory/allocated_bytes", "memory/reserved_bytes", "perf/tokens_per_s",
+                          "train/grad_norm", "train/loss", "train/lr", "val/loss"])
+        by_step = {l["step"]: l for l in lines if "loss" in l}
+        self.assertEqual([(e.step, e.value) for e in ea.Scalars("batch/micro")], [(s, 4.0) for s in range(1, 11)])
+        alloc = ea.Scalars("memory/allocated_bytes")
+        res = ea.Scalars("memory/reserved_bytes")
+        self.assertEqual([e.step for e in alloc], list(range(1, 11)))
+        self.assertEqual([e.step for e in res], list(range(1, 11)))
+        for a, r in zip(alloc, res):
+            self.assertEqual(a.value, float(np.float32(by_step[a.step]["allocated"])), a.step)
+            self.assertEqual(r.value, float(np.float32(by_step[r.step]["reserved"])), r.step)
+            self.assertGreater(a.value, 0)
+            self.assertGreaterEqual(r.value, a.value)
+            self.assertLessEqual(r.value, 4 << 30)  # the default cpu device's capacity
+        tok = ea.Scalars("perf/tokens_per_s")
+        self.assertEqual([e.step for e in tok], list(range(1, 11)))
+        for e in tok:  # metrics.jsonl keeps 6 digits
+            self.assertGreater(e.value, 0)
+            self.assertAlmostEqual(e.value / by_step[e.step]["tokens_per_s"], 1, delta=1e-5)
 
     def test_interrupt_and_resume_is_bitwise(self):
         # Long enough (some 0.3 s, ten times the poll's reaction) that the
