@@ -266,13 +266,23 @@ void outputs_step(run *r, double loss, double lr, double norm, double ups, doubl
         metrics_line(r, line);
     }
     if (r->out.tb) {
-        /* fp16 adds the loss scale, as metrics.jsonl does. */
-        const char *tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/loss_scale"};
-        const float vals[] = {(float)loss, (float)lr, (float)norm, (float)r->progress.loss_scale};
+        /* Beside the curves, what a slow or memory-bound step is read from:
+         * throughput in the model's unit, the pool's figures after the step
+         * (float, as every scalar: exact to 2^24 bytes, to 7 digits above)
+         * and the micro-batch, as metrics.jsonl has them.  fp16 adds the
+         * loss scale, as metrics.jsonl does. */
+        char per_s[32];
+        snprintf(per_s, sizeof per_s, "perf/%s_per_s", r->kind->units);
+        const char *tags[] = {"train/loss",    "train/lr",    "train/grad_norm",
+                              per_s,           "memory/allocated_bytes", "memory/reserved_bytes",
+                              "batch/micro",   "train/loss_scale"};
+        const float vals[] = {(float)loss,      (float)lr,            (float)norm,
+                              (float)ups,       (float)pr->allocated, (float)pr->reserved,
+                              (float)pr->micro, (float)r->progress.loss_scale};
         /* To the kernel at every logged step, as metrics.jsonl: a live
          * tensorboard sees it, and a kill -9 loses nothing logged before
          * the checkpoint a resume starts after. */
-        size_t n = r->j->precision == JOBCFG_FP16 ? 4 : 3;
+        size_t n = r->j->precision == JOBCFG_FP16 ? 8 : 7;
         if (tb_scalars(r->out.tb, (int64_t)r->progress.step, wall_s(), n, tags, vals) != 0 ||
             tb_flush(r->out.tb) != 0)
             log_failed(r, tb_error(r->out.tb));

@@ -249,9 +249,14 @@ typedef struct pool_event {
 void pool_timeline_mark(pool *p, pool_event_kind kind, uint32_t job, size_t bytes, const char *note);
 /* Copy up to max of the newest events, oldest first; returns how many. */
 size_t pool_timeline_snapshot(pool *p, pool_event *out, size_t max);
-/* Chrome/Perfetto trace JSON ("traceEvents"): an instant event per event,
- * one thread track per job, and counter tracks ("ph":"C") for allocated
- * bytes per tag and reserved bytes per pool.  0, or -1 with errno set. */
+/* Chrome/Perfetto trace JSON ("traceEvents"): each block's life as an
+ * async slice on its job's track ("b" at its alloc, "e" at its free, both
+ * named "job N", cat "block", id the alloc's sequence number since the
+ * pool began; a block still alive ends at the export's start with
+ * "alive": true), an instant event for each other event and for a free
+ * whose alloc the ring no longer holds, and counter tracks ("ph":"C") for
+ * allocated bytes per tag and reserved bytes per pool.  0, or -1 with
+ * errno set. */
 int pool_timeline_write_json(pool *p, FILE *f);
 /* The same trace in parts, so that a caller can send it as its reader
  * takes it: begin copies the ring (NULL with errno set); each next appends

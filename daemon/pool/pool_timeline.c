@@ -12,6 +12,10 @@
  * carries its size, and the ring always holds the newest events without
  * gaps, so the figures before the oldest event held are today's figures
  * minus the sum of the held events' changes.
+ *
+ * A block's alloc and free are paired into one async slice ("b"/"e"), so
+ * that a viewer draws its lifetime; the same gap-free property makes the
+ * pairing exact (pair_blocks).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* for clock_gettime etc. under -std=c11 */
@@ -251,16 +255,84 @@ static int instant(FILE *f, const pool_event *e, double ts)
     return rc;
 }
 
+/* ---- block lifetimes ---------------------------------------------------------------------- */
+
+#define PAIR_NONE UINT32_MAX
+
 /* An export in progress: the ring as it was when it began, and the
  * counter tracks as far as the events written so far. */
 struct pool_tl_export {
     pool_event *ev;
+    uint32_t *pair; /* per event: its block's free (for an alloc) or alloc (for a free); PAIR_NONE */
     size_t n, next; /* events held; the next to write */
+    size_t tail;    /* the next event to look at for a block still alive */
     int64_t tags[POOL_TAG_COUNT], res[POOL_NSUB];
-    uint64_t total, t0;
+    uint64_t total, t0, end_ns; /* end_ns: when the export began, where live blocks end */
     char device[16];
-    int phase; /* 0: the header is next; 1: events; 2: done */
+    int phase; /* 0: the header is next; 1: events; 2: live blocks' ends; 3: done */
 };
+
+static bool is_block_event(const pool_event *e)
+{
+    return !e->external && (e->kind == POOL_EV_ALLOC || e->kind == POOL_EV_FREE);
+}
+
+/* Pair each free with its block's alloc.  A live block's address is its
+ * own, so the latest alloc at a free's address before it is that block's
+ * alloc -- if the ring still holds it.  And it does whenever the ring
+ * holds any earlier alloc at the address: the ring keeps the newest
+ * events without gaps, and the block's alloc came after that one.  So a
+ * free whose address was last allocated by an already paired alloc (or
+ * never) lost its alloc to the ring's overwriting.  A hash of addresses
+ * to their latest alloc, open addressing, lives only while pairing.
+ * 0, or -1 when the host is out of memory. */
+static int pair_blocks(pool_tl_export *x)
+{
+    size_t allocs = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        x->pair[i] = PAIR_NONE;
+        allocs += is_block_event(&x->ev[i]) && x->ev[i].kind == POOL_EV_ALLOC;
+    }
+    if (!allocs)
+        return 0;
+    size_t cap = 16;
+    while (cap < 2 * allocs)
+        cap *= 2;
+    struct slot {
+        uint64_t addr;
+        uint32_t idx1; /* the alloc's index + 1; 0: empty */
+    } *map = calloc(cap, sizeof *map);
+    if (!map)
+        return -1;
+    for (size_t i = 0; i < x->n; i++) {
+        const pool_event *e = &x->ev[i];
+        if (!is_block_event(e))
+            continue;
+        size_t h = (size_t)((e->addr >> 9) * 0x9E3779B97F4A7C15ull) & (cap - 1);
+        while (map[h].idx1 && map[h].addr != e->addr)
+            h = (h + 1) & (cap - 1);
+        if (e->kind == POOL_EV_ALLOC) {
+            map[h].addr = e->addr;
+            map[h].idx1 = (uint32_t)i + 1;
+        } else if (map[h].idx1 && x->pair[map[h].idx1 - 1] == PAIR_NONE) {
+            x->pair[map[h].idx1 - 1] = (uint32_t)i;
+            x->pair[i] = map[h].idx1 - 1;
+        }
+    }
+    free(map);
+    return 0;
+}
+
+/* A block's slice on its job's async track, named for the job: its id is
+ * its alloc's sequence number since the pool began, one per lifetime even
+ * where an address is used again. */
+static void slice_edge(FILE *f, const pool_tl_export *x, size_t alloc, char ph, double ts)
+{
+    const pool_event *a = &x->ev[alloc];
+    fprintf(f, ",\n{\"name\":\"job %u\",\"cat\":\"block\",\"ph\":\"%c\",\"id\":%llu,\"ts\":%.3f,\"pid\":1,"
+               "\"tid\":%llu",
+            a->job, ph, (unsigned long long)(x->total - x->n + alloc), ts, (unsigned long long)a->job + 1);
+}
 
 pool_tl_export *pool_timeline_export_begin(pool *p)
 {
@@ -284,8 +356,17 @@ pool_tl_export *pool_timeline_export_begin(pool *p)
             x->res[i % POOL_NSUB] += (int64_t)sg->size;
     x->total = p->ring_total;
     x->t0 = p->t0_ns;
+    x->end_ns = pool_now_ns(); /* after ring_copy's clock reading: no event is later */
     pthread_mutex_unlock(&p->lock);
     snprintf(x->device, sizeof x->device, "%s", p->d->id);
+    /* The ring holds at most 2^24 events (gradd.conf caps it), so an
+     * index fits a uint32_t. */
+    x->pair = x->n ? malloc(x->n * sizeof *x->pair) : NULL;
+    if (x->n && (!x->pair || pair_blocks(x) != 0)) {
+        pool_timeline_export_free(x);
+        errno = ENOMEM;
+        return NULL;
+    }
 
     /* Wind the counters back to just before the oldest held event. */
     for (size_t i = 0; i < x->n; i++) {
@@ -343,10 +424,32 @@ static int export_header(pool_tl_export *x, FILE *f)
     return bad;
 }
 
-static int export_event(pool_tl_export *x, FILE *f, const pool_event *e)
+/* A paired or still live block's alloc begins its slice, with what the
+ * instant would have said; its free ends it.  A free whose alloc the ring
+ * lost stays an instant. */
+static int block_edge(pool_tl_export *x, FILE *f, size_t i, double ts)
 {
+    const pool_event *e = &x->ev[i];
+    if (e->kind == POOL_EV_ALLOC) {
+        slice_edge(f, x, i, 'b', ts);
+        fprintf(f, ",\"args\":{\"bytes\":%llu,\"tag\":\"%s\",\"job\":%u,\"pool\":\"%s\",\"addr\":\"0x%llx\","
+                   "\"requested\":%llu}}",
+                (unsigned long long)e->bytes, pool_tag_name((pool_tag)e->tag), e->job, e->small ? "small" : "large",
+                (unsigned long long)e->addr, (unsigned long long)e->aux);
+        return 0;
+    }
+    if (x->pair[i] == PAIR_NONE)
+        return instant(f, e, ts);
+    slice_edge(f, x, x->pair[i], 'e', ts);
+    fputs("}", f);
+    return 0;
+}
+
+static int export_event(pool_tl_export *x, FILE *f, size_t i)
+{
+    const pool_event *e = &x->ev[i];
     double ts = ts_us(e->ns, x->t0);
-    int bad = instant(f, e, ts);
+    int bad = is_block_event(e) ? block_edge(x, f, i, ts) : instant(f, e, ts);
     if (e->external)
         return bad;
     switch (e->kind) {
@@ -382,13 +485,25 @@ int pool_timeline_export_next(pool_tl_export *x, FILE *f, size_t want)
     /* An event and its counter take a few hundred bytes: write until the
      * part is about `want` long. */
     while (x->phase == 1 && x->next < x->n && !bad) {
-        bad |= export_event(x, f, &x->ev[x->next++]);
+        bad |= export_event(x, f, x->next++);
         if (start >= 0 && (size_t)(ftell(f) - start) >= want)
             break;
     }
-    if (x->phase == 1 && x->next == x->n) {
-        fputs("\n]}\n", f);
+    if (x->phase == 1 && x->next == x->n)
         x->phase = 2;
+    /* Blocks still alive end when the export began, marked so, after
+     * every event: the trace stays in time order. */
+    double end = ts_us(x->end_ns, x->t0);
+    while (x->phase == 2 && x->tail < x->n && (start < 0 || (size_t)(ftell(f) - start) < want)) {
+        size_t i = x->tail++;
+        if (is_block_event(&x->ev[i]) && x->ev[i].kind == POOL_EV_ALLOC && x->pair[i] == PAIR_NONE) {
+            slice_edge(f, x, i, 'e', end);
+            fputs(",\"args\":{\"alive\":true}}", f);
+        }
+    }
+    if (x->phase == 2 && x->tail == x->n) {
+        fputs("\n]}\n", f);
+        x->phase = 3;
     }
     if (fflush(f) != 0 || ferror(f)) {
         if (!errno)
@@ -399,7 +514,7 @@ int pool_timeline_export_next(pool_tl_export *x, FILE *f, size_t want)
         errno = ENOMEM;
         return -1;
     }
-    return x->phase != 2;
+    return x->phase != 3;
 }
 
 void pool_timeline_export_free(pool_tl_export *x)
@@ -407,6 +522,7 @@ void pool_timeline_export_free(pool_tl_export *x)
     if (!x)
         return;
     free(x->ev);
+    free(x->pair);
     free(x);
 }
 

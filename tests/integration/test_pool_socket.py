@@ -96,6 +96,7 @@ class PoolOverSocket(DaemonTest):
             self.d.ctl("test-alloc", "-d", "cpu0", "--tag", "workspace", "--job", "3", "%dM" % (i + 1))
         self.d.ctl("test-alloc", "-d", "cpu0", "--free-all")
         self.d.ctl("trim")
+        self.d.ctl("test-alloc", "-d", "cpu0", "--tag", "params", "--job", "5", "2M")  # alive at the export
         out = os.path.join(self.d.dir, "trace.json")
         r = self.d.ctl("timeline", "-d", "cpu0", "-o", out)
         self.assertIn("open it in ui.perfetto.dev", r.stderr)
@@ -104,12 +105,33 @@ class PoolOverSocket(DaemonTest):
         events = trace["traceEvents"]
         names = [e.get("name", "") for e in events]
         self.assertGreaterEqual(sum(1 for e in events if e.get("ph") == "C"), 2, "no counter tracks")
-        kinds = " ".join(names)
-        for k in ("alloc", "free", "trim"):
-            self.assertIn(k, kinds)
-        # Counter samples are timestamps in microseconds, never decreasing.
-        ts = [e["ts"] for e in events if e.get("ph") in ("C", "i", "I")]
+        for k in ("segment_map", "segment_unmap", "trim"):
+            self.assertIn(k, names)
+        # Every block's alloc and free are one slice: no lone instants.
+        self.assertNotIn("alloc", names)
+        self.assertNotIn("free", names)
+        # Timestamps are microseconds, never decreasing.
+        ts = [e["ts"] for e in events if e.get("ph") != "M"]
         self.assertEqual(ts, sorted(ts))
+        # Each event of the ring is one entry, in order ("b" for an alloc,
+        # "e" for its free); a slice's id is its alloc's number.
+        self.assertEqual(trace["otherData"]["events_dropped"], 0)
+        ring = [e for e in events if e.get("ph") not in ("M", "C") and not e.get("args", {}).get("alive")]
+        self.assertEqual(len(ring), trace["otherData"]["events_recorded"])
+        begins = {}
+        for k, e in enumerate(ring):
+            if e["ph"] == "b":
+                self.assertEqual((e["id"], e["cat"]), (k, "block"))
+                begins[e["id"]] = e
+        slices = [(begins[e["id"]]["name"], begins[e["id"]]["args"]["bytes"], begins[e["id"]]["ts"] <= e["ts"])
+                  for e in ring if e["ph"] == "e" and e["name"] == begins[e["id"]]["name"]]
+        self.assertEqual(slices, [("job 3", (i + 1) * MiB, True) for i in range(5)])
+        self.assertEqual([(b["args"]["tag"], b["args"]["job"]) for b in begins.values()],
+                         [("workspace", 3)] * 5 + [("params", 5)])
+        # The block still alive ends at the export, marked so, last.
+        alive = [e for e in events if e.get("args", {}).get("alive")]
+        self.assertEqual([(e["ph"], e["name"], e["id"]) for e in alive], [("e", "job 5", max(begins))])
+        self.assertEqual(events[-1], alive[0])
 
     def test_full_timeline_ring(self):
         # A daemon up for a while has a full ring (65,536 events by default):
@@ -132,7 +154,7 @@ class PoolOverSocket(DaemonTest):
             self.assertGreater(os.path.getsize(out), 16 << 20)
             with open(out) as f:
                 events = json.load(f)["traceEvents"]
-            self.assertGreaterEqual(sum(1 for e in events if e.get("name", "").startswith("alloc")), 20000)
+            self.assertGreaterEqual(sum(1 for e in events if e.get("ph") == "b"), 20000)
             self.assertNotIn("not reading", d.read_log())
             # Clients that ask and do not read hold a copy of the ring each
             # (64 bytes an event), not the JSON it renders to: the answer
@@ -159,8 +181,7 @@ class PoolOverSocket(DaemonTest):
                 if tr.get(3, [0])[0]:
                     break
             trace = json.loads(b"".join(chunks))
-            self.assertGreaterEqual(sum(1 for e in trace["traceEvents"] if e.get("name", "").startswith("alloc")),
-                                    20000)
+            self.assertGreaterEqual(sum(1 for e in trace["traceEvents"] if e.get("ph") == "b"), 20000)
             for c in idle:
                 c.close()
             self.assertEqual(d.ctl("status").returncode, 0)

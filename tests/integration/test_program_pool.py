@@ -184,6 +184,9 @@ class ProgramPools(harness.DaemonTest):
         self.assertIn("program job %d (pid %d): its own pool" % (a.id, p["pid"]), text)
         m = self.d.ctl("metrics").stdout
         self.assertIn('gradd_program_pool_allocated_bytes{device="cpu0",job="%d"} %d\n' % (a.id, 32 * MiB), m)
+        # Its job's memory by tag is its own pool's: the shim tags it all "other".
+        self.assertRegex(m, r'gradd_job_memory_bytes\{job="%d",[^}]*,device="cpu0",tag="other"\} %d\n'
+                         % (a.id, 32 * MiB))
         # The timeline has the program's segment on its job's track.
         self.assertEqual(a.cmd("freeall"), "ok")
         wait_pool(self, a.id, lambda p: cur(p, "allocated_bytes") == 0)

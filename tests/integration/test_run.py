@@ -146,6 +146,28 @@ class Run(unittest.TestCase):
         self.assertEqual([e.step for e in loss], list(range(1, 11)))
         self.assertAlmostEqual(loss[-1].value, [l["loss"] for l in lines if "loss" in l][-1], places=5)
         self.assertEqual([e.step for e in ea.Scalars("val/loss")], [5, 10])
+        # Throughput, the pool's memory and the micro-batch, at every step,
+        # as metrics.jsonl has them (scalars are float32).
+        self.assertEqual(sorted(ea.Tags()["scalars"]),
+                         ["batch/micro", "memory/allocated_bytes", "memory/reserved_bytes", "perf/tokens_per_s",
+                          "train/grad_norm", "train/loss", "train/lr", "val/loss"])
+        by_step = {l["step"]: l for l in lines if "loss" in l}
+        self.assertEqual([(e.step, e.value) for e in ea.Scalars("batch/micro")], [(s, 4.0) for s in range(1, 11)])
+        alloc = ea.Scalars("memory/allocated_bytes")
+        res = ea.Scalars("memory/reserved_bytes")
+        self.assertEqual([e.step for e in alloc], list(range(1, 11)))
+        self.assertEqual([e.step for e in res], list(range(1, 11)))
+        for a, r in zip(alloc, res):
+            self.assertEqual(a.value, float(np.float32(by_step[a.step]["allocated"])), a.step)
+            self.assertEqual(r.value, float(np.float32(by_step[r.step]["reserved"])), r.step)
+            self.assertGreater(a.value, 0)
+            self.assertGreaterEqual(r.value, a.value)
+            self.assertLessEqual(r.value, 4 << 30)  # the default cpu device's capacity
+        tok = ea.Scalars("perf/tokens_per_s")
+        self.assertEqual([e.step for e in tok], list(range(1, 11)))
+        for e in tok:  # metrics.jsonl keeps 6 digits
+            self.assertGreater(e.value, 0)
+            self.assertAlmostEqual(e.value / by_step[e.step]["tokens_per_s"], 1, delta=1e-5)
 
     def test_interrupt_and_resume_is_bitwise(self):
         # Long enough (some 0.3 s, ten times the poll's reaction) that the
@@ -257,7 +279,8 @@ class Metrics(unittest.TestCase):
     """gradctl metrics, read by the Prometheus client library's own parser."""
 
     def test_prometheus_parses_metrics(self):
-        d = harness.Daemon("[cpu]\ncapacity = 1G\n")
+        # cpu1 is left to the test hooks, to make an allocation retry there.
+        d = harness.Daemon("[cpu]\ncapacity = 1G\ndevices = 2\n", test_hooks=True)
         tmp = tempfile.mkdtemp(prefix="gradd-metrics-")
         try:
             train = os.path.join(tmp, "corpus.txt")
@@ -265,13 +288,21 @@ class Metrics(unittest.TestCase):
             cfg = os.path.join(tmp, "job.cfg")
             with open(cfg, "w") as f:
                 f.write(JOB.format(fmt="text", train=train, steps=100000, out=os.path.join(tmp, "out")).replace(
-                    "[model]", "[job]\nname = quote\"d\\name\n[model]", 1))
+                    "[model]", "[job]\nname = quote\"d\\name\ndevice = cpu0\n[model]", 1))
             jid = d.ctl("--json", "submit", cfg).stdout
             jid = json.loads(jid)["id"]
             deadline = time.time() + 60
             while time.time() < deadline and d.ctl_json("status", str(jid))["step"] < 2:
                 time.sleep(0.05)
+            # 200M fits neither cpu1's cache nor what another "process"
+            # leaves of it: the pool releases its cache and retries once.
+            d.ctl("test-alloc", "-d", "cpu1", "--tag", "activations", "100M")
+            d.ctl("test-alloc", "-d", "cpu1", "--free-all")
+            d.ctl("test-pressure", "-d", "cpu1", "850M")
+            r = d.ctl("test-alloc", "-d", "cpu1", "--tag", "activations", "200M", check=False)
+            self.assertEqual(r.returncode, 1, r.stderr)
             text = d.ctl("metrics").stdout
+            pools = {p["device"]: p for p in d.ctl_json("stats")["pools"] if not p.get("job")}
             fams = {f.name: f for f in text_string_to_metric_families(text)}
             self.assertEqual(fams["gradd_up"].samples[0].value, 1)
             mem = {s.labels["device"]: s.value for s in fams["gradd_device_memory_total_bytes"].samples}
@@ -290,6 +321,45 @@ class Metrics(unittest.TestCase):
             # Total device memory is a level, not a count, whatever its name says.
             self.assertEqual(fams["gradd_device_memory_total_bytes"].type, "gauge")
             self.assertEqual(fams["gradd_pool_reserved_bytes"].type, "gauge")
+            # Retries per device: the one made on cpu1, none on cpu0.
+            self.assertEqual(fams["gradd_pool_alloc_retries"].type, "counter")
+            retries = {s.labels["device"]: s.value for s in fams["gradd_pool_alloc_retries"].samples
+                       if s.name == "gradd_pool_alloc_retries_total"}
+            self.assertEqual(retries, {"cpu0": pools["cpu0"]["alloc_retries"], "cpu1": 1})
+            # build_info: what `gradd --version` says, value 1.
+            ver = subprocess.run([GRADD, "--version"], capture_output=True, text=True).stdout.split()
+            (bi,) = fams["gradd_build_info"].samples
+            self.assertEqual(bi.value, 1)
+            self.assertEqual((bi.labels["version"], bi.labels["protocol"]),
+                             (ver[1], str(harness.PROTOCOL_VERSION)))
+            self.assertIn(bi.labels["cuda"], ("yes", "no"))
+            # Throughput in the unit of the model: a gpt job counts tokens
+            # only; one metric per unit, none that means either.
+            def job_samples(fam):
+                return [s for s in fams[fam].samples if s.labels["job"] == str(jid)]
+            (tok,) = job_samples("gradd_job_tokens_per_second")
+            self.assertGreater(tok.value, 0)
+            self.assertEqual(job_samples("gradd_job_samples_per_second"), [])
+            self.assertNotIn("gradd_job_units_per_second", fams)
+            # Memory by tag, now and at its peak, labelled as the other job
+            # families; the persistent tags do not move while it trains, so
+            # they equal what `gradctl stats` shows for the job.
+            row = [j for j in pools["cpu0"]["jobs"] if j["job"] == jid][0]["tags"]
+            now = {s.labels["tag"]: s.value for s in job_samples("gradd_job_memory_bytes")}
+            peak = {s.labels["tag"]: s.value for s in job_samples("gradd_job_memory_peak_bytes")}
+            self.assertEqual(set(now), set(tags))
+            self.assertEqual(set(peak), set(tags))
+            for t in ("params", "grads", "optimizer"):
+                self.assertGreater(now[t], 0, t)
+                self.assertEqual((now[t], peak[t]), (row[t]["current"], row[t]["peak"]), t)
+            self.assertEqual(now["params"], now["grads"])
+            self.assertEqual(now["optimizer"], 2 * now["params"])
+            self.assertGreater(peak["activations"], 0)
+            for t in tags:
+                self.assertGreaterEqual(peak[t], now[t], t)
+            (lab,) = {(s.labels["name"], s.labels["user"], s.labels["device"])
+                      for s in job_samples("gradd_job_memory_bytes")}
+            self.assertEqual(lab, ('quote"d\\name', step[0].labels["user"], "cpu0"))
             d.ctl("cancel", str(jid))
         finally:
             d.stop()
