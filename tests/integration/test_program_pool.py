@@ -140,6 +140,21 @@ def wait_pool(test, jid, check, timeout=5):
         time.sleep(0.02)
 
 
+def shared_seen(test, held, timeout=10):
+    """Wait until the daemon's copy of cpu0 counts `held` bytes of the
+    programs' as taken.  Its peers thread sets that and each program's
+    shared word in the same tick, so B's copy then knows as well."""
+    deadline = time.time() + timeout
+    while True:
+        dev = [x for x in test.d.ctl_json("status")["devices"] if x["id"] == "cpu0"][0]
+        if dev["mem_total"] - dev["mem_free"] >= held:
+            time.sleep(0.05)
+            return
+        if time.time() > deadline:
+            test.fail("cpu0 never counted %d bytes of the programs': %s" % (held, dev))
+        time.sleep(0.02)
+
+
 def cur(p, key):
     return p[key]["all"]["current"]
 
@@ -190,13 +205,18 @@ class ProgramPools(harness.DaemonTest):
         # The timeline has the program's segment on its job's track.
         self.assertEqual(a.cmd("freeall"), "ok")
         wait_pool(self, a.id, lambda p: cur(p, "allocated_bytes") == 0)
-        time.sleep(0.3)  # a tick of the daemon's peers thread
+        # The daemon's peers thread marks it at its next tick (100 ms).
         trace = os.path.join(self.dir, "trace.json")
-        self.d.ctl("timeline", "-d", "cpu0", "-o", trace)
-        with open(trace) as f:
-            tl = json.load(f)
-        maps = [e for e in tl["traceEvents"] if e.get("name") == "segment_map"
-                and e.get("args", {}).get("job") == a.id]
+        deadline = time.time() + 10
+        while True:
+            self.d.ctl("timeline", "-d", "cpu0", "-o", trace)
+            with open(trace) as f:
+                tl = json.load(f)
+            maps = [e for e in tl["traceEvents"] if e.get("name") == "segment_map"
+                    and e.get("args", {}).get("job") == a.id]
+            if maps or time.time() > deadline:
+                break
+            time.sleep(0.05)
         self.assertTrue(maps, "no segment_map event for job %d in the timeline" % a.id)
         a.quit()
         # Gone with the program.
@@ -219,7 +239,7 @@ class ProgramPools(harness.DaemonTest):
         self.assertEqual(a.cmd("hold %d" % (64 * MiB)), "ok")
         self.assertEqual(a.cmd("freeall"), "ok")
         wait_pool(self, a.id, lambda p: cur(p, "allocated_bytes") == 0 and cur(p, "reserved_bytes") == 64 * MiB)
-        time.sleep(0.3)  # B's copy of the device learns what A holds
+        shared_seen(self, 64 * MiB)  # and B's copy of the device with it
         # B needs 64M: only A's cache can give it.
         self.assertEqual(b.cmd("hold %d" % (64 * MiB)), "ok")
         pa = wait_pool(self, a.id, lambda p: cur(p, "reserved_bytes") == 0)
@@ -244,7 +264,7 @@ class ProgramPools(harness.DaemonTest):
         self.assertEqual(a.cmd("hold %d" % (64 * MiB)), "ok")
         self.assertEqual(a.cmd("freeall"), "ok")
         wait_pool(self, a.id, lambda p: cur(p, "reserved_bytes") == 64 * MiB and cur(p, "allocated_bytes") == 0)
-        time.sleep(0.3)  # the daemon's device learns what A holds
+        shared_seen(self, 64 * MiB)
         # The daemon's own pool (an engine job's allocation, here the test
         # hook's) needs 64M of the 96M: A gives its cache back.
         r = self.d.ctl("test-alloc", "-d", "cpu0", "64M", check=False)
