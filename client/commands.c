@@ -5,6 +5,7 @@
 extern const ctl_cmd cmd_status, cmd_stats, cmd_trim, cmd_timeline, cmd_test_pressure,
     cmd_test_alloc, cmd_test_hang, cmd_sample, cmd_submit, cmd_list, cmd_cancel, cmd_rm, cmd_watch, cmd_logs, cmd_metrics,
     cmd_top;
+extern const ctl_cmd cmd_hold, cmd_release, cmd_requeue;
 
 const ctl_cmd *const ctl_commands[] = {
     &cmd_submit,
@@ -14,6 +15,9 @@ const ctl_cmd *const ctl_commands[] = {
     &cmd_watch,
     &cmd_cancel,
     &cmd_rm,
+    &cmd_hold,
+    &cmd_release,
+    &cmd_requeue,
     &cmd_logs,
     &cmd_sample,
     &cmd_metrics,

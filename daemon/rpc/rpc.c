@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "engine/batch.h"
@@ -39,6 +40,9 @@ static const rpc_command commands[] = {
     [GRADD__REQUEST__BODY_METRICS] = {.answer = rpc_metrics},
     [GRADD__REQUEST__BODY_SAMPLE] = {.defer = rpc_sample},
     [GRADD__REQUEST__BODY_REMOVE] = {.answer = rpc_remove},
+    [GRADD__REQUEST__BODY_HOLD] = {.answer = rpc_hold},
+    [GRADD__REQUEST__BODY_RELEASE] = {.answer = rpc_release},
+    [GRADD__REQUEST__BODY_REQUEUE] = {.answer = rpc_requeue},
 };
 
 rpc_reply rpc_dispatch(const rpc_call *c, const Gradd__Request *req)
@@ -147,6 +151,12 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->type = j->cfg.type == JOBCFG_PROGRAM ? "program" : "engine";
     snprintf(st->command, sizeof st->command, "%s", j->cfg.command);
     m->command = st->command;
+    m->n_depends_on = j->after.n;
+    memcpy(st->depends_on, j->after.id, j->after.n * sizeof j->after.id[0]);
+    m->depends_on = st->depends_on;
+    m->held = j->held;
+    queue_deps_waiting(ctx->q, j, st->waiting, sizeof st->waiting);
+    m->waiting = st->waiting;
     /* Memory by tag from the pool the job runs in. */
     m->n_mem_tags = 0;
     m->mem_tags = st->tag_ptrs;

@@ -10,6 +10,7 @@
  *   sample.c      sample: text from a job's model, generated off the loop
  *   test_hooks.c  test_pressure, test_alloc, test_hang (only with --test-hooks)
  *   procs.c       the processes on each device, for status
+ *   hold.c        hold, release, requeue
  */
 #ifndef GRADD_RPC_INTERNAL_H
 #define GRADD_RPC_INTERNAL_H
@@ -18,6 +19,7 @@
 
 #include <limits.h>
 
+#include "jobs/queue.h"
 #include "pool/pool.h"
 
 struct job;
@@ -59,6 +61,8 @@ typedef struct {
     char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
     char change_reason[16];
     char command[1024]; /* cut, as reason is, to keep a list frame small */
+    uint32_t depends_on[QUEUE_AFTER_MAX];
+    char waiting[256];  /* "held; waiting for " and QUEUE_AFTER_MAX ids */
 } rpc_job_store;
 
 /* Fill st from j; the caller holds the queue lock. */
@@ -98,6 +102,14 @@ void rpc_job(const rpc_call *c, const Gradd__Request *req);
 void rpc_cancel(const rpc_call *c, const Gradd__Request *req);
 void rpc_remove(const rpc_call *c, const Gradd__Request *req);
 rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req);
+/* Job `id` with the queue locked, for what only its owner, root or the
+ * admin group may do (`what`, e.g. "cancel it"); NULL, unlocked and
+ * answered, for anyone else or no such job. */
+struct job *rpc_owned_job(const rpc_call *c, uint32_t id, const char *what);
+/* hold.c */
+void rpc_hold(const rpc_call *c, const Gradd__Request *req);
+void rpc_release(const rpc_call *c, const Gradd__Request *req);
+void rpc_requeue(const rpc_call *c, const Gradd__Request *req);
 /* pool.c */
 void rpc_status(const rpc_call *c, const Gradd__Request *req);
 void rpc_stats(const rpc_call *c, const Gradd__Request *req);
