@@ -137,6 +137,7 @@ void rpc_requeue(const rpc_call *c, const Gradd__Request *req)
     j->reason[0] = '\0';
     j->started_at = j->finished_at = 0;
     j->cancel_requested = j->requeue_requested = false;
+    j->held = false; /* one cancelled while held: asked to run again, it runs */
     queue_touch(ctx->q, j);
     queue_persist_or_retry(ctx->q, j, NULL);
     pthread_cond_broadcast(&ctx->q->cond);

@@ -230,7 +230,8 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         goto out;
     }
     queue_ids after = {.n = (uint32_t)rq->n_after};
-    memcpy(after.id, rq->after, rq->n_after * sizeof rq->after[0]);
+    if (rq->n_after) /* else after may be NULL */
+        memcpy(after.id, rq->after, rq->n_after * sizeof rq->after[0]);
     int src = queue_submit_after(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, mask, user,
                                  &after, rq->hold, &id, err, sizeof err);
     if (src != 0) {

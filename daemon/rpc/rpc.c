@@ -154,7 +154,7 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->n_depends_on = j->after.n;
     memcpy(st->depends_on, j->after.id, j->after.n * sizeof j->after.id[0]);
     m->depends_on = st->depends_on;
-    m->held = j->held;
+    m->held = j->held && j->state == JOB_QUEUED; /* a hold is on a start: a cancelled job has none */
     queue_deps_waiting(ctx->q, j, st->waiting, sizeof st->waiting);
     m->waiting = st->waiting;
     /* Memory by tag from the pool the job runs in. */

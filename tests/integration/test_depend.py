@@ -138,6 +138,7 @@ class Depend(unittest.TestCase):
         h = self.submit(self.program("h", "true"), "--hold")
         w = self.submit(self.program("w", "true"), "--after", str(h))
         self.d.ctl("cancel", str(h))
+        self.assertFalse(self.info(h)["held"])  # a hold is on a start
         self.assertEqual(self.info(w)["state"], "cancelled")
         self.assertEqual(self.info(w)["reason"], "dependency %d was cancelled" % h)
 
