@@ -19,15 +19,9 @@
  * queue lock, which this releases. */
 static void answer(const rpc_call *c, job *j, Gradd__Request__BodyCase body)
 {
-    gradd_ctx *ctx = c->ctx;
-    rpc_job_store *st = malloc(sizeof *st);
-    if (!st) {
-        pthread_mutex_unlock(&ctx->q->lock);
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+    rpc_job_store *st = rpc_job_answer(c, j);
+    if (!st)
         return;
-    }
-    rpc_job_info(ctx, j, st);
-    pthread_mutex_unlock(&ctx->q->lock);
     if (body == GRADD__REQUEST__BODY_HOLD) {
         Gradd__HoldResponse r = GRADD__HOLD_RESPONSE__INIT;
         r.job = &st->msg;
@@ -42,7 +36,7 @@ static void answer(const rpc_call *c, job *j, Gradd__Request__BodyCase body)
         RPC_SEND(c, REQUEUE, requeue, &r);
     }
     free(st);
-    queue_notify(ctx->q);
+    queue_notify(c->ctx->q);
 }
 
 /* Unlock and answer a refusal. */

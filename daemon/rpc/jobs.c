@@ -22,15 +22,9 @@
  * lock, which this releases. */
 static void send_job(const rpc_call *c, job *j, bool cancel_reply)
 {
-    gradd_ctx *ctx = c->ctx;
-    rpc_job_store *st = malloc(sizeof *st);
-    if (!st) {
-        pthread_mutex_unlock(&ctx->q->lock);
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+    rpc_job_store *st = rpc_job_answer(c, j);
+    if (!st)
         return;
-    }
-    rpc_job_info(ctx, j, st);
-    pthread_mutex_unlock(&ctx->q->lock);
     if (cancel_reply) {
         Gradd__CancelResponse cr;
         gradd__cancel_response__init(&cr);

@@ -90,6 +90,17 @@ bool rpc_need_admin(const rpc_call *c, const char *what)
 
 /* ---- a job, as JobInfo ---------------------------------------------------------- */
 
+rpc_job_store *rpc_job_answer(const rpc_call *c, const job *j)
+{
+    rpc_job_store *st = malloc(sizeof *st);
+    if (st)
+        rpc_job_info(c->ctx, j, st);
+    pthread_mutex_unlock(&c->ctx->q->lock);
+    if (!st)
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+    return st;
+}
+
 void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
 {
     Gradd__JobInfo *m = &st->msg;

@@ -67,6 +67,10 @@ typedef struct {
 
 /* Fill st from j; the caller holds the queue lock. */
 void rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
+/* rpc_job_info into a malloc'd store, for an answer about j, then the
+ * queue lock (which the caller holds) released.  NULL, answered, when out
+ * of memory. */
+rpc_job_store *rpc_job_answer(const rpc_call *c, const struct job *j);
 
 /* ---- the processes on a device (procs.c) --------------------------------- */
 

@@ -10,39 +10,13 @@ import time
 import unittest
 
 import harness
+import test_jobs
 from harness import GRADCTL, Daemon
 
 # Three slots on the one device: without its dependency, a waiting job
 # would start at once beside it.
 CONF = "[daemon]\nmax_jobs_per_device = 3\n"
 
-GPT = """
-[job]
-name = {name}
-[model]
-type = gpt
-layers = 2
-heads = 2
-width = 32
-context = 16
-vocab = 256
-[data]
-format = text
-train = {train}
-val_fraction = 0.1
-[train]
-steps = {steps}
-batch = 8
-micro_batch = 4
-lr = 3e-3
-warmup = 2
-threads = 1
-eval_every = 0
-[output]
-dir = {out}
-checkpoint_every = 0
-log_every = 1
-"""
 
 
 class Depend(unittest.TestCase):
@@ -63,7 +37,8 @@ class Depend(unittest.TestCase):
     def gpt(self, name, steps):
         path = os.path.join(self.dir, name + ".cfg")
         with open(path, "w") as f:
-            f.write(GPT.format(name=name, train=self.corpus, steps=steps, out=os.path.join(self.dir, "out-" + name)))
+            f.write(test_jobs.JOB.format(name=name, train=self.corpus, steps=steps, ckpt=0,
+                                         out=os.path.join(self.dir, "out-" + name)))
         os.chmod(path, 0o644)
         return path
 
