@@ -73,7 +73,9 @@ class Depend(unittest.TestCase):
     # ---- chains ------------------------------------------------------------------
 
     def test_chain_runs_in_order(self):
-        a = self.submit(self.program("a", "sleep 0.4"))
+        # a starts held, so that the others are queued behind it however
+        # slowly this machine submits them.
+        a = self.submit(self.program("a", "sleep 0.2"), "--hold")
         b = self.submit(self.program("b", "sleep 0.2"), "--after", str(a))
         c = self.submit(self.program("c", "true"), "--after", "%d,%d" % (b, a))
         j = self.info(c)
@@ -86,6 +88,7 @@ class Depend(unittest.TestCase):
         listed = {x["id"]: x for x in self.d.ctl_json("list")["jobs"]}
         self.assertEqual(listed[b]["depends_on"], [a])
         self.assertEqual(listed[a]["depends_on"], [])
+        self.d.ctl("release", str(a))
         ends = [self.wait_state(x, "completed") for x in (a, b, c)]
         # Each started only after the one it waits for had finished.
         self.assertGreaterEqual(ends[1]["started_at"], ends[0]["finished_at"])
@@ -93,10 +96,11 @@ class Depend(unittest.TestCase):
         self.assertEqual(ends[2]["waiting"], "")
 
     def test_failure_cancels_the_chain(self):
-        a = self.submit(self.program("a", "sleep 0.3; exit 1"))
+        a = self.submit(self.program("a", "exit 1"), "--hold")
         b = self.submit(self.program("b", "true"), "--after", str(a))
         c = self.submit(self.program("c", "true"), "--after", str(b))
         other = self.submit(self.program("other", "true"))
+        self.d.ctl("release", str(a))
         self.assertEqual(self.wait_state(a, "failed")["reason"], "exited with status 1")
         jb = self.wait_state(b, "cancelled")
         self.assertEqual(jb["reason"], "dependency %d failed" % a)
@@ -205,8 +209,9 @@ class Depend(unittest.TestCase):
     def test_requeue_a_failed_job(self):
         # Fails the first time, succeeds the second.
         flag = os.path.join(self.dir, "flag")
-        a = self.submit(self.program("a", "sleep 0.3; test -e %s || { touch %s; exit 3; }" % (flag, flag)))
+        a = self.submit(self.program("a", "test -e %s || { touch %s; exit 3; }" % (flag, flag)), "--hold")
         b = self.submit(self.program("b", "true"), "--after", str(a))
+        self.d.ctl("release", str(a))
         self.assertEqual(self.wait_state(a, "failed")["reason"], "exited with status 3")
         self.wait_state(b, "cancelled")
         r = self.d.ctl("requeue", str(a))
