@@ -89,17 +89,47 @@ static int check_name(const char *name)
     return jobcfg_name_problem(name) || strlen(name) >= sizeof ((job_config *)0)->name ? -1 : 0;
 }
 
+/* The most jobs one job may wait for: the daemon's bound, which it checks. */
+#define SUBMIT_AFTER_MAX 16
+
+/* --after ID[,ID...], given once or more: the ids appended to after[*n]. */
+static int parse_after(const ctl *c, char *text, uint32_t *after, size_t *n)
+{
+    size_t before = *n;
+    for (char *save = NULL, *tok = strtok_r(text, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == SUBMIT_AFTER_MAX)
+            return ctl_usage(c, "--after: at most %d jobs", SUBMIT_AFTER_MAX);
+        if (jobfmt_parse_id(tok, &after[*n]) != 0)
+            return ctl_usage(c, "--after: '%s' is not a job id", tok);
+        (*n)++;
+    }
+    if (*n == before)
+        return ctl_usage(c, "--after needs a job id, or several separated by commas");
+    return CTL_OK;
+}
+
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"name", required_argument, NULL, 'n'},
         {"priority", required_argument, NULL, 'p'},
+        {"after", required_argument, NULL, 'a'},
+        {"hold", no_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
     Gradd__SubmitRequest sr = GRADD__SUBMIT_REQUEST__INIT;
+    uint32_t after[SUBMIT_AFTER_MAX];
+    size_t nafter = 0;
     int ch;
     while ((ch = getopt_long(argc, argv, "n:p:", longopts, NULL)) != -1) {
         switch (ch) {
+        case 'a':
+            if (parse_after(c, optarg, after, &nafter) != CTL_OK)
+                return CTL_ERR_USAGE;
+            sr.after = after;
+            sr.n_after = nafter;
+            break;
+        case 'H': sr.hold = true; break;
         case 'n':
             if (check_name(optarg) != 0)
                 return ctl_usage(c, "--name must be 1 to %zu printable bytes",
@@ -176,7 +206,7 @@ static int run(ctl *c, int argc, char **argv)
 
 const ctl_cmd cmd_submit = {
     .name = "submit",
-    .args = "FILE|- [--name NAME] [--priority P]",
+    .args = "FILE|- [--name NAME] [--priority P] [--after ID[,ID...]] [--hold]",
     .summary = "check a job file and queue it",
     .run = run,
 };

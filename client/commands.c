@@ -5,6 +5,7 @@
 extern const ctl_cmd cmd_status, cmd_stats, cmd_trim, cmd_timeline, cmd_test_pressure,
     cmd_test_alloc, cmd_test_hang, cmd_sample, cmd_submit, cmd_list, cmd_cancel, cmd_rm, cmd_watch, cmd_logs, cmd_metrics,
     cmd_top, cmd_history;
+extern const ctl_cmd cmd_hold, cmd_release, cmd_requeue;
 
 const ctl_cmd *const ctl_commands[] = {
     &cmd_submit,
@@ -15,6 +16,9 @@ const ctl_cmd *const ctl_commands[] = {
     &cmd_cancel,
     &cmd_rm,
     &cmd_history,
+    &cmd_hold,
+    &cmd_release,
+    &cmd_requeue,
     &cmd_logs,
     &cmd_sample,
     &cmd_metrics,

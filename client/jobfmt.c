@@ -248,7 +248,11 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
     table_cell(t, "%u", j->id);
     table_cell(t, "%s", j->user && *j->user ? j->user : "-");
     table_cell(t, "%s", j->name && *j->name ? j->name : "-");
-    table_cell(t, "%s", j->state && *j->state ? j->state : "-");
+    /* What keeps a queued job, where squeue puts its reason. */
+    if (j->waiting && *j->waiting)
+        table_cell(t, "%s (%s)", j->state, j->waiting);
+    else
+        table_cell(t, "%s", j->state && *j->state ? j->state : "-");
     table_cell(t, "%s", j->device && *j->device ? j->device : "-");
     /* A program's steps and batches are its own, unless it reports them. */
     bool program = j->type && !strcmp(j->type, "program");
@@ -380,6 +384,14 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     field(f, "state", j->state && *j->state ? j->state : "?");
     if ((is_state(j, "failed") || is_state(j, "cancelled")) && j->reason && *j->reason)
         indented(f, "reason", j->reason);
+    if (j->waiting && *j->waiting)
+        field(f, "waiting", j->waiting);
+    if (j->n_depends_on) {
+        fprintf(f, LABEL, "after");
+        for (size_t i = 0; i < j->n_depends_on; i++)
+            fprintf(f, "%s%u", i ? ", " : "", j->depends_on[i]);
+        fputc('\n', f);
+    }
     field(f, "device", j->device && *j->device ? j->device : "-");
     fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
     if (j->type && !strcmp(j->type, "program")) {
@@ -433,7 +445,9 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
 void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     if (is_state(j, "queued") && j->step == 0) {
-        snprintf(buf, len, "queued for %s", j->device && *j->device ? j->device : "a device");
+        bool waits = j->waiting && *j->waiting;
+        snprintf(buf, len, "queued for %s%s%s%s", j->device && *j->device ? j->device : "a device",
+                 waits ? " (" : "", waits ? j->waiting : "", waits ? ")" : "");
         return;
     }
     char loss[32], val[48] = "", speed[48] = "", eta[48] = "", mem[16];
@@ -540,5 +554,11 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "resumes", jout_uint(j->resumes));
     json_object_set_new(o, "type", jout_str(j->type && *j->type ? j->type : "engine"));
     json_object_set_new(o, "command", jout_str(j->command));
+    json_t *deps = json_array();
+    for (size_t i = 0; i < j->n_depends_on; i++)
+        json_array_append_new(deps, jout_uint(j->depends_on[i]));
+    json_object_set_new(o, "depends_on", deps);
+    json_object_set_new(o, "held", json_boolean(j->held));
+    json_object_set_new(o, "waiting", jout_str(j->waiting));
     return o;
 }

@@ -175,7 +175,8 @@ job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cud
     job *best = NULL;
     for (size_t i = 0; i < q->n; i++) {
         job *j = q->jobs[i];
-        if (j->state != JOB_QUEUED || !queue_device_matches(j->cfg.device, device_id, is_cuda, have_cuda))
+        if (j->state != JOB_QUEUED || !queue_device_matches(j->cfg.device, device_id, is_cuda, have_cuda) ||
+            !queue_deps_ready(q, j))
             continue;
         if (!best || j->priority > best->priority || (j->priority == best->priority && j->seq < best->seq))
             best = j;
@@ -197,6 +198,43 @@ static int remove_tree(const char *dir);
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
                  mode_t mask, const char *user, uint32_t *id, char *err, size_t err_len)
 {
+    return queue_submit_after(q, cfg, contents, len, uid, gid, mask, user, NULL, false, id, err, err_len);
+}
+
+/* Sort and deduplicate `in` into j->after, and check each job exists and
+ * may still complete.  Lock held.  0, or -1 with err. */
+static int take_after(queue *q, job *j, const queue_ids *in, char *err, size_t err_len)
+{
+    queue_ids *s = &j->after;
+    for (uint32_t i = 0; i < in->n && i < QUEUE_AFTER_MAX; i++) {
+        uint32_t id = in->id[i], at = s->n;
+        while (at > 0 && s->id[at - 1] > id)
+            at--;
+        if (at > 0 && s->id[at - 1] == id)
+            continue;
+        memmove(&s->id[at + 1], &s->id[at], (s->n - at) * sizeof s->id[0]);
+        s->id[at] = id;
+        s->n++;
+    }
+    for (uint32_t i = 0; i < s->n; i++) {
+        const job *d = queue_find(q, s->id[i]);
+        if (!d) {
+            snprintf(err, err_len, "submit: --after %u: no such job (it never existed or was forgotten)", s->id[i]);
+            return -1;
+        }
+        if (d->state == JOB_FAILED || d->state == JOB_CANCELLED) {
+            snprintf(err, err_len, "submit: --after %u: that job is %s, so this one could never start", s->id[i],
+                     job_state_name(d->state));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int queue_submit_after(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
+                       mode_t mask, const char *user, const queue_ids *after, bool hold, uint32_t *id, char *err,
+                       size_t err_len)
+{
     job *j = calloc(1, sizeof *j);
     if (!j) {
         snprintf(err, err_len, "out of memory");
@@ -213,8 +251,14 @@ int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t l
     j->submitted_at = now_unix();
     snprintf(j->source, sizeof j->source, "%s", cfg->source);
     j->cfg_bytes = len;
+    j->held = hold;
 
     pthread_mutex_lock(&q->lock);
+    if (after && take_after(q, j, after, err, err_len) != 0) {
+        pthread_mutex_unlock(&q->lock);
+        free(j);
+        return -2;
+    }
     if (q->next_id >= QUEUE_ID_END) {
         pthread_mutex_unlock(&q->lock);
         free(j);
@@ -335,6 +379,9 @@ int queue_remove(queue *q, uint32_t id, char *err, size_t err_len)
         snprintf(err, err_len, "job %u is %s; cancel it first", id, job_state_name(j->state));
         return -1;
     }
+    /* Its dependents first: a crash after this leaves them knowing it
+     * completed, never waiting for a job that is gone. */
+    queue_deps_forget(q, j);
     /* Out of the way in one step, then emptied: a crash in between leaves a
      * tombstone that the next start clears, never half a job. */
     char dir[PATH_MAX + 16], tomb[PATH_MAX + 32];
@@ -353,6 +400,7 @@ int queue_remove(queue *q, uint32_t id, char *err, size_t err_len)
     memmove(&q->jobs[i], &q->jobs[i + 1], (q->n - i - 1) * sizeof q->jobs[0]);
     q->n--;
     free(j);
+    queue_deps_settle(q);
     return 0;
 }
 
@@ -625,6 +673,8 @@ int queue_open(queue *q, const char *state_dir, char *err, size_t err_len)
             free(j);
     }
     closedir(d);
+    /* A dependency that failed at this restart, or whose record is gone. */
+    queue_deps_settle(q);
     if (q->n)
         log_info("queue: %zu jobs loaded from %s", q->n, q->dir);
     return 0;

@@ -30,6 +30,16 @@ typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED
 const char *job_state_name(job_state s);
 int job_state_parse(const char *name, job_state *out);
 
+/* The most jobs one job may wait for (gradctl submit --after): a bound on
+ * its state file and on what each scheduling pass looks at. */
+#define QUEUE_AFTER_MAX 16
+
+/* Job ids, ascending, each below the id of the job that holds them. */
+typedef struct {
+    uint32_t n;
+    uint32_t id[QUEUE_AFTER_MAX];
+} queue_ids;
+
 typedef struct job {
     uint32_t id;
     char name[64];
@@ -52,6 +62,12 @@ typedef struct job {
     /* The finished_at whose accounting line is written (acct.h); a job
      * that ends again (run again after a crash) is accounted again. */
     double accounted_at;
+    queue_ids after;       /* it starts once each of these has completed */
+    /* The part of `after` that completed and was forgotten since (rm,
+     * keep_finished): the dependent remembers the outcome, so what is kept
+     * for removed jobs is bounded by the jobs that wait for them. */
+    queue_ids after_done;
+    bool held;             /* queued, but kept from starting (gradctl hold) */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is
      * all zero, so nothing may be taken from it (the model type, its
@@ -63,6 +79,7 @@ typedef struct job {
                      cannot write the state dir: queue_save_unsaved does;
                      set q->any_unsaved with it */
     bool cancel_requested;
+    bool requeue_requested; /* gradctl requeue of a running job: stop it, then queue it again */
     bool prune_failed; /* queue_prune could not remove it: not tried again */
     bool save_failed;  /* its last persist failed (logged once): retried while unsaved */
     bool have_progress;
@@ -111,6 +128,13 @@ int queue_prepare_dir(const char *dir, char *err, size_t err_len);
  * set, or -1 with err. */
 int queue_submit(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
                  mode_t mask, const char *user, uint32_t *id, char *err, size_t err_len);
+/* queue_submit of a job that waits for the jobs in `after` (sorted and
+ * deduplicated here; NULL: none) and, with `hold`, for a release.  The
+ * jobs are checked under the same lock that adds the new one: -2 with err
+ * naming the first that does not exist or has failed or been cancelled. */
+int queue_submit_after(queue *q, const job_config *cfg, const void *contents, size_t len, uid_t uid, gid_t gid,
+                       mode_t mask, const char *user, const queue_ids *after, bool hold, uint32_t *id, char *err,
+                       size_t err_len);
 
 /* The rest need the lock held. */
 job *queue_find(queue *q, uint32_t id);
@@ -201,6 +225,25 @@ void queue_room_for_logs(queue *q);
 /* Account job ends in `a` from now on, starting with those that loading
  * the queue made (jobs failed at restart).  Takes the lock. */
 void queue_set_acct(queue *q, struct acct_log *a);
+/* ---- dependencies and holds (queue_deps.c); the lock held ---- */
+
+/* Can j start as far as its dependencies and hold go: not held, and each
+ * job in j->after completed (or completed and was forgotten since)? */
+bool queue_deps_ready(queue *q, const job *j);
+/* Can one of j's dependencies no longer complete (failed, cancelled, or
+ * gone without a record)?  why says which: "dependency 3 failed". */
+bool queue_deps_broken(queue *q, const job *j, char *why, size_t len);
+/* Why queued job j does not start, for people: "held", "waiting for 3, 5",
+ * "held; waiting for 3"; "" when nothing keeps it. */
+void queue_deps_waiting(queue *q, const job *j, char *buf, size_t len);
+/* Cancel every queued job one of whose dependencies failed, was cancelled
+ * or is lost, in id order, so that a chain goes in one pass (a job waits
+ * only for earlier ones); each is persisted and logged.  Then wake the
+ * workers: a completed job may have let others start.  How many went. */
+size_t queue_deps_settle(queue *q);
+/* Before finished job `gone` is forgotten: the jobs that wait for it
+ * record that it completed (or, had it not, are cancelled). */
+void queue_deps_forget(queue *q, const job *gone);
 
 /* Call the notify callback.  The caller does not hold the lock: the
  * callback is made with it held (so that clearing notify under the lock

@@ -52,6 +52,8 @@ typedef enum {
     QS_STATE, /* job_state, by name */
     QS_F64,   /* double: finite, or nan */
     QS_MODE,  /* mode_t permission bits, octal, 0 to 0777 */
+    QS_IDS,   /* queue_ids: job ids, ascending, comma-separated; empty for none */
+    QS_BOOL,  /* bool: 0 or 1 */
 } qs_kind;
 
 typedef struct {
@@ -119,6 +121,11 @@ static const qs_field qs_fields[] = {
     /* Absent: its finished_at (a job that ended before accounting was
      * kept is not accounted late). */
     {"accounted_at", QS_TIME, offsetof(job, accounted_at), sizeof(double), true},
+    /* Absent: no dependencies, none forgotten, not held (a job from
+     * before they were kept). */
+    {"after", QS_IDS, offsetof(job, after), sizeof(queue_ids), true},
+    {"after_done", QS_IDS, offsetof(job, after_done), sizeof(queue_ids), true},
+    {"held", QS_BOOL, offsetof(job, held), sizeof(bool), true},
 };
 _Static_assert(POOL_TAG_COUNT == 7, "a new pool tag needs its mem_peak_ key in the state file");
 #define QS_NFIELDS (sizeof qs_fields / sizeof qs_fields[0])
@@ -131,6 +138,15 @@ _Static_assert(sizeof(gid_t) == sizeof(uint32_t) && (gid_t)-1 > 0, "gid_t is a 3
  * bound also keeps every accepted time's %.6f form inside the grammar the
  * parser accepts, so whatever parses survives persist -> parse unchanged. */
 #define QS_TIME_MAX 1e12
+
+/* The index of the field named key (which is one). */
+static size_t qs_index(const char *key)
+{
+    size_t i = 0;
+    while (i < QS_NFIELDS - 1 && strcmp(qs_fields[i].key, key) != 0)
+        i++;
+    return i;
+}
 
 static void *qs_at(job *j, const qs_field *f)
 {
@@ -178,6 +194,13 @@ char *queue_format_state(const job *j, size_t *len)
         case QS_TIME: fprintf(f, "%.6f", *(const double *)p); break;
         case QS_STATE: fputs(job_state_name(*(const job_state *)p), f); break;
         case QS_MODE: fprintf(f, "%04o", (unsigned)*(const mode_t *)p & 0777); break;
+        case QS_BOOL: fputc(*(const bool *)p ? '1' : '0', f); break;
+        case QS_IDS: {
+            const queue_ids *s = p;
+            for (uint32_t k = 0; k < s->n && k < QUEUE_AFTER_MAX; k++)
+                fprintf(f, "%s%" PRIu32, k ? "," : "", s->id[k]);
+            break;
+        }
         case QS_F64: {
             double v = *(const double *)p;
             /* One spelling for every nan (%g may write -nan), and inf,
@@ -410,6 +433,37 @@ static int qs_value(const qs_field *f, const char *v, size_t n, uint32_t want_id
         *(mode_t *)p = (mode_t)m;
         return 0;
     }
+    case QS_BOOL:
+        if (n != 1 || (v[0] != '0' && v[0] != '1'))
+            return qs_fail(err, err_len, line, f->key, "'%s' is not 0 or 1", qs_show(shown, v, n));
+        *(bool *)p = v[0] == '1';
+        return 0;
+    case QS_IDS: {
+        /* Ascending ids below the job's own, as the writer leaves them: a
+         * job waits only for earlier ones, so no cycle can be read in. */
+        queue_ids *s = p;
+        s->n = 0;
+        for (size_t i = 0; i < n;) {
+            const char *c = memchr(v + i, ',', n - i);
+            size_t k = c ? (size_t)(c - (v + i)) : n - i;
+            rc = qs_digits(v + i, k, UINT32_MAX, &u);
+            if (rc != 0)
+                return qs_number_fail(err, err_len, line, f->key, rc, v + i, k, "job ids, 1 to 4294967295");
+            if (u == 0 || u >= want_id)
+                return qs_fail(err, err_len, line, f->key, "job %" PRIu64 " is not one before job %" PRIu32, u,
+                               want_id);
+            if (s->n > 0 && u <= s->id[s->n - 1])
+                return qs_fail(err, err_len, line, f->key, "job %" PRIu64 " is out of order (ascending, once each)",
+                               u);
+            if (s->n == QUEUE_AFTER_MAX)
+                return qs_fail(err, err_len, line, f->key, "more than %d jobs", QUEUE_AFTER_MAX);
+            s->id[s->n++] = (uint32_t)u;
+            i += k + 1;
+            if (c && i == n)
+                return qs_fail(err, err_len, line, f->key, "a comma at the end");
+        }
+        return 0;
+    }
     case QS_STATE: {
         char name[16] = "";
         job_state s;
@@ -480,6 +534,15 @@ int queue_parse_state(const char *buf, size_t len, uint32_t want_id, job *out, c
             return qs_fail(err, err_len, line + 1, qs_fields[i].key, "missing (the file ends before it)");
         if (!seen[i] && qs_fields[i].off == offsetof(job, accounted_at))
             tmp.accounted_at = tmp.finished_at;
+    }
+    /* Both lists are ascending: one walk finds an id of after_done that is
+     * not in after. */
+    for (uint32_t i = 0, k = 0; i < tmp.after_done.n; i++) {
+        while (k < tmp.after.n && tmp.after.id[k] < tmp.after_done.id[i])
+            k++;
+        if (k == tmp.after.n || tmp.after.id[k] != tmp.after_done.id[i])
+            return qs_fail(err, err_len, seen[qs_index("after_done")], "after_done",
+                           "job %" PRIu32 " is not one of after", tmp.after_done.id[i]);
     }
     *out = tmp;
     return 0;

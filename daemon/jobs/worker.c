@@ -168,7 +168,7 @@ static bool should_stop(void *user)
      * either: only a release does (workers_stop gives up on it). */
     while (r->w->hang)
         pthread_cond_wait(&q->cond, &q->lock);
-    bool stop = r->j->cancel_requested || q->stopping || r->identity_lost;
+    bool stop = r->j->cancel_requested || r->j->requeue_requested || q->stopping || r->identity_lost;
     pthread_mutex_unlock(&q->lock);
     return stop;
 }
@@ -326,7 +326,14 @@ static void run_one(worker *w, job *j)
     pthread_mutex_lock(&q->lock);
     j->mem_peak = peak;
     memcpy(j->mem_tag_peak, tag_peak, sizeof tag_peak);
-    switch (o) {
+    if (j->requeue_requested) {
+        /* gradctl requeue: back in the queue however the run ended; an
+         * engine job resumes from the checkpoint it has just written. */
+        j->requeue_requested = false;
+        j->state = JOB_QUEUED;
+        j->reason[0] = '\0';
+        j->started_at = 0;
+    } else switch (o) {
     case TRAIN_DONE:
         j->state = JOB_COMPLETED;
         break;
@@ -356,6 +363,8 @@ static void run_one(worker *w, job *j)
         j->finished_at = now_unix();
     queue_touch(q, j);
     queue_persist_or_retry(q, j, d->id);
+    /* Its end may let jobs that wait for it start, or cancel them. */
+    queue_deps_settle(q);
     /* Said from copies: once the lock is let go a finished job may be
      * removed (gradctl rm) and freed. */
     uint32_t id = j->id;

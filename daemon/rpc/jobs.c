@@ -22,15 +22,9 @@
  * lock, which this releases. */
 static void send_job(const rpc_call *c, job *j, bool cancel_reply)
 {
-    gradd_ctx *ctx = c->ctx;
-    rpc_job_store *st = malloc(sizeof *st);
-    if (!st) {
-        pthread_mutex_unlock(&ctx->q->lock);
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+    rpc_job_store *st = rpc_job_answer(c, j);
+    if (!st)
         return;
-    }
-    rpc_job_info(ctx, j, st);
-    pthread_mutex_unlock(&ctx->q->lock);
     if (cancel_reply) {
         Gradd__CancelResponse cr;
         gradd__cancel_response__init(&cr);
@@ -62,8 +56,7 @@ static job *locked_job(const rpc_call *c, uint32_t id)
     return j;
 }
 
-/* locked_job, for what only its owner, root or the admin group may do
- * (`what`, e.g. "cancel it"): NULL, unlocked and answered, for anyone else. */
+/* rpc_owned_job (rpc_internal.h). */
 static job *owned_job(const rpc_call *c, uint32_t id, const char *what)
 {
     gradd_ctx *ctx = c->ctx;
@@ -77,6 +70,11 @@ static job *owned_job(const rpc_call *c, uint32_t id, const char *what)
     pthread_mutex_unlock(&ctx->q->lock);
     rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
     return NULL;
+}
+
+job *rpc_owned_job(const rpc_call *c, uint32_t id, const char *what)
+{
+    return owned_job(c, id, what);
 }
 
 void rpc_submit(const rpc_call *c, const Gradd__Request *req)
@@ -218,9 +216,20 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
     char user[64];
     rpc_user_name(peer->uid, user, sizeof user);
     uint32_t id;
-    if (queue_submit(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, mask, user, &id, err,
-                     sizeof err) != 0) {
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, err);
+    /* Any job may be waited for, another user's too: everyone sees every
+     * job, and waiting changes nothing for its owner. */
+    if (rq->n_after > QUEUE_AFTER_MAX) {
+        snprintf(msg, sizeof msg, "submit: --after names %zu jobs; at most %d", rq->n_after, QUEUE_AFTER_MAX);
+        rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        goto out;
+    }
+    queue_ids after = {.n = (uint32_t)rq->n_after};
+    if (rq->n_after) /* else after may be NULL */
+        memcpy(after.id, rq->after, rq->n_after * sizeof rq->after[0]);
+    int src = queue_submit_after(ctx->q, cfg, rq->contents.data, rq->contents.len, peer->uid, peer->gid, mask, user,
+                                 &after, rq->hold, &id, err, sizeof err);
+    if (src != 0) {
+        rpc_error(c, src == -2 ? GRADD__ERROR__CODE__BAD_REQUEST : GRADD__ERROR__CODE__INTERNAL, err);
         goto out;
     }
     log_job(LOG_INFO, id, NULL, "job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
@@ -370,9 +379,11 @@ void rpc_cancel(const rpc_call *c, const Gradd__Request *req)
         j->finished_at = now_unix();
         snprintf(j->reason, sizeof j->reason, "cancelled by uid %u before it started", (unsigned)peer->uid);
         queue_persist_or_retry(ctx->q, j, NULL);
+        queue_deps_settle(ctx->q); /* the jobs that wait for it */
     } else if (j->state == JOB_RUNNING) {
         /* The worker stops at its next poll (between layers) and checkpoints. */
         j->cancel_requested = true;
+        j->requeue_requested = false; /* the later request wins */
     } else {
         snprintf(msg, sizeof msg, "job %u is already %s", id, job_state_name(j->state));
         pthread_mutex_unlock(&ctx->q->lock);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "engine/batch.h"
@@ -41,6 +42,9 @@ static const rpc_command commands[] = {
     [GRADD__REQUEST__BODY_REMOVE] = {.answer = rpc_remove},
     [GRADD__REQUEST__BODY_REPORT] = {.answer = rpc_report},
     [GRADD__REQUEST__BODY_HISTORY] = {.defer = rpc_history},
+    [GRADD__REQUEST__BODY_HOLD] = {.answer = rpc_hold},
+    [GRADD__REQUEST__BODY_RELEASE] = {.answer = rpc_release},
+    [GRADD__REQUEST__BODY_REQUEUE] = {.answer = rpc_requeue},
 };
 
 rpc_reply rpc_dispatch(const rpc_call *c, const Gradd__Request *req)
@@ -87,6 +91,17 @@ bool rpc_need_admin(const rpc_call *c, const char *what)
 }
 
 /* ---- a job, as JobInfo ---------------------------------------------------------- */
+
+rpc_job_store *rpc_job_answer(const rpc_call *c, const job *j)
+{
+    rpc_job_store *st = malloc(sizeof *st);
+    if (st)
+        rpc_job_info(c->ctx, j, st);
+    pthread_mutex_unlock(&c->ctx->q->lock);
+    if (!st)
+        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
+    return st;
+}
 
 void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
 {
@@ -149,6 +164,12 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->type = j->cfg.type == JOBCFG_PROGRAM ? "program" : "engine";
     snprintf(st->command, sizeof st->command, "%s", j->cfg.command);
     m->command = st->command;
+    m->n_depends_on = j->after.n;
+    memcpy(st->depends_on, j->after.id, j->after.n * sizeof j->after.id[0]);
+    m->depends_on = st->depends_on;
+    m->held = j->held && j->state == JOB_QUEUED; /* a hold is on a start: a cancelled job has none */
+    queue_deps_waiting(ctx->q, j, st->waiting, sizeof st->waiting);
+    m->waiting = st->waiting;
     /* Memory by tag from the pool the job runs in. */
     m->n_mem_tags = 0;
     m->mem_tags = st->tag_ptrs;

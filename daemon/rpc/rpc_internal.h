@@ -12,6 +12,7 @@
  *   procs.c       the processes on each device, for status
  *   report.c      report: a program job's micro-batch, from its own program
  *   history.c     history: finished jobs' accounting records, read off the loop
+ *   hold.c        hold, release, requeue
  */
 #ifndef GRADD_RPC_INTERNAL_H
 #define GRADD_RPC_INTERNAL_H
@@ -20,6 +21,7 @@
 
 #include <limits.h>
 
+#include "jobs/queue.h"
 #include "pool/pool.h"
 
 struct job;
@@ -61,10 +63,16 @@ typedef struct {
     char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
     char change_reason[16];
     char command[1024]; /* cut, as reason is, to keep a list frame small */
+    uint32_t depends_on[QUEUE_AFTER_MAX];
+    char waiting[256];  /* "held; waiting for " and QUEUE_AFTER_MAX ids */
 } rpc_job_store;
 
 /* Fill st from j; the caller holds the queue lock. */
 void rpc_job_info(gradd_ctx *ctx, const struct job *j, rpc_job_store *st);
+/* rpc_job_info into a malloc'd store, for an answer about j, then the
+ * queue lock (which the caller holds) released.  NULL, answered, when out
+ * of memory. */
+rpc_job_store *rpc_job_answer(const rpc_call *c, const struct job *j);
 
 /* ---- the processes on a device (procs.c) --------------------------------- */
 
@@ -100,6 +108,14 @@ void rpc_job(const rpc_call *c, const Gradd__Request *req);
 void rpc_cancel(const rpc_call *c, const Gradd__Request *req);
 void rpc_remove(const rpc_call *c, const Gradd__Request *req);
 rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req);
+/* Job `id` with the queue locked, for what only its owner, root or the
+ * admin group may do (`what`, e.g. "cancel it"); NULL, unlocked and
+ * answered, for anyone else or no such job. */
+struct job *rpc_owned_job(const rpc_call *c, uint32_t id, const char *what);
+/* hold.c */
+void rpc_hold(const rpc_call *c, const Gradd__Request *req);
+void rpc_release(const rpc_call *c, const Gradd__Request *req);
+void rpc_requeue(const rpc_call *c, const Gradd__Request *req);
 /* pool.c */
 void rpc_status(const rpc_call *c, const Gradd__Request *req);
 void rpc_stats(const rpc_call *c, const Gradd__Request *req);

@@ -7,6 +7,9 @@
  *   - on success id is 7, every string is terminated inside its field, the
  *     state is a known one, no uid or gid is (uid_t)-1, the umask has no
  *     bit above 0777, and every time is finite, at least 0 and below 1e12;
+ *   - its dependencies are at most QUEUE_AFTER_MAX ids, ascending, each
+ *     from 1 to 6 (a job waits only for earlier ones: no cycle), and the
+ *     forgotten ones among them are a part of them;
  *   - what parses, written by queue_format_state (what queue_persist
  *     writes), parses back to the same job, and writing that gives the
  *     same bytes again;
@@ -79,6 +82,26 @@ static void check_same(const job *a, const job *b)
     CHECK(strcmp(a->prog.change_reason, b->prog.change_reason) == 0);
     CHECK(a->mem_peak == b->mem_peak && memcmp(a->mem_tag_peak, b->mem_tag_peak, sizeof a->mem_tag_peak) == 0);
     CHECK(a->accounted_at == b->accounted_at);
+    CHECK(memcmp(&a->after, &b->after, sizeof a->after) == 0);
+    CHECK(memcmp(&a->after_done, &b->after_done, sizeof a->after_done) == 0);
+    CHECK(a->held == b->held);
+}
+
+/* Ascending ids from 1 to WANT_ID - 1, each also in `of` when given. */
+static int ids_ok(const queue_ids *s, const queue_ids *of)
+{
+    if (s->n > QUEUE_AFTER_MAX)
+        return 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        if (s->id[i] == 0 || s->id[i] >= WANT_ID || (i > 0 && s->id[i] <= s->id[i - 1]))
+            return 0;
+        int found = !of;
+        for (uint32_t k = 0; of && k < of->n; k++)
+            found |= of->id[k] == s->id[i];
+        if (!found)
+            return 0;
+    }
+    return 1;
 }
 
 static void fuzz_state(const char *data, size_t size)
@@ -102,6 +125,10 @@ static void fuzz_state(const char *data, size_t size)
     CHECK(j.uid != (uid_t)-1 && j.gid != (gid_t)-1);
     CHECK((j.umask & ~(mode_t)0777) == 0);
     CHECK(time_ok(j.submitted_at) && time_ok(j.started_at) && time_ok(j.finished_at));
+    CHECK(ids_ok(&j.after, NULL) && ids_ok(&j.after_done, &j.after));
+    unsigned char held;
+    memcpy(&held, &j.held, 1);
+    CHECK(held <= 1);
 
     size_t len1, len2;
     char *text1 = queue_format_state(&j, &len1);
