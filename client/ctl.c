@@ -70,6 +70,11 @@ static int daemon_error(ctl *c, const Gradd__Error *e)
     /* A job file refused by the daemon is a bad input file, as one refused
      * here is. */
     int rc = e->code == GRADD__ERROR__CODE__BAD_JOB ? CTL_ERR_USAGE : CTL_ERR_DAEMON;
+    /* Some say which request they answer ("sample: ..."), which the
+     * prefix says already. */
+    size_t cn = c->cmd ? strlen(c->cmd->name) : 0;
+    if (cn && strncmp(m, c->cmd->name, cn) == 0 && strncmp(m + cn, ": ", 2) == 0)
+        m += cn + 2;
     size_t n = c->job_path ? strlen(c->job_path) : 0;
     if (!n || strncmp(m, c->job_path, n) != 0)
         return ctl_error(c, rc, code, NULL, "%s", m);

@@ -202,7 +202,8 @@ static char *layout(const table *t, size_t *len)
     bool ok = true;
     for (int i = 0; i < t->nshow && ok; i++) {
         int c = t->show[i];
-        ok = scols_table_new_column(tb, t->head[c], 0, t->right[c] ? SCOLS_FL_RIGHT : 0) != NULL;
+        /* Without headings, no column is as wide as its heading. */
+        ok = scols_table_new_column(tb, t->noheadings ? "" : t->head[c], 0, t->right[c] ? SCOLS_FL_RIGHT : 0) != NULL;
     }
     for (int r = 0; r < t->nrows && ok; r++) {
         struct libscols_line *ln = scols_table_new_line(tb, NULL);

@@ -55,7 +55,7 @@ typedef struct {
     bool follow;
     double ended_at; /* following: when the job was first seen ended; 0 before */
     bool said_end;   /* the worker's last line about the job has been sent */
-    char line[24];   /* the start of the line being sent, to spot that one */
+    char line[40];   /* the start of the line being sent, to spot that one */
     size_t line_len;
     uint64_t max_log; /* [daemon] max_job_log: how far a marker can be */
 } logs_stream;
@@ -200,15 +200,27 @@ static void follow_rewrite(logs_stream *ls, char *buf)
     ls->off = off < size ? off : size;
 }
 
-/* Note the lines sent, for the one the worker writes last about the job
- * ("== job N completed..."): once that is out, the log is done. */
+/* Whether the line starting with s (n bytes of it) is the worker's last
+ * about the job: "== job N completed", "failed..." or "cancelled...". */
+static bool end_line(const logs_stream *ls, const char *s, size_t n)
+{
+    static const char *const states[] = {"completed", "failed", "cancelled"};
+    for (size_t k = 0; k < sizeof states / sizeof *states; k++) {
+        char want[sizeof ls->line];
+        int wl = snprintf(want, sizeof want, "== job %u %s", ls->id, states[k]);
+        if (n >= (size_t)wl && memcmp(s, want, (size_t)wl) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Note the lines sent, for the one the worker writes last about the job:
+ * once that is out, the log is done. */
 static void note_sent(logs_stream *ls, const char *buf, size_t n)
 {
-    char want[sizeof ls->line];
-    int wl = snprintf(want, sizeof want, "== job %u ", ls->id);
     for (size_t i = 0; i < n; i++) {
         if (buf[i] == '\n') {
-            if (ls->line_len >= (size_t)wl && memcmp(ls->line, want, (size_t)wl) == 0)
+            if (end_line(ls, ls->line, ls->line_len))
                 ls->said_end = true;
             ls->line_len = 0;
         } else if (ls->line_len < sizeof ls->line) {
