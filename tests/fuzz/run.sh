@@ -33,6 +33,8 @@
 #           daemon maps and reads it (via a memfd, sealed or not, any size)
 #   argsplit  common/argsplit.c: [program] command and env quoting, checked
 #           against a quoting of the words it returns
+#   promtext  client/promtext.c: the daemon's Prometheus text read back into
+#           JSON for `gradctl --json metrics`
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -109,7 +111,7 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm argsplit)
+HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm argsplit promtext)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
@@ -128,6 +130,7 @@ sources() {
     utf8) echo "$ROOT/common/utf8.c" ;;
     pool_shm) echo "$ROOT/daemon/pool/pool_shm.c" ;;
     argsplit) echo "$ROOT/common/argsplit.c" ;;
+    promtext) echo "$ROOT/client/promtext.c $ROOT/client/jout.c $ROOT/common/utf8.c" ;;
     esac
 }
 # Extra flags and libraries per harness.
@@ -135,6 +138,7 @@ extra() {
     case $1 in
     safetensors) echo "$JANSSON" ;;
     sample) echo "-fopenmp -lopenblas $JANSSON" ;;
+    promtext) echo "-I$ROOT/client $JANSSON" ;;
     esac
 }
 

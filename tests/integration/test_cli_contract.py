@@ -15,6 +15,7 @@ import shutil
 
 import harness
 from harness import GRADCTL
+from test_client import JOB as GPT
 
 PY = shutil.which("python3") or sys.executable
 
@@ -25,36 +26,6 @@ for i in range(10):
     print("line", i, flush=True)
     time.sleep(0.2)
 """
-
-GPT = """
-[job]
-name = {name}
-[model]
-type = gpt
-layers = 1
-heads = 2
-width = 16
-context = 8
-vocab = {vocab}
-[data]
-format = text
-train = corpus.txt
-val_fraction = 0.1
-[train]
-steps = {steps}
-batch = 4
-micro_batch = 4
-lr = 3e-3
-warmup = 1
-threads = 1
-eval_every = 0
-eval_batches = 1
-[output]
-dir = {out}
-checkpoint_every = 0
-log_every = 1
-"""
-
 
 class Contract(harness.DaemonTest):
     def setUp(self):
@@ -73,8 +44,8 @@ class Contract(harness.DaemonTest):
                           % (name, command))
 
     def gpt(self, name, steps=2, vocab=256):
-        return self.write(name + ".cfg", GPT.format(name=name, steps=steps, vocab=vocab,
-                                                    out=os.path.join(self.tmp, name + "-out")))
+        text = GPT.format(name=name, steps=steps).replace("vocab = 256", "vocab = %d" % vocab)
+        return self.write(name + ".cfg", text.replace("dir = out", "dir = %s-out" % name))
 
     def submit(self, cfg):
         return int(self.d.ctl("submit", cfg).stdout.split()[1])
