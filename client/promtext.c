@@ -141,16 +141,19 @@ json_t *promtext_json(const char *text)
             } else if (n) {
                 lab = json_object();
             }
+            char num[64] = "", *e = num;
+            double v = 0;
             if (lab && p < end && *p == ' ') {
-                char name[256], num[64];
-                snprintf(name, sizeof name, "%.*s", (int)n, line);
                 snprintf(num, sizeof num, "%.*s", (int)(end - p - 1), p + 1);
                 num[strcspn(num, " ")] = '\0'; /* a timestamp may follow */
-                char *e;
-                double v = strtod(num, &e);
+                v = strtod(num, &e);
+            }
+            if (lab && *num && !*e) {
+                char name[256];
+                snprintf(name, sizeof name, "%.*s", (int)n, line);
                 const char *type = family_get(fam, name, "type"), *help = family_get(fam, name, "help");
                 json_array_append_new(list, json_pack("{s:o, s:o, s:o, s:o, s:o}", "name", jout_str(name), "labels",
-                                                      lab, "value", *num && !*e ? number(v) : json_null(), "type",
+                                                      lab, "value", number(v), "type",
                                                       jout_str(type ? type : "untyped"), "help", jout_str(help)));
                 lab = NULL;
             }

@@ -9,8 +9,9 @@
  * one entry per sample line in the order given; a histogram's _bucket,
  * _sum and _count samples take the type and help of their family.  A value
  * that is not finite (+Inf, NaN) is null.  Lines that are not samples,
- * HELP or TYPE are skipped: the text is the daemon's, and a line this
- * reader does not know must not hide the others. */
+ * HELP or TYPE, or samples whose value is not a number, are skipped: the
+ * text is the daemon's, and a line this reader does not know must not hide
+ * the others. */
 json_t *promtext_json(const char *text);
 
 #endif
