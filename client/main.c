@@ -21,7 +21,7 @@ static void usage(FILE *f)
                "  -s, --socket PATH  daemon socket (default: $GRADD_SOCKET, then the system default)\n"
                "      --json         machine-readable output\n"
                "  -V, --version      print the version\n"
-               "  -h, --help         this help; `gradctl COMMAND -h` for a command's\n"
+               "  -h, --help         this help; `gradctl help COMMAND` for a command's\n"
                "\nexit status: 0 ok, 1 the daemon reported an error, 2 usage error, 3 daemon not reachable\n");
 }
 
