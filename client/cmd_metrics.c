@@ -6,11 +6,14 @@
 
 #include "ctl.h"
 #include "jout.h"
+#include "promtext.h"
 
 static int run(ctl *c, int argc, char **argv)
 {
-    if (argc > 1)
-        return ctl_usage(c, "unexpected argument '%s'", argv[1]);
+    if (ctl_getopt(c, argc, argv, "", NULL) != -1)
+        return CTL_ERR_USAGE; /* ctl_getopt said why */
+    if (optind < argc)
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     Gradd__MetricsRequest mr = GRADD__METRICS_REQUEST__INIT;
     Gradd__Response *resp;
     int rc = ctl_call(c, "metrics", GRADD__REQUEST__BODY_METRICS, &mr, &resp);
@@ -18,9 +21,9 @@ static int run(ctl *c, int argc, char **argv)
         return rc;
     const char *text = resp->metrics->text ? resp->metrics->text : "";
     if (c->json)
-        /* The exposition text as one string: scripts that want fields
-         * parse it with a Prometheus parser. */
-        rc = jout_print(json_pack("{s:o}", "text", jout_str(text)));
+        /* The figures as fields, for a script that has no Prometheus
+         * parser. */
+        rc = jout_print(promtext_json(text));
     else
         fputs(text, stdout);
     ctl_free(resp);

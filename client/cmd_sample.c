@@ -35,27 +35,6 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
-/* A negative number where the id goes ("sample -1"), or NULL.  getopt
- * would take it for option "-1" and say "invalid option"; it is a bad id
- * like any other.  Every option here takes a value, so an option word
- * without "=" or an attached value is followed by its value: skipped, so
- * that "--seed -1" stays the seed's to refuse. */
-static const char *negative_id(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--") == 0)
-            break;
-        if (a[0] == '-' && a[1] >= '0' && a[1] <= '9')
-            return a;
-        if (a[0] == '-' && a[1] == '-' && !strchr(a, '='))
-            i++;
-        else if (a[0] == '-' && a[1] && a[1] != '-' && !a[2])
-            i++;
-    }
-    return NULL;
-}
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -67,11 +46,8 @@ static int run(ctl *c, int argc, char **argv)
     };
     Gradd__SampleRequest sr = GRADD__SAMPLE_REQUEST__INIT;
     const char *prompt = "";
-    const char *neg = negative_id(argc, argv);
-    if (neg)
-        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", neg);
     int ch;
-    while ((ch = getopt_long(argc, argv, "p:n:t:s:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "p:n:t:s:", longopts)) != -1) {
         uint64_t v;
         char *end;
         switch (ch) {
@@ -99,7 +75,7 @@ static int run(ctl *c, int argc, char **argv)
             sr.has_seed = true;
             break;
         default:
-            return ctl_usage(c, "bad option");
+            return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (optind != argc - 1)

@@ -203,11 +203,11 @@ static int run(ctl *c, int argc, char **argv)
     };
     Gradd__StatsRequest sr = GRADD__STATS_REQUEST__INIT;
     int ch;
-    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "d:", longopts)) != -1) {
         switch (ch) {
         case 'd': sr.device = optarg; break;
         case 'r': sr.reset_peaks = true; break;
-        default: return ctl_usage(c, "bad option");
+        default: return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (optind < argc)

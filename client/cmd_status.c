@@ -155,8 +155,12 @@ static int job_status(ctl *c, int argc, char **argv)
 
 static int run(ctl *c, int argc, char **argv)
 {
-    if (argc > 1)
+    if (ctl_getopt(c, argc, argv, "", NULL) != -1)
+        return CTL_ERR_USAGE; /* ctl_getopt said why */
+    if (optind < argc) {
+        optind = 0; /* job_status parses the words again, for the id */
         return job_status(c, argc, argv);
+    }
     Gradd__StatusRequest sr = GRADD__STATUS_REQUEST__INIT;
     Gradd__Response *resp;
     int rc = ctl_call(c, "status", GRADD__REQUEST__BODY_STATUS, &sr, &resp);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,36 +15,48 @@
 #include "ctl.h"
 #include "jobcfg.h"
 #include "jobfmt.h"
+#include "jout.h"
 #include "units.h"
 
 /* The most gradctl reads: the largest [daemon] max_job_file any gradd can
  * be given.  The daemon's own limit decides, and says so. */
 #define SUBMIT_MAX_FILE ((size_t)64 << 20)
 
+/* A job file that cannot be read: "bad_job", naming the file (standard
+ * input is "(stdin)").  -1. */
+__attribute__((format(printf, 3, 4))) static int bad_file(const ctl *c, const char *path, const char *fmt, ...)
+{
+    const char *name = strcmp(path, "-") == 0 ? "(stdin)" : path;
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    ctl_error(c, CTL_ERR_USAGE, "bad_job", json_pack("{s:o}", "file", jout_str(name)), "%s: %s", name, why);
+    return -1;
+}
+
 /* Read the whole file into a malloc'd buffer, refusing more than the cap.
- * 0, or -1 after printing why. */
-static int read_job_file(const char *path, uint8_t **out, size_t *out_len)
+ * 0, or -1 after reporting why. */
+static int read_job_file(const ctl *c, const char *path, uint8_t **out, size_t *out_len)
 {
     /* "-": standard input (a script's generated job), read to its end. */
     bool in = strcmp(path, "-") == 0;
     int fd = in ? dup(STDIN_FILENO) : open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "gradctl submit: %s: cannot open: %s\n", path, strerror(errno));
-        return -1;
-    }
+    if (fd < 0)
+        return bad_file(c, path, "cannot open: %s", strerror(errno));
     struct stat st;
     if (!in && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
-        fprintf(stderr, "gradctl submit: %s: not a regular file\n", path);
         close(fd);
-        return -1;
+        return bad_file(c, path, "not a regular file");
     }
     char lim[16];
     units_format_size(SUBMIT_MAX_FILE, lim, sizeof lim);
     /* One byte more than the cap tells "too big" from "exactly the cap". */
     uint8_t *buf = malloc(SUBMIT_MAX_FILE + 1);
     if (!buf) {
-        fprintf(stderr, "gradctl submit: out of memory\n");
         close(fd);
+        ctl_error(c, CTL_ERR_DAEMON, "internal", NULL, "out of memory");
         return -1;
     }
     size_t len = 0;
@@ -52,10 +65,10 @@ static int read_job_file(const char *path, uint8_t **out, size_t *out_len)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            fprintf(stderr, "gradctl submit: %s: cannot read: %s\n", path, strerror(errno));
+            int e = errno;
             free(buf);
             close(fd);
-            return -1;
+            return bad_file(c, path, "cannot read: %s", strerror(e));
         }
         if (n == 0)
             break;
@@ -63,9 +76,8 @@ static int read_job_file(const char *path, uint8_t **out, size_t *out_len)
     }
     close(fd);
     if (len > SUBMIT_MAX_FILE) {
-        fprintf(stderr, "gradctl submit: %s: larger than %s, the most a job file may be\n", path, lim);
         free(buf);
-        return -1;
+        return bad_file(c, path, "larger than %s, the most a job file may be", lim);
     }
     *out = buf;
     *out_len = len;
@@ -121,7 +133,7 @@ static int run(ctl *c, int argc, char **argv)
     uint32_t after[SUBMIT_AFTER_MAX];
     size_t nafter = 0;
     int ch;
-    while ((ch = getopt_long(argc, argv, "n:p:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "n:p:", longopts)) != -1) {
         switch (ch) {
         case 'a':
             if (parse_after(c, optarg, after, &nafter) != CTL_OK)
@@ -142,7 +154,7 @@ static int run(ctl *c, int argc, char **argv)
                                  0, JOBCFG_PRIORITY_MAX);
             sr.has_priority = true;
             break;
-        default: return ctl_usage(c, "bad option");
+        default: return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (optind >= argc)
@@ -151,40 +163,45 @@ static int run(ctl *c, int argc, char **argv)
         return ctl_usage(c, "unexpected argument '%s'", argv[optind + 1]);
     const char *path = argv[optind];
 
-    uint8_t *contents;
-    size_t len;
-    if (read_job_file(path, &contents, &len) != 0)
+    uint8_t *contents = NULL;
+    size_t len = 0;
+    if (read_job_file(c, path, &contents, &len) != 0)
         return CTL_ERR_USAGE;
-    /* Where the job came from: it names the file in messages and anchors
-     * relative paths.  From standard input that is "(stdin)" in the
+    /* Where the job came from: it anchors relative paths, and the daemon's
+     * messages name it.  From standard input that is "(stdin)" in the
      * current directory, so relative paths mean what they do in the shell
-     * that piped it. */
+     * that piped it; messages call it "(stdin)". */
     char abs[PATH_MAX + 16];
     bool in = strcmp(path, "-") == 0;
     if (in) {
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof cwd)) {
-            fprintf(stderr, "gradctl submit: the current directory: %s\n", strerror(errno));
             free(contents);
-            return CTL_ERR_USAGE;
+            return ctl_error(c, CTL_ERR_USAGE, "bad_job", NULL, "the current directory: %s", strerror(errno));
         }
         snprintf(abs, sizeof abs, "%s/(stdin)", strcmp(cwd, "/") == 0 ? "" : cwd);
+        c->job_stdin = true;
     } else if (!realpath(path, abs)) {
-        fprintf(stderr, "gradctl submit: %s: %s\n", path, strerror(errno));
+        int e = errno;
         free(contents);
-        return CTL_ERR_USAGE;
+        return bad_file(c, path, "%s", strerror(e)), CTL_ERR_USAGE;
     }
     /* The message names FILE:LINE: [section] key, as the user wrote FILE. */
     char err[PATH_MAX + 512];
+    const char *name = in ? "(stdin)" : path;
     job_config *cfg = malloc(sizeof *cfg);
-    if (!cfg || jobcfg_load_mem(contents, len, in ? abs : path, cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "gradctl submit: %s\n", cfg ? err : "out of memory");
+    if (!cfg) {
+        free(contents);
+        return ctl_error(c, CTL_ERR_DAEMON, "internal", NULL, "out of memory");
+    }
+    if (jobcfg_load_mem(contents, len, name, cfg, err, sizeof err) != 0) {
         free(cfg);
         free(contents);
-        return CTL_ERR_USAGE;
+        return ctl_error(c, CTL_ERR_USAGE, "bad_job", ctl_where_fields(err, name), "%s", err);
     }
     free(cfg);
     sr.path = abs;
+    c->job_path = abs;
     sr.contents.data = contents;
     sr.contents.len = len;
     /* The job's outputs are created as this shell would create them: its

@@ -21,13 +21,13 @@ static int run(ctl *c, int argc, char **argv)
     Gradd__TestAllocRequest ta = GRADD__TEST_ALLOC_REQUEST__INIT;
     ta.device = "cpu0";
     int ch;
-    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "d:", longopts)) != -1) {
         switch (ch) {
         case 'd': ta.device = optarg; break;
         case 't': ta.tag = optarg; break;
         case 'j': ta.job = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'F': ta.free_all = true; break;
-        default: return ctl_usage(c, "bad option");
+        default: return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (ta.free_all && optind != argc)
@@ -41,8 +41,7 @@ static int run(ctl *c, int argc, char **argv)
         return rc;
     const Gradd__TestAllocResponse *r = resp->test_alloc;
     if (r->oom && *r->oom) {
-        fprintf(stderr, "gradctl: %s\n", r->oom);
-        rc = CTL_ERR_DAEMON;
+        rc = ctl_error(c, CTL_ERR_DAEMON, "oom", NULL, "%s", r->oom);
     } else {
         printf("%s: %u block%s held\n", ta.device, r->held, r->held == 1 ? "" : "s");
     }

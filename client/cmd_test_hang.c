@@ -12,9 +12,9 @@ static int run(ctl *c, int argc, char **argv)
     static const struct option longopts[] = {{"release", no_argument, NULL, 'r'}, {NULL, 0, NULL, 0}};
     Gradd__TestHangRequest th = GRADD__TEST_HANG_REQUEST__INIT;
     int ch;
-    while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "", longopts)) != -1) {
         if (ch != 'r')
-            return ctl_usage(c, "bad option");
+            return CTL_ERR_USAGE; /* ctl_getopt said why */
         th.release = true;
     }
     if (optind != argc - 1)

@@ -14,9 +14,9 @@ static int run(ctl *c, int argc, char **argv)
     Gradd__TestPressureRequest tp = GRADD__TEST_PRESSURE_REQUEST__INIT;
     tp.device = "cpu0";
     int ch;
-    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "d:", longopts)) != -1) {
         if (ch != 'd')
-            return ctl_usage(c, "bad option");
+            return CTL_ERR_USAGE; /* ctl_getopt said why */
         tp.device = optarg;
     }
     int rc = ctl_size_arg(c, argc, argv, &tp.bytes);

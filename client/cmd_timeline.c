@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "jout.h"
 #include "units.h"
 
 static int run(ctl *c, int argc, char **argv)
@@ -19,11 +20,11 @@ static int run(ctl *c, int argc, char **argv)
     Gradd__TimelineRequest tr = GRADD__TIMELINE_REQUEST__INIT;
     const char *out = NULL;
     int ch;
-    while ((ch = getopt_long(argc, argv, "d:o:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "d:o:", longopts)) != -1) {
         switch (ch) {
         case 'd': tr.device = optarg; break;
         case 'o': out = optarg; break;
-        default: return ctl_usage(c, "bad option");
+        default: return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (optind < argc)
@@ -39,10 +40,8 @@ static int run(ctl *c, int argc, char **argv)
     if (!to_stdout) {
         snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
         f = fopen(tmp, "w");
-        if (!f) {
-            fprintf(stderr, "gradctl timeline: cannot write %s: %s\n", tmp, strerror(errno));
-            return CTL_ERR_USAGE;
-        }
+        if (!f)
+            return ctl_error(c, CTL_ERR_USAGE, "io", NULL, "cannot write %s: %s", tmp, strerror(errno));
     }
     Gradd__Response *resp;
     int rc = ctl_call(c, "timeline", GRADD__REQUEST__BODY_TIMELINE, &tr, &resp);
@@ -65,21 +64,22 @@ static int run(ctl *c, int argc, char **argv)
         return rc;
     }
     if (fclose(f) != 0 && rc == CTL_OK) {
-        fprintf(stderr, "gradctl timeline: writing %s failed: %s\n", tmp, strerror(errno));
-        rc = CTL_ERR_USAGE;
+        rc = ctl_error(c, CTL_ERR_USAGE, "io", NULL, "writing %s failed: %s", tmp, strerror(errno));
     }
     if (rc != CTL_OK) {
         unlink(tmp);
         return rc;
     }
     if (rename(tmp, out) != 0) {
-        fprintf(stderr, "gradctl timeline: cannot rename %s to %s: %s\n", tmp, out, strerror(errno));
+        rc = ctl_error(c, CTL_ERR_USAGE, "io", NULL, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
         unlink(tmp);
-        return CTL_ERR_USAGE;
+        return rc;
     }
     char b[16];
-    if (!c->json)
-        fprintf(stderr, "%s: wrote %llu events (%s) to %s; open it in ui.perfetto.dev\n", device,
+    if (c->json)
+        return jout_print(json_pack("{s:o, s:o, s:o, s:o}", "path", jout_str(out), "bytes", jout_uint(bytes), "events",
+                                    jout_uint(events), "device", jout_str(device)));
+    fprintf(stderr, "%s: wrote %llu events (%s) to %s; open it in ui.perfetto.dev\n", device,
                 (unsigned long long)events, units_format_size(bytes, b, sizeof b), out);
     return CTL_OK;
 }

@@ -341,11 +341,6 @@ static void term_show(const char *text, int rows, int cols)
 
 /* ---- the command ---------------------------------------------------------------- */
 
-static int usage_err(const ctl *c)
-{
-    return ctl_usage(c, "usage: gradctl top [-n SECONDS] [-1|--once]");
-}
-
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -356,7 +351,7 @@ static int run(ctl *c, int argc, char **argv)
     double interval = 1.0;
     bool once = false;
     int ch;
-    while ((ch = getopt_long(argc, argv, "n:1", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "n:1", longopts)) != -1) {
         if (ch == 'n') {
             char *end;
             errno = 0;
@@ -366,11 +361,11 @@ static int run(ctl *c, int argc, char **argv)
         } else if (ch == '1') {
             once = true;
         } else {
-            return usage_err(c);
+            return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (optind < argc)
-        return usage_err(c);
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
     if (c->json)
         return ctl_usage(c, "top has no --json: use status and stats");
 

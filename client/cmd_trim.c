@@ -12,9 +12,9 @@ static int run(ctl *c, int argc, char **argv)
     static const struct option longopts[] = {{"device", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
     Gradd__TrimRequest tr = GRADD__TRIM_REQUEST__INIT;
     int ch;
-    while ((ch = getopt_long(argc, argv, "d:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "d:", longopts)) != -1) {
         if (ch != 'd')
-            return ctl_usage(c, "bad option");
+            return CTL_ERR_USAGE; /* ctl_getopt said why */
         tr.device = optarg;
     }
     if (optind < argc)

@@ -1,11 +1,13 @@
 /* cmd_watch.c — gradctl watch: follow one job until it ends.
  *
- * On a terminal, one status line redrawn in place; otherwise one plain line
- * per event (logs, pipes); with --json, one JSON object per event. */
+ * On a terminal, one status line redrawn in place; otherwise plain lines
+ * (logs, pipes), at most one a second; with --json, one JSON object per
+ * event. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ctl.h"
@@ -15,6 +17,17 @@
 
 #define BAR_MIN 10
 #define BAR_MAX 30
+
+/* Piped, a small job changes about a hundred times a second: a log or a
+ * `| tail` wants a line a second at most, like vmstat's. */
+#define PIPED_EVERY_S 1.0
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static int term_columns(void)
 {
@@ -79,6 +92,8 @@ static int run(ctl *c, int argc, char **argv)
      * ctl_next or a ^C never lands in the middle of the bar. */
     bool drawn = false, shown = false;
     uint64_t shown_step = 0;
+    double shown_at = 0;
+    char shown_state[16] = "";
     Gradd__Response *resp;
     int rc = jobfmt_id_call(c, argc, argv, GRADD__REQUEST__BODY_WATCH, NULL, &resp);
     while (rc == CTL_OK) {
@@ -100,15 +115,21 @@ static int run(ctl *c, int argc, char **argv)
             }
             drawn = true;
         } else {
-            /* The final event repeats the last step, with the job no longer
-             * running (no eta, its memory freed): a step already shown is
-             * not shown again. */
-            if (!e->final || !shown || j->step != shown_step) {
+            /* A line a second at most, and one for each change of state;
+             * the final event repeats the last step, with the job no
+             * longer running (no eta, its memory freed): a step already
+             * shown is not shown again, and one skipped is shown now. */
+            double now = mono_s();
+            bool state_changed = strncmp(shown_state, j->state ? j->state : "", sizeof shown_state - 1) != 0;
+            bool due = !shown || state_changed || now - shown_at >= PIPED_EVERY_S;
+            if (e->final ? !shown || j->step != shown_step : due) {
                 jobfmt_progress(line, sizeof line, j);
                 table_puts(stdout, line);
                 putchar('\n');
                 shown = true;
                 shown_step = j->step;
+                shown_at = now;
+                snprintf(shown_state, sizeof shown_state, "%s", j->state ? j->state : "");
             }
             if (e->final)
                 final_line(j);

@@ -20,31 +20,29 @@
 int ctl_connect(ctl *c)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(c->socket_path) >= sizeof sa.sun_path) {
-        fprintf(stderr, "gradctl: socket path %s is too long\n", c->socket_path);
-        return CTL_ERR_USAGE;
-    }
+    if (strlen(c->socket_path) >= sizeof sa.sun_path)
+        return ctl_error(c, CTL_ERR_USAGE, "usage", NULL, "socket path %s is too long", c->socket_path);
     memcpy(sa.sun_path, c->socket_path, strlen(c->socket_path) + 1);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         int e = errno;
         if (fd >= 0)
             close(fd);
+        char hint[512];
         if (e == EACCES)
             /* The socket is there; this user is not in its group. */
-            fprintf(stderr,
-                    "gradctl: cannot reach gradd at %s: %s\n"
-                    "  Its socket is for the members of gradd's socket group ([daemon] socket_group,\n"
-                    "  'gradd' by default): an admin adds you with `usermod -aG gradd USER`,\n"
-                    "  and the membership counts from your next login.\n",
-                    c->socket_path, strerror(e));
+            snprintf(hint, sizeof hint,
+                     "Its socket is for the members of gradd's socket group ([daemon] socket_group,\n"
+                     "  'gradd' by default): an admin adds you with `usermod -aG gradd USER`,\n"
+                     "  and the membership counts from your next login.");
         else
-            fprintf(stderr,
-                    "gradctl: cannot reach gradd at %s: %s\n"
-                    "  Start it with `gradd -s %s` (or `systemctl start gradd`),\n"
-                    "  or point gradctl at a running daemon with -s PATH or GRADD_SOCKET.\n",
-                    c->socket_path, strerror(e), c->socket_path);
-        return CTL_ERR_UNREACHABLE;
+            snprintf(hint, sizeof hint,
+                     "Start it with `gradd -s %s` (or `systemctl start gradd`),\n"
+                     "  or point gradctl at a running daemon with -s PATH or GRADD_SOCKET.",
+                     c->socket_path);
+        return ctl_error(c, CTL_ERR_UNREACHABLE, "unreachable",
+                         json_pack("{s:o}", "socket", jout_str(c->socket_path)),
+                         "cannot reach gradd at %s: %s\n  %s", c->socket_path, strerror(e), hint);
     }
     c->fd = fd;
     return CTL_OK;
@@ -57,30 +55,37 @@ void ctl_close(ctl *c)
     c->fd = -1;
 }
 
-/* A daemon's error reply: said on stderr, and with --json as a JSON
- * object on stdout too, so that a script reading stdout sees why.  The exit
- * code it means. */
+/* A daemon's error reply, reported as gradctl's own are.  The exit code it
+ * means. */
 static int daemon_error(ctl *c, const Gradd__Error *e)
 {
-    /* The message can quote a job file's paths: made safe to print. */
     const char *m = e->message && *e->message ? e->message : "the daemon reported an error";
-    fputs("gradctl: ", stderr);
-    table_put_text(stderr, m, strlen(m), TABLE_TEXT_LINES);
-    fputc('\n', stderr);
-    if (c->json) {
-        /* The code's name from the protocol's own enum, in lower case. */
-        const ProtobufCEnumValue *ev =
-            protobuf_c_enum_descriptor_get_value(&gradd__error__code__descriptor, (int)e->code);
-        char code[32] = "unknown";
-        if (ev)
-            for (size_t i = 0; i + 1 < sizeof code; i++)
-                if (!(code[i] = (char)tolower((unsigned char)ev->name[i])))
-                    break;
-        jout_print(json_pack("{s:{s:o, s:o}}", "error", "code", jout_str(code), "message", jout_str(m)));
-    }
+    /* The code's name from the protocol's own enum, in lower case. */
+    const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(&gradd__error__code__descriptor, (int)e->code);
+    char code[32] = "unknown";
+    if (ev)
+        for (size_t i = 0; i + 1 < sizeof code; i++)
+            if (!(code[i] = (char)tolower((unsigned char)ev->name[i])))
+                break;
     /* A job file refused by the daemon is a bad input file, as one refused
      * here is. */
-    return e->code == GRADD__ERROR__CODE__BAD_JOB ? CTL_ERR_USAGE : CTL_ERR_DAEMON;
+    int rc = e->code == GRADD__ERROR__CODE__BAD_JOB ? CTL_ERR_USAGE : CTL_ERR_DAEMON;
+    /* Some say which request they answer ("sample: ..."), which the
+     * prefix says already. */
+    size_t cn = c->cmd ? strlen(c->cmd->name) : 0;
+    if (cn && strncmp(m, c->cmd->name, cn) == 0 && strncmp(m + cn, ": ", 2) == 0)
+        m += cn + 2;
+    size_t n = c->job_path ? strlen(c->job_path) : 0;
+    if (!n || strncmp(m, c->job_path, n) != 0)
+        return ctl_error(c, rc, code, NULL, "%s", m);
+    const char *file = c->job_stdin ? "(stdin)" : c->job_path;
+    char *shown = NULL;
+    if (asprintf(&shown, "%s%s", file, m + n) < 0)
+        return ctl_error(c, rc, code, NULL, "%s", m);
+    json_t *fields = e->code == GRADD__ERROR__CODE__BAD_JOB ? ctl_where_fields(shown, file) : NULL;
+    ctl_error(c, rc, code, fields, "%s", shown);
+    free(shown);
+    return rc;
 }
 
 /* Read one reply frame; an error reply becomes its exit code. */
@@ -98,16 +103,14 @@ static int recv_reply(ctl *c, Gradd__Response **out)
                               ? "the daemon closed the connection"
                           : ws == WIRE_IO && errno ? strerror(errno)
                                                    : wire_status_str(ws);
-        fprintf(stderr, "gradctl: reading the reply from %s: %s (its log may say why)\n", c->socket_path, why);
-        return CTL_ERR_UNREACHABLE;
+        return ctl_error(c, CTL_ERR_UNREACHABLE, "unreachable", NULL,
+                         "reading the reply from %s: %s (its log may say why)", c->socket_path, why);
     }
     char err[256];
     Gradd__Response *resp = wire_unpack_response(body, len, err, sizeof err);
     free(body);
-    if (!resp) {
-        fprintf(stderr, "gradctl: %s\n", err);
-        return CTL_ERR_DAEMON;
-    }
+    if (!resp)
+        return ctl_error(c, CTL_ERR_DAEMON, "bad_reply", NULL, "%s", err);
     if (resp->body_case == GRADD__RESPONSE__BODY_ERROR) {
         int rc = daemon_error(c, resp->error);
         gradd__response__free_unpacked(resp, NULL);
@@ -119,9 +122,8 @@ static int recv_reply(ctl *c, Gradd__Response **out)
 
 int ctl_unexpected(ctl *c, Gradd__Response *resp)
 {
-    fprintf(stderr, "gradctl: unexpected reply to %s\n", c->what);
     ctl_free(resp);
-    return CTL_ERR_DAEMON;
+    return ctl_error(c, CTL_ERR_DAEMON, "bad_reply", NULL, "unexpected reply to %s", c->what);
 }
 
 void ctl_free(Gradd__Response *resp)
@@ -191,10 +193,8 @@ int ctl_call(ctl *c, const char *what, Gradd__Request__BodyCase body, void *msg,
     build_request(&req, body, msg);
     size_t len;
     uint8_t *buf = wire_pack_request(&req, &len);
-    if (!buf) {
-        fprintf(stderr, "gradctl: out of memory\n");
-        return CTL_ERR_DAEMON;
-    }
+    if (!buf)
+        return ctl_error(c, CTL_ERR_DAEMON, "internal", NULL, "out of memory");
     int e = send_all(c->fd, buf, len);
     free(buf);
     if (e == EPIPE || e == ECONNRESET) {
@@ -205,29 +205,142 @@ int ctl_call(ctl *c, const char *what, Gradd__Request__BodyCase body, void *msg,
         if (rc == CTL_OK) {
             ctl_free(*out);
             *out = NULL;
-            fprintf(stderr, "gradctl: gradd at %s closed the connection before the whole request was sent\n",
-                    c->socket_path);
-            return CTL_ERR_UNREACHABLE;
+            return ctl_error(c, CTL_ERR_UNREACHABLE, "unreachable", NULL,
+                             "gradd at %s closed the connection before the whole request was sent", c->socket_path);
         }
         return rc;
     }
-    if (e) {
-        fprintf(stderr, "gradctl: sending the request to %s failed: %s\n", c->socket_path, strerror(e));
-        return CTL_ERR_UNREACHABLE;
-    }
+    if (e)
+        return ctl_error(c, CTL_ERR_UNREACHABLE, "unreachable", NULL, "sending the request to %s failed: %s",
+                         c->socket_path, strerror(e));
     return ctl_next(c, out);
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+static int verror(const ctl *c, int rc, const char *code, json_t *fields, const char *fmt, va_list ap)
+{
+    char *m = NULL;
+    if (vasprintf(&m, fmt, ap) < 0)
+        m = NULL;
+    const char *msg = m ? m : "out of memory";
+    if (c && c->cmd)
+        fprintf(stderr, "gradctl %s: ", c->cmd->name);
+    else
+        fputs("gradctl: ", stderr);
+    /* Messages quote job files' paths and names: made safe to print. */
+    table_put_text(stderr, msg, strlen(msg), TABLE_TEXT_LINES);
+    fputc('\n', stderr);
+    if (c && c->json) {
+        json_t *err = json_pack("{s:o, s:o}", "code", jout_str(code), "message", jout_str(msg));
+        if (fields)
+            json_object_update_new(err, fields);
+        jout_print(json_pack("{s:o}", "error", err));
+    } else if (fields) {
+        json_decref(fields);
+    }
+    free(m);
+    return rc;
+}
+
+int ctl_error(const ctl *c, int rc, const char *code, json_t *fields, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    verror(c, rc, code, fields, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+json_t *ctl_where_fields(const char *msg, const char *file)
+{
+    json_t *f = json_pack("{s:o}", "file", jout_str(file));
+    size_t n = strlen(file);
+    const char *p = msg + n;
+    if (strncmp(msg, file, n) != 0 || *p != ':')
+        return f;
+    char *end;
+    unsigned long line = strtoul(p + 1, &end, 10);
+    if (end != p + 1 && *end == ':') {
+        json_object_set_new(f, "line", jout_uint(line));
+        p = end;
+    }
+    char section[64], key[64];
+    if (sscanf(p, ": [%63[^]]] %63[^: ]:", section, key) == 2) {
+        json_object_set_new(f, "section", jout_str(section));
+        json_object_set_new(f, "key", jout_str(key));
+    }
+    return f;
+}
+
+const char *ctl_usage_line(const ctl *c, char *buf, size_t len)
+{
+    if (c && c->cmd)
+        snprintf(buf, len, "gradctl [-s PATH] [--json] %s%s%s", c->cmd->name, *c->cmd->args ? " " : "",
+                 c->cmd->args);
+    else
+        snprintf(buf, len, "gradctl [-s PATH] [--json] COMMAND [ARGS]");
+    return buf;
 }
 
 int ctl_usage(const ctl *c, const char *fmt, ...)
 {
-    const ctl_cmd *cmd = c->cmd;
+    char line[512];
+    ctl_usage_line(c, line, sizeof line);
     va_list ap;
-    fprintf(stderr, "gradctl %s: ", cmd->name);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    verror(c, CTL_ERR_USAGE, "usage", json_pack("{s:o}", "usage", jout_str(line)), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\nusage: gradctl [-s PATH] [--json] %s %s\n", cmd->name, cmd->args);
+    fprintf(stderr, "usage: %s\n", line);
     return CTL_ERR_USAGE;
+}
+
+/* ---- options ------------------------------------------------------------------ */
+
+enum { OPT_JSON = 0x100, OPT_HELP = 'h' };
+
+int ctl_getopt(ctl *c, int argc, char **argv, const char *shortopts, const struct option *longopts)
+{
+    struct option all[32];
+    size_t n = 0;
+    for (; longopts && longopts[n].name && n + 3 < sizeof all / sizeof *all; n++)
+        all[n] = longopts[n];
+    all[n++] = (struct option){"json", no_argument, NULL, OPT_JSON};
+    all[n++] = (struct option){"help", no_argument, NULL, OPT_HELP};
+    all[n] = (struct option){NULL, 0, NULL, 0};
+    char opts[64];
+    /* ':' first: a missing value is ':', told apart from an unknown '?';
+     * getopt's own messages would name the binary's path. */
+    snprintf(opts, sizeof opts, ":%sh", shortopts);
+    opterr = 0;
+    for (;;) {
+        int prev = optind;
+        int ch = getopt_long(argc, argv, opts, all, NULL);
+        if (ch == OPT_JSON) {
+            c->json = true;
+            continue;
+        }
+        if (ch == OPT_HELP) {
+            char line[512];
+            printf("usage: %s\n  %s\n", ctl_usage_line(c, line, sizeof line), c->cmd->summary);
+            fflush(stdout);
+            exit(CTL_OK);
+        }
+        if (ch == ':')
+            return ctl_usage(c, "%s needs a value", argv[optind - 1]), '?';
+        if (ch == '?' && optopt >= '0' && optopt <= '9') {
+            /* "-1" where a job id goes: a bad id, not an option. */
+            int i = prev;
+            while (i + 1 < argc && !(argv[i][0] == '-' && argv[i][1] >= '0' && argv[i][1] <= '9'))
+                i++;
+            return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[i]), '?';
+        }
+        if (ch == '?' && optopt)
+            return ctl_usage(c, "unknown option '-%c'", optopt), '?';
+        if (ch == '?')
+            return ctl_usage(c, "unknown option '%s'", argv[optind - 1]), '?';
+        return ch;
+    }
 }
 
 int ctl_size_arg(const ctl *c, int argc, char **argv, uint64_t *bytes)

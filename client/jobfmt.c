@@ -28,9 +28,8 @@ int jobfmt_list_fetch(ctl *c, const char *user, const char *state, jobfmt_list *
         if (jobs)
             out->jobs = jobs;
         if (!frames || !jobs) {
-            fprintf(stderr, "gradctl: out of memory\n");
             ctl_free(resp);
-            rc = CTL_ERR_DAEMON;
+            rc = ctl_error(c, CTL_ERR_DAEMON, "internal", NULL, "out of memory");
             break;
         }
         out->frames[out->nframes++] = resp;
@@ -97,26 +96,14 @@ int jobfmt_parse_id(const char *text, uint32_t *id)
     return 0;
 }
 
-static int id_arg(const ctl *c, int argc, char **argv, uint32_t *id)
+int jobfmt_id_arg(ctl *c, int argc, char **argv, uint32_t *id)
 {
-    const char *arg = NULL;
-    bool dashdash = false;
-    for (int i = 1; i < argc; i++) {
-        if (!dashdash && strcmp(argv[i], "--") == 0) {
-            dashdash = true;
-            continue;
-        }
-        /* "-1" is a bad id, not an unknown option "-1". */
-        if (!dashdash && argv[i][0] == '-' && argv[i][1] && !(argv[i][1] >= '0' && argv[i][1] <= '9'))
-            return ctl_usage(c, "unknown option '%s'", argv[i]);
-        if (arg)
-            return ctl_usage(c, "unexpected argument '%s'", argv[i]);
-        arg = argv[i];
-    }
-    if (!arg)
+    if (optind >= argc)
         return ctl_usage(c, "a job id is required");
-    if (jobfmt_parse_id(arg, id) != 0)
-        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", arg);
+    if (optind + 1 < argc)
+        return ctl_usage(c, "unexpected argument '%s'", argv[optind + 1]);
+    if (jobfmt_parse_id(argv[optind], id) != 0)
+        return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[optind]);
     return CTL_OK;
 }
 
@@ -124,7 +111,9 @@ int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body,
 {
     *out = NULL;
     uint32_t v = 0;
-    int rc = id_arg(c, argc, argv, &v);
+    if (ctl_getopt(c, argc, argv, "", NULL) != -1)
+        return CTL_ERR_USAGE; /* ctl_getopt said why */
+    int rc = jobfmt_id_arg(c, argc, argv, &v);
     if (rc != CTL_OK)
         return rc;
     if (id)
@@ -239,7 +228,7 @@ static const char *local_time(double t, char *buf, size_t len)
 
 const char *const jobfmt_head[JOBFMT_COLS] = {
     ">ID", "USER", "NAME", "STATE", "DEVICE", ">STEP", ">LOSS", ">MICRO×ACC", ">SPEED", ">MEM", ">AGE",
-    ">MAX", ">OOMS", "LAST CHANGE",
+    ">FIT", ">OOMS", "LAST CHANGE",
 };
 
 void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
@@ -270,8 +259,9 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
         table_cell(t, "%s", units_format_duration(now - j->submitted_at, age, sizeof age));
     else
         table_cell(t, "-");
-    /* The batch controller: the largest micro-batch found to fit (where
-     * growth stops; status ID also shows what the budget now predicts),
+    /* The batch controller: FIT, the largest micro-batch found to fit
+     * (micro_fit in JSON; where growth stops; status ID also shows
+     * micro_max, what the budget now predicts),
      * OOMs survived, and the last change as "13->6 oom@9". */
     if (j->micro_fit)
         table_cell(t, "%u", j->micro_fit);
@@ -473,6 +463,12 @@ void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j)
         snprintf(buf, len, "job %u completed: %llu steps in %s, loss %s%s", j->id, (unsigned long long)j->step,
                  units_format_duration(j->elapsed_s, d, sizeof d), jobfmt_loss(step_loss(j), loss, sizeof loss),
                  val);
+    } else if ((is_state(j, "failed") || is_state(j, "cancelled")) && j->reason &&
+               strncmp(j->reason, state, strlen(state)) == 0) {
+        /* A reason that starts with the state ("cancelled at step 40;
+         * checkpoint in DIR") says it all: not "cancelled at step 40/100:
+         * cancelled at step 40". */
+        snprintf(buf, len, "job %u %s", j->id, j->reason);
     } else if (is_state(j, "failed") || is_state(j, "cancelled")) {
         snprintf(buf, len, "job %u %s at step %llu/%llu%s%s", j->id, state, (unsigned long long)j->step,
                  (unsigned long long)j->steps, j->reason && *j->reason ? ": " : "", j->reason ? j->reason : "");

@@ -28,6 +28,8 @@ int jobfmt_parse_id(const char *text, uint32_t *id);
  * message of field `body`) is that id alone.  Parse it, send it and read the
  * first reply, as ctl_call does, its messages naming the command.  *id
  * (where not NULL) gets the id. */
+/* After a command's options (getopt's optind), exactly one job id. */
+int jobfmt_id_arg(ctl *c, int argc, char **argv, uint32_t *id);
 int jobfmt_id_call(ctl *c, int argc, char **argv, Gradd__Request__BodyCase body, uint32_t *id, Gradd__Response **out);
 
 /* ---- the list -------------------------------------------------------------- */

@@ -21,8 +21,69 @@ static void usage(FILE *f)
                "  -s, --socket PATH  daemon socket (default: $GRADD_SOCKET, then the system default)\n"
                "      --json         machine-readable output\n"
                "  -V, --version      print the version\n"
-               "  -h, --help         this help; `gradctl COMMAND -h` for a command's\n"
+               "  -h, --help         this help; `gradctl help COMMAND` for a command's\n"
                "\nexit status: 0 ok, 1 the daemon reported an error, 2 usage error, 3 daemon not reachable\n");
+}
+
+/* Edit distance (Levenshtein) between two short words, for "did you
+ * mean"; names longer than the buffer count as far apart. */
+static size_t distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 31 || lb > 31)
+        return SIZE_MAX;
+    size_t row[32];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static const ctl_cmd *find_command(const char *name)
+{
+    for (const ctl_cmd *const *cmd = ctl_commands; *cmd; cmd++)
+        if (strcmp((*cmd)->name, name) == 0)
+            return *cmd;
+    return NULL;
+}
+
+/* An unknown command: the nearest visible one, when it is near enough to
+ * be a typo (two edits at most, and fewer than the word has letters). */
+static int unknown_command(const ctl *c, const char *name)
+{
+    const ctl_cmd *best = NULL;
+    size_t bd = SIZE_MAX;
+    for (const ctl_cmd *const *cmd = ctl_commands; *cmd; cmd++) {
+        size_t d = distance(name, (*cmd)->name);
+        if (!(*cmd)->hidden && d < bd) {
+            best = *cmd;
+            bd = d;
+        }
+    }
+    char line[512];
+    ctl_usage_line(c, line, sizeof line);
+    if (best && bd <= 2 && bd < strlen(name))
+        ctl_error(c, CTL_ERR_USAGE, "usage", json_pack("{s:s, s:o}", "suggestion", best->name, "usage", jout_str(line)),
+                  "unknown command '%s'; did you mean \"%s\"?", name, best->name);
+    else
+        ctl_error(c, CTL_ERR_USAGE, "usage", json_pack("{s:o}", "usage", jout_str(line)), "unknown command '%s'",
+                  name);
+    /* One line, not the whole help, which `gradctl help` gives. */
+    fprintf(stderr, "usage: %s (`gradctl help` lists the commands)\n", line);
+    return CTL_ERR_USAGE;
 }
 
 int main(int argc, char **argv)
@@ -38,53 +99,50 @@ int main(int argc, char **argv)
     ctl c = {.fd = -1};
     paths_client_socket(c.socket_path, sizeof c.socket_path);
     int ch;
-    /* "+": stop at the command name so its own options reach it. */
-    while ((ch = getopt_long(argc, argv, "+s:Vh", longopts, NULL)) != -1) {
+    /* "+": stop at the command name, so that everything after it is the
+     * command's, parsed by its own getopt (ctl_getopt).  ':' and opterr 0:
+     * errors are reported here, naming gradctl rather than its path. */
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "+:s:Vh", longopts, NULL)) != -1) {
         switch (ch) {
         case 's': snprintf(c.socket_path, sizeof c.socket_path, "%s", optarg); break;
         case 'j': c.json = true; break;
         case 'V': printf("gradctl %s (protocol %u)\n", GRADD_VERSION, WIRE_PROTOCOL_VERSION); return 0;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return CTL_ERR_USAGE;
+        case ':': return ctl_usage(&c, "%s needs a value", argv[optind - 1]);
+        default:
+            if (optopt)
+                return ctl_usage(&c, "unknown option '-%c'", optopt);
+            return ctl_usage(&c, "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind >= argc) {
+        if (c.json)
+            return ctl_usage(&c, "a command is required");
         usage(stderr);
         return CTL_ERR_USAGE;
     }
     const char *name = argv[optind];
     if (strcmp(name, "help") == 0) {
+        /* `gradctl help CMD`: that command's help, as `gradctl CMD -h`. */
+        if (optind + 1 < argc) {
+            c.cmd = find_command(argv[optind + 1]);
+            if (!c.cmd)
+                return unknown_command(&c, argv[optind + 1]);
+            char line[512];
+            printf("usage: %s\n  %s\n", ctl_usage_line(&c, line, sizeof line), c.cmd->summary);
+            return 0;
+        }
         usage(stdout);
         return 0;
     }
-    for (const ctl_cmd *const *cmd = ctl_commands; *cmd; cmd++) {
-        if (strcmp((*cmd)->name, name) != 0)
-            continue;
-        int sub_argc = argc - optind;
-        char **sub_argv = argv + optind;
-        /* Let every command accept --json after its name too, and -h. */
-        for (int i = 1; i < sub_argc; i++) {
-            if (strcmp(sub_argv[i], "--") == 0)
-                break;
-            if (strcmp(sub_argv[i], "-h") == 0 || strcmp(sub_argv[i], "--help") == 0) {
-                printf("usage: gradctl [-s PATH] [--json] %s %s\n  %s\n", (*cmd)->name, (*cmd)->args,
-                       (*cmd)->summary);
-                return 0;
-            }
-            if (strcmp(sub_argv[i], "--json") == 0) {
-                c.json = true;
-                memmove(sub_argv + i, sub_argv + i + 1, (size_t)(sub_argc - i - 1) * sizeof *sub_argv);
-                sub_argc--;
-                i--;
-            }
-        }
-        optind = 0; /* glibc: full reinitialisation for the command's getopt */
-        c.cmd = *cmd;
-        int rc = (*cmd)->run(&c, sub_argc, sub_argv);
-        ctl_close(&c);
-        return rc;
-    }
-    fprintf(stderr, "gradctl: unknown command '%s'\n", name);
-    usage(stderr);
-    return CTL_ERR_USAGE;
+    c.cmd = find_command(name);
+    if (!c.cmd)
+        return unknown_command(&c, name);
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    optind = 0; /* glibc: full reinitialisation for the command's getopt */
+    int rc = c.cmd->run(&c, sub_argc, sub_argv);
+    ctl_close(&c);
+    return rc;
 }

@@ -1,12 +1,24 @@
-/* table.c — collect cells, then print with each column as wide as its
- * widest cell; and the terminal-safe form of daemon-supplied text. */
+/* table.c — collect cells, then print them through libsmartcols with each
+ * column as wide as its widest cell; and the terminal-safe form of
+ * daemon-supplied text. */
 #include "table.h"
 
+#include <ctype.h>
+#include <libsmartcols.h>
+#include <locale.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "utf8.h"
+
+/* libsmartcols reads "\x1b" in a cell as one escaped byte, one column
+ * wide, while the safe form (table_text) writes it as four characters to
+ * show: widths would be off by three.  So each backslash goes to it as
+ * this private-use character, as wide as a backslash, and back on the way
+ * out; a cell's own U+E000 was shown escaped by table_cell, so the only
+ * ones in the output are these. */
+#define BACKSLASH_STANDIN "\xEE\x80\x80"
 
 /* ---- terminal-safe text --------------------------------------------------- */
 
@@ -51,7 +63,56 @@ void table_init(table *t, int ncols, const char *const *head)
     for (int i = 0; i < t->ncols; i++) {
         t->right[i] = head[i][0] == '>';
         t->head[i] = head[i] + t->right[i];
+        t->show[i] = i;
     }
+    t->nshow = t->ncols;
+}
+
+/* Whether the n bytes at name are heading h, ignoring ASCII case, with '_'
+ * or '-' for a space. */
+static bool heading_is(const char *h, const char *name, size_t n)
+{
+    if (strlen(h) != n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char a = h[i], b = name[i];
+        if (a == ' ' && (b == '_' || b == '-'))
+            continue;
+        if (tolower((unsigned char)a) != tolower((unsigned char)b))
+            return false;
+    }
+    return true;
+}
+
+int table_select(table *t, const char *spec, char *err, size_t err_len)
+{
+    int show[TABLE_MAX_COLS], n = 0;
+    for (const char *p = spec;; p++) {
+        size_t len = strcspn(p, ",");
+        int col = -1;
+        for (int c = 0; c < t->ncols && col < 0; c++)
+            if (heading_is(t->head[c], p, len))
+                col = c;
+        if (col < 0 || n == TABLE_MAX_COLS) {
+            int w = snprintf(err, err_len, "%s '%.*s'; the columns are ", col < 0 ? "no column" : "too many columns at",
+                             (int)len, p);
+            for (int c = 0; c < t->ncols && w >= 0 && (size_t)w < err_len; c++)
+                w += snprintf(err + w, err_len - (size_t)w, "%s%s", c ? "," : "", t->head[c]);
+            return -1;
+        }
+        show[n++] = col;
+        p += len;
+        if (!*p)
+            break;
+    }
+    memcpy(t->show, show, sizeof show);
+    t->nshow = n;
+    return 0;
+}
+
+void table_noheadings(table *t)
+{
+    t->noheadings = true;
 }
 
 void table_cell(table *t, const char *fmt, ...)
@@ -81,53 +142,117 @@ void table_cell(table *t, const char *fmt, ...)
         if (t->cells[n])
             table_text(raw, t->cells[n], len);
         free(raw);
+        /* U+E000 stands for a backslash when laid out (table_print):
+         * a cell's own is shown escaped, as the control characters are. */
+        for (char *u; t->cells[n] && (u = strstr(t->cells[n], BACKSLASH_STANDIN));) {
+            size_t at = (size_t)(u - t->cells[n]), rest = strlen(u + 3);
+            char *grown = realloc(t->cells[n], at + 6 + rest + 1);
+            if (!grown)
+                break;
+            memmove(grown + at + 6, grown + at + 3, rest + 1);
+            memcpy(grown + at, "\\uE000", 6);
+            t->cells[n] = grown;
+        }
     }
     t->ncells = n + 1;
     t->nrows = t->ncells / t->ncols;
 }
 
-/* Characters, not bytes: cells are valid UTF-8 once made safe. */
-static int text_width(const char *s)
+
+static char *standin(const char *s)
 {
-    int w = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        w += (*p & 0xC0) != 0x80;
-    return w;
+    size_t n = 0;
+    for (const char *p = s; *p; p++)
+        n += *p == '\\' ? 3 : 1;
+    char *out = malloc(n + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = s; *p; p++) {
+        if (*p == '\\') {
+            memcpy(o, BACKSLASH_STANDIN, 3);
+            o += 3;
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o = '\0';
+    return out;
 }
 
-static void pad(FILE *f, int n)
+/* Lay the table out with libsmartcols into a buffer; NULL if out of
+ * memory. */
+static char *layout(const table *t, size_t *len)
 {
-    for (; n > 0; n--)
-        fputc(' ', f);
+    char *text = NULL;
+    FILE *mem = open_memstream(&text, len);
+    struct libscols_table *tb = mem ? scols_new_table() : NULL;
+    if (!tb) {
+        if (mem)
+            fclose(mem);
+        free(text);
+        return NULL;
+    }
+    scols_table_set_stream(tb, mem);
+    scols_table_set_column_separator(tb, "  ");
+    /* Never cut or wrap to a terminal's width: a row is one line, as grep
+     * and awk want it; no padding after the last column. */
+    scols_table_set_termforce(tb, SCOLS_TERMFORCE_NEVER);
+    scols_table_enable_minout(tb, 1);
+    scols_table_enable_noheadings(tb, t->noheadings);
+    bool ok = true;
+    for (int i = 0; i < t->nshow && ok; i++) {
+        int c = t->show[i];
+        /* Without headings, no column is as wide as its heading. */
+        ok = scols_table_new_column(tb, t->noheadings ? "" : t->head[c], 0, t->right[c] ? SCOLS_FL_RIGHT : 0) != NULL;
+    }
+    for (int r = 0; r < t->nrows && ok; r++) {
+        struct libscols_line *ln = scols_table_new_line(tb, NULL);
+        ok = ln != NULL;
+        for (int i = 0; i < t->nshow && ok; i++) {
+            const char *s = t->cells[r * t->ncols + t->show[i]];
+            char *cell = standin(s ? s : "");
+            /* set_data copies; refer_data would take it. */
+            ok = cell && scols_line_refer_data(ln, (size_t)i, cell) == 0;
+            if (!ok)
+                free(cell);
+        }
+    }
+    if (ok) {
+        /* Cells are UTF-8 (table_cell made them so) whatever the locale:
+         * measured and passed on as such, not escaped as bytes that the
+         * C locale would call unprintable. */
+        char old[64];
+        const char *cur = setlocale(LC_CTYPE, NULL);
+        snprintf(old, sizeof old, "%s", cur ? cur : "C");
+        bool utf8 = setlocale(LC_CTYPE, "C.UTF-8") != NULL;
+        ok = scols_print_table(tb) == 0;
+        if (utf8)
+            setlocale(LC_CTYPE, old);
+    }
+    scols_unref_table(tb);
+    if (fclose(mem) != 0 || !ok) {
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 void table_print(const table *t, FILE *f)
 {
-    int w[TABLE_MAX_COLS];
-    for (int c = 0; c < t->ncols; c++) {
-        w[c] = text_width(t->head[c]);
-        for (int r = 0; r < t->nrows; r++) {
-            const char *s = t->cells[r * t->ncols + c];
-            int l = s ? text_width(s) : 0;
-            if (l > w[c])
-                w[c] = l;
-        }
+    size_t len = 0;
+    char *text = layout(t, &len);
+    if (!text) {
+        fputs("gradctl: out of memory for a table\n", stderr);
+        return;
     }
-    for (int r = -1; r < t->nrows; r++) {
-        for (int c = 0; c < t->ncols; c++) {
-            const char *s = r < 0 ? t->head[c] : t->cells[r * t->ncols + c];
-            if (!s)
-                s = "";
-            int last = c == t->ncols - 1;
-            int gap = w[c] - text_width(s);
-            if (t->right[c])
-                pad(f, gap);
-            fputs(s, f);
-            if (!last)
-                pad(f, (t->right[c] ? 0 : gap) + 2);
-        }
-        fputc('\n', f);
+    const char *p = text;
+    for (const char *m; (m = strstr(p, BACKSLASH_STANDIN));) {
+        fwrite(p, 1, (size_t)(m - p), f);
+        fputc('\\', f);
+        p = m + 3;
     }
+    fputs(p, f);
+    free(text);
 }
 
 void table_free(table *t)

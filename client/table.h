@@ -1,4 +1,5 @@
-/* table.h — aligned text tables for gradctl's human output, and the
+/* table.h — aligned text tables for gradctl's human output (laid out by
+ * libsmartcols, as lsblk's are), the columns a script picks, and the
  * terminal-safe form that every daemon-supplied string takes there. */
 #ifndef GRADCTL_TABLE_H
 #define GRADCTL_TABLE_H
@@ -15,6 +16,9 @@ typedef struct {
     int right[TABLE_MAX_COLS]; /* right-align numbers */
     char **cells;              /* nrows × ncols, owned, already made safe */
     int ncells, nrows, cap;
+    int show[TABLE_MAX_COLS];  /* the columns printed, in order (table_select) */
+    int nshow;
+    bool noheadings;
 } table;
 
 /* Column names; a name starting with '>' is right-aligned. */
@@ -22,8 +26,15 @@ void table_init(table *t, int ncols, const char *const *head);
 /* Append one cell, made safe as table_text does; every ncols cells make a
  * row. */
 void table_cell(table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Columns are as wide as their widest cell in characters (UTF-8 sequences),
- * so that names with accents line up too. */
+/* Print only the columns that spec names, in its order: a comma-separated
+ * list of headings, in any case, a space in one also written '_' or '-'
+ * ("id,state,last_change").  0, or -1 with err saying which name is not a
+ * column and listing those that are (a usage error for the caller). */
+int table_select(table *t, const char *spec, char *err, size_t err_len);
+/* Print the rows without the line of headings, for scripts. */
+void table_noheadings(table *t);
+/* Columns are as wide as their widest cell on the screen, so that names
+ * with accents line up too; two spaces between them. */
 void table_print(const table *t, FILE *f);
 void table_free(table *t);
 

@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(
   gcc g++ pkg-config meson ninja-build python3
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libinih-dev
-  libopenblas-dev libcmocka-dev libjemalloc-dev zlib1g-dev libjansson-dev scdoc
+  libopenblas-dev libcmocka-dev libjemalloc-dev zlib1g-dev libjansson-dev libsmartcols-dev scdoc
   clang libclang-rt-14-dev
   fortunes dataset-fashion-mnist
   # What the tests run beyond the build: python3 -m venv (scripts/pyenv.sh),

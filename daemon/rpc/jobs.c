@@ -419,82 +419,6 @@ void rpc_remove(const rpc_call *c, const Gradd__Request *req)
     RPC_SEND(c, REMOVE, remove, &rr);
 }
 
-/* logs, as a stream: a chunk of the log per turn while the client keeps
- * up, up to the size it had when asked. */
-typedef struct {
-    rpc_stream base; /* first: the server holds &base */
-    uint32_t id;
-    int fd;        /* -1: no log yet */
-    uint64_t left; /* bytes still to send */
-} logs_stream;
-
-static bool logs_next(rpc_stream *s, const rpc_call *c)
-{
-    logs_stream *ls = (logs_stream *)s;
-    if (c->queued(c->conn) >= RPC_STREAM_WINDOW)
-        return true;
-    char *buf = malloc(RPC_CHUNK);
-    if (!buf) {
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
-        return false;
-    }
-    bool more = true;
-    while (more && c->queued(c->conn) < RPC_STREAM_WINDOW) {
-        size_t want = ls->left < RPC_CHUNK ? (size_t)ls->left : RPC_CHUNK;
-        ssize_t n = want && ls->fd >= 0 ? read(ls->fd, buf, want) : 0;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "job %u: reading its log: %s", ls->id, strerror(errno));
-            rpc_error(c, GRADD__ERROR__CODE__INTERNAL, msg);
-            break;
-        }
-        ls->left -= (uint64_t)n;
-        /* Short: the log was cut while being read (it keeps its head and
-         * tail); what was read is all there is. */
-        bool last = (size_t)n < want || ls->left == 0;
-        Gradd__LogsResponse lr;
-        gradd__logs_response__init(&lr);
-        lr.chunk.data = (uint8_t *)buf;
-        lr.chunk.len = (size_t)n;
-        lr.last = last;
-        more = RPC_SEND(c, LOGS, logs, &lr) == 0 && !last;
-    }
-    free(buf);
-    return more;
-}
-
-static void logs_free(rpc_stream *s)
-{
-    logs_stream *ls = (logs_stream *)s;
-    if (ls->fd >= 0)
-        close(ls->fd);
-    free(ls);
-}
-
-/* Open the log without blocking and only if it is a regular file: it is in
- * the daemon's state dir, but a file that is not one must never hold up the
- * loop.  0 (fd -1 when there is no log yet), or -1 with err. */
-static int logs_open(const char *path, int *fd, uint64_t *size, char *err, size_t err_len)
-{
-    *size = 0;
-    struct stat st;
-    if (lstat(path, &st) != 0 && errno == ENOENT)
-        return 0;
-    *fd = fileio_open_regular(path, O_RDONLY | O_NOFOLLOW, 0, err, err_len);
-    if (*fd < 0)
-        return errno == ENOENT ? 0 : -1;
-    if (fstat(*fd, &st) != 0) {
-        snprintf(err, err_len, "%s: cannot stat: %s", path, strerror(errno));
-        close(*fd);
-        *fd = -1;
-        return -1;
-    }
-    *size = (uint64_t)st.st_size;
-    return 0;
-}
-
 /* A job's log is its owner's, as a batch job's output file would be: it
  * can name their files and say why they failed. */
 rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req)
@@ -507,21 +431,5 @@ rpc_stream *rpc_logs(const rpc_call *c, const Gradd__Request *req)
     char path[PATH_MAX + 32];
     queue_log_path(ctx->q, id, path, sizeof path);
     pthread_mutex_unlock(&ctx->q->lock);
-    logs_stream *ls = malloc(sizeof *ls);
-    if (!ls) {
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, "out of memory");
-        return NULL;
-    }
-    char err[PATH_MAX + 128];
-    if (logs_open(path, &ls->fd, &ls->left, err, sizeof err) != 0) {
-        free(ls);
-        char msg[sizeof err + 64];
-        snprintf(msg, sizeof msg, "job %u: cannot read its log %s", id, err);
-        rpc_error(c, GRADD__ERROR__CODE__INTERNAL, msg);
-        return NULL;
-    }
-    ls->base.next = logs_next;
-    ls->base.free = logs_free;
-    ls->id = id;
-    return &ls->base;
+    return rpc_logs_stream(c, id, path, req->logs->follow, req->logs->tail);
 }

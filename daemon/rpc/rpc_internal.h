@@ -3,7 +3,8 @@
  *
  * Layout of rpc/:
  *   rpc.c         the table from request body to command; errors, job info
- *   jobs.c        submit, list, job, cancel, remove, logs
+ *   jobs.c        submit, list, job, cancel, remove, logs (who may read it)
+ *   logs.c        logs: the stream of a job's log, its tail, following it
  *   pool.c        status, stats, trim, timeline: devices and their pools
  *   metrics.c     Prometheus text exposition
  *   watch.c       watch: a stream of one job's changes
@@ -116,6 +117,10 @@ struct job *rpc_owned_job(const rpc_call *c, uint32_t id, const char *what);
 void rpc_hold(const rpc_call *c, const Gradd__Request *req);
 void rpc_release(const rpc_call *c, const Gradd__Request *req);
 void rpc_requeue(const rpc_call *c, const Gradd__Request *req);
+/* logs.c: job id's log at path, its last `tail` lines (0: all), and with
+ * follow what is written to it until the job ends; NULL once answered
+ * with an error. */
+rpc_stream *rpc_logs_stream(const rpc_call *c, uint32_t id, const char *path, bool follow, uint32_t tail);
 /* pool.c */
 void rpc_status(const rpc_call *c, const Gradd__Request *req);
 void rpc_stats(const rpc_call *c, const Gradd__Request *req);

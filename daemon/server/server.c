@@ -57,6 +57,9 @@ static void on_tick(uv_timer_t *t)
         if (gone)
             queue_notify(s->ctx->q);
     }
+    /* Streams that wait on what no job change announces (a log being
+     * followed that a program writes to) look again once a second. */
+    server_push_streams(s);
     if (s->ctx->q) {
         /* What a full state dir kept from disk, again once a second. */
         queue_save_unsaved(s->ctx->q);

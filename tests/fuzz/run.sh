@@ -35,6 +35,8 @@
 #           against a quoting of the words it returns
 #   acct    daemon/jobs/acct_parse.c: the accounting file as `gradctl history`
 #           reads it (via a memfd), format -> parse round trip of what parses
+#   promtext  client/promtext.c: the daemon's Prometheus text read back into
+#           JSON for `gradctl --json metrics`
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -111,7 +113,7 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm argsplit acct)
+HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm argsplit acct promtext)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
@@ -131,6 +133,7 @@ sources() {
     pool_shm) echo "$ROOT/daemon/pool/pool_shm.c" ;;
     argsplit) echo "$ROOT/common/argsplit.c" ;;
     acct) echo "$ROOT/daemon/jobs/acct_parse.c $ROOT/common/utf8.c" ;;
+    promtext) echo "$ROOT/client/promtext.c $ROOT/client/jout.c $ROOT/common/utf8.c" ;;
     esac
 }
 # Extra flags and libraries per harness.
@@ -138,6 +141,7 @@ extra() {
     case $1 in
     safetensors | acct) echo "$JANSSON" ;;
     sample) echo "-fopenmp -lopenblas $JANSSON" ;;
+    promtext) echo "-I$ROOT/client $JANSSON" ;;
     esac
 }
 

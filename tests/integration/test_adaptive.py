@@ -145,9 +145,9 @@ class Adaptive(harness.DaemonTest):
         self.assertIn("tuned", self.d.ctl("status", str(jid)).stdout)
         text = self.d.ctl("list").stdout
         self.assertIn("->%d tuned" % m0, text)
-        # MAX is the size found to fit, where growth stops.
+        # FIT is the size found to fit, where growth stops.
         row = [l.split() for l in text.splitlines() if l.split()[:1] == [str(jid)]][0]
-        self.assertEqual(row[-4], str(j["micro_fit"]), text)  # ... MAX OOMS "1->16 tuned@21"
+        self.assertEqual(row[-4], str(j["micro_fit"]), text)  # ... FIT OOMS "1->16 tuned@21"
         if m0 == 1:
             # Seen on a loaded 2-core machine, where timing favours tiny
             # sizes: there is nothing smaller to shrink to.  The tuning

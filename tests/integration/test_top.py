@@ -197,7 +197,7 @@ class Top(harness.DaemonTest):
     def test_bad_options(self):
         for args, msg in ((("-n", "0"),), "-n takes seconds from 0.1 to 3600, not '0'"), \
                          ((("-n", "1x"),), "-n takes seconds from 0.1 to 3600, not '1x'"), \
-                         ((("extra",),), "usage: gradctl top"):
+                         ((("extra",),), "top: unexpected argument 'extra'"):
             r = self.d.ctl("top", *args[0], check=False)
             self.assertEqual(r.returncode, 2, r)
             self.assertIn(msg, r.stderr)
