@@ -86,18 +86,19 @@ static json_t *user_json(const Gradd__UserSummary *u)
                      jout_real(u->device_hours), "elapsed_s", jout_real(u->elapsed_s));
 }
 
-/* The human form: one table, records or users. */
-static void print_table(bool summary, Gradd__AccountRecord **recs, size_t n, Gradd__UserSummary **users,
-                        size_t nusers)
+static const char *const rec_head[] = {"JOB", "USER", "NAME", "TYPE", "STATE", "DEVICE", "ENDED",
+                                       ">ELAPSED", ">DEV-H", ">PEAK", ">STEPS", ">RESUMES", ">OOMS", "REASON"};
+static const char *const user_head[] = {"USER", ">UID", ">JOBS", ">COMPLETED", ">FAILED", ">CANCELLED",
+                                        ">DEV-H", ">ELAPSED"};
+
+/* The human form: one table (made by run, with the columns asked for),
+ * records or users. */
+static void print_table(table *tp, bool summary, Gradd__AccountRecord **recs, size_t n,
+                        Gradd__UserSummary **users, size_t nusers)
 {
-    static const char *const rec_head[] = {"JOB", "USER", "NAME", "TYPE", "STATE", "DEVICE", "ENDED",
-                                           ">ELAPSED", ">DEV-H", ">PEAK", ">STEPS", ">RESUMES", ">OOMS", "REASON"};
-    static const char *const user_head[] = {"USER", ">UID", ">JOBS", ">COMPLETED", ">FAILED", ">CANCELLED",
-                                            ">DEV-H", ">ELAPSED"};
     char a[64], b[32];
-    table t;
+    table t = *tp;
     if (summary) {
-        table_init(&t, 8, user_head);
         for (size_t i = 0; i < nusers; i++) {
             const Gradd__UserSummary *u = users[i];
             table_cell(&t, "%s", u->user && *u->user ? u->user : "?");
@@ -110,7 +111,6 @@ static void print_table(bool summary, Gradd__AccountRecord **recs, size_t n, Gra
             table_cell(&t, "%s", units_format_duration(u->elapsed_s, b, sizeof b));
         }
     } else {
-        table_init(&t, 14, rec_head);
         for (size_t i = 0; i < n; i++) {
             const Gradd__AccountRecord *r = recs[i];
             time_t end = (time_t)r->finished_at;
@@ -134,7 +134,7 @@ static void print_table(bool summary, Gradd__AccountRecord **recs, size_t n, Gra
         }
     }
     table_print(&t, stdout);
-    table_free(&t);
+    *tp = t;
 }
 
 static int run(ctl *c, int argc, char **argv)
@@ -143,12 +143,15 @@ static int run(ctl *c, int argc, char **argv)
         {"user", required_argument, NULL, 'u'},   {"state", required_argument, NULL, 'S'},
         {"since", required_argument, NULL, 's'},  {"until", required_argument, NULL, 'U'},
         {"limit", required_argument, NULL, 'n'},  {"summary", no_argument, NULL, 'm'},
+        {"columns", required_argument, NULL, 'o'}, {"noheadings", no_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
     Gradd__HistoryRequest hr = GRADD__HISTORY_REQUEST__INIT;
     double now = jobfmt_now();
+    const char *columns = NULL;
+    bool noheadings = false;
     int ch;
-    while ((ch = getopt_long(argc, argv, "u:n:", longopts, NULL)) != -1) {
+    while ((ch = ctl_getopt(c, argc, argv, "u:n:o:", longopts)) != -1) {
         switch (ch) {
         case 'u':
             if (!*optarg)
@@ -175,11 +178,27 @@ static int run(ctl *c, int argc, char **argv)
             break;
         }
         case 'm': hr.summary = true; break;
-        default: return ctl_usage(c, "bad option");
+        case 'o': columns = optarg; break;
+        case 'H': noheadings = true; break;
+        default: return CTL_ERR_USAGE; /* ctl_getopt said why */
         }
     }
     if (optind < argc)
         return ctl_usage(c, "unexpected argument '%s'", argv[optind]);
+    /* The table first: a bad column is a usage error before anything is
+     * asked of the daemon. */
+    table t;
+    if (hr.summary)
+        table_init(&t, 8, user_head);
+    else
+        table_init(&t, 14, rec_head);
+    char err[512];
+    if (columns && table_select(&t, columns, err, sizeof err) != 0) {
+        table_free(&t);
+        return ctl_usage(c, "-o: %s", err);
+    }
+    if (noheadings)
+        table_noheadings(&t);
 
     Gradd__Response *resp;
     int rc = ctl_call(c, "history", GRADD__REQUEST__BODY_HISTORY, &hr, &resp);
@@ -195,7 +214,7 @@ static int run(ctl *c, int argc, char **argv)
         if (nr)
             recs = nr;
         if (!nf || !nr) {
-            fprintf(stderr, "gradctl: out of memory\n");
+            ctl_error(c, CTL_ERR_DAEMON, "internal", NULL, "out of memory");
             ctl_free(resp);
             rc = CTL_ERR_DAEMON;
             break;
@@ -224,9 +243,10 @@ static int run(ctl *c, int argc, char **argv)
             rc = jout_print(json_pack("{s:o, s:o}", hr.summary ? "users" : "records", list, "skipped",
                                       jout_uint(skipped)));
         } else {
-            print_table(hr.summary, recs, n, h->users, h->n_users);
+            print_table(&t, hr.summary, recs, n, h->users, h->n_users);
         }
     }
+    table_free(&t);
     for (size_t i = 0; i < nframes; i++)
         ctl_free(frames[i]);
     free(frames);
@@ -236,7 +256,8 @@ static int run(ctl *c, int argc, char **argv)
 
 const ctl_cmd cmd_history = {
     .name = "history",
-    .args = "[--user USER] [--state completed|failed|cancelled] [--since WHEN] [--until WHEN] [-n N] [--summary]",
+    .args = "[--user USER] [--state completed|failed|cancelled] [--since WHEN] [--until WHEN] [-n N] [--summary] "
+            "[-o COL,...] [--noheadings]",
     .summary = "finished jobs' accounting, newest first: times, device-hours, peak memory; or per-user totals",
     .run = run,
 };

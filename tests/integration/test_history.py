@@ -162,6 +162,13 @@ class History(unittest.TestCase):
         self.assertEqual(lines[0].split(), ["USER", "UID", "JOBS", "COMPLETED", "FAILED", "CANCELLED", "DEV-H",
                                             "ELAPSED"])
         self.assertEqual(lines[1].split()[1:6], [str(me), "4", "1", "1", "2"])
+        # Columns for scripts, as list takes them.
+        out = d.ctl("history", "-o", "job,state", "--noheadings").stdout.splitlines()
+        self.assertEqual([l.split() for l in out], [[str(sleeper), "cancelled"], [str(waiter), "cancelled"],
+                                                    [str(bad), "failed"], [str(ok), "completed"]])
+        r = d.ctl("history", "-o", "job,bogus", check=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("bogus", r.stderr)
 
         # rm forgets the job, not its record; neither does a restart.
         d.ctl("rm", str(ok))
