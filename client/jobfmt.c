@@ -308,6 +308,19 @@ static void indented(FILE *f, const char *label, const char *text)
     }
 }
 
+/* Its time limit, and while it may still run, what is left of it. */
+static void time_limit(FILE *f, const Gradd__JobInfo *j)
+{
+    char a[64], b[64];
+    if (!(j->time_limit_s > 0))
+        return;
+    units_format_duration(j->time_limit_s, a, sizeof a);
+    if (is_state(j, "queued") || is_state(j, "running"))
+        fprintf(f, LABEL "%s (%s left)\n", "time limit", a, units_format_duration(j->time_left_s, b, sizeof b));
+    else
+        fprintf(f, LABEL "%s\n", "time limit", a);
+}
+
 /* A program job's times: it has no steps, speed or batch of gradd's. */
 static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
 {
@@ -317,6 +330,7 @@ static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
                 units_format_duration(now - j->submitted_at, b, sizeof b));
     fprintf(f, LABEL "%s\n", "started", local_time(j->started_at, a, sizeof a));
     fprintf(f, LABEL "%s\n", "finished", local_time(j->finished_at, a, sizeof a));
+    time_limit(f, j);
     fprintf(f, LABEL "%u\n", "restarts", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
     fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
@@ -391,6 +405,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     fprintf(f, LABEL "%s\n", "elapsed", units_format_duration(j->elapsed_s, a, sizeof a));
     if (is_state(j, "running"))
         fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
+    time_limit(f, j);
     fprintf(f, LABEL "%u\n", "resumes", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
     fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
@@ -508,5 +523,7 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "resumes", jout_uint(j->resumes));
     json_object_set_new(o, "type", jout_str(j->type && *j->type ? j->type : "engine"));
     json_object_set_new(o, "command", jout_str(j->command));
+    json_object_set_new(o, "time_limit_s", jout_real(j->time_limit_s));
+    json_object_set_new(o, "time_left_s", jout_real(j->time_left_s));
     return o;
 }

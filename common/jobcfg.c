@@ -22,6 +22,8 @@ static const opts_def opts[] = {
     {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
     {"job", "type", OPTS_CHOICE, J(type), 0, 0, false, "engine",
      "engine: gradd trains the model below; program: run [program] command", "engine|program"},
+    {"job", "time_limit", OPTS_DURATION, J(time_limit_ms), 0, 1e15, false, "0",
+     "stop the job once it has run this long (0: none, or gradd.conf's default_time_limit)", NULL},
 
     {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp or gpt (gradd checks it)", NULL},
     {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},

@@ -33,6 +33,7 @@ typedef struct job_config {
     char device[16]; /* auto | cpu | cpuN | cuda:N */
     int64_t priority;
     int type; /* jobcfg_type */
+    uint64_t time_limit_ms; /* of running, over all its runs; 0: none asked */
 
     /* [model] */
     /* The kind of model, as the file names it.  gradd checks it, and the

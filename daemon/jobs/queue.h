@@ -45,6 +45,11 @@ typedef struct job {
     uint32_t resumes;      /* times it started from a checkpoint */
     mode_t umask;          /* the submitter's: the job's outputs are created with it */
     uint32_t pgid;         /* a program job's process group while it runs; 0: none */
+    /* Its time limit, fixed at submit from [job] time_limit and gradd.conf's
+     * default (0: none), and the wall time its earlier runs took, counted
+     * against it (a run cut short by a crash is not counted). */
+    uint64_t time_limit_ms;
+    double ran_s;
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is

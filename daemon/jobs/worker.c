@@ -29,6 +29,11 @@ typedef struct {
     char lost_why[256];
     uint64_t checked_log; /* the log's size when its owner's bytes were last counted */
     uint64_t next_check;  /* ... and when they are counted again */
+    /* [job] time_limit: the wall time this run may take (0: no limit),
+     * from when it started (ctx_now_ns); time_up once it has been
+     * reached, which stops the job as a cancel would, but failed. */
+    uint64_t limit_ns, run_start_ns;
+    bool time_up;
 } job_run;
 
 /* Counting a user's bytes looks at every record: done once per this much
@@ -169,6 +174,9 @@ static bool should_stop(void *user)
     while (r->w->hang)
         pthread_cond_wait(&q->cond, &q->lock);
     bool stop = r->j->cancel_requested || q->stopping || r->identity_lost;
+    if (!stop && r->limit_ns && !r->time_up && ctx_now_ns() - r->run_start_ns >= r->limit_ns)
+        r->time_up = true;
+    stop |= r->time_up;
     pthread_mutex_unlock(&q->lock);
     return stop;
 }
@@ -246,8 +254,18 @@ static void run_one(worker *w, job *j)
     dev *d = ctx->devs[w->dev];
     char path[PATH_MAX + 32];
     queue_log_path(q, j->id, path, sizeof path);
-    job_run r = {.w = w, .j = j, .id = j->id};
+    job_run r = {.w = w, .j = j, .id = j->id, .run_start_ns = ctx_now_ns()};
     char err[512], line[1024];
+    pthread_mutex_lock(&q->lock);
+    uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
+    double ran_s = j->ran_s >= 0 ? j->ran_s : 0;
+    pthread_mutex_unlock(&q->lock);
+    if (limit_ms) {
+        /* What earlier runs took is taken off this one's share; a job
+         * with none left still starts, to stop at once with a checkpoint. */
+        double left_ms = (double)limit_ms - ran_s * 1e3;
+        r.limit_ns = left_ms > 1 ? (uint64_t)(left_ms * 1e6) : 1;
+    }
     if (joblog_open(&r.log, path, ctx->cfg.max_job_log, err, sizeof err) != 0)
         log_job(LOG_WARN, j->id, d->id, "job %u: %s; it runs without a log", j->id, err);
     pthread_mutex_lock(&q->lock);
@@ -312,6 +330,17 @@ static void run_one(worker *w, job *j)
             j->state = JOB_CANCELLED;
             snprintf(j->reason, sizeof j->reason, "cancelled at step %llu; checkpoint in %s",
                      (unsigned long long)res.steps_done, j->cfg.out_dir);
+        } else if (r.time_up) {
+            char lim[32];
+            units_format_duration((double)limit_ms / 1e3, lim, sizeof lim);
+            j->state = JOB_FAILED;
+            if (j->cfg.type == JOBCFG_PROGRAM)
+                snprintf(j->reason, sizeof j->reason, "time limit (%s) reached: %s", lim, res.message);
+            else
+                snprintf(j->reason, sizeof j->reason,
+                         "time limit (%s) reached at step %llu; checkpoint written in %s: submitting the job again "
+                         "continues from it",
+                         lim, (unsigned long long)res.steps_done, j->cfg.out_dir);
         } else if (j->cfg.type == JOBCFG_PROGRAM) {
             /* Left recorded as running, as after a crash: the next start
              * fails it or queues it again by its [program] restart. */
@@ -328,6 +357,7 @@ static void run_one(worker *w, job *j)
     }
     if (j->state != JOB_QUEUED && j->state != JOB_RUNNING)
         j->finished_at = now_unix();
+    j->ran_s = ran_s + (double)(ctx_now_ns() - r.run_start_ns) / 1e9;
     queue_touch(q, j);
     queue_persist_or_retry(q, j, d->id);
     /* Said from copies: once the lock is let go a finished job may be

@@ -17,6 +17,7 @@
 #include "jobs/access.h"
 #include "jobs/queue.h"
 #include "models/model.h"
+#include "units.h"
 
 /* Answer with j as a Job or a Cancel response; the caller holds the queue
  * lock, which this releases. */
@@ -157,6 +158,20 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
                  rq->has_priority ? " " : ": ", (long long)cfg->priority,
                  (unsigned long long)ctx->cfg.max_user_priority, ctx->cfg.admin_group);
         rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
+        goto out;
+    }
+    /* Fixed now, as the job's own: a later change of gradd.conf does not
+     * move the limit of a job already queued. */
+    if (!cfg->time_limit_ms)
+        cfg->time_limit_ms = ctx->cfg.default_time_limit_ms ? ctx->cfg.default_time_limit_ms
+                                                            : ctx->cfg.max_time_limit_ms;
+    if (ctx->cfg.max_time_limit_ms && cfg->time_limit_ms > ctx->cfg.max_time_limit_ms) {
+        char at[PATH_MAX + 64], a[32], b[32];
+        snprintf(msg, sizeof msg, "%s: %s is above %s, the longest this daemon allows ([daemon] max_time_limit)",
+                 jobcfg_where(cfg, "job", "time_limit", at, sizeof at),
+                 units_format_duration((double)cfg->time_limit_ms / 1e3, a, sizeof a),
+                 units_format_duration((double)ctx->cfg.max_time_limit_ms / 1e3, b, sizeof b));
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }
     if (rq->umask > 0777) {

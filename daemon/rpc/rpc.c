@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/batch.h"
@@ -86,6 +87,14 @@ bool rpc_need_admin(const rpc_call *c, const char *what)
 
 /* ---- a job, as JobInfo ---------------------------------------------------------- */
 
+/* Unix seconds, as a job's started_at. */
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
 {
     Gradd__JobInfo *m = &st->msg;
@@ -144,6 +153,14 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->out_dir = st->out_dir;
     m->job_file = st->job_file;
     m->resumes = j->resumes;
+    uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
+    m->time_limit_s = (double)limit_ms / 1e3;
+    if (limit_ms && (j->state == JOB_QUEUED || j->state == JOB_RUNNING)) {
+        double ran = j->ran_s >= 0 ? j->ran_s : 0;
+        if (j->state == JOB_RUNNING && j->started_at > 0)
+            ran += wall_now() - j->started_at;
+        m->time_left_s = m->time_limit_s > ran ? m->time_limit_s - ran : 0;
+    }
     m->type = j->cfg.type == JOBCFG_PROGRAM ? "program" : "engine";
     snprintf(st->command, sizeof st->command, "%s", j->cfg.command);
     m->command = st->command;

@@ -1,0 +1,135 @@
+"""How a job ends, through a real gradd and the real gradctl: [job]
+time_limit stopping an engine job with a checkpoint (and a program job with
+SIGTERM), with gradd.conf's default and maximum."""
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import harness
+
+PY = shutil.which("python3") or sys.executable
+
+GPT = """[job]
+name = {name}
+{job}
+[model]
+type = gpt
+layers = 1
+heads = 2
+width = 16
+context = 8
+vocab = 256
+[data]
+format = text
+train = {train}
+val_fraction = 0.1
+[train]
+steps = {steps}
+batch = 4
+micro_batch = 4
+threads = 1
+eval_batches = 1
+[output]
+dir = {out}
+{output}
+"""
+
+# Traps SIGTERM, says so and exits 0; else sleeps for good.
+TRAPS = r"""
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda s, f: (print("got SIGTERM", flush=True), sys.exit(0)))
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+class JobEnd(harness.DaemonTest):
+    conf = "[daemon]\nclient_timeout = 60s\ndefault_time_limit = 10m\nmax_time_limit = 1h\n"
+
+    def setUp(self):
+        super().setUp()
+        self.dir, self.train = harness.scratch_corpus(self, "gradd-end-")
+        with open(os.path.join(self.dir, "traps.py"), "w") as f:
+            f.write(TRAPS)
+
+    def gpt(self, name, steps=6, job="", output="", out=None):
+        path = os.path.join(self.dir, name + ".cfg")
+        with open(path, "w") as f:
+            f.write(GPT.format(name=name, job=job, train=self.train, steps=steps,
+                               out=out or os.path.join(self.dir, "out-" + name), output=output))
+        os.chmod(path, 0o644)
+        return path
+
+    def program(self, name, command, job="", program=""):
+        path = os.path.join(self.dir, name + ".cfg")
+        with open(path, "w") as f:
+            f.write("[job]\ntype = program\n%s\n[program]\ncommand = %s\n%s\n" % (job, command, program))
+        os.chmod(path, 0o644)
+        return path
+
+    def submit(self, path, check=True):
+        r = self.d.ctl("submit", path, check=False)
+        if check:
+            self.assertEqual(r.returncode, 0, r.stderr + self.d.read_log())
+            return int(r.stdout.split()[1])
+        return r
+
+    def wait(self, jid, states=("completed", "failed", "cancelled"), timeout=60):
+        return harness.wait_job(self.d, jid, states, timeout)
+
+    # ---- time limits --------------------------------------------------------
+
+    def test_time_limit_stops_an_engine_job_with_a_checkpoint_and_a_resubmit_continues(self):
+        out = os.path.join(self.dir, "out-long")
+        first = self.submit(self.gpt("long", steps=1000000, job="time_limit = 2s", out=out))
+        j = self.wait(first, ("running",))
+        self.assertEqual(j["time_limit_s"], 2.0)
+        self.assertGreater(j["time_left_s"], 0)
+        self.assertLessEqual(j["time_left_s"], 2.0)
+        text = self.d.ctl("status", str(first)).stdout
+        self.assertRegex(text, r"time limit +2s \([012]s left\)\n")
+        t0 = time.time()
+        j = self.wait(first, timeout=30)
+        self.assertLess(time.time() - t0, 10)
+        self.assertEqual(j["state"], "failed")
+        step = j["step"]
+        self.assertGreater(step, 0)
+        self.assertEqual(j["reason"],
+                         "time limit (2s) reached at step %d; checkpoint written in %s: submitting the job again "
+                         "continues from it" % (step, out))
+        self.assertTrue(os.path.exists(os.path.join(out, "resume.safetensors")))
+        text = self.d.ctl("status", str(first)).stdout
+        self.assertRegex(text, r"time limit +2s\n")
+        # The same job with a longer limit goes on from there.
+        second = self.submit(self.gpt("long", steps=1000000, job="time_limit = 3s", out=out))
+        j = self.wait(second, timeout=30)
+        self.assertEqual(j["state"], "failed")
+        self.assertIn("time limit (3s) reached at step", j["reason"])
+        self.assertGreater(j["step"], step)
+
+    def test_time_limit_sends_a_program_sigterm(self):
+        jid = self.submit(self.program("prog", "%s traps.py" % PY, job="time_limit = 1s", program="grace = 5s"))
+        t0 = time.time()
+        j = self.wait(jid, timeout=30)
+        self.assertLess(time.time() - t0, 6)
+        self.assertEqual(j["state"], "failed")
+        self.assertEqual(j["reason"], "time limit (1s) reached: exited with status 0 after SIGTERM")
+        self.assertIn("got SIGTERM\n", self.d.ctl("logs", str(jid)).stdout)
+
+    def test_default_and_maximum_time_limit(self):
+        over = self.gpt("over", job="time_limit = 2h")
+        r = self.submit(over, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s:3: [job] time_limit: 2h00m is above 1h00m, the longest this daemon allows "
+                      "([daemon] max_time_limit)" % over, r.stderr)
+        # None set: gradd.conf's default, fixed at submit.
+        jid = self.submit(self.gpt("plain"))
+        j = self.wait(jid)
+        self.assertEqual((j["state"], j["time_limit_s"], j["time_left_s"]), ("completed", 600.0, 0.0))
+
+
+if __name__ == "__main__":
+    harness.main()
