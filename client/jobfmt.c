@@ -406,6 +406,9 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     if (is_state(j, "running"))
         fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
     time_limit(f, j);
+    if (j->continued)
+        fprintf(f, LABEL "from step %llu of the run found in its out dir\n", "continued",
+                (unsigned long long)j->resumed_from_step);
     fprintf(f, LABEL "%u\n", "resumes", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
     fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
@@ -523,6 +526,8 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "resumes", jout_uint(j->resumes));
     json_object_set_new(o, "type", jout_str(j->type && *j->type ? j->type : "engine"));
     json_object_set_new(o, "command", jout_str(j->command));
+    json_object_set_new(o, "continued", json_boolean(j->continued));
+    json_object_set_new(o, "resumed_from_step", jout_uint(j->resumed_from_step));
     json_object_set_new(o, "time_limit_s", jout_real(j->time_limit_s));
     json_object_set_new(o, "time_left_s", jout_real(j->time_left_s));
     return o;

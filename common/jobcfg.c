@@ -73,6 +73,9 @@ static const opts_def opts[] = {
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",
      "write the resume state every N steps (0: only at the end)", NULL},
     {"output", "log_every", OPTS_COUNT, J(log_every), 1, 1e12, false, "1", "metrics.jsonl line every N steps", NULL},
+    {"output", "resume", OPTS_CHOICE, J(resume), 0, 0, false, "auto",
+     "auto: continue an unfinished run's checkpoint there, refuse a finished run; never: refuse a dir with gradd's "
+     "outputs; require: refuse one without a checkpoint to continue", "auto|never|require"},
 
     {"program", "command", OPTS_STRING, J(command), 0, 0, false, "",
      "type = program: the program and its arguments, quoted as in sh, run without a shell", NULL},
@@ -262,7 +265,7 @@ static int check_readable(const parse_ctx *p, const char *key, const char *file,
 static bool engine_only(const opts_def *o)
 {
     static const char *const keys[] = {"memory.margin", "memory.grow_after", "memory.tune",
-                                       "output.checkpoint_every", "output.log_every"};
+                                       "output.checkpoint_every", "output.log_every", "output.resume"};
     if (!strcmp(o->section, "model") || !strcmp(o->section, "data") || !strcmp(o->section, "train"))
         return true;
     char full[64];

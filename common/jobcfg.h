@@ -23,6 +23,8 @@ typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precis
 typedef enum { JOBCFG_ENGINE = 0, JOBCFG_PROGRAM = 1 } jobcfg_type;
 typedef enum { JOBCFG_RESTART_NO = 0, JOBCFG_RESTART_ON_FAILURE = 1 } jobcfg_restart;
 typedef enum { JOBCFG_ALLOC_GRADD = 0, JOBCFG_ALLOC_PYTORCH = 1 } jobcfg_allocator;
+/* [output] resume: what an engine job may find in its directory (daemon/jobs/outdir.h). */
+typedef enum { JOBCFG_RESUME_AUTO = 0, JOBCFG_RESUME_NEVER = 1, JOBCFG_RESUME_REQUIRE = 2 } jobcfg_resume;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 typedef struct job_config {
@@ -78,6 +80,7 @@ typedef struct job_config {
     char out_dir[PATH_MAX];
     uint64_t checkpoint_every; /* 0: only at the end */
     uint64_t log_every;
+    int resume; /* jobcfg_resume */
 
     /* [program]: only for type = program, whose file may set no [model],
      * [data] or [train] key (and whose engine fields are all zero). */

@@ -20,6 +20,7 @@
 
 #include "argsplit.h"
 #include "fileio.h"
+#include "outdir.h"
 
 /* glibc's setgroups changes every thread of the process; the system call
  * itself changes only the caller, which is what a worker needs. */
@@ -388,6 +389,8 @@ static void *check_job_thread(void *arg)
         rc = check_readable(j, "val_labels", j->val_labels, a->err, a->err_len);
     if (rc == 0)
         rc = make_writable_dir(j, a->err, a->err_len);
+    if (rc == 0)
+        rc = outdir_check_resume(j, a->err, a->err_len);
     access_restore(&saved);
     a->rc = rc;
     return NULL;

@@ -50,6 +50,13 @@ typedef struct job {
      * against it (a run cut short by a crash is not counted). */
     uint64_t time_limit_ms;
     double ran_s;
+    /* Its [output] dir as realpath resolved it for the owner at submit
+     * ("": not known), which no other live job may share (outdir.h). */
+    char out_real[PATH_MAX];
+    /* One more than the step its first run continued from, found in its
+     * output directory (0: it started afresh); a daemon restart's resume
+     * counts in resumes instead. */
+    uint64_t continued_at;
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is

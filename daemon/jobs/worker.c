@@ -34,6 +34,7 @@ typedef struct {
      * reached, which stops the job as a cancel would, but failed. */
     uint64_t limit_ns, run_start_ns;
     bool time_up;
+    bool first_run; /* the job has not run before: a checkpoint found is another run's */
 } job_run;
 
 /* Counting a user's bytes looks at every record: done once per this much
@@ -132,19 +133,35 @@ static void on_step(void *user, const train_progress *p)
     pthread_mutex_lock(&q->lock);
     r->j->prog = *p;
     r->j->have_progress = true;
+    bool note_resume = false;
     if (p->resumed && !r->counted_resume) {
         /* Saved by the loop on the notify below, not at the job's end: a
          * crash before then would lose the count (this thread, as the
-         * owner, cannot write the state dir). */
-        r->j->resumes++;
+         * owner, cannot write the state dir).  The first run of a job
+         * found another run's checkpoint in its directory ([output]
+         * resume); later ones resume the job's own. */
+        if (r->first_run)
+            r->j->continued_at = p->step + 1;
+        else
+            r->j->resumes++;
         r->j->unsaved = true;
         q->any_unsaved = true;
         r->counted_resume = true;
+        note_resume = true;
     }
     queue_touch(q, r->j);
     r->w->beats++;
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
+    if (note_resume) {
+        char line[PATH_MAX + 128];
+        if (r->first_run)
+            snprintf(line, sizeof line, "== continuing the unfinished run in %s from its checkpoint at step %llu "
+                     "([output] resume)\n", r->j->cfg.out_dir, (unsigned long long)p->step);
+        else
+            snprintf(line, sizeof line, "== resuming from its checkpoint at step %llu\n", (unsigned long long)p->step);
+        log_put(r, line);
+    }
     if (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1) {
         char a[16], b[16], line[512];
         size_t n = 0;
@@ -247,14 +264,14 @@ static void log_note(void *user, const char *fmt, va_list ap)
     log_put(user, line);
 }
 
-static void run_one(worker *w, job *j)
+static void run_one(worker *w, job *j, bool first_run)
 {
     gradd_ctx *ctx = w->ctx;
     queue *q = w->q;
     dev *d = ctx->devs[w->dev];
     char path[PATH_MAX + 32];
     queue_log_path(q, j->id, path, sizeof path);
-    job_run r = {.w = w, .j = j, .id = j->id, .run_start_ns = ctx_now_ns()};
+    job_run r = {.w = w, .j = j, .id = j->id, .run_start_ns = ctx_now_ns(), .first_run = first_run};
     char err[512], line[1024];
     pthread_mutex_lock(&q->lock);
     uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
@@ -403,6 +420,7 @@ static void *worker_main(void *arg)
         j->state = JOB_RUNNING;
         w->busy = true;
         w->job = j->id;
+        bool first_run = j->started_at == 0;
         j->started_at = now_unix();
         j->have_progress = false;
         snprintf(j->device, sizeof j->device, "%s", d->id);
@@ -413,7 +431,7 @@ static void *worker_main(void *arg)
         log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
         /* The pool's idle trim waits while any job runs on the device. */
         pool_use_begin(ctx->pools[w->dev]);
-        run_one(w, j);
+        run_one(w, j, first_run);
         pool_use_end(ctx->pools[w->dev]);
         pthread_mutex_lock(&q->lock);
         w->busy = false;

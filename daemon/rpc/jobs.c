@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "fileio.h"
 #include "jobs/access.h"
+#include "jobs/outdir.h"
 #include "jobs/queue.h"
 #include "models/model.h"
 #include "units.h"
@@ -224,6 +225,11 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
+    char real[PATH_MAX];
+    if (outdir_check_live(ctx->q, peer->uid, peer->gid, cfg, real, sizeof real, err, sizeof err) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
+        goto out;
+    }
     /* The job file and a state file (a few KiB): room for both, made by
      * forgetting the submitter's oldest finished jobs if need be. */
     if (queue_make_room(ctx->q, peer->uid, rq->contents.len + QUEUE_STATE_RESERVE, err, sizeof err) != 0) {
@@ -238,6 +244,13 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__INTERNAL, err);
         goto out;
     }
+    /* Kept in its state file from its next change on (no extra write
+     * per submit): until then a restarted daemon compares the lexical path. */
+    pthread_mutex_lock(&ctx->q->lock);
+    job *added = queue_find(ctx->q, id);
+    if (added)
+        snprintf(added->out_real, sizeof added->out_real, "%s", real);
+    pthread_mutex_unlock(&ctx->q->lock);
     log_job(LOG_INFO, id, NULL, "job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
     Gradd__SubmitResponse sr;
     gradd__submit_response__init(&sr);

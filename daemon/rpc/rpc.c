@@ -153,6 +153,8 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->out_dir = st->out_dir;
     m->job_file = st->job_file;
     m->resumes = j->resumes;
+    m->continued = j->continued_at > 0;
+    m->resumed_from_step = j->continued_at ? j->continued_at - 1 : 0;
     uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
     m->time_limit_s = (double)limit_ms / 1e3;
     if (limit_ms && (j->state == JOB_QUEUED || j->state == JOB_RUNNING)) {

@@ -1,6 +1,8 @@
-"""How a job ends, through a real gradd and the real gradctl: [job]
-time_limit stopping an engine job with a checkpoint (and a program job with
-SIGTERM), with gradd.conf's default and maximum."""
+"""How a job ends and what it finds, through a real gradd and the real
+gradctl: [output] resume refusing a finished run's directory (and never,
+require), one live job per output directory, a continued job saying so;
+[job] time_limit stopping an engine job with a checkpoint (and a program
+job with SIGTERM), with gradd.conf's default and maximum."""
 import os
 import shutil
 import sys
@@ -80,6 +82,77 @@ class JobEnd(harness.DaemonTest):
     def wait(self, jid, states=("completed", "failed", "cancelled"), timeout=60):
         return harness.wait_job(self.d, jid, states, timeout)
 
+    def wait_until(self, jid, pred, timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            j = self.d.ctl_json("status", str(jid))
+            if pred(j):
+                return j
+            if time.time() > deadline:
+                self.fail("job %d: %s\n%s" % (jid, j, self.d.read_log()))
+            time.sleep(0.02)
+
+    # ---- reusing an output directory ------------------------------------------
+
+    def test_a_finished_run_is_refused_and_never_and_require(self):
+        out = os.path.join(self.dir, "out-done")
+        cfg = self.gpt("done", out=out)
+        jid = self.submit(cfg)
+        self.assertEqual(self.wait(jid)["state"], "completed")
+        r = self.submit(cfg, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s: [output] resume = auto: %s holds a finished run (step 6 of [train] steps 6 in "
+                      "resume.safetensors), so the job would do nothing; choose another [output] dir, remove its "
+                      "outputs to start over, or raise [train] steps to train it further\n" % (cfg, out), r.stderr)
+        # never writes over nothing: refused while gradd's outputs are there.
+        never = self.gpt("done", output="resume = never", out=out)
+        r = self.submit(never, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s:23: [output] resume = never: %s holds another run's outputs (resume.safetensors, "
+                      "model.safetensors, metrics.jsonl), which gradd neither continues nor writes over; remove "
+                      "them, or choose another [output] dir\n" % (never, out), r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
+        # require: there must be a checkpoint to continue.
+        fresh = os.path.join(self.dir, "out-fresh")
+        req = self.gpt("req", output="resume = require", out=fresh)
+        r = self.submit(req, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s:23: [output] resume = require: %s holds no checkpoint (resume.safetensors) to continue\n"
+                      % (req, fresh), r.stderr)
+        # More steps than the finished run: it goes on from there.
+        more = self.submit(self.gpt("done", steps=8, out=out))
+        j = self.wait(more)
+        self.assertEqual((j["state"], j["step"], j["continued"], j["resumed_from_step"]), ("completed", 8, True, 6))
+        # And never in a fresh directory simply starts.
+        j = self.wait(self.submit(self.gpt("new", output="resume = never")))
+        self.assertEqual((j["state"], j["continued"]), ("completed", False))
+
+    def test_a_second_live_job_on_one_directory_is_refused(self):
+        out = os.path.join(self.dir, "out-live")
+        first = self.submit(self.gpt("live", steps=1000000, out=out))
+        self.wait(first, ("running",))
+        # Another spelling of the same directory: through a symbolic link.
+        link = os.path.join(self.dir, "link")
+        os.symlink(out, link)
+        other = self.gpt("other", out=link)
+        r = self.submit(other, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s:22: [output] dir: %s is the output directory of job %d, which is running; two jobs "
+                      "writing one directory would mix their checkpoints: wait for it to end, or choose another "
+                      "[output] dir\n" % (other, out, first), r.stderr)
+        self.d.ctl("cancel", str(first))
+        j = self.wait(first)
+        self.assertEqual(j["state"], "cancelled")
+        # Once it has ended the directory is free, and its checkpoint is
+        # continued; one past this job's steps is refused.
+        r = self.submit(self.gpt("other", steps=j["step"] - 1, out=link), check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("holds a run trained past this job's end (step %d of [train] steps %d in resume.safetensors)"
+                      % (j["step"], j["step"] - 1), r.stderr)
+        second = self.wait(self.submit(self.gpt("other", steps=1000000, job="time_limit = 1s", out=link)))
+        self.assertEqual((second["state"], second["continued"], second["resumed_from_step"]),
+                         ("failed", True, j["step"]), second)
+
     # ---- time limits --------------------------------------------------------
 
     def test_time_limit_stops_an_engine_job_with_a_checkpoint_and_a_resubmit_continues(self):
@@ -103,12 +176,19 @@ class JobEnd(harness.DaemonTest):
         self.assertTrue(os.path.exists(os.path.join(out, "resume.safetensors")))
         text = self.d.ctl("status", str(first)).stdout
         self.assertRegex(text, r"time limit +2s\n")
-        # The same job with a longer limit goes on from there.
-        second = self.submit(self.gpt("long", steps=1000000, job="time_limit = 3s", out=out))
+        # The same job with a longer limit goes on from there, and says so.
+        second = self.submit(self.gpt("long", steps=1000000, job="time_limit = 3s", output="resume = require",
+                                      out=out))
+        j = self.wait_until(second, lambda j: j["step"] >= step)
+        self.assertEqual((j["continued"], j["resumed_from_step"], j["resumes"]), (True, step, 0))
+        text = self.d.ctl("status", str(second)).stdout
+        self.assertIn("continued   from step %d of the run found in its out dir\n" % step, text)
         j = self.wait(second, timeout=30)
         self.assertEqual(j["state"], "failed")
         self.assertIn("time limit (3s) reached at step", j["reason"])
         self.assertGreater(j["step"], step)
+        self.assertIn("== continuing the unfinished run in %s from its checkpoint at step %d ([output] resume)\n"
+                      % (out, step), self.d.ctl("logs", str(second)).stdout)
 
     def test_time_limit_sends_a_program_sigterm(self):
         jid = self.submit(self.program("prog", "%s traps.py" % PY, job="time_limit = 1s", program="grace = 5s"))
