@@ -321,6 +321,16 @@ static void time_limit(FILE *f, const Gradd__JobInfo *j)
         fprintf(f, LABEL "%s\n", "time limit", a);
 }
 
+/* Its [job] on_end command, and how it went. */
+static void on_end(FILE *f, const Gradd__JobInfo *j)
+{
+    if (!j->on_end || !*j->on_end)
+        return;
+    field(f, "on end", j->on_end);
+    if (j->on_end_result && *j->on_end_result)
+        field(f, "", j->on_end_result);
+}
+
 /* A program job's times: it has no steps, speed or batch of gradd's. */
 static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
 {
@@ -331,6 +341,7 @@ static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
     fprintf(f, LABEL "%s\n", "started", local_time(j->started_at, a, sizeof a));
     fprintf(f, LABEL "%s\n", "finished", local_time(j->finished_at, a, sizeof a));
     time_limit(f, j);
+    on_end(f, j);
     fprintf(f, LABEL "%u\n", "restarts", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
     fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
@@ -406,6 +417,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     if (is_state(j, "running"))
         fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
     time_limit(f, j);
+    on_end(f, j);
     if (j->continued)
         fprintf(f, LABEL "from step %llu of the run found in its out dir\n", "continued",
                 (unsigned long long)j->resumed_from_step);
@@ -528,6 +540,8 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "command", jout_str(j->command));
     json_object_set_new(o, "continued", json_boolean(j->continued));
     json_object_set_new(o, "resumed_from_step", jout_uint(j->resumed_from_step));
+    json_object_set_new(o, "on_end", jout_str(j->on_end));
+    json_object_set_new(o, "on_end_result", jout_str(j->on_end_result));
     json_object_set_new(o, "time_limit_s", jout_real(j->time_limit_s));
     json_object_set_new(o, "time_left_s", jout_real(j->time_left_s));
     return o;

@@ -24,6 +24,8 @@ static const opts_def opts[] = {
      "engine: gradd trains the model below; program: run [program] command", "engine|program"},
     {"job", "time_limit", OPTS_DURATION, J(time_limit_ms), 0, 1e15, false, "0",
      "stop the job once it has run this long (0: none, or gradd.conf's default_time_limit)", NULL},
+    {"job", "on_end", OPTS_STRING, J(on_end), 0, 0, false, "",
+     "once the job has ended: run this command as its owner, quoted as in sh, without a shell", NULL},
 
     {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp or gpt (gradd checks it)", NULL},
     {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},
@@ -397,6 +399,9 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         return complain(p, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
     if (check_kind_keys(p, err, err_len) != 0)
         return -1;
+    char words[JOBCFG_COMMAND_MAX], why[192];
+    if (argsplit(j->on_end, words, sizeof words, why, sizeof why) < 0)
+        return complain(p, "job", "on_end", err, err_len, why);
     if (j->type == JOBCFG_PROGRAM)
         return validate_program(p, dir, err, err_len);
 

@@ -36,6 +36,7 @@ typedef struct job_config {
     int64_t priority;
     int type; /* jobcfg_type */
     uint64_t time_limit_ms; /* of running, over all its runs; 0: none asked */
+    char on_end[JOBCFG_COMMAND_MAX]; /* run as the owner once it has ended; as written */
 
     /* [model] */
     /* The kind of model, as the file names it.  gradd checks it, and the

@@ -73,6 +73,8 @@ static const opts_def opts[] = {
      "the [job] time_limit of a job that sets none (0: none)", NULL},
     {"daemon", "max_time_limit", OPTS_DURATION, D(max_time_limit_ms), 0, 1e15, false, "0",
      "the longest [job] time_limit a job may ask for; submit refuses more (0: no maximum)", NULL},
+    {"daemon", "on_end_timeout", OPTS_DURATION, D(on_end_timeout_ms), 100, 3600e3, false, "60s",
+     "a job's [job] on_end command is killed once it has run this long", NULL},
     {"daemon", "log_level", OPTS_CHOICE, D(log_level), 0, 0, false, "info", "error, warning, info or debug",
      "error|warning|info|debug"},
     {"daemon", "log_target", OPTS_CHOICE, D(log_target), 0, 0, false, "auto",

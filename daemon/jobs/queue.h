@@ -57,6 +57,7 @@ typedef struct job {
      * output directory (0: it started afresh); a daemon restart's resume
      * counts in resumes instead. */
     uint64_t continued_at;
+    char on_end_result[256]; /* how its [job] on_end command ended ("": not run) */
     uint64_t seq;          /* submit order, for ties in priority */
     job_config cfg;
     /* A finished job whose job.cfg could not be read back at start: cfg is

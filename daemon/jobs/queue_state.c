@@ -93,6 +93,7 @@ static const qs_field qs_fields[] = {
     {"ran_s", QS_F64, offsetof(job, ran_s), sizeof(double), true},
     {"out_dir_real", QS_STR, offsetof(job, out_real), sizeof(((job *)0)->out_real), true},
     {"continued_at", QS_U64, offsetof(job, continued_at), sizeof(uint64_t), true},
+    {"on_end_result", QS_STR, offsetof(job, on_end_result), sizeof(((job *)0)->on_end_result), true},
     QS_PROG("step", QS_U64, step),
     QS_PROG("loss", QS_F64, loss),
     QS_PROG("val_loss", QS_F64, val_loss),

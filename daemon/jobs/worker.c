@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "access.h"
+#include "jobend.h"
 #include "joblog.h"
 #include "runner.h"
 #include "base/log.h"
@@ -264,6 +265,50 @@ static void log_note(void *user, const char *fmt, va_list ap)
     log_put(user, line);
 }
 
+/* ---- [job] on_end ---------------------------------------------------------------- */
+
+static void hook_copy(const job *j, jobend_job *hj)
+{
+    memset(hj, 0, sizeof *hj);
+    hj->id = j->id;
+    hj->uid = j->uid;
+    hj->gid = j->gid;
+    snprintf(hj->command, sizeof hj->command, "%s", j->cfg.on_end);
+    jobcfg_where(&j->cfg, "job", "on_end", hj->where, sizeof hj->where);
+    jobend_workdir(&j->cfg, hj->workdir, sizeof hj->workdir);
+    snprintf(hj->out_dir, sizeof hj->out_dir, "%s", j->cfg.out_dir);
+    snprintf(hj->name, sizeof hj->name, "%s", j->name);
+    snprintf(hj->state, sizeof hj->state, "%s", job_state_name(j->state));
+    snprintf(hj->reason, sizeof hj->reason, "%s", j->reason);
+}
+
+/* Its output, after the job's end: not counted in log_bytes (the job may
+ * be gone), as the final line. */
+static void hook_output(void *user, const char *lines)
+{
+    log_line(user, lines);
+}
+
+/* The thread has the daemon's identity again here, and the job's outcome
+ * is on disk: the hook cannot change it, only say how it went. */
+static void run_hook(job_run *r, const jobend_job *hj)
+{
+    queue *q = r->w->q;
+    gradd_ctx *ctx = r->w->ctx;
+    jobend_hooks h = {.output = r->log.fd >= 0 ? hook_output : NULL, .stopping = daemon_stopping, .user = r};
+    char result[256];
+    jobend_run(hj, ctx->cfg.socket_path, ctx->cfg.on_end_timeout_ms, &h, result, sizeof result);
+    pthread_mutex_lock(&q->lock);
+    job *j = queue_find(q, hj->id);
+    if (j) {
+        snprintf(j->on_end_result, sizeof j->on_end_result, "%s", result);
+        queue_touch(q, j);
+        queue_persist_or_retry(q, j, ctx->devs[r->w->dev]->id);
+    }
+    pthread_mutex_unlock(&q->lock);
+    queue_notify(q);
+}
+
 static void run_one(worker *w, job *j, bool first_run)
 {
     gradd_ctx *ctx = w->ctx;
@@ -380,6 +425,9 @@ static void run_one(worker *w, job *j, bool first_run)
     /* Said from copies: once the lock is let go a finished job may be
      * removed (gradctl rm) and freed. */
     uint32_t id = j->id;
+    jobend_job *hook = NULL;
+    if (j->cfg.on_end[0] && j->state != JOB_QUEUED && j->state != JOB_RUNNING && (hook = malloc(sizeof *hook)))
+        hook_copy(j, hook);
     char outcome[1200], name[sizeof j->name];
     snprintf(outcome, sizeof outcome, "%s%s%s", job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
     snprintf(name, sizeof name, "%s", j->name);
@@ -390,6 +438,9 @@ static void run_one(worker *w, job *j, bool first_run)
      * go): its next load counts it. */
     snprintf(line, sizeof line, "== job %u %.1000s\n", id, outcome);
     log_line(&r, line);
+    if (hook)
+        run_hook(&r, hook);
+    free(hook);
     joblog_close(&r.log);
 }
 

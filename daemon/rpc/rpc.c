@@ -154,6 +154,10 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->job_file = st->job_file;
     m->resumes = j->resumes;
     m->continued = j->continued_at > 0;
+    snprintf(st->on_end, sizeof st->on_end, "%s", j->cfg.on_end);
+    snprintf(st->on_end_result, sizeof st->on_end_result, "%s", j->on_end_result);
+    m->on_end = st->on_end;
+    m->on_end_result = st->on_end_result;
     m->resumed_from_step = j->continued_at ? j->continued_at - 1 : 0;
     uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
     m->time_limit_s = (double)limit_ms / 1e3;

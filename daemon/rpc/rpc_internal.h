@@ -59,6 +59,7 @@ typedef struct {
     char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
     char change_reason[16];
     char command[1024]; /* cut, as reason is, to keep a list frame small */
+    char on_end[1024], on_end_result[256]; /* likewise */
 } rpc_job_store;
 
 /* Fill st from j; the caller holds the queue lock. */

@@ -2,12 +2,17 @@
 gradctl: [output] resume refusing a finished run's directory (and never,
 require), one live job per output directory, a continued job saying so;
 [job] time_limit stopping an engine job with a checkpoint (and a program
-job with SIGTERM), with gradd.conf's default and maximum."""
+job with SIGTERM), with gradd.conf's default and maximum; [job] on_end
+run once as the owner at the job's end, its environment, its output in
+the log, and one that hangs killed at its bound."""
 import os
+import pwd
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import unittest
 
 import harness
 
@@ -209,6 +214,122 @@ class JobEnd(harness.DaemonTest):
         jid = self.submit(self.gpt("plain"))
         j = self.wait(jid)
         self.assertEqual((j["state"], j["time_limit_s"], j["time_left_s"]), ("completed", 600.0, 0.0))
+
+
+# Records who and where it runs, and its environment, into $1.
+HOOK = """#!/bin/sh
+{ echo "uid $(id -u)"; echo "groups $(id -G)"; echo "cwd $(pwd)"; echo "stdin $(readlink /proc/self/fd/0)"
+  grep -E '^Cap(Eff|Prm|Amb)' /proc/self/status; env; } > "$1.tmp"
+mv "$1.tmp" "$1"
+echo "hook says hi"
+"""
+
+
+class JobEndHook(harness.DaemonTest):
+    conf = "[daemon]\nclient_timeout = 60s\non_end_timeout = 1s\n"
+
+    def setUp(self):
+        super().setUp()
+        self.dir, self.train = harness.scratch_corpus(self, "gradd-hook-")
+        hook = os.path.join(self.dir, "hook.sh")
+        with open(hook, "w") as f:
+            f.write(HOOK)
+        os.chmod(hook, 0o755)
+
+    def write(self, name, text):
+        path = os.path.join(self.dir, name + ".cfg")
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+        return path
+
+    def wait_hook(self, jid, timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            j = self.d.ctl_json("status", str(jid))
+            if j["on_end_result"] or time.time() > deadline:
+                return j
+            time.sleep(0.05)
+
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"), "needs root and setpriv to act as other users")
+    def test_hook_runs_once_as_the_owner_with_its_environment(self):
+        os.chmod(self.d.dir, 0o755)
+        os.chmod(self.d.sock, 0o666)
+        pw = pwd.getpwnam("nobody")
+        home = os.path.join(self.dir, "nobody")
+        os.mkdir(home, 0o755)
+        os.chown(home, pw.pw_uid, pw.pw_gid)
+        out = os.path.join(home, "out")
+        record = os.path.join(home, "record.txt")
+        cfg = self.write("hooked", GPT.format(name="hooked", job="on_end = ./hook.sh %s 'two words'" % record,
+                                             train=self.train, steps=3, out=out, output=""))
+        r = subprocess.run(["setpriv", "--reuid=%d" % pw.pw_uid, "--regid=%d" % pw.pw_gid, "--init-groups",
+                            harness.GRADCTL, "-s", self.d.sock, "submit", cfg],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        jid = int(r.stdout.split()[1])
+        j = self.wait_hook(jid)
+        self.assertEqual((j["state"], j["on_end"], j["on_end_result"]),
+                         ("completed", "./hook.sh %s 'two words'" % record, "exited with status 0"))
+        with open(record) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(os.stat(record).st_uid, pw.pw_uid)
+        groups = sorted(set(os.getgrouplist("nobody", pw.pw_gid)))
+        self.assertIn("uid %d" % pw.pw_uid, lines)
+        self.assertEqual(sorted(map(int, lines[1].split()[1:])), groups)
+        self.assertIn("cwd %s" % self.dir, lines)
+        self.assertIn("stdin /dev/null", lines)
+        for cap in ("CapEff:", "CapPrm:", "CapAmb:"):
+            self.assertIn("%s\t0000000000000000" % cap, lines)
+        env = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith(("uid", "cwd")))
+        self.assertEqual({k: env.get(k) for k in ("GRADD_JOB_ID", "GRADD_JOB_STATE", "GRADD_JOB_NAME",
+                                                  "GRADD_OUTPUT_DIR", "GRADD_JOB_REASON", "GRADD_SOCKET", "PATH",
+                                                  "USER", "HOME")},
+                         {"GRADD_JOB_ID": str(jid), "GRADD_JOB_STATE": "completed", "GRADD_JOB_NAME": "hooked",
+                          "GRADD_OUTPUT_DIR": out, "GRADD_JOB_REASON": "", "GRADD_SOCKET": self.d.sock,
+                          "PATH": "/usr/local/bin:/usr/bin:/bin", "USER": "nobody", "HOME": pw.pw_dir})
+        log = self.d.ctl("logs", str(jid)).stdout
+        self.assertIn("== job %d completed\n== on_end: started %s/hook.sh as pid " % (jid, self.dir), log)
+        self.assertIn("\nhook says hi\n== on_end: exited with status 0\n", log)
+        self.assertEqual(log.count("== on_end: started"), 1)
+        text = self.d.ctl("status", str(jid)).stdout
+        self.assertIn("  on end      ./hook.sh %s 'two words'\n              exited with status 0\n" % record, text)
+
+    def test_a_hanging_hook_is_killed_at_its_bound_and_sees_the_failure(self):
+        cfg = self.write("fails", "[job]\ntype = program\non_end = /bin/sh -c 'echo \"state=$GRADD_JOB_STATE "
+                         "reason=$GRADD_JOB_REASON\"; exec sleep 600'\n[program]\ncommand = /bin/sh -c 'exit 3'\n")
+        jid = int(self.d.ctl("submit", cfg).stdout.split()[1])
+        t0 = time.time()
+        j = self.wait_hook(jid)
+        self.assertLess(time.time() - t0, 10)
+        self.assertEqual((j["state"], j["reason"], j["on_end_result"]),
+                         ("failed", "exited with status 3", "killed with SIGKILL after 1s ([daemon] on_end_timeout)"))
+        log = self.d.ctl("logs", str(jid)).stdout
+        self.assertIn("\nstate=failed reason=exited with status 3\n"
+                      "== on_end: killed with SIGKILL after 1s ([daemon] on_end_timeout)\n", log)
+        # Its slot is free again: the next job runs.
+        nxt = int(self.d.ctl("submit", self.write("next", "[job]\ntype = program\n[program]\ncommand = /bin/true\n"))
+                  .stdout.split()[1])
+        self.assertEqual(harness.wait_job(self.d, nxt, ("completed", "failed"), 30)["state"], "completed")
+
+    def test_refused_at_submit_and_not_run_when_the_daemon_stops(self):
+        cfg = self.write("missing", "[job]\ntype = program\non_end = ./missing.sh\n[program]\ncommand = /bin/true\n")
+        r = self.d.ctl("submit", cfg, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s:3: [job] on_end: cannot execute %s/missing.sh: No such file or directory"
+                      % (cfg, self.dir), r.stderr)
+        cfg = self.write("quote", "[job]\ntype = program\non_end = echo 'open\n[program]\ncommand = /bin/true\n")
+        r = self.d.ctl("submit", cfg, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("%s:3: [job] on_end: " % cfg, r.stderr)
+        # A daemon stop puts a running engine job back in the queue: not its end.
+        marker = os.path.join(self.dir, "ran")
+        long = self.write("long", GPT.format(name="long", job="on_end = /bin/touch %s" % marker, train=self.train,
+                                             steps=1000000, out=os.path.join(self.dir, "out-long"), output=""))
+        jid = int(self.d.ctl("submit", long).stdout.split()[1])
+        harness.wait_job(self.d, jid, ("running",), 30)
+        self.assertEqual(self.d.stop(), 0)
+        self.assertFalse(os.path.exists(marker))
 
 
 if __name__ == "__main__":
