@@ -229,17 +229,14 @@ void jobend_run(const jobend_job *jj, const char *socket, uint64_t timeout_ms, c
             if (timed_out || stopped)
                 runner_signal_group((uint32_t)pid, SIGKILL, jj->uid);
         }
-        struct pollfd pfd = {open_pipe ? k->out[0] : -1, POLLIN, 0};
-        if (poll(&pfd, 1, HOOK_POLL_MS) > 0 && open_pipe)
+        int got = spawn_wait(pid, open_pipe ? k->out[0] : -1, HOOK_POLL_MS, &si);
+        if (got & SPAWN_READABLE)
             open_pipe = drain(k->out[0], o);
-        memset(&si, 0, sizeof si);
-        int w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
-        if ((w == 0 && si.si_pid == pid) || (w != 0 && errno != EINTR))
+        if (got & SPAWN_EXITED)
             break;
     }
     /* What it left behind in its group ends with it. */
-    runner_signal_group((uint32_t)pid, SIGKILL, jj->uid);
-    waitpid(pid, NULL, 0);
+    spawn_reap(pid, jj->uid);
     for (uint64_t until = ctx_now_ns() + HOOK_DRAIN_MS * 1000000ull; open_pipe && ctx_now_ns() < until;) {
         struct pollfd pfd = {k->out[0], POLLIN, 0};
         if (poll(&pfd, 1, HOOK_POLL_MS) > 0)

@@ -431,19 +431,14 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
             runner_signal_group((uint32_t)pid, SIGKILL, env->uid);
             killed = true;
         }
-        struct pollfd pfd = {open_pipe ? p->out[0] : -1, POLLIN, 0};
-        if (poll(&pfd, 1, PROG_POLL_MS) > 0 && open_pipe)
+        int got = spawn_wait(pid, open_pipe ? p->out[0] : -1, PROG_POLL_MS, &si);
+        if (got & SPAWN_READABLE)
             open_pipe = drain(p, env);
-        /* Seen exited but not reaped: its pid, and so its group's id, is
-         * not given to another process until the group is ended below. */
-        memset(&si, 0, sizeof si);
-        int w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
-        if ((w == 0 && si.si_pid == pid) || (w != 0 && errno != EINTR))
+        if (got & SPAWN_EXITED)
             break;
     }
     /* What it left behind in its group ends with it. */
-    runner_signal_group((uint32_t)pid, SIGKILL, env->uid);
-    waitpid(pid, NULL, 0);
+    spawn_reap(pid, env->uid);
     if (env->started)
         env->started(env->note_user, 0);
     for (uint64_t until = now_ms() + PROG_DRAIN_MS; open_pipe && now_ms() < until;) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "access.h"
+#include "runner.h"
 
 /* ---- the environment ------------------------------------------------------------- */
 
@@ -178,6 +180,25 @@ pid_t spawn_start(const spawn_req *r, char *err, size_t err_len)
     snprintf(err, err_len, "%s%s%s: %s", what[stage], arg[0] ? " " : "", arg, strerror(got_report[1]));
     waitpid(pid, NULL, 0);
     return -1;
+}
+
+int spawn_wait(pid_t pid, int fd, int poll_ms, siginfo_t *si)
+{
+    int got = 0;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    if (poll(&pfd, 1, poll_ms) > 0 && fd >= 0)
+        got |= SPAWN_READABLE;
+    memset(si, 0, sizeof *si);
+    int w = waitid(P_PID, (id_t)pid, si, WEXITED | WNOHANG | WNOWAIT);
+    if ((w == 0 && si->si_pid == pid) || (w != 0 && errno != EINTR))
+        got |= SPAWN_EXITED;
+    return got;
+}
+
+void spawn_reap(pid_t pid, uid_t owner)
+{
+    runner_signal_group((uint32_t)pid, SIGKILL, owner);
+    waitpid(pid, NULL, 0);
 }
 
 void spawn_describe_exit(const siginfo_t *si, char *buf, size_t len)

@@ -58,6 +58,15 @@ typedef struct spawn_req {
  * returns), or -1 with err saying which step failed and why. */
 pid_t spawn_start(const spawn_req *r, char *err, size_t err_len);
 
+/* Wait up to poll_ms for fd (-1: none) to be readable, then look whether
+ * pid has exited: seen, not reaped, so that its pid, and its group's id,
+ * is given to no other process before spawn_reap.  SPAWN_READABLE and
+ * SPAWN_EXITED (with *si) or'd together. */
+enum { SPAWN_READABLE = 1, SPAWN_EXITED = 2 };
+int spawn_wait(pid_t pid, int fd, int poll_ms, siginfo_t *si);
+/* SIGKILL what is left of its process group (uid owner's), and reap it. */
+void spawn_reap(pid_t pid, uid_t owner);
+
 /* "exited with status N" or "killed by signal SIGX" from waitid's answer. */
 void spawn_describe_exit(const siginfo_t *si, char *buf, size_t len);
 
