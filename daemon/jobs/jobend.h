@@ -53,7 +53,7 @@ int jobend_check(const job_config *j, char *err, size_t err_len);
 /* Where its output and notes go, whether the daemon is stopping. */
 typedef struct jobend_hooks {
     void (*output)(void *user, const char *lines); /* whole lines */
-    bool (*stopping)(void *user);
+    bool (*stopping)(void *user); /* polled every 100 ms while it runs */
     void *user;
 } jobend_hooks;
 

@@ -289,13 +289,27 @@ static void hook_output(void *user, const char *lines)
     log_line(user, lines);
 }
 
+/* Polled by the hook every 100 ms: the thread stays busy while it runs,
+ * so it beats as a job's polls do, or the watchdog would take a hook
+ * that runs for seconds for a hung job thread. */
+static bool hook_poll(void *user)
+{
+    job_run *r = user;
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    r->w->beats++;
+    bool stopping = q->stopping;
+    pthread_mutex_unlock(&q->lock);
+    return stopping;
+}
+
 /* The thread has the daemon's identity again here, and the job's outcome
  * is on disk: the hook cannot change it, only say how it went. */
 static void run_hook(job_run *r, const jobend_job *hj)
 {
     queue *q = r->w->q;
     gradd_ctx *ctx = r->w->ctx;
-    jobend_hooks h = {.output = r->log.fd >= 0 ? hook_output : NULL, .stopping = daemon_stopping, .user = r};
+    jobend_hooks h = {.output = r->log.fd >= 0 ? hook_output : NULL, .stopping = hook_poll, .user = r};
     char result[256];
     jobend_run(hj, ctx->cfg.socket_path, ctx->cfg.on_end_timeout_ms, &h, result, sizeof result);
     pthread_mutex_lock(&q->lock);
