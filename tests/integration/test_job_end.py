@@ -253,7 +253,7 @@ class JobEndHook(harness.DaemonTest):
         reader.start()
         self.addCleanup(reader.join)
         self.addCleanup(done.set)
-        self.d = harness.Daemon(self.conf, env=dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="300000"))
+        self.d = harness.Daemon(self.conf, env=dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="500000"))
         self.dir, self.train = harness.scratch_corpus(self, "gradd-hook-")
         hook = os.path.join(self.dir, "hook.sh")
         with open(hook, "w") as f:
@@ -331,7 +331,9 @@ class JobEndHook(harness.DaemonTest):
         log = self.d.ctl("logs", str(jid)).stdout
         self.assertIn("\nstate=failed reason=exited with status 3\n"
                       "== on_end: killed with SIGKILL after 1s ([daemon] on_end_timeout)\n", log)
-        self.assertNotIn("made no progress", self.d.read_log())
+        # (A tick late under load may say so as the job starts: not the hook's doing.)
+        after_end = self.d.read_log().split("on cpu0: failed: exited with status 3\n", 1)[1]
+        self.assertNotIn("made no progress", after_end)
         # Its slot is free again: the next job runs.
         nxt = int(self.d.ctl("submit", self.write("next", "[job]\ntype = program\n[program]\ncommand = /bin/true\n"))
                   .stdout.split()[1])
