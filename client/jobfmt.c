@@ -304,6 +304,29 @@ static void indented(FILE *f, const char *label, const char *text)
     }
 }
 
+/* Its time limit, and while it may still run, what is left of it. */
+static void time_limit(FILE *f, const Gradd__JobInfo *j)
+{
+    char a[64], b[64];
+    if (!(j->time_limit_s > 0))
+        return;
+    units_format_duration(j->time_limit_s, a, sizeof a);
+    if (is_state(j, "queued") || is_state(j, "running"))
+        fprintf(f, LABEL "%s (%s left)\n", "time limit", a, units_format_duration(j->time_left_s, b, sizeof b));
+    else
+        fprintf(f, LABEL "%s\n", "time limit", a);
+}
+
+/* Its [job] on_end command, and how it went. */
+static void on_end(FILE *f, const Gradd__JobInfo *j)
+{
+    if (!j->on_end || !*j->on_end)
+        return;
+    field(f, "on end", j->on_end);
+    if (j->on_end_result && *j->on_end_result)
+        field(f, "", j->on_end_result);
+}
+
 /* A program job's times: it has no steps, speed or batch of gradd's. */
 /* The job's memory: held now and peak, then by tag.  A finished job holds
  * nothing; its peaks were kept when it ended. */
@@ -338,6 +361,8 @@ static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
                 units_format_duration(now - j->submitted_at, b, sizeof b));
     fprintf(f, LABEL "%s\n", "started", local_time(j->started_at, a, sizeof a));
     fprintf(f, LABEL "%s\n", "finished", local_time(j->finished_at, a, sizeof a));
+    time_limit(f, j);
+    on_end(f, j);
     fprintf(f, LABEL "%u\n", "restarts", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
     fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
@@ -424,6 +449,11 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     fprintf(f, LABEL "%s\n", "elapsed", units_format_duration(j->elapsed_s, a, sizeof a));
     if (is_state(j, "running"))
         fprintf(f, LABEL "%s\n", "eta", jobfmt_eta(j, a, sizeof a));
+    time_limit(f, j);
+    on_end(f, j);
+    if (j->continued)
+        fprintf(f, LABEL "from step %llu of the run found in its out dir\n", "continued",
+                (unsigned long long)j->resumed_from_step);
     fprintf(f, LABEL "%u\n", "resumes", j->resumes);
     field(f, "out dir", j->out_dir && *j->out_dir ? j->out_dir : "-");
     fprintf(f, LABEL "%04o\n", "umask", (unsigned)j->umask);
@@ -556,5 +586,11 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "depends_on", deps);
     json_object_set_new(o, "held", json_boolean(j->held));
     json_object_set_new(o, "waiting", jout_str(j->waiting));
+    json_object_set_new(o, "continued", json_boolean(j->continued));
+    json_object_set_new(o, "resumed_from_step", jout_uint(j->resumed_from_step));
+    json_object_set_new(o, "on_end", jout_str(j->on_end));
+    json_object_set_new(o, "on_end_result", jout_str(j->on_end_result));
+    json_object_set_new(o, "time_limit_s", jout_real(j->time_limit_s));
+    json_object_set_new(o, "time_left_s", jout_real(j->time_left_s));
     return o;
 }

@@ -22,6 +22,10 @@ static const opts_def opts[] = {
     {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
     {"job", "type", OPTS_CHOICE, J(type), 0, 0, false, "engine",
      "engine: gradd trains the model below; program: run [program] command", "engine|program"},
+    {"job", "time_limit", OPTS_DURATION, J(time_limit_ms), 0, 1e15, false, "0",
+     "stop the job once it has run this long (0: none, or gradd.conf's default_time_limit)", NULL},
+    {"job", "on_end", OPTS_STRING, J(on_end), 0, 0, false, "",
+     "once the job has ended: run this command as its owner, quoted as in sh, without a shell", NULL},
 
     {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp or gpt (gradd checks it)", NULL},
     {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},
@@ -71,6 +75,9 @@ static const opts_def opts[] = {
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",
      "write the resume state every N steps (0: only at the end)", NULL},
     {"output", "log_every", OPTS_COUNT, J(log_every), 1, 1e12, false, "1", "metrics.jsonl line every N steps", NULL},
+    {"output", "resume", OPTS_CHOICE, J(resume), 0, 0, false, "auto",
+     "auto: continue an unfinished run's checkpoint there, refuse a finished run; never: refuse a dir with gradd's "
+     "outputs; require: refuse one without a checkpoint to continue", "auto|never|require"},
 
     {"program", "command", OPTS_STRING, J(command), 0, 0, false, "",
      "type = program: the program and its arguments, quoted as in sh, run without a shell", NULL},
@@ -260,7 +267,7 @@ static int check_readable(const parse_ctx *p, const char *key, const char *file,
 static bool engine_only(const opts_def *o)
 {
     static const char *const keys[] = {"memory.margin", "memory.grow_after", "memory.tune",
-                                       "output.checkpoint_every", "output.log_every"};
+                                       "output.checkpoint_every", "output.log_every", "output.resume"};
     if (!strcmp(o->section, "model") || !strcmp(o->section, "data") || !strcmp(o->section, "train"))
         return true;
     char full[64];
@@ -392,6 +399,9 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         return complain(p, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
     if (check_kind_keys(p, err, err_len) != 0)
         return -1;
+    char words[JOBCFG_COMMAND_MAX], why[192];
+    if (argsplit(j->on_end, words, sizeof words, why, sizeof why) < 0)
+        return complain(p, "job", "on_end", err, err_len, why);
     if (j->type == JOBCFG_PROGRAM)
         return validate_program(p, dir, err, err_len);
 

@@ -23,6 +23,8 @@ typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precis
 typedef enum { JOBCFG_ENGINE = 0, JOBCFG_PROGRAM = 1 } jobcfg_type;
 typedef enum { JOBCFG_RESTART_NO = 0, JOBCFG_RESTART_ON_FAILURE = 1 } jobcfg_restart;
 typedef enum { JOBCFG_ALLOC_GRADD = 0, JOBCFG_ALLOC_PYTORCH = 1 } jobcfg_allocator;
+/* [output] resume: what an engine job may find in its directory (daemon/jobs/outdir.h). */
+typedef enum { JOBCFG_RESUME_AUTO = 0, JOBCFG_RESUME_NEVER = 1, JOBCFG_RESUME_REQUIRE = 2 } jobcfg_resume;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 typedef struct job_config {
@@ -33,6 +35,8 @@ typedef struct job_config {
     char device[16]; /* auto | cpu | cpuN | cuda:N */
     int64_t priority;
     int type; /* jobcfg_type */
+    uint64_t time_limit_ms; /* of running, over all its runs; 0: none asked */
+    char on_end[JOBCFG_COMMAND_MAX]; /* run as the owner once it has ended; as written */
 
     /* [model] */
     /* The kind of model, as the file names it.  gradd checks it, and the
@@ -77,6 +81,7 @@ typedef struct job_config {
     char out_dir[PATH_MAX];
     uint64_t checkpoint_every; /* 0: only at the end */
     uint64_t log_every;
+    int resume; /* jobcfg_resume */
 
     /* [program]: only for type = program, whose file may set no [model],
      * [data] or [train] key (and whose engine fields are all zero). */

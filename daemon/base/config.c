@@ -75,6 +75,12 @@ static const opts_def opts[] = {
      "on SIGTERM, wait this long for jobs to checkpoint and stop, then exit anyway (below the unit's "
      "TimeoutStopSec)",
      NULL},
+    {"daemon", "default_time_limit", OPTS_DURATION, D(default_time_limit_ms), 0, 1e15, false, "0",
+     "the [job] time_limit of a job that sets none (0: none)", NULL},
+    {"daemon", "max_time_limit", OPTS_DURATION, D(max_time_limit_ms), 0, 1e15, false, "0",
+     "the longest [job] time_limit a job may ask for; submit refuses more (0: no maximum)", NULL},
+    {"daemon", "on_end_timeout", OPTS_DURATION, D(on_end_timeout_ms), 100, 3600e3, false, "60s",
+     "a job's [job] on_end command is killed once it has run this long", NULL},
     {"daemon", "log_level", OPTS_CHOICE, D(log_level), 0, 0, false, "info", "error, warning, info or debug",
      "error|warning|info|debug"},
     {"daemon", "log_target", OPTS_CHOICE, D(log_target), 0, 0, false, "auto",
@@ -222,6 +228,13 @@ int config_load(const char *path, gradd_config *out, char *err, size_t err_len)
         return -1;
     }
     merge_overrides(tmp);
+    /* A default no job could be submitted with would refuse every job
+     * that sets no time_limit. */
+    if (tmp->max_time_limit_ms && tmp->default_time_limit_ms > tmp->max_time_limit_ms) {
+        snprintf(err, err_len, "%s: [daemon] default_time_limit: is above [daemon] max_time_limit", path);
+        free(tmp);
+        return -1;
+    }
     *out = *tmp;
     free(tmp);
     return 0;

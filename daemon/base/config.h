@@ -61,6 +61,9 @@ typedef struct gradd_config {
     uint64_t max_user_priority;
     uint64_t sample_timeout_ms;
     uint64_t stop_timeout_ms;
+    uint64_t default_time_limit_ms; /* [job] time_limit = 0 gets this (0: none) */
+    uint64_t max_time_limit_ms;     /* 0: no maximum */
+    uint64_t on_end_timeout_ms;     /* a [job] on_end command's bound */
 
     /* [cpu] */
     uint64_t cpu_capacity;

@@ -20,6 +20,8 @@
 
 #include "argsplit.h"
 #include "fileio.h"
+#include "jobend.h"
+#include "outdir.h"
 
 /* glibc's setgroups changes every thread of the process; the system call
  * itself changes only the caller, which is what a worker needs. */
@@ -265,11 +267,9 @@ static int executable(const char *path)
     return faccessat(AT_FDCWD, path, X_OK, AT_EACCESS);
 }
 
-int access_find_command(const job_config *j, const char *argv0, char *out, size_t out_len, char *err,
-                        size_t err_len)
+int access_find_executable(const char *where, const char *path_var, const char *workdir, const char *argv0,
+                           char *out, size_t out_len, char *err, size_t err_len)
 {
-    char where[PATH_MAX + 64];
-    jobcfg_where(j, "program", "command", where, sizeof where);
     if (!argv0[0]) {
         snprintf(err, err_len, "%s: the program's name is empty", where);
         return -1;
@@ -278,7 +278,7 @@ int access_find_command(const job_config *j, const char *argv0, char *out, size_
         /* Relative to its working directory, as the program would see it. */
         while (argv0[0] == '.' && argv0[1] == '/')
             argv0 += 2;
-        if ((size_t)snprintf(out, out_len, "%s%s%s", argv0[0] == '/' ? "" : j->workdir, argv0[0] == '/' ? "" : "/",
+        if ((size_t)snprintf(out, out_len, "%s%s%s", argv0[0] == '/' ? "" : workdir, argv0[0] == '/' ? "" : "/",
                              argv0) >= out_len) {
             snprintf(err, err_len, "%s: %s: path is too long", where, argv0);
             return -1;
@@ -288,11 +288,11 @@ int access_find_command(const job_config *j, const char *argv0, char *out, size_
         snprintf(err, err_len, "%s: cannot execute %s: %s", where, out, strerror(errno));
         return -1;
     }
-    char path_var[JOBCFG_COMMAND_MAX];
-    access_program_path(j, path_var, sizeof path_var);
+    char dirs[JOBCFG_COMMAND_MAX];
+    snprintf(dirs, sizeof dirs, "%s", path_var);
     int first_errno = ENOENT;
-    for (char *save = NULL, *dir = strtok_r(path_var, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-        if ((size_t)snprintf(out, out_len, "%s%s%s/%s", dir[0] == '/' ? "" : j->workdir, dir[0] == '/' ? "" : "/",
+    for (char *save = NULL, *dir = strtok_r(dirs, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+        if ((size_t)snprintf(out, out_len, "%s%s%s/%s", dir[0] == '/' ? "" : workdir, dir[0] == '/' ? "" : "/",
                              dir, argv0) >= out_len)
             continue;
         if (executable(out) == 0)
@@ -302,10 +302,18 @@ int access_find_command(const job_config *j, const char *argv0, char *out, size_
         if (errno != ENOENT && errno != ENOTDIR && first_errno == ENOENT)
             first_errno = errno;
     }
-    access_program_path(j, path_var, sizeof path_var);
     snprintf(err, err_len, "%s: cannot execute %s: %s (PATH=%s)", where, argv0,
              first_errno == ENOENT ? "not found" : strerror(first_errno), path_var);
     return -1;
+}
+
+int access_find_command(const job_config *j, const char *argv0, char *out, size_t out_len, char *err,
+                        size_t err_len)
+{
+    char where[PATH_MAX + 64], path_var[JOBCFG_COMMAND_MAX];
+    jobcfg_where(j, "program", "command", where, sizeof where);
+    access_program_path(j, path_var, sizeof path_var);
+    return access_find_executable(where, path_var, j->workdir, argv0, out, out_len, err, err_len);
 }
 
 void access_program_path(const job_config *j, char *out, size_t out_len)
@@ -376,6 +384,8 @@ static void *check_job_thread(void *arg)
     const job_config *j = a->j;
     if (j->type == JOBCFG_PROGRAM) {
         a->rc = check_program(j, a->err, a->err_len);
+        if (a->rc == 0)
+            a->rc = jobend_check(j, a->err, a->err_len);
         access_restore(&saved);
         return NULL;
     }
@@ -388,6 +398,10 @@ static void *check_job_thread(void *arg)
         rc = check_readable(j, "val_labels", j->val_labels, a->err, a->err_len);
     if (rc == 0)
         rc = make_writable_dir(j, a->err, a->err_len);
+    if (rc == 0)
+        rc = outdir_check_resume(j, a->err, a->err_len);
+    if (rc == 0)
+        rc = jobend_check(j, a->err, a->err_len);
     access_restore(&saved);
     a->rc = rc;
     return NULL;

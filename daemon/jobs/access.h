@@ -68,6 +68,10 @@ void access_program_path(const job_config *j, char *out, size_t out_len);
  * the path in out, or -1 with err naming the file, line and the command. */
 int access_find_command(const job_config *j, const char *argv0, char *out, size_t out_len, char *err,
                         size_t err_len);
+/* The same for any command: looked up on path_var (a PATH), relative
+ * names against workdir; `where` ("FILE:LINE: [section] key") starts err. */
+int access_find_executable(const char *where, const char *path_var, const char *workdir, const char *argv0,
+                           char *out, size_t out_len, char *err, size_t err_len);
 
 /* Is uid root or a member of `group` (by name)? */
 bool access_is_admin(uid_t uid, gid_t gid, const char *group);

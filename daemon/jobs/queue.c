@@ -248,6 +248,7 @@ int queue_submit_after(queue *q, const job_config *cfg, const void *contents, si
     snprintf(j->user, sizeof j->user, "%s", user);
     j->state = JOB_QUEUED;
     j->priority = cfg->priority;
+    j->time_limit_ms = cfg->time_limit_ms;
     j->submitted_at = now_unix();
     snprintf(j->source, sizeof j->source, "%s", cfg->source);
     j->cfg_bytes = len;

@@ -55,6 +55,19 @@ typedef struct job {
     uint32_t resumes;      /* times it started from a checkpoint */
     mode_t umask;          /* the submitter's: the job's outputs are created with it */
     uint32_t pgid;         /* a program job's process group while it runs; 0: none */
+    /* Its time limit, fixed at submit from [job] time_limit and gradd.conf's
+     * default (0: none), and the wall time its earlier runs took, counted
+     * against it (a run cut short by a crash is not counted). */
+    uint64_t time_limit_ms;
+    double ran_s;
+    /* Its [output] dir as realpath resolved it for the owner at submit
+     * ("": not known), which no other live job may share (outdir.h). */
+    char out_real[PATH_MAX];
+    /* One more than the step its first run continued from, found in its
+     * output directory (0: it started afresh); a daemon restart's resume
+     * counts in resumes instead. */
+    uint64_t continued_at;
+    char on_end_result[256]; /* how its [job] on_end command ended ("": not run) */
     uint64_t seq;          /* submit order, for ties in priority */
     /* Its peak in its device's pool (a program's: in its own), in all and
      * by tag, kept once it ends: the pool forgets the job then. */

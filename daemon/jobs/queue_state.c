@@ -93,6 +93,12 @@ static const qs_field qs_fields[] = {
     {"umask", QS_MODE, offsetof(job, umask), sizeof(mode_t), true},
     /* Absent: 0, no process group (an engine job's, or one from before). */
     {"pgid", QS_U32, offsetof(job, pgid), sizeof(uint32_t), true},
+    /* Absent: no limit, no earlier runs (a job from before limits). */
+    {"time_limit_ms", QS_U64, offsetof(job, time_limit_ms), sizeof(uint64_t), true},
+    {"ran_s", QS_F64, offsetof(job, ran_s), sizeof(double), true},
+    {"out_dir_real", QS_STR, offsetof(job, out_real), sizeof(((job *)0)->out_real), true},
+    {"continued_at", QS_U64, offsetof(job, continued_at), sizeof(uint64_t), true},
+    {"on_end_result", QS_STR, offsetof(job, on_end_result), sizeof(((job *)0)->on_end_result), true},
     QS_PROG("step", QS_U64, step),
     QS_PROG("loss", QS_F64, loss),
     QS_PROG("val_loss", QS_F64, val_loss),

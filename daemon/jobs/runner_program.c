@@ -16,26 +16,21 @@
  * there and asks for reclaims, and the daemon sets its budget ([memory]
  * limit) and asks for trims.
  *
- * Everything the child needs is built before the fork: after it, in a
- * multithreaded daemon, the child may only make async-signal-safe calls
- * (another thread may hold malloc's lock).  So ids and capabilities are
- * changed with raw system calls, and a failure before execve is written to
- * a close-on-exec pipe as a stage and an errno, for the job's reason.
+ * The process is started as the owner by spawn.h, with everything it
+ * needs built here beforehand; a failure before execve is the job's
+ * reason.
  */
 #include "runner.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
@@ -46,6 +41,7 @@
 #include "access.h"
 #include "argsplit.h"
 #include "pool/pool_shm.h"
+#include "spawn.h"
 #include "units.h"
 #include "utf8.h"
 
@@ -55,15 +51,11 @@
 #define PROG_POLL_MS 100    /* how soon a cancel or shutdown is seen */
 #define PROG_DRAIN_MS 1000  /* output read after the group is gone, at most */
 
-/* What the child reports before execve: which step failed, and errno. */
-enum { STAGE_IDS = 1, STAGE_CAPS, STAGE_FDS, STAGE_WORKDIR, STAGE_EXEC };
-
 typedef struct {
     /* Built before the fork. */
     char *words;      /* argsplit of [program] command */
     char **argv;
-    char **envp;      /* each malloc'd "NAME=VALUE" */
-    size_t nenv;
+    spawn_env env;
     char exe[PATH_MAX];
     gid_t *groups;
     int ngroups;
@@ -71,7 +63,7 @@ typedef struct {
     uid_t uid;
     gid_t gid;
     const char *workdir;
-    int devnull, out[2], report[2];
+    int devnull, out[2];
     /* The pool page and its eventfd (pool_shm.h), when PyTorch allocates
      * from gradd's pool; the program gets them as fds 3 and 4. */
     int page_fd, event_fd;
@@ -87,71 +79,41 @@ static uint64_t now_ms(void) { return ctx_now_ns() / 1000000u; }
 
 /* ---- the environment ------------------------------------------------------------- */
 
-/* Set NAME=VALUE, replacing an earlier NAME. */
-static int env_set(prog *p, size_t cap, const char *name_value)
-{
-    size_t nl = strcspn(name_value, "=") + 1;
-    char *copy = strdup(name_value);
-    if (!copy)
-        return -1;
-    for (size_t i = 0; i < p->nenv; i++)
-        if (!strncmp(p->envp[i], name_value, nl)) {
-            free(p->envp[i]);
-            p->envp[i] = copy;
-            return 0;
-        }
-    if (p->nenv + 1 >= cap) {
-        free(copy);
-        return -1;
-    }
-    p->envp[p->nenv++] = copy;
-    p->envp[p->nenv] = NULL;
-    return 0;
-}
-
-static int env_setf(prog *p, size_t cap, const char *name, const char *value)
-{
-    char buf[PATH_MAX * 2 + 64];
-    if ((size_t)snprintf(buf, sizeof buf, "%s=%s", name, value) >= sizeof buf)
-        return -1;
-    return env_set(p, cap, buf);
-}
-
 /* What libgradd-alloc reads (alloc/gradd_alloc.h): the library, the page
  * and eventfd, the device, and the pool's policies from [pool]. */
-static int pool_env(prog *p, size_t cap, const runner_env *env)
+static int pool_env(prog *p, const runner_env *env)
 {
     const dev *d = env->ctx->devs[env->dev];
     pool_config pc;
     pool_get_config(env->ctx->pools[env->dev], &pc);
     char num[64];
-    int rc = env_setf(p, cap, "GRADD_ALLOC_LIB", env->ctx->alloc_lib);
-    rc |= env_setf(p, cap, "GRADD_POOL_FD", "3");
-    rc |= env_setf(p, cap, "GRADD_POOL_EVENTFD", "4");
-    rc |= env_setf(p, cap, "GRADD_ALLOC_BACKEND", d->kind == DEV_KIND_CUDA ? "cuda" : "cpu");
+    int rc = spawn_env_setf(&p->env, "GRADD_ALLOC_LIB", env->ctx->alloc_lib);
+    rc |= spawn_env_setf(&p->env, "GRADD_POOL_FD", "3");
+    rc |= spawn_env_setf(&p->env, "GRADD_POOL_EVENTFD", "4");
+    rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_BACKEND", d->kind == DEV_KIND_CUDA ? "cuda" : "cpu");
     if (d->kind != DEV_KIND_CUDA) {
         size_t f = 0, t = 0;
         dev_mem_info((dev *)d, &f, &t);
         snprintf(num, sizeof num, "%zu", t);
-        rc |= env_setf(p, cap, "GRADD_ALLOC_CPU_CAPACITY", num);
+        rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_CPU_CAPACITY", num);
     }
     if (pc.expandable_segments)
-        rc |= env_setf(p, cap, "GRADD_ALLOC_EXPANDABLE", "1");
+        rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_EXPANDABLE", "1");
     if (pc.gc_threshold > 0) {
         snprintf(num, sizeof num, "%.6g", pc.gc_threshold);
-        rc |= env_setf(p, cap, "GRADD_ALLOC_GC_THRESHOLD", num);
+        rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_GC_THRESHOLD", num);
     }
     if (pc.low_watermark) {
         snprintf(num, sizeof num, "%zu", pc.low_watermark);
-        rc |= env_setf(p, cap, "GRADD_ALLOC_LOW_WATERMARK", num);
+        rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_LOW_WATERMARK", num);
     }
     if (pc.max_split_size && pc.max_split_size != SIZE_MAX) {
         snprintf(num, sizeof num, "%zu", pc.max_split_size);
-        rc |= env_setf(p, cap, "GRADD_ALLOC_MAX_SPLIT", num);
+        rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_MAX_SPLIT", num);
     }
     if (pc.trim_every_ms) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)pc.trim_every_ms);
-        rc |= env_setf(p, cap, "GRADD_ALLOC_TRIM_EVERY_MS", num);
+        rc |= spawn_env_setf(&p->env, "GRADD_ALLOC_TRIM_EVERY_MS", num);
     }
     return rc;
 }
@@ -167,46 +129,38 @@ static int build_env(prog *p, const runner_env *env, const job_config *cfg, char
         snprintf(err, err_len, "[program] env: %s", why);
         return -1;
     }
-    size_t cap = (size_t)n + 32;
-    if (!(p->envp = calloc(cap, sizeof *p->envp))) {
+    if (spawn_env_init(&p->env, (size_t)n + 32) != 0) {
         snprintf(err, err_len, "out of memory");
         return -1;
     }
-    struct passwd pw, *res = NULL;
-    char pwbuf[4096], num[32], user[32];
-    bool known = getpwuid_r(env->uid, &pw, pwbuf, sizeof pwbuf, &res) == 0 && res;
-    snprintf(user, sizeof user, "%u", (unsigned)env->uid);
+    char num[32];
     const dev *d = env->ctx->devs[env->dev];
     char cuda[16] = "";
     if (d->kind == DEV_KIND_CUDA)
         snprintf(cuda, sizeof cuda, "%d", d->index);
     snprintf(num, sizeof num, "%u", env->job_id);
-    int rc = env_setf(p, cap, "PATH", ACCESS_DEFAULT_PATH);
-    rc |= env_setf(p, cap, "HOME", known ? pw.pw_dir : "/");
-    rc |= env_setf(p, cap, "USER", known ? pw.pw_name : user);
-    rc |= env_setf(p, cap, "LOGNAME", known ? pw.pw_name : user);
-    rc |= env_setf(p, cap, "LANG", "C.UTF-8");
+    int rc = spawn_env_base(&p->env, env->uid);
     /* Python buffers a pipe in 8 KiB blocks: without this its prints
      * would reach `gradctl logs` and `watch` minutes late. */
-    rc |= env_setf(p, cap, "PYTHONUNBUFFERED", "1");
-    rc |= env_setf(p, cap, "CUDA_VISIBLE_DEVICES", cuda);
-    rc |= env_setf(p, cap, "GRADD_JOB_ID", num);
-    rc |= env_setf(p, cap, "GRADD_SOCKET", env->ctx->cfg.socket_path);
+    rc |= spawn_env_setf(&p->env, "PYTHONUNBUFFERED", "1");
+    rc |= spawn_env_setf(&p->env, "CUDA_VISIBLE_DEVICES", cuda);
+    rc |= spawn_env_setf(&p->env, "GRADD_JOB_ID", num);
+    rc |= spawn_env_setf(&p->env, "GRADD_SOCKET", env->ctx->cfg.socket_path);
     if (p->page_fd >= 0)
-        rc |= pool_env(p, cap, env);
+        rc |= pool_env(p, env);
     const char *w = words;
     for (int i = 0; i < n; i++, w = argsplit_next(w))
-        rc |= env_set(p, cap, w);
+        rc |= spawn_env_set(&p->env, w);
     /* gradd's folder first, so that its shim runs and `import gradd`
      * finds gradd's package; the job's own entries after it. */
     if (env->ctx->python_dir[0]) {
         const char *own = NULL;
-        for (size_t i = 0; i < p->nenv; i++)
-            if (!strncmp(p->envp[i], "PYTHONPATH=", 11))
-                own = p->envp[i] + 11;
+        for (size_t i = 0; i < p->env.n; i++)
+            if (!strncmp(p->env.envp[i], "PYTHONPATH=", 11))
+                own = p->env.envp[i] + 11;
         char joined[PATH_MAX * 2];
         snprintf(joined, sizeof joined, "%s%s%s", env->ctx->python_dir, own && *own ? ":" : "", own ? own : "");
-        rc |= env_setf(p, cap, "PYTHONPATH", joined);
+        rc |= spawn_env_setf(&p->env, "PYTHONPATH", joined);
     }
     if (rc) {
         snprintf(err, err_len, "out of memory, or a variable longer than %d bytes", PATH_MAX);
@@ -221,11 +175,9 @@ static void prog_free(prog *p)
 {
     free(p->words);
     free(p->argv);
-    for (size_t i = 0; p->envp && i < p->nenv; i++)
-        free(p->envp[i]);
-    free(p->envp);
+    spawn_env_free(&p->env);
     free(p->groups);
-    int *fds[] = {&p->devnull, &p->out[0], &p->out[1], &p->report[0], &p->report[1], &p->page_fd, &p->event_fd};
+    int *fds[] = {&p->devnull, &p->out[0], &p->out[1], &p->page_fd, &p->event_fd};
     for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
         if (*fds[i] >= 0) {
             close(*fds[i]);
@@ -261,7 +213,7 @@ static int prepare(prog *p, const runner_env *env, const job_config *cfg, char *
         return -1;
     p->workdir = cfg->workdir;
     p->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (p->devnull < 0 || pipe2(p->out, O_CLOEXEC) != 0 || pipe2(p->report, O_CLOEXEC) != 0) {
+    if (p->devnull < 0 || pipe2(p->out, O_CLOEXEC) != 0) {
         snprintf(err, err_len, "cannot make the program's pipes: %s", strerror(errno));
         return -1;
     }
@@ -269,98 +221,17 @@ static int prepare(prog *p, const runner_env *env, const job_config *cfg, char *
     return 0;
 }
 
-/* In the child: async-signal-safe calls only.  Never returns. */
-static void child(const prog *p)
-{
-    int report[2] = {0, 0};
-    /* Handlers and ignored signals are the daemon's, not the program's
-     * (an ignored SIGPIPE would survive execve). */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++)
-        sigaction(sig, &dfl, NULL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    setsid();
-    if (dup2(p->devnull, 0) < 0 || dup2(p->out[1], 1) < 0 || dup2(p->out[1], 2) < 0) {
-        report[0] = STAGE_FDS;
-        goto fail;
-    }
-    if (p->switch_ids) {
-        /* Raw system calls: glibc's wrappers would signal the daemon's
-         * other threads, which do not exist in this child. */
-        report[0] = STAGE_IDS;
-        if (syscall(SYS_setgroups, (size_t)p->ngroups, p->groups) != 0 ||
-            syscall(SYS_setresgid, p->gid, p->gid, p->gid) != 0 || syscall(SYS_setresuid, p->uid, p->uid, p->uid) != 0)
-            goto fail;
-    }
-    /* A service user keeps CAP_SETUID and CAP_SETGID across setresuid
-     * (no uid was 0), and an ambient capability passes to the program:
-     * clear every set, then check. */
-    report[0] = STAGE_CAPS;
-    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct caps[2];
-    memset(caps, 0, sizeof caps);
-    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
-        goto fail;
-    if (p->uid != 0 && syscall(SYS_capset, &hdr, caps) != 0)
-        goto fail;
-    if (p->uid != 0 && (syscall(SYS_capget, &hdr, caps) != 0 || caps[0].effective || caps[0].permitted ||
-                        caps[0].inheritable || caps[1].effective || caps[1].permitted || caps[1].inheritable)) {
-        errno = EPERM;
-        goto fail;
-    }
-    report[0] = STAGE_FDS;
-    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
-        goto fail;
-    /* Both are above 4 (pool_setup), so these make fresh fds without
-     * close-on-exec. */
-    if (p->page_fd >= 0 && (dup2(p->page_fd, 3) != 3 || dup2(p->event_fd, 4) != 4))
-        goto fail;
-    report[0] = STAGE_WORKDIR;
-    if (chdir(p->workdir) != 0)
-        goto fail;
-    report[0] = STAGE_EXEC;
-    execve(p->exe, p->argv, p->envp);
-fail:
-    report[1] = errno;
-    ssize_t w = write(p->report[1], report, sizeof report);
-    (void)w;
-    _exit(127);
-}
-
 /* Start it; its pid (its process group's id), or -1 with err. */
 static pid_t start(prog *p, char *err, size_t err_len)
 {
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(err, err_len, "cannot start the program: fork: %s", strerror(errno));
-        return -1;
-    }
-    if (pid == 0)
-        child(p);
+    spawn_req r = {.exe = p->exe, .argv = p->argv, .envp = p->env.envp, .switch_ids = p->switch_ids,
+                   .uid = p->uid, .gid = p->gid, .groups = p->groups, .ngroups = p->ngroups,
+                   .workdir = p->workdir, .in_fd = p->devnull, .out_fd = p->out[1],
+                   .fd3 = p->page_fd, .fd4 = p->page_fd >= 0 ? p->event_fd : -1};
+    pid_t pid = spawn_start(&r, err, err_len);
     close(p->out[1]);
-    close(p->report[1]);
-    p->out[1] = p->report[1] = -1;
-    /* Until execve (the report pipe closes) or a report: then the child
-     * has its own process group, so that kill(-pid) reaches it. */
-    int report[2];
-    ssize_t got;
-    do
-        got = read(p->report[0], report, sizeof report);
-    while (got < 0 && errno == EINTR);
-    if (got != (ssize_t)sizeof report)
-        return pid;
-    static const char *const what[] = {"", "cannot take the owner's uid, gid and groups", "cannot drop capabilities",
-                                       "cannot set up stdin, stdout and stderr", "cannot enter the workdir",
-                                       "cannot execute"};
-    int stage = report[0] >= 1 && report[0] <= STAGE_EXEC ? report[0] : 0;
-    const char *arg = stage == STAGE_WORKDIR ? p->workdir : stage == STAGE_EXEC ? p->exe : "";
-    snprintf(err, err_len, "%s%s%s: %s", what[stage], arg[0] ? " " : "", arg, strerror(report[1]));
-    waitpid(pid, NULL, 0);
-    return -1;
+    p->out[1] = -1;
+    return pid;
 }
 
 /* ---- its output -------------------------------------------------------------------- */
@@ -414,19 +285,6 @@ static void append_tail(const prog *p, char *msg, size_t len)
         utf8_safe(p->tail[(first + k) % PROG_TAIL_LINES], 0, safe, sizeof safe);
         n += (size_t)snprintf(msg + n, len - n, "\n  %s", safe);
     }
-}
-
-static void describe_exit(const siginfo_t *si, char *buf, size_t len)
-{
-    if (si->si_code == CLD_EXITED) {
-        snprintf(buf, len, "exited with status %d", si->si_status);
-        return;
-    }
-    const char *abbrev = sigabbrev_np(si->si_status);
-    snprintf(buf, len, "killed by signal %s%s%s", abbrev ? "SIG" : "", abbrev ? abbrev : "",
-             si->si_code == CLD_DUMPED ? " (core dumped)" : "");
-    if (!abbrev)
-        snprintf(buf, len, "killed by signal %d", si->si_status);
 }
 
 /* ---- signals to its group --------------------------------------------------------- */
@@ -552,7 +410,7 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
     prog *p = calloc(1, sizeof *p);
     if (!p)
         return fail(res, "out of memory");
-    p->devnull = p->out[0] = p->out[1] = p->report[0] = p->report[1] = p->page_fd = p->event_fd = -1;
+    p->devnull = p->out[0] = p->out[1] = p->page_fd = p->event_fd = -1;
     char err[1024];
     pid_t pid = -1;
     if (pool_setup(p, env, cfg, err, sizeof err) != 0 || prepare(p, env, cfg, err, sizeof err) != 0 ||
@@ -588,19 +446,14 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
             runner_signal_group((uint32_t)pid, SIGKILL, env->uid);
             killed = true;
         }
-        struct pollfd pfd = {open_pipe ? p->out[0] : -1, POLLIN, 0};
-        if (poll(&pfd, 1, PROG_POLL_MS) > 0 && open_pipe)
+        int got = spawn_wait(pid, open_pipe ? p->out[0] : -1, PROG_POLL_MS, &si);
+        if (got & SPAWN_READABLE)
             open_pipe = drain(p, env);
-        /* Seen exited but not reaped: its pid, and so its group's id, is
-         * not given to another process until the group is ended below. */
-        memset(&si, 0, sizeof si);
-        int w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
-        if ((w == 0 && si.si_pid == pid) || (w != 0 && errno != EINTR))
+        if (got & SPAWN_EXITED)
             break;
     }
     /* What it left behind in its group ends with it. */
-    runner_signal_group((uint32_t)pid, SIGKILL, env->uid);
-    waitpid(pid, NULL, 0);
+    spawn_reap(pid, env->uid);
     if (env->started)
         env->started(env->note_user, 0);
     for (uint64_t until = now_ms() + PROG_DRAIN_MS; open_pipe && now_ms() < until;) {
@@ -611,7 +464,7 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
     emit_line(p, env);
     char how[128];
     if (si.si_pid == pid)
-        describe_exit(&si, how, sizeof how);
+        spawn_describe_exit(&si, how, sizeof how);
     else
         snprintf(how, sizeof how, "ended, its exit status unknown (waitid: %s)", strerror(errno));
     train_outcome o;

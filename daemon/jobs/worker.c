@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "access.h"
+#include "jobend.h"
 #include "joblog.h"
 #include "runner.h"
 #include "base/log.h"
@@ -29,6 +30,12 @@ typedef struct {
     char lost_why[256];
     uint64_t checked_log; /* the log's size when its owner's bytes were last counted */
     uint64_t next_check;  /* ... and when they are counted again */
+    /* [job] time_limit: the wall time this run may take (0: no limit),
+     * from when it started (ctx_now_ns); time_up once it has been
+     * reached, which stops the job as a cancel would, but failed. */
+    uint64_t limit_ns, run_start_ns;
+    bool time_up;
+    bool first_run; /* the job has not run before: a checkpoint found is another run's */
 } job_run;
 
 /* Counting a user's bytes looks at every record: done once per this much
@@ -127,19 +134,35 @@ static void on_step(void *user, const train_progress *p)
     pthread_mutex_lock(&q->lock);
     r->j->prog = *p;
     r->j->have_progress = true;
+    bool note_resume = false;
     if (p->resumed && !r->counted_resume) {
         /* Saved by the loop on the notify below, not at the job's end: a
          * crash before then would lose the count (this thread, as the
-         * owner, cannot write the state dir). */
-        r->j->resumes++;
+         * owner, cannot write the state dir).  The first run of a job
+         * found another run's checkpoint in its directory ([output]
+         * resume); later ones resume the job's own. */
+        if (r->first_run)
+            r->j->continued_at = p->step + 1;
+        else
+            r->j->resumes++;
         r->j->unsaved = true;
         q->any_unsaved = true;
         r->counted_resume = true;
+        note_resume = true;
     }
     queue_touch(q, r->j);
     r->w->beats++;
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
+    if (note_resume) {
+        char line[PATH_MAX + 128];
+        if (r->first_run)
+            snprintf(line, sizeof line, "== continuing the unfinished run in %s from its checkpoint at step %llu "
+                     "([output] resume)\n", r->j->cfg.out_dir, (unsigned long long)p->step);
+        else
+            snprintf(line, sizeof line, "== resuming from its checkpoint at step %llu\n", (unsigned long long)p->step);
+        log_put(r, line);
+    }
     if (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1) {
         char a[16], b[16], line[512];
         size_t n = 0;
@@ -169,6 +192,9 @@ static bool should_stop(void *user)
     while (r->w->hang)
         pthread_cond_wait(&q->cond, &q->lock);
     bool stop = r->j->cancel_requested || r->j->requeue_requested || q->stopping || r->identity_lost;
+    if (!stop && r->limit_ns && !r->time_up && ctx_now_ns() - r->run_start_ns >= r->limit_ns)
+        r->time_up = true;
+    stop |= r->time_up;
     pthread_mutex_unlock(&q->lock);
     return stop;
 }
@@ -259,15 +285,83 @@ static void pool_peak_of(pool *p, uint32_t id, uint64_t *peak, uint64_t tag_peak
     free(ps);
 }
 
-static void run_one(worker *w, job *j)
+/* ---- [job] on_end ---------------------------------------------------------------- */
+
+static void hook_copy(const job *j, jobend_job *hj)
+{
+    memset(hj, 0, sizeof *hj);
+    hj->id = j->id;
+    hj->uid = j->uid;
+    hj->gid = j->gid;
+    snprintf(hj->command, sizeof hj->command, "%s", j->cfg.on_end);
+    jobcfg_where(&j->cfg, "job", "on_end", hj->where, sizeof hj->where);
+    jobend_workdir(&j->cfg, hj->workdir, sizeof hj->workdir);
+    snprintf(hj->out_dir, sizeof hj->out_dir, "%s", j->cfg.out_dir);
+    snprintf(hj->name, sizeof hj->name, "%s", j->name);
+    snprintf(hj->state, sizeof hj->state, "%s", job_state_name(j->state));
+    snprintf(hj->reason, sizeof hj->reason, "%s", j->reason);
+}
+
+/* Its output, after the job's end: not counted in log_bytes (the job may
+ * be gone), as the final line. */
+static void hook_output(void *user, const char *lines)
+{
+    log_line(user, lines);
+}
+
+/* Polled by the hook every 100 ms: the thread stays busy while it runs,
+ * so it beats as a job's polls do, or the watchdog would take a hook
+ * that runs for seconds for a hung job thread. */
+static bool hook_poll(void *user)
+{
+    job_run *r = user;
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    r->w->beats++;
+    bool stopping = q->stopping;
+    pthread_mutex_unlock(&q->lock);
+    return stopping;
+}
+
+/* The thread has the daemon's identity again here, and the job's outcome
+ * is on disk: the hook cannot change it, only say how it went. */
+static void run_hook(job_run *r, const jobend_job *hj)
+{
+    queue *q = r->w->q;
+    gradd_ctx *ctx = r->w->ctx;
+    jobend_hooks h = {.output = r->log.fd >= 0 ? hook_output : NULL, .stopping = hook_poll, .user = r};
+    char result[256];
+    jobend_run(hj, ctx->cfg.socket_path, ctx->cfg.on_end_timeout_ms, &h, result, sizeof result);
+    pthread_mutex_lock(&q->lock);
+    job *j = queue_find(q, hj->id);
+    if (j) {
+        snprintf(j->on_end_result, sizeof j->on_end_result, "%s", result);
+        queue_touch(q, j);
+        queue_persist_or_retry(q, j, ctx->devs[r->w->dev]->id);
+    }
+    pthread_mutex_unlock(&q->lock);
+    queue_notify(q);
+}
+
+static void run_one(worker *w, job *j, bool first_run)
 {
     gradd_ctx *ctx = w->ctx;
     queue *q = w->q;
     dev *d = ctx->devs[w->dev];
     char path[PATH_MAX + 32];
     queue_log_path(q, j->id, path, sizeof path);
-    job_run r = {.w = w, .j = j, .id = j->id};
+    job_run r = {.w = w, .j = j, .id = j->id, .run_start_ns = ctx_now_ns(), .first_run = first_run};
     char err[512], line[1024];
+    pthread_mutex_lock(&q->lock);
+    uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
+    double ran_s = j->ran_s >= 0 ? j->ran_s : 0;
+    pthread_mutex_unlock(&q->lock);
+    if (limit_ms) {
+        /* What earlier runs took is taken off this one's share; a job
+         * with none left still starts, to stop at once with a checkpoint. */
+        double left_ms = (double)limit_ms - ran_s * 1e3;
+        r.limit_ns = left_ms > 1 ? (uint64_t)(left_ms * 1e6) : 1;
+    }
     if (joblog_open(&r.log, path, ctx->cfg.max_job_log, err, sizeof err) != 0)
         log_job(LOG_WARN, j->id, d->id, "job %u: %s; it runs without a log", j->id, err);
     pthread_mutex_lock(&q->lock);
@@ -345,6 +439,17 @@ static void run_one(worker *w, job *j)
             j->state = JOB_CANCELLED;
             snprintf(j->reason, sizeof j->reason, "cancelled at step %llu; checkpoint in %s",
                      (unsigned long long)res.steps_done, j->cfg.out_dir);
+        } else if (r.time_up) {
+            char lim[32];
+            units_format_duration((double)limit_ms / 1e3, lim, sizeof lim);
+            j->state = JOB_FAILED;
+            if (j->cfg.type == JOBCFG_PROGRAM)
+                snprintf(j->reason, sizeof j->reason, "time limit (%s) reached: %s", lim, res.message);
+            else
+                snprintf(j->reason, sizeof j->reason,
+                         "time limit (%s) reached at step %llu; checkpoint written in %s: submitting the job again "
+                         "continues from it",
+                         lim, (unsigned long long)res.steps_done, j->cfg.out_dir);
         } else if (j->cfg.type == JOBCFG_PROGRAM) {
             /* Left recorded as running, as after a crash: the next start
              * fails it or queues it again by its [program] restart. */
@@ -361,6 +466,7 @@ static void run_one(worker *w, job *j)
     }
     if (j->state != JOB_QUEUED && j->state != JOB_RUNNING)
         j->finished_at = now_unix();
+    j->ran_s = ran_s + (double)(ctx_now_ns() - r.run_start_ns) / 1e9;
     queue_touch(q, j);
     queue_persist_or_retry(q, j, d->id);
     /* Its end may let jobs that wait for it start, or cancel them. */
@@ -368,6 +474,9 @@ static void run_one(worker *w, job *j)
     /* Said from copies: once the lock is let go a finished job may be
      * removed (gradctl rm) and freed. */
     uint32_t id = j->id;
+    jobend_job *hook = NULL;
+    if (j->cfg.on_end[0] && j->state != JOB_QUEUED && j->state != JOB_RUNNING && (hook = malloc(sizeof *hook)))
+        hook_copy(j, hook);
     char outcome[1200], name[sizeof j->name];
     snprintf(outcome, sizeof outcome, "%s%s%s", job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
     snprintf(name, sizeof name, "%s", j->name);
@@ -378,6 +487,9 @@ static void run_one(worker *w, job *j)
      * go): its next load counts it. */
     snprintf(line, sizeof line, "== job %u %.1000s\n", id, outcome);
     log_line(&r, line);
+    if (hook)
+        run_hook(&r, hook);
+    free(hook);
     joblog_close(&r.log);
 }
 
@@ -408,6 +520,7 @@ static void *worker_main(void *arg)
         j->state = JOB_RUNNING;
         w->busy = true;
         w->job = j->id;
+        bool first_run = j->started_at == 0;
         j->started_at = now_unix();
         j->have_progress = false;
         snprintf(j->device, sizeof j->device, "%s", d->id);
@@ -418,7 +531,7 @@ static void *worker_main(void *arg)
         log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
         /* The pool's idle trim waits while any job runs on the device. */
         pool_use_begin(ctx->pools[w->dev]);
-        run_one(w, j);
+        run_one(w, j, first_run);
         pool_use_end(ctx->pools[w->dev]);
         pthread_mutex_lock(&q->lock);
         w->busy = false;

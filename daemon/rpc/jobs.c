@@ -15,8 +15,10 @@
 #include "base/log.h"
 #include "fileio.h"
 #include "jobs/access.h"
+#include "jobs/outdir.h"
 #include "jobs/queue.h"
 #include "models/model.h"
+#include "units.h"
 
 /* Answer with j as a Job or a Cancel response; the caller holds the queue
  * lock, which this releases. */
@@ -157,6 +159,20 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__PERMISSION_DENIED, msg);
         goto out;
     }
+    /* Fixed now, as the job's own: a later change of gradd.conf does not
+     * move the limit of a job already queued. */
+    if (!cfg->time_limit_ms)
+        cfg->time_limit_ms = ctx->cfg.default_time_limit_ms ? ctx->cfg.default_time_limit_ms
+                                                            : ctx->cfg.max_time_limit_ms;
+    if (ctx->cfg.max_time_limit_ms && cfg->time_limit_ms > ctx->cfg.max_time_limit_ms) {
+        char at[PATH_MAX + 64], a[32], b[32];
+        snprintf(msg, sizeof msg, "%s: %s is above %s, the longest this daemon allows ([daemon] max_time_limit)",
+                 jobcfg_where(cfg, "job", "time_limit", at, sizeof at),
+                 units_format_duration((double)cfg->time_limit_ms / 1e3, a, sizeof a),
+                 units_format_duration((double)ctx->cfg.max_time_limit_ms / 1e3, b, sizeof b));
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
+        goto out;
+    }
     if (rq->umask > 0777) {
         snprintf(msg, sizeof msg, "submit: umask %#o is not from 0 to 0777", (unsigned)rq->umask);
         rpc_error(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
@@ -207,6 +223,11 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
+    char real[PATH_MAX];
+    if (outdir_check_live(ctx->q, peer->uid, peer->gid, cfg, real, sizeof real, err, sizeof err) != 0) {
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
+        goto out;
+    }
     /* The job file and a state file (a few KiB): room for both, made by
      * forgetting the submitter's oldest finished jobs if need be. */
     if (queue_make_room(ctx->q, peer->uid, rq->contents.len + QUEUE_STATE_RESERVE, err, sizeof err) != 0) {
@@ -232,6 +253,13 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, src == -2 ? GRADD__ERROR__CODE__BAD_REQUEST : GRADD__ERROR__CODE__INTERNAL, err);
         goto out;
     }
+    /* Kept in its state file from its next change on (no extra write
+     * per submit): until then a restarted daemon compares the lexical path. */
+    pthread_mutex_lock(&ctx->q->lock);
+    job *added = queue_find(ctx->q, id);
+    if (added)
+        snprintf(added->out_real, sizeof added->out_real, "%s", real);
+    pthread_mutex_unlock(&ctx->q->lock);
     log_job(LOG_INFO, id, NULL, "job %u (%s) submitted by %s (uid %u) from %s", id, cfg->name, user, (unsigned)peer->uid, path);
     Gradd__SubmitResponse sr;
     gradd__submit_response__init(&sr);

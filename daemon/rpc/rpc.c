@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/batch.h"
@@ -103,6 +104,14 @@ rpc_job_store *rpc_job_answer(const rpc_call *c, const job *j)
     return st;
 }
 
+/* Unix seconds, as a job's started_at. */
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
 {
     Gradd__JobInfo *m = &st->msg;
@@ -161,6 +170,20 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->out_dir = st->out_dir;
     m->job_file = st->job_file;
     m->resumes = j->resumes;
+    m->continued = j->continued_at > 0;
+    snprintf(st->on_end, sizeof st->on_end, "%s", j->cfg.on_end);
+    snprintf(st->on_end_result, sizeof st->on_end_result, "%s", j->on_end_result);
+    m->on_end = st->on_end;
+    m->on_end_result = st->on_end_result;
+    m->resumed_from_step = j->continued_at ? j->continued_at - 1 : 0;
+    uint64_t limit_ms = j->time_limit_ms ? j->time_limit_ms : j->cfg.time_limit_ms;
+    m->time_limit_s = (double)limit_ms / 1e3;
+    if (limit_ms && (j->state == JOB_QUEUED || j->state == JOB_RUNNING)) {
+        double ran = j->ran_s >= 0 ? j->ran_s : 0;
+        if (j->state == JOB_RUNNING && j->started_at > 0)
+            ran += wall_now() - j->started_at;
+        m->time_left_s = m->time_limit_s > ran ? m->time_limit_s - ran : 0;
+    }
     m->type = j->cfg.type == JOBCFG_PROGRAM ? "program" : "engine";
     snprintf(st->command, sizeof st->command, "%s", j->cfg.command);
     m->command = st->command;

@@ -66,6 +66,7 @@ typedef struct {
     char command[1024]; /* cut, as reason is, to keep a list frame small */
     uint32_t depends_on[QUEUE_AFTER_MAX];
     char waiting[256];  /* "held; waiting for " and QUEUE_AFTER_MAX ids */
+    char on_end[1024], on_end_result[256]; /* likewise */
 } rpc_job_store;
 
 /* Fill st from j; the caller holds the queue lock. */

@@ -68,10 +68,13 @@ class HostileDisk(unittest.TestCase):
         self.d = Daemon("[daemon]\nmax_jobs_per_device = 1\nmax_job_log = %s\n%s" % (max_log, conf),
                         args=("--state-dir", self.state))
 
-    def job(self, name, steps=1000000, pad=0):
+    def job(self, name, steps=1000000, pad=0, n=None):
+        """The job file NAME.cfg; with n, in an output directory of its own
+        (queued jobs may not share one)."""
         cfg = os.path.join(self.dir, name + ".cfg")
+        out = os.path.join(self.dir, "out-" + name + ("" if n is None else "-%d" % n))
         with open(cfg, "w") as f:
-            f.write(JOB.format(name=name, train=self.train, steps=steps, out=os.path.join(self.dir, "out-" + name)))
+            f.write(JOB.format(name=name, train=self.train, steps=steps, out=out))
             # Comment lines (the parser takes lines up to 198 characters)
             # pad the file by `pad` bytes.
             for _ in range(pad // 100):
@@ -192,9 +195,9 @@ class HostileDisk(unittest.TestCase):
                       % (cancelled[0], os.getuid()), self.d.read_log())
         # Queued jobs take the place of the finished ones, until none is
         # left to forget: then the submit is refused, naming the key.
-        queued = [self.submit(cfg) for _ in range(19)]
+        queued = [self.submit(self.job("spam", n=i)) for i in range(19)]
         self.assertEqual(self.ids(), [busy] + queued)
-        r = self.d.ctl("submit", cfg, check=False)
+        r = self.d.ctl("submit", self.job("spam", n=19), check=False)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("uid %d has 20 job records and none has finished that could be forgotten to make room for "
                       "another ([daemon] max_records_per_user = 20)" % os.getuid(), r.stderr)
@@ -220,7 +223,7 @@ class HostileDisk(unittest.TestCase):
         # Queued ones until nothing finished is left to forget: refused.
         queued = []
         while True:
-            r = self.d.ctl("submit", big, check=False)
+            r = self.d.ctl("submit", self.job("big", pad=240000, n=len(queued)), check=False)
             if r.returncode != 0:
                 break
             queued.append(int(r.stdout.split()[1]))
@@ -241,7 +244,7 @@ class HostileDisk(unittest.TestCase):
         # are then less than one more job file, which the log soon passes.
         queued = []
         while True:
-            r = self.d.ctl("submit", big, check=False)
+            r = self.d.ctl("submit", self.job("big", pad=240000, n=len(queued)), check=False)
             if r.returncode != 0:
                 break
             queued.append(int(r.stdout.split()[1]))

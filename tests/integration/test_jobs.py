@@ -149,13 +149,11 @@ class Jobs(unittest.TestCase):
         self.assertEqual({k: after[k] for k in keys}, {k: before[k] for k in keys})
         self.assertEqual(after["step"], 8)
         self.assertIn("8/8", self.d.ctl("list").stdout)
-        # The same job again on its finished output: nothing to train, and
-        # it reports where the checkpoint left it, not step 0 and no loss.
-        again = self.submit(self.job("kept", steps=8, ckpt=4))
-        j = self.wait_state(again, ("completed", "failed"))
-        self.assertEqual((j["state"], j["step"], j["loss"], j["val_loss"]),
-                         ("completed", 8, before["loss"], before["val_loss"]))
-        self.assertGreaterEqual(j["elapsed_s"], before["elapsed_s"])
+        # The same job again on its finished output: nothing to train, so
+        # it is refused ([output] resume) rather than "completed" at once.
+        r = self.d.ctl("submit", self.job("kept", steps=8, ckpt=4), check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("holds a finished run (step 8 of [train] steps 8", r.stderr)
 
     @unittest.skipUnless(os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"),
                          "needs Debian's dataset-fashion-mnist")
@@ -300,8 +298,9 @@ class Jobs(unittest.TestCase):
         # again and the fifty stay queued.
         blocker = self.submit(self.job("blocker", steps=100000), "--priority", "10")
         self.wait_state(blocker, ("running",))
-        cfg = self.job("many", steps=2)
-        ids = [self.submit(cfg, "--name", "many-%02d" % i, "--priority", str(i % 3)) for i in range(50)]
+        # Each in its own output directory: one live job per directory.
+        ids = [self.submit(self.job("many-%02d" % i, steps=2), "--name", "many-%02d" % i, "--priority", str(i % 3))
+               for i in range(50)]
         before = [(x["id"], x["name"], x["priority"], x["state"]) for x in self.d.ctl_json("list")["jobs"]]
         self.restart()
         after = [(x["id"], x["name"], x["priority"], x["state"]) for x in self.d.ctl_json("list")["jobs"]]
@@ -315,7 +314,7 @@ class Jobs(unittest.TestCase):
         self.assertEqual({(x["micro"], x["accum"]) for x in queued}, {(4, 2)})
         self.assertIn(" 4×2 ", self.d.ctl("list", "--state", "queued").stdout)
         # Newly submitted jobs get fresh ids after a restart.
-        nid = self.submit(cfg)
+        nid = self.submit(self.job("many-new", steps=2))
         self.assertEqual(nid, ids[-1] + 1)
         for jid in [blocker] + ids + [nid]:
             self.d.ctl("cancel", str(jid), check=False)
@@ -352,8 +351,7 @@ class Jobs(unittest.TestCase):
         self.start("[daemon]\nmax_jobs_per_device = 1\nmax_queued_per_user = 1000\n")
         blocker = self.submit(self.job("blocker", steps=100000), "--priority", "10")
         self.wait_state(blocker, ("running",))
-        cfg = self.job("many", steps=2)
-        ids = [self.submit(cfg, "--name", "many-%03d" % i) for i in range(300)]
+        ids = [self.submit(self.job("many-%03d" % i, steps=2), "--name", "many-%03d" % i) for i in range(300)]
         jobs = self.d.ctl_json("list")["jobs"]
         self.assertEqual([j["id"] for j in jobs], [blocker] + ids)
         queued = self.d.ctl_json("list", "--state", "queued")["jobs"]
@@ -636,6 +634,7 @@ class Jobs(unittest.TestCase):
         self.d.stop()
         self.d.cleanup()
         self.start("[cpu]\ndevices = 1\n")
+        shutil.rmtree(os.path.join(self.dir, "out-share"))  # else refused: it holds a finished run
         jid = self.submit(cfg)
         self.assertEqual(self.wait_state(jid, ("completed", "failed"))["state"], "completed")
         self.assertNotIn("share of the cores", self.d.ctl("logs", str(jid)).stdout)
