@@ -520,7 +520,9 @@ static void *worker_main(void *arg)
         j->state = JOB_RUNNING;
         w->busy = true;
         w->job = j->id;
-        bool first_run = j->started_at == 0;
+        /* Never run before: not restarted after a crash (started_at kept),
+         * nor requeued after a run (started_at cleared, ran_s counted). */
+        bool first_run = j->started_at == 0 && !(j->ran_s > 0);
         j->started_at = now_unix();
         j->have_progress = false;
         snprintf(j->device, sizeof j->device, "%s", d->id);
