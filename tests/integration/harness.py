@@ -23,6 +23,17 @@ PROTOCOL_VERSION = 1
 SANITIZED = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
 
 
+def program_env():
+    """[program] env words that a Python program job needs to run under
+    this build: an ASan-built libgradd-alloc, which gradd's shim loads at
+    `import torch`, goes into an uninstrumented python only behind the
+    runtime (tests/python does the same).  "" for a plain build."""
+    if not SANITIZED:
+        return ""
+    asan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return "LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0" % asan
+
+
 class Daemon:
     def __init__(self, conf="", args=(), test_hooks=False, env=None):
         self.dir = tempfile.mkdtemp(prefix="gradd-it-")

@@ -99,7 +99,8 @@ class ProgramBatch(harness.DaemonTest):
         path = os.path.join(self.dir, "job.cfg")
         with open(path, "w") as f:
             f.write("[job]\ntype = program\ndevice = cpu\n[program]\ncommand = %s train.py %s\n"
-                    "env = PYTHONPATH=%s OMP_NUM_THREADS=1\n" % (SYSTEM_PY, error_kind, os.path.join(self.dir, "lib")))
+                    "env = PYTHONPATH=%s OMP_NUM_THREADS=1 %s\n"
+                    % (SYSTEM_PY, error_kind, os.path.join(self.dir, "lib"), harness.program_env()))
         out = self.d.ctl("submit", path).stdout
         return int(out.split()[1])
 

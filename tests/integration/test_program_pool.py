@@ -330,12 +330,7 @@ class ProgramPools(harness.DaemonTest):
         with open(prog, "w") as f:
             f.write(TORCH_PROG)
         path = os.path.join(self.dir, "torch.cfg")
-        env = ""
-        if harness.SANITIZED:
-            # An ASan-built library loads into the uninstrumented python
-            # only behind the runtime, as tests/python does it.
-            asan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-            env = "env = LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0\n" % asan
+        env = "env = %s\n" % harness.program_env()
         with open(path, "w") as f:
             f.write("[job]\ntype = program\ndevice = cpu0\n[program]\ncommand = %s %s %s\n%s"
                     % (DEBIAN_PY, prog, go, env))
