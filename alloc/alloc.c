@@ -320,15 +320,19 @@ void alloc_publish(void)
     pthread_mutex_unlock(&g->pub_lock);
 }
 
-static void helper_tick(void)
+/* One tick; whether the program or the daemon did anything since the
+ * last (an allocation or free, a budget change, a trim request). */
+static bool helper_tick(void)
 {
     alloc_state *g = &alloc_g;
+    bool busy = atomic_load_explicit(&g->dirty, memory_order_relaxed);
     uint64_t b = budget_now();
     for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
         pool *p = atomic_load(&g->pools[i]);
         if (p && g->budget_applied[i] != b) {
             pool_job_set_limit(p, g->job, (size_t)b);
             g->budget_applied[i] = b;
+            busy = true;
         }
     }
     /* The pool's own policies (gc_threshold, low_watermark, periodic)
@@ -354,13 +358,16 @@ static void helper_tick(void)
         }
         alloc_publish();
         pool_shm_trim_ack(g->pg, req);
+        busy = true;
     } else if (atomic_load_explicit(&g->dirty, memory_order_relaxed)) {
         alloc_publish();
     }
+    return busy;
 }
 
-/* The helper thread: every ALLOC_TICK_NS it applies a changed budget,
- * serves a trim request and publishes what changed.  Doing this here
+/* The helper thread: every tick (alloc_internal.h: ALLOC_TICK_NS, or
+ * ALLOC_IDLE_TICK_NS once the program is quiet) it applies a changed
+ * budget, serves a trim request and publishes what changed.  Doing this here
  * rather than in gradd_alloc keeps the allocation path off the page (a
  * snapshot and its publication cost about 0.5 us, three times a cached
  * allocation and free) and lets a process that has gone quiet still
@@ -369,9 +376,10 @@ static void *helper_main(void *arg)
 {
     (void)arg;
     alloc_state *g = &alloc_g;
+    unsigned quiet = 0;
     while (!atomic_load(&g->helper_stop)) {
-        sleep_ns(ALLOC_TICK_NS);
-        helper_tick();
+        sleep_ns(quiet >= ALLOC_QUIET_TICKS ? ALLOC_IDLE_TICK_NS : ALLOC_TICK_NS);
+        quiet = helper_tick() ? 0 : quiet + 1;
     }
     return NULL;
 }

@@ -20,9 +20,15 @@
 #endif
 
 #define ALLOC_MAX_DEVICES 16
-/* The page lags the pool by at most about this much, and a trim request
- * waits at most this long for the library to notice it. */
+/* While the pool is in use, the page lags it by at most about this much,
+ * and a trim request waits at most this long for the library to notice
+ * it.  After ALLOC_QUIET_TICKS ticks with no allocation, free or request,
+ * the helper ticks every ALLOC_IDLE_TICK_NS instead: an idle program's
+ * thread wakes 50 times a second rather than 500, and a trim or reclaim
+ * still gets its answer well within the daemon's 150 ms wait. */
 #define ALLOC_TICK_NS ((uint64_t)2000000)
+#define ALLOC_IDLE_TICK_NS ((uint64_t)20000000)
+#define ALLOC_QUIET_TICKS 500
 #define ALLOC_FORKED_MSG                                                                          \
     "gradd allocator: not usable in a child forked from the process that started it (CUDA cannot " \
     "be used across fork)"
