@@ -482,14 +482,16 @@ static void view_of(peer *p, pool_peer_view *v)
     v->live = read_page(p, &v->stats);
 }
 
-size_t pool_peers_read(pool_peers *pp, pool_peer_view *out, size_t max)
+pool_peer_view *pool_peers_read(pool_peers *pp, size_t *n)
 {
     peer *ps[POOL_PEERS_MAX];
-    size_t n = grab(pp, ps), k = 0;
-    for (size_t i = 0; i < n && k < max; i++)
-        view_of(ps[i], &out[k++]);
-    drop(pp, ps, n);
-    return k;
+    size_t got = grab(pp, ps);
+    pool_peer_view *out = got ? malloc(got * sizeof *out) : NULL;
+    *n = out ? got : 0;
+    for (size_t i = 0; i < *n; i++)
+        view_of(ps[i], &out[i]);
+    drop(pp, ps, got);
+    return out;
 }
 
 bool pool_peers_read_job(pool_peers *pp, uint32_t job, pool_peer_view *out)

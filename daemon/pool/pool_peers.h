@@ -60,9 +60,10 @@ int pool_peers_add(pool_peers *pp, uint32_t job, int page_fd, int event_fd, uint
 /* Stop watching; its memory stops counting on a simulated device. */
 void pool_peers_remove(pool_peers *pp, uint32_t job);
 
-/* The programs' pools, at most max, in the order they were added.
- * Returns how many were written. */
-size_t pool_peers_read(pool_peers *pp, pool_peer_view *out, size_t max);
+/* The programs' pools, in the order they were added, as a malloc'd array
+ * of *n views (the caller frees it); NULL with *n = 0 when there are none
+ * or no memory for them. */
+pool_peer_view *pool_peers_read(pool_peers *pp, size_t *n);
 /* One job's view; false when the job has no page here. */
 bool pool_peers_read_job(pool_peers *pp, uint32_t job, pool_peer_view *out);
 /* Have every program give back its whole cache (gradctl trim), waiting at

@@ -38,9 +38,8 @@ static void peers_read(gradd_ctx *ctx, peer_read *pr)
 {
     memset(pr, 0, sizeof *pr);
     for (int i = 0; i < ctx->ndev; i++) {
-        size_t want = pool_peers_count(ctx->peers[i]);
-        if (want && (pr->views[i] = malloc(want * sizeof *pr->views[i])))
-            pr->any += pr->nv[i] = pool_peers_read(ctx->peers[i], pr->views[i], want);
+        pr->views[i] = pool_peers_read(ctx->peers[i], &pr->nv[i]);
+        pr->any += pr->nv[i];
     }
 }
 

@@ -213,10 +213,8 @@ void rpc_stats(const rpc_call *c, const Gradd__Request *req)
     pool_peer_view *views[CTX_MAX_DEVICES] = {0};
     size_t nviews[CTX_MAX_DEVICES] = {0}, total = (size_t)n;
     for (int k = 0; k < n; k++) {
-        pool_peers *pp = ctx->peers[idx[k]];
-        size_t want = pool_peers_count(pp);
-        if (want && (views[k] = malloc(want * sizeof *views[k])))
-            total += nviews[k] = pool_peers_read(pp, views[k], want);
+        views[k] = pool_peers_read(ctx->peers[idx[k]], &nviews[k]);
+        total += nviews[k];
     }
     stats_store *store = calloc(total ? total : 1, sizeof *store);
     Gradd__PoolStats **ptrs = calloc(total ? total : 1, sizeof *ptrs);

@@ -178,9 +178,8 @@ rpc_procs *rpc_procs_fill(gradd_ctx *ctx, int i, uint64_t pool_reserved, Gradd__
          * pages say what each program holds. */
         if (pool_reserved || p->njobs)
             found[n++] = (dev_nvml_proc){.pid = (uint32_t)getpid(), .used_bytes = pool_reserved};
-        size_t nv = pool_peers_count(ctx->peers[i]);
-        pool_peer_view *views = nv ? malloc(nv * sizeof *views) : NULL;
-        nv = views ? pool_peers_read(ctx->peers[i], views, nv) : 0;
+        size_t nv;
+        pool_peer_view *views = pool_peers_read(ctx->peers[i], &nv);
         for (size_t v = 0; v < nv && n < PROCS_MAX; v++)
             if (views[v].live && views[v].pid && views[v].pid < INT32_MAX)
                 found[n++] = (dev_nvml_proc){.pid = (uint32_t)views[v].pid,
