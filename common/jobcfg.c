@@ -32,16 +32,43 @@ static const opts_def opts[] = {
     {"model", "heads", OPTS_COUNT, J(heads), 1, 128, false, "4", "gpt: attention heads (divide width)", NULL},
     {"model", "width", OPTS_COUNT, J(width), 1, 16384, false, "64", "gpt: channels", NULL},
     {"model", "context", OPTS_COUNT, J(context), 2, 65536, false, "64", "gpt: tokens per sequence", NULL},
-    {"model", "vocab", OPTS_COUNT, J(vocab), 2, 65536, false, "256", "gpt: vocabulary (256 for raw bytes)", NULL},
+    {"model", "vocab", OPTS_COUNT, J(vocab), 2, JOBCFG_MAX_VOCAB, false, "256", "gpt: vocabulary (256 for raw bytes)",
+     NULL},
     {"model", "hidden", OPTS_STRING, J(hidden_text), 0, 0, false, "256", "mlp: hidden sizes, e.g. 256,128", NULL},
+    {"model", "from", OPTS_STRING, J(from), PATHS, "",
+     "a Hugging Face model directory (config.json, *.safetensors) to start from; its shape keys may be left out", NULL},
+    {"model", "kv_heads", OPTS_COUNT, J(kv_heads), 0, 128, false, "0",
+     "llama: key/value heads of grouped-query attention (divide heads; 0: heads)", NULL},
+    {"model", "mlp_width", OPTS_COUNT, J(mlp_width), 0, 1 << 18, false, "0",
+     "llama: the MLP's hidden width (0: the model's default)", NULL},
+    {"model", "rope_theta", OPTS_DOUBLE, J(rope_theta), 1, 1e12, false, "10000", "llama: rotary embedding base", NULL},
+    {"model", "rope_scaling", OPTS_CHOICE, J(rope_scaling), 0, 0, false, "none",
+     "llama: none, or llama3's frequency scaling (the rope_factor, rope_*_freq and rope_context keys)",
+     "none|llama3"},
+    {"model", "rope_factor", OPTS_DOUBLE, J(rope_factor), 1, 1e6, false, "8", "llama3 scaling: factor", NULL},
+    {"model", "rope_low_freq", OPTS_DOUBLE, J(rope_low_freq), 1e-6, 1e6, false, "1",
+     "llama3 scaling: low_freq_factor", NULL},
+    {"model", "rope_high_freq", OPTS_DOUBLE, J(rope_high_freq), 1e-6, 1e6, false, "4",
+     "llama3 scaling: high_freq_factor", NULL},
+    {"model", "rope_context", OPTS_COUNT, J(rope_context), 1, 1 << 24, false, "8192",
+     "llama3 scaling: original_max_position_embeddings", NULL},
+    {"model", "norm_eps", OPTS_DOUBLE, J(norm_eps), 1e-12, 1, false, "1e-5", "llama: RMSNorm epsilon", NULL},
+    {"model", "tie_embeddings", OPTS_BOOL, J(tie_embeddings), 0, 1, false, "off",
+     "llama: the output layer is the token embedding (gpt always ties)", NULL},
 
-    {"data", "format", OPTS_CHOICE, J(format), 0, 0, false, "auto", "auto, text, tokens (llm.c .bin), idx or npy",
-     "auto|text|tokens|idx|npy"},
+    {"data", "format", OPTS_CHOICE, J(format), 0, 0, false, "auto",
+     "auto, text, tokens (llm.c .bin), idx, npy, or jsonl (fine-tuning samples: input_ids, labels)",
+     "auto|text|tokens|idx|npy|jsonl"},
     {"data", "train", OPTS_STRING, J(train), PATHS, "", "training data: a file or a directory of text files", NULL},
     {"data", "train_labels", OPTS_STRING, J(train_labels), PATHS, "", "idx/npy: labels of the training images", NULL},
     {"data", "val", OPTS_STRING, J(val), PATHS, "", "validation data (empty: hold out val_fraction of train)", NULL},
     {"data", "val_labels", OPTS_STRING, J(val_labels), PATHS, "", "idx/npy: labels of the validation images", NULL},
     {"data", "val_fraction", OPTS_DOUBLE, J(val_fraction), 0, 0.5, false, "0.05", "held out when val is empty", NULL},
+    {"data", "overlong", OPTS_CHOICE, J(overlong), 0, 0, false, "refuse",
+     "jsonl: a sample longer than [model] context is refused (naming its line) or truncated", "refuse|truncate"},
+    {"data", "packing", OPTS_BOOL, J(packing), 0, 1, false, "on",
+     "jsonl: pack several samples into one sequence where the model can keep them apart; off: one per sequence",
+     NULL},
     {"data", "subset", OPTS_COUNT, J(subset), 0, 1e12, false, "0", "mlp: use only the first N training images (0: all)", NULL},
     {"data", "val_subset", OPTS_COUNT, J(val_subset), 0, 1e12, false, "0", "mlp: likewise for the validation images", NULL},
 
@@ -431,6 +458,10 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         return complain(p, "output", "dir", err, err_len, "is required");
     static const char *const path_keys[] = {"train", "train_labels", "val", "val_labels"};
     char *paths[] = {j->train, j->train_labels, j->val, j->val_labels};
+    if (resolve(j->from, sizeof j->from, dir) != 0)
+        return complain(p, "model", "from", err, err_len, "path is too long");
+    if (j->kv_heads && j->heads % j->kv_heads)
+        return complain(p, "model", "kv_heads", err, err_len, "must divide [model] heads");
     for (size_t i = 0; i < 4; i++) {
         if (resolve(paths[i], PATH_MAX, dir) != 0)
             return complain(p, "data", path_keys[i], err, err_len, "path is too long");

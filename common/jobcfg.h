@@ -15,9 +15,13 @@
 #define JOBCFG_MAX_HIDDEN 8
 #define JOBCFG_PRIORITY_MAX 1000 /* [job] priority is 0 to this */
 #define JOBCFG_MAX_LAYERS 96     /* [model] layers is 1 to this */
-#define JOBCFG_MAX_KEYS 64 /* at least the number of keys a job file may set */
+#define JOBCFG_MAX_VOCAB (1 << 20) /* [model] vocab is 2 to this */
+#define JOBCFG_MAX_KEYS 96 /* at least the number of keys a job file may set */
 
-typedef enum { JOBCFG_DATA_AUTO = 0, JOBCFG_DATA_TEXT, JOBCFG_DATA_TOKENS, JOBCFG_DATA_IDX, JOBCFG_DATA_NPY } jobcfg_format;
+typedef enum { JOBCFG_DATA_AUTO = 0, JOBCFG_DATA_TEXT, JOBCFG_DATA_TOKENS, JOBCFG_DATA_IDX, JOBCFG_DATA_NPY,
+               JOBCFG_DATA_JSONL } jobcfg_format;
+typedef enum { JOBCFG_ROPE_NONE = 0, JOBCFG_ROPE_LLAMA3 = 1 } jobcfg_rope_scaling;
+typedef enum { JOBCFG_OVERLONG_REFUSE = 0, JOBCFG_OVERLONG_TRUNCATE = 1 } jobcfg_overlong;
 typedef enum { JOBCFG_FP32 = 0, JOBCFG_BF16 = 1, JOBCFG_FP16 = 2 } jobcfg_precision;
 /* [job] type: gradd's own engine, or a program of the user's (runner.h). */
 typedef enum { JOBCFG_ENGINE = 0, JOBCFG_PROGRAM = 1 } jobcfg_type;
@@ -48,6 +52,19 @@ typedef struct job_config {
     char hidden_text[128]; /* "256,128" */
     int nhidden;           /* 0: hidden_text is not a list of sizes */
     uint32_t hidden[JOBCFG_MAX_HIDDEN];
+    /* A Hugging Face model directory to start from (absolute; empty: none).
+     * Its config.json gives the shape keys the file leaves out; one that
+     * the file sets must agree (daemon/models: model_check_job). */
+    char from[PATH_MAX];
+    /* llama (model_llama.c); the other kinds refuse them when set. */
+    uint32_t kv_heads;  /* 0: heads (plain multi-head attention) */
+    uint32_t mlp_width; /* 0: the kind's default */
+    double rope_theta;
+    int rope_scaling; /* jobcfg_rope_scaling */
+    double rope_factor, rope_low_freq, rope_high_freq;
+    uint32_t rope_context;
+    double norm_eps;
+    bool tie_embeddings;
 
     /* [data] */
     int format; /* jobcfg_format; auto: by model and file contents */
@@ -56,6 +73,8 @@ typedef struct job_config {
     double val_fraction;  /* held out from train when val is empty */
     uint64_t subset;      /* use only the first N training samples (0: all) */
     uint64_t val_subset;  /* likewise for validation */
+    int overlong;         /* jobcfg_overlong: jsonl samples longer than context */
+    bool packing;         /* jsonl: several samples to a sequence where the model keeps them apart */
 
     /* [train] */
     uint64_t steps;

@@ -99,7 +99,9 @@ typedef struct kern_ops {
     void (*scale)(kern_ctx *k, float *p, size_t n, float s);
 
     /* ---- encoder: token + position embedding -------------------------------
-     * out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (maxT,C); inp (B,T) int32 */
+     * out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (maxT,C); inp (B,T) int32.
+     * wpe NULL: no position embedding (Llama: positions are rotary), and
+     * then dwpe is NULL too. */
     void (*encoder_forward)(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const float *wpe,
                             int B, int T, int C);
     void (*encoder_backward)(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp,
@@ -178,6 +180,55 @@ typedef struct kern_ops {
     void (*attention_decode)(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
                              int B, int Tc, int Tmax, int C, int NH);
 
+    /* ---- Llama: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention ---------
+     * Optional (NULL where a backend has none); the cpu has them all. */
+    /* out (N,C) = inp · rstd · weight, rstd (N) = 1/sqrt(mean(inp²) + eps),
+     * saved for backward. */
+    void (*rmsnorm_forward)(kern_ctx *k, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                            float eps);
+    /* dinp (N,C) += (the residual stream's gradient, as layernorm's);
+     * dweight (C) +=. */
+    void (*rmsnorm_backward)(kern_ctx *k, float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+    /* Rotary position embedding, in place, in transformers' convention
+     * (rotate_half): x holds N rows of `stride` floats; in each row, heads
+     * 0..NHR-1 of HS floats each from the row's start are rotated, element
+     * i < HS/2 paired with i + HS/2, by the angle pos·inv_freq[i] (the
+     * product and its cos and sin in fp32).  inv_freq (HS/2) in device
+     * memory (the model computes it, scaling included); pos (N) int32, or
+     * NULL: row r is at position r % T.  Backward rotates the gradient
+     * back (the transpose of a rotation), in place. */
+    void (*rope_forward)(kern_ctx *k, float *x, const float *inv_freq, const int32_t *pos, int N, int T, int NHR,
+                         int HS, int stride);
+    void (*rope_backward)(kern_ctx *k, float *dx, const float *inv_freq, const int32_t *pos, int N, int T, int NHR,
+                          int HS, int stride);
+    /* SwiGLU: gu (N,2F) holds [gate | up] per row (one GEMM over the two
+     * weights, which lie side by side); out (N,F) = silu(gate) · up.
+     * Backward: dgu (N,2F) overwritten (one producer), not aliasing gu. */
+    void (*swiglu_forward)(kern_ctx *k, float *out, const float *gu, int N, int F);
+    void (*swiglu_backward)(kern_ctx *k, float *dgu, const float *gu, const float *dout, int N, int F);
+    /* Causal grouped-query attention, fused (the (T,T) scores never
+     * stored): qkv (B,T,W), W = (NH + 2·KVH)·HS, each row NH query heads,
+     * then KVH key heads, then KVH value heads; query head h reads
+     * key/value head h / (NH/KVH).  out (B,T,NH·HS) = softmax(q·kᵀ/sqrt(HS))·v
+     * over the keys token t may see: start (B,T) int32 gives the first
+     * (start[t] <= t, its sample's beginning, for packed samples), NULL: 0.
+     * lse (B,NH,T): each row's log-sum-exp of the scaled scores, for
+     * backward.  Backward OVERWRITES dqkv (B,T,W) (its one producer) from
+     * dout (B,T,NH·HS) and the forward's out and lse.  attention_gqa_ok
+     * says for which shapes a backend's run (the cpu: all). */
+    bool (*attention_gqa_ok)(kern_ctx *k, int NH, int KVH, int HS);
+    void (*attention_gqa_forward)(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B,
+                                  int T, int NH, int KVH, int HS);
+    void (*attention_gqa_backward)(kern_ctx *k, float *dqkv, const float *dout, const float *out, const float *lse,
+                                   const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS);
+    /* Incremental decoding with a key/value cache, as attention_decode:
+     * qkv (B,W) of position Tc-1 (RoPE already applied); kcache, vcache
+     * (B,Tmax,KVH·HS), the op writes row Tc-1; att (B,NH,Tc) scratch;
+     * out (B,NH·HS).  Optional. */
+    void (*attention_gqa_decode)(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
+                                 int B, int Tc, int Tmax, int NH, int KVH, int HS);
+
     /* ---- pointwise ------------------------------------------------------------------- */
     /* GELU, tanh approximation: out (N) = gelu(inp); backward: dinp = dout·gelu'(inp) */
     void (*gelu_forward)(kern_ctx *k, float *out, const float *inp, size_t N);
@@ -191,8 +242,10 @@ typedef struct kern_ops {
 
     /* ---- fused softmax + cross-entropy ------------------------------------------------
      * logits (N,Vp) of which the first V columns are real (Vp >= V pads for
-     * alignment, padded columns are ignored); targets (N) int32 in [0,V), a
-     * target outside gives a NaN loss; losses (N) = lse - logits[target];
+     * alignment, padded columns are ignored); targets (N) int32 below V, a
+     * negative one marks a row that is ignored (loss 0, and its whole
+     * dlogits row 0: a prompt token or padding of fine-tuning data), one of
+     * V or more gives a NaN loss; losses (N) = lse - logits[target];
      * lse (N) = log Σ_{v<V} exp(logits[v]), all backward needs of the
      * softmax: keeping one number per row instead of an (N,Vp) probabilities
      * matrix saves that matrix's memory and a write and a read of it. */

@@ -346,7 +346,7 @@ static int probe(run *r, uint32_t n, size_t *peak)
     pool_job_reset_peak(r->p, r->job);
     r->mem.oom = false;
     run_next_batch(r, n, false);
-    model_batch mb = {r->mem.x, r->mem.y, n};
+    model_batch mb = {.x = r->mem.x, .y = r->mem.y, .n = n};
     run_forward_backward(r, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
     if (memory_device_check(r, "while measuring a micro-batch's memory") < 0)
         return -1;

@@ -202,7 +202,7 @@ static bool evaluate(run *r)
         size_t n = run_next_batch(r, left, true);
         if (n == 0)
             break;
-        model_batch mb = {r->mem.x, r->mem.y, (uint32_t)n};
+        model_batch mb = {.x = r->mem.x, .y = r->mem.y, .n = (uint32_t)n};
         uint64_t c = 0;
         r->m->stoppable = true;
         loss += r->m->ops->forward(r->m, &mb, r->kind->classifies ? &c : NULL);
@@ -285,7 +285,7 @@ static int try_step(run *r, const train_hooks *h)
             return TRAIN_STOPPED;
         uint32_t n = j->batch - done < r->mem.micro ? j->batch - done : r->mem.micro;
         run_next_batch(r, n, false);
-        model_batch mb = {r->mem.x, r->mem.y, n};
+        model_batch mb = {.x = r->mem.x, .y = r->mem.y, .n = n};
         m->stoppable = true;
         loss_sum += run_forward_backward(r, &mb, dloss);
         if (cut_short(m))

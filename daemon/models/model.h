@@ -37,11 +37,22 @@ typedef struct {
 } model_tensor;
 
 /* One micro-batch of samples.  x: gpt int32 tokens (n,T); mlp float pixels
- * (n,D).  y: gpt int32 targets (n,T); mlp int32 labels (n). */
+ * (n,D).  y: gpt int32 targets (n,T); mlp int32 labels (n).  A negative
+ * target is ignored: no loss and no gradient (Hugging Face's -100: a
+ * prompt token, or padding).
+ *
+ * Token sequences may carry more than one sample each (jsonl data, packed):
+ * pos (n,T) is each token's position within its own sample (what RoPE or a
+ * position embedding sees) and start (n,T) the index in the sequence where
+ * its sample begins, so that token t attends to tokens start[t]..t only.
+ * Both NULL: one sample per sequence, positions 0..T-1.  Only a kind that
+ * `packs` is given them; the others get one sample per sequence, padded. */
 typedef struct {
     const void *x;
     const int32_t *y;
     uint32_t n;
+    const int32_t *pos;
+    const int32_t *start;
 } model_batch;
 
 typedef struct model model;
@@ -148,6 +159,7 @@ struct model_kind {
                          * ("tokens": tokens_per_s, val_tokens) */
     model_data data;
     bool classifies; /* forward counts correct top-1 predictions: validation reports accuracy */
+    bool packs;      /* honours model_batch pos and start: several samples to a sequence */
     bool generates;  /* a token distribution to sample (gradctl sample); parse is then set */
     /* The kind's checks of a job file that jobcfg parsed (its keys, the data
      * it needs): 0, or -1 with "FILE:LINE: [section] key: why" in err
@@ -162,6 +174,28 @@ struct model_kind {
     /* The line back into the job's [model] keys, for sampling a file (set
      * for kinds that generate).  0, or -1 with err. */
     int (*parse)(const char *line, job_config *j, char *err, size_t err_len);
+
+    /* Hugging Face interchange (daemon/io/hf.c), for kinds with a
+     * counterpart in transformers; hf_type NULL for the others.
+     * hf_type: config.json's model_type ("gpt2", "llama").
+     * hf_prefix: what a model class with a head puts before the kind's
+     * tensor names in its files ("transformer." for GPT2LMHeadModel), tried
+     * when a name is missing; may be NULL.  The model's own tensor names
+     * are the ones it exports.
+     * hf_read: config.json (a parsed JSON object, jansson's json_t, passed
+     * as void so this header needs no JSON) into j's [model] keys, every
+     * shape key set whether the file had it or not: 0, or -1 with
+     * "config.json: key: why" in err.
+     * hf_config: the model's config.json as a new json_t reference (void),
+     * NULL when out of memory.
+     * hf_ignore: a tensor a checkpoint may hold that the model does not
+     * use (buffers such as attn.bias, a tied head stored twice); may be
+     * NULL: none. */
+    const char *hf_type;
+    const char *hf_prefix;
+    int (*hf_read)(const void *config, job_config *j, char *err, size_t err_len);
+    void *(*hf_config)(const model *m);
+    bool (*hf_ignore)(const model *m, const char *name);
 };
 
 /* The kinds, in the registry's order; *n set to their number. */

@@ -12,7 +12,8 @@
  * logits (N,Vp), targets (N) -> losses (N), lse (N).
  * loss = log Σ e^(x - max) - (x[target] - max) rather than lse - x[target]:
  * with large logits, lse has already rounded away what the difference keeps.
- * A target outside [0,V) gives a NaN loss, so it cannot pass unnoticed. */
+ * A negative target is ignored (loss 0); one of V or more gives a NaN loss,
+ * so it cannot pass unnoticed. */
 KCPU_CLONES static void ce_rows(float *restrict losses, float *restrict lse, const float *restrict logits,
                                 const int32_t *restrict targets, size_t lo, size_t hi, int V, int Vp)
 {
@@ -29,7 +30,7 @@ KCPU_CLONES static void ce_rows(float *restrict losses, float *restrict lse, con
         float ls = logf(sum);
         lse[i] = maxv + ls;
         int32_t t = targets[i];
-        losses[i] = t >= 0 && t < V ? ls - (x[t] - maxv) : NAN;
+        losses[i] = t < 0 ? 0.0f : t < V ? ls - (x[t] - maxv) : NAN;
     }
 }
 
@@ -47,7 +48,8 @@ void kcpu_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const flo
 
 /* ---- backward ---------------------------------------------------------------------
  * logits (N,Vp), lse (N), targets (N), dloss (N) -> dlogits (N,Vp) =
- * dloss·(softmax - onehot) on the first V columns, 0 on the padding.
+ * dloss·(softmax - onehot) on the first V columns, 0 on the padding, and 0
+ * on the whole row of an ignored (negative) target.
  * dlogits may be logits itself, so the two are not restrict: each element is
  * read and then written by the same iteration, which `omp simd` allows. */
 KCPU_CLONES static void ce_rows_backward(float *dlogits, const float *logits, const float *restrict lse,
@@ -57,8 +59,8 @@ KCPU_CLONES static void ce_rows_backward(float *dlogits, const float *logits, co
     for (size_t i = lo; i < hi; i++) {
         float *dl = dlogits + i * Vp;
         const float *x = logits + i * Vp;
-        const float d = dloss[i], m = lse[i];
         const int32_t t = targets[i];
+        const float d = t < 0 ? 0.0f : dloss[i], m = lse[i];
 #pragma omp simd
         for (int j = 0; j < V; j++)
             dl[j] = d * (kcpu_expf(x[j] - m) - (j == t ? 1.0f : 0.0f));

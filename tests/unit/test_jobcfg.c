@@ -154,8 +154,7 @@ static void test_errors(void **state)
                  ":2: [model] type: 'rnn' is not one of mlp|gpt");
     expect_error("[job]\ndevice = gpu0\n" GPT_HEAD, ":2: [job] device: expected auto, cpu, cpuN or cuda:N");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
-    /* Tokens are held in 16 bits: a larger vocabulary could never be fed. */
-    expect_error("[model]\ntype = gpt\nvocab = 65537\n" "[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
+    expect_error("[model]\ntype = gpt\nvocab = 1048577\n" "[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":3: [model] vocab: ");
     expect_error("[model]\ntype = mlp\nhidden =\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":3: [model] hidden: expected up to 8");

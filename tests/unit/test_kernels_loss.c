@@ -85,10 +85,17 @@ static void test_crossentropy(void **state)
     for (int j = 0; j < 2 * Vp; j++)
         assert_true(isfinite(big[j]));
 
-    /* A target outside [0,V) cannot pass unnoticed. */
-    int32_t bad[2] = {V, -1};
+    /* A target of V or more cannot pass unnoticed; a negative one is
+     * ignored: loss 0 and a zero gradient row, padding included. */
+    int32_t bad[2] = {V, -100};
     ops->crossentropy_forward(k, lb, sb, c.logits, bad, 2, V, Vp);
-    assert_true(isnan(lb[0]) && isnan(lb[1]) && isfinite(sb[0]) && isfinite(sb[1]));
+    assert_true(isnan(lb[0]) && lb[1] == 0.0f && isfinite(sb[0]) && isfinite(sb[1]));
+    float ig[2 * Vp];
+    for (int j = 0; j < 2 * Vp; j++)
+        ig[j] = 1.0f;
+    ops->crossentropy_backward(k, ig, c.logits, sb, bad, c.dloss, 2, V, Vp);
+    for (int j = Vp; j < 2 * Vp; j++)
+        assert_true(ig[j] == 0.0f);
     free(c.losses), free(c.lse), free(c.logits), free(c.dloss), free(dl);
     ops->ctx_destroy(k);
 }

@@ -173,7 +173,7 @@ static void test_forward_logits_matches_forward(void **state)
     m->params = malloc(m->num_params * sizeof(float));
     m->ops->init_params(m, m->params, 5);
     int32_t x[8] = {104, 101, 108, 108, 111, 32, 119, 111}, y[8] = {101, 108, 108, 111, 32, 119, 111, 114};
-    model_batch b = {x, y, 1};
+    model_batch b = {.x = x, .y = y, .n = 1};
     double loss = m->ops->forward(m, &b, NULL), sum = 0;
     float logits[256];
     for (uint32_t t = 0; t < 8; t++) {
