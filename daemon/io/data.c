@@ -2,7 +2,8 @@
  * (gunzipping where the file is gzip) that every format reads through,
  * format detection, the token and image datasets, and the seeded sample
  * streams and evaluation passes over them.  The formats themselves live in
- * data_text.c, data_llmc.c, data_npy.c and data_idx.c.  See data.h. */
+ * data_text.c, data_llmc.c, data_npy.c, data_idx.c and data_jsonl.c.  See
+ * data.h. */
 #include "data_internal.h"
 
 #include "errmsg.h"
@@ -326,7 +327,7 @@ int data_format_parse(const char *name, data_format *out)
         const char *name;
         data_format f;
     } names[] = {{"auto", DATA_FMT_AUTO}, {"text", DATA_FMT_TEXT}, {"llmc", DATA_FMT_LLMC},
-                 {"npy", DATA_FMT_NPY}};
+                 {"npy", DATA_FMT_NPY}, {"jsonl", DATA_FMT_JSONL}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (name && strcmp(name, names[i].name) == 0) {
             *out = names[i].f;
@@ -395,6 +396,8 @@ int data_tokens_load(data_tokens *t, const char *path, data_format fmt, uint32_t
     }
     int rc;
     switch (fmt) {
+    case DATA_FMT_JSONL:
+        return errmsg_set(err, err_len, "%s: jsonl holds fine-tuning samples, not a token stream", path);
     case DATA_FMT_LLMC:
         rc = data_llmc_load(t, path, budget, err, err_len);
         break;
@@ -740,6 +743,17 @@ int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t 
     return stream_init(s, w, t->source, budget, err, err_len);
 }
 
+int data_stream_sft(data_stream *s, const data_sft *d, uint64_t seed, data_budget *budget, char *err,
+                    size_t err_len)
+{
+    memset(s, 0, sizeof *s);
+    if (d->n == 0)
+        return errmsg_set(err, err_len, "%s: no samples", d->source);
+    s->sft = d;
+    s->seed = seed;
+    return stream_init(s, d->n, d->source, budget, err, err_len);
+}
+
 int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, data_budget *budget,
                        char *err, size_t err_len)
 {
@@ -769,7 +783,8 @@ int data_stream_set_state(data_stream *s, uint64_t epoch, uint64_t index, char *
         return errmsg_set(err, err_len,
                           "%s: saved data position %llu is past the epoch's %llu samples (did the data "
                           "or the context change since the checkpoint?)",
-                          s->tokens ? s->tokens->source : s->images->source, (ull)index, (ull)s->size);
+                          s->tokens ? s->tokens->source : s->sft ? s->sft->source : s->images->source,
+                          (ull)index, (ull)s->size);
     if (epoch != s->epoch) {
         s->epoch = epoch;
         stream_epoch(s);
@@ -778,8 +793,7 @@ int data_stream_set_state(data_stream *s, uint64_t epoch, uint64_t index, char *
     return 0;
 }
 
-/* The next sample's number within the data; moves the position on. */
-static uint64_t stream_take(data_stream *s)
+uint64_t data_stream_take(data_stream *s)
 {
     uint64_t k = s->order[s->index++];
     if (s->index == s->size) {
@@ -812,7 +826,7 @@ void data_stream_next_tokens(data_stream *s, size_t n, int32_t *inputs, int32_t 
     size_t T = s->T;
     for (size_t i = 0; i < n; i++) {
         uint64_t off = s->offset; /* the epoch may turn inside stream_take */
-        uint64_t k = stream_take(s);
+        uint64_t k = data_stream_take(s);
         copy_window(s->tokens, (size_t)(off + k * T), T, inputs + i * T, targets + i * T);
     }
 }
@@ -821,7 +835,7 @@ void data_stream_next_images(data_stream *s, size_t n, float *x, int32_t *y)
 {
     const data_images *d = s->images;
     for (size_t i = 0; i < n; i++) {
-        uint64_t k = stream_take(s);
+        uint64_t k = data_stream_take(s);
         data_images_get(d, (size_t)k, x + i * d->dim);
         y[i] = d->labels[k];
     }
@@ -852,6 +866,13 @@ void data_eval_images(data_eval *e, const data_images *d)
 {
     memset(e, 0, sizeof *e);
     e->images = d;
+    e->size = d->n;
+}
+
+void data_eval_sft(data_eval *e, const data_sft *d)
+{
+    memset(e, 0, sizeof *e);
+    e->sft = d;
     e->size = d->n;
 }
 

@@ -18,6 +18,9 @@
  *          cols) ubyte, labels magic 0x00000801 (N) ubyte; gzip'd or not
  *          (detected from the 1f 8b magic; trailing data after the gzip
  *          stream is an error, concatenated gzip members are read on).
+ *   jsonl  fine-tuning samples, JSON Lines (gzip'd or not): each non-empty
+ *          line an object {"input_ids": [...], "labels": [...]}, see the
+ *          fine-tuning section below; *.jsonl when the format is auto.
  *
  * Tokens are held as uint16 (vocab ≤ 65536, as llm.c's format implies), or
  * as bytes where the file holds bytes (text, '|u1' npy): one copy of the
@@ -88,9 +91,10 @@ typedef enum {
     DATA_FMT_TEXT,
     DATA_FMT_LLMC,
     DATA_FMT_NPY,
+    DATA_FMT_JSONL, /* samples (data_sft_load), not a token stream */
 } data_format;
 
-/* "auto", "text", "llmc", "npy" → *out; -1 for anything else. */
+/* "auto", "text", "llmc", "npy", "jsonl" → *out; -1 for anything else. */
 int data_format_parse(const char *name, data_format *out);
 
 typedef struct data_tokens {
@@ -161,12 +165,92 @@ typedef struct data_npy {
 int data_npy_load(data_npy *a, const char *path, data_budget *budget, char *err, size_t err_len);
 void data_npy_free(data_npy *a);
 
+/* ---- fine-tuning samples (jsonl) ------------------------------------------ *
+ *
+ * One sample a line: {"input_ids": [int, ...], "labels": [int, ...]}.
+ * labels may be left out (then labels = input_ids: every token is
+ * learnt); a label is -100 (ignored, Hugging Face's convention: a prompt
+ * token) or a token below vocab.  "attention_mask", when present, must be
+ * all 1s: padding inside a sample has no meaning here (rows are padded by
+ * the trainer).  Other keys are ignored.  Blank lines are skipped.
+ *
+ * The shift: a sample of n tokens is trained as inputs x[t] = input_ids[t]
+ * (t < n) and targets y[t] = labels[t+1] (t < n-1), y[n-1] = -100: the
+ * logits at t predict token t+1, as transformers shifts logits[:, :-1]
+ * against labels[:, 1:].  labels[0] is never a target.  A sample so takes
+ * n positions of a sequence, and fits one of [model] context T when
+ * n <= T; a longer one is refused (its line named) or, with truncate,
+ * cut to its first T tokens.  A sample with no labelled target after the
+ * shift (and the cut) is refused, naming its line: it would train nothing,
+ * and every step's loss then averages over at least one token.
+ *
+ * Held compactly: the tokens as int32 back to back, the labels as one bit
+ * a token (labelled or -100), and int32 labels only when some label is
+ * neither -100 nor its own token; 8 + 4 bytes a sample for where it starts
+ * and how many targets it has.  The file is read a line at a time (the
+ * longest line is held, charged to the budget while it is), never whole. */
+typedef struct data_sft {
+    int32_t *ids;      /* ntok tokens, sample i at off[i] .. off[i+1] */
+    uint8_t *mask;     /* bit t (t's byte t/8, bit t%8): token t is labelled */
+    int32_t *labels;   /* NULL: a labelled token's label is its id; else ntok labels */
+    uint64_t *off;     /* n + 1 */
+    uint32_t *targets; /* n: sample i's labelled targets after the shift */
+    size_t n;
+    uint64_t ntok, ntargets;
+    bool view;           /* a tail of another's arrays (data_sft_split): free releases nothing */
+    char source[DATA_SOURCE_MAX];
+} data_sft;
+
+/* Whether fmt, or for auto the path's name (*.jsonl), says jsonl. */
+bool data_is_jsonl(data_format fmt, const char *path);
+/* Load and check every line (errors "PATH:LINE: field: why"): ids and
+ * labels below vocab, at most context tokens a sample unless truncate.
+ * On failure *d is zeroed and budget (may be NULL) holds nothing more. */
+int data_sft_load(data_sft *d, const char *path, uint32_t vocab, uint32_t context, bool truncate,
+                  data_budget *budget, char *err, size_t err_len);
+/* Hold out the last `fraction` (0 < fraction < 1) of the samples as *val,
+ * a view of *train's arrays (no copy); both must end up non-empty. */
+int data_sft_split(data_sft *train, data_sft *val, double fraction, char *err, size_t err_len);
+/* Tokens of sample i. */
+static inline uint32_t data_sft_len(const data_sft *d, size_t i)
+{
+    return (uint32_t)(d->off[i + 1] - d->off[i]);
+}
+/* The shift (above): sample i's inputs into x and targets into y,
+ * data_sft_len(d, i) of each. */
+void data_sft_shift(const data_sft *d, size_t i, int32_t *x, int32_t *y);
+void data_sft_free(data_sft *d);
+
+/* Samples laid into rows of T tokens, for one micro-batch: x and y (rows,
+ * T) int32; with pack, pos and start (rows, T) too (model.h's
+ * model_batch), and samples share a row: each goes into the last row when
+ * it fits after what is there, else starts a new one.  Without pack, one
+ * sample a row.  The rest of a row is padding: token 0, target -100,
+ * position 0, its own start (it sees only itself; with causal attention
+ * no real token sees it).  Buffers for as many rows as samples suffice. */
+typedef struct data_rows {
+    int32_t *x, *y, *pos, *start; /* pos, start: NULL without pack */
+    size_t T;
+    bool pack;
+    uint32_t rows;     /* rows begun */
+    size_t used;       /* tokens in the last row */
+    uint64_t targets;  /* labelled targets of the samples laid */
+    uint64_t tokens;   /* tokens of the samples laid (no padding) */
+} data_rows;
+
+void data_rows_begin(data_rows *r, int32_t *x, int32_t *y, int32_t *pos, int32_t *start, size_t T, bool pack);
+/* Lay sample i (data_sft_len(d, i) <= T). */
+void data_rows_add(data_rows *r, const data_sft *d, size_t i);
+/* Pad the last row; the number of rows. */
+uint32_t data_rows_end(data_rows *r);
+
 /* ---- the shuffled training stream ---------------------------------------- */
 
 typedef struct data_stream {
     /* private: use the functions */
     const data_tokens *tokens;
     const data_images *images;
+    const data_sft *sft;
     size_t T;
     uint64_t seed;
     uint64_t epoch, index;
@@ -183,6 +267,9 @@ int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t 
 /* Single images; d must outlive the stream. */
 int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, data_budget *budget,
                        char *err, size_t err_len);
+/* Fine-tuning samples, one at a time; d must outlive the stream. */
+int data_stream_sft(data_stream *s, const data_sft *d, uint64_t seed, data_budget *budget, char *err,
+                    size_t err_len);
 uint64_t data_stream_epoch_size(const data_stream *s);
 /* The position of the next sample: sample `index` of epoch `epoch`. */
 void data_stream_state(const data_stream *s, uint64_t *epoch, uint64_t *index);
@@ -193,6 +280,13 @@ int data_stream_set_state(data_stream *s, uint64_t epoch, uint64_t index, char *
 void data_stream_next_tokens(data_stream *s, size_t n, int32_t *inputs, int32_t *targets);
 /* The next n samples: x is n × dim floats, y n labels. */
 void data_stream_next_images(data_stream *s, size_t n, float *x, int32_t *y);
+/* The next n samples into rows (begun by the caller, ended here): the
+ * number of rows. */
+uint32_t data_stream_next_sft(data_stream *s, size_t n, data_rows *r);
+/* The labelled targets and the tokens of the next n samples, leaving the
+ * position where it is: what a step's loss averages over, known before
+ * its first micro-batch. */
+void data_stream_sft_count(data_stream *s, size_t n, uint64_t *targets, uint64_t *tokens);
 void data_stream_free(data_stream *s);
 
 /* ---- sequential evaluation ----------------------------------------------- */
@@ -200,6 +294,7 @@ void data_stream_free(data_stream *s);
 typedef struct data_eval {
     const data_tokens *tokens;
     const data_images *images;
+    const data_sft *sft;
     size_t T;
     uint64_t pos;  /* next sample */
     uint64_t size; /* samples in one pass: (n - 1) / T windows, or n images */
@@ -207,9 +302,13 @@ typedef struct data_eval {
 
 int data_eval_tokens(data_eval *e, const data_tokens *t, size_t T, char *err, size_t err_len);
 void data_eval_images(data_eval *e, const data_images *d);
+void data_eval_sft(data_eval *e, const data_sft *d);
 /* Up to max samples; returns how many were written, 0 once the pass is done. */
 size_t data_eval_next_tokens(data_eval *e, size_t max, int32_t *inputs, int32_t *targets);
 size_t data_eval_next_images(data_eval *e, size_t max, float *x, int32_t *y);
+/* Up to max samples into rows (begun by the caller, ended here); returns
+ * how many samples, 0 once the pass is done. */
+size_t data_eval_next_sft(data_eval *e, size_t max, data_rows *r);
 void data_eval_reset(data_eval *e);
 
 #endif

@@ -8,6 +8,7 @@
  *   data_llmc.c  llm.c token files
  *   data_npy.c   .npy arrays, and their checks as tokens, images, labels
  *   data_idx.c   IDX images and labels, gzip'd or not
+ *   data_jsonl.c fine-tuning samples (JSON Lines), their shift and rows
  */
 #ifndef GRADD_DATA_INTERNAL_H
 #define GRADD_DATA_INTERNAL_H
@@ -80,6 +81,9 @@ void data_src_blame_gzip(data_src *s, char *err, size_t err_len);
  * *got = bytes that were there (< total: the data ended early). */
 int data_src_read_body(data_src *s, uint64_t total, uint64_t keep, unsigned char **out,
                        uint64_t *got, char *err, size_t err_len);
+
+/* The next sample's number within the data; moves the position on (data.c). */
+uint64_t data_stream_take(data_stream *s);
 
 /* ---- the formats ------------------------------------------------------------ */
 
