@@ -129,6 +129,8 @@ static size_t job_budget(run *r, size_t *avail)
 
 static void free_micro(run *r)
 {
+    pool_free(r->p, r->mem.aux);
+    r->mem.aux = NULL;
     pool_free(r->p, r->mem.y);
     pool_free(r->p, r->mem.x);
     pool_free(r->p, r->mem.acts);
@@ -154,6 +156,14 @@ static int set_micro(run *r, uint32_t n, int trim)
         r->mem.x = pool_alloc(r->p, n * r->data.x_bytes, POOL_TAG_DATA, r->job, &oom);
     if (r->mem.x)
         r->mem.y = pool_alloc(r->p, n * r->data.y_bytes, POOL_TAG_DATA, r->job, &oom);
+    /* Packed samples' positions and starts (data.h's data_rows). */
+    if (r->mem.y && r->data.aux_bytes) {
+        r->mem.aux = pool_alloc(r->p, n * r->data.aux_bytes, POOL_TAG_DATA, r->job, &oom);
+        if (!r->mem.aux) {
+            pool_free(r->p, r->mem.y);
+            r->mem.y = NULL;
+        }
+    }
     if (!r->mem.y) {
         free_micro(r);
         r->mem.last_oom = oom;
@@ -166,8 +176,10 @@ static int set_micro(run *r, uint32_t n, int trim)
     if (!r->host_visible) {
         free(r->mem.x_host);
         free(r->mem.y_host);
+        free(r->mem.aux_host);
         r->mem.x_host = malloc(n * r->data.x_bytes);
         r->mem.y_host = malloc(n * r->data.y_bytes);
+        r->mem.aux_host = r->data.aux_bytes ? malloc(n * r->data.aux_bytes) : NULL;
     }
     r->mem.micro = n;
     return 0;
@@ -231,6 +243,7 @@ void memory_free(run *r)
         pool_free(r->p, bufs[i]);
     free(r->mem.x_host);
     free(r->mem.y_host);
+    free(r->mem.aux_host);
     free(r->mem.segs);
     r->mem.segs = NULL;
 }
@@ -345,8 +358,8 @@ static int probe(run *r, uint32_t n, size_t *peak)
     data_stream_state(&r->data.stream, &epoch, &index);
     pool_job_reset_peak(r->p, r->job);
     r->mem.oom = false;
-    run_next_batch(r, n, false);
-    model_batch mb = {.x = r->mem.x, .y = r->mem.y, .n = n};
+    model_batch mb;
+    run_next_batch(r, n, false, &mb, NULL);
     run_forward_backward(r, &mb, 1.0f / (float)(n * r->m->ops->units_per_sample(r->m)));
     if (memory_device_check(r, "while measuring a micro-batch's memory") < 0)
         return -1;
@@ -387,8 +400,9 @@ static train_outcome choose_micro_fitting(run *r)
     batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
     batch_set_tune(c, j->tune && !j->micro_batch);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
-    batch_prior(c, r->mem.persistent + r->mem.act_fixed + 2 * 512, r->mem.act_per + r->data.x_bytes + r->data.y_bytes);
-    batch_min_per_sample(c, r->mem.act_per + r->data.x_bytes + r->data.y_bytes);
+    size_t data_per = r->data.x_bytes + r->data.y_bytes + r->data.aux_bytes, bufs = r->data.aux_bytes ? 3 : 2;
+    batch_prior(c, r->mem.persistent + r->mem.act_fixed + bufs * 512, r->mem.act_per + data_per);
+    batch_min_per_sample(c, r->mem.act_per + data_per);
     size_t budget = job_budget(r, &c->fit_avail);
     if (j->micro_batch) {
         batch_probe_skip(c, budget);

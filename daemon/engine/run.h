@@ -30,6 +30,9 @@ typedef struct {
     data_tokens tok_train, tok_val;
     data_images img_train, img_val;
     data_images img_val_view; /* a held-out tail of img_train (not owned) */
+    data_sft sft_train, sft_val; /* fine-tuning samples (jsonl) */
+    bool sft;                    /* the data is sft_*: rows of samples, padded or packed */
+    bool pack;                   /* several samples to a row: pos and start staged with them */
     const data_images *val_images;
     bool have_val;
     data_stream stream;
@@ -37,6 +40,7 @@ typedef struct {
     data_budget budget; /* what all of the above holds, against the hooks' data_limit */
     uint32_t input_dim, classes;
     size_t x_bytes, y_bytes; /* one sample's input and target */
+    size_t aux_bytes;        /* one row's pos and start when packing, else 0 */
 } run_data;
 
 /* Device memory, all from the pool, and what the batch controller is fed
@@ -46,11 +50,13 @@ typedef struct {
     uint16_t *params16;          /* the model's needs_params16, else NULL */
     kern_segment *segs;          /* the model's tensors, for adamw_multi (host memory) */
     void *acts, *x, *y;
+    int32_t *aux;              /* micro rows of pos, then as many of start (packing only) */
     size_t act_bytes;
     uint32_t micro;            /* what acts/x/y are sized for (0: nothing held) */
     size_t act_fixed, act_per; /* the model's activation estimate */
     size_t persistent;         /* params + grads + optimizer, as the pool holds them */
     void *x_host, *y_host;     /* staging when device memory is not host memory */
+    int32_t *aux_host;
     size_t low_watermark;      /* the pool's: device memory kept free for others */
     bool oom;                  /* an allocation inside the step failed */
     pool_oom_report last_oom;  /* the first such failure's report */
@@ -122,9 +128,11 @@ typedef struct run {
 
 /* Fail the run with a message a person can act on (res->message). */
 train_outcome run_fail(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Stage n samples from the stream (or the eval set) into device memory;
- * the number staged. */
-size_t run_next_batch(run *r, size_t n, bool eval);
+/* Stage n samples from the stream (or the eval set) into device memory
+ * as the micro-batch *mb (fine-tuning samples: at most n rows); the number
+ * of samples staged, and in *units (may be NULL) the targets their loss
+ * sums over. */
+size_t run_next_batch(run *r, size_t n, bool eval, model_batch *mb, uint64_t *units);
 /* A micro-batch's forward and backward; the sum of its losses. */
 double run_forward_backward(run *r, const model_batch *mb, float dloss);
 

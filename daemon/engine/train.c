@@ -61,6 +61,37 @@ static train_outcome load_data(run *r, const train_hooks *h)
     return o;
 }
 
+/* Fine-tuning samples (jsonl): a val file is read as jsonl too.  Rows are
+ * packed where the job asks and the model keeps samples apart; pos and
+ * start then travel with each micro-batch. */
+static train_outcome load_sft(run *r)
+{
+    const job_config *j = r->j;
+    data_budget *b = &r->data.budget;
+    char err[1024];
+    bool cut = j->overlong == JOBCFG_OVERLONG_TRUNCATE;
+    if (data_sft_load(&r->data.sft_train, j->train, j->vocab, j->context, cut, b, err, sizeof err) != 0)
+        return run_fail(r, "%s", err);
+    if (j->val[0]) {
+        if (data_sft_load(&r->data.sft_val, j->val, j->vocab, j->context, cut, b, err, sizeof err) != 0)
+            return run_fail(r, "%s", err);
+        r->data.have_val = true;
+    } else if (j->val_fraction > 0) {
+        if (data_sft_split(&r->data.sft_train, &r->data.sft_val, j->val_fraction, err, sizeof err) != 0)
+            return run_fail(r, "%s", err);
+        r->data.have_val = true;
+    }
+    if (data_stream_sft(&r->data.stream, &r->data.sft_train, j->seed, b, err, sizeof err) != 0)
+        return run_fail(r, "%s", err);
+    if (r->data.have_val)
+        data_eval_sft(&r->data.eval, &r->data.sft_val);
+    r->data.sft = true;
+    r->data.pack = j->packing && r->kind->packs;
+    r->data.x_bytes = r->data.y_bytes = (size_t)j->context * sizeof(int32_t);
+    r->data.aux_bytes = r->data.pack ? 2 * (size_t)j->context * sizeof(int32_t) : 0;
+    return TRAIN_DONE;
+}
+
 static train_outcome load_data_(run *r)
 {
     const job_config *j = r->j;
@@ -70,7 +101,10 @@ static train_outcome load_data_(run *r)
         data_format fmt = j->format == JOBCFG_DATA_TEXT     ? DATA_FMT_TEXT
                           : j->format == JOBCFG_DATA_TOKENS ? DATA_FMT_LLMC
                           : j->format == JOBCFG_DATA_NPY    ? DATA_FMT_NPY
+                          : j->format == JOBCFG_DATA_JSONL  ? DATA_FMT_JSONL
                                                             : DATA_FMT_AUTO;
+        if (data_is_jsonl(fmt, j->train))
+            return load_sft(r);
         if (data_tokens_load(&r->data.tok_train, j->train, fmt, j->vocab, b, err, sizeof err) != 0)
             return run_fail(r, "%s", err);
         if (j->val[0]) {
@@ -145,11 +179,44 @@ static void free_data(run *r)
      * is unnecessary, free releases the arrays whatever n says. */
     data_images_free(&r->data.img_train);
     data_images_free(&r->data.img_val);
+    data_sft_free(&r->data.sft_val); /* a view of sft_train's arrays, or its own */
+    data_sft_free(&r->data.sft_train);
 }
 
-/* Stage n samples from the stream (or the eval set) into device memory. */
-size_t run_next_batch(run *r, size_t n, bool eval)
+/* Fine-tuning samples into rows (at most one a sample), and with packing
+ * their positions and starts. */
+static size_t next_sft(run *r, size_t n, bool eval, model_batch *mb, uint64_t *units)
 {
+    size_t T = r->j->context, cap = (size_t)r->mem.micro * T;
+    int32_t *aux = r->host_visible ? r->mem.aux : r->mem.aux_host;
+    data_rows rows;
+    data_rows_begin(&rows, r->host_visible ? r->mem.x : r->mem.x_host, r->host_visible ? r->mem.y : r->mem.y_host,
+                    aux, aux ? aux + cap : NULL, T, r->data.pack);
+    size_t got = n;
+    if (eval)
+        got = data_eval_next_sft(&r->data.eval, n, &rows);
+    else
+        data_stream_next_sft(&r->data.stream, n, &rows);
+    size_t used = (size_t)rows.rows * T * sizeof(int32_t);
+    if (!r->host_visible && rows.rows) {
+        r->k->copy_h2d(r->kc, r->mem.x, rows.x, used);
+        r->k->copy_h2d(r->kc, r->mem.y, rows.y, used);
+        if (r->data.pack) {
+            r->k->copy_h2d(r->kc, r->mem.aux, rows.pos, used);
+            r->k->copy_h2d(r->kc, r->mem.aux + cap, rows.start, used);
+        }
+    }
+    *mb = (model_batch){.x = r->mem.x, .y = r->mem.y, .n = rows.rows,
+                        .pos = r->data.pack ? r->mem.aux : NULL, .start = r->data.pack ? r->mem.aux + cap : NULL};
+    if (units)
+        *units = rows.targets;
+    return got;
+}
+
+size_t run_next_batch(run *r, size_t n, bool eval, model_batch *mb, uint64_t *units)
+{
+    if (r->data.sft)
+        return next_sft(r, n, eval, mb, units);
     void *x = r->host_visible ? r->mem.x : r->mem.x_host;
     void *y = r->host_visible ? r->mem.y : r->mem.y_host;
     size_t got = n;
@@ -168,6 +235,9 @@ size_t run_next_batch(run *r, size_t n, bool eval)
         r->k->copy_h2d(r->kc, r->mem.x, x, got * r->data.x_bytes);
         r->k->copy_h2d(r->kc, r->mem.y, y, got * r->data.y_bytes);
     }
+    *mb = (model_batch){.x = r->mem.x, .y = r->mem.y, .n = (uint32_t)got};
+    if (units)
+        *units = (uint64_t)got * r->m->ops->units_per_sample(r->m);
     return got;
 }
 
@@ -192,24 +262,23 @@ static bool evaluate(run *r)
     data_eval_reset(&r->data.eval);
     double loss = 0;
     uint64_t units = 0, correct = 0, samples = 0;
-    uint32_t upb = r->m->ops->units_per_sample(r->m);
     /* eval_batches counts effective batches, run in micro-batches: the set
      * is the same whatever the micro-batch (which tuning chooses by speed),
      * so validation losses compare across runs and across size changes. */
     uint64_t want = r->j->eval_batches ? (uint64_t)r->j->eval_batches * r->j->batch : UINT64_MAX;
     while (samples < want) {
         uint32_t left = want - samples < r->mem.micro ? (uint32_t)(want - samples) : r->mem.micro;
-        size_t n = run_next_batch(r, left, true);
+        model_batch mb;
+        uint64_t u = 0, c = 0;
+        size_t n = run_next_batch(r, left, true, &mb, &u);
         if (n == 0)
             break;
-        model_batch mb = {.x = r->mem.x, .y = r->mem.y, .n = (uint32_t)n};
-        uint64_t c = 0;
         r->m->stoppable = true;
         loss += r->m->ops->forward(r->m, &mb, r->kind->classifies ? &c : NULL);
         if (cut_short(r->m))
             return true;
         correct += c;
-        units += n * upb;
+        units += u;
         samples += n;
     }
     if (!units)
@@ -271,7 +340,17 @@ static int try_step(run *r, const train_hooks *h)
     model *m = r->m;
     double t0 = now_s();
     uint32_t upb = m->ops->units_per_sample(m);
-    double units = (double)j->batch * upb;
+    /* The loss averages over the step's targets (fine-tuning samples: its
+     * labelled ones, counted before the first micro-batch so that every
+     * micro-batch weighs its tokens alike); throughput counts its tokens,
+     * padding left out. */
+    double units = (double)j->batch * upb, tokens = units;
+    if (r->data.sft) {
+        uint64_t lab, tok;
+        data_stream_sft_count(&r->data.stream, j->batch, &lab, &tok);
+        units = (double)lab;
+        tokens = (double)tok;
+    }
     /* The scale these gradients carry, whatever the schedule does below. */
     const double ls = r->progress.loss_scale;
     float dloss = (float)(ls / units);
@@ -284,8 +363,8 @@ static int try_step(run *r, const train_hooks *h)
         if (h && h->should_stop && h->should_stop(h->user))
             return TRAIN_STOPPED;
         uint32_t n = j->batch - done < r->mem.micro ? j->batch - done : r->mem.micro;
-        run_next_batch(r, n, false);
-        model_batch mb = {.x = r->mem.x, .y = r->mem.y, .n = n};
+        model_batch mb;
+        run_next_batch(r, n, false, &mb, NULL);
         m->stoppable = true;
         loss_sum += run_forward_backward(r, &mb, dloss);
         if (cut_short(m))
@@ -322,7 +401,7 @@ static int try_step(run *r, const train_hooks *h)
             r->progress.step++;
             double dt = now_s() - t0;
             r->progress.step_s = dt;
-            outputs_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt, true);
+            outputs_step(r, loss, lr, norm, tokens / (dt > 0 ? dt : 1e-9), dt, true);
             return TRAIN_DONE;
         }
         if (++r->progress.good_steps >= TRAIN_LOSS_SCALE_GROW_EVERY) {
@@ -346,7 +425,7 @@ static int try_step(run *r, const train_hooks *h)
     r->progress.step++;
     double dt = now_s() - t0;
     r->progress.step_s = dt;
-    outputs_step(r, loss, lr, norm, units / (dt > 0 ? dt : 1e-9), dt, false);
+    outputs_step(r, loss, lr, norm, tokens / (dt > 0 ? dt : 1e-9), dt, false);
     r->res->final_loss = loss;
     return TRAIN_DONE;
 }

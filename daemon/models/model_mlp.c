@@ -245,7 +245,7 @@ static int mlp_check_job(const job_config *j, char *err, size_t err_len)
     if (j->nhidden == 0)
         return model_job_error(j, "model", "hidden",
                                "expected up to 8 comma-separated sizes from 1 to 65536, e.g. 256,128", err, err_len);
-    if (j->format == JOBCFG_DATA_TEXT || j->format == JOBCFG_DATA_TOKENS)
+    if (j->format == JOBCFG_DATA_TEXT || j->format == JOBCFG_DATA_TOKENS || j->format == JOBCFG_DATA_JSONL)
         return model_job_error(j, "data", "format", "an mlp trains on idx or npy images", err, err_len);
     if (!j->train_labels[0])
         return model_job_error(j, "data", "train_labels", "is required for an mlp", err, err_len);
