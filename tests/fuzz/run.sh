@@ -22,6 +22,8 @@
 #           round trip of what parses
 #   data    daemon/io/data*.c: llm.c token files, .npy, text, IDX image/label
 #           pairs plain and gzip'd (via memfds), and the sample streams
+#   jsonl   daemon/io/data_jsonl.c: fine-tuning samples (JSON Lines, plain or
+#           gzip'd, via a memfd), their shift, rows (packed or not), stream
 #   sample  daemon/engine/sample.c: model.safetensors / resume.safetensors as
 #           `gradctl sample` loads them (via a memfd), the metadata line
 #           parser, and two generated tokens from whatever loads (with the
@@ -113,7 +115,7 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data sample queue utf8 pool_shm argsplit acct promtext)
+HARNESSES=(wire units config jobcfg safetensors data jsonl sample queue utf8 pool_shm argsplit acct promtext)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
@@ -124,7 +126,7 @@ sources() {
         "$ROOT/common/utf8.c" \
         "$ROOT/daemon/models/*.c" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
-    data) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c $ROOT/common/fileio.c" ;;
+    data | jsonl) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c $ROOT/common/fileio.c" ;;
     sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/*.c" \
         "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
