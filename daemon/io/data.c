@@ -743,26 +743,31 @@ int data_stream_tokens(data_stream *s, const data_tokens *t, size_t T, uint64_t 
     return stream_init(s, w, t->source, budget, err, err_len);
 }
 
+/* A stream of n samples taken one at a time (images, fine-tuning
+ * samples); `what` names them when there are none. */
+static int stream_items(data_stream *s, uint64_t n, const char *source, const char *what, uint64_t seed,
+                        data_budget *b, char *err, size_t err_len)
+{
+    if (n == 0)
+        return errmsg_set(err, err_len, "%s: no %s", source, what);
+    s->seed = seed;
+    return stream_init(s, n, source, b, err, err_len);
+}
+
 int data_stream_sft(data_stream *s, const data_sft *d, uint64_t seed, data_budget *budget, char *err,
                     size_t err_len)
 {
     memset(s, 0, sizeof *s);
-    if (d->n == 0)
-        return errmsg_set(err, err_len, "%s: no samples", d->source);
     s->sft = d;
-    s->seed = seed;
-    return stream_init(s, d->n, d->source, budget, err, err_len);
+    return stream_items(s, d->n, d->source, "samples", seed, budget, err, err_len);
 }
 
 int data_stream_images(data_stream *s, const data_images *d, uint64_t seed, data_budget *budget,
                        char *err, size_t err_len)
 {
     memset(s, 0, sizeof *s);
-    if (d->n == 0)
-        return errmsg_set(err, err_len, "%s: no images", d->source);
     s->images = d;
-    s->seed = seed;
-    return stream_init(s, d->n, d->source, budget, err, err_len);
+    return stream_items(s, d->n, d->source, "images", seed, budget, err, err_len);
 }
 
 uint64_t data_stream_epoch_size(const data_stream *s)

@@ -20,35 +20,6 @@ from harness import Daemon
 FORTUNES = "/usr/share/games/fortunes"
 CONTEXT = 64
 
-JOB = """
-[job]
-name = {name}
-[model]
-type = gpt
-layers = 2
-heads = 2
-width = 32
-context = %d
-vocab = 256
-[data]
-train = {train}
-val_fraction = 0.1
-overlong = {overlong}
-[train]
-steps = 6
-batch = 8
-micro_batch = 4
-lr = 3e-3
-warmup = 2
-threads = 1
-eval_every = 3
-eval_batches = 1
-[output]
-dir = {out}
-log_every = 1
-""" % CONTEXT
-
-
 def fortune_samples(limit=240):
     """(input_ids, labels) of the fortunes, in the files' name order, with
     a first line short enough to leave the answer a token within the
@@ -92,9 +63,14 @@ class Sft(harness.DaemonTest):
 
     def job(self, name, train, overlong="truncate"):
         path = os.path.join(self.dir, name + ".cfg")
-        with open(path, "w") as f:
-            f.write(JOB.format(name=name, train=train, out=os.path.join(self.dir, "out-" + name), overlong=overlong))
-        os.chmod(path, 0o644)
+        harness.write_job(path, {
+            "job": {"name": name},
+            "model": {"type": "gpt", "layers": 2, "heads": 2, "width": 32, "context": CONTEXT, "vocab": 256},
+            "data": {"train": train, "val_fraction": 0.1, "overlong": overlong},
+            "train": {"steps": 6, "batch": 8, "micro_batch": 4, "lr": 3e-3, "warmup": 2, "threads": 1,
+                      "eval_every": 3, "eval_batches": 1},
+            "output": {"dir": os.path.join(self.dir, "out-" + name), "log_every": 1},
+        })
         return path
 
     def submit(self, cfg):

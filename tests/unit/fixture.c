@@ -221,3 +221,39 @@ bool fx_stop_now(void *user)
     fx_stopper *s = user;
     return s->stop_after && s->seen >= s->stop_after;
 }
+
+void fx_model_open(fx_model *fm, const job_config *j, uint64_t seed)
+{
+    const kern_ops *k = kern_cpu_ops();
+    char err[256];
+    fm->kc = k->ctx_create(1, 0, KERN_FP32, NULL);
+    assert_non_null(fm->kc);
+    if (model_create(j, 0, 0, k, fm->kc, &fm->m, err, sizeof err) != 0)
+        fail_msg("model_create: %s", err);
+    size_t fixed, per;
+    fm->m->ops->activation_bytes(fm->m, &fixed, &per);
+    assert_int_equal(posix_memalign(&fm->acts, 64, fixed + per), 0);
+    fm->m->ops->bind_activations(fm->m, fm->acts, 1);
+    fm->m->params = malloc(fm->m->num_params * sizeof(float));
+    assert_non_null(fm->m->params);
+    fm->m->ops->init_params(fm->m, fm->m->params, seed);
+}
+
+void fx_model_close(fx_model *fm)
+{
+    free(fm->m->params);
+    model_destroy(fm->m);
+    free(fm->acts);
+    kern_cpu_ops()->ctx_destroy(fm->kc);
+    memset(fm, 0, sizeof *fm);
+}
+
+double fx_token_loss(const float *logits, int V, int32_t target)
+{
+    double mx = logits[0], z = 0;
+    for (int v = 1; v < V; v++)
+        mx = logits[v] > mx ? logits[v] : mx;
+    for (int v = 0; v < V; v++)
+        z += exp(logits[v] - mx);
+    return mx + log(z) - logits[target];
+}

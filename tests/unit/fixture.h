@@ -14,6 +14,7 @@
 
 #include "pool/dev.h"
 #include "jobcfg.h"
+#include "models/model.h"
 #include "pool/pool.h"
 #include "engine/train.h"
 
@@ -74,5 +75,18 @@ typedef struct {
 } fx_stopper;
 void fx_record(void *user, const train_progress *pr);
 bool fx_stop_now(void *user);
+
+/* A model of job j on the cpu kernels in fp32, its activations bound for
+ * one sequence and its parameters initialised from seed, for tests that
+ * call a model directly; fx_model_close frees all of it. */
+typedef struct {
+    model *m;
+    kern_ctx *kc;
+    void *acts;
+} fx_model;
+void fx_model_open(fx_model *fm, const job_config *j, uint64_t seed);
+void fx_model_close(fx_model *fm);
+/* A token's loss from its position's V logits, in double: -log softmax[target]. */
+double fx_token_loss(const float *logits, int V, int32_t target);
 
 #endif

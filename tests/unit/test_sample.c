@@ -160,39 +160,22 @@ static void test_forward_logits_matches_forward(void **state)
     (void)state;
     job_config j;
     gpt_shape(&j, 2, 2, 16, 8, 256);
-    const kern_ops *k = kern_cpu_ops();
-    kern_ctx *kc = k->ctx_create(1, 0, KERN_FP32, NULL);
-    model *m;
-    char err[256];
-    assert_int_equal(model_create(&j, 0, 0, k, kc, &m, err, sizeof err), 0);
-    size_t fixed, per;
-    m->ops->activation_bytes(m, &fixed, &per);
-    void *acts;
-    assert_int_equal(posix_memalign(&acts, 64, fixed + per), 0);
-    m->ops->bind_activations(m, acts, 1);
-    m->params = malloc(m->num_params * sizeof(float));
-    m->ops->init_params(m, m->params, 5);
+    fx_model fm;
+    fx_model_open(&fm, &j, 5);
+    model *m = fm.m;
     int32_t x[8] = {104, 101, 108, 108, 111, 32, 119, 111}, y[8] = {101, 108, 108, 111, 32, 119, 111, 114};
     model_batch b = {.x = x, .y = y, .n = 1};
     double loss = m->ops->forward(m, &b, NULL), sum = 0;
     float logits[256];
     for (uint32_t t = 0; t < 8; t++) {
         assert_int_equal(m->ops->forward_logits(m, x, 1, t + 1, logits), 0);
-        double mx = logits[0], z = 0;
-        for (int v = 1; v < 256; v++)
-            mx = logits[v] > mx ? logits[v] : mx;
-        for (int v = 0; v < 256; v++)
-            z += exp(logits[v] - mx);
-        sum += -(logits[y[t]] - mx - log(z));
+        sum += fx_token_loss(logits, 256, y[t]);
     }
     assert_true(fabs(sum - loss) < 1e-4 * fabs(loss));
     /* Out of range: refused, not read past the buffers. */
     assert_int_equal(m->ops->forward_logits(m, x, 1, 9, logits), -1);
     assert_int_equal(m->ops->forward_logits(m, x, 2, 4, logits), -1);
-    free(m->params);
-    model_destroy(m);
-    free(acts);
-    k->ctx_destroy(kc);
+    fx_model_close(&fm);
 }
 
 /* A GPT on the CPU with its activations for n sequences and its decode

@@ -107,17 +107,9 @@ static double reference_loss(const job_config *j)
     data_stream s;
     assert_int_equal(data_stream_sft(&s, &d, j->seed, NULL, err, sizeof err), 0);
 
-    const kern_ops *k = kern_cpu_ops();
-    kern_ctx *kc = k->ctx_create(1, 0, KERN_FP32, NULL);
-    model *m;
-    assert_int_equal(model_create(j, 0, 0, k, kc, &m, err, sizeof err), 0);
-    size_t fixed, per;
-    m->ops->activation_bytes(m, &fixed, &per);
-    void *acts;
-    assert_int_equal(posix_memalign(&acts, 64, fixed + per), 0);
-    m->ops->bind_activations(m, acts, 1);
-    m->params = malloc(m->num_params * sizeof(float));
-    m->ops->init_params(m, m->params, j->seed);
+    fx_model fm;
+    fx_model_open(&fm, j, j->seed);
+    model *m = fm.m;
 
     double sum = 0;
     uint64_t count = 0;
@@ -131,20 +123,12 @@ static double reference_loss(const job_config *j)
                 continue;
             float logits[256];
             assert_int_equal(m->ops->forward_logits(m, x, 1, t + 1, logits), 0);
-            double mx = logits[0], z = 0;
-            for (int v = 1; v < 256; v++)
-                mx = logits[v] > mx ? logits[v] : mx;
-            for (int v = 0; v < 256; v++)
-                z += exp(logits[v] - mx);
-            sum += mx + log(z) - logits[y[t]];
+            sum += fx_token_loss(logits, 256, y[t]);
             count++;
         }
     }
     assert_true(count > 8 && count < 8 * T / 2); /* the prompts are left out */
-    free(m->params);
-    model_destroy(m);
-    free(acts);
-    k->ctx_destroy(kc);
+    fx_model_close(&fm);
     data_stream_free(&s);
     data_sft_free(&val);
     data_sft_free(&d);
