@@ -216,7 +216,7 @@ class Sample(harness.DaemonTest):
             mid = json.loads(self.d.ctl("--json", "submit", cfg).stdout)["id"]
             r = self.d.ctl("sample", str(mid), check=False)
             self.assertEqual(r.returncode, 1)
-            self.assertIn("job %d (mlp) trains an mlp classifier; only gpt jobs generate text" % mid, r.stderr)
+            self.assertIn("job %d (mlp) trains an mlp classifier; only gpt or llama jobs generate text" % mid, r.stderr)
         r = self.d.ctl("sample", str(first), "--tokens", "0", check=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--tokens: '0' is not a whole number from 1 to 4096", r.stderr)
