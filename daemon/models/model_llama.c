@@ -108,7 +108,7 @@ static void rope_frequencies(const llama *g, float *out)
 
 /* ---- activation layout ------------------------------------------------------------ */
 
-#define LLAMA_BUFFERS 30 /* carve()'s buffers: each may add up to ALIGN bytes */
+#define LLAMA_BUFFERS 25 /* carve()'s buffers: each may add up to ALIGN bytes */
 
 static size_t carve(llama *g, char *base, uint32_t n)
 {
@@ -157,13 +157,7 @@ static uint32_t llama_units(const model *m)
 static void llama_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
 {
     llama *g = LL(m);
-    /* Affine in n apart from alignment (at most ALIGN per buffer). */
-    size_t one = carve(g, NULL, 1), two = carve(g, NULL, 2);
-    *per_sample = two - one;
-    *fixed = LLAMA_BUFFERS * ALIGN;
-    size_t slack = one > *per_sample ? one - *per_sample : 0;
-    if (slack > *fixed)
-        *fixed = slack;
+    model_activation_split(carve(g, NULL, 1), carve(g, NULL, 2), LLAMA_BUFFERS, ALIGN, fixed, per_sample);
 }
 
 static void llama_bind(model *m, void *mem, uint32_t n)
@@ -245,17 +239,6 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
     k->matmul_forward(kc, g->logits, g->lnf, P + g->head, NULL, BT, C, (int)g->V);
 }
 
-/* Σ of the BT losses on the host, in a fixed order (ignored targets add 0). */
-static double sum_losses(model *m, size_t BT)
-{
-    llama *g = LL(m);
-    m->k->copy_d2h(m->kc, g->dloss_host, g->losses, BT * sizeof(float));
-    double sum = 0;
-    for (size_t i = 0; i < BT; i++)
-        sum += g->dloss_host[i];
-    return sum;
-}
-
 static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
 {
     llama *g = LL(m);
@@ -267,7 +250,7 @@ static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
     if (m->stopped)
         return 0;
     m->k->crossentropy_forward(m->kc, g->losses, g->lse, g->logits, b->y, (int)BT, (int)g->V, (int)g->V);
-    return sum_losses(m, BT);
+    return model_sum_losses(m, g->losses, g->dloss_host, BT);
 }
 
 static int llama_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
