@@ -27,7 +27,8 @@ static const opts_def opts[] = {
     {"job", "on_end", OPTS_STRING, J(on_end), 0, 0, false, "",
      "once the job has ended: run this command as its owner, quoted as in sh, without a shell", NULL},
 
-    {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp or gpt (gradd checks it)", NULL},
+    {"model", "type", OPTS_STRING, J(model), 0, 0, false, "gpt", "the model: mlp, gpt or llama (gradd checks it)",
+     NULL},
     {"model", "layers", OPTS_COUNT, J(layers), 1, JOBCFG_MAX_LAYERS, false, "2", "gpt: transformer blocks", NULL},
     {"model", "heads", OPTS_COUNT, J(heads), 1, 128, false, "4", "gpt: attention heads (divide width)", NULL},
     {"model", "width", OPTS_COUNT, J(width), 1, 16384, false, "64", "gpt: channels", NULL},
@@ -161,6 +162,12 @@ const char *jobcfg_where(const job_config *j, const char *section, const char *k
     else
         snprintf(buf, len, "%s: [%s] %s", j->source, section, key);
     return buf;
+}
+
+int jobcfg_key_line(const job_config *j, const char *section, const char *key)
+{
+    const opts_def *o = opts_find(opts, NOPTS, section, key);
+    return o ? j->key_line[o - opts] : 0;
 }
 
 /* "FILE:LINE: [section] key: why", or "FILE: [section] key: why" when the

@@ -41,6 +41,24 @@ bool model_poll(model *m)
     return m->stopped;
 }
 
+void model_activation_split(size_t one, size_t two, size_t buffers, size_t align, size_t *fixed, size_t *per_sample)
+{
+    *per_sample = two - one;
+    *fixed = buffers * align;
+    size_t slack = one > *per_sample ? one - *per_sample : 0;
+    if (slack > *fixed)
+        *fixed = slack;
+}
+
+double model_sum_losses(const model *m, const float *losses, float *host, size_t n)
+{
+    m->k->copy_d2h(m->kc, host, losses, n * sizeof(float));
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += host[i];
+    return sum;
+}
+
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export)
 {
     if (m->ntensors == MODEL_MAX_TENSORS)

@@ -244,6 +244,15 @@ void model_destroy(model *m);
 /* Between layers: poll, and true when the pass is to be abandoned. */
 bool model_poll(model *m);
 
+/* For the token models' activation_bytes: *fixed and *per_sample from the
+ * bytes their carving takes for one sample and for two, where each of its
+ * `buffers` buffers is rounded up to `align` bytes (affine in n but for
+ * that rounding, which the fixed part bounds). */
+void model_activation_split(size_t one, size_t two, size_t buffers, size_t align, size_t *fixed, size_t *per_sample);
+/* Σ of n per-token losses (device memory), on the host in a fixed order
+ * through `host` (n floats): the same sum whatever the backend. */
+double model_sum_losses(const model *m, const float *losses, float *host, size_t n);
+
 /* Add a tensor to m's table (constructors use this). */
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export);
 

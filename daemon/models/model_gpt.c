@@ -175,14 +175,7 @@ static uint32_t gpt_units(const model *m)
 static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
 {
     gpt *g = G(m);
-    /* carve() is affine in n apart from alignment, which adds at most ALIGN
-     * per buffer: bound it by all buffers' worth. */
-    size_t one = carve(g, NULL, 1), two = carve(g, NULL, 2);
-    *per_sample = two - one;
-    *fixed = GPT_BUFFERS * ALIGN;
-    size_t slack = one > *per_sample ? one - *per_sample : 0;
-    if (slack > *fixed)
-        *fixed = slack;
+    model_activation_split(carve(g, NULL, 1), carve(g, NULL, 2), GPT_BUFFERS, ALIGN, fixed, per_sample);
 }
 
 static void gpt_bind(model *m, void *mem, uint32_t n)
@@ -313,18 +306,6 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     }
 }
 
-/* Σ of the BT losses, on the host in a fixed order: deterministic whatever
- * the backend (dloss_host is the staging). */
-static double sum_losses(model *m, size_t BT)
-{
-    gpt *g = G(m);
-    m->k->copy_d2h(m->kc, g->dloss_host, g->losses, BT * sizeof(float));
-    double sum = 0;
-    for (size_t i = 0; i < BT; i++)
-        sum += g->dloss_host[i];
-    return sum;
-}
-
 static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
 {
     gpt *g = G(m);
@@ -342,7 +323,7 @@ static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
 
     if (correct)
         *correct = 0;
-    return sum_losses(m, BT);
+    return model_sum_losses(m, g->losses, g->dloss_host, BT);
 }
 
 static int gpt_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
@@ -614,7 +595,7 @@ static double gpt_forward_backward(model *m, const model_batch *b, float dloss)
     upload_dloss(m, BT, dloss);
     k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, (int)BT, (int)g->V, (int)g->V);
     gpt_backward_body(m, b);
-    return sum_losses(m, BT);
+    return model_sum_losses(m, g->losses, g->dloss_host, BT);
 }
 
 static void gpt_destroy(model *m)

@@ -11,11 +11,15 @@
 
 extern const model_kind model_kind_mlp;
 extern const model_kind model_kind_gpt;
+extern const model_kind model_kind_llama;
+/* model_llama.c: a file that sets a llama-only key for another kind is refused. */
+int model_llama_keys_refuse(const job_config *j, const model_kind *kind, char *err, size_t err_len);
 
-/* In this order in messages ("'x' is not one of mlp|gpt"). */
+/* In this order in messages ("'x' is not one of mlp|gpt|llama"). */
 static const model_kind *const kinds[] = {
     &model_kind_mlp,
     &model_kind_gpt,
+    &model_kind_llama,
 };
 #define NKINDS (sizeof kinds / sizeof kinds[0])
 
@@ -95,6 +99,8 @@ int model_check_job(const job_config *j, char *err, size_t err_len)
 {
     const model_kind *kind = model_kind_need(j, err, err_len);
     if (!kind)
+        return -1;
+    if (kind != &model_kind_llama && model_llama_keys_refuse(j, kind, err, err_len) != 0)
         return -1;
     return kind->check_job ? kind->check_job(j, err, err_len) : 0;
 }

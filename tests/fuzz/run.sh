@@ -39,6 +39,8 @@
 #           reads it (via a memfd), format -> parse round trip of what parses
 #   promtext  client/promtext.c: the daemon's Prometheus text read back into
 #           JSON for `gradctl --json metrics`
+#   llama_config  daemon/models/model_llama_hf.c: a Hugging Face config.json
+#           into a llama's job keys, and the model's own config.json back
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -115,7 +117,7 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data jsonl sample queue utf8 pool_shm argsplit acct promtext)
+HARNESSES=(wire units config jobcfg safetensors data jsonl sample queue utf8 pool_shm argsplit acct promtext llama_config)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
 sources() {
     case $1 in
@@ -136,13 +138,15 @@ sources() {
     argsplit) echo "$ROOT/common/argsplit.c" ;;
     acct) echo "$ROOT/daemon/jobs/acct_parse.c $ROOT/common/utf8.c" ;;
     promtext) echo "$ROOT/client/promtext.c $ROOT/client/jout.c $ROOT/common/utf8.c" ;;
+    llama_config) echo "$ROOT/daemon/models/*.c $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c" \
+        "$ROOT/common/units.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     esac
 }
 # Extra flags and libraries per harness.
 extra() {
     case $1 in
-    safetensors | acct) echo "$JANSSON" ;;
-    sample) echo "-fopenmp -lopenblas $JANSSON" ;;
+    safetensors | acct | jobcfg) echo "$JANSSON" ;;
+    sample | llama_config) echo "-fopenmp -lopenblas $JANSSON" ;;
     promtext) echo "-I$ROOT/client $JANSSON" ;;
     esac
 }

@@ -1,7 +1,7 @@
 """gradctl sample through a real daemon: a tiny GPT trained on Debian's
 fortunes writes printable text of the requested length, a seed repeats it,
-a running job samples from its checkpoint, and a bad id, an mlp job or a
-job with no weights yet get clear errors."""
+a llama samples too, a running job samples from its checkpoint, and a bad
+id, an mlp job or a job with no weights yet get clear errors."""
 import json
 import os
 import shutil
@@ -181,6 +181,25 @@ class Sample(harness.DaemonTest):
         # fp32 against float64 over a few hundred tokens: 1e-5 relative.
         self.assertAlmostEqual(j["val_loss"], float(np.mean(losses)), delta=1e-5 * float(np.mean(losses)))
 
+    def test_sample_a_llama(self):
+        # A llama job samples as a gpt does: its describe line builds the
+        # model back (Llama 3 scaling and a tied head included), and the
+        # key/value cache decodes with rotary positions and grouped heads
+        # (test_llama_ref checks the numbers against a float64 reference).
+        cfg = os.path.join(self.dir, "llama.cfg")
+        with open(cfg, "w") as f:
+            f.write(GPT.format(name="llama", priority=0, train=FORTUNES, steps=20, ckpt=0,
+                               out=os.path.join(self.dir, "llama"), layers=1)
+                    .replace("type = gpt", "type = llama\nkv_heads = 1\nmlp_width = 48\ntie_embeddings = on\n"
+                             "rope_scaling = llama3\nrope_context = 16"))
+        jid = json.loads(self.d.ctl("--json", "submit", cfg).stdout)["id"]
+        self.d.ctl("watch", str(jid))
+        runs = [self.d.ctl_json("sample", str(jid), "--prompt", "Q: ", "--tokens", "40", "--seed", "3")
+                for _ in range(2)]
+        self.assertEqual(runs[0]["token_ids"], runs[1]["token_ids"])
+        self.assertEqual(len(runs[0]["token_ids"]), 40)
+        self.assertEqual((runs[0]["vocab"], runs[0]["step"]), (256, 20))
+
     def test_running_job_samples_its_checkpoint(self):
         jid = self.submit("long", steps=100000, ckpt=5)
         ckpt = os.path.join(self.dir, "long", "resume.safetensors")
@@ -216,7 +235,7 @@ class Sample(harness.DaemonTest):
             mid = json.loads(self.d.ctl("--json", "submit", cfg).stdout)["id"]
             r = self.d.ctl("sample", str(mid), check=False)
             self.assertEqual(r.returncode, 1)
-            self.assertIn("job %d (mlp) trains an mlp classifier; only gpt jobs generate text" % mid, r.stderr)
+            self.assertIn("job %d (mlp) trains an mlp classifier; only gpt or llama jobs generate text" % mid, r.stderr)
         r = self.d.ctl("sample", str(first), "--tokens", "0", check=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--tokens: '0' is not a whole number from 1 to 4096", r.stderr)

@@ -170,7 +170,7 @@ static void test_errors(void **state)
     }
 }
 
-/* Every example in etc/jobs parses, and together they cover both models
+/* Every example in etc/jobs parses, and together they cover every model
  * and every precision (bf16 and fp16 on a GPU). */
 static void test_program(void **state)
 {
@@ -217,7 +217,7 @@ static void test_examples(void **state)
     snprintf(pattern, sizeof pattern, "%s/etc/jobs/*.cfg", root ? root : ".");
     glob_t g;
     assert_int_equal(glob(pattern, 0, NULL, &g), 0);
-    bool seen_mlp = false, seen_gpt = false, seen_prec[3] = {false, false, false};
+    bool seen_mlp = false, seen_gpt = false, seen_llama = false, seen_prec[3] = {false, false, false};
     for (size_t i = 0; i < g.gl_pathc; i++) {
         job_config j;
         char err[1024];
@@ -227,13 +227,14 @@ static void test_examples(void **state)
             continue;
         seen_mlp |= strcmp(j.model, "mlp") == 0;
         seen_gpt |= strcmp(j.model, "gpt") == 0;
+        seen_llama |= strcmp(j.model, "llama") == 0;
         seen_prec[j.precision] = true;
         /* Mixed precision exists only on CUDA: such examples must say so. */
         if (j.precision != JOBCFG_FP32 && strncmp(j.device, "cuda", 4) != 0)
             fail_msg("%s: precision %d on device '%s'", g.gl_pathv[i], j.precision, j.device);
     }
     globfree(&g);
-    assert_true(seen_mlp && seen_gpt);
+    assert_true(seen_mlp && seen_gpt && seen_llama);
     assert_true(seen_prec[JOBCFG_FP32] && seen_prec[JOBCFG_BF16] && seen_prec[JOBCFG_FP16]);
 }
 

@@ -493,7 +493,7 @@ static void test_signature(void **state)
     assert_int_equal(model_parse_line("gpt layers=4", &j, err, sizeof err), -1);
     assert_non_null(strstr(err, "is not a gpt model line"));
     assert_int_equal(model_parse_line("mlp inputs=784 hidden=64 classes=10", &j, err, sizeof err), -1);
-    assert_non_null(strstr(err, "an mlp ('mlp inputs=784 hidden=64 classes=10'); only gpt models generate text"));
+    assert_non_null(strstr(err, "an mlp ('mlp inputs=784 hidden=64 classes=10'); only gpt or llama models generate text"));
 }
 
 int main(void)

@@ -1,0 +1,788 @@
+/* model_llama.c — Llama: RMSNorm pre-norm blocks, rotary positions (with
+ * Llama 3's frequency scaling), grouped-query attention, a SwiGLU MLP, no
+ * biases, the output layer tied to the token embedding or not.
+ *
+ * Parameters carry transformers' LlamaForCausalLM names, matrices stored
+ * (out,in) like nn.Linear, so they export as they are:
+ *   model.embed_tokens.weight (V,C),
+ *   model.layers.l.{input_layernorm.weight (C),
+ *       self_attn.q_proj.weight (NH·HS,C), self_attn.k_proj.weight (KVH·HS,C),
+ *       self_attn.v_proj.weight (KVH·HS,C), self_attn.o_proj.weight (C,NH·HS),
+ *       post_attention_layernorm.weight (C),
+ *       mlp.gate_proj.weight (F,C), mlp.up_proj.weight (F,C), mlp.down_proj.weight (C,F)},
+ *   model.norm.weight (C), lm_head.weight (V,C) unless tied.
+ * q, k and v lie one after the other, so one GEMM over the three writes a
+ * row of qkv (NH + 2·KVH heads, what the attention kernels read), and gate
+ * and up likewise write [gate | up] (what SwiGLU reads).
+ *
+ * Activations keep what backward reads (per layer: ln1 and its rstd, qkv
+ * after RoPE, the attention output and its lse, residual2, ln2 and its
+ * rstd, [gate | up], the SwiGLU output, residual3); the rest is one
+ * layer's scratch.  As in model_gpt.c the residual stream's gradient is one
+ * buffer that the RMSNorm backwards add into.
+ *
+ * fp32 activations only: in a bf16/fp16 context the fp32 GEMMs round their
+ * inputs to the 16-bit type themselves (kernels.h), as gpt's fp32 path. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define ALIGN 64
+
+/* One block's parameter offsets (in floats, into m->params / m->grads). */
+typedef struct {
+    size_t ln1w, qkvw, ow, ln2w, guw, downw;
+} llama_layer;
+
+typedef struct {
+    uint32_t L, C, NH, KVH, HS, F, T, V;
+    uint32_t W; /* a qkv row: (NH + 2·KVH)·HS */
+    double theta, norm_eps;
+    int scaling; /* jobcfg_rope_scaling */
+    double factor, low_freq, high_freq;
+    uint32_t rope_context;
+    bool tied;
+    llama_layer *layer;
+    size_t embed, normw, head; /* head == embed when tied */
+    float *inv_freq_host;      /* (HS/2), scaling included */
+
+    /* Activations for up to n samples. */
+    uint32_t n;
+    float *inv_freq;                 /* (HS/2), on the device */
+    float *encoded;                  /* (B,T,C) */
+    float *ln1, *ln1_rstd;           /* (L,B,T,C), (L,B,T) */
+    float *qkv;                      /* (L,B,T,W) */
+    float *atty, *att_lse;           /* (L,B,T,C), (L,B,NH,T) */
+    float *residual2;                /* (L,B,T,C) */
+    float *ln2, *ln2_rstd;           /* (L,B,T,C), (L,B,T) */
+    float *gu, *hid;                 /* (L,B,T,2F), (L,B,T,F) */
+    float *residual3;                /* (L,B,T,C) */
+    float *lnf, *lnf_rstd;           /* (B,T,C), (B,T) */
+    float *logits, *lse, *losses;    /* (B,T,V) (dlogits in backward), (B,T), (B,T) */
+    /* One layer of scratch. */
+    float *proj;                     /* (B,T,C) o_proj and down_proj outputs */
+    float *dres;                     /* (B,T,C) residual-stream gradient */
+    float *dsmall;                   /* (B,T,C) dln, datty */
+    float *dqkv;                     /* (B,T,W) */
+    float *dgu, *dhid;               /* (B,T,2F), (B,T,F) */
+    float *dlosses;                  /* (B,T) */
+    float *dloss_host;               /* host, (B,T) */
+
+    /* Incremental decoding: a buffer of the caller's (decode_start). */
+    uint32_t dec_n, dec_len;
+    float *kcache, *vcache;          /* (L,n,T,KVH·HS) */
+    float *dec_att;                  /* (n,NH,T) */
+    int32_t *dec_pos;                /* (n) this step's position, for RoPE */
+    int32_t *dec_pos_host;
+} llama;
+
+static llama *LL(const model *m) { return (llama *)m->impl; }
+
+/* ---- rotary frequencies --------------------------------------------------------------
+ * inv_freq[i] = theta^(-2i/HS); with Llama 3 scaling, as transformers'
+ * _compute_llama3_parameters: wavelengths 2π/inv_freq above
+ * rope_context/low_freq are slowed by `factor`, those below
+ * rope_context/high_freq kept, and the band between blended smoothly. */
+static void rope_frequencies(const llama *g, float *out)
+{
+    uint32_t half = g->HS / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow(g->theta, (double)(2 * i) / g->HS);
+        if (g->scaling == JOBCFG_ROPE_LLAMA3) {
+            double wavelen = 2 * M_PI / f;
+            double low_wavelen = g->rope_context / g->low_freq, high_wavelen = g->rope_context / g->high_freq;
+            if (wavelen > low_wavelen) {
+                f /= g->factor;
+            } else if (wavelen >= high_wavelen) {
+                double s = (g->rope_context / wavelen - g->low_freq) / (g->high_freq - g->low_freq);
+                f = (1 - s) * f / g->factor + s * f;
+            }
+        }
+        out[i] = (float)f;
+    }
+}
+
+/* ---- activation layout ------------------------------------------------------------ */
+
+#define LLAMA_BUFFERS 25 /* carve()'s buffers: each may add up to ALIGN bytes */
+
+static size_t carve(llama *g, char *base, uint32_t n)
+{
+    size_t BT = (size_t)n * g->T, C = g->C, L = g->L, W = g->W, F = g->F, V = g->V;
+    size_t off = 0;
+#define TAKE(ptr, count)                                               \
+    do {                                                               \
+        if (base)                                                      \
+            g->ptr = (float *)(base + off);                            \
+        off += ((count) * sizeof(float) + ALIGN - 1) / ALIGN * ALIGN;  \
+    } while (0)
+    TAKE(inv_freq, g->HS / 2);
+    TAKE(encoded, BT * C);
+    TAKE(ln1, L * BT * C);
+    TAKE(ln1_rstd, L * BT);
+    TAKE(qkv, L * BT * W);
+    TAKE(atty, L * BT * C);
+    TAKE(att_lse, L * n * g->NH * g->T);
+    TAKE(residual2, L * BT * C);
+    TAKE(ln2, L * BT * C);
+    TAKE(ln2_rstd, L * BT);
+    TAKE(gu, L * BT * 2 * F);
+    TAKE(hid, L * BT * F);
+    TAKE(residual3, L * BT * C);
+    TAKE(lnf, BT * C);
+    TAKE(lnf_rstd, BT);
+    TAKE(logits, BT * V);
+    TAKE(lse, BT);
+    TAKE(losses, BT);
+    TAKE(proj, BT * C);
+    TAKE(dres, BT * C);
+    TAKE(dsmall, BT * C);
+    TAKE(dqkv, BT * W);
+    TAKE(dgu, BT * 2 * F);
+    TAKE(dhid, BT * F);
+    TAKE(dlosses, BT);
+#undef TAKE
+    return off;
+}
+
+static uint32_t llama_units(const model *m)
+{
+    return LL(m)->T;
+}
+
+static void llama_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
+{
+    llama *g = LL(m);
+    model_activation_split(carve(g, NULL, 1), carve(g, NULL, 2), LLAMA_BUFFERS, ALIGN, fixed, per_sample);
+}
+
+static void llama_bind(model *m, void *mem, uint32_t n)
+{
+    llama *g = LL(m);
+    carve(g, mem, n);
+    g->n = n;
+    m->max_n = n;
+    free(g->dloss_host);
+    g->dloss_host = malloc((size_t)n * g->T * sizeof(float));
+    m->k->copy_h2d(m->kc, g->inv_freq, g->inv_freq_host, g->HS / 2 * sizeof(float));
+    g->dec_n = 0;
+    g->dec_len = 0;
+}
+
+/* ---- parameters ---------------------------------------------------------------------- */
+
+/* Llama's: N(0, 0.02) for every matrix and the embedding, unit norms. */
+static void llama_init(const model *m, float *params, uint64_t seed)
+{
+    for (int t = 0; t < m->ntensors; t++) {
+        const model_tensor *mt = &m->tensors[t];
+        float *p = params + mt->offset;
+        if (mt->ndim == 1) {
+            for (size_t i = 0; i < mt->numel; i++)
+                p[i] = 1.0f;
+        } else {
+            for (size_t i = 0; i < mt->numel; i++)
+                p[i] = 0.02f * model_rand_normal(seed, mt->offset + i);
+        }
+    }
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+/* Up to the logits, for B sequences of T <= g->T tokens (T < g->T: the
+ * buffers hold the smaller tensors packed, for sampling).  pos, start
+ * (B,T) or NULL: model_batch's. */
+static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const int32_t *start, int B, int T)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F, W = (int)g->W;
+    int BT = B * T;
+    size_t BTC = (size_t)BT * C;
+    const float *P = m->params;
+    float eps = (float)g->norm_eps;
+
+    k->encoder_forward(kc, g->encoded, inp, P + g->embed, NULL, B, T, C);
+    for (uint32_t l = 0; l < g->L; l++) {
+        if (model_poll(m))
+            return;
+        const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
+        float *ln1 = g->ln1 + l * BTC, *ln1_rstd = g->ln1_rstd + (size_t)l * BT;
+        float *qkv = g->qkv + l * (size_t)BT * W, *atty = g->atty + l * BTC;
+        float *lse = g->att_lse + (size_t)l * B * NH * T, *res2 = g->residual2 + l * BTC;
+        float *ln2 = g->ln2 + l * BTC, *ln2_rstd = g->ln2_rstd + (size_t)l * BT;
+        float *gu = g->gu + l * (size_t)BT * 2 * F, *hid = g->hid + l * (size_t)BT * F;
+        float *res3 = g->residual3 + l * BTC;
+        const llama_layer *w = &g->layer[l];
+
+        k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, P + w->ln1w, BT, C, eps);
+        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, NULL, BT, C, W);
+        k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
+        k->attention_gqa_forward(kc, atty, lse, qkv, start, B, T, NH, KVH, HS);
+        k->matmul_forward(kc, g->proj, atty, P + w->ow, NULL, BT, C, C);
+        k->residual_forward(kc, res2, residual, g->proj, BTC);
+        k->rmsnorm_forward(kc, ln2, ln2_rstd, res2, P + w->ln2w, BT, C, eps);
+        k->matmul_forward(kc, gu, ln2, P + w->guw, NULL, BT, C, 2 * F);
+        k->swiglu_forward(kc, hid, gu, BT, F);
+        k->matmul_forward(kc, g->proj, hid, P + w->downw, NULL, BT, F, C);
+        k->residual_forward(kc, res3, res2, g->proj, BTC);
+    }
+    if (model_poll(m)) /* the output layer is the widest GEMM */
+        return;
+    const float *last = g->residual3 + (g->L - 1) * BTC;
+    k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, last, P + g->normw, BT, C, eps);
+    k->matmul_forward(kc, g->logits, g->lnf, P + g->head, NULL, BT, C, (int)g->V);
+}
+
+static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
+{
+    llama *g = LL(m);
+    int B = (int)b->n, T = (int)g->T;
+    size_t BT = (size_t)B * T;
+    if (correct)
+        *correct = 0;
+    llama_body(m, b->x, b->pos, b->start, B, T);
+    if (m->stopped)
+        return 0;
+    m->k->crossentropy_forward(m->kc, g->losses, g->lse, g->logits, b->y, (int)BT, (int)g->V, (int)g->V);
+    return model_sum_losses(m, g->losses, g->dloss_host, BT);
+}
+
+static int llama_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
+{
+    llama *g = LL(m);
+    if (n == 0 || n > g->n || len == 0 || len > g->T)
+        return -1;
+    llama_body(m, tokens, NULL, NULL, (int)n, (int)len);
+    for (uint32_t s = 0; s < n; s++)
+        m->k->copy_d2h(m->kc, out + (size_t)s * g->V, g->logits + ((size_t)s * len + len - 1) * g->V,
+                       g->V * sizeof(float));
+    return 0;
+}
+
+/* ---- incremental decoding ---------------------------------------------------------------- */
+
+/* Keys and values of layer l, sequence b, position t at
+ * kcache[((l·n + b)·T + t)·KVH·HS]: each layer's cache is the
+ * (B,Tmax,KVH·HS) attention_gqa_decode reads. */
+static size_t carve_decode(llama *g, char *base, uint32_t n)
+{
+    size_t cache = (size_t)g->L * n * g->T * g->KVH * g->HS * sizeof(float);
+    size_t att = (size_t)n * g->NH * g->T * sizeof(float);
+    cache = (cache + ALIGN - 1) / ALIGN * ALIGN;
+    att = (att + ALIGN - 1) / ALIGN * ALIGN;
+    if (base) {
+        g->kcache = (float *)base;
+        g->vcache = (float *)(base + cache);
+        g->dec_att = (float *)(base + 2 * cache);
+        g->dec_pos = (int32_t *)(base + 2 * cache + att);
+    }
+    return 2 * cache + att + ((size_t)n * sizeof(int32_t) + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+static size_t llama_decode_bytes(const model *m, uint32_t n)
+{
+    return carve_decode(LL(m), NULL, n);
+}
+
+static int llama_decode_start(model *m, void *mem, uint32_t n)
+{
+    llama *g = LL(m);
+    g->dec_n = 0;
+    g->dec_len = 0;
+    if (!mem || n == 0 || n > g->n || !m->k || !m->k->attention_gqa_decode)
+        return -1;
+    int32_t *host = realloc(g->dec_pos_host, n * sizeof *host);
+    if (!host)
+        return -1;
+    g->dec_pos_host = host;
+    carve_decode(g, mem, n);
+    g->dec_n = n;
+    return 0;
+}
+
+/* Position pos of each of the dec_n sequences through the whole model: the
+ * layers of llama_body with B = n, T = 1 (a prefix of the activation
+ * buffers), RoPE at pos, and attention over the cache. */
+static int llama_decode_step(model *m, const int32_t *tokens, uint32_t pos, float *out)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    if (!g->dec_n || g->dec_n > g->n || pos >= g->T || pos > g->dec_len)
+        return -1;
+    int n = (int)g->dec_n, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F;
+    int W = (int)g->W, T = (int)g->T;
+    size_t nC = (size_t)n * C, cache_l = (size_t)n * T * KVH * HS;
+    const float *P = m->params;
+    float eps = (float)g->norm_eps;
+
+    for (int i = 0; i < n; i++)
+        g->dec_pos_host[i] = (int32_t)pos;
+    k->copy_h2d(kc, g->dec_pos, g->dec_pos_host, (size_t)n * sizeof(int32_t));
+    k->encoder_forward(kc, g->encoded, tokens, P + g->embed, NULL, n, 1, C);
+    const float *residual = g->encoded;
+    for (uint32_t l = 0; l < g->L; l++) {
+        const llama_layer *w = &g->layer[l];
+        float *res2 = g->residual2, *res3 = g->residual3 + (l % 2) * nC;
+        k->rmsnorm_forward(kc, g->ln1, g->ln1_rstd, residual, P + w->ln1w, n, C, eps);
+        k->matmul_forward(kc, g->qkv, g->ln1, P + w->qkvw, NULL, n, C, W);
+        k->rope_forward(kc, g->qkv, g->inv_freq, g->dec_pos, n, 1, NH + KVH, HS, W);
+        k->attention_gqa_decode(kc, g->atty, g->dec_att, g->kcache + l * cache_l, g->vcache + l * cache_l, g->qkv,
+                                n, (int)pos + 1, T, NH, KVH, HS);
+        k->matmul_forward(kc, g->proj, g->atty, P + w->ow, NULL, n, C, C);
+        k->residual_forward(kc, res2, residual, g->proj, nC);
+        k->rmsnorm_forward(kc, g->ln2, g->ln2_rstd, res2, P + w->ln2w, n, C, eps);
+        k->matmul_forward(kc, g->gu, g->ln2, P + w->guw, NULL, n, C, 2 * F);
+        k->swiglu_forward(kc, g->hid, g->gu, n, F);
+        k->matmul_forward(kc, g->proj, g->hid, P + w->downw, NULL, n, F, C);
+        k->residual_forward(kc, res3, res2, g->proj, nC);
+        residual = res3;
+    }
+    k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, residual, P + g->normw, n, C, eps);
+    k->matmul_forward(kc, g->logits, g->lnf, P + g->head, NULL, n, C, (int)g->V);
+    k->copy_d2h(kc, out, g->logits, (size_t)n * g->V * sizeof(float));
+    g->dec_len = pos + 1;
+    return 0;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+static void llama_backward(model *m, const model_batch *b, float dloss)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS;
+    int F = (int)g->F, W = (int)g->W, V = (int)g->V, BT = B * T;
+    size_t BTC = (size_t)BT * C;
+    const float *P = m->params;
+    float *D = m->grads;
+
+    /* Every token's loss weighted by dloss; the cross-entropy backward
+     * writes dlogits over the logits (their last reader) and zeroes the
+     * rows of ignored targets. */
+    for (int i = 0; i < BT; i++)
+        g->dloss_host[i] = dloss;
+    k->copy_h2d(kc, g->dlosses, g->dloss_host, (size_t)BT * sizeof(float));
+    k->crossentropy_backward(kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
+    if (model_poll(m))
+        return;
+    k->matmul_backward(kc, g->dsmall, D + g->head, NULL, g->logits, g->lnf, P + g->head, BT, C, V);
+    k->zero(kc, g->dres, BTC);
+    const float *last = g->residual3 + (g->L - 1) * BTC;
+    k->rmsnorm_backward(kc, g->dres, D + g->normw, g->dsmall, last, P + g->normw, g->lnf_rstd, BT, C);
+
+    for (int l = (int)g->L - 1; l >= 0; l--) {
+        if (model_poll(m))
+            return;
+        const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
+        const float *ln1 = g->ln1 + l * BTC, *ln1_rstd = g->ln1_rstd + (size_t)l * BT;
+        const float *qkv = g->qkv + (size_t)l * BT * W, *atty = g->atty + l * BTC;
+        const float *lse = g->att_lse + (size_t)l * B * NH * T, *res2 = g->residual2 + l * BTC;
+        const float *ln2 = g->ln2 + l * BTC, *ln2_rstd = g->ln2_rstd + (size_t)l * BT;
+        const float *gu = g->gu + (size_t)l * BT * 2 * F, *hid = g->hid + (size_t)l * BT * F;
+        const llama_layer *w = &g->layer[l];
+
+        /* residual3 = residual2 + down(swiglu(gate_up(ln2))) */
+        k->matmul_backward(kc, g->dhid, D + w->downw, NULL, g->dres, hid, P + w->downw, BT, F, C);
+        k->swiglu_backward(kc, g->dgu, gu, g->dhid, BT, F);
+        k->matmul_backward(kc, g->dsmall, D + w->guw, NULL, g->dgu, ln2, P + w->guw, BT, C, 2 * F);
+        k->rmsnorm_backward(kc, g->dres, D + w->ln2w, g->dsmall, res2, P + w->ln2w, ln2_rstd, BT, C);
+
+        /* residual2 = residual + o(attention(rope(qkv(ln1)))) */
+        k->matmul_backward(kc, g->dsmall, D + w->ow, NULL, g->dres, atty, P + w->ow, BT, C, C);
+        k->attention_gqa_backward(kc, g->dqkv, g->dsmall, atty, lse, qkv, b->start, B, T, NH, KVH, HS);
+        k->rope_backward(kc, g->dqkv, g->inv_freq, b->pos, BT, T, NH + KVH, HS, W);
+        k->matmul_backward(kc, g->dsmall, D + w->qkvw, NULL, g->dqkv, ln1, P + w->qkvw, BT, C, W);
+        k->rmsnorm_backward(kc, g->dres, D + w->ln1w, g->dsmall, residual, P + w->ln1w, ln1_rstd, BT, C);
+    }
+    k->encoder_backward(kc, D + g->embed, NULL, g->dres, b->x, B, T, C);
+}
+
+static double llama_forward_backward(model *m, const model_batch *b, float dloss)
+{
+    double sum = llama_forward(m, b, NULL);
+    if (!m->stopped)
+        llama_backward(m, b, dloss);
+    return sum;
+}
+
+static void llama_destroy(model *m)
+{
+    llama *g = LL(m);
+    if (!g)
+        return;
+    free(g->layer);
+    free(g->inv_freq_host);
+    free(g->dloss_host);
+    free(g->dec_pos_host);
+    free(g);
+    m->impl = NULL;
+}
+
+static const model_ops llama_ops = {
+    .units_per_sample = llama_units,
+    .activation_bytes = llama_activation_bytes,
+    .bind_activations = llama_bind,
+    .init_params = llama_init,
+    .forward = llama_forward,
+    .forward_logits = llama_forward_logits,
+    .decode_bytes = llama_decode_bytes,
+    .decode_start = llama_decode_start,
+    .decode_step = llama_decode_step,
+    .backward = llama_backward,
+    .forward_backward = llama_forward_backward,
+    .destroy = llama_destroy,
+};
+
+/* ---- shapes --------------------------------------------------------------------------- */
+
+/* [model] mlp_width 0: Llama's own rule, 8/3 of the width rounded up to a
+ * multiple of 256 (width 4096 gives Llama 2 7B's 11008). */
+static uint32_t mlp_width_of(const job_config *j)
+{
+    if (j->mlp_width)
+        return j->mlp_width;
+    uint64_t f = (8ull * j->width + 2) / 3;
+    return (uint32_t)((f + 255) / 256 * 256);
+}
+
+static uint32_t kv_heads_of(const job_config *j)
+{
+    return j->kv_heads ? j->kv_heads : j->heads;
+}
+
+/* Why the shape cannot be built, or NULL. */
+static const char *shape_problem(const job_config *j, const char **key)
+{
+    uint32_t kvh = kv_heads_of(j);
+    *key = "heads";
+    if (j->heads == 0 || j->width % j->heads)
+        return "must divide [model] width";
+    *key = "kv_heads";
+    if (kvh == 0 || j->heads % kvh)
+        return "must divide [model] heads";
+    *key = "width";
+    if ((j->width / j->heads) % 2)
+        return "a head (width / heads) must have an even size for rotary embeddings";
+    *key = "rope_high_freq";
+    if (j->rope_scaling == JOBCFG_ROPE_LLAMA3 && !(j->rope_high_freq > j->rope_low_freq))
+        return "must be above [model] rope_low_freq";
+    return NULL;
+}
+
+/* Every depth a job file may ask for has its tensors: 9 per block, 3 more. */
+_Static_assert(9 * JOBCFG_MAX_LAYERS + 3 <= MODEL_MAX_TENSORS, "MODEL_MAX_TENSORS below [model] layers' range");
+
+static int llama_create(const job_config *j, uint32_t input_dim, uint32_t classes, model *m, char *err,
+                        size_t err_len)
+{
+    (void)input_dim;
+    (void)classes;
+    const char *key, *why = shape_problem(j, &key);
+    if (why) {
+        snprintf(err, err_len, "llama: %s: %s", key, why);
+        return -1;
+    }
+    if (9 * (size_t)j->layers + 3 > MODEL_MAX_TENSORS) {
+        snprintf(err, err_len, "llama: %u layers are more than this build supports", j->layers);
+        return -1;
+    }
+    const kern_ops *k = m->k;
+    if (k && !(k->rmsnorm_forward && k->rmsnorm_backward && k->rope_forward && k->rope_backward &&
+               k->swiglu_forward && k->swiglu_backward && k->attention_gqa_forward && k->attention_gqa_backward)) {
+        snprintf(err, err_len, "llama: the %s kernels have no Llama layers", k->name);
+        return -1;
+    }
+    llama *g = calloc(1, sizeof *g);
+    if (g) {
+        g->layer = calloc(j->layers, sizeof *g->layer);
+        g->inv_freq_host = malloc(j->width / j->heads / 2 * sizeof(float));
+    }
+    if (!g || !g->layer || !g->inv_freq_host) {
+        if (g)
+            free(g->layer);
+        free(g);
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    g->L = j->layers;
+    g->C = j->width;
+    g->NH = j->heads;
+    g->KVH = kv_heads_of(j);
+    g->HS = j->width / j->heads;
+    g->F = mlp_width_of(j);
+    g->T = j->context;
+    g->V = j->vocab;
+    g->W = (g->NH + 2 * g->KVH) * g->HS;
+    g->theta = j->rope_theta;
+    g->norm_eps = j->norm_eps;
+    g->scaling = j->rope_scaling;
+    g->factor = j->rope_factor;
+    g->low_freq = j->rope_low_freq;
+    g->high_freq = j->rope_high_freq;
+    g->rope_context = j->rope_context;
+    g->tied = j->tie_embeddings;
+    rope_frequencies(g, g->inv_freq_host);
+    if (k && k->attention_gqa_ok && !k->attention_gqa_ok(m->kc, (int)g->NH, (int)g->KVH, (int)g->HS)) {
+        snprintf(err, err_len, "llama: the %s kernels have no attention for %u heads of %u over %u key/value heads",
+                 k->name, g->NH, g->HS, g->KVH);
+        free(g->layer), free(g->inv_freq_host), free(g);
+        return -1;
+    }
+    m->impl = g;
+    m->ops = &llama_ops;
+
+    size_t C = g->C, KC = (size_t)g->KVH * g->HS, F = g->F;
+    char name[64];
+#define ADD(field, nm, nd, d0, d1)                                   \
+    do {                                                             \
+        size_t shape[2] = {(d0), (d1)};                              \
+        field = m->num_params;                                       \
+        model_add_tensor(m, nm, nd, shape, (nd) == 2, false);        \
+    } while (0)
+    ADD(g->embed, "model.embed_tokens.weight", 2, g->V, C);
+    for (uint32_t l = 0; l < g->L; l++) {
+        llama_layer *w = &g->layer[l];
+        size_t unused;
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%u." suffix, l), name)
+        ADD(w->ln1w, NAME("input_layernorm.weight"), 1, C, 0);
+        ADD(w->qkvw, NAME("self_attn.q_proj.weight"), 2, C, C);
+        ADD(unused, NAME("self_attn.k_proj.weight"), 2, KC, C);
+        ADD(unused, NAME("self_attn.v_proj.weight"), 2, KC, C);
+        ADD(w->ow, NAME("self_attn.o_proj.weight"), 2, C, C);
+        ADD(w->ln2w, NAME("post_attention_layernorm.weight"), 1, C, 0);
+        ADD(w->guw, NAME("mlp.gate_proj.weight"), 2, F, C);
+        ADD(unused, NAME("mlp.up_proj.weight"), 2, F, C);
+        ADD(w->downw, NAME("mlp.down_proj.weight"), 2, C, F);
+        (void)unused;
+#undef NAME
+    }
+    ADD(g->normw, "model.norm.weight", 1, C, 0);
+    if (g->tied)
+        g->head = g->embed;
+    else
+        ADD(g->head, "lm_head.weight", 2, g->V, C);
+#undef ADD
+    return 0;
+}
+
+/* ---- the describe line ------------------------------------------------------------------
+ * "llama layers=.. heads=.. kv_heads=.. width=.. mlp_width=.. context=..
+ * vocab=.. norm_eps=.. rope_theta=.. [rope_llama3=FACTOR,LOW,HIGH,CONTEXT]
+ * tie_embeddings=on|off": the job file's keys, Llama 3 scaling's four in
+ * one word (the line must fit a checkpoint's 256-byte signature), numbers
+ * in the fewest digits that read back as the same double. */
+
+static void fmt_double(char *buf, size_t len, double v)
+{
+    if (v == floor(v) && fabs(v) < 1e15) { /* 500000, not 5e+05 */
+        snprintf(buf, len, "%.0f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+static void llama_describe(const model *m, char *buf, size_t len)
+{
+    const llama *g = LL(m);
+    char eps[32], theta[32], fac[32], lo[32], hi[32], rope[160] = "";
+    fmt_double(eps, sizeof eps, g->norm_eps);
+    fmt_double(theta, sizeof theta, g->theta);
+    if (g->scaling == JOBCFG_ROPE_LLAMA3) {
+        fmt_double(fac, sizeof fac, g->factor);
+        fmt_double(lo, sizeof lo, g->low_freq);
+        fmt_double(hi, sizeof hi, g->high_freq);
+        snprintf(rope, sizeof rope, " rope_llama3=%s,%s,%s,%u", fac, lo, hi, g->rope_context);
+    }
+    snprintf(buf, len,
+             "llama layers=%u heads=%u kv_heads=%u width=%u mlp_width=%u context=%u vocab=%u norm_eps=%s "
+             "rope_theta=%s%s tie_embeddings=%s",
+             g->L, g->NH, g->KVH, g->C, g->F, g->T, g->V, eps, theta, rope, g->tied ? "on" : "off");
+}
+
+typedef enum { LK_U32, LK_DOUBLE, LK_LLAMA3, LK_BOOL } llama_key_type;
+
+typedef struct {
+    const char *key;
+    llama_key_type type;
+    size_t field;  /* offset in job_config */
+    double lo, hi; /* the job file's range */
+} llama_key;
+
+#define JF(f) offsetof(job_config, f)
+static const llama_key line_keys[] = {
+    {"layers", LK_U32, JF(layers), 1, JOBCFG_MAX_LAYERS},
+    {"heads", LK_U32, JF(heads), 1, 128},
+    {"kv_heads", LK_U32, JF(kv_heads), 1, 128},
+    {"width", LK_U32, JF(width), 1, 16384},
+    {"mlp_width", LK_U32, JF(mlp_width), 1, 1 << 18},
+    {"context", LK_U32, JF(context), 2, 65536},
+    {"vocab", LK_U32, JF(vocab), 2, JOBCFG_MAX_VOCAB},
+    {"norm_eps", LK_DOUBLE, JF(norm_eps), 1e-12, 1},
+    {"rope_theta", LK_DOUBLE, JF(rope_theta), 1, 1e12},
+    {"rope_llama3", LK_LLAMA3, 0, 0, 0},
+    {"tie_embeddings", LK_BOOL, JF(tie_embeddings), 0, 0},
+};
+#undef JF
+#define NLINE_KEYS (sizeof line_keys / sizeof line_keys[0])
+
+static bool parse_u32(const char *s, double lo, double hi, uint32_t *out)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (*end || s[0] < '0' || s[0] > '9' || v < lo || v > hi)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+static bool parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (*end || end == s || !(v >= lo && v <= hi))
+        return false;
+    *out = v;
+    return true;
+}
+
+/* "FACTOR,LOW,HIGH,CONTEXT" in the job file's ranges. */
+static bool parse_llama3(char *s, job_config *j)
+{
+    char *part[4];
+    for (int i = 0; i < 4; i++) {
+        part[i] = s;
+        s += strcspn(s, ",");
+        if ((*s == ',') != (i < 3))
+            return false;
+        *s++ = '\0';
+    }
+    j->rope_scaling = JOBCFG_ROPE_LLAMA3;
+    return parse_double(part[0], 1, 1e6, &j->rope_factor) && parse_double(part[1], 1e-6, 1e6, &j->rope_low_freq) &&
+           parse_double(part[2], 1e-6, 1e6, &j->rope_high_freq) && parse_u32(part[3], 1, 1 << 24, &j->rope_context);
+}
+
+/* One "key=value" word of a line into j; false when it is not one. */
+static bool parse_word(const char *word, size_t wlen, job_config *j, bool *seen)
+{
+    const char *eq = memchr(word, '=', wlen);
+    if (!eq)
+        return false;
+    size_t klen = (size_t)(eq - word), vlen = wlen - klen - 1;
+    char val[128];
+    if (vlen == 0 || vlen >= sizeof val)
+        return false;
+    memcpy(val, eq + 1, vlen);
+    val[vlen] = '\0';
+    for (size_t i = 0; i < NLINE_KEYS; i++) {
+        const llama_key *lk = &line_keys[i];
+        if (strlen(lk->key) != klen || strncmp(lk->key, word, klen) != 0)
+            continue;
+        if (seen[i])
+            return false;
+        seen[i] = true;
+        void *field = (char *)j + lk->field;
+        switch (lk->type) {
+        case LK_U32:
+            return parse_u32(val, lk->lo, lk->hi, field);
+        case LK_DOUBLE:
+            return parse_double(val, lk->lo, lk->hi, field);
+        case LK_LLAMA3:
+            return parse_llama3(val, j);
+        case LK_BOOL:
+            if (strcmp(val, "on") && strcmp(val, "off"))
+                return false;
+            *(bool *)field = strcmp(val, "on") == 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int llama_parse(const char *line, job_config *j, char *err, size_t err_len)
+{
+    job_config t = *j;
+    t.rope_scaling = JOBCFG_ROPE_NONE;
+    bool seen[NLINE_KEYS] = {false}, ok = strncmp(line, "llama ", 6) == 0;
+    for (const char *p = line + 5; ok && *p;) {
+        p += strspn(p, " ");
+        size_t wlen = strcspn(p, " ");
+        if (wlen)
+            ok = parse_word(p, wlen, &t, seen);
+        p += wlen;
+    }
+    for (size_t i = 0; ok && i < NLINE_KEYS; i++)
+        ok = seen[i] || line_keys[i].type == LK_LLAMA3;
+    const char *key;
+    if (!ok || shape_problem(&t, &key)) {
+        snprintf(err, err_len, "'%s' is not a llama model line gradd can build (llama layers=N heads=N kv_heads=N "
+                 "width=N mlp_width=N context=N vocab=N norm_eps=X rope_theta=X [rope_llama3=X,X,X,N] "
+                 "tie_embeddings=on|off)", line);
+        return -1;
+    }
+    *j = t;
+    return 0;
+}
+
+/* ---- job files ------------------------------------------------------------------------ */
+
+static int llama_check_job(const job_config *j, char *err, size_t err_len)
+{
+    const char *key, *why = shape_problem(j, &key);
+    if (why)
+        return model_job_error(j, "model", key, why, err, err_len);
+    if (j->format == JOBCFG_DATA_IDX || j->format == JOBCFG_DATA_NPY)
+        return model_job_error(j, "data", "format", "images train an mlp, not a llama", err, err_len);
+    return 0;
+}
+
+/* The [model] keys only a llama reads: another kind refuses a file that
+ * sets one, rather than train a model other than the one the file
+ * describes (registry.c). */
+int model_llama_keys_refuse(const job_config *j, const model_kind *kind, char *err, size_t err_len)
+{
+    static const char *const keys[] = {"kv_heads",      "mlp_width",      "rope_theta",   "rope_scaling",
+                                       "rope_factor",   "rope_low_freq",  "rope_high_freq", "rope_context",
+                                       "norm_eps",      "tie_embeddings"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (jobcfg_key_line(j, "model", keys[i])) {
+            char why[96];
+            snprintf(why, sizeof why, "is a llama key; %s has none", kind->a_name);
+            return model_job_error(j, "model", keys[i], why, err, err_len);
+        }
+    return 0;
+}
+
+/* model_llama_hf.c: config.json in and out. */
+int model_llama_hf_read(const void *config, job_config *j, char *err, size_t err_len);
+void *model_llama_hf_config(const model *m);
+bool model_llama_hf_ignore(const model *m, const char *name);
+
+const model_kind model_kind_llama = {
+    .name = "llama",
+    .a_name = "a llama",
+    .unit = "tok",
+    .units = "tokens",
+    .data = MODEL_DATA_TOKENS,
+    .packs = true,
+    .generates = true,
+    .check_job = llama_check_job,
+    .create = llama_create,
+    .describe = llama_describe,
+    .parse = llama_parse,
+    .hf_type = "llama",
+    .hf_read = model_llama_hf_read,
+    .hf_config = model_llama_hf_config,
+    .hf_ignore = model_llama_hf_ignore,
+};
