@@ -2,9 +2,11 @@
  * simulated cpu device: the step's loss is the mean over the labelled
  * targets of its whole batch (checked against the model's own logits,
  * position by position), the same for any split into micro-batches
- * (8, 4+4, 1×8: loss, validation loss and parameters), a resumed run
- * replays the uninterrupted one bitwise, and a bad line fails the job
- * naming the file and the line before anything is written. */
+ * (8, 4+4, 1×8: loss, validation loss and parameters), the same with
+ * samples packed several to a row as one to a row (a llama, which keeps
+ * them apart), a resumed run replays the uninterrupted one bitwise, and a
+ * bad line fails the job naming the file and the line before anything is
+ * written. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -190,6 +192,52 @@ static void test_split_invariance(void **state)
     }
 }
 
+/* ---- packing: the same steps as one sample a row ------------------------------ */
+
+/* The samples are 5 to 16 tokens in rows of 16: packed, a micro-batch of
+ * 8 fills about half as many rows. */
+static void test_packing_invariance(void **state)
+{
+    (void)state;
+    static const struct {
+        bool packing;
+        uint32_t micro;
+    } runs[] = {{false, 8}, {true, 8}, {true, 4}, {true, 1}};
+    char ref_dir[128] = "";
+    double ref_loss[4] = {0}, ref_val = 0;
+    for (size_t i = 0; i < 4; i++) {
+        job_config j;
+        train_result res;
+        fx_stopper rec = {0};
+        train_hooks h = {.on_step = fx_record, .user = &rec};
+        char name[32];
+        snprintf(name, sizeof name, "llama%s%u", runs[i].packing ? "packed" : "padded", runs[i].micro);
+        tiny_sft(&j, name, runs[i].micro, 3);
+        snprintf(j.model, sizeof j.model, "llama");
+        j.heads = 4;
+        j.kv_heads = 2;
+        j.mlp_width = 64;
+        j.packing = runs[i].packing;
+        run_ok(&j, &res, &h);
+        if (!ref_dir[0]) {
+            snprintf(ref_dir, sizeof ref_dir, "%s", j.out_dir);
+            memcpy(ref_loss, rec.losses, sizeof ref_loss);
+            ref_val = res.val_loss;
+            assert_true(isfinite(ref_val) && ref_val > 0);
+            continue;
+        }
+        for (int s = 1; s <= 3; s++)
+            if (fabs(rec.losses[s] - ref_loss[s]) > 1e-5 * ref_loss[s])
+                fail_msg("%s step %d: loss %.9g, padded: %.9g", name, s, rec.losses[s], ref_loss[s]);
+        if (fabs(res.val_loss - ref_val) > 1e-5 * ref_val)
+            fail_msg("%s: val loss %.9g, padded: %.9g", name, res.val_loss, ref_val);
+        char which[64] = "";
+        double worst = fx_worst_tensor_diff(j.out_dir, ref_dir, which, sizeof which);
+        if (worst > 1e-5)
+            fail_msg("%s differs from padded by relative %.3g in %s", name, worst, which);
+    }
+}
+
 /* ---- resume, and a bad line ----------------------------------------------------- */
 
 static void test_resume_bitwise(void **state)
@@ -232,6 +280,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_over_labelled_tokens),
         cmocka_unit_test(test_split_invariance),
+        cmocka_unit_test(test_packing_invariance),
         cmocka_unit_test(test_resume_bitwise),
         cmocka_unit_test(test_bad_line_fails_the_job),
     };
