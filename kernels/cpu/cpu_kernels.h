@@ -168,6 +168,25 @@ void kcpu_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t 
 void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
 void kcpu_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 
+/* llama.c */
+void kcpu_rmsnorm_forward(kern_ctx *k, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                          float eps);
+void kcpu_rmsnorm_backward(kern_ctx *k, float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+void kcpu_rope_forward(kern_ctx *k, float *x, const float *inv_freq, const int32_t *pos, int N, int T, int NHR, int HS,
+                       int stride);
+void kcpu_rope_backward(kern_ctx *k, float *dx, const float *inv_freq, const int32_t *pos, int N, int T, int NHR,
+                        int HS, int stride);
+void kcpu_swiglu_forward(kern_ctx *k, float *out, const float *gu, int N, int F);
+void kcpu_swiglu_backward(kern_ctx *k, float *dgu, const float *gu, const float *dout, int N, int F);
+bool kcpu_attention_gqa_ok(kern_ctx *k, int NH, int KVH, int HS);
+void kcpu_attention_gqa_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B,
+                                int T, int NH, int KVH, int HS);
+void kcpu_attention_gqa_backward(kern_ctx *k, float *dqkv, const float *dout, const float *out, const float *lse,
+                                 const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS);
+void kcpu_attention_gqa_decode(kern_ctx *k, float *out, float *att, float *kcache, float *vcache, const float *qkv,
+                               int B, int Tc, int Tmax, int NH, int KVH, int HS);
+
 /* lowp.c */
 void kcpu_layernorm_forward16(kern_ctx *k, uint16_t *out16, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);

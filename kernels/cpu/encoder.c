@@ -1,4 +1,5 @@
-/* encoder.c — token + position embedding. */
+/* encoder.c — token + position embedding (or the token embedding alone,
+ * wpe NULL, for models whose positions are rotary). */
 #include <omp.h>
 
 #include "cpu_kernels.h"
@@ -17,6 +18,10 @@ void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const flo
         for (size_t bt = lo; bt < hi; bt++) {
             float *restrict o = out + bt * C;
             const float *restrict we = wte + (size_t)inp[bt] * C;
+            if (!wpe) {
+                memcpy(o, we, (size_t)C * sizeof *o);
+                continue;
+            }
             const float *restrict wp = wpe + (bt % (size_t)T) * C;
 #pragma omp simd
             for (int i = 0; i < C; i++)
@@ -26,7 +31,7 @@ void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const flo
 }
 
 /* ---- backward ---------------------------------------------------------------------
- * dout (B,T,C), inp (B,T) -> dwte (V,C) +=, dwpe (maxT,C) +=.
+ * dout (B,T,C), inp (B,T) -> dwte (V,C) +=, dwpe (maxT,C) += (dwpe NULL: none).
  * A token may repeat, so rows of dwte collide: threads split the channels
  * instead, and each walks all positions in order — no races, and the sums
  * do not depend on the thread count. */
@@ -42,6 +47,12 @@ void kcpu_encoder_backward(kern_ctx *k, float *dwte, float *dwpe, const float *d
         for (size_t bt = 0; bt < rows && hi > lo; bt++) {
             const float *restrict g = dout + bt * C;
             float *restrict we = dwte + (size_t)inp[bt] * C;
+            if (!dwpe) {
+#pragma omp simd
+                for (size_t i = lo; i < hi; i++)
+                    we[i] += g[i];
+                continue;
+            }
             float *restrict wp = dwpe + (bt % (size_t)T) * C;
 #pragma omp simd
             for (size_t i = lo; i < hi; i++) {
