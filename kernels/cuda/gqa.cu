@@ -55,6 +55,68 @@ __device__ __forceinline__ int gq_first_key(const int32_t *start, size_t row0, i
     return -(int)kc_warp_max(s);
 }
 
+// dst[r][0..HS) = row r0 + r of src (ld floats apart), zeros past T, for
+// r < ROWS: the CTA stages a tile of rows into shared memory.
+template <int HS, int ROWS, int P>
+__device__ __forceinline__ void gq_stage(float (*dst)[P], const float *src, size_t ld, int r0, int T)
+{
+    for (int i = threadIdx.x; i < ROWS * HS; i += GQ_THREADS) {
+        const int r = i / HS, d = i % HS, t = r0 + r;
+        dst[r][d] = t < T ? src[(size_t)t * ld + d] : 0.0f;
+    }
+}
+
+// s[r] += a[r]·b over HS for the R rows of a: the lane's row b (a key's, a
+// query's) against the warp's rows, which every lane reads alike.
+template <int HS, int R, int PA, int PB>
+__device__ __forceinline__ void gq_dots(float (&s)[R], const float (*a)[PA], const float (&b)[PB])
+{
+    for (int d = 0; d < HS; d++) {
+        const float bd = b[d];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            s[r] += a[r][d] * bd;
+    }
+}
+
+// acc[r][e] += Σ_j w[r][j]·m[j][lane + 32e] over the GQ_BK rows of m: the
+// weights (probabilities, their gradients) of the warp's R rows, times a
+// tile, the lane owning the output elements lane, lane + 32, ...
+template <int E, int R, int P>
+__device__ __forceinline__ void gq_accum(float (&acc)[R][E], const float (*w)[GQ_BK], const float (*m)[P])
+{
+    const int lane = threadIdx.x & 31;
+    for (int j = 0; j < GQ_BK; j++) {
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            v[e] = m[j][lane + 32 * e];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[r][e] += w[r][j] * v[e];
+        }
+    }
+}
+
+// Row t0 + r of dst (ld floats apart) = v[r]·mul[r] for the warp's R rows
+// below T, the lane writing elements lane, lane + 32, ...
+template <int E, int R>
+__device__ __forceinline__ void gq_store(float *dst, size_t ld, int t0, int T, const float (&v)[R][E],
+                                         const float (&mul)[R])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (t0 + r >= T)
+            continue;
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            dst[(size_t)(t0 + r) * ld + lane + 32 * e] = v[r][e] * mul[r];
+    }
+}
+
 // ---- forward --------------------------------------------------------------------------
 // out (B,T,NH·HS), lse (B,NH,T).  CTA (query block, b·NH + h).
 template <int HS>
@@ -75,10 +137,7 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_forward_kernel(float *__restri
     const size_t row0 = (size_t)b * T;
     const float *base = qkv + row0 * W;
 
-    for (int i = threadIdx.x; i < BQ * HS; i += GQ_THREADS) {
-        const int r = i / HS, d = i % HS, t = q0 + r;
-        Qs[r][d] = t < T ? base[(size_t)t * W + h * HS + d] : 0.0f;
-    }
+    gq_stage<HS, BQ>(Qs, base + h * HS, W, q0, T);
     int st[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -98,23 +157,11 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_forward_kernel(float *__restri
     const int kfirst = gq_first_key(start, row0, q0, q1);
     for (int k0 = kfirst / GQ_BK * GQ_BK; k0 < q1; k0 += GQ_BK) {
         __syncthreads(); // the previous tile's readers are done (and Qs is written, the first time)
-        for (int i = threadIdx.x; i < GQ_BK * HS; i += GQ_THREADS) {
-            const int j = i / HS, d = i % HS, key = k0 + j;
-            const float *kr = base + (size_t)key * W;
-            Ks[j][d] = key < T ? kr[(NH + g) * HS + d] : 0.0f;
-            Vs[j][d] = key < T ? kr[(NH + KVH + g) * HS + d] : 0.0f;
-        }
+        gq_stage<HS, GQ_BK>(Ks, base + (NH + g) * HS, W, k0, T);
+        gq_stage<HS, GQ_BK>(Vs, base + (NH + KVH + g) * HS, W, k0, T);
         __syncthreads();
-        float s[R];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            s[r] = 0.0f;
-        for (int d = 0; d < HS; d++) {
-            const float kd = Ks[lane][d];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                s[r] += Qs[warp * R + r][d] * kd;
-        }
+        float s[R] = {};
+        gq_dots<HS>(s, Qs + warp * R, Ks[lane]);
         const int key = k0 + lane;
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -133,34 +180,18 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_forward_kernel(float *__restri
             Ps[warp][r][lane] = p;
         }
         __syncwarp();
-        for (int j = 0; j < GQ_BK; j++) {
-            float v[E];
-#pragma unroll
-            for (int e = 0; e < E; e++)
-                v[e] = Vs[j][lane + 32 * e];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const float p = Ps[warp][r][j];
-#pragma unroll
-                for (int e = 0; e < E; e++)
-                    o[r][e] += p * v[e];
-            }
-        }
+        gq_accum(o, Ps[warp], Vs);
     }
 
+    float inv[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int t = q0 + warp * R + r;
-        if (t >= T)
-            continue;
-        float *dst = out + (row0 + t) * C + h * HS;
-        const float inv = 1.0f / l[r];
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            dst[lane + 32 * e] = o[r][e] * inv;
-        if (lane == 0)
+        inv[r] = 1.0f / l[r];
+        if (t < T && lane == 0)
             lse[(size_t)blockIdx.y * T + t] = m[r] + logf(l[r]);
     }
+    gq_store(out + row0 * C + h * HS, C, q0 + warp * R, T, o, inv);
 }
 
 // ---- backward ------------------------------------------------------------------------
@@ -212,11 +243,8 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_dq_kernel(float *__restrict__ 
     const size_t row0 = (size_t)b * T;
     const float *base = qkv + row0 * W;
 
-    for (int i = threadIdx.x; i < BQ * HS; i += GQ_THREADS) {
-        const int r = i / HS, d = i % HS, t = q0 + r;
-        Qs[r][d] = t < T ? base[(size_t)t * W + h * HS + d] : 0.0f;
-        Gs[r][d] = t < T ? dout[(row0 + t) * C + h * HS + d] : 0.0f;
-    }
+    gq_stage<HS, BQ>(Qs, base + h * HS, W, q0, T);
+    gq_stage<HS, BQ>(Gs, dout + row0 * C + h * HS, C, q0, T);
     int st[R];
     float ls[R], ds[R], dq[R][E];
 #pragma unroll
@@ -233,25 +261,12 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_dq_kernel(float *__restrict__ 
     const int kfirst = gq_first_key(start, row0, q0, q1);
     for (int k0 = kfirst / GQ_BK * GQ_BK; k0 < q1; k0 += GQ_BK) {
         __syncthreads();
-        for (int i = threadIdx.x; i < GQ_BK * HS; i += GQ_THREADS) {
-            const int j = i / HS, d = i % HS, key = k0 + j;
-            const float *kr = base + (size_t)key * W;
-            Ks[j][d] = key < T ? kr[(NH + g) * HS + d] : 0.0f;
-            Vs[j][d] = key < T ? kr[(NH + KVH + g) * HS + d] : 0.0f;
-        }
+        gq_stage<HS, GQ_BK>(Ks, base + (NH + g) * HS, W, k0, T);
+        gq_stage<HS, GQ_BK>(Vs, base + (NH + KVH + g) * HS, W, k0, T);
         __syncthreads();
-        float s[R], dp[R];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            s[r] = dp[r] = 0.0f;
-        for (int d = 0; d < HS; d++) {
-            const float kd = Ks[lane][d], vd = Vs[lane][d];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                s[r] += Qs[warp * R + r][d] * kd;
-                dp[r] += Gs[warp * R + r][d] * vd;
-            }
-        }
+        float s[R] = {}, dp[R] = {};
+        gq_dots<HS>(s, Qs + warp * R, Ks[lane]);
+        gq_dots<HS>(dp, Gs + warp * R, Vs[lane]);
         const int key = k0 + lane;
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -261,31 +276,14 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_dq_kernel(float *__restrict__ 
             Ps[warp][r][lane] = p * (dp[r] - ds[r]);
         }
         __syncwarp();
-        for (int j = 0; j < GQ_BK; j++) {
-            float kv[E];
-#pragma unroll
-            for (int e = 0; e < E; e++)
-                kv[e] = Ks[j][lane + 32 * e];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const float d = Ps[warp][r][j];
-#pragma unroll
-                for (int e = 0; e < E; e++)
-                    dq[r][e] += d * kv[e];
-            }
-        }
+        gq_accum(dq, Ps[warp], Ks);
     }
 
+    float sc[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int t = q0 + warp * R + r;
-        if (t >= T)
-            continue;
-        float *dst = dqkv + (row0 + t) * W + h * HS;
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            dst[lane + 32 * e] = dq[r][e] * scale;
-    }
+    for (int r = 0; r < R; r++)
+        sc[r] = scale;
+    gq_store(dqkv + row0 * W + h * HS, W, q0 + warp * R, T, dq, sc);
 }
 
 // dk = scale·Σ_t ds_tj·q_t, dv = Σ_t p_tj·dout_t over the group's query
@@ -314,18 +312,9 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_dkv_kernel(float *__restrict__
     const size_t row0 = (size_t)b * T;
     const float *base = qkv + row0 * W;
 
-    for (int i = threadIdx.x; i < BKV * HS; i += GQ_THREADS) {
-        const int j = i / HS, d = i % HS, key = k0 + j;
-        const float *kr = base + (size_t)key * W;
-        Kb[j][d] = key < T ? kr[(NH + g) * HS + d] : 0.0f;
-        Vb[j][d] = key < T ? kr[(NH + KVH + g) * HS + d] : 0.0f;
-    }
-    float dk[R][E], dv[R][E];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            dk[r][e] = dv[r][e] = 0.0f;
+    gq_stage<HS, BKV>(Kb, base + (NH + g) * HS, W, k0, T);
+    gq_stage<HS, BKV>(Vb, base + (NH + KVH + g) * HS, W, k0, T);
+    float dk[R][E] = {}, dv[R][E] = {};
 
     for (int h = g * group; h < (g + 1) * group; h++) {
         const size_t bh = (size_t)b * NH + h;
@@ -339,24 +328,12 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_dkv_kernel(float *__restrict__
                 continue;
             const float ls = t < T ? lse[bh * T + t] : 0.0f, dsum = t < T ? Dsum[bh * T + t] : 0.0f;
             __syncthreads(); // the previous tile's readers are done
-            for (int i = threadIdx.x; i < GQ_BK * HS; i += GQ_THREADS) {
-                const int q = i / HS, d = i % HS, tq = i0 + q;
-                Qs[q][d] = tq < T ? base[(size_t)tq * W + h * HS + d] : 0.0f;
-                Gs[q][d] = tq < T ? dout[(row0 + tq) * C + h * HS + d] : 0.0f;
-            }
+            gq_stage<HS, GQ_BK>(Qs, base + h * HS, W, i0, T);
+            gq_stage<HS, GQ_BK>(Gs, dout + row0 * C + h * HS, C, i0, T);
             __syncthreads();
-            float s[R], dp[R];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                s[r] = dp[r] = 0.0f;
-            for (int d = 0; d < HS; d++) {
-                const float q = Qs[lane][d], go = Gs[lane][d];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    s[r] += q * Kb[warp * R + r][d];
-                    dp[r] += go * Vb[warp * R + r][d];
-                }
-            }
+            float s[R] = {}, dp[R] = {};
+            gq_dots<HS>(s, Kb + warp * R, Qs[lane]);
+            gq_dots<HS>(dp, Vb + warp * R, Gs[lane]);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const int key = k0 + warp * R + r;
@@ -366,38 +343,19 @@ __global__ __launch_bounds__(GQ_THREADS) void gqa_dkv_kernel(float *__restrict__
                 Ds[warp][r][lane] = p * (dp[r] - dsum);
             }
             __syncwarp();
-            for (int i = 0; i < GQ_BK; i++) {
-                float q[E], go[E];
-#pragma unroll
-                for (int e = 0; e < E; e++) {
-                    q[e] = Qs[i][lane + 32 * e];
-                    go[e] = Gs[i][lane + 32 * e];
-                }
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const float p = Ps[warp][r][i], d = Ds[warp][r][i];
-#pragma unroll
-                    for (int e = 0; e < E; e++) {
-                        dv[r][e] += p * go[e];
-                        dk[r][e] += d * q[e];
-                    }
-                }
-            }
+            gq_accum(dv, Ps[warp], Gs);
+            gq_accum(dk, Ds[warp], Qs);
         }
     }
 
+    float sc[R], one[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const int key = k0 + warp * R + r;
-        if (key >= T)
-            continue;
-        float *dst = dqkv + (row0 + key) * W;
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            dst[(NH + g) * HS + lane + 32 * e] = dk[r][e] * scale;
-            dst[(NH + KVH + g) * HS + lane + 32 * e] = dv[r][e];
-        }
+        sc[r] = scale;
+        one[r] = 1.0f;
     }
+    gq_store(dqkv + row0 * W + (NH + g) * HS, W, k0 + warp * R, T, dk, sc);
+    gq_store(dqkv + row0 * W + (NH + KVH + g) * HS, W, k0 + warp * R, T, dv, one);
 }
 
 // Head sizes a kernel is instantiated for.
