@@ -253,5 +253,8 @@ int main()
     test_gqa<64>(2, 45, 4, 2, true);
     test_gqa<128>(1, 41, 4, 1, false);
     test_gqa<128>(2, 35, 2, 2, true);
+    // The other head sizes attention_gqa_ok accepts.
+    test_gqa<32>(1, 33, 4, 2, true);
+    test_gqa<96>(1, 19, 2, 1, false);
     return cpu_close(t0);
 }
