@@ -7,8 +7,9 @@
 #
 # GRADD is the gradd executable (gradd-cuda.so beside it).  gradd trains a
 # job file written here ([model] type = llama, batch = micro = $BATCH (4),
-# precision bf16, AdamW, grad clip 1.0) on random tokens (an int32 .npy:
-# the vocabulary is past 16 bits); its figure is the median of
+# precision bf16, AdamW, grad clip 1.0) on bench/train's random llm.c
+# tokens (ids below 50257: a step's work does not depend on which rows of
+# the embedding the tokens pick); its figure is the median of
 # metrics.jsonl's step_ms over the steps after the first 3.  The PyTorch
 # side runs with python3 from PATH ($PEER_PYTHON to override); GRADD_ENV,
 # a file to source before gradd alone runs (the device bundle's env.sh);
@@ -26,15 +27,20 @@ here=$(cd "$(dirname "$0")" && pwd)
 py=${PEER_PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The shape, one place for both sides.
-L=16 C=2048 NH=32 KVH=8 F=8192 V=128256 T=2048 THETA=500000
+# The shape, one place for both sides: SHAPE="L C NH KVH F V T", DEVICE
+# (a gradd device) and PRECISION change it, for a small run where there
+# is no GPU (DEVICE=cpu PRECISION=fp32).
+read -r L C NH KVH F V T <<<"${SHAPE:-16 2048 32 8 8192 128256 2048}"
+THETA=500000 device=${DEVICE:-cuda:0} precision=${PRECISION:-bf16}
+bench=train_llama_1b_$precision
+[ -n "${SHAPE:-}" ] && bench=train_llama_${L}x${C}_$precision
 
-"$py" "$here/make_tokens.py" "$work/tokens.npy" $((batch * T * (steps + 2))) "$V"
+"$py" "$here/../train/make_tokens.py" "$work/tokens.bin"
 
 cat >"$work/llama.cfg" <<CFG
 [job]
 name = llama-1b-bench
-device = cuda:0
+device = $device
 [model]
 type = llama
 layers = $L
@@ -48,8 +54,8 @@ rope_theta = $THETA
 norm_eps = 1e-5
 tie_embeddings = on
 [data]
-format = npy
-train = $work/tokens.npy
+format = tokens
+train = $work/tokens.bin
 val_fraction = 0
 [train]
 steps = $steps
@@ -59,7 +65,7 @@ lr = 3e-4
 warmup = 2
 weight_decay = 0.1
 grad_clip = 1.0
-precision = bf16
+precision = $precision
 seed = 1337
 eval_every = 0
 [output]
@@ -81,14 +87,14 @@ fi
 : >"$work/peer.jsonl"
 if [ "${PEER_MODES:-}" != none ]; then
   "$py" "$here/peer_torch_gpu.py" --modes "${PEER_MODES:-eager,compile}" --batch "$batch" --steps 10 --warmup 3 \
-    --layers $L --width $C --heads $NH --kv-heads $KVH --mlp $F --vocab $V --context $T --rope-theta $THETA |
+    --device "${device%%[0-9:]*}" --layers $L --width $C --heads $NH --kv-heads $KVH --mlp $F --vocab $V --context $T --rope-theta $THETA |
     tee "$work/peer.jsonl" >&2 || echo "bench/llama/run_gpu.sh: the PyTorch peer failed" >&2
 fi
 ((ran)) || exit 1
 
-"$py" - "$work/peer.jsonl" "$work/out/metrics.jsonl" "$batch" $L $C $NH $KVH $F $V $T <<'PY'
+"$py" - "$bench" "$work/peer.jsonl" "$work/out/metrics.jsonl" "$batch" $L $C $NH $KVH $F $V $T <<'PY'
 import json, statistics, sys
-peer_path, metrics, B, L, C, NH, KVH, F, V, T = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+bench, peer_path, metrics, B, L, C, NH, KVH, F, V, T = *sys.argv[1:4], *map(int, sys.argv[4:])
 HS = C // NH
 # Parameters: the (tied) embedding, per block two RMSNorm weights, q, k, v,
 # o and the three MLP matrices, then the final norm.
@@ -105,6 +111,6 @@ for p in peers:
                                       ("mfu", mfu, "fraction", "mfu", True)):
         pv = p.get(key)
         r = round((pv / v if inv else v / pv), 4) if has and pv else None
-        print(json.dumps({"bench": "train_llama_1b_bf16", "metric": metric, "value": round(v, 4), "unit": unit,
+        print(json.dumps({"bench": bench, "metric": metric, "value": round(v, 4), "unit": unit,
                           "peer": p["impl"], "peer_value": pv, "ratio": r}))
 PY
