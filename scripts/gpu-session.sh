@@ -7,8 +7,9 @@
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
-#   nvml (about 30 s), idle (about 40 s), alloc (about 40 s) and shim run
-#   only when named: STEPS=nvml,idle,alloc,shim,programs or STEPS=...,nvml.
+#   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
+#   llama (bench/llama, about 4 minutes) run only when named:
+#   STEPS=nvml,idle,alloc,shim,programs,llama or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -158,6 +159,14 @@ if want train; then
   section "GPT-2 124M bf16: gradd vs PyTorch"
   VARIANTS=${VARIANTS:-default wmma:GRADD_FLASH=wmma fp32act:GRADD_ACT16=0} GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
     timeout 400 bench/train/run_gpu.sh "$B/daemon/gradd" 30 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+fi
+
+if want llama; then
+  # Named only (STEPS=llama or ...,llama): Llama 3.2 1B's shape is about
+  # 4 minutes of device time with both peers.
+  section "Llama 3.2 1B-shaped bf16: gradd vs PyTorch"
+  GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
+    timeout 500 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
 fi
 
 if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_cuda" ]; then

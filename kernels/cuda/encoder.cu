@@ -1,4 +1,6 @@
-// encoder.cu — token + position embedding, forward and backward.
+// encoder.cu — token + position embedding, forward and backward.  wpe
+// NULL: the token embedding alone (Llama, whose positions are rotary), and
+// then dwpe is NULL too.
 //
 // Backward is deterministic, without float atomics:
 //   dwpe[t] += Σ_b dout[b,t]          one thread per (t, c), b in order;
@@ -24,10 +26,13 @@ __global__ static void encoder_forward_kernel(float *__restrict__ out, const int
         int c = (int)(i % per_row) * W;
         int t = (int)(bt % (size_t)T);
         int tok = inp[bt];
-        kc_fv<W> a = kc_ld<W>(wte + (size_t)tok * C + c), p = kc_ld<W>(wpe + (size_t)t * C + c);
+        kc_fv<W> a = kc_ld<W>(wte + (size_t)tok * C + c);
+        if (wpe) {
+            kc_fv<W> p = kc_ld<W>(wpe + (size_t)t * C + c);
 #pragma unroll
-        for (int j = 0; j < W; j++)
-            a.v[j] += p.v[j];
+            for (int j = 0; j < W; j++)
+                a.v[j] += p.v[j];
+        }
         kc_st<W>(out + bt * C + c, a);
     }
 }

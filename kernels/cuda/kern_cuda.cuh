@@ -487,6 +487,23 @@ void kc_flash_mma_backward(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dq
                            const uint16_t *dout16, const float *lse, const float *D, const float *inp,
                            const uint16_t *inp16, int B, int T, int C, int NH);
 
+// Llama (llama.cu; the attention gqa.cu).
+void kc_rmsnorm_forward(kern_ctx *k, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                        float eps);
+void kc_rmsnorm_backward(kern_ctx *k, float *dinp, float *dweight, const float *dout, const float *inp,
+                         const float *weight, const float *rstd, int N, int C);
+void kc_rope_forward(kern_ctx *k, float *x, const float *inv_freq, const int32_t *pos, int N, int T, int NHR, int HS,
+                     int stride);
+void kc_rope_backward(kern_ctx *k, float *dx, const float *inv_freq, const int32_t *pos, int N, int T, int NHR,
+                      int HS, int stride);
+void kc_swiglu_forward(kern_ctx *k, float *out, const float *gu, int N, int F);
+void kc_swiglu_backward(kern_ctx *k, float *dgu, const float *gu, const float *dout, int N, int F);
+bool kc_attention_gqa_ok(kern_ctx *k, int NH, int KVH, int HS);
+void kc_attention_gqa_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B,
+                              int T, int NH, int KVH, int HS);
+void kc_attention_gqa_backward(kern_ctx *k, float *dqkv, const float *dout, const float *out, const float *lse,
+                               const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS);
+
 void kc_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                              const int32_t *targets, int N, int V, int Vp);
 void kc_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,

@@ -6,9 +6,10 @@
 // the softmax from the logits and lse, which is cheaper than writing and
 // re-reading an (N,Vp) probabilities matrix.
 // Backward: dlogits = dloss·(exp(x − lse) − onehot) on the first V columns,
-// 0 on the padding, in one read and one write; it overwrites, so dlogits may
-// be the logits buffer (each element is read and then written by the same
-// thread, hence no __restrict__ on those two).
+// 0 on the padding and on the whole row of an ignored (negative) target, in
+// one read and one write; it overwrites, so dlogits may be the logits
+// buffer (each element is read and then written by the same thread, hence
+// no __restrict__ on those two).
 // Fused (training, 16-bit logits): both in one block per row, in place.
 // Where the rows allow 16-byte vectors and fit (ce_reg_nv: GPT-2's padded
 // 50304 columns do), ce_fused_reg_kernel: 1024 threads hold the row in
@@ -57,14 +58,23 @@ template <class E, int W> __device__ __forceinline__ kc_ms ce_row_ms(const E *x,
 
 // The row's loss from its statistics.  log s + m − x[t], not lse − x[t]:
 // with large logits lse has already rounded away what the difference keeps.
+// A negative target marks an ignored row (a prompt token, padding): loss 0,
+// as the cpu; one of V or more a NaN, so that it cannot pass unnoticed.
 __device__ __forceinline__ float ce_loss(float m, float ls, float xt, int t, int V)
 {
-    return (t >= 0 && t < V) ? ls + (m - xt) : NAN;
+    return t < 0 ? 0.0f : t < V ? ls + (m - xt) : NAN;
 }
 
 template <class E> __device__ __forceinline__ float ce_row_loss(kc_ms ms, float ls, const E *x, int t, int V)
 {
-    return (t >= 0 && t < V) ? ce_loss(ms.m, ls, kc_widen(x[t]), t, V) : NAN;
+    return ce_loss(ms.m, ls, t >= 0 && t < V ? kc_widen(x[t]) : 0.0f, t, V);
+}
+
+// An ignored row's gradient is 0 throughout: its dloss counts as 0 (the
+// softmax term is at most 1, so the product is an exact +0).
+__device__ __forceinline__ float ce_row_dloss(const float *dloss, size_t row, int t)
+{
+    return t < 0 ? 0.0f : dloss[row];
 }
 
 // g = dl·(exp(x − lse) − onehot(t)) over the row, 0 on the padding.  W
@@ -104,7 +114,8 @@ __global__ static void ce_backward_kernel(E *dlogits, const E *logits, const flo
                                           int V, int Vp)
 {
     size_t row = blockIdx.x;
-    ce_row_grad<E, W>(dlogits + row * Vp, logits + row * Vp, lse[row], targets[row], dloss[row], V, Vp);
+    const int t = targets[row];
+    ce_row_grad<E, W>(dlogits + row * Vp, logits + row * Vp, lse[row], t, ce_row_dloss(dloss, row, t), V, Vp);
 }
 
 // Forward and backward of a row in one block: the statistics, then the
@@ -128,7 +139,7 @@ __global__ static void ce_fused_kernel(float *__restrict__ losses, E *logits, co
         losses[row] = ce_row_loss(ms, ls, x, t, V);
     }
     __syncthreads();
-    ce_row_grad<E, W>(x, x, row_lse, t, dloss[row], V, Vp);
+    ce_row_grad<E, W>(x, x, row_lse, t, ce_row_dloss(dloss, row, t), V, Vp);
 }
 
 // ---- the fused kernel with the row in registers (16-bit logits, training) ----
@@ -206,7 +217,7 @@ __global__ static void __launch_bounds__(T, 1)
     const size_t row = blockIdx.x;
     E *x = logits + row * Vp;
     const int t = targets[row];
-    const float dl = dloss[row];
+    const float dl = ce_row_dloss(dloss, row, t);
     // x[t] read now, while the row loads, not between the two barriers
     // where the whole block would wait for it.
     float xt = 0.0f;

@@ -63,15 +63,18 @@ void check_dlogits(const std::string &name, const char *what, const S<E> *g, con
     verdict(name, "padding == 0", bad_pad, n, 0, "");
 }
 
-// The loss of each of N rows against the CPU's: 1e-5 relative, and NaN
-// where the target is out of [0, V).
+// The loss of each of N rows against the CPU's: 1e-5 relative, exactly
+// +0 where the target is negative (an ignored row), and NaN where it is V
+// or more.
 inline void check_losses(const std::string &name, const float *loss, const float *loss_ref, const int32_t *tg, int N,
                          int V)
 {
     size_t bad_l = 0;
     double err_l = 0;
     for (int r = 0; r < N; r++) {
-        if (tg[r] < 0 || tg[r] >= V) {
+        if (tg[r] < 0) {
+            bad_l += fbits(loss[r]) != 0;
+        } else if (tg[r] >= V) {
             bad_l += !std::isnan(loss[r]);
         } else {
             double d = std::fabs((double)loss[r] - loss_ref[r]);
@@ -79,11 +82,24 @@ inline void check_losses(const std::string &name, const float *loss, const float
             bad_l += !(d <= 1e-5 * std::fabs(loss_ref[r]) + 1e-6);
         }
     }
-    verdict(name, "loss (NaN oob)", bad_l, N, err_l, "rel");
+    verdict(name, "loss (0 ign, NaN oob)", bad_l, N, err_l, "rel");
 }
 
-// Rows 1 and 2 (when there are) have targets −1 and V: NaN loss, and a
-// backward without the −1 (no one-hot column).
+// The rows of ignored (negative) targets hold +0 throughout, padding included.
+template <class E>
+void check_ignored_rows(const std::string &name, const S<E> *g, const int32_t *tg, int N, int Vp)
+{
+    size_t bad = 0, n = 0;
+    for (int r = 0; r < N; r++)
+        if (tg[r] < 0)
+            for (int v = 0; v < Vp; v++, n++)
+                bad += fbits(from_e<E>(g[(size_t)r * Vp + v])) != 0;
+    verdict(name, "ignored rows == 0", bad, n, 0, "");
+}
+
+// Rows 1 and 2 (when there are) have targets −1 and V, row 3 −100
+// (Hugging Face's): loss 0 and a zero gradient row for the negative ones, a
+// NaN loss and no one-hot column for V.
 template <class E, int W> void test_ce(int N, int V, int Vp)
 {
     char buf[96];
@@ -105,7 +121,7 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
     }
     std::vector<int32_t> tg(N);
     for (int r = 0; r < N; r++)
-        tg[r] = r == 1 ? -1 : r == 2 ? V : (int32_t)((rnd() + 1.0f) * 0.5f * V) % V;
+        tg[r] = r == 1 ? -1 : r == 2 ? V : r == 3 ? -100 : (int32_t)((rnd() + 1.0f) * 0.5f * V) % V;
 
     // ---- forward
     std::vector<float> loss(N, 12345.0f), lse(N, 12345.0f), loss_ref(N), lse_ref(N);
@@ -154,6 +170,7 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
                    [=] { ce_backward_kernel<E, W>(io, io, s, t, dl, V, Vp); });
     }
     check_dlogits<E>(name, "dlogits", g.data(), g_ref.data(), n, V, Vp);
+    check_ignored_rows<E>(name, g.data(), tg.data(), N, Vp);
     size_t bad_inplace = 0;
     for (size_t i = 0; i < n; i++)
         bad_inplace += std::memcmp(&g[i], &g_in[i], sizeof(S<E>)) != 0;
@@ -183,8 +200,9 @@ template <class E, int W> void test_ce(int N, int V, int Vp)
 // in another order and with exp2f, so within the tolerances of the
 // backward above, not the two kernels' bits.  In place over the logits,
 // as it runs.  Row 0 is offset by +40 (the loss is then a small difference
-// of large terms), rows 1 and 2 have targets −1 and V (NaN, no one-hot),
-// the last row's target is V − 1, in the row's last vector.
+// of large terms), rows 1 and 2 have targets −1 (ignored: loss 0, a zero
+// row) and V (NaN, no one-hot), the last row's target is V − 1, in the
+// row's last vector.
 template <class E, int T, int NV> void test_ce_reg(int N, int V, int Vp)
 {
     char buf[96];
@@ -222,6 +240,7 @@ template <class E, int T, int NV> void test_ce_reg(int N, int V, int Vp)
     }
     check_losses(name, loss.data(), loss_ref.data(), tg.data(), N, V);
     check_dlogits<E>(name, "dlogits in place", g.data(), g_ref.data(), n, V, Vp);
+    check_ignored_rows<E>(name, g.data(), tg.data(), N, Vp);
 }
 
 // The launcher's choice between the register path and ce_fused_kernel.

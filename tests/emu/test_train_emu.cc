@@ -1,8 +1,8 @@
 // test_train_emu.cc — the CUDA kernels of a training step that test_kernels_emu.cc and
 // test_flash_emu.cc leave out, run on the CPU under cuda_emu.h: the token
-// and position embedding (encoder.cu: forward; backward's dwpe, iota and
-// dwte kernels), the unfused attention's causal softmax (attention.cu,
-// forward and backward), AdamW (per tensor, and adamw_multi's chunk table
+// and position embedding (encoder.cu: forward, also without the position
+// embedding; backward's dwpe, iota and dwte kernels), the unfused
+// attention's causal softmax (attention.cu, forward and backward), AdamW (per tensor, and adamw_multi's chunk table
 // and kernel) and the gradient norm's sum of squares
 // (optim.cu), the kernels gemm.cu falls back on where cuBLASLt declines
 // (bias, 16-bit bias, the k = 0 scaling), and the pool's fill pattern
@@ -88,6 +88,17 @@ template <int W> void test_encoder(int B, int T, int C, int V, unsigned max_bloc
     }
     H->encoder_forward(cpu32, ref.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
     same<float>(name, "forward", out.data(), ref.data(), n);
+    // wpe NULL (Llama: rotary positions): the token rows alone, bitwise.
+    {
+        std::vector<float> out0(n, NAN), ref0(n);
+        float *o = out0.data();
+        const int32_t *in = inp.data();
+        const float *we = wte.data();
+        emu_launch(grid_for(n / W, 256, max_blocks), dim3(256),
+                   [=] { encoder_forward_kernel<W>(o, in, we, nullptr, BT, T, C); });
+        H->encoder_forward(cpu32, ref0.data(), inp.data(), wte.data(), nullptr, B, T, C);
+        same<float>(name, "forward, no wpe", out0.data(), ref0.data(), n);
+    }
 
     // ---- backward, into random dwte and dwpe (they accumulate)
     const std::vector<float> dout = random_vec(n, 1.0f), dwte0 = random_vec((size_t)V * C, 1.0f),

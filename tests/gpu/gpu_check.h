@@ -148,4 +148,11 @@ void test_gelu_gemm16(int N, int C, int Hd, int offset);
 void test_logits16(int N, int C, int V, int Vp);
 void test_determinism16(void);
 
+/* gpu_check_llama.c */
+void test_encoder_nowpe(int B, int T, int C, int V);
+void test_rmsnorm(int N, int C);
+void test_rope(int B, int T, int NH, int KVH, int HS, bool with_pos);
+void test_swiglu(int N, int F);
+void test_gqa(int B, int T, int NH, int KVH, int HS, bool packed, double rtol, double atol);
+
 #endif

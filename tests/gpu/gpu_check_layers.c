@@ -252,7 +252,8 @@ void test_crossentropy(int N, int V, int Vp)
     buf logits = mk((size_t)N * Vp, 8), lse = mk(N, 0), losses = mk(N, 0);
     ibuf tg = mki(N, 0, V);
     tg.h[0] = V;
-    G->copy_h2d(gk, tg.d, tg.h, sizeof(int32_t));
+    tg.h[1] = -100; /* ignored: loss 0, a zero dlogits row */
+    G->copy_h2d(gk, tg.d, tg.h, 2 * sizeof(int32_t));
     H->crossentropy_forward(hk, losses.h, lse.h, logits.h, tg.h, N, V, Vp);
     G->crossentropy_forward(gk, losses.d, lse.d, logits.d, tg.d, N, V, Vp);
     gsync(name);

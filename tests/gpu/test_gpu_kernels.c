@@ -103,6 +103,18 @@ static void run_fp32(void)
     test_nonfinite(1000003, 0);
     test_nonfinite(5003, 1);
     test_determinism();
+    /* Llama: Llama 3.2 1B's heads (32 of 64, 8 KV heads) and Llama 3 8B's
+     * head size, T not a multiple of any block. */
+    test_encoder_nowpe(2, 33, 96, 17);
+    test_rmsnorm(257, 2048);
+    test_rmsnorm(33, 63);
+    test_rope(2, 300, 32, 8, 64, false);
+    test_rope(1, 301, 4, 2, 128, true);
+    test_swiglu(129, 8192);
+    test_gqa(2, 257, 32, 8, 64, false, 1e-4, 1e-5);
+    test_gqa(2, 257, 32, 8, 64, true, 1e-4, 1e-5);
+    test_gqa(1, 1000, 8, 2, 128, true, 1e-4, 1e-5);
+    test_gqa(1, 129, 4, 4, 128, false, 1e-4, 1e-5);
 }
 
 static void run_lowp(const char *prec)

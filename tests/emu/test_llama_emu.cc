@@ -1,0 +1,260 @@
+// test_llama_emu.cc — the CUDA Llama kernels (llama.cu: RMSNorm, RoPE,
+// SwiGLU; gqa.cu: the fused grouped-query attention) run on the CPU under
+// cuda_emu.h, against the CPU backend's ops (kernels/cpu/llama.c), each
+// kernel launched through emu_launch with the grid and block its launcher
+// uses.
+//
+// Both sides compute in fp32 from the same inputs but in other orders (the
+// CPU's attention goes through BLAS), so the comparisons are within
+// |got − ref| ≤ 1e-5·|ref| + 1e-5 (attention) or 1e-6 (the rest) times the
+// largest |ref|; the errors seen are below 1e-6 of it.  What it cannot
+// check: the device's own expf, cosf and sinf (glibc's run here; CUDA's
+// differ by an ulp or two) and nvcc's FMA contraction.
+//
+// Exit status: 0 pass, 1 failure.
+#define GRADD_CUDA_EMU 1
+#include "gqa.cu"
+#include "llama.cu"
+#include "reduce.cu"
+
+#include "emu_check.h"
+
+namespace {
+
+uint64_t rng_state = 0x243F6A8885A308D3ull;
+float rnd() { return emu_uniform(&rng_state); }
+
+std::vector<float> rnd_vec(size_t n, float scale, float off = 0.0f)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = off + scale * rnd();
+    return v;
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------
+// N rows (not a multiple of the 8 a block holds), C not a multiple of 32.
+void test_rmsnorm(int N, int C)
+{
+    const std::string name = "rmsnorm N=" + std::to_string(N) + " C=" + std::to_string(C);
+    const float eps = 1e-5f;
+    auto x = rnd_vec((size_t)N * C, 1.0f, 0.3f), w = rnd_vec(C, 0.5f, 1.0f);
+    std::vector<float> out((size_t)N * C, NAN), rstd(N, NAN), out_ref((size_t)N * C), rstd_ref(N);
+    H->rmsnorm_forward(cpu32, out_ref.data(), rstd_ref.data(), x.data(), w.data(), N, C, eps);
+    {
+        float *o = out.data(), *r = rstd.data();
+        const float *xi = x.data(), *wi = w.data();
+        emu_launch(dim3((unsigned)((N + LL_ROWS - 1) / LL_ROWS)), dim3(LL_THREADS),
+                   [=] { rms_forward_kernel(o, r, xi, wi, N, C, eps); });
+    }
+    compare(name, "out", out.data(), out_ref.data(), out.size(), 1e-5, 1e-6);
+    compare(name, "rstd", rstd.data(), rstd_ref.data(), N, 1e-5, 0);
+
+    // Backward accumulates: both start from the same random dinp, dweight.
+    auto dout = rnd_vec((size_t)N * C, 1.0f), dx0 = rnd_vec((size_t)N * C, 0.1f), dw0 = rnd_vec(C, 0.1f);
+    std::vector<float> dx = dx0, dw = dw0, dx_ref = dx0, dw_ref = dw0;
+    H->rmsnorm_backward(cpu32, dx_ref.data(), dw_ref.data(), dout.data(), x.data(), w.data(), rstd_ref.data(), N, C);
+    kern_ctx kc{};
+    const int S = rms_splits(&kc, N, C), rows = (N + S - 1) / S;
+    std::vector<float> part((size_t)S * C, NAN);
+    {
+        float *d = dx.data(), *dwp = dw.data(), *pp = part.data();
+        const float *g = dout.data(), *xi = x.data(), *wi = w.data(), *r = rstd_ref.data();
+        emu_launch(dim3((unsigned)((N + LL_ROWS - 1) / LL_ROWS)), dim3(LL_THREADS),
+                   [=] { rms_backward_kernel(d, g, xi, wi, r, N, C); });
+        emu_launch(dim3((unsigned)((C + 31) / 32), (unsigned)S), dim3(32, 8),
+                   [=] { rms_dweight_kernel(pp, g, xi, r, N, C, rows); });
+        emu_launch(dim3((unsigned)((C + CS_COLS - 1) / CS_COLS)), dim3(CS_COLS, CM_ROWS),
+                   [=] { colsum_merge(dwp, nullptr, pp, nullptr, S, C); });
+    }
+    compare(name, "dinp (+=)", dx.data(), dx_ref.data(), dx.size(), 1e-5, 1e-6);
+    compare(name, "dweight (+=)", dw.data(), dw_ref.data(), C, 1e-5, 1e-6);
+}
+
+// ---- RoPE ------------------------------------------------------------------------------
+// Rows of W = (NH + 2·KVH)·HS as the model's qkv: the NH + KVH query and
+// key heads turn, the value heads must stay as they were, bit for bit.
+// pos NULL (row r at r % T) or explicit positions up to a few thousand
+// (packed samples that restart, large angles).
+void test_rope(int B, int T, int NH, int KVH, int HS, bool with_pos)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "rope B=%d T=%d NH=%d KVH=%d HS=%d %s", B, T, NH, KVH, HS,
+                  with_pos ? "pos" : "no pos");
+    const std::string name = buf;
+    const int N = B * T, W = (NH + 2 * KVH) * HS, NHR = NH + KVH;
+    std::vector<float> inv(HS / 2);
+    for (int i = 0; i < HS / 2; i++)
+        inv[i] = (float)std::pow(500000.0, -2.0 * i / HS);
+    std::vector<int32_t> pos(N);
+    for (int r = 0; r < N; r++)
+        pos[r] = r % 23 == 7 ? 0 : 4000 + 3 * r; // a sample starts at every row ≡ 7 (mod 23)
+    const int32_t *pp = with_pos ? pos.data() : nullptr;
+    const auto x0 = rnd_vec((size_t)N * W, 1.0f);
+    std::vector<float> x = x0, x_ref = x0;
+    H->rope_forward(cpu32, x_ref.data(), inv.data(), pp, N, T, NHR, HS, W);
+    const size_t work = (size_t)N * (HS / 2);
+    const dim3 grid = grid_for(work, 256, 4); // the grid-stride loop goes round
+    {
+        float *xp = x.data();
+        const float *ip = inv.data();
+        emu_launch(grid, dim3(256), [=] { rope_kernel(xp, ip, pp, N, T, NHR, HS, W, 1.0f); });
+    }
+    compare(name, "forward", x.data(), x_ref.data(), x.size(), 1e-5, 1e-6);
+    size_t bad = 0;
+    for (int r = 0; r < N; r++)
+        bad += std::memcmp(&x[(size_t)r * W + NHR * HS], &x0[(size_t)r * W + NHR * HS],
+                           (size_t)KVH * HS * sizeof(float)) != 0;
+    verdict(name, "values untouched", bad, N, 0, "bitwise");
+
+    // Backward: the gradient turned back, against the CPU's, and the
+    // round trip returns the input (a rotation's transpose is its inverse).
+    std::vector<float> d = x, d_ref = x;
+    H->rope_backward(cpu32, d_ref.data(), inv.data(), pp, N, T, NHR, HS, W);
+    {
+        float *dp = d.data();
+        const float *ip = inv.data();
+        emu_launch(grid, dim3(256), [=] { rope_kernel(dp, ip, pp, N, T, NHR, HS, W, -1.0f); });
+    }
+    compare(name, "backward", d.data(), d_ref.data(), d.size(), 1e-5, 1e-6);
+    compare(name, "round trip", d.data(), x0.data(), d.size(), 1e-5, 1e-6);
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------
+void test_swiglu(int N, int F)
+{
+    const std::string name = "swiglu N=" + std::to_string(N) + " F=" + std::to_string(F);
+    const auto gu = rnd_vec((size_t)N * 2 * F, 4.0f); // gates far into both tails of σ
+    std::vector<float> out((size_t)N * F, NAN), out_ref((size_t)N * F);
+    H->swiglu_forward(cpu32, out_ref.data(), gu.data(), N, F);
+    const dim3 grid = grid_for((size_t)N * F, 256, 2);
+    {
+        float *o = out.data();
+        const float *g = gu.data();
+        emu_launch(grid, dim3(256), [=] { swiglu_forward_kernel(o, g, N, F); });
+    }
+    compare(name, "forward", out.data(), out_ref.data(), out.size(), 1e-5, 1e-6);
+    const auto dout = rnd_vec((size_t)N * F, 1.0f);
+    std::vector<float> dgu((size_t)N * 2 * F, NAN), dgu_ref((size_t)N * 2 * F, NAN); // overwritten
+    H->swiglu_backward(cpu32, dgu_ref.data(), gu.data(), dout.data(), N, F);
+    {
+        float *d = dgu.data();
+        const float *g = gu.data(), *go = dout.data();
+        emu_launch(grid, dim3(256), [=] { swiglu_backward_kernel(d, g, go, N, F); });
+    }
+    compare(name, "backward", dgu.data(), dgu_ref.data(), dgu.size(), 1e-5, 1e-6);
+}
+
+// ---- grouped-query attention -------------------------------------------------------------
+// packed: each sequence holds samples of 1, 9, 17, ... tokens in turn
+// (start[t] = the first token of t's sample), else start NULL.
+template <int HS> void test_gqa(int B, int T, int NH, int KVH, bool packed)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "gqa B=%d T=%d NH=%d KVH=%d HS=%d %s", B, T, NH, KVH, HS,
+                  packed ? "packed" : "causal");
+    const std::string name = buf;
+    if (!kc_attention_gqa_ok(nullptr, NH, KVH, HS)) {
+        verdict(name, "shape supported", 1, 1, 0, "");
+        return;
+    }
+    const int W = (NH + 2 * KVH) * HS, C = NH * HS;
+    const float scale = 1.0f / std::sqrt((float)HS);
+    // Queries scaled up: the softmax is then far from uniform.
+    auto qkv = rnd_vec((size_t)B * T * W, 1.0f);
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < NH * HS; i++)
+            qkv[r * W + i] *= 3.0f;
+    std::vector<int32_t> start((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        int s0 = 0, len = 1 + 8 * b;
+        for (int t = 0; t < T; t++) {
+            if (t - s0 >= len) {
+                s0 = t;
+                len += 8;
+            }
+            start[(size_t)b * T + t] = s0;
+        }
+    }
+    const int32_t *st = packed ? start.data() : nullptr;
+
+    std::vector<float> out((size_t)B * T * C, NAN), lse((size_t)B * NH * T, NAN);
+    std::vector<float> out_ref(out.size()), lse_ref(lse.size());
+    H->attention_gqa_forward(cpu32, out_ref.data(), lse_ref.data(), qkv.data(), st, B, T, NH, KVH, HS);
+    {
+        float *o = out.data(), *l = lse.data();
+        const float *in = qkv.data();
+        constexpr int BQ = GQ_WARPS * GQ_FWD_R;
+        emu_launch(dim3((unsigned)((T + BQ - 1) / BQ), (unsigned)(B * NH)), dim3(GQ_THREADS),
+                   [=] { gqa_forward_kernel<HS>(o, l, in, st, T, NH, KVH, scale); });
+    }
+    compare(name, "out", out.data(), out_ref.data(), out.size(), 1e-5, 1e-5);
+    compare(name, "lse", lse.data(), lse_ref.data(), lse.size(), 1e-5, 1e-6);
+
+    // Backward from the CPU's out and lse (both sides the same inputs);
+    // dqkv starts as NaN on both: every element must be written.
+    const auto dout = rnd_vec(out.size(), 1.0f);
+    std::vector<float> dqkv(qkv.size(), NAN), dqkv_ref(qkv.size(), NAN), Dsum((size_t)B * NH * T, NAN);
+    H->attention_gqa_backward(cpu32, dqkv_ref.data(), dout.data(), out_ref.data(), lse_ref.data(), qkv.data(), st, B,
+                              T, NH, KVH, HS);
+    {
+        float *dq = dqkv.data(), *D = Dsum.data();
+        const float *go = dout.data(), *o = out_ref.data(), *l = lse_ref.data(), *in = qkv.data();
+        emu_launch(grid_for((size_t)B * T * NH, GQ_WARPS, 3), dim3(GQ_THREADS),
+                   [=] { gqa_dsum_kernel<HS>(D, go, o, B, T, NH); });
+        constexpr int BQ = GQ_WARPS * GQ_DQ_R, BKV = GQ_WARPS * GQ_DKV_R;
+        emu_launch(dim3((unsigned)((T + BQ - 1) / BQ), (unsigned)(B * NH)), dim3(GQ_THREADS),
+                   [=] { gqa_dq_kernel<HS>(dq, go, l, D, in, st, T, NH, KVH, scale); });
+        emu_launch(dim3((unsigned)((T + BKV - 1) / BKV), (unsigned)(B * KVH)), dim3(GQ_THREADS),
+                   [=] { gqa_dkv_kernel<HS>(dq, go, l, D, in, st, T, NH, KVH, scale); });
+    }
+    // Per part of the row, each relative to its own largest |reference|.
+    std::vector<float> part[3], part_ref[3];
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < W; i++) {
+            const int p = i < NH * HS ? 0 : i < (NH + KVH) * HS ? 1 : 2;
+            part[p].push_back(dqkv[r * W + i]);
+            part_ref[p].push_back(dqkv_ref[r * W + i]);
+        }
+    const char *what[3] = {"dq", "dk", "dv"};
+    for (int p = 0; p < 3; p++)
+        compare(name, what[p], part[p].data(), part_ref[p].data(), part[p].size(), 1e-5, 1e-5);
+}
+
+void test_gqa_ok()
+{
+    size_t bad = 0;
+    bad += !kc_attention_gqa_ok(nullptr, 32, 8, 64);  // Llama 3.2 1B
+    bad += !kc_attention_gqa_ok(nullptr, 32, 8, 128); // Llama 3 8B
+    bad += !kc_attention_gqa_ok(nullptr, 12, 12, 64); // no grouping
+    bad += kc_attention_gqa_ok(nullptr, 32, 6, 64);   // KVH must divide NH
+    bad += kc_attention_gqa_ok(nullptr, 8, 8, 80);    // a head size without a kernel
+    bad += kc_attention_gqa_ok(nullptr, 8, 8, 256);
+    verdict("attention_gqa_ok", "shapes", bad, 6, 0, "");
+}
+
+} // namespace
+
+int main()
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!cpu_open())
+        return 1;
+    test_rmsnorm(13, 200);
+    test_rmsnorm(9, 64);
+    test_rope(2, 37, 4, 2, 64, false);
+    test_rope(1, 29, 2, 1, 128, true);
+    test_swiglu(7, 300);
+    test_gqa_ok();
+    // Head sizes 64 and 128, KVH < NH (groups of 2 and 4) and KVH = NH,
+    // odd T (a partial last query block and key tile), with and without
+    // the packed-sample mask.
+    test_gqa<64>(2, 37, 4, 2, false);
+    test_gqa<64>(2, 45, 4, 2, true);
+    test_gqa<128>(1, 41, 4, 1, false);
+    test_gqa<128>(2, 35, 2, 2, true);
+    // The other head sizes attention_gqa_ok accepts.
+    test_gqa<32>(1, 33, 4, 2, true);
+    test_gqa<96>(1, 19, 2, 1, false);
+    return cpu_close(t0);
+}
