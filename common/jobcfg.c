@@ -163,6 +163,12 @@ const char *jobcfg_where(const job_config *j, const char *section, const char *k
     return buf;
 }
 
+int jobcfg_line(const job_config *j, const char *section, const char *key)
+{
+    const opts_def *o = opts_find(opts, NOPTS, section, key);
+    return o ? j->key_line[o - opts] : 0;
+}
+
 /* "FILE:LINE: [section] key: why", or "FILE: [section] key: why" when the
  * key was not in the file (a missing required key). */
 static int complain(const parse_ctx *p, const char *section, const char *key, char *err, size_t err_len,
