@@ -310,7 +310,7 @@ int hf_weights_open(const char *dir, const hf_want *want, size_t n, const char *
     size_t plen = prefix ? strlen(prefix) : 0;
     for (size_t i = 0; i < n; i++) {
         const hf_want *h = &want[i];
-        char alt[512];
+        char alt[512] = "";
         if (locate(w, dir, h->name, &w->file[i], &w->at[i], err, err_len) != 0)
             goto out;
         if (!w->at[i] && plen) {
@@ -319,9 +319,11 @@ int hf_weights_open(const char *dir, const hf_want *want, size_t n, const char *
                 goto out;
         }
         if (!w->at[i]) {
+            char q2[160];
             st_quote(q, sizeof q, h->name);
+            st_quote(q2, sizeof q2, alt);
             errmsg_set(err, err_len, "%s: tensor '%s'%s%s%s is missing: the model (%s) needs it", dir, q,
-                       plen ? " (or '" : "", plen ? prefix : "", plen ? "...')" : "", expect);
+                       plen ? " (or '" : "", plen ? q2 : "", plen ? "')" : "", expect);
             goto out;
         }
         const st_tensor *t = w->at[i];
