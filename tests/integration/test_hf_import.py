@@ -83,6 +83,21 @@ class Import(harness.DaemonTest):
         for k in a:
             self.assertTrue(np.array_equal(a[k], b[k]), k)
 
+    def test_a_checkpoint_wins_over_from(self):
+        """A run that resumes continues its checkpoint, whatever [model] from
+        holds: at lr 0 its export is the checkpoint's weights."""
+        a, b = os.path.join(self.dir, "hf-a"), os.path.join(self.dir, "hf-b")
+        hfdir.write_gpt2(a, seed=1)
+        hfdir.write_gpt2(b, seed=2)
+        out = self.run_job("first", a, steps=2, lr="0.01")
+        trained = load_file(os.path.join(out, "model.safetensors"))
+        cfg = self.cfg("second", job_text(self.dir, "second", b, steps=3, out=out))
+        r = subprocess.run([GRADD, "run", cfg], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        again = load_file(os.path.join(out, "model.safetensors"))
+        for k in trained:
+            self.assertTrue(np.array_equal(trained[k], again[k]), k)
+
     def test_bad_directories_are_refused_at_submit(self):
         d = self.dir
         C = 16
