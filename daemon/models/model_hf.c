@@ -90,13 +90,19 @@ static const char *show(const shape_key *k, const job_config *j, char *buf, size
     return buf;
 }
 
-/* The config.json key that gives k, as the file spells it. */
-static const char *hf_name(const shape_key *k, const json_t *cfg)
+/* The config.json key that gives k, as the file spells it ("rope_scaling.
+ * factor" for one in that object), into buf; NULL when the file has none. */
+static const char *hf_name(const shape_key *k, const json_t *cfg, char *buf, size_t len)
 {
     const json_t *rope = json_object_get(cfg, "rope_scaling");
-    for (int i = 0; i < 3 && k->hf[i]; i++)
-        if (json_object_get(cfg, k->hf[i]) || (json_is_object(rope) && json_object_get(rope, k->hf[i])))
+    for (int i = 0; i < 3 && k->hf[i]; i++) {
+        if (json_object_get(cfg, k->hf[i]))
             return k->hf[i];
+        if (json_is_object(rope) && json_object_get(rope, k->hf[i])) {
+            snprintf(buf, len, "rope_scaling.%s", k->hf[i]);
+            return buf;
+        }
+    }
     return NULL;
 }
 
@@ -159,8 +165,8 @@ static int fill(job_config *j, const json_t *cfg, char *err, size_t err_len)
         const shape_key *k = &keys[i];
         if (same(k, j, t) || !jobcfg_line(j, "model", k->key))
             continue;
-        char mine[48], theirs[48];
-        const char *name = hf_name(k, cfg);
+        char mine[48], theirs[48], nbuf[64];
+        const char *name = hf_name(k, cfg, nbuf, sizeof nbuf);
         snprintf(why, sizeof why, "%s but %s/%s %s%s %s", show(k, j, mine, sizeof mine), j->from, HF_CONFIG,
                  name ? name : "gives", name ? " is" : "", show(k, t, theirs, sizeof theirs));
         free(t);
