@@ -35,6 +35,39 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
+/* "1,2,3" into a new array: 0, or -1 on anything but whole numbers that
+ * fit 32 bits separated by single commas. */
+static int parse_ids(const char *s, uint32_t **out, size_t *n)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',';
+    uint32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    size_t k = 0;
+    for (const char *p = s;; p++) {
+        uint64_t v;
+        char num[24];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof num)
+            break;
+        memcpy(num, p, len);
+        num[len] = '\0';
+        if (num[0] < '0' || num[0] > '9' || parse_u64(num, &v) != 0 || v > UINT32_MAX)
+            break;
+        ids[k++] = (uint32_t)v;
+        p += len;
+        if (!*p) {
+            *out = ids;
+            *n = k;
+            return 0;
+        }
+    }
+    free(ids);
+    return -1;
+}
+
 static int run(ctl *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -42,10 +75,14 @@ static int run(ctl *c, int argc, char **argv)
         {"tokens", required_argument, NULL, 'n'},
         {"temperature", required_argument, NULL, 't'},
         {"seed", required_argument, NULL, 's'},
+        {"prompt-ids", required_argument, NULL, 'i'},
         {NULL, 0, NULL, 0},
     };
     Gradd__SampleRequest sr = GRADD__SAMPLE_REQUEST__INIT;
     const char *prompt = "";
+    const char *ids_text = NULL; /* --prompt-ids */
+    uint32_t *ids = NULL;
+    size_t nids = 0;
     int ch;
     while ((ch = ctl_getopt(c, argc, argv, "p:n:t:s:", longopts)) != -1) {
         uint64_t v;
@@ -53,6 +90,9 @@ static int run(ctl *c, int argc, char **argv)
         switch (ch) {
         case 'p':
             prompt = optarg;
+            break;
+        case 'i':
+            ids_text = optarg;
             break;
         case 'n':
             if (parse_u64(optarg, &v) != 0 || v < 1 || v > SAMPLE_MAX_TOKENS)
@@ -84,22 +124,48 @@ static int run(ctl *c, int argc, char **argv)
         return ctl_usage(c, "'%s' is not a job id (a number, as `gradctl list` shows)", argv[optind]);
     sr.prompt.data = (uint8_t *)prompt;
     sr.prompt.len = strlen(prompt);
+    if (ids_text && *prompt)
+        return ctl_usage(c, "--prompt and --prompt-ids: give the prompt one way");
+    if (ids_text && parse_ids(ids_text, &ids, &nids) != 0)
+        return ctl_usage(c, "--prompt-ids: '%s' is not token ids (whole numbers from 0 to %u, separated by commas)",
+                         ids_text, UINT32_MAX);
+    sr.prompt_ids = ids;
+    sr.n_prompt_ids = nids;
+    /* What precedes the text on stdout: the prompt, or a byte model's
+     * prompt given by ids as those bytes. */
+    char *shown = malloc(nids + 1);
+    if (!shown) {
+        free(ids);
+        return ctl_usage(c, "out of memory");
+    }
+    for (size_t i = 0; i < nids; i++)
+        shown[i] = ids[i] && ids[i] < 256 ? (char)ids[i] : '?';
+    shown[nids] = '\0';
+    if (nids)
+        prompt = shown;
 
     Gradd__Response *resp;
     int rc = ctl_call(c, "sample", GRADD__REQUEST__BODY_SAMPLE, &sr, &resp);
-    if (rc != CTL_OK)
+    if (rc != CTL_OK) {
+        free(ids);
+        free(shown);
         return rc;
+    }
     const Gradd__SampleResponse *s = resp->sample;
     /* Valid UTF-8 for the terminal and JSON alike. */
     char *text = jout_utf8(s->text.data, s->text.len);
     if (c->json) {
-        json_t *ids = json_array();
+        json_t *tids = json_array();
         for (size_t i = 0; i < s->n_token_ids; i++)
-            json_array_append_new(ids, jout_uint(s->token_ids[i]));
-        rc = jout_print(json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", jout_uint(sr.id), "model_path",
-                                  jout_str(s->model_path), "step", jout_uint(s->step), "vocab", jout_uint(s->vocab),
-                                  "seed", jout_uint(s->seed), "elapsed_s", jout_real(s->elapsed_s), "prompt",
-                                  jout_str(prompt), "text", jout_str(text), "token_ids", ids));
+            json_array_append_new(tids, jout_uint(s->token_ids[i]));
+        json_t *pids = json_array();
+        for (size_t i = 0; i < nids; i++)
+            json_array_append_new(pids, jout_uint(ids[i]));
+        rc = jout_print(json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", jout_uint(sr.id),
+                                  "model_path", jout_str(s->model_path), "step", jout_uint(s->step), "vocab",
+                                  jout_uint(s->vocab), "seed", jout_uint(s->seed), "elapsed_s",
+                                  jout_real(s->elapsed_s), "prompt", jout_str(nids ? "" : prompt), "prompt_ids", pids,
+                                  "text", jout_str(text), "token_ids", tids));
     } else {
         /* The model's path is the job's output dir: made safe to print. */
         fprintf(stderr, "# job %u: ", sr.id);
@@ -113,12 +179,15 @@ static int run(ctl *c, int argc, char **argv)
             if (!(s->text.len && s->text.data[s->text.len - 1] == '\n'))
                 putchar('\n');
         } else {
-            /* Not bytes: the ids, for the user's own tokenizer. */
+            /* Not bytes: the ids, for the user's own tokenizer, as
+             * --prompt-ids takes them. */
             for (size_t i = 0; i < s->n_token_ids; i++)
-                printf("%s%u", i ? " " : "", s->token_ids[i]);
+                printf("%s%u", i ? "," : "", s->token_ids[i]);
             putchar('\n');
         }
     }
+    free(ids);
+    free(shown);
     free(text);
     ctl_free(resp);
     fflush(stdout);
@@ -127,7 +196,7 @@ static int run(ctl *c, int argc, char **argv)
 
 const ctl_cmd cmd_sample = {
     .name = "sample",
-    .args = "ID [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]",
+    .args = "ID [--prompt TEXT | --prompt-ids I,J,...] [--tokens N] [--temperature T] [--seed S]",
     .summary = "generate text from a GPT job's model (or its latest checkpoint)",
     .run = run,
 };

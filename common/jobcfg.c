@@ -164,7 +164,7 @@ const char *jobcfg_where(const job_config *j, const char *section, const char *k
     return buf;
 }
 
-int jobcfg_key_line(const job_config *j, const char *section, const char *key)
+int jobcfg_line(const job_config *j, const char *section, const char *key)
 {
     const opts_def *o = opts_find(opts, NOPTS, section, key);
     return o ? j->key_line[o - opts] : 0;

@@ -133,9 +133,9 @@ int jobcfg_load_record(const void *contents, size_t len, const char *path, job_c
  * file did not set) into buf, for errors found after the file was read: the
  * device it names is missing, its data cannot be read as its owner. */
 const char *jobcfg_where(const job_config *j, const char *section, const char *key, char *buf, size_t len);
-/* The line of the file that set [section] key; 0 when the file left it at
- * its default (or there is no such key). */
-int jobcfg_key_line(const job_config *j, const char *section, const char *key);
+/* The line the file set [section] key on; 0 where it left the key at its
+ * default (or there is no such key). */
+int jobcfg_line(const job_config *j, const char *section, const char *key);
 /* NULL if `name` may name a job, else why not: it is shown in every user's
  * terminal and JSON, so it must be valid UTF-8 without control characters
  * or bidi controls. */

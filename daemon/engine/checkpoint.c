@@ -364,6 +364,12 @@ int checkpoint_export(run *r, char *err, size_t err_len)
     snprintf(v, sizeof v, "%llu", (unsigned long long)r->progress.step);
     st_writer_meta(w, "step", v, err, err_len);
     rc = st_write_atomic(w, r->ckpt.path_model, err, err_len);
+    /* Beside the weights, what transformers needs to load them. */
+    if (rc == 0) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/config.json", r->j->out_dir);
+        rc = model_hf_export_config(r->m, path, err, err_len);
+    }
 out:
     if (tmp)
         for (int i = 0; i < r->m->ntensors; i++)

@@ -291,12 +291,22 @@ int sample_generate(sample_model *s, const sample_opts *o, sample_output *out, c
     }
     if (o->prompt_len && V != 256) {
         snprintf(err, err_len, "prompt: the model's vocabulary has %u tokens, not the 256 bytes of a text model; "
-                               "sample it without a prompt (it starts from token 0)", V);
+                               "give the prompt as token ids, or none (it starts from token 0)", V);
         return -1;
     }
+    if (o->prompt_len && o->prompt_ids_len) {
+        snprintf(err, err_len, "prompt: give it as text or as token ids, not both");
+        return -1;
+    }
+    for (size_t i = 0; i < o->prompt_ids_len; i++)
+        if (o->prompt_ids[i] >= V) {
+            snprintf(err, err_len, "prompt ids: %u (number %zu) is not below the model's vocabulary of %u",
+                     o->prompt_ids[i], i + 1, V);
+            return -1;
+        }
     /* The window the model sees: the last T tokens of prompt + output.  A
      * byte model with no prompt starts at a line break, as text does. */
-    size_t have = o->prompt_len ? o->prompt_len : 1;
+    size_t have = o->prompt_len ? o->prompt_len : o->prompt_ids_len ? o->prompt_ids_len : 1;
     size_t cap = have + o->tokens;
     int32_t *seq = malloc(cap * sizeof *seq);
     float *logits = malloc((size_t)V * sizeof *logits);
@@ -314,6 +324,9 @@ int sample_generate(sample_model *s, const sample_opts *o, sample_output *out, c
     if (o->prompt_len)
         for (size_t i = 0; i < o->prompt_len; i++)
             seq[i] = o->prompt[i];
+    else if (o->prompt_ids_len)
+        for (size_t i = 0; i < o->prompt_ids_len; i++)
+            seq[i] = (int32_t)o->prompt_ids[i];
     else
         seq[0] = V == 256 ? '\n' : 0;
     /* The key/value cache serves while the window starts at the sequence's

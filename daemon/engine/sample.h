@@ -49,6 +49,8 @@ typedef struct {
      * and a core that other users' samples wait for. */
     const char *(*stop)(void *user);
     void *stop_user;
+    const uint32_t *prompt_ids; /* or the prompt as token ids (any vocabulary), not with prompt */
+    size_t prompt_ids_len;
 } sample_opts;
 
 typedef struct {

@@ -494,7 +494,16 @@ static train_outcome run_job(run *r, const train_hooks *h)
     float *init = r->host_visible ? r->mem.params : malloc(P * sizeof(float));
     if (!init)
         return run_fail(r, "out of host memory initialising %zu parameters", P);
-    r->m->ops->init_params(r->m, init, j->seed);
+    /* A resume checkpoint wins over [model] from: it is where the job got to. */
+    if (j->from[0] && !checkpoint_exists(r)) {
+        if (model_hf_load(r->m, j->from, init, err, sizeof err) != 0) {
+            if (!r->host_visible)
+                free(init);
+            return run_fail(r, "cannot import: %s", err);
+        }
+    } else {
+        r->m->ops->init_params(r->m, init, j->seed);
+    }
     if (!r->host_visible) {
         r->k->copy_h2d(r->kc, r->mem.params, init, P * sizeof(float));
         free(init);
@@ -590,7 +599,18 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     r->host_visible = d->kind == DEV_KIND_CPU;
     train_outcome o;
     char why[1024];
-    if (!(r->kind = model_kind_need(j, why, sizeof why))) {
+    /* A job from a Hugging Face directory: its [model] keys from config.json
+     * again, since a job queued before a restart was parsed without them. */
+    job_config *filled = NULL;
+    if (j->from[0] && (filled = malloc(sizeof *filled))) {
+        *filled = *j;
+        r->j = j = filled;
+    }
+    if (j->from[0] && !filled) {
+        o = run_fail(r, "out of host memory");
+    } else if (filled && model_hf_fill(filled, why, sizeof why) != 0) {
+        o = run_fail(r, "%s", why);
+    } else if (!(r->kind = model_kind_need(j, why, sizeof why))) {
         o = run_fail(r, "%s", why);
     } else if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
         o = run_fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
@@ -617,5 +637,6 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     outputs_release(r);
     res->outcome = o;
     free(r);
+    free(filled);
     return o;
 }

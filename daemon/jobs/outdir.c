@@ -14,7 +14,7 @@
 /* ---- what the directory holds ------------------------------------------------- */
 
 /* gradd's outputs, the ones `never` refuses to write over. */
-static const char *const outputs[] = {"resume.safetensors", "model.safetensors", "metrics.jsonl"};
+static const char *const outputs[] = {"resume.safetensors", "model.safetensors", "config.json", "metrics.jsonl"};
 #define NOUTPUTS (sizeof outputs / sizeof outputs[0])
 
 static bool exists(const char *dir, const char *name)

@@ -7,8 +7,8 @@
  *            job's last step) is continued; a finished run is refused;
  *   require: only such a checkpoint: none is refused, as is a finished run;
  *   never:   only a directory without gradd's outputs (resume.safetensors,
- *            model.safetensors, metrics.jsonl): nothing is written over,
- *            nothing deleted.
+ *            model.safetensors, config.json, metrics.jsonl): nothing is
+ *            written over, nothing deleted.
  * The policy is for the job's first start: once it runs, its own
  * checkpoints are what a daemon restart resumes from.
  */

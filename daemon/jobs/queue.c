@@ -18,6 +18,7 @@
 #include "fileio.h"
 #include "runner.h"
 #include "base/log.h"
+#include "models/model.h"
 
 /* ---- files ------------------------------------------------------------------------- */
 
@@ -543,7 +544,10 @@ static job *load_job(queue *q, uint32_t id)
         access_saved saved;
         char aerr[256];
         bool switched = access_become(j->uid, j->gid, &saved, aerr, sizeof aerr) == 0;
-        if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0)
+        /* A job from a Hugging Face directory gets its [model] keys from
+         * it again, as at submit: the file alone may not name its model. */
+        if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0 &&
+            (j->cfg.type != JOBCFG_ENGINE || model_hf_fill(&j->cfg, err, sizeof err) == 0))
             err[0] = '\0';
         if (switched)
             access_restore(&saved);

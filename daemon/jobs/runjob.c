@@ -130,7 +130,8 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
             printf(", val loss %.4f", res.val_loss);
         if (!isnan(res.val_accuracy))
             printf(", val accuracy %.2f%%", res.val_accuracy * 100);
-        printf("\noutputs in %s (model.safetensors, metrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir);
+        printf("\noutputs in %s (model.safetensors, %smetrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir,
+               model_kind_of(&j) && model_kind_of(&j)->hf_config ? "config.json, " : "");
         rc = 0;
         break;
     case TRAIN_STOPPED:

@@ -219,8 +219,11 @@ const char *model_why_no_text(const job_config *j, char *buf, size_t len);
 /* The job file's checks that depend on its model: a kind gradd has, then
  * that kind's own.  Called right after jobcfg parses a file that is to be
  * run (submit, `gradd run`): jobcfg, shared with gradctl, does not know
- * which models this gradd has.  0, or -1 with err. */
-int model_check_job(const job_config *j, char *err, size_t err_len);
+ * which models this gradd has.  A job with [model] from first gets the
+ * keys its file left out from the directory's config.json, and its
+ * weights' headers are checked against the model (model_hf_fill,
+ * model_hf_check).  0, or -1 with err. */
+int model_check_job(job_config *j, char *err, size_t err_len);
 /* "FILE:LINE: [section] key: why" into err; -1.  For check_job. */
 int model_job_error(const job_config *j, const char *section, const char *key, const char *why, char *err,
                     size_t err_len);
@@ -231,6 +234,28 @@ int model_job_error(const job_config *j, const char *section, const char *key, c
 int model_parse_line(const char *line, job_config *j, char *err, size_t err_len);
 /* m's describe line. */
 void model_describe(const model *m, char *buf, size_t len);
+
+/* ---- Hugging Face directories (model_hf.c) ------------------------------------------- */
+
+/* The kind whose hf_type is config.json's model_type; NULL for none. */
+const model_kind *model_kind_hf(const char *hf_type);
+/* [model] from: the model's kind and the [model] keys the file left out
+ * from DIR/config.json (read as the caller: the job's owner); a key the
+ * file sets must agree ("FILE:LINE: [model] width: 768 but DIR/config.json
+ * hidden_size is 1024").  Nothing to do without from.  Filling a job again
+ * changes nothing, so the engine repeats it at run start.  0, or -1 with
+ * err and j partly filled. */
+int model_hf_fill(job_config *j, char *err, size_t err_len);
+/* The directory's weights against the model j (filled) describes: every
+ * tensor there with its shape and a dtype gradd reads, none left over;
+ * headers only.  0, or -1 with err naming the file and tensor. */
+int model_hf_check(const job_config *j, char *err, size_t err_len);
+/* m's parameters from dir's weights into host memory params
+ * (m->num_params floats), one tensor at a time.  0, or -1 with err. */
+int model_hf_load(const model *m, const char *dir, float *params, char *err, size_t err_len);
+/* m's config.json (its kind's hf_config) written atomically to path;
+ * nothing for a kind without one.  0, or -1 with err. */
+int model_hf_export_config(const model *m, const char *path, char *err, size_t err_len);
 
 /* ---- models ----------------------------------------------------------------------- */
 

@@ -20,11 +20,13 @@
  * and values go to a cache in a buffer of the caller's beside the
  * activations, and the activation buffers serve as that step's scratch.
  */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "errmsg.h"
 #include "model.h"
 
 #define ALIGN 64
@@ -745,6 +747,107 @@ static int gpt_parse(const char *line, job_config *j, char *err, size_t err_len)
     return 0;
 }
 
+/* ---- Hugging Face's GPT2LMHeadModel ------------------------------------------------ */
+
+/* A whole number from lo to hi at config.json's key (def where absent,
+ * unless def is 0). */
+static int hf_count(const json_t *cfg, const char *key, long long lo, long long hi, long long def, uint32_t *out,
+                    char *err, size_t err_len)
+{
+    const json_t *v = json_object_get(cfg, key);
+    long long x = def;
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v))
+            return errmsg_set(err, err_len, "config.json: %s: expected a whole number", key);
+        x = json_integer_value(v);
+    } else if (!def) {
+        return errmsg_set(err, err_len, "config.json: %s: is required", key);
+    }
+    if (x < lo || x > hi)
+        return errmsg_set(err, err_len, "config.json: %s: %lld is not from %lld to %lld", key, x, lo, hi);
+    *out = (uint32_t)x;
+    return 0;
+}
+
+static int gpt_hf_read(const void *config, job_config *j, char *err, size_t err_len)
+{
+    const json_t *cfg = config;
+    uint32_t ctx = 0, inner = 0;
+    if (hf_count(cfg, "n_embd", 1, 16384, 0, &j->width, err, err_len) ||
+        hf_count(cfg, "n_layer", 1, JOBCFG_MAX_LAYERS, 0, &j->layers, err, err_len) ||
+        hf_count(cfg, "n_head", 1, 128, 0, &j->heads, err, err_len) ||
+        hf_count(cfg, "vocab_size", 2, JOBCFG_MAX_VOCAB, 0, &j->vocab, err, err_len))
+        return -1;
+    if (json_object_get(cfg, "n_positions")) {
+        if (hf_count(cfg, "n_positions", 2, 65536, 0, &j->context, err, err_len))
+            return -1;
+    } else if (hf_count(cfg, "n_ctx", 2, 65536, 0, &j->context, err, err_len)) {
+        return -1;
+    }
+    if (json_object_get(cfg, "n_ctx") && hf_count(cfg, "n_ctx", 2, 65536, 0, &ctx, err, err_len) == 0 &&
+        ctx != j->context)
+        return errmsg_set(err, err_len, "config.json: n_ctx: %u but n_positions is %u", ctx, j->context);
+    if (j->width % j->heads)
+        return errmsg_set(err, err_len, "config.json: n_head: %u does not divide n_embd %u", j->heads, j->width);
+    if (hf_count(cfg, "n_inner", 1, 1 << 18, 4 * (long long)j->width, &inner, err, err_len))
+        return -1;
+    if (inner != 4 * j->width)
+        return errmsg_set(err, err_len, "config.json: n_inner: %u; gradd's gpt has 4 × n_embd (%u)", inner,
+                          4 * j->width);
+    /* gradd's layernorm has eps 1e-5 (kernels/cpu/layernorm.c) and its
+     * GELU is the tanh approximation: another would be another model. */
+    const json_t *eps = json_object_get(cfg, "layer_norm_epsilon");
+    if (eps && (!json_is_number(eps) || json_number_value(eps) != 1e-5))
+        return errmsg_set(err, err_len, "config.json: layer_norm_epsilon: gradd's gpt has 1e-05 only");
+    const json_t *act = json_object_get(cfg, "activation_function");
+    const char *a = act ? json_string_value(act) : "gelu_new";
+    if (!a || (strcmp(a, "gelu_new") && strcmp(a, "gelu_pytorch_tanh")))
+        return errmsg_set(err, err_len, "config.json: activation_function: gradd's gpt has gelu_new "
+                          "(gelu_pytorch_tanh) only");
+    const json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    if (tie && !json_is_true(tie))
+        return errmsg_set(err, err_len, "config.json: tie_word_embeddings: gradd's gpt ties its output layer to "
+                          "wte, so only true");
+    const json_t *inv = json_object_get(cfg, "scale_attn_by_inverse_layer_idx");
+    if (inv && json_is_true(inv))
+        return errmsg_set(err, err_len, "config.json: scale_attn_by_inverse_layer_idx: gradd's gpt has false only");
+    const json_t *scale = json_object_get(cfg, "scale_attn_weights");
+    if (scale && !json_is_true(scale))
+        return errmsg_set(err, err_len, "config.json: scale_attn_weights: gradd's gpt has true only");
+    return 0;
+}
+
+static void *gpt_hf_config(const model *m)
+{
+    const gpt *g = G(m);
+    json_t *c = json_pack("{s:[s],s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:f,s:s,s:b,s:I,s:I,s:f,s:f,s:f,s:f}",
+                          "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_embd", (json_int_t)g->C,
+                          "n_layer", (json_int_t)g->L, "n_head", (json_int_t)g->NH, "n_positions",
+                          (json_int_t)g->T, "n_ctx", (json_int_t)g->T, "vocab_size", (json_int_t)g->V,
+                          "activation_function", "gelu_new", "layer_norm_epsilon", 1e-5, "torch_dtype", "float32",
+                          "tie_word_embeddings", 1, "bos_token_id", (json_int_t)g->V - 1, "eos_token_id",
+                          (json_int_t)g->V - 1, "initializer_range", 0.02, "attn_pdrop", 0.0, "embd_pdrop", 0.0,
+                          "resid_pdrop", 0.0);
+    return c;
+}
+
+/* What a GPT2LMHeadModel checkpoint holds besides gradd's tensors: the
+ * causal mask buffers of older transformers, and the head tied to wte. */
+static bool gpt_hf_ignore(const model *m, const char *name)
+{
+    (void)m;
+    if (!strcmp(name, "lm_head.weight"))
+        return true;
+    if (strncmp(name, "h.", 2))
+        return false;
+    const char *p = name + 2;
+    if (*p < '0' || *p > '9')
+        return false;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return !strcmp(p, ".attn.bias") || !strcmp(p, ".attn.masked_bias");
+}
+
 const model_kind model_kind_gpt = {
     .name = "gpt",
     .a_name = "a gpt",
@@ -756,4 +859,9 @@ const model_kind model_kind_gpt = {
     .create = gpt_create,
     .describe = gpt_describe,
     .parse = gpt_parse,
+    .hf_type = "gpt2",
+    .hf_prefix = "transformer.",
+    .hf_read = gpt_hf_read,
+    .hf_config = gpt_hf_config,
+    .hf_ignore = gpt_hf_ignore,
 };

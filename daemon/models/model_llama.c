@@ -756,7 +756,7 @@ int model_llama_keys_refuse(const job_config *j, const model_kind *kind, char *e
                                        "rope_factor",   "rope_low_freq",  "rope_high_freq", "rope_context",
                                        "norm_eps",      "tie_embeddings"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (jobcfg_key_line(j, "model", keys[i])) {
+        if (jobcfg_line(j, "model", keys[i])) {
             char why[96];
             snprintf(why, sizeof why, "is a llama key; %s has none", kind->a_name);
             return model_job_error(j, "model", keys[i], why, err, err_len);

@@ -95,14 +95,18 @@ const char *model_why_no_text(const job_config *j, char *buf, size_t len)
     return buf;
 }
 
-int model_check_job(const job_config *j, char *err, size_t err_len)
+int model_check_job(job_config *j, char *err, size_t err_len)
 {
+    if (model_hf_fill(j, err, err_len) != 0)
+        return -1;
     const model_kind *kind = model_kind_need(j, err, err_len);
     if (!kind)
         return -1;
     if (kind != &model_kind_llama && model_llama_keys_refuse(j, kind, err, err_len) != 0)
         return -1;
-    return kind->check_job ? kind->check_job(j, err, err_len) : 0;
+    if (kind->check_job && kind->check_job(j, err, err_len) != 0)
+        return -1;
+    return model_hf_check(j, err, err_len);
 }
 
 int model_parse_line(const char *line, job_config *j, char *err, size_t err_len)

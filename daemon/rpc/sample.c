@@ -26,6 +26,7 @@ typedef struct {
     gid_t gid;
     char out_dir[PATH_MAX];
     uint8_t *prompt;
+    uint32_t *prompt_ids;
     sample_opts opts;
     uint64_t timeout_ms; /* [daemon] sample_timeout */
     uint64_t deadline_ns;
@@ -102,6 +103,7 @@ static void sample_op_free(sample_op *op)
 {
     sample_output_free(&op->out);
     free(op->prompt);
+    free(op->prompt_ids);
     free(op);
 }
 
@@ -162,7 +164,8 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req)
     else if (!ctx->q)
         snprintf(msg, sizeof msg, "this gradd has no job queue"), code = GRADD__ERROR__CODE__UNAVAILABLE;
     sample_op *op = msg[0] ? NULL : calloc(1, sizeof *op);
-    if (!msg[0] && (!op || !(op->prompt = malloc(rq->prompt.len ? rq->prompt.len : 1)))) {
+    if (!msg[0] && (!op || !(op->prompt = malloc(rq->prompt.len ? rq->prompt.len : 1)) ||
+                    !(op->prompt_ids = malloc(rq->n_prompt_ids ? rq->n_prompt_ids * sizeof(uint32_t) : 1)))) {
         snprintf(msg, sizeof msg, "out of memory");
         code = GRADD__ERROR__CODE__INTERNAL;
     }
@@ -186,8 +189,10 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req)
         pthread_mutex_unlock(&ctx->q->lock);
     }
     if (msg[0]) {
-        if (op)
+        if (op) {
             free(op->prompt);
+            free(op->prompt_ids);
+        }
         free(op);
         rpc_error(c, code, msg);
         return NULL;
@@ -201,6 +206,10 @@ rpc_work *rpc_sample(const rpc_call *c, const Gradd__Request *req)
         memcpy(op->prompt, rq->prompt.data, rq->prompt.len);
     op->opts.prompt = op->prompt;
     op->opts.prompt_len = rq->prompt.len;
+    if (rq->n_prompt_ids)
+        memcpy(op->prompt_ids, rq->prompt_ids, rq->n_prompt_ids * sizeof(uint32_t));
+    op->opts.prompt_ids = op->prompt_ids;
+    op->opts.prompt_ids_len = rq->n_prompt_ids;
     op->opts.tokens = rq->tokens ? rq->tokens : SAMPLE_DEFAULT_TOKENS;
     op->opts.temperature = temp;
     op->opts.seed = rq->seed;

@@ -41,6 +41,8 @@
 #           JSON for `gradctl --json metrics`
 #   llama_config  daemon/models/model_llama_hf.c: a Hugging Face config.json
 #           into a llama's job keys, and the model's own config.json back
+#   hf      daemon/io/hf.c: config.json and model.safetensors.index.json as
+#           [model] from reads them, and each model kind's hf_read of the config
 #
 # Each harness is built with clang -fsanitize=fuzzer,address,undefined and run
 # for SECONDS on BUILD_DIR/corpus-NAME, a copy of tests/fuzz/seeds/NAME (new
@@ -117,8 +119,10 @@ LIBS=(-lprotobuf-c -linih -lz -lm -lpthread)
 # jansson is not built with the sanitizers: the harnesses check gradd's code.
 JANSSON=$(pkg-config --cflags --libs jansson 2>/dev/null || echo -ljansson)
 
-HARNESSES=(wire units config jobcfg safetensors data jsonl sample queue utf8 pool_shm argsplit acct promtext llama_config)
+HARNESSES=(wire units config jobcfg safetensors data jsonl sample queue utf8 pool_shm argsplit acct promtext llama_config hf)
 ST_SRC="$ROOT/daemon/io/safetensors.c $ROOT/daemon/io/st_write.c $ROOT/daemon/io/st_dtype.c"
+# The models read Hugging Face directories (models/model_hf.c).
+MODELS_SRC="$ROOT/daemon/models/*.c $ROOT/daemon/io/hf.c $ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c"
 sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $GEN/gradd.pb-c.c" ;;
@@ -126,26 +130,28 @@ sources() {
     config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/utf8.c" \
-        "$ROOT/daemon/models/*.c" ;;
+        "$MODELS_SRC" ;;
     safetensors) echo "$ST_SRC $ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c" ;;
     data | jsonl) echo "$ROOT/daemon/io/data*.c $ROOT/common/errmsg.c $ROOT/common/units.c $ROOT/common/fileio.c" ;;
-    sample) echo "$ROOT/daemon/engine/sample.c $ROOT/daemon/models/*.c" \
-        "$ST_SRC $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
-        "$ROOT/common/fileio.c $ROOT/common/errmsg.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
+    sample) echo "$ROOT/daemon/engine/sample.c $MODELS_SRC" \
+        "$ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
+        "$ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
+    hf) echo "$MODELS_SRC $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c" \
+        "$ROOT/common/units.c $ROOT/common/utf8.c" ;;
     queue) echo "$ROOT/daemon/jobs/queue_state.c" ;;
     utf8) echo "$ROOT/common/utf8.c" ;;
     pool_shm) echo "$ROOT/daemon/pool/pool_shm.c" ;;
     argsplit) echo "$ROOT/common/argsplit.c" ;;
     acct) echo "$ROOT/daemon/jobs/acct_parse.c $ROOT/common/utf8.c" ;;
     promtext) echo "$ROOT/client/promtext.c $ROOT/client/jout.c $ROOT/common/utf8.c" ;;
-    llama_config) echo "$ROOT/daemon/models/*.c $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c" \
+    llama_config) echo "$MODELS_SRC $ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c" \
         "$ROOT/common/units.c $ROOT/common/utf8.c $ROOT/kernels/cpu/*.c" ;;
     esac
 }
 # Extra flags and libraries per harness.
 extra() {
     case $1 in
-    safetensors | acct | jobcfg) echo "$JANSSON" ;;
+    safetensors | acct | jobcfg | hf) echo "$JANSSON" ;;
     sample | llama_config) echo "-fopenmp -lopenblas $JANSSON" ;;
     promtext) echo "-I$ROOT/client $JANSSON" ;;
     esac

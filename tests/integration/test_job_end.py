@@ -116,7 +116,8 @@ class JobEnd(harness.DaemonTest):
         r = self.submit(never, check=False)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("%s:23: [output] resume = never: %s holds another run's outputs (resume.safetensors, "
-                      "model.safetensors, metrics.jsonl), which gradd neither continues nor writes over; remove "
+                      "model.safetensors, config.json, metrics.jsonl), which gradd neither continues nor writes over; "
+                      "remove "
                       "them, or choose another [output] dir\n" % (never, out), r.stderr)
         self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
         # require: there must be a checkpoint to continue.

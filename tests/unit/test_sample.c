@@ -75,7 +75,7 @@ static sample_model *load(const char *name)
 static void gen_with(sample_model *m, const char *prompt, uint32_t n, double temp, uint64_t seed, bool no_cache,
                      sample_output *o)
 {
-    sample_opts so = {(const uint8_t *)prompt, strlen(prompt), n, temp, seed, 1, no_cache, NULL, NULL};
+    sample_opts so = {(const uint8_t *)prompt, strlen(prompt), n, temp, seed, 1, no_cache, NULL, NULL, NULL, 0};
     char err[512];
     if (sample_generate(m, &so, o, err, sizeof err) != 0)
         fail_msg("%s", err);
@@ -445,7 +445,7 @@ static void test_other_vocab(void **state)
     sample_model *m;
     assert_int_equal(sample_load(path, 1, &m, err, sizeof err), 0);
     assert_int_equal(sample_vocab(m), 300);
-    sample_opts so = {(const uint8_t *)"hi", 2, 5, 0.8, 1, 1, false, NULL, NULL};
+    sample_opts so = {(const uint8_t *)"hi", 2, 5, 0.8, 1, 1, false, NULL, NULL, NULL, 0};
     sample_output o;
     assert_int_equal(sample_generate(m, &so, &o, err, sizeof err), -1);
     assert_non_null(strstr(err, "prompt: the model's vocabulary has 300 tokens"));
