@@ -47,6 +47,8 @@ static int load_job(const char *path, job_config *j)
     static char buf[1 << 16];
     size_t len = fread(buf, 1, sizeof buf, f);
     fclose(f);
+    if (len == sizeof buf)
+        return fail(path, "larger than a job file can be here (64 KiB)");
     char err[1024];
     if (jobcfg_load_record(buf, len, path, j, err, sizeof err) != 0 || model_check_job(j, err, sizeof err) != 0)
         return fail(path, err);
