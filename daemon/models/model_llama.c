@@ -742,8 +742,8 @@ static int llama_check_job(const job_config *j, char *err, size_t err_len)
     const char *key, *why = shape_problem(j, &key);
     if (why)
         return model_job_error(j, "model", key, why, err, err_len);
-    if (j->format == JOBCFG_DATA_IDX || j->format == JOBCFG_DATA_NPY)
-        return model_job_error(j, "data", "format", "images train an mlp, not a llama", err, err_len);
+    if (j->format == JOBCFG_DATA_IDX)
+        return model_job_error(j, "data", "format", "idx images train an mlp, not a llama", err, err_len);
     return 0;
 }
 

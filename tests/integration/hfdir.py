@@ -123,3 +123,44 @@ def write_gpt2(d, C=16, L=2, H=2, T=32, V=256, seed=0, prefix="transformer.", dt
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config if config is not None else gpt2_config(C, L, H, T, V), f)
     return want
+
+
+def llama_config(C, L, H, KVH, F, T, V, tie=False, **extra):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
+           "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H,
+           "num_key_value_heads": KVH, "max_position_embeddings": T, "vocab_size": V, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": tie, "attention_bias": False}
+    cfg.update(extra)
+    return cfg
+
+
+def write_llama(d, C=32, L=2, H=4, KVH=2, F=64, T=32, V=96, tie=False, seed=0, dtype="F32"):
+    """A LlamaForCausalLM directory at d (one model.safetensors), random.
+    Returns gradd's tensor names (transformers' own) -> float32 values."""
+    os.makedirs(d, exist_ok=True)
+    r = np.random.default_rng(seed)
+    hs = C // H
+    shapes = {"model.embed_tokens.weight": (V, C)}
+    for l in range(L):
+        p = "model.layers.%d." % l
+        shapes.update({
+            p + "input_layernorm.weight": (C,), p + "self_attn.q_proj.weight": (C, C),
+            p + "self_attn.k_proj.weight": (KVH * hs, C), p + "self_attn.v_proj.weight": (KVH * hs, C),
+            p + "self_attn.o_proj.weight": (C, C), p + "post_attention_layernorm.weight": (C,),
+            p + "mlp.gate_proj.weight": (F, C), p + "mlp.up_proj.weight": (F, C),
+            p + "mlp.down_proj.weight": (C, F)})
+    shapes["model.norm.weight"] = (C,)
+    if not tie:
+        shapes["lm_head.weight"] = (V, C)
+    want, files = {}, {}
+    for k, s in shapes.items():
+        a = (r.standard_normal(s) * (0.1 if k.endswith("norm.weight") else 0.2)).astype(np.float32)
+        if k.endswith("norm.weight"):
+            a += 1
+        enc, back = encode(a, dtype)
+        files[k] = enc
+        want[k] = back
+    write_safetensors(os.path.join(d, "model.safetensors"), files, {"format": "pt"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(llama_config(C, L, H, KVH, F, T, V, tie), f)
+    return want
