@@ -193,7 +193,7 @@ static void test_job_checks(void **state)
     expect_error("[model]\ntype = mlp\nhidden = 8\nnorm_eps = 1e-6\n[data]\ntrain = x.idx\ntrain_labels = y.idx\n"
                  "[output]\ndir = out\n",
                  ":4: [model] norm_eps: is a llama key; an mlp has none");
-    expect_error(HEAD "[data]\nformat = idx\ntrain = x\n[output]\ndir = o\n", "[data] format: images train an mlp");
+    expect_error(HEAD "[data]\nformat = idx\ntrain = x\n[output]\ndir = o\n", "[data] format: idx images train an mlp");
 }
 
 /* ---- Hugging Face ----------------------------------------------------------------------- */
