@@ -11,6 +11,7 @@
  * different pattern in each run, so a read of something the recomputation
  * failed to write would show.  And activation_bytes per sample is strictly
  * smaller with recompute, by at least the L - 1 blocks it no longer keeps.
+ * Also the job file's [memory] recompute and its refusals.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -248,6 +249,26 @@ static void test_logits_same(void **state)
     }
 }
 
+/* The key: auto by default; a word it does not know and on for a model
+ * without blocks are refused, naming the line and key. */
+static void test_job_key(void **state)
+{
+    (void)state;
+    static job_config j;
+    char err[512];
+    load(GPT_JOB, JOBCFG_FP32, &j);
+    assert_int_equal(j.recompute, JOBCFG_RECOMPUTE_AUTO);
+    const char *bad = GPT_JOB "[memory]\nrecompute = sometimes\n";
+    assert_int_not_equal(jobcfg_load_record(bad, strlen(bad), "/tmp/job.cfg", &j, err, sizeof err), 0);
+    assert_non_null(strstr(err, "[memory] recompute"));
+    const char *mlp = "[model]\ntype = mlp\n[data]\nformat = idx\ntrain = i\ntrain_labels = l\n[output]\ndir = o\n"
+                      "[memory]\nrecompute = on\n";
+    assert_int_equal(jobcfg_load_record(mlp, strlen(mlp), "/tmp/job.cfg", &j, err, sizeof err), 0);
+    assert_int_equal(j.recompute, JOBCFG_RECOMPUTE_ON);
+    assert_int_not_equal(model_check_job(&j, err, sizeof err), 0);
+    assert_non_null(strstr(err, "/tmp/job.cfg:10: [memory] recompute: on, but an mlp has no transformer blocks"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -255,6 +276,7 @@ int main(void)
         cmocka_unit_test(test_gpt_lp16),
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_logits_same),
+        cmocka_unit_test(test_job_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
