@@ -98,6 +98,9 @@ static const opts_def opts[] = {
      "steps of stable headroom before a shrunk micro-batch grows back (0: never)", NULL},
     {"memory", "tune", OPTS_BOOL, J(tune), 0, 1, false, "on",
      "micro_batch = auto: time sizes up to the largest that fits, keep the fastest", NULL},
+    {"memory", "recompute", OPTS_CHOICE, J(recompute), 0, 0, false, "auto",
+     "activation recomputation (gpt, llama): auto turns it on when micro-batch 1 does not fit without it",
+     "auto|off|on"},
 
     {"output", "dir", OPTS_STRING, J(out_dir), PATHS, "", "where model.safetensors, metrics and checkpoints go", NULL},
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",
@@ -300,7 +303,7 @@ static int check_readable(const parse_ctx *p, const char *key, const char *file,
  * and their defaults must not describe it (steps, a model type). */
 static bool engine_only(const opts_def *o)
 {
-    static const char *const keys[] = {"memory.margin", "memory.grow_after", "memory.tune",
+    static const char *const keys[] = {"memory.margin", "memory.grow_after", "memory.tune", "memory.recompute",
                                        "output.checkpoint_every", "output.log_every", "output.resume"};
     if (!strcmp(o->section, "model") || !strcmp(o->section, "data") || !strcmp(o->section, "train"))
         return true;

@@ -29,6 +29,9 @@ typedef enum { JOBCFG_RESTART_NO = 0, JOBCFG_RESTART_ON_FAILURE = 1 } jobcfg_res
 typedef enum { JOBCFG_ALLOC_GRADD = 0, JOBCFG_ALLOC_PYTORCH = 1 } jobcfg_allocator;
 /* [output] resume: what an engine job may find in its directory (daemon/jobs/outdir.h). */
 typedef enum { JOBCFG_RESUME_AUTO = 0, JOBCFG_RESUME_NEVER = 1, JOBCFG_RESUME_REQUIRE = 2 } jobcfg_resume;
+/* [memory] recompute: keep only each block's input for the backward and
+ * run the block's forward again there (less memory, more compute). */
+typedef enum { JOBCFG_RECOMPUTE_AUTO = 0, JOBCFG_RECOMPUTE_OFF = 1, JOBCFG_RECOMPUTE_ON = 2 } jobcfg_recompute;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 typedef struct job_config {
@@ -95,6 +98,7 @@ typedef struct job_config {
     double margin;
     uint64_t grow_after; /* steps of stable headroom before the micro-batch grows back; 0: never */
     bool tune;           /* micro_batch = auto: time sizes up to the fit and keep the fastest */
+    int recompute;       /* jobcfg_recompute */
 
     /* [output] */
     char out_dir[PATH_MAX];

@@ -6,7 +6,8 @@
 
 const char *batch_reason_name(batch_reason r)
 {
-    static const char *const names[BATCH_REASON_COUNT] = {"", "fit", "oom", "pressure", "grow", "tuning", "tuned"};
+    static const char *const names[BATCH_REASON_COUNT] = {"",      "fit",    "oom",   "pressure",
+                                                          "grow",  "tuning", "tuned", "recompute"};
     return (unsigned)r < BATCH_REASON_COUNT ? names[r] : "";
 }
 
@@ -271,6 +272,14 @@ void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, doub
     c->resume_fit = fit;
     c->resume_tuned = tuned != 0;
     c->resume_n = tuned ? tuned : fit;
+}
+
+void batch_recompute(batch_ctl *c, uint32_t from, uint64_t step)
+{
+    if (c->changes == 0)
+        c->changes = 1;
+    c->last = (batch_change){from, c->micro, step, BATCH_REASON_RECOMPUTE};
+    c->stable_steps = 0;
 }
 
 void batch_probe_skip(batch_ctl *c, size_t budget)

@@ -88,10 +88,11 @@ typedef enum {
     BATCH_REASON_GROW,     /* grew back after stable headroom */
     BATCH_REASON_TUNING,   /* a candidate size to time, after the fit */
     BATCH_REASON_TUNED,    /* the fastest candidate: recorded even when it is the size running */
+    BATCH_REASON_RECOMPUTE, /* micro-batch 1 did not fit: activation recomputation on, and a new fit */
     BATCH_REASON_COUNT
 } batch_reason;
 
-/* "fit", "oom", "pressure", "grow", "tuning", "tuned"; "" for none */
+/* "fit", "oom", "pressure", "grow", "tuning", "tuned", "recompute"; "" for none */
 const char *batch_reason_name(batch_reason r);
 
 typedef enum {
@@ -209,6 +210,11 @@ void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t b
  * not, the measurement joins the line and probing searches as for a new
  * job.  Call after batch_init, batch_set_tune and batch_prior. */
 void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, double per_sample);
+/* After a fit made because recompute was turned on (the engine's lever
+ * when micro-batch 1 does not fit without it): the change to c->micro is
+ * reported as one from `from`, the size that did not fit, for the reason
+ * recompute, in place of the fit's own. */
+void batch_recompute(batch_ctl *c, uint32_t from, uint64_t step);
 /* Skip probing (fixed micro-batch): micro = max_fit = ceiling. */
 void batch_probe_skip(batch_ctl *c, size_t budget);
 

@@ -84,6 +84,9 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     META("loss_scale", "%.17g", r->progress.loss_scale);
     META("loss_scale_good_steps", "%llu", (unsigned long long)r->progress.good_steps);
     META("micro", "%u", r->mem.micro);
+    /* recompute = auto's choice: resumed without it, the first step would
+     * not fit (memory_choose_micro). */
+    META("recompute", "%d", r->m->recompute ? 1 : 0);
     /* The results so far, so that a resumed run reports them until it has
      * its own, and one resumed at its last step reports them at all; the
      * time is the training's across runs. */
@@ -308,6 +311,8 @@ int checkpoint_load(run *r)
             r->progress.opt_steps = opt_steps;
             load_loss_scale(r, f);
             load_found(r, f);
+            const char *rc_meta = st_meta(f, "recompute");
+            r->ckpt.recompute = rc_meta && !strcmp(rc_meta, "1");
             r->prog.step = step;
             r->prog.loss = meta_f64(f, "loss");
             r->prog.val_loss = meta_f64(f, "val_loss");

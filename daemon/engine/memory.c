@@ -211,6 +211,7 @@ train_outcome memory_alloc(run *r)
     r->m->params = r->mem.params;
     r->m->params16 = r->mem.params16;
     r->m->grads = r->mem.grads;
+    r->m->recompute = r->j->recompute == JOBCFG_RECOMPUTE_ON && r->m->kind->recomputes;
     r->mem.persistent = pool_block_size(r->p, r->mem.params) + pool_block_size(r->p, r->mem.grads) +
                     pool_block_size(r->p, r->mem.opt) + pool_block_size(r->p, r->mem.params16);
     r->res->persistent_bytes = r->mem.persistent;
@@ -302,6 +303,39 @@ static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
                     units_format_size(oom->device_total, lim, sizeof lim), fix, ck, oom->message);
 }
 
+/* ---- activation recomputation ----------------------------------------------------- */
+
+/* The model's activation layout with recompute on or off, and the estimate
+ * the controller starts from with it.  No micro-batch may be bound. */
+static void set_recompute(run *r, bool on)
+{
+    size_t fixed, per;
+    r->m->recompute = on;
+    r->m->ops->activation_bytes(r->m, &fixed, &per);
+    r->mem.act_fixed = r->res->act_fixed = fixed;
+    r->mem.act_per = r->res->act_per_sample = per;
+    r->prog.recompute = on;
+}
+
+/* recompute = auto's lever: micro-batch 1 does not fit without it. */
+static bool recompute_may_turn_on(const run *r)
+{
+    return r->j->recompute == JOBCFG_RECOMPUTE_AUTO && r->m->kind->recomputes && !r->m->recompute;
+}
+
+static train_outcome choose_micro(run *r, batch_reason why);
+
+/* Micro-batch 1 did not fit: find the micro-batch again with recompute on
+ * (probing, unless micro_batch is fixed), reported as a change for the
+ * reason recompute.  Should that not fit either, the job fails as it would
+ * have. */
+static train_outcome turn_recompute_on(run *r)
+{
+    free_micro(r);
+    set_recompute(r, true);
+    return choose_micro(r, BATCH_REASON_RECOMPUTE);
+}
+
 /* After an OOM: shrink until the per-micro-batch memory fits again. */
 train_outcome memory_after_oom(run *r)
 {
@@ -309,6 +343,8 @@ train_outcome memory_after_oom(run *r)
     for (;;) {
         size_t avail, bud = job_budget(r, &avail);
         uint32_t n = batch_on_oom(&r->ctl, r->progress.step, bud, avail, rep.job_allocated + rep.requested);
+        if (n == 0 && recompute_may_turn_on(r))
+            return turn_recompute_on(r);
         if (n == 0)
             return fail_no_fit(r, &rep);
         int rc = set_micro(r, n, POOL_TRIM_OOM);
@@ -392,11 +428,13 @@ static bool found_still_holds(run *r, size_t budget)
 
 /* Choose the first micro-batch: the configured one; by probing; or, when
  * resuming, the size the checkpoint's run had found, verified by one probe.
- * Then allocate for it (shrinking if even that does not fit). */
-static train_outcome choose_micro_fitting(run *r)
+ * Then allocate for it (shrinking if even that does not fit).  why: FIT, or
+ * RECOMPUTE when recompute was just turned on for it. */
+static train_outcome choose_micro_fitting(run *r, batch_reason why)
 {
     const job_config *j = r->j;
     batch_ctl *c = &r->ctl;
+    uint32_t from = c->micro;
     batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
     batch_set_tune(c, j->tune && !j->micro_batch);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
@@ -425,7 +463,9 @@ static train_outcome choose_micro_fitting(run *r)
     /* Said before it is applied: should the size then not fit, the OOM
      * that shrinks it is the next change, not a replacement of this one. */
     r->mem.act_bytes = r->mem.act_fixed + r->mem.act_per * c->micro;
-    if (!j->micro_batch)
+    if (why == BATCH_REASON_RECOMPUTE)
+        batch_recompute(c, from, r->progress.step);
+    if (!j->micro_batch || why == BATCH_REASON_RECOMPUTE)
         outputs_batch_change(r);
     if (set_micro(r, c->micro, -1) != 0 && memory_after_oom(r) != TRAIN_DONE)
         return TRAIN_FAILED;
@@ -433,15 +473,34 @@ static train_outcome choose_micro_fitting(run *r)
     return TRAIN_DONE;
 }
 
+/* choose_micro_fitting inside the pool's fit lock, which a fit that turns
+ * recompute on (from its own OOM) already holds. */
+static train_outcome choose_micro(run *r, batch_reason why)
+{
+    bool outer = !r->mem.fitting;
+    if (outer) {
+        pool_fit_begin(r->p);
+        r->mem.fitting = true;
+    }
+    train_outcome o = choose_micro_fitting(r, why);
+    if (outer) {
+        r->mem.fitting = false;
+        pool_fit_end(r->p);
+    }
+    return o;
+}
+
 train_outcome memory_choose_micro(run *r)
 {
     pool_config pc;
     pool_get_config(r->p, &pc);
     r->mem.low_watermark = pc.low_watermark;
-    pool_fit_begin(r->p);
-    train_outcome o = choose_micro_fitting(r);
-    pool_fit_end(r->p);
-    return o;
+    /* What auto chose in the run that wrote the checkpoint: its fit was
+     * found with it, and without it the first step would not fit. */
+    if (r->ckpt.recompute && recompute_may_turn_on(r))
+        set_recompute(r, true);
+    r->prog.recompute = r->m->recompute;
+    return choose_micro(r, BATCH_REASON_FIT);
 }
 
 /* At a step boundary: shrink before an OOM, grow back, or tune. */

@@ -59,6 +59,7 @@ typedef struct {
     int32_t *aux_host;
     size_t low_watermark;      /* the pool's: device memory kept free for others */
     bool oom;                  /* an allocation inside the step failed */
+    bool fitting;              /* inside pool_fit_begin (a fit may start another: recompute) */
     pool_oom_report last_oom;  /* the first such failure's report */
 } run_memory;
 
@@ -75,6 +76,7 @@ typedef struct {
 typedef struct {
     char path_resume[4096], path_model[4096];
     run_found found;
+    bool recompute; /* the run that wrote it ran with recompute (auto's choice kept) */
 } run_checkpoints;
 
 /* Where the training stands: what a checkpoint keeps besides the tensors

@@ -52,7 +52,8 @@ typedef struct {
     uint64_t batch_changes;
     uint32_t change_from, change_to; /* the last change (valid when batch_changes > 0) */
     uint64_t change_step;
-    char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow" */
+    char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow", "recompute" */
+    bool recompute;             /* activation recomputation is on ([memory] recompute) */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
     uint64_t data_bytes;        /* host memory the job's data holds (io/data.h's budget) */
 } train_progress;

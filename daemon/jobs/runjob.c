@@ -46,10 +46,10 @@ static void on_step(void *user, const train_progress *p)
         snprintf(val, sizeof val, "  val %.4f", p->val_loss);
     if (!isnan(p->val_accuracy))
         snprintf(val + strlen(val), sizeof val - strlen(val), " acc %.2f%%", p->val_accuracy * 100);
-    fprintf(stderr, "step %6llu/%llu  loss %.4f%s  lr %.2e  norm %.3f  %.0f %s/s  micro %u×%u  mem %s/%s\n",
+    fprintf(stderr, "step %6llu/%llu  loss %.4f%s  lr %.2e  norm %.3f  %.0f %s/s  micro %u×%u  mem %s/%s%s\n",
             (unsigned long long)p->step, (unsigned long long)p->steps, p->loss, val, p->lr, p->grad_norm,
             p->units_per_s, v->unit, p->micro, p->accum, units_format_size(p->allocated, a, sizeof a),
-            units_format_size(p->reserved, r, sizeof r));
+            units_format_size(p->reserved, r, sizeof r), p->recompute ? "  recompute" : "");
 }
 
 /* A runner's note, as a warning on stderr. */

@@ -172,9 +172,10 @@ static void on_step(void *user, const train_progress *p)
             n += (size_t)snprintf(line + n, sizeof line - n, " val %.4f", p->val_loss);
         if (!isnan(p->val_accuracy))
             n += (size_t)snprintf(line + n, sizeof line - n, " acc %.2f%%", p->val_accuracy * 100);
-        snprintf(line + n, sizeof line - n, " lr %.2e norm %.3f %.0f %s/s micro %u×%u mem %s/%s\n", p->lr,
+        snprintf(line + n, sizeof line - n, " lr %.2e norm %.3f %.0f %s/s micro %u×%u mem %s/%s%s\n", p->lr,
                  p->grad_norm, p->units_per_s, model_unit(&r->j->cfg), p->micro, p->accum,
-                 units_format_size(p->allocated, a, sizeof a), units_format_size(p->reserved, b, sizeof b));
+                 units_format_size(p->allocated, a, sizeof a), units_format_size(p->reserved, b, sizeof b),
+                 p->recompute ? " recompute" : "");
         log_put(r, line);
     }
 }

@@ -130,6 +130,14 @@ struct model {
     uint16_t *params16;
     bool needs_params16;
     uint32_t max_n;        /* activations bound for this many samples */
+    /* Activation recomputation, for a kind that `recomputes`: set before
+     * activation_bytes and bind_activations, which then keep only each
+     * transformer block's input (and what the loss reads) and one block's
+     * worth of the rest, and the backward runs each block's forward again
+     * into that one block's buffers right before its own backward.  The
+     * same kernels in the same order: the step is bitwise the same, for
+     * the memory of L - 1 blocks' activations and one more forward. */
+    bool recompute;
     /* Signs of life from inside a forward or backward: the models call
      * model_poll between layers, which calls poll(poll_user) (poll may be
      * NULL).  When `stoppable` and poll returns true, `stopped` is set and
@@ -161,6 +169,7 @@ struct model_kind {
     bool classifies; /* forward counts correct top-1 predictions: validation reports accuracy */
     bool packs;      /* honours model_batch pos and start: several samples to a sequence */
     bool generates;  /* a token distribution to sample (gradctl sample); parse is then set */
+    bool recomputes; /* honours model.recompute ([memory] recompute) */
     /* The kind's checks of a job file that jobcfg parsed (its keys, the data
      * it needs): 0, or -1 with "FILE:LINE: [section] key: why" in err
      * (model_job_error). */

@@ -12,7 +12,10 @@
  * Activations keep only what backward reads (per layer: ln1, its mean and
  * rstd, qkv, att, atty, residual2, ln2, its mean and rstd, fch, fch_gelu,
  * residual3); everything else is one layer's worth of scratch reused by all
- * layers.  The gradient of the residual stream is a single (B,T,C) buffer:
+ * layers.  With recompute (model.h) the per-layer ones but residual3 (each
+ * block's output, the next one's input) hold one layer, and the backward
+ * runs each block's forward again into them.  The gradient of the residual
+ * stream is a single (B,T,C) buffer:
  * every layer's backward reads it as dout and its layernorms add into it in
  * place, which is exactly the sum the residual connections call for.
  *
@@ -60,6 +63,7 @@ typedef struct {
 
     /* Activations for up to max_n samples. */
     uint32_t n; /* bound size */
+    bool rc;    /* bound with recompute: per-layer buffers hold one layer (slot 0) */
     float *encoded;                                   /* (B,T,C) */
     float *ln1, *ln1_mean, *ln1_rstd;                 /* (L,B,T,C), (L,B,T) */
     float *qkv;                                       /* (L,B,T,3C) */
@@ -109,9 +113,9 @@ static gpt *G(const model *m) { return (gpt *)m->impl; }
  * pointers, always return the bytes used (each buffer 64-byte aligned).
  * In lp16 mode the fp32 buffers it replaces are empty, and the other way
  * round. */
-static size_t carve(gpt *g, char *base, uint32_t n)
+static size_t carve(gpt *g, char *base, uint32_t n, bool rc)
 {
-    size_t BT = (size_t)n * g->T, C = g->C, L = g->L, NH = g->NH, T = g->T, V = g->V;
+    size_t BT = (size_t)n * g->T, C = g->C, L = rc ? 1 : g->L, NH = g->NH, T = g->T, V = g->V;
     size_t TT = g->fused ? 0 : T * T; /* the (T,T) score matrices, unless fused */
     size_t f32 = g->lp16 ? 0 : 1, h16 = g->lp16 ? 1 : 0, q16 = g->qkv16_on ? 1 : 0;
     size_t off = 0;
@@ -142,7 +146,7 @@ static size_t carve(gpt *g, char *base, uint32_t n)
     TAKE16(fch16, h16 * L * BT * 4 * C);
     TAKE(fch_gelu, f32 * L * BT * 4 * C);
     TAKE16(fch_gelu16, h16 * L * BT * 4 * C);
-    TAKE(residual3, L * BT * C);
+    TAKE(residual3, (size_t)g->L * BT * C); /* the blocks' inputs and the loss's: kept whole */
     TAKE(lnf, f32 * BT * C);
     TAKE16(lnf16, h16 * BT * C);
     TAKE(lnf_mean, BT);
@@ -177,13 +181,15 @@ static uint32_t gpt_units(const model *m)
 static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
 {
     gpt *g = G(m);
-    model_activation_split(carve(g, NULL, 1), carve(g, NULL, 2), GPT_BUFFERS, ALIGN, fixed, per_sample);
+    model_activation_split(carve(g, NULL, 1, m->recompute), carve(g, NULL, 2, m->recompute), GPT_BUFFERS, ALIGN,
+                           fixed, per_sample);
 }
 
 static void gpt_bind(model *m, void *mem, uint32_t n)
 {
     gpt *g = G(m);
-    carve(g, mem, n);
+    carve(g, mem, n, m->recompute);
+    g->rc = m->recompute;
     g->n = n;
     m->max_n = n;
     free(g->dloss_host);
@@ -223,6 +229,79 @@ static void gpt_init(const model *m, float *params, uint64_t seed)
 
 /* ---- forward ------------------------------------------------------------------------- */
 
+/* Block l's forward for B sequences of T tokens, from its input (encoded or
+ * residual3 of the block below) into its activations: layer l's, or the
+ * one layer's with recompute.  `out`: also residual3, the block's output;
+ * the backward's recomputation leaves it (it is kept, and no backward
+ * reads the MLP projection's output). */
+static void gpt_block_forward(model *m, uint32_t l, int B, int T, bool out)
+{
+    gpt *g = G(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int C = (int)g->C, NH = (int)g->NH;
+    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
+    size_t s = g->rc ? 0 : l; /* the slot of the per-layer buffers */
+    const float *P = m->params;
+    const uint16_t *P16 = m->params16; /* lp16: the weights as the 16-bit GEMMs read them */
+    const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
+    float *ln1_mean = g->ln1_mean + s * LBT, *ln1_rstd = g->ln1_rstd + s * LBT;
+    float *qkv = g->qkv + s * BTC * 3, *att = g->att + s * att_l, *atty = g->atty + s * BTC;
+    float *res2 = g->residual2 + s * BTC;
+    float *ln2_mean = g->ln2_mean + s * LBT, *ln2_rstd = g->ln2_rstd + s * LBT;
+    float *res3 = g->residual3 + l * BTC;
+    gpt_layer *w = &g->layer[l];
+
+    if (g->qkv16_on) {
+        uint16_t *ln1 = g->ln1_16 + s * BTC, *qkv16 = g->qkv16 + s * BTC * 3;
+        k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+        k->matmul_forward16_out16(kc, qkv16, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+    } else if (g->lp16) {
+        uint16_t *ln1 = g->ln1_16 + s * BTC;
+        k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+        k->matmul_forward16(kc, qkv, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+    } else {
+        float *ln1 = g->ln1 + s * BTC;
+        k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
+        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+    }
+    if (g->qkv16_on) {
+        uint16_t *atty16 = g->atty16 + s * BTC;
+        k->attention_fused_forward16(kc, atty16, att, g->qkv16 + s * BTC * 3, B, T, C, NH);
+        k->matmul_forward16_residual(kc, res2, atty16, P16 + w->attprojw, P + w->attprojb, residual, (int)BT, C, C);
+    } else {
+        if (g->fused)
+            k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
+        else
+            k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
+        k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+        k->residual_forward(kc, res2, residual, g->proj, BTC);
+    }
+    if (g->lp16) {
+        uint16_t *ln2 = g->ln2_16 + s * BTC, *fch = g->fch16 + s * BTC * 4;
+        uint16_t *fch_gelu = g->fch_gelu16 + s * BTC * 4;
+        k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
+        if (k->matmul_forward16_gelu) { /* the GELU in the GEMM's epilogue, where there is one */
+            k->matmul_forward16_gelu(kc, fch_gelu, fch, ln2, P16 + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+        } else {
+            k->matmul_forward16_out16(kc, fch, ln2, P16 + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+            k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
+        }
+        if (out)
+            k->matmul_forward16_residual(kc, res3, fch_gelu, P16 + w->fcprojw, P + w->fcprojb, res2, (int)BT, 4 * C,
+                                         C);
+    } else {
+        float *ln2 = g->ln2 + s * BTC, *fch = g->fch + s * BTC * 4, *fch_gelu = g->fch_gelu + s * BTC * 4;
+        k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
+        k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+        k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
+        if (out) {
+            k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+            k->residual_forward(kc, res3, res2, g->proj, BTC);
+        }
+    }
+}
+
 /* Everything up to the logits, for B sequences of T <= g->T tokens.  With
  * T < g->T the same buffers hold the smaller tensors packed (B,T,...): the
  * causal model needs no padding, so sampling pays only for the tokens it
@@ -232,69 +311,16 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     gpt *g = G(m);
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
-    int C = (int)g->C, NH = (int)g->NH, V = (int)g->V;
-    size_t BT = (size_t)B * T, BTC = BT * C, LBT = BT, att_l = (size_t)B * NH * T * (g->fused ? 1 : T);
+    int C = (int)g->C, V = (int)g->V;
+    size_t BT = (size_t)B * T, BTC = BT * C;
     const float *P = m->params;
-    const uint16_t *P16 = m->params16; /* lp16: the weights as the 16-bit GEMMs read them */
+    const uint16_t *P16 = m->params16;
 
     k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
     for (uint32_t l = 0; l < g->L; l++) {
         if (model_poll(m))
             return;
-        const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
-        float *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
-        float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
-        float *res2 = g->residual2 + l * BTC;
-        float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
-        float *res3 = g->residual3 + l * BTC;
-        gpt_layer *w = &g->layer[l];
-
-        if (g->qkv16_on) {
-            uint16_t *ln1 = g->ln1_16 + l * BTC, *qkv16 = g->qkv16 + l * BTC * 3;
-            k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-            k->matmul_forward16_out16(kc, qkv16, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
-        } else if (g->lp16) {
-            uint16_t *ln1 = g->ln1_16 + l * BTC;
-            k->layernorm_forward16(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-            k->matmul_forward16(kc, qkv, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
-        } else {
-            float *ln1 = g->ln1 + l * BTC;
-            k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-            k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
-        }
-        if (g->qkv16_on) {
-            uint16_t *atty16 = g->atty16 + l * BTC;
-            k->attention_fused_forward16(kc, atty16, att, g->qkv16 + l * BTC * 3, B, T, C, NH);
-            k->matmul_forward16_residual(kc, res2, atty16, P16 + w->attprojw, P + w->attprojb, residual, (int)BT, C,
-                                         C);
-        } else {
-            if (g->fused)
-                k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
-            else
-                k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
-            k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
-            k->residual_forward(kc, res2, residual, g->proj, BTC);
-        }
-        if (g->lp16) {
-            uint16_t *ln2 = g->ln2_16 + l * BTC, *fch = g->fch16 + l * BTC * 4;
-            uint16_t *fch_gelu = g->fch_gelu16 + l * BTC * 4;
-            k->layernorm_forward16(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
-            if (k->matmul_forward16_gelu) { /* the GELU in the GEMM's epilogue, where there is one */
-                k->matmul_forward16_gelu(kc, fch_gelu, fch, ln2, P16 + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
-            } else {
-                k->matmul_forward16_out16(kc, fch, ln2, P16 + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
-                k->gelu_forward16(kc, fch_gelu, fch, BTC * 4);
-            }
-            k->matmul_forward16_residual(kc, res3, fch_gelu, P16 + w->fcprojw, P + w->fcprojb, res2, (int)BT, 4 * C,
-                                         C);
-        } else {
-            float *ln2 = g->ln2 + l * BTC, *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
-            k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
-            k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
-            k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
-            k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
-            k->residual_forward(kc, res3, res2, g->proj, BTC);
-        }
+        gpt_block_forward(m, l, B, T, true);
     }
     if (model_poll(m)) /* the output layer is the widest GEMM */
         return;
@@ -398,19 +424,20 @@ static int gpt_decode_step(model *m, const int32_t *tokens, uint32_t pos, float 
     k->encoder_forward(kc, g->encoded, tokens, P + g->wte, P + g->wpe + (size_t)pos * C, n, 1, C);
     for (uint32_t l = 0; l < g->L; l++) {
         const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * nC;
-        float *ln1 = g->ln1 + l * nC, *qkv = g->qkv + l * nC * 3, *atty = g->atty + l * nC;
-        float *res2 = g->residual2 + l * nC, *ln2 = g->ln2 + l * nC;
-        float *fch = g->fch + l * nC * 4, *fch_gelu = g->fch_gelu + l * nC * 4, *res3 = g->residual3 + l * nC;
+        size_t s = g->rc ? 0 : l; /* recompute: the per-layer buffers hold one layer */
+        float *ln1 = g->ln1 + s * nC, *qkv = g->qkv + s * nC * 3, *atty = g->atty + s * nC;
+        float *res2 = g->residual2 + s * nC, *ln2 = g->ln2 + s * nC;
+        float *fch = g->fch + s * nC * 4, *fch_gelu = g->fch_gelu + s * nC * 4, *res3 = g->residual3 + l * nC;
         gpt_layer *w = &g->layer[l];
 
-        k->layernorm_forward(kc, ln1, g->ln1_mean + l * n, g->ln1_rstd + l * n, residual, P + w->ln1w, P + w->ln1b,
+        k->layernorm_forward(kc, ln1, g->ln1_mean + s * n, g->ln1_rstd + s * n, residual, P + w->ln1w, P + w->ln1b,
                              n, C);
         k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, n, C, 3 * C);
         k->attention_decode(kc, atty, g->dec_att, g->kcache + l * cache_l, g->vcache + l * cache_l, qkv, n,
                             (int)pos + 1, T, C, NH);
         k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, n, C, C);
         k->residual_forward(kc, res2, residual, g->proj, nC);
-        k->layernorm_forward(kc, ln2, g->ln2_mean + l * n, g->ln2_rstd + l * n, res2, P + w->ln2w, P + w->ln2b, n,
+        k->layernorm_forward(kc, ln2, g->ln2_mean + s * n, g->ln2_rstd + s * n, res2, P + w->ln2w, P + w->ln2b, n,
                              C);
         k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, n, C, 4 * C);
         k->gelu_forward(kc, fch_gelu, fch, nC * 4);
@@ -477,11 +504,18 @@ static void gpt_backward_body(model *m, const model_batch *b)
     for (int l = (int)g->L - 1; l >= 0; l--) {
         if (model_poll(m))
             return;
+        /* Recompute: the block's activations again, from its kept input,
+         * into the one layer's buffers.  It writes only forward buffers
+         * and scratch the backward refills before reading (proj, preatt),
+         * so dres and dres16 carry over from the block above. */
+        if (g->rc)
+            gpt_block_forward(m, (uint32_t)l, B, T, false);
+        size_t s = g->rc ? 0 : (size_t)l;
         const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
-        const float *ln1_mean = g->ln1_mean + l * LBT, *ln1_rstd = g->ln1_rstd + l * LBT;
-        const float *qkv = g->qkv + l * BTC * 3, *att = g->att + l * att_l, *atty = g->atty + l * BTC;
-        const float *res2 = g->residual2 + l * BTC;
-        const float *ln2_mean = g->ln2_mean + l * LBT, *ln2_rstd = g->ln2_rstd + l * LBT;
+        const float *ln1_mean = g->ln1_mean + s * LBT, *ln1_rstd = g->ln1_rstd + s * LBT;
+        const float *qkv = g->qkv + s * BTC * 3, *att = g->att + s * att_l, *atty = g->atty + s * BTC;
+        const float *res2 = g->residual2 + s * BTC;
+        const float *ln2_mean = g->ln2_mean + s * LBT, *ln2_rstd = g->ln2_rstd + s * LBT;
         gpt_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + fcproj: dfcproj is the stream gradient.
@@ -490,8 +524,8 @@ static void gpt_backward_body(model *m, const model_batch *b)
          * bits: dfch16 holds both). */
         float *dfch_gelu = g->dbig, *dfch = g->dbig, *dln2 = g->dsmall;
         if (g->lp16) {
-            const uint16_t *fch = g->fch16 + l * BTC * 4, *fch_gelu = g->fch_gelu16 + l * BTC * 4;
-            const uint16_t *ln2 = g->ln2_16 + l * BTC;
+            const uint16_t *fch = g->fch16 + s * BTC * 4, *fch_gelu = g->fch_gelu16 + s * BTC * 4;
+            const uint16_t *ln2 = g->ln2_16 + s * BTC;
             if (k->matmul_backward16_dgelu) {
                 k->matmul_backward16_dgelu(kc, g->dfch16, fch, D + w->fcprojw, D + w->fcprojb, g->dres16, fch_gelu,
                                            P16 + w->fcprojw, (int)BT, 4 * C, C);
@@ -503,14 +537,14 @@ static void gpt_backward_body(model *m, const model_batch *b)
             k->matmul_backward16(kc, NULL, g->dln16, D + w->fcw, D + w->fcb, NULL, g->dfch16, ln2, P16 + w->fcw,
                                  (int)BT, C, 4 * C);
         } else {
-            const float *fch = g->fch + l * BTC * 4, *fch_gelu = g->fch_gelu + l * BTC * 4;
-            const float *ln2 = g->ln2 + l * BTC;
+            const float *fch = g->fch + s * BTC * 4, *fch_gelu = g->fch_gelu + s * BTC * 4;
+            const float *ln2 = g->ln2 + s * BTC;
             k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
                                (int)BT, 4 * C, C);
             k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
             k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
         }
-        const uint16_t *atty16 = g->qkv16_on ? g->atty16 + l * BTC : NULL;
+        const uint16_t *atty16 = g->qkv16_on ? g->atty16 + s * BTC : NULL;
         if (g->lp16) /* dres16 only for a 16-bit attention projection backward */
             k->layernorm_backward16(kc, g->dres, atty16 ? g->dres16 : NULL, D + w->ln2w, D + w->ln2b, NULL, g->dln16,
                                     res2, P + w->ln2w, ln2_mean, ln2_rstd, (int)BT, C);
@@ -527,7 +561,7 @@ static void gpt_backward_body(model *m, const model_batch *b)
         if (atty16) {
             k->matmul_backward16(kc, NULL, datty16, D + w->attprojw, D + w->attprojb, NULL, g->dres16, atty16,
                                  P16 + w->attprojw, (int)BT, C, C);
-            k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty16, atty16, att, g->qkv16 + l * BTC * 3, B,
+            k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty16, atty16, att, g->qkv16 + s * BTC * 3, B,
                                           T, C, NH);
         } else { /* the fp32 ops add into dqkv */
             k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
@@ -539,13 +573,13 @@ static void gpt_backward_body(model *m, const model_batch *b)
                 k->attention_backward(kc, g->dqkv, g->preatt, g->datt, datty, qkv, att, B, T, C, NH);
         }
         if (atty16)
-            k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, NULL, g->dqkv16, g->ln1_16 + l * BTC,
+            k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, NULL, g->dqkv16, g->ln1_16 + s * BTC,
                                  P16 + w->qkvw, (int)BT, C, 3 * C);
         else if (g->lp16)
-            k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + l * BTC,
+            k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + s * BTC,
                                  P16 + w->qkvw, (int)BT, C, 3 * C);
         else
-            k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + l * BTC, P + w->qkvw, (int)BT,
+            k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + s * BTC, P + w->qkvw, (int)BT,
                                C, 3 * C);
         /* The key bias adds q·b to every score of a row, which softmax
          * ignores: its true gradient is exactly zero.  What the sum above
@@ -855,6 +889,7 @@ const model_kind model_kind_gpt = {
     .units = "tokens",
     .data = MODEL_DATA_TOKENS,
     .generates = true,
+    .recomputes = true,
     .check_job = gpt_check_job,
     .create = gpt_create,
     .describe = gpt_describe,

@@ -18,7 +18,9 @@
  * Activations keep what backward reads (per layer: ln1 and its rstd, qkv
  * after RoPE, the attention output and its lse, residual2, ln2 and its
  * rstd, [gate | up], the SwiGLU output, residual3); the rest is one
- * layer's scratch.  As in model_gpt.c the residual stream's gradient is one
+ * layer's scratch.  With recompute (model.h) the per-layer ones but
+ * residual3 hold one layer, and the backward runs each block's forward
+ * again into them.  As in model_gpt.c the residual stream's gradient is one
  * buffer that the RMSNorm backwards add into.
  *
  * fp32 activations only: in a bf16/fp16 context the fp32 GEMMs round their
@@ -52,6 +54,7 @@ typedef struct {
 
     /* Activations for up to n samples. */
     uint32_t n;
+    bool rc; /* bound with recompute: per-layer buffers hold one layer (slot 0) */
     float *inv_freq;                 /* (HS/2), on the device */
     float *encoded;                  /* (B,T,C) */
     float *ln1, *ln1_rstd;           /* (L,B,T,C), (L,B,T) */
@@ -110,9 +113,9 @@ static void rope_frequencies(const llama *g, float *out)
 
 #define LLAMA_BUFFERS 25 /* carve()'s buffers: each may add up to ALIGN bytes */
 
-static size_t carve(llama *g, char *base, uint32_t n)
+static size_t carve(llama *g, char *base, uint32_t n, bool rc)
 {
-    size_t BT = (size_t)n * g->T, C = g->C, L = g->L, W = g->W, F = g->F, V = g->V;
+    size_t BT = (size_t)n * g->T, C = g->C, L = rc ? 1 : g->L, W = g->W, F = g->F, V = g->V;
     size_t off = 0;
 #define TAKE(ptr, count)                                               \
     do {                                                               \
@@ -132,7 +135,7 @@ static size_t carve(llama *g, char *base, uint32_t n)
     TAKE(ln2_rstd, L * BT);
     TAKE(gu, L * BT * 2 * F);
     TAKE(hid, L * BT * F);
-    TAKE(residual3, L * BT * C);
+    TAKE(residual3, (size_t)g->L * BT * C); /* the blocks' inputs and the loss's: kept whole */
     TAKE(lnf, BT * C);
     TAKE(lnf_rstd, BT);
     TAKE(logits, BT * V);
@@ -157,13 +160,15 @@ static uint32_t llama_units(const model *m)
 static void llama_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
 {
     llama *g = LL(m);
-    model_activation_split(carve(g, NULL, 1), carve(g, NULL, 2), LLAMA_BUFFERS, ALIGN, fixed, per_sample);
+    model_activation_split(carve(g, NULL, 1, m->recompute), carve(g, NULL, 2, m->recompute), LLAMA_BUFFERS, ALIGN,
+                           fixed, per_sample);
 }
 
 static void llama_bind(model *m, void *mem, uint32_t n)
 {
     llama *g = LL(m);
-    carve(g, mem, n);
+    carve(g, mem, n, m->recompute);
+    g->rc = m->recompute;
     g->n = n;
     m->max_n = n;
     free(g->dloss_host);
@@ -193,6 +198,46 @@ static void llama_init(const model *m, float *params, uint64_t seed)
 
 /* ---- forward ------------------------------------------------------------------------- */
 
+/* Block l's forward for B sequences of T tokens, from its input into its
+ * activations (layer l's, or the one layer's with recompute).  `out`: also
+ * residual3, its output; the backward's recomputation leaves it (kept, and
+ * no backward reads the down projection's output).  pos, start (B,T) or
+ * NULL: model_batch's. */
+static void llama_block_forward(model *m, uint32_t l, const int32_t *pos, const int32_t *start, int B, int T,
+                                bool out)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F, W = (int)g->W;
+    int BT = B * T;
+    size_t BTC = (size_t)BT * C, s = g->rc ? 0 : l; /* the slot of the per-layer buffers */
+    const float *P = m->params;
+    float eps = (float)g->norm_eps;
+    const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
+    float *ln1 = g->ln1 + s * BTC, *ln1_rstd = g->ln1_rstd + s * BT;
+    float *qkv = g->qkv + s * BT * W, *atty = g->atty + s * BTC;
+    float *lse = g->att_lse + s * B * NH * T, *res2 = g->residual2 + s * BTC;
+    float *ln2 = g->ln2 + s * BTC, *ln2_rstd = g->ln2_rstd + s * BT;
+    float *gu = g->gu + s * BT * 2 * F, *hid = g->hid + s * BT * F;
+    float *res3 = g->residual3 + l * BTC;
+    const llama_layer *w = &g->layer[l];
+
+    k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, P + w->ln1w, BT, C, eps);
+    k->matmul_forward(kc, qkv, ln1, P + w->qkvw, NULL, BT, C, W);
+    k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
+    k->attention_gqa_forward(kc, atty, lse, qkv, start, B, T, NH, KVH, HS);
+    k->matmul_forward(kc, g->proj, atty, P + w->ow, NULL, BT, C, C);
+    k->residual_forward(kc, res2, residual, g->proj, BTC);
+    k->rmsnorm_forward(kc, ln2, ln2_rstd, res2, P + w->ln2w, BT, C, eps);
+    k->matmul_forward(kc, gu, ln2, P + w->guw, NULL, BT, C, 2 * F);
+    k->swiglu_forward(kc, hid, gu, BT, F);
+    if (out) {
+        k->matmul_forward(kc, g->proj, hid, P + w->downw, NULL, BT, F, C);
+        k->residual_forward(kc, res3, res2, g->proj, BTC);
+    }
+}
+
 /* Up to the logits, for B sequences of T <= g->T tokens (T < g->T: the
  * buffers hold the smaller tensors packed, for sampling).  pos, start
  * (B,T) or NULL: model_batch's. */
@@ -201,8 +246,7 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
     llama *g = LL(m);
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
-    int C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F, W = (int)g->W;
-    int BT = B * T;
+    int C = (int)g->C, BT = B * T;
     size_t BTC = (size_t)BT * C;
     const float *P = m->params;
     float eps = (float)g->norm_eps;
@@ -211,26 +255,7 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
     for (uint32_t l = 0; l < g->L; l++) {
         if (model_poll(m))
             return;
-        const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
-        float *ln1 = g->ln1 + l * BTC, *ln1_rstd = g->ln1_rstd + (size_t)l * BT;
-        float *qkv = g->qkv + l * (size_t)BT * W, *atty = g->atty + l * BTC;
-        float *lse = g->att_lse + (size_t)l * B * NH * T, *res2 = g->residual2 + l * BTC;
-        float *ln2 = g->ln2 + l * BTC, *ln2_rstd = g->ln2_rstd + (size_t)l * BT;
-        float *gu = g->gu + l * (size_t)BT * 2 * F, *hid = g->hid + l * (size_t)BT * F;
-        float *res3 = g->residual3 + l * BTC;
-        const llama_layer *w = &g->layer[l];
-
-        k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, P + w->ln1w, BT, C, eps);
-        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, NULL, BT, C, W);
-        k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
-        k->attention_gqa_forward(kc, atty, lse, qkv, start, B, T, NH, KVH, HS);
-        k->matmul_forward(kc, g->proj, atty, P + w->ow, NULL, BT, C, C);
-        k->residual_forward(kc, res2, residual, g->proj, BTC);
-        k->rmsnorm_forward(kc, ln2, ln2_rstd, res2, P + w->ln2w, BT, C, eps);
-        k->matmul_forward(kc, gu, ln2, P + w->guw, NULL, BT, C, 2 * F);
-        k->swiglu_forward(kc, hid, gu, BT, F);
-        k->matmul_forward(kc, g->proj, hid, P + w->downw, NULL, BT, F, C);
-        k->residual_forward(kc, res3, res2, g->proj, BTC);
+        llama_block_forward(m, l, pos, start, B, T, true);
     }
     if (model_poll(m)) /* the output layer is the widest GEMM */
         return;
@@ -381,12 +406,17 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
     for (int l = (int)g->L - 1; l >= 0; l--) {
         if (model_poll(m))
             return;
+        /* Recompute: the block's activations again from its kept input;
+         * it writes only forward buffers and proj, so dres carries over. */
+        if (g->rc)
+            llama_block_forward(m, (uint32_t)l, b->pos, b->start, B, T, false);
+        size_t s = g->rc ? 0 : (size_t)l;
         const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
-        const float *ln1 = g->ln1 + l * BTC, *ln1_rstd = g->ln1_rstd + (size_t)l * BT;
-        const float *qkv = g->qkv + (size_t)l * BT * W, *atty = g->atty + l * BTC;
-        const float *lse = g->att_lse + (size_t)l * B * NH * T, *res2 = g->residual2 + l * BTC;
-        const float *ln2 = g->ln2 + l * BTC, *ln2_rstd = g->ln2_rstd + (size_t)l * BT;
-        const float *gu = g->gu + (size_t)l * BT * 2 * F, *hid = g->hid + (size_t)l * BT * F;
+        const float *ln1 = g->ln1 + s * BTC, *ln1_rstd = g->ln1_rstd + s * BT;
+        const float *qkv = g->qkv + s * BT * W, *atty = g->atty + s * BTC;
+        const float *lse = g->att_lse + s * B * NH * T, *res2 = g->residual2 + s * BTC;
+        const float *ln2 = g->ln2 + s * BTC, *ln2_rstd = g->ln2_rstd + s * BT;
+        const float *gu = g->gu + s * BT * 2 * F, *hid = g->hid + s * BT * F;
         const llama_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + down(swiglu(gate_up(ln2))) */
@@ -777,6 +807,7 @@ const model_kind model_kind_llama = {
     .data = MODEL_DATA_TOKENS,
     .packs = true,
     .generates = true,
+    .recomputes = true,
     .check_job = llama_check_job,
     .create = llama_create,
     .describe = llama_describe,

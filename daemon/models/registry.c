@@ -106,6 +106,11 @@ int model_check_job(job_config *j, char *err, size_t err_len)
         return -1;
     if (kind->check_job && kind->check_job(j, err, err_len) != 0)
         return -1;
+    if (j->recompute == JOBCFG_RECOMPUTE_ON && !kind->recomputes) {
+        char why[96];
+        snprintf(why, sizeof why, "on, but %s has no transformer blocks to recompute", kind->a_name);
+        return model_job_error(j, "memory", "recompute", why, err, err_len);
+    }
     return model_hf_check(j, err, err_len);
 }
 
