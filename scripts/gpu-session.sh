@@ -9,7 +9,7 @@
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
 #   llama (bench/llama, about 4 minutes) run only when named:
-#   STEPS=nvml,idle,alloc,shim,programs,llama or STEPS=...,nvml.
+#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama or STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -167,6 +167,19 @@ if want llama; then
   section "Llama 3.2 1B-shaped bf16: gradd vs PyTorch"
   GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
     timeout 500 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+fi
+
+if want hfllama; then
+  # Issue 21's round trip on the GPU: a bf16 Llama directory imported,
+  # fine-tuned on cuda:0 on masked jsonl samples, exported, loaded by the
+  # machine's transformers, whose loss, logits and greedy tokens must be
+  # gradd's (tests/integration/test_hf_llama.py).
+  section "hfllama: Hugging Face Llama round trip on cuda:0"
+  GRADD_TEST_DEVICE=cuda:0 GRADD_BIN=$B/daemon/gradd GRADCTL_BIN=$B/client/gradctl \
+    MODEL_PROBE=$B/tests/unit/model_probe GRADD_SOURCE_ROOT=$top PYTHONPATH=$top/tests/integration \
+    PYTHONDONTWRITEBYTECODE=1 LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$gx_ld \
+    timeout 300 "$py" tests/integration/test_hf_llama.py
+  echo "rc=$?"
 fi
 
 if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_cuda" ]; then

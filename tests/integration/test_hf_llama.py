@@ -35,6 +35,11 @@ C, L, H, KVH, F, T, V = 32, 2, 4, 2, 64, 24, 96
 LOSS_RTOL = 1e-5
 LOGITS_RTOL = 1e-5
 PROBE = os.environ.get("MODEL_PROBE", "")
+# The jobs' device: the default (auto), or e.g. cuda:0 where
+# scripts/gpu-session.sh runs this test on a GPU (fp32 there too: the
+# comparisons are the same).
+DEVICE = os.environ.get("GRADD_TEST_DEVICE", "")
+JOB = {"name": "hfl", "device": DEVICE} if DEVICE else {"name": "hfl"}
 
 
 def samples(rng, n):
@@ -81,7 +86,7 @@ class Llama(harness.DaemonTest):
         out = os.path.join(d, "out")
         cfg = os.path.join(d, "job.cfg")
         harness.write_job(cfg, {
-            "job": {"name": "hfl"},
+            "job": JOB,
             "model": {"from": src},
             "data": {"format": "jsonl", "train": os.path.join(d, "train.jsonl"),
                      "val": os.path.join(d, "val.jsonl"), "packing": "on"},
@@ -151,7 +156,7 @@ class Llama(harness.DaemonTest):
         again = os.path.join(d, "again")
         cfg2 = os.path.join(d, "again.cfg")
         harness.write_job(cfg2, {
-            "job": {"name": "hfl2"},
+            "job": dict(JOB, name="hfl2"),
             "model": {"from": out},
             "data": {"format": "jsonl", "train": os.path.join(d, "train.jsonl")},
             "train": {"steps": 1, "batch": 2, "lr": "0", "warmup": 0, "eval_batches": 1},
