@@ -9,7 +9,8 @@
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
 #   llama (bench/llama, about 4 minutes) run only when named:
-#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama or STEPS=...,nvml.
+#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama,recompute or
+#   STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
 # included; 10 a call).  On an H200 (2026-11-26) the steps took: tests 15 s,
@@ -180,6 +181,49 @@ if want hfllama; then
     PYTHONDONTWRITEBYTECODE=1 LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$gx_ld \
     timeout 300 "$py" tests/integration/test_hf_llama.py
   echo "rc=$?"
+fi
+
+if want recompute; then
+  # Issue 22: a full bf16 fine-tune of Llama 3.2 1B's shape at micro-batch
+  # 1 under [memory] limit = 24G: without recompute it must not fit (the
+  # job fails at micro-batch 1), with it the steps run.
+  section "recompute: Llama 1B-shaped full fine-tune under a 24G limit"
+  "$py" bench/train/make_tokens.py /tmp/rc-tokens.bin
+  for rc in off on; do
+    cat >/tmp/job-rc-$rc.cfg <<CFG
+[job]
+name = rc-$rc
+device = cuda:0
+[model]
+type = llama
+layers = 16
+heads = 32
+kv_heads = 8
+width = 2048
+mlp_width = 8192
+context = 2048
+vocab = 128256
+rope_theta = 500000
+tie_embeddings = on
+[data]
+format = tokens
+train = /tmp/rc-tokens.bin
+val_fraction = 0
+[train]
+steps = 3
+batch = 1
+micro_batch = 1
+precision = bf16
+[memory]
+limit = 24G
+recompute = $rc
+[output]
+dir = /tmp/out-rc-$rc
+CFG
+    gx timeout 240 "$B/daemon/gradd" run /tmp/job-rc-$rc.cfg 2>&1 | tail -6
+    echo "recompute=$rc rc=${PIPESTATUS[0]}"
+    grep -h '"step"' /tmp/out-rc-$rc/metrics.jsonl 2>/dev/null | tail -2
+  done
 fi
 
 if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_cuda" ]; then
