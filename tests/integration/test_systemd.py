@@ -231,19 +231,21 @@ class Systemd(unittest.TestCase):
         self.assertIn("job 1 on cpu0 has made no progress for 400ms; watchdog pings stopped", text)
 
     def test_long_micro_batch_beats_and_cancels(self):
-        # One micro-batch takes several watchdog intervals (a 24-layer GPT,
-        # 96 sequences of 128 bytes, one thread): the job thread polls
+        # One micro-batch takes several watchdog intervals (a 96-layer GPT,
+        # 24 sequences of 128 bytes, one thread): the job thread polls
         # between layers, so the pings go on through it, and a cancel ends
         # the job in the middle of a step instead of at its end.
-        # Polls come about 50 times a step (25 layers each way), some 12 per
-        # interval, so a loaded machine still leaves a wide margin; under
-        # the sanitizers' unoptimised build every op is slower: a longer
-        # interval and a smaller batch keep the same proportions.
+        # Many thin layers rather than a few thick ones: a step is as long,
+        # but the polls come about 190 times a step (97 layers each way),
+        # so the longest gap between two stays a small part of an interval
+        # even where one thread runs a step for 20 s on a loaded machine;
+        # under the sanitizers' unoptimised build every op is slower: a
+        # longer interval and a smaller batch keep the same proportions.
         sanitized = harness.SANITIZED
-        interval, batch = (2.0, 32) if sanitized else (1.0, 96)
+        interval, batch = (2.0, 8) if sanitized else (1.0, 24)
         p, rx, ctl, job, log_path, out = self.watched(
             "a long step is not a hung thread, and a cancel need not wait for it.\n",
-            "layers = 24\nheads = 4\nwidth = 128\ncontext = 128", batch, interval)
+            "layers = 96\nheads = 4\nwidth = 128\ncontext = 128", batch, interval)
 
         def steps():
             try:
