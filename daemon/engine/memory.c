@@ -453,6 +453,8 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
     const job_config *j = r->j;
     batch_ctl *c = &r->ctl;
     uint32_t from = c->micro;
+    /* A refit for recompute goes on counting the run's changes and OOMs. */
+    uint64_t changes = c->changes, ooms = c->oom_recoveries;
     batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
     batch_set_tune(c, j->tune && !j->micro_batch && why != BATCH_REASON_TUNING);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
@@ -481,8 +483,11 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
     /* Said before it is applied: should the size then not fit, the OOM
      * that shrinks it is the next change, not a replacement of this one. */
     r->mem.act_bytes = r->mem.act_fixed + r->mem.act_per * c->micro;
-    if (why == BATCH_REASON_RECOMPUTE || why == BATCH_REASON_TUNING)
+    if (why == BATCH_REASON_RECOMPUTE || why == BATCH_REASON_TUNING) {
         batch_refit_as(c, from, r->progress.step, why);
+        c->changes = changes + 1;
+        c->oom_recoveries = ooms;
+    }
     if (!j->micro_batch || why == BATCH_REASON_RECOMPUTE)
         outputs_batch_change(r);
     if (set_micro(r, c->micro, -1) != 0 && memory_after_oom(r) != TRAIN_DONE)

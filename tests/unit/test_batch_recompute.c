@@ -224,8 +224,26 @@ static void test_trial_keeps_faster(void **state)
     assert_string_equal(w.last.levers, "recompute (faster at micro-batch 4)");
     assert_true(metrics_has(j.out_dir, "\"from\":2,\"to\":4,\"reason\":\"tuning\""));
     assert_true(metrics_has(j.out_dir, "\"from\":2,\"to\":4,\"reason\":\"recompute\""));
+    /* fit, tuning 1, tuned 2, tuning 4 (recompute's fit), recompute. */
+    assert_int_equal(w.last.batch_changes, 5);
+    assert_int_equal(w.last.oom_recoveries, 0);
     expect_meta(j.out_dir, "recompute", "1");
     expect_meta(j.out_dir, "recompute_why", "faster at micro-batch 4");
+
+    /* Resumed for 2 more steps: at 4 with recompute from the start, no
+     * trial again, and still saying why. */
+    train_result res;
+    pressure b = {0};
+    j.steps = TRIAL_STEPS + 2;
+    clock_fx.with_steps = 0;
+    train_hooks h = {.on_step = watch, .user = &b, .step_seconds = fake_seconds};
+    if (run(&j, &h, &res) != TRAIN_DONE)
+        fail_msg("the resumed run: %s", res.message);
+    assert_int_equal(res.steps_done, TRIAL_STEPS + 2);
+    assert_true(b.last.recompute);
+    assert_int_equal(b.last.micro, 4);
+    assert_int_equal(res.oom_recoveries, 0);
+    assert_string_equal(b.last.levers, "recompute (faster at micro-batch 4; kept on resume)");
 }
 
 /* 4 with recompute at 2.1 s a step: under 2 samples/s against 4; back to
