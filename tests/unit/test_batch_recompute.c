@@ -27,18 +27,28 @@
  * fit's slack. */
 static const shape deep = {"gpt L8 C64 T128", false, 8, 4, 64, 128, 4};
 
-/* The job's peak at micro-batch 1 as the controller fitted it, with
- * recompute on or off and no limit. */
-static double peak1(int recompute)
+/* The fitted line peak(n) = fixed + per × n of the deep GPT, with and
+ * without recompute, fitted from probes with no limit. */
+static void line(int recompute, double *fixed, double *per)
 {
     job_config j;
     train_result res;
-    make_job(&j, &deep, "peak", 0, 1);
+    make_job(&j, &deep, "line", 0, 1);
     j.recompute = recompute;
     j.tune = false;
     if (run(&j, NULL, &res) != TRAIN_DONE)
         fail_msg("%s", res.message);
-    return res.peak_fixed + res.peak_per_sample;
+    *fixed = res.peak_fixed;
+    *per = res.peak_per_sample;
+}
+
+/* The job's peak at micro-batch 1 as the controller fitted it, with
+ * recompute on or off and no limit. */
+static double peak1(int recompute)
+{
+    double fixed, per;
+    line(recompute, &fixed, &per);
+    return fixed + per;
 }
 
 /* Halfway between the two peaks at micro-batch 1. */
@@ -140,21 +150,6 @@ static void test_on_from_start(void **state)
 }
 
 /* ---- recompute timed against tuning's choice ---- */
-
-/* The fitted line peak(n) = fixed + per × n of the deep GPT, with and
- * without recompute, at micro-batch 1 and no limit. */
-static void line(int recompute, double *fixed, double *per)
-{
-    job_config j;
-    train_result res;
-    make_job(&j, &deep, "line", 0, 1);
-    j.recompute = recompute;
-    j.tune = false;
-    if (run(&j, NULL, &res) != TRAIN_DONE)
-        fail_msg("%s", res.message);
-    *fixed = res.peak_fixed;
-    *per = res.peak_per_sample;
-}
 
 /* Micro-batch 2 fits without recompute and 3 does not; 4 (the batch) fits
  * with it. */
