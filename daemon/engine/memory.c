@@ -212,10 +212,10 @@ train_outcome memory_alloc(run *r)
     r->m->params16 = r->mem.params16;
     r->m->grads = r->mem.grads;
     r->m->recompute = r->j->recompute == JOBCFG_RECOMPUTE_ON && r->m->kind->recomputes;
-    if (r->m->recompute)
+    if (r->m->recompute) {
         snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "on in the job file");
-    snprintf(r->prog.levers, sizeof r->prog.levers, "%s%s%s", r->m->recompute ? "recompute (" : "",
-             r->mem.recompute_why, r->m->recompute ? ")" : "");
+        snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s)", r->mem.recompute_why);
+    }
     r->mem.persistent = pool_block_size(r->p, r->mem.params) + pool_block_size(r->p, r->mem.grads) +
                     pool_block_size(r->p, r->mem.opt) + pool_block_size(r->p, r->mem.params16);
     r->res->persistent_bytes = r->mem.persistent;
