@@ -3,9 +3,11 @@ real gradctl: a deep GPT under a [memory] limit that its micro-batch 1 fits
 only with activation recomputation runs with recompute = auto, and
 `gradctl status ID` (a levers line) and `gradctl --json status ID` (the
 "levers" key) say that recompute is on because micro-batch 1 did not fit;
-`gradctl list` does not show it.  The limit is measured here, halfway
-between the job's peaks at micro-batch 1 with recompute off and on."""
+`gradctl list` does not show it; a restarted daemon still says so.  The
+limit is measured here, halfway between the job's peaks at micro-batch 1
+with recompute off and on."""
 import os
+import subprocess
 
 import harness
 
@@ -58,6 +60,14 @@ class Levers(harness.DaemonTest):
         listing = self.d.ctl("list").stdout
         self.assertNotIn("recompute (", listing)
         self.assertNotIn("LEVERS", listing)
+
+        # The queue's state file keeps it: a clean restart on the same state.
+        self.assertEqual(self.d.stop(), 0)
+        self.d.log = open(self.d.log_path, "a")
+        self.d.proc = subprocess.Popen([harness.GRADD, "-c", self.d.conf, "-s", self.d.sock, "--state-dir",
+                                        os.path.join(self.d.dir, "state")], stdout=self.d.log, stderr=subprocess.STDOUT)
+        self.d.wait_ready()
+        self.assertEqual(self.d.ctl_json("status", str(jid))["levers"], "recompute (micro-batch 1 did not fit)")
 
 
 if __name__ == "__main__":
