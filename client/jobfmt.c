@@ -386,6 +386,11 @@ static void batch_lines(FILE *f, const Gradd__JobInfo *j)
         table_puts(f, j->change_reason);
         fputs(")\n", f);
     }
+    if (j->levers && *j->levers) {
+        fprintf(f, LABEL, "levers");
+        table_puts(f, j->levers);
+        fputc('\n', f);
+    }
 }
 
 void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
@@ -561,6 +566,7 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "micro_fit", jout_uint(j->micro_fit));
     json_object_set_new(o, "oom_recoveries", jout_uint(j->oom_recoveries));
     json_object_set_new(o, "last_change", change);
+    json_object_set_new(o, "levers", jout_str(j->levers));
     json_object_set_new(o, "units_per_s", jout_real(j->units_per_s));
     json_object_set_new(o, "unit", jout_str(j->unit));
     json_object_set_new(o, "mem_allocated", jout_uint(j->mem_allocated));

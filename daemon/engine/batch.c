@@ -274,12 +274,18 @@ void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, doub
     c->resume_n = tuned ? tuned : fit;
 }
 
-void batch_recompute(batch_ctl *c, uint32_t from, uint64_t step)
+void batch_refit_as(batch_ctl *c, uint32_t from, uint64_t step, batch_reason why)
 {
     if (c->changes == 0)
         c->changes = 1;
-    c->last = (batch_change){from, c->micro, step, BATCH_REASON_RECOMPUTE};
+    c->last = (batch_change){from, c->micro, step, why};
     c->stable_steps = 0;
+}
+
+void batch_lever(batch_ctl *c, uint32_t from, uint32_t to, uint64_t step, batch_reason why)
+{
+    c->micro = from;
+    record(c, to, step, why);
 }
 
 void batch_probe_skip(batch_ctl *c, size_t budget)

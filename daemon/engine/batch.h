@@ -88,7 +88,8 @@ typedef enum {
     BATCH_REASON_GROW,     /* grew back after stable headroom */
     BATCH_REASON_TUNING,   /* a candidate size to time, after the fit */
     BATCH_REASON_TUNED,    /* the fastest candidate: recorded even when it is the size running */
-    BATCH_REASON_RECOMPUTE, /* micro-batch 1 did not fit: activation recomputation on, and a new fit */
+    BATCH_REASON_RECOMPUTE, /* activation recomputation on: micro-batch 1 did not fit without it, or a
+                             * larger size runs faster with it (memory.c) */
     BATCH_REASON_COUNT
 } batch_reason;
 
@@ -210,11 +211,16 @@ void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t b
  * not, the measurement joins the line and probing searches as for a new
  * job.  Call after batch_init, batch_set_tune and batch_prior. */
 void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, double per_sample);
-/* After a fit made because recompute was turned on (the engine's lever
- * when micro-batch 1 does not fit without it): the change to c->micro is
- * reported as one from `from`, the size that did not fit, for the reason
- * recompute, in place of the fit's own. */
-void batch_recompute(batch_ctl *c, uint32_t from, uint64_t step);
+/* After a fit made because recompute was turned on (the engine's lever):
+ * the change to c->micro is reported as one from `from`, in place of the
+ * fit's own, for the reason `why` — RECOMPUTE when micro-batch 1 did not
+ * fit without it (from: the size that did not), TUNING for the larger size
+ * it lets fit, which the engine then times (from: the tuned size). */
+void batch_refit_as(batch_ctl *c, uint32_t from, uint64_t step, batch_reason why);
+/* The engine's decision after timing recompute: a change from `from` to
+ * `to`, RECOMPUTE when it keeps it (the size stays), TUNED when it goes
+ * back to the tuned size without it. */
+void batch_lever(batch_ctl *c, uint32_t from, uint32_t to, uint64_t step, batch_reason why);
 /* Skip probing (fixed micro-batch): micro = max_fit = ceiling. */
 void batch_probe_skip(batch_ctl *c, size_t budget);
 

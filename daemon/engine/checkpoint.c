@@ -87,6 +87,8 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     /* recompute = auto's choice: resumed without it, the first step would
      * not fit (memory_choose_micro). */
     META("recompute", "%d", r->m->recompute ? 1 : 0);
+    if (r->m->recompute)
+        st_writer_meta(w, "recompute_why", r->mem.recompute_why, err, err_len);
     /* The results so far, so that a resumed run reports them until it has
      * its own, and one resumed at its last step reports them at all; the
      * time is the training's across runs. */
@@ -313,6 +315,8 @@ int checkpoint_load(run *r)
             load_found(r, f);
             const char *rc_meta = st_meta(f, "recompute");
             r->ckpt.recompute = rc_meta && !strcmp(rc_meta, "1");
+            const char *why_meta = st_meta(f, "recompute_why");
+            snprintf(r->ckpt.recompute_why, sizeof r->ckpt.recompute_why, "%s", why_meta ? why_meta : "");
             r->prog.step = step;
             r->prog.loss = meta_f64(f, "loss");
             r->prog.val_loss = meta_f64(f, "val_loss");

@@ -212,6 +212,10 @@ train_outcome memory_alloc(run *r)
     r->m->params16 = r->mem.params16;
     r->m->grads = r->mem.grads;
     r->m->recompute = r->j->recompute == JOBCFG_RECOMPUTE_ON && r->m->kind->recomputes;
+    if (r->m->recompute) {
+        snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "on in the job file");
+        snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s)", r->mem.recompute_why);
+    }
     r->mem.persistent = pool_block_size(r->p, r->mem.params) + pool_block_size(r->p, r->mem.grads) +
                     pool_block_size(r->p, r->mem.opt) + pool_block_size(r->p, r->mem.params16);
     r->res->persistent_bytes = r->mem.persistent;
@@ -317,6 +321,18 @@ static void set_recompute(run *r, bool on)
     r->prog.recompute = on;
 }
 
+/* Recompute on or off, and why, as gradctl status shows it ("levers") and
+ * the checkpoint keeps it; `also` follows the reason inside the brackets. */
+static void set_recompute_why(run *r, bool on, const char *why, const char *also)
+{
+    set_recompute(r, on);
+    snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "%s", on ? why : "");
+    if (on)
+        snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s%s)", why, also);
+    else
+        r->prog.levers[0] = '\0';
+}
+
 /* recompute = auto's lever: micro-batch 1 does not fit without it. */
 static bool recompute_may_turn_on(const run *r)
 {
@@ -332,7 +348,7 @@ static train_outcome choose_micro(run *r, batch_reason why);
 static train_outcome turn_recompute_on(run *r)
 {
     free_micro(r);
-    set_recompute(r, true);
+    set_recompute_why(r, true, "micro-batch 1 did not fit", "");
     return choose_micro(r, BATCH_REASON_RECOMPUTE);
 }
 
@@ -429,14 +445,18 @@ static bool found_still_holds(run *r, size_t budget)
 /* Choose the first micro-batch: the configured one; by probing; or, when
  * resuming, the size the checkpoint's run had found, verified by one probe.
  * Then allocate for it (shrinking if even that does not fit).  why: FIT, or
- * RECOMPUTE when recompute was just turned on for it. */
+ * RECOMPUTE when recompute was just turned on for it, or TUNING for the
+ * size recompute lets fit, which is to be timed (probed afresh, not tuned:
+ * the timing is recompute's trial). */
 static train_outcome choose_micro_fitting(run *r, batch_reason why)
 {
     const job_config *j = r->j;
     batch_ctl *c = &r->ctl;
     uint32_t from = c->micro;
+    /* A refit for recompute goes on counting the run's changes and OOMs. */
+    uint64_t changes = c->changes, ooms = c->oom_recoveries;
     batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
-    batch_set_tune(c, j->tune && !j->micro_batch);
+    batch_set_tune(c, j->tune && !j->micro_batch && why != BATCH_REASON_TUNING);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
     size_t data_per = r->data.x_bytes + r->data.y_bytes + r->data.aux_bytes, bufs = r->data.aux_bytes ? 3 : 2;
     batch_prior(c, r->mem.persistent + r->mem.act_fixed + bufs * 512, r->mem.act_per + data_per);
@@ -445,7 +465,7 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
     if (j->micro_batch) {
         batch_probe_skip(c, budget);
     } else {
-        if (found_still_holds(r, budget))
+        if (why != BATCH_REASON_TUNING && found_still_holds(r, budget))
             batch_resume(c, r->ckpt.found.fit, r->ckpt.found.tuned, r->ckpt.found.fixed, r->ckpt.found.per_sample);
         for (uint32_t n; (n = batch_probe_next(c, budget)) != 0;) {
             size_t peak = 0;
@@ -463,8 +483,11 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
     /* Said before it is applied: should the size then not fit, the OOM
      * that shrinks it is the next change, not a replacement of this one. */
     r->mem.act_bytes = r->mem.act_fixed + r->mem.act_per * c->micro;
-    if (why == BATCH_REASON_RECOMPUTE)
-        batch_recompute(c, from, r->progress.step);
+    if (why == BATCH_REASON_RECOMPUTE || why == BATCH_REASON_TUNING) {
+        batch_refit_as(c, from, r->progress.step, why);
+        c->changes = changes + 1;
+        c->oom_recoveries = ooms;
+    }
     if (!j->micro_batch || why == BATCH_REASON_RECOMPUTE)
         outputs_batch_change(r);
     if (set_micro(r, c->micro, -1) != 0 && memory_after_oom(r) != TRAIN_DONE)
@@ -498,29 +521,152 @@ train_outcome memory_choose_micro(run *r)
     /* What auto chose in the run that wrote the checkpoint: its fit was
      * found with it, and without it the first step would not fit. */
     if (r->ckpt.recompute && recompute_may_turn_on(r))
-        set_recompute(r, true);
+        set_recompute_why(r, true, r->ckpt.recompute_why[0] ? r->ckpt.recompute_why : "in the checkpoint",
+                          "; kept on resume");
     r->prog.recompute = r->m->recompute;
     return choose_micro(r, BATCH_REASON_FIT);
+}
+
+/* ---- recompute = auto's second lever ---------------------------------------------- */
+
+/* The step just finished took this long (a test's hook may say otherwise:
+ * train.h's step_seconds). */
+static double step_seconds(run *r)
+{
+    double s = r->progress.step_s;
+    if (r->hooks && r->hooks->step_seconds)
+        s = r->hooks->step_seconds(r->hooks->user, r->mem.micro, r->m->recompute, s);
+    return s;
+}
+
+/* The samples/s tuning measured at the size it chose; 0: not measured. */
+static double tuned_rate(const batch_ctl *c)
+{
+    for (int i = 0; i < c->ncand; i++)
+        if (c->cand[i] == c->best)
+            return c->rate[i];
+    return 0;
+}
+
+/* The largest size the line tuning's fit measured, less what recompute
+ * saves, predicts for recompute: whether a probe is worth it at all. */
+static uint32_t predict_with_recompute(run *r)
+{
+    size_t fixed_on, per_on;
+    r->m->recompute = true;
+    r->m->ops->activation_bytes(r->m, &fixed_on, &per_on);
+    r->m->recompute = false;
+    batch_ctl guess = r->ctl;
+    guess.fixed -= (double)r->mem.act_fixed - (double)fixed_on;
+    guess.per_sample -= (double)r->mem.act_per - (double)per_on;
+    if (guess.per_sample <= 0)
+        return guess.ceiling;
+    return batch_max_for(&guess, (double)job_budget(r, NULL) * (1.0 - guess.margin));
+}
+
+/* Tuning chose the fastest size without recompute.  A larger size may fit
+ * with it and run at more samples/s (larger GEMMs, fewer micro-batches),
+ * which can pay for the forward it does twice: fit that size with
+ * recompute on and time it (trial_step), if it is larger than any size
+ * that fits without. */
+static train_outcome trial_begin(run *r)
+{
+    run_recompute_trial *t = &r->mem.trial;
+    batch_ctl *c = &r->ctl;
+    if (t->state != RUN_TRIAL_NONE || !recompute_may_turn_on(r))
+        return TRAIN_DONE;
+    t->state = RUN_TRIAL_DONE;
+    double rate = tuned_rate(c);
+    if (rate <= 0 || c->max_fit >= c->batch || predict_with_recompute(r) <= c->max_fit)
+        return TRAIN_DONE;
+    t->off = *c;
+    t->rate_off = rate;
+    free_micro(r);
+    set_recompute_why(r, true, "timing it", "");
+    train_outcome o = choose_micro(r, BATCH_REASON_TUNING);
+    if (o != TRAIN_DONE)
+        return o;
+    t->on = c->micro;
+    t->seen = 0;
+    t->fastest = 0;
+    t->state = RUN_TRIAL_TIMING;
+    snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (timing micro-batch %u against %u without)", t->on,
+             t->off.micro);
+    return TRAIN_DONE;
+}
+
+/* Recompute is not faster (or its trial was cut short): back to the tuned
+ * size without it, and the controller as tuning left it. */
+static train_outcome trial_back(run *r)
+{
+    run_recompute_trial *t = &r->mem.trial;
+    uint32_t from = r->mem.micro;
+    t->state = RUN_TRIAL_DONE;
+    free_micro(r);
+    set_recompute_why(r, false, "", "");
+    r->ctl = t->off;
+    batch_lever(&r->ctl, from, t->off.micro, r->progress.step, BATCH_REASON_TUNED);
+    outputs_batch_change(r);
+    if (set_micro(r, r->ctl.micro, POOL_TRIM_OOM) != 0)
+        return memory_after_oom(r);
+    return TRAIN_DONE;
+}
+
+/* A step boundary while timing recompute, as tuning times a size: the
+ * fastest of BATCH_TUNE_STEPS steps.  Memory pressure or an OOM in the
+ * meantime ends the trial without recompute. */
+static train_outcome trial_step(run *r)
+{
+    run_recompute_trial *t = &r->mem.trial;
+    batch_ctl *c = &r->ctl;
+    batch_reason why;
+    size_t avail, bud = job_budget(r, &avail);
+    double s = step_seconds(r);
+    if (r->mem.micro != t->on || batch_step_end(c, r->progress.step, bud, avail, s, &why) != t->on)
+        return trial_back(r);
+    if (s > 0) {
+        if (!t->seen || s < t->fastest)
+            t->fastest = s;
+        t->seen++;
+        if (t->seen < BATCH_TUNE_STEPS) {
+            outputs_sync(r);
+            return TRAIN_DONE;
+        }
+    }
+    double rate = t->seen ? (double)c->batch / t->fastest : 0;
+    if (rate <= t->rate_off)
+        return trial_back(r);
+    t->state = RUN_TRIAL_DONE;
+    char why_s[64];
+    snprintf(why_s, sizeof why_s, "faster at micro-batch %u", t->on);
+    snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "%s", why_s);
+    snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s)", why_s);
+    c->best = t->on;
+    batch_lever(c, t->off.micro, t->on, r->progress.step, BATCH_REASON_RECOMPUTE);
+    outputs_batch_change(r);
+    return TRAIN_DONE;
 }
 
 /* At a step boundary: shrink before an OOM, grow back, or tune. */
 train_outcome memory_adapt(run *r)
 {
+    if (r->mem.trial.state == RUN_TRIAL_TIMING)
+        return trial_step(r);
     batch_reason why;
     uint32_t from = r->mem.micro;
     size_t avail, bud = job_budget(r, &avail);
-    uint32_t n = batch_step_end(&r->ctl, r->progress.step, bud, avail, r->progress.step_s, &why);
+    uint32_t n = batch_step_end(&r->ctl, r->progress.step, bud, avail, step_seconds(r), &why);
     if (n == from) {
         /* The tuner's choice is an event even when it keeps the size. */
         if (why != BATCH_REASON_NONE)
             outputs_batch_change(r);
         else
             outputs_sync(r);
-        return TRAIN_DONE;
+        return why == BATCH_REASON_TUNED ? trial_begin(r) : TRAIN_DONE;
     }
     if (set_micro(r, n, why == BATCH_REASON_PRESSURE ? POOL_TRIM_PRESSURE : -1) == 0) {
         outputs_batch_change(r);
-        return TRAIN_DONE;
+        return why == BATCH_REASON_TUNED ? trial_begin(r) : TRAIN_DONE;
     }
     /* The memory went elsewhere between the decision and the allocation:
      * stay where we were, or shrink as after an OOM. */

@@ -43,6 +43,24 @@ typedef struct {
     size_t aux_bytes;        /* one row's pos and start when packing, else 0 */
 } run_data;
 
+/* recompute = auto's second lever (memory.c): once tuning has chosen the
+ * fastest size without recompute, time the larger size that recompute lets
+ * fit, and keep recompute only if it is faster. */
+typedef enum {
+    RUN_TRIAL_NONE = 0, /* not begun */
+    RUN_TRIAL_TIMING,   /* steps run at `on` with recompute */
+    RUN_TRIAL_DONE,     /* decided, or not worth trying: never again in this run */
+} run_trial_state;
+
+typedef struct {
+    run_trial_state state;
+    batch_ctl off;     /* the controller as tuning left it, to go back to */
+    double rate_off;   /* samples/s of its tuned size */
+    uint32_t on;       /* the size timed with recompute */
+    uint32_t seen;     /* steps timed there */
+    double fastest;    /* the fastest of them, seconds */
+} run_recompute_trial;
+
 /* Device memory, all from the pool, and what the batch controller is fed
  * (memory.c). */
 typedef struct {
@@ -60,6 +78,8 @@ typedef struct {
     size_t low_watermark;      /* the pool's: device memory kept free for others */
     bool oom;                  /* an allocation inside the step failed */
     bool fitting;              /* inside pool_fit_begin (a fit may start another: recompute) */
+    char recompute_why[64];    /* why recompute is on, for the levers and the checkpoint */
+    run_recompute_trial trial; /* recompute = auto timing a larger micro-batch with it */
     pool_oom_report last_oom;  /* the first such failure's report */
 } run_memory;
 
@@ -77,6 +97,7 @@ typedef struct {
     char path_resume[4096], path_model[4096];
     run_found found;
     bool recompute; /* the run that wrote it ran with recompute (auto's choice kept) */
+    char recompute_why[64]; /* and why it turned it on */
 } run_checkpoints;
 
 /* Where the training stands: what a checkpoint keeps besides the tensors

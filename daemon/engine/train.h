@@ -54,6 +54,7 @@ typedef struct {
     uint64_t change_step;
     char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow", "recompute" */
     bool recompute;             /* activation recomputation is on ([memory] recompute) */
+    char levers[96];            /* the memory levers on and why: "recompute (on in the job file)"; "": none */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
     uint64_t data_bytes;        /* host memory the job's data holds (io/data.h's budget) */
 } train_progress;
@@ -82,6 +83,11 @@ typedef struct {
      * 16-bit arithmetic; a test drives overflows through the kern_ops it
      * passes (the engine takes an overflow from a non-finite sumsq). */
     bool cpu_mixed_precision;
+    /* Tests only: the time a step that ran at `micro` (with recompute on
+     * or off) took, in place of `measured`, for the batch controller's
+     * tuning and recompute's timing: a test chooses which size is faster.
+     * May be NULL. */
+    double (*step_seconds)(void *user, uint32_t micro, bool recompute, double measured);
     /* The host memory the job's training and validation data may hold
      * (0: no bound), and how a refusal names that bound for the person
      * who can change it, e.g. "[daemon] max_job_data"; may be NULL. */

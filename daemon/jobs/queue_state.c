@@ -115,6 +115,7 @@ static const qs_field qs_fields[] = {
     QS_PROG("change_to", QS_U32, change_to),
     QS_PROG("change_step", QS_U64, change_step),
     QS_PROG("change_reason", QS_STR, change_reason),
+    QS_PROG("levers", QS_STR, levers),
     /* Absent (a job from before they were kept): 0, nothing known. */
     QS_MEM("mem_peak", mem_peak),
     QS_MEM_TAG("mem_peak_params", POOL_TAG_PARAMS),

@@ -162,6 +162,8 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
             snprintf(st->change_reason, sizeof st->change_reason, "%s", j->prog.change_reason);
             m->change_reason = st->change_reason;
         }
+        snprintf(st->levers, sizeof st->levers, "%s", j->prog.levers);
+        m->levers = st->levers;
     }
     m->submitted_at = j->submitted_at;
     m->started_at = j->started_at;
