@@ -599,18 +599,10 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     r->host_visible = d->kind == DEV_KIND_CPU;
     train_outcome o;
     char why[1024];
-    /* A job from a Hugging Face directory: its [model] keys from config.json
-     * again, since a job queued before a restart was parsed without them. */
-    job_config *filled = NULL;
-    if (j->from[0] && (filled = malloc(sizeof *filled))) {
-        *filled = *j;
-        r->j = j = filled;
-    }
-    if (j->from[0] && !filled) {
-        o = run_fail(r, "out of host memory");
-    } else if (filled && model_hf_fill(filled, why, sizeof why) != 0) {
-        o = run_fail(r, "%s", why);
-    } else if (!(r->kind = model_kind_need(j, why, sizeof why))) {
+    /* A job from a Hugging Face directory comes with its [model] keys
+     * filled from config.json: at submit and `gradd run` (model_check_job)
+     * and when a restarted daemon reads its queue again (queue.c). */
+    if (!(r->kind = model_kind_need(j, why, sizeof why))) {
         o = run_fail(r, "%s", why);
     } else if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
         o = run_fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
@@ -637,6 +629,5 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     outputs_release(r);
     res->outcome = o;
     free(r);
-    free(filled);
     return o;
 }
