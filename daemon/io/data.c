@@ -606,7 +606,8 @@ int data_images_load(data_images *d, const char *images_path, const char *labels
     if (load_label_part(labels_path, limit, classes, &labels, &nl, &max_label, budget, err,
                         err_len) != 0)
         goto fail;
-    held = (uint64_t)d->n * sizeof *labels;
+    /* What load_label_part kept, which is d->n only once the counts agree. */
+    held = (limit && limit < nl ? limit : nl) * sizeof *labels;
     if (nl != total) {
         errmsg_set(err, err_len, "%s: %llu labels, but %s holds %llu images", labels_path, (ull)nl,
                    images_path, (ull)total);

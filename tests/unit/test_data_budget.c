@@ -228,6 +228,18 @@ static void test_images_counted(void **state)
     refused(data_images_load(&d, ip, lp, 0, 0, &tight, err, sizeof err), lp, KEY, NULL);
     assert_int_equal(tight.used, 0);
     assert_null(d.u8);
+    /* counts that disagree give back what each part took, not a guess from
+     * the other: 30 images against 12 or 50 labels, whole and limited */
+    const char *few = idx_labels_file("l12.idx", 12), *many = idx_labels_file("l50.idx", 50);
+    const char *lps[] = {few, many};
+    size_t limits[] = {0, 7, 40};
+    for (size_t i = 0; i < 2; i++)
+        for (size_t k = 0; k < 3; k++) {
+            b = (data_budget){0};
+            refused(data_images_load(&d, ip, lps[i], 0, limits[k], &b, err, sizeof err), lps[i],
+                    "labels, but", ip);
+            assert_int_equal(b.used, 0);
+        }
 }
 
 /* A gzip bomb: a small file whose header declares far more than the job
