@@ -102,6 +102,19 @@ static const opts_def opts[] = {
      "activation recomputation (gpt, llama): auto turns it on when micro-batch 1 does not fit without it",
      "auto|off|on"},
 
+    {"finetune", "method", OPTS_CHOICE, J(ft_method), 0, 0, false, "full",
+     "full: train every weight; lora: train low-rank adapters on a frozen base, stored once in the precision the GEMMs "
+     "read (16 bits under bf16/fp16)", "full|lora"},
+    {"finetune", "rank", OPTS_COUNT, J(lora_rank), 1, 4096, false, "8", "lora: the adapters' rank r", NULL},
+    {"finetune", "alpha", OPTS_DOUBLE, J(lora_alpha), 1e-6, 1e6, false, "16",
+     "lora: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)", NULL},
+    {"finetune", "targets", OPTS_STRING, J(lora_targets), 0, 0, false, "",
+     "lora: the linear layers that get adapters, by their Hugging Face names (llama: q_proj, k_proj, v_proj, "
+     "o_proj, gate_proj, up_proj, down_proj; gpt: c_attn, c_proj, c_fc, mlp.c_proj); empty: PEFT's default for "
+     "the model (llama: q_proj,v_proj; gpt: c_attn)", NULL},
+    {"finetune", "merged", OPTS_BOOL, J(lora_merged), 0, 1, false, "off",
+     "lora: also export model.safetensors with the adapters merged into the base", NULL},
+
     {"output", "dir", OPTS_STRING, J(out_dir), PATHS, "", "where model.safetensors, metrics and checkpoints go", NULL},
     {"output", "checkpoint_every", OPTS_COUNT, J(checkpoint_every), 0, 1e12, false, "0",
      "write the resume state every N steps (0: only at the end)", NULL},
@@ -305,7 +318,8 @@ static bool engine_only(const opts_def *o)
 {
     static const char *const keys[] = {"memory.margin", "memory.grow_after", "memory.tune", "memory.recompute",
                                        "output.checkpoint_every", "output.log_every", "output.resume"};
-    if (!strcmp(o->section, "model") || !strcmp(o->section, "data") || !strcmp(o->section, "train"))
+    if (!strcmp(o->section, "model") || !strcmp(o->section, "data") || !strcmp(o->section, "train") ||
+        !strcmp(o->section, "finetune"))
         return true;
     char full[64];
     snprintf(full, sizeof full, "%s.%s", o->section, o->key);
@@ -456,6 +470,12 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         return complain(p, "train", "min_lr", err, err_len, "is above [train] lr");
     if (j->warmup > j->steps)
         return complain(p, "train", "warmup", err, err_len, "is longer than [train] steps");
+    if (j->ft_method != JOBCFG_FT_LORA) {
+        static const char *const lora_keys[] = {"rank", "alpha", "targets", "merged"};
+        for (size_t i = 0; i < sizeof lora_keys / sizeof lora_keys[0]; i++)
+            if (jobcfg_line(j, "finetune", lora_keys[i]))
+                return complain(p, "finetune", lora_keys[i], err, err_len, "is for method = lora");
+    }
 
     /* Whatever the model: which kinds use hidden, and so must have it
      * parse, is for gradd's models to say. */

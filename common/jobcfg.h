@@ -32,6 +32,9 @@ typedef enum { JOBCFG_RESUME_AUTO = 0, JOBCFG_RESUME_NEVER = 1, JOBCFG_RESUME_RE
 /* [memory] recompute: keep only each block's input for the backward and
  * run the block's forward again there (less memory, more compute). */
 typedef enum { JOBCFG_RECOMPUTE_AUTO = 0, JOBCFG_RECOMPUTE_OFF = 1, JOBCFG_RECOMPUTE_ON = 2 } jobcfg_recompute;
+/* [finetune] method: train every weight, or low-rank adapters on a frozen
+ * base (daemon/models/lora.h). */
+typedef enum { JOBCFG_FT_FULL = 0, JOBCFG_FT_LORA = 1 } jobcfg_ft_method;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 typedef struct job_config {
@@ -99,6 +102,13 @@ typedef struct job_config {
     uint64_t grow_after; /* steps of stable headroom before the micro-batch grows back; 0: never */
     bool tune;           /* micro_batch = auto: time sizes up to the fit and keep the fastest */
     int recompute;       /* jobcfg_recompute */
+
+    /* [finetune] */
+    int ft_method;        /* jobcfg_ft_method */
+    uint32_t lora_rank;
+    double lora_alpha;    /* the adapters' output is scaled by alpha / rank, as PEFT's */
+    char lora_targets[256]; /* comma-separated Hugging Face module names; empty: the kind's default */
+    bool lora_merged;     /* also export the base with the adapters merged in */
 
     /* [output] */
     char out_dir[PATH_MAX];

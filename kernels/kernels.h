@@ -106,6 +106,13 @@ typedef struct kern_ops {
                             int B, int T, int C);
     void (*encoder_backward)(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                              int B, int T, int C);
+    /* encoder_forward from a 16-bit token table: out (B,T,C) = the exact
+     * widening of wte16[inp[b,t]] (V,C; the context's 16-bit type) +
+     * wpe[t] (fp32, or NULL).  For a frozen base held in 16 bits only
+     * (lora.h), whose embedding is never trained and so needs no backward.
+     * Called only in bf16/fp16 contexts. */
+    void (*encoder_forward16w)(kern_ctx *k, float *out, const int32_t *inp, const uint16_t *wte16, const float *wpe,
+                               int B, int T, int C);
 
     /* ---- layernorm -----------------------------------------------------------
      * inp, out (N,C); weight, bias (C); mean, rstd (N) saved for backward */
@@ -343,7 +350,8 @@ typedef struct kern_ops {
      * written as either dinp (fp32) or dinp16 (16 bits, the fp32 result
      * rounded once), at most one of them (overwritten; both NULL: no
      * dinp): dinp = dout·weight16;
-     * dweight += doutᵀ·inp; dbias += Σ dout (may be NULL). */
+     * dweight += doutᵀ·inp; dbias += Σ dout (may be NULL).  dweight NULL:
+     * no weight gradient (a frozen weight), and inp16 may then be NULL. */
     void (*matmul_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
                               const float *dout, const uint16_t *dout16, const uint16_t *inp16,
                               const uint16_t *weight16, int N, int C, int OC);

@@ -16,8 +16,8 @@
 /* The keys of mem_peak_tags, in pool_tag order: the file's own names, so
  * that renaming a tag in the pool does not change the format. */
 static const char *const acct_tag_keys[POOL_TAG_COUNT] = {"params", "grads", "optimizer", "activations",
-                                                          "workspace", "data", "other"};
-_Static_assert(POOL_TAG_COUNT == 7, "a new pool tag needs its key in the accounting file");
+                                                          "workspace", "data", "other", "frozen"};
+_Static_assert(POOL_TAG_COUNT == 8, "a new pool tag needs its key in the accounting file");
 
 /* A time at or past this (the year 33658) is damage, not a date, as in a
  * job's state file. */

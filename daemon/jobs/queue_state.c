@@ -125,6 +125,7 @@ static const qs_field qs_fields[] = {
     QS_MEM_TAG("mem_peak_workspace", POOL_TAG_WORKSPACE),
     QS_MEM_TAG("mem_peak_data", POOL_TAG_DATA),
     QS_MEM_TAG("mem_peak_other", POOL_TAG_OTHER),
+    QS_MEM_TAG("mem_peak_frozen", POOL_TAG_FROZEN),
     /* Absent: its finished_at (a job that ended before accounting was
      * kept is not accounted late). */
     {"accounted_at", QS_TIME, offsetof(job, accounted_at), sizeof(double), true},
@@ -134,7 +135,7 @@ static const qs_field qs_fields[] = {
     {"after_done", QS_IDS, offsetof(job, after_done), sizeof(queue_ids), true},
     {"held", QS_BOOL, offsetof(job, held), sizeof(bool), true},
 };
-_Static_assert(POOL_TAG_COUNT == 7, "a new pool tag needs its mem_peak_ key in the state file");
+_Static_assert(POOL_TAG_COUNT == 8, "a new pool tag needs its mem_peak_ key in the state file");
 #define QS_NFIELDS (sizeof qs_fields / sizeof qs_fields[0])
 
 /* The uid and gid are written with %u and checked against UINT32_MAX. */

@@ -57,6 +57,7 @@ typedef struct {
 
 typedef struct model model;
 typedef struct model_kind model_kind;
+typedef struct lora lora; /* lora.h */
 
 typedef struct model_ops {
     /* Samples are sequences (gpt) or images (mlp); units per sample for
@@ -138,6 +139,13 @@ struct model {
      * same kernels in the same order: the step is bitwise the same, for
      * the memory of L - 1 blocks' activations and one more forward. */
     bool recompute;
+    /* [finetune] method = lora (lora.h); NULL: full fine-tuning.  Then the
+     * base is frozen: grads is NULL, no base gradient is computed, and the
+     * base is held once, in the precision its GEMMs read: params (fp32
+     * contexts), or params16 alone (bf16/fp16: params NULL, the tensors
+     * the kernels read in fp32 widened by lora_base32).  The trainer
+     * trains the adapters' own table, parameters and gradients. */
+    lora *lora;
     /* Signs of life from inside a forward or backward: the models call
      * model_poll between layers, which calls poll(poll_user) (poll may be
      * NULL).  When `stoppable` and poll returns true, `stopped` is set and
@@ -205,6 +213,16 @@ struct model_kind {
     int (*hf_read)(const void *config, job_config *j, char *err, size_t err_len);
     void *(*hf_config)(const model *m);
     bool (*hf_ignore)(const model *m, const char *name);
+
+    /* LoRA (lora.h), for kinds that offer it; lora_targets NULL for the
+     * others.  lora_targets: the short Hugging Face names of the kind's
+     * linear layers that may get adapters ([finetune] targets), NULL
+     * ended; lora_default: PEFT's default for the model type, as a
+     * targets value ("q_proj,v_proj"); lora_fan_in_fan_out: the Hugging
+     * Face layers are Conv1D, stored (in,out) (PEFT's fan_in_fan_out). */
+    const char *const *lora_targets;
+    const char *lora_default;
+    bool lora_fan_in_fan_out;
 };
 
 /* The kinds, in the registry's order; *n set to their number. */

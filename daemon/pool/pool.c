@@ -33,7 +33,7 @@
 /* ==== names ================================================================= */
 
 static const char *const tag_names[POOL_TAG_COUNT] = {
-    "params", "grads", "optimizer", "activations", "workspace", "data", "other",
+    "params", "grads", "optimizer", "activations", "workspace", "data", "other", "frozen",
 };
 
 const char *pool_tag_name(pool_tag t)

@@ -39,6 +39,8 @@ typedef enum {
     POOL_TAG_WORKSPACE,
     POOL_TAG_DATA,
     POOL_TAG_OTHER,
+    /* Weights that are read and never trained: a LoRA job's base model. */
+    POOL_TAG_FROZEN,
     POOL_TAG_COUNT
 } pool_tag;
 

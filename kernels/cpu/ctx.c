@@ -127,6 +127,7 @@ static const kern_ops cpu_ops = {
     .scale = cpu_scale,
     .encoder_forward = kcpu_encoder_forward,
     .encoder_backward = kcpu_encoder_backward,
+    .encoder_forward16w = NULL,
     .layernorm_forward = kcpu_layernorm_forward,
     .layernorm_backward = kcpu_layernorm_backward,
     .matmul_forward = kcpu_matmul_forward,
