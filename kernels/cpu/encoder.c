@@ -1,15 +1,21 @@
 /* encoder.c — token + position embedding (or the token embedding alone,
  * wpe NULL, for models whose positions are rotary). */
 #include <omp.h>
+#include <stdbool.h>
 
 #include "cpu_kernels.h"
 
 /* ---- forward ----------------------------------------------------------------------
- * inp (B,T) int32, wte (V,C), wpe (maxT,C) -> out (B,T,C) */
-void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
-                          int T, int C)
+ * inp (B,T) int32, wte (V,C), wpe (maxT,C) -> out (B,T,C).  The token table
+ * in fp32 (wte), or (wte16; encoder_forward16w) in the context's 16-bit
+ * type, fp16 in an fp16 context and bf16 otherwise as lowp.c reads it, each
+ * row widened exactly: a frozen base's embedding, which has no fp32 copy
+ * and no backward. */
+static void encoder_rows(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const uint16_t *wte16,
+                         const float *wpe, int B, int T, int C)
 {
     int nt = k->threads;
+    bool f16 = k->prec == KERN_FP16;
     size_t rows = (size_t)B * T;
 #pragma omp parallel num_threads(nt) if (rows * C >= KCPU_PAR_MIN)
     {
@@ -17,17 +23,33 @@ void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const flo
         kcpu_split(rows, omp_get_thread_num(), omp_get_num_threads(), 1, &lo, &hi);
         for (size_t bt = lo; bt < hi; bt++) {
             float *restrict o = out + bt * C;
-            const float *restrict we = wte + (size_t)inp[bt] * C;
-            if (!wpe) {
-                memcpy(o, we, (size_t)C * sizeof *o);
+            size_t row = (size_t)inp[bt] * C;
+            if (!wte16)
+                memcpy(o, wte + row, (size_t)C * sizeof *o);
+            else if (f16)
+                kcpu_widen_f16(o, wte16 + row, (size_t)C);
+            else
+                kcpu_widen_bf16(o, wte16 + row, (size_t)C);
+            if (!wpe)
                 continue;
-            }
             const float *restrict wp = wpe + (bt % (size_t)T) * C;
 #pragma omp simd
             for (int i = 0; i < C; i++)
-                o[i] = we[i] + wp[i];
+                o[i] += wp[i];
         }
     }
+}
+
+void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                          int T, int C)
+{
+    encoder_rows(k, out, inp, wte, NULL, wpe, B, T, C);
+}
+
+void kcpu_encoder_forward16w(kern_ctx *k, float *out, const int32_t *inp, const uint16_t *wte16, const float *wpe,
+                             int B, int T, int C)
+{
+    encoder_rows(k, out, inp, NULL, wte16, wpe, B, T, C);
 }
 
 /* ---- backward ---------------------------------------------------------------------
