@@ -130,7 +130,8 @@ typedef struct kern_ops {
     void (*matmul_forward)(kern_ctx *k, float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC);
     /* dinp (N,C) = dout·weight (overwritten); dweight (OC,C) += dout^T·inp; dbias (OC) += Σ dout.
-     * dinp or dbias may be NULL (not needed / no bias). */
+     * dinp or dbias may be NULL (not needed / no bias); dweight NULL: no
+     * weight gradient (a frozen weight), inp then not read. */
     void (*matmul_backward)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC);
 

@@ -2,8 +2,9 @@
  * against the CPU's (see test_gpu_kernels.c): the embedding from a 16-bit
  * token table, exact (one exact widening and one add on both sides), and
  * the backward ops without weight gradients (a frozen norm, a frozen GEMM
- * weight without its input), whose dinp must be bitwise the GPU's own with
- * the gradients asked for, and within the usual tolerance of the CPU's. */
+ * weight without its input, in fp32 or 16 bits), whose dinp must be
+ * bitwise the GPU's own with the gradients asked for, and within the usual
+ * tolerance of the CPU's. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,27 @@ void test_frozen_norms16(int N, int C)
     }
     bfree(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&mean), bfree(&rstd), bfree(&dout), bfree(&dw), bfree(&db);
     b16free(&dout16), b16free(&o1), b16free(&o2);
+}
+
+/* matmul_backward without dweight and with inp NULL (a frozen fp32 base),
+ * in the context under test (fp32, or 16-bit GEMM inputs): dinp and dbias
+ * from the same start on all sides. */
+void test_frozen_mm(int N, int C, int OC, double rtol, double atol)
+{
+    char name[64];
+    snprintf(name, sizeof name, "frozen mm %dx%dx%d", N, C, OC);
+    size_t NC = (size_t)N * C;
+    buf x = mk(NC, 1), w = mk((size_t)OC * C, 1), g = mk((size_t)N * OC, 1), dw = mk((size_t)OC * C, 1);
+    buf db = mk(OC, 1), db2 = twin(&db), i1 = mk(NC, 1), i2 = mk(NC, 1);
+    G->matmul_backward(gk, i1.d, dw.d, db.d, g.d, x.d, w.d, N, C, OC);
+    G->matmul_backward(gk, i2.d, NULL, db2.d, g.d, NULL, w.d, N, C, OC);
+    H->matmul_backward(hk, i2.h, NULL, db2.h, g.h, NULL, w.h, N, C, OC);
+    gsync(name);
+    verdict_same(name, "dinp", same_bits(i1.d, i2.d, NC));
+    cmp(name, "dinp", &i2, rtol, atol);
+    verdict_same(name, "dbias", same_bits(db.d, db2.d, OC));
+    cmp(name, "dbias", &db2, 1e-4, 1e-5);
+    bfree(&x), bfree(&w), bfree(&g), bfree(&dw), bfree(&db), bfree(&db2), bfree(&i1), bfree(&i2);
 }
 
 /* In a bf16/fp16 context: matmul_backward16 without dweight and with inp16

@@ -121,6 +121,9 @@ static void run_fp32(void)
     test_frozen_norms(4096, 768);
     test_frozen_norms(100, 63);
     test_frozen_norms(257, 2048);
+    /* A frozen fp32 base's GEMMs. */
+    test_frozen_mm(256, 96, 288, 1e-4, 1e-5);
+    test_frozen_mm(33, 17, 29, 1e-4, 1e-5);
 }
 
 static void run_lowp(const char *prec)
@@ -193,6 +196,7 @@ static void run_lowp(const char *prec)
     test_frozen_norms16(100, 63);
     test_frozen_mm16(256, 96, 288);
     test_frozen_mm16(33, 17, 29);
+    test_frozen_mm(256, 96, 288, 2e-2, 2e-2); /* an fp32 base's GEMMs on 16-bit inputs */
     test_adamw16(10007, 0);
     test_adamw16(4099, 1);
     test_adamw_multi(0, true);

@@ -1,7 +1,7 @@
 /* test_kernels_frozen.c — the CPU kernels a frozen base (LoRA, lora.h) runs
  * on: encoder_forward16w against a plain loop with its own decoding of bf16
  * and fp16, and the backward ops without a weight gradient
- * (matmul_backward16 without dweight and inp16, rmsnorm_backward and
+ * (matmul_backward(16) without dweight and inp(16), rmsnorm_backward and
  * layernorm_backward(16) without dweight and dbias) giving dinp bitwise
  * as they do with one.  All exact: widening is exact, and a gradient that
  * is not asked for must not change the arithmetic of the one that is.
@@ -96,6 +96,33 @@ static void test_encoder16w(void **state)
                 encoder16w_case(precs[p], nthreads[t], 2, 5, 33, 7, w);
                 encoder16w_case(precs[p], nthreads[t], 3, 41, 200, 50, w); /* 24600 elements */
             }
+}
+
+/* ---- matmul_backward without a weight gradient ------------------------------------------------ */
+
+/* The fp32 op (a frozen fp32 base): dinp and dbias with dweight and inp
+ * NULL, against the same call with them: bitwise. */
+static void mm_case(int threads, int N, int C, int OC)
+{
+    kern_ctx *k = ctx(threads);
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, nd = (size_t)N * OC;
+    float *x = randv(ni, 1), *w = randv(nw, 1), *d = randv(nd, 1), *dw = zerov(nw);
+    float *db1 = randv(OC, 1), *db2 = dupv(db1, OC), *di1 = randv(ni, 1), *di2 = randv(ni, 1);
+    ops->matmul_backward(k, di1, dw, db1, d, x, w, N, C, OC);
+    ops->matmul_backward(k, di2, NULL, db2, d, NULL, w, N, C, OC);
+    assert_memory_equal(di2, di1, ni * sizeof *di1);
+    assert_memory_equal(db2, db1, OC * sizeof *db1);
+    free(x), free(w), free(d), free(dw), free(db1), free(db2), free(di1), free(di2);
+    ops->ctx_destroy(k);
+}
+
+static void test_matmul_backward_frozen(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 2; t++) {
+        mm_case(nthreads[t], 13, 24, 17);
+        mm_case(nthreads[t], 70, 96, 130); /* N·C·OC above the GEMMs' parallel threshold */
+    }
 }
 
 /* ---- matmul_backward16 without a weight gradient ---------------------------------------------- */
@@ -205,6 +232,7 @@ int main(void)
     ops = kern_cpu_ops();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encoder16w),
+        cmocka_unit_test(test_matmul_backward_frozen),
         cmocka_unit_test(test_matmul_backward16_frozen),
         cmocka_unit_test(test_norms_frozen),
     };
