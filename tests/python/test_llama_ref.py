@@ -81,11 +81,43 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def lora_name(module, ab):
+    """PEFT's name of a linear layer's adapter A or B."""
+    return "base_model.model.%s.lora_%s.weight" % (module, ab)
+
+
 class Llama:
-    def __init__(self, cfg, params):
+    """adapters: LoRA's A (r,in) and B (out,r) under lora_name, for some of
+    the linear layers; each such layer adds scale·(x·Aᵀ)·Bᵀ (PEFT's)."""
+
+    def __init__(self, cfg, params, adapters=None, scale=1.0):
         self.c = cfg
         self.p = {k: v.astype(np.float64) for k, v in params.items()}
+        self.ad = {k: v.astype(np.float64) for k, v in (adapters or {}).items()}
+        self.scale = scale
         self.inv = inv_freq(cfg)
+
+    def lin(self, module, x):
+        y = x @ self.p[module + ".weight"].T
+        if lora_name(module, "A") in self.ad:
+            A, B = self.ad[lora_name(module, "A")], self.ad[lora_name(module, "B")]
+            y = y + self.scale * (x @ A.T) @ B.T
+        return y
+
+    def lin_back(self, d, module, dy, x):
+        """lin's backward: the gradients of its weight and adapters into d;
+        returns the input's."""
+        W = self.p[module + ".weight"]
+        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        d[module + ".weight"] += dy2.T @ x2
+        dx = dy @ W
+        if lora_name(module, "A") in self.ad:
+            A, B = self.ad[lora_name(module, "A")], self.ad[lora_name(module, "B")]
+            gu = self.scale * dy2 @ B  # the gradient of x·Aᵀ
+            d[lora_name(module, "B")] += self.scale * dy2.T @ (x2 @ A.T)
+            d[lora_name(module, "A")] += gu.T @ x2
+            dx = dx + (gu @ A).reshape(dx.shape)
+        return dx
 
     def head(self):
         return self.p["model.embed_tokens.weight"] if self.c["tie"] else self.p["lm_head.weight"]
@@ -104,9 +136,9 @@ class Llama:
         for l in range(c["layers"]):
             L = "model.layers.%d." % l
             a, r1 = rmsnorm(h, p[L + "input_layernorm.weight"], c["norm_eps"])
-            q = (a @ p[L + "self_attn.q_proj.weight"].T).reshape(n, T, NH, HS)
-            k = (a @ p[L + "self_attn.k_proj.weight"].T).reshape(n, T, KVH, HS)
-            v = (a @ p[L + "self_attn.v_proj.weight"].T).reshape(n, T, KVH, HS)
+            q = self.lin(L + "self_attn.q_proj", a).reshape(n, T, NH, HS)
+            k = self.lin(L + "self_attn.k_proj", a).reshape(n, T, KVH, HS)
+            v = self.lin(L + "self_attn.v_proj", a).reshape(n, T, KVH, HS)
             qr, kr = rope(q, cos, sin), rope(k, cos, sin)
             kx, vx = np.repeat(kr, G, axis=2), np.repeat(v, G, axis=2)
             s = np.einsum("bthd,buhd->bhtu", qr, kx) / math.sqrt(HS)
@@ -114,12 +146,12 @@ class Llama:
             P = np.exp(s - s.max(-1, keepdims=True))
             P /= P.sum(-1, keepdims=True)
             o = np.einsum("bhtu,buhd->bthd", P, vx).reshape(n, T, C)
-            h2 = h + o @ p[L + "self_attn.o_proj.weight"].T
+            h2 = h + self.lin(L + "self_attn.o_proj", o)
             b, r2 = rmsnorm(h2, p[L + "post_attention_layernorm.weight"], c["norm_eps"])
-            g = b @ p[L + "mlp.gate_proj.weight"].T
-            u = b @ p[L + "mlp.up_proj.weight"].T
+            g = self.lin(L + "mlp.gate_proj", b)
+            u = self.lin(L + "mlp.up_proj", b)
             m = g * sigmoid(g) * u
-            h3 = h2 + m @ p[L + "mlp.down_proj.weight"].T
+            h3 = h2 + self.lin(L + "mlp.down_proj", m)
             caches.append((h, a, r1, qr, kr, kx, vx, v, P, o, h2, b, r2, g, u, m))
             h = h3
         f, rf = rmsnorm(h, p["model.norm.weight"], c["norm_eps"])
@@ -138,7 +170,7 @@ class Llama:
         n, T = x.shape
         NH, KVH, C = c["heads"], c["kv_heads"], c["width"]
         HS, G = C // NH, NH // KVH
-        d = {k: np.zeros_like(v) for k, v in p.items()}
+        d = {k: np.zeros_like(v) for k, v in list(p.items()) + list(self.ad.items())}
         dlog = np.exp(lp)
         np.put_along_axis(dlog, np.maximum(y, 0)[..., None], np.take_along_axis(dlog, np.maximum(y, 0)[..., None], -1) - 1, -1)
         dlog *= (keep / keep.sum())[..., None]
@@ -150,20 +182,16 @@ class Llama:
             L = "model.layers.%d." % l
             h, a, r1, qr, kr, kx, vx, v, P, o, h2, b, r2, g, u, m = caches[l]
             # MLP
-            d[L + "mlp.down_proj.weight"] += dh.reshape(-1, C).T @ m.reshape(-1, m.shape[-1])
-            dm = dh @ p[L + "mlp.down_proj.weight"]
+            dm = self.lin_back(d, L + "mlp.down_proj", dh, m)
             sg = sigmoid(g)
             dg = dm * u * sg * (1 + g * (1 - sg))
             du = dm * g * sg
-            d[L + "mlp.gate_proj.weight"] += dg.reshape(-1, dg.shape[-1]).T @ b.reshape(-1, C)
-            d[L + "mlp.up_proj.weight"] += du.reshape(-1, du.shape[-1]).T @ b.reshape(-1, C)
-            db = dg @ p[L + "mlp.gate_proj.weight"] + du @ p[L + "mlp.up_proj.weight"]
+            db = self.lin_back(d, L + "mlp.gate_proj", dg, b) + self.lin_back(d, L + "mlp.up_proj", du, b)
             dx2, dw = rmsnorm_back(db, h2, p[L + "post_attention_layernorm.weight"], r2)
             d[L + "post_attention_layernorm.weight"] += dw
             dh2 = dh + dx2
             # attention
-            d[L + "self_attn.o_proj.weight"] += dh2.reshape(-1, C).T @ o.reshape(-1, C)
-            do = (dh2 @ p[L + "self_attn.o_proj.weight"]).reshape(n, T, NH, HS)
+            do = self.lin_back(d, L + "self_attn.o_proj", dh2, o).reshape(n, T, NH, HS)
             dP = np.einsum("bthd,buhd->bhtu", do, vx)
             dS = P * (dP - (dP * P).sum(-1, keepdims=True)) / math.sqrt(HS)
             dqr = np.einsum("bhtu,buhd->bthd", dS, kx)
@@ -174,12 +202,9 @@ class Llama:
             dq = rope(dqr, cos, sin, inverse=True).reshape(n, T, -1)
             dk = rope(dkr, cos, sin, inverse=True).reshape(n, T, -1)
             dv = dv.reshape(n, T, -1)
-            A = a.reshape(-1, C)
             da = 0
             for nm, dd in (("q", dq), ("k", dk), ("v", dv)):
-                W = p[L + "self_attn.%s_proj.weight" % nm]
-                d[L + "self_attn.%s_proj.weight" % nm] += dd.reshape(-1, dd.shape[-1]).T @ A
-                da = da + dd @ W
+                da = da + self.lin_back(d, L + "self_attn.%s_proj" % nm, dd, a)
             dx1, dw = rmsnorm_back(da, h, p[L + "input_layernorm.weight"], r1)
             d[L + "input_layernorm.weight"] += dw
             dh = dh2 + dx1
