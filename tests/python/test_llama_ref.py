@@ -306,8 +306,31 @@ def rel(a, b):
     return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
 
 
+def batch_for(rng, cfg, packing):
+    """The probe's batch and x, y, pos, start: packed samples (packing, as
+    packed_batch's), or else two sequences with some targets ignored."""
+    if packing:
+        x, y, pos, start = packed_batch(rng, cfg, packing)
+        return dict(x=x, y=y, pos=pos, start=start), x, y, pos, start
+    T, V = cfg["context"], cfg["vocab"]
+    x = rng.integers(0, V, (2, T)).astype(np.int32)
+    y = rng.integers(0, V, (2, T)).astype(np.int32)
+    y[0, :3] = -100
+    y[1, 7] = -100
+    pos = np.tile(np.arange(T, dtype=np.int32), (2, 1))
+    return dict(x=x, y=y), x, y, pos, np.zeros_like(pos)
+
+
+def report(name, loss, worst):
+    """The loss and the four worst relative errors, for the test's log."""
+    print("%s: loss %.6f; worst relative errors: %s" % (
+        name, loss, ", ".join("%s %.2g" % (k, v) for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:4])))
+
+
 @unittest.skipIf(np is None, "needs numpy and safetensors (scripts/pyenv.sh)")
-class LlamaReference(unittest.TestCase):
+class ProbeCase(unittest.TestCase):
+    """A test that runs model_probe in a temporary directory."""
+
     def setUp(self):
         if not PROBE:
             self.skipTest("MODEL_PROBE is not set (meson test sets it)")
@@ -316,32 +339,42 @@ class LlamaReference(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_case(self, name):
-        cfg, packing = CASES[name]
-        rng = np.random.default_rng(sum(map(ord, name)))
-        params = random_params(cfg, rng)
-        if packing:
-            x, y, pos, start = packed_batch(rng, cfg, packing)
-            batch = dict(x=x, y=y, pos=pos, start=start)
-        else:
-            T, V = cfg["context"], cfg["vocab"]
-            x = rng.integers(0, V, (2, T)).astype(np.int32)
-            y = rng.integers(0, V, (2, T)).astype(np.int32)
-            y[0, :3] = -100
-            y[1, 7] = -100
-            pos = np.tile(np.arange(T, dtype=np.int32), (2, 1))
-            start = np.zeros_like(pos)
-            batch = dict(x=x, y=y)
+    def probe(self, job, tensors, batch):
+        """model_probe on the job file's text, the tensors and the batch: what it wrote."""
         d = self.tmp.name
         with open(os.path.join(d, "job.cfg"), "w") as f:
-            f.write(job_text(cfg))
-        save_file(params, os.path.join(d, "params.safetensors"))
+            f.write(job)
+        save_file(tensors, os.path.join(d, "params.safetensors"))
         save_file(batch, os.path.join(d, "batch.safetensors"))
         out = os.path.join(d, "out.safetensors")
         r = subprocess.run([PROBE, os.path.join(d, "job.cfg"), os.path.join(d, "params.safetensors"),
                             os.path.join(d, "batch.safetensors"), out], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
-        got = load_file(out)
+        return load_file(out)
+
+    def check_central(self, ref, table, names, grads, batch, rng):
+        """ref's gradients of the tensors `names` in `table` (ref.p or ref.ad)
+        against central differences of its forward, at 3 elements each."""
+        for nm in names:
+            flat = table[nm].reshape(-1)
+            for i in rng.choice(flat.size, 3, replace=False):
+                old = flat[i]
+                flat[i] = old + 1e-6
+                lp = ref.forward(*batch)[1]
+                flat[i] = old - 1e-6
+                lm = ref.forward(*batch)[1]
+                flat[i] = old
+                num = (lp - lm) / 2e-6
+                self.assertLess(abs(num - grads[nm].reshape(-1)[i]), 1e-6 + 1e-5 * abs(num), nm)
+
+
+class LlamaReference(ProbeCase):
+    def run_case(self, name):
+        cfg, packing = CASES[name]
+        rng = np.random.default_rng(sum(map(ord, name)))
+        params = random_params(cfg, rng)
+        batch, x, y, pos, start = batch_for(rng, cfg, packing)
+        got = self.probe(job_text(cfg), params, batch)
         ref = Llama(cfg, params)
         logits, loss = ref.forward(x, y, pos, start)
         grads = ref.backward()
@@ -378,8 +411,7 @@ class LlamaReference(unittest.TestCase):
             if params[nm].shape[0] != cfg["vocab"]:  # rows of unlikely tokens have tiny gradients
                 self.assertGreater(sure.mean(), 0.9, nm)
             self.assertLess(np.abs(got["step." + nm] - full)[sure].max(initial=0), 1e-3 * lr, nm)
-        print("%s: loss %.6f; worst relative errors: %s" % (
-            name, loss, ", ".join("%s %.2g" % (k, v) for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:4])))
+        report(name, loss, worst)
 
     def test_untied(self):
         self.check("untied")
@@ -399,17 +431,7 @@ class LlamaReference(unittest.TestCase):
         ref = Llama(cfg, params)
         ref.forward(x, y, pos, start)
         grads = ref.backward()
-        for nm in names(cfg):
-            flat = ref.p[nm].reshape(-1)
-            for i in rng.choice(flat.size, 3, replace=False):
-                old = flat[i]
-                flat[i] = old + 1e-6
-                lp = ref.forward(x, y, pos, start)[1]
-                flat[i] = old - 1e-6
-                lm = ref.forward(x, y, pos, start)[1]
-                flat[i] = old
-                num = (lp - lm) / 2e-6
-                self.assertLess(abs(num - grads[nm].reshape(-1)[i]), 1e-6 + 1e-5 * abs(num), nm)
+        self.check_central(ref, ref.p, names(cfg), grads, (x, y, pos, start), rng)
 
     def test_llama3_frequencies(self):
         """Llama 3 scaling keeps the fast rotations, slows the slow ones by
