@@ -26,8 +26,9 @@
  * and the bf16/fp16 GEMM tolerance; dbias is an fp32 sum on both: 1e-4.
  *
  * This file loads the tables and runs the checks in order, per precision;
- * the checks are in gpu_check_layers.c, gpu_check_optim.c and
- * gpu_check_act16.c, on the buffers and comparisons of gpu_check.c.
+ * the checks are in gpu_check_layers.c, gpu_check_optim.c,
+ * gpu_check_act16.c, gpu_check_llama.c and gpu_check_frozen.c, on the
+ * buffers and comparisons of gpu_check.c.
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -177,6 +178,10 @@ static void run_lowp(const char *prec)
     test_logits16(64, 128, 50304, 50304); /* V = Vp, as the daemon runs GPT-2 */
     test_logits16(16, 64, 1001, 1004);    /* Vp % 8 == 4: the fused fallback, 4-wide */
     test_determinism16();
+    /* A frozen base held in 16 bits: its token table, aligned or not. */
+    test_encoder16w(2, 33, 96, 17, true, 0);
+    test_encoder16w(2, 33, 96, 17, false, 1);
+    test_encoder16w(1, 9, 2050, 5, false, 0);
     test_adamw16(10007, 0);
     test_adamw16(4099, 1);
     test_adamw_multi(0, true);
