@@ -178,10 +178,13 @@ static void run_lowp(const char *prec)
     test_logits16(64, 128, 50304, 50304); /* V = Vp, as the daemon runs GPT-2 */
     test_logits16(16, 64, 1001, 1004);    /* Vp % 8 == 4: the fused fallback, 4-wide */
     test_determinism16();
-    /* A frozen base held in 16 bits: its token table, aligned or not. */
+    /* A frozen base held in 16 bits: its token table, aligned or not, and
+     * its GEMMs' backward without weight gradients. */
     test_encoder16w(2, 33, 96, 17, true, 0);
     test_encoder16w(2, 33, 96, 17, false, 1);
     test_encoder16w(1, 9, 2050, 5, false, 0);
+    test_frozen_mm16(256, 96, 288);
+    test_frozen_mm16(33, 17, 29);
     test_adamw16(10007, 0);
     test_adamw16(4099, 1);
     test_adamw_multi(0, true);

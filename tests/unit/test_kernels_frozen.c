@@ -1,6 +1,9 @@
 /* test_kernels_frozen.c — the CPU kernels a frozen base (LoRA, lora.h) runs
  * on: encoder_forward16w against a plain loop with its own decoding of bf16
- * and fp16, exact (widening is exact).
+ * and fp16, and matmul_backward16 without a weight gradient (without
+ * dweight and inp16) giving dinp bitwise as it does with one.  All exact:
+ * widening is exact, and a gradient that is not asked for must not change
+ * the arithmetic of the one that is.
  *
  * Each case runs on one thread and on three, at a size below and one above
  * the CPU backend's parallel threshold (KCPU_PAR_MIN, 16384 elements). */
@@ -94,11 +97,59 @@ static void test_encoder16w(void **state)
             }
 }
 
+/* ---- matmul_backward16 without a weight gradient ---------------------------------------------- */
+
+/* dinp (fp32 or dinp16) and dbias with dweight NULL and inp16 NULL, against
+ * the same call with dweight and inp16: bitwise. */
+static void mm16_case(kern_precision prec, int threads, int N, int C, int OC, bool from16, bool to16)
+{
+    kern_ctx *k = ops->ctx_create(threads, 0, prec, NULL);
+    assert_non_null(k);
+    void (*narrow)(kern_ctx *, uint16_t *, const float *, size_t) =
+        prec == KERN_FP16 ? ops->cast_f32_to_f16 : ops->cast_f32_to_bf16;
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, nd = (size_t)N * OC;
+    float *x = randv(ni, 1), *w = randv(nw, 1), *d = randv(nd, 1);
+    uint16_t *x16 = h16(ni), *w16 = h16(nw), *d16 = h16(nd);
+    narrow(k, x16, x, ni);
+    narrow(k, w16, w, nw);
+    narrow(k, d16, d, nd);
+    float *dw = zerov(nw), *db1 = randv(OC, 1), *db2 = dupv(db1, OC);
+    float *di1 = randv(ni, 1), *di2 = randv(ni, 1); /* overwritten, unless to16 */
+    float *di2_0 = dupv(di2, ni);
+    uint16_t *g1 = h16(ni), *g2 = h16(ni);
+    const float *dout = from16 ? NULL : d;
+    const uint16_t *dout16 = from16 ? d16 : NULL;
+    ops->matmul_backward16(k, to16 ? NULL : di1, to16 ? g1 : NULL, dw, db1, dout, dout16, x16, w16, N, C, OC);
+    ops->matmul_backward16(k, to16 ? NULL : di2, to16 ? g2 : NULL, NULL, db2, dout, dout16, NULL, w16, N, C, OC);
+    if (to16) {
+        assert_memory_equal(g2, g1, ni * sizeof *g1);
+        assert_memory_equal(di2, di2_0, ni * sizeof *di2); /* no fp32 dinp asked for */
+    } else {
+        assert_memory_equal(di2, di1, ni * sizeof *di1);
+    }
+    assert_memory_equal(db2, db1, OC * sizeof *db1);
+    free(x), free(w), free(d), free(x16), free(w16), free(d16), free(dw), free(db1), free(db2);
+    free(di1), free(di2), free(di2_0), free(g1), free(g2);
+    ops->ctx_destroy(k);
+}
+
+static void test_matmul_backward16_frozen(void **state)
+{
+    (void)state;
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < 2; t++)
+            for (int v = 0; v < 3; v++) { /* dout fp32, dout16, dout16 with dinp16 */
+                mm16_case(precs[p], nthreads[t], 13, 24, 17, v > 0, v == 2);
+                mm16_case(precs[p], nthreads[t], 70, 96, 130, v > 0, v == 2);
+            }
+}
+
 int main(void)
 {
     ops = kern_cpu_ops();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encoder16w),
+        cmocka_unit_test(test_matmul_backward16_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
