@@ -157,6 +157,8 @@ void test_gqa(int B, int T, int NH, int KVH, int HS, bool packed, double rtol, d
 
 /* gpu_check_frozen.c */
 void test_encoder16w(int B, int T, int C, int V, bool with_wpe, int table_off);
+void test_frozen_norms(int N, int C);
+void test_frozen_norms16(int N, int C);
 void test_frozen_mm16(int N, int C, int OC);
 
 #endif

@@ -1,9 +1,9 @@
 /* gpu_check_frozen.c — the CUDA ops a frozen base (LoRA, lora.h) runs on,
  * against the CPU's (see test_gpu_kernels.c): the embedding from a 16-bit
  * token table, exact (one exact widening and one add on both sides), and
- * the GEMM backward without a weight gradient (a frozen weight, without its
- * input), whose dinp must be bitwise the GPU's own with the gradient asked
- * for, and within the usual tolerance of the CPU's. */
+ * the backward ops without weight gradients (a frozen norm, a frozen GEMM
+ * weight without its input), whose dinp must be bitwise the GPU's own with
+ * the gradients asked for, and within the usual tolerance of the CPU's. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +46,76 @@ void test_encoder16w(int B, int T, int C, int V, bool with_wpe, int table_off)
     gsync(name);
     cmp(name, "out", &out, 0, 0);
     b16free(&wte), bfree(&wpe), bfree(&out), ibfree(&inp);
+}
+
+/* rmsnorm_backward without dweight and layernorm_backward without dweight
+ * and dbias (fp32 context), from the cpu's statistics, dinp from a random
+ * start on all sides. */
+void test_frozen_norms(int N, int C)
+{
+    char name[64];
+    snprintf(name, sizeof name, "frozen norms N=%d C=%d", N, C);
+    size_t NC = (size_t)N * C;
+    buf inp = mk(NC, 2), w = mk(C, 1), b = mk(C, 1), out = mk(NC, 0), mean = mk(N, 0), rstd = mk(N, 0);
+    buf dout = mk(NC, 1), dw = mk(C, 1), db = mk(C, 1), d1 = mk(NC, 1), d2 = twin(&d1);
+
+    H->rmsnorm_forward(hk, out.h, rstd.h, inp.h, w.h, N, C, 1e-5f);
+    resync(&rstd);
+    G->rmsnorm_backward(gk, d1.d, dw.d, dout.d, inp.d, w.d, rstd.d, N, C);
+    G->rmsnorm_backward(gk, d2.d, NULL, dout.d, inp.d, w.d, rstd.d, N, C);
+    H->rmsnorm_backward(hk, d2.h, NULL, dout.h, inp.h, w.h, rstd.h, N, C);
+    gsync(name);
+    verdict_same(name, "rms dinp", same_bits(d1.d, d2.d, NC));
+    cmp(name, "rms dinp", &d2, 1e-4, 1e-5);
+
+    H->layernorm_forward(hk, out.h, mean.h, rstd.h, inp.h, w.h, b.h, N, C);
+    resync(&mean), resync(&rstd), resync(&d1);
+    memcpy(d2.h, d1.h, NC * sizeof(float));
+    resync(&d2);
+    G->layernorm_backward(gk, d1.d, dw.d, db.d, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    G->layernorm_backward(gk, d2.d, NULL, NULL, dout.d, inp.d, w.d, mean.d, rstd.d, N, C);
+    H->layernorm_backward(hk, d2.h, NULL, NULL, dout.h, inp.h, w.h, mean.h, rstd.h, N, C);
+    gsync(name);
+    verdict_same(name, "ln dinp", same_bits(d1.d, d2.d, NC));
+    cmp(name, "ln dinp", &d2, 1e-4, 1e-5);
+    bfree(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&mean), bfree(&rstd);
+    bfree(&dout), bfree(&dw), bfree(&db), bfree(&d1), bfree(&d2);
+}
+
+/* In a bf16/fp16 context: layernorm_backward16 without dweight and dbias
+ * (dout fp32 with dinp16, and dout16). */
+void test_frozen_norms16(int N, int C)
+{
+    char name[64];
+    snprintf(name, sizeof name, "frozen norms16 N=%d C=%d", N, C);
+    if (!have16(name, "layernorm_backward16", H->layernorm_backward16 != NULL, G->layernorm_backward16 != NULL))
+        return;
+    size_t NC = (size_t)N * C;
+    buf inp = mk(NC, 2), w = mk(C, 1), b = mk(C, 1), out = mk(NC, 0), mean = mk(N, 0), rstd = mk(N, 0);
+    buf dout = mk(NC, 1), dw = mk(C, 1), db = mk(C, 1);
+    buf16 dout16 = mk16(NC, 1), o1 = mk16(NC, 0), o2 = mk16(NC, 0);
+    H->layernorm_forward(hk, out.h, mean.h, rstd.h, inp.h, w.h, b.h, N, C);
+    resync(&mean), resync(&rstd);
+    for (int from16 = 0; from16 <= 1; from16++) {
+        buf d1 = mk(NC, 1), d2 = twin(&d1);
+        const float *dh = from16 ? NULL : dout.h, *dd = from16 ? NULL : dout.d;
+        const uint16_t *d16h = from16 ? dout16.h : NULL, *d16d = from16 ? dout16.d : NULL;
+        G->layernorm_backward16(gk, d1.d, from16 ? NULL : o1.d, dw.d, db.d, dd, d16d, inp.d, w.d, mean.d, rstd.d, N, C);
+        G->layernorm_backward16(gk, d2.d, from16 ? NULL : o2.d, NULL, NULL, dd, d16d, inp.d, w.d, mean.d, rstd.d, N,
+                                C);
+        H->layernorm_backward16(hk, d2.h, from16 ? NULL : o2.h, NULL, NULL, dh, d16h, inp.h, w.h, mean.h, rstd.h, N,
+                                C);
+        gsync(name);
+        verdict_same(name, from16 ? "dinp/d16" : "dinp", same_bits(d1.d, d2.d, NC));
+        cmp(name, from16 ? "dinp/d16" : "dinp", &d2, 1e-4, 1e-5);
+        if (!from16) {
+            verdict_same(name, "dinp16", diff16(o1.d, o2.d, NC) == 0);
+            cmp16(name, "dinp16", &o2, 1e-4, 1e-5);
+        }
+        bfree(&d1), bfree(&d2);
+    }
+    bfree(&inp), bfree(&w), bfree(&b), bfree(&out), bfree(&mean), bfree(&rstd), bfree(&dout), bfree(&dw), bfree(&db);
+    b16free(&dout16), b16free(&o1), b16free(&o2);
 }
 
 /* In a bf16/fp16 context: matmul_backward16 without dweight and with inp16

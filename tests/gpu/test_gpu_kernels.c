@@ -116,6 +116,11 @@ static void run_fp32(void)
     test_gqa(2, 257, 32, 8, 64, true, 1e-4, 1e-5);
     test_gqa(1, 1000, 8, 2, 128, true, 1e-4, 1e-5);
     test_gqa(1, 129, 4, 4, 128, false, 1e-4, 1e-5);
+    /* A frozen base's norms: the register and the general layernorm
+     * backward, Llama 3.2 1B's width. */
+    test_frozen_norms(4096, 768);
+    test_frozen_norms(100, 63);
+    test_frozen_norms(257, 2048);
 }
 
 static void run_lowp(const char *prec)
@@ -179,10 +184,13 @@ static void run_lowp(const char *prec)
     test_logits16(16, 64, 1001, 1004);    /* Vp % 8 == 4: the fused fallback, 4-wide */
     test_determinism16();
     /* A frozen base held in 16 bits: its token table, aligned or not, and
-     * its GEMMs' backward without weight gradients. */
+     * its backward ops without weight gradients (layernorm's register and
+     * general paths). */
     test_encoder16w(2, 33, 96, 17, true, 0);
     test_encoder16w(2, 33, 96, 17, false, 1);
     test_encoder16w(1, 9, 2050, 5, false, 0);
+    test_frozen_norms16(4096, 768);
+    test_frozen_norms16(100, 63);
     test_frozen_mm16(256, 96, 288);
     test_frozen_mm16(33, 17, 29);
     test_adamw16(10007, 0);

@@ -1,9 +1,10 @@
 /* test_kernels_frozen.c — the CPU kernels a frozen base (LoRA, lora.h) runs
  * on: encoder_forward16w against a plain loop with its own decoding of bf16
- * and fp16, and matmul_backward16 without a weight gradient (without
- * dweight and inp16) giving dinp bitwise as it does with one.  All exact:
- * widening is exact, and a gradient that is not asked for must not change
- * the arithmetic of the one that is.
+ * and fp16, and the backward ops without a weight gradient
+ * (matmul_backward16 without dweight and inp16, rmsnorm_backward and
+ * layernorm_backward(16) without dweight and dbias) giving dinp bitwise
+ * as they do with one.  All exact: widening is exact, and a gradient that
+ * is not asked for must not change the arithmetic of the one that is.
  *
  * Each case runs on one thread and on three, at a size below and one above
  * the CPU backend's parallel threshold (KCPU_PAR_MIN, 16384 elements). */
@@ -144,12 +145,68 @@ static void test_matmul_backward16_frozen(void **state)
             }
 }
 
+/* ---- norms without weight gradients ---------------------------------------------------------- */
+
+/* rmsnorm_backward, layernorm_backward and layernorm_backward16 (dout fp32
+ * with dinp16, and dout16) with the weight gradients NULL: dinp (+=, from
+ * the same random start) and dinp16 bitwise as with them. */
+static void norms_case(kern_precision prec, int threads, int N, int C)
+{
+    kern_ctx *k = ops->ctx_create(threads, 0, prec, NULL);
+    assert_non_null(k);
+    size_t n = (size_t)N * C;
+    float *x = randv(n, 2), *w = randv(C, 1), *b = randv(C, 1), *d = randv(n, 1), *g0 = randv(n, 1);
+    float *y = zerov(n), *mean = zerov(N), *rstd = zerov(N), *dw = zerov(C), *db = zerov(C);
+    float *g1 = dupv(g0, n), *g2 = dupv(g0, n);
+
+    ops->rmsnorm_forward(k, y, rstd, x, w, N, C, 1e-5f);
+    ops->rmsnorm_backward(k, g1, dw, d, x, w, rstd, N, C);
+    ops->rmsnorm_backward(k, g2, NULL, d, x, w, rstd, N, C);
+    assert_memory_equal(g2, g1, n * sizeof *g1);
+
+    ops->layernorm_forward(k, y, mean, rstd, x, w, b, N, C);
+    memcpy(g1, g0, n * sizeof *g1);
+    memcpy(g2, g0, n * sizeof *g2);
+    ops->layernorm_backward(k, g1, dw, db, d, x, w, mean, rstd, N, C);
+    ops->layernorm_backward(k, g2, NULL, NULL, d, x, w, mean, rstd, N, C);
+    assert_memory_equal(g2, g1, n * sizeof *g1);
+
+    uint16_t *o1 = h16(n), *o2 = h16(n), *d16 = h16(n);
+    memcpy(g1, g0, n * sizeof *g1);
+    memcpy(g2, g0, n * sizeof *g2);
+    ops->layernorm_backward16(k, g1, o1, dw, db, d, NULL, x, w, mean, rstd, N, C);
+    ops->layernorm_backward16(k, g2, o2, NULL, NULL, d, NULL, x, w, mean, rstd, N, C);
+    assert_memory_equal(g2, g1, n * sizeof *g1);
+    assert_memory_equal(o2, o1, n * sizeof *o1);
+    (prec == KERN_FP16 ? ops->cast_f32_to_f16 : ops->cast_f32_to_bf16)(k, d16, d, n);
+    memcpy(g1, g0, n * sizeof *g1);
+    memcpy(g2, g0, n * sizeof *g2);
+    ops->layernorm_backward16(k, g1, NULL, dw, db, NULL, d16, x, w, mean, rstd, N, C);
+    ops->layernorm_backward16(k, g2, NULL, NULL, NULL, NULL, d16, x, w, mean, rstd, N, C);
+    assert_memory_equal(g2, g1, n * sizeof *g1);
+
+    free(x), free(w), free(b), free(d), free(g0), free(y), free(mean), free(rstd), free(dw), free(db);
+    free(g1), free(g2), free(o1), free(o2), free(d16);
+    ops->ctx_destroy(k);
+}
+
+static void test_norms_frozen(void **state)
+{
+    (void)state;
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < 2; t++) {
+            norms_case(precs[p], nthreads[t], 9, 37);
+            norms_case(precs[p], nthreads[t], 131, 200); /* 26200 elements */
+        }
+}
+
 int main(void)
 {
     ops = kern_cpu_ops();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encoder16w),
         cmocka_unit_test(test_matmul_backward16_frozen),
+        cmocka_unit_test(test_norms_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
