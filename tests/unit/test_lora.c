@@ -1,4 +1,4 @@
-/* test_lora.c — LoRA's gradients on llama (lora.h), on the cpu kernels in
+/* test_lora.c — LoRA's gradients on llama and gpt (lora.h), on the cpu kernels in
  * fp32, by exact identities rather than a second implementation (which
  * tests/python/test_lora_ref.py is).
  *
@@ -48,11 +48,15 @@ enum { N = 2, T = 8, RANK = 4 };
                   "context = 8\nvocab = 64\n"
 #define SHAPE_MQA "[model]\ntype = llama\nlayers = 2\nheads = 4\nkv_heads = 1\nwidth = 32\nmlp_width = 40\n" \
                   "context = 8\nvocab = 64\ntie_embeddings = on\n"
+/* gpt: biases, LayerNorm, a learned position table, Conv1D names under
+ * "transformer." (hf_prefix). */
+#define SHAPE_GPT "[model]\ntype = gpt\nlayers = 2\nheads = 4\nwidth = 32\ncontext = 8\nvocab = 64\n"
 #define TAIL "[data]\ntrain = corpus.txt\n[output]\ndir = out\n"
 
-/* ---- the last RMSNorm backward's dinp ---------------------------------------------------
+/* ---- the last norm backward's dinp ---------------------------------------------------
  * The residual stream's gradient once every block has added into it: what
- * the embedding's backward reads (with LoRA, nothing reads it). */
+ * the embedding's backward reads (with LoRA, nothing reads it).  llama's
+ * norms are RMSNorms, gpt's LayerNorms. */
 
 static struct {
     const float *dinp;
@@ -63,6 +67,15 @@ static void capture_rmsnorm_backward(kern_ctx *k, float *dinp, float *dweight, c
                                      const float *weight, const float *rstd, int N_, int C)
 {
     kern_cpu_ops()->rmsnorm_backward(k, dinp, dweight, dout, inp, weight, rstd, N_, C);
+    last_norm.dinp = dinp;
+    last_norm.n = (size_t)N_ * C;
+}
+
+static void capture_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
+                                       const float *inp, const float *weight, const float *mean, const float *rstd,
+                                       int N_, int C)
+{
+    kern_cpu_ops()->layernorm_backward(k, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N_, C);
     last_norm.dinp = dinp;
     last_norm.n = (size_t)N_ * C;
 }
@@ -128,6 +141,7 @@ static void run_step(run *r, const job_config *j, bool recompute, const float *p
     memset(r, 0, sizeof *r);
     r->ops = *kern_cpu_ops();
     r->ops.rmsnorm_backward = capture_rmsnorm_backward;
+    r->ops.layernorm_backward = capture_layernorm_backward;
     r->kc = r->ops.ctx_create(2, 0, j->precision == JOBCFG_BF16 ? KERN_BF16 : KERN_FP32, NULL);
     assert_non_null(r->kc);
     char err[512];
@@ -208,12 +222,22 @@ static void run_free(run *r)
     free(r->acts), free(r->params), free(r->grads), free(r->ad), free(r->adg), free(r->dx), free(r->p16), free(r->b32);
 }
 
-static const model_tensor *tensor(const model *m, const char *name)
+/* A site's base weight: the tensor at its offset, whose name is the
+ * site's module less the kind's hf_prefix, and whose shape is the site's. */
+static const model_tensor *site_weight(const model *m, const lora_site_t *s)
 {
+    const char *pre = m->kind->hf_prefix;
+    const char *mod = pre && !strncmp(s->module, pre, strlen(pre)) ? s->module + strlen(pre) : s->module;
+    char name[128];
+    snprintf(name, sizeof name, "%s.weight", mod);
     for (int i = 0; i < m->ntensors; i++)
-        if (strcmp(m->tensors[i].name, name) == 0)
+        if (m->tensors[i].offset == s->w) {
+            assert_string_equal(m->tensors[i].name, name);
+            assert_int_equal(m->tensors[i].shape[0], (size_t)s->out);
+            assert_int_equal(m->tensors[i].shape[1], (size_t)s->in);
             return &m->tensors[i];
-    fail_msg("no tensor %s", name);
+        }
+    fail_msg("no tensor at %s's offset", s->module);
     return NULL;
 }
 
@@ -313,13 +337,9 @@ static void check_merged(const char *shape, const char *targets, int sites_per_l
     float *merged = malloc(l.P * sizeof(float));
     assert_non_null(merged);
     memcpy(merged, base, l.P * sizeof(float));
-    char name[128];
     for (int i = 0; i < lo->nsites; i++) {
         const lora_site_t *s = &lo->site[i];
-        snprintf(name, sizeof name, "%s.weight", s->module);
-        const model_tensor *w = tensor(m, name);
-        assert_int_equal(w->shape[0], (size_t)s->out);
-        assert_int_equal(w->shape[1], (size_t)s->in);
+        const model_tensor *w = site_weight(m, s);
         for (int o = 0; o < s->out; o++)
             for (int c = 0; c < s->in; c++) {
                 double sum = 0;
@@ -336,8 +356,7 @@ static void check_merged(const char *shape, const char *targets, int sites_per_l
     assert_true(e <= TOL_LOSS);
     for (int i = 0; i < lo->nsites; i++) {
         const lora_site_t *s = &lo->site[i];
-        snprintf(name, sizeof name, "%s.weight", s->module);
-        const float *dw = f.grads + tensor(m, name)->offset; /* dW' (out,in) */
+        const float *dw = f.grads + site_weight(m, s)->offset; /* dW' (out,in) */
         size_t r = lo->rank, na = r * s->in, nb = (size_t)s->out * r;
         double *want = malloc((na > nb ? na : nb) * sizeof(double));
         assert_non_null(want);
@@ -388,6 +407,15 @@ static const struct {
     {"down_proj,up_proj,o_proj,v_proj,gate_proj,k_proj,q_proj", 7},
 };
 
+/* gpt's: PEFT's "c_proj" is both projections of a block. */
+static const struct {
+    const char *targets;
+    int per_layer;
+} gpt_combos[] = {
+    {"c_attn", 1}, {"c_proj", 2}, {"c_fc", 1}, {"", 1}, /* PEFT's default: c_attn */
+    {"c_fc,c_proj,c_attn", 4},
+};
+
 static void test_merged(void **state)
 {
     (void)state;
@@ -396,16 +424,18 @@ static void test_merged(void **state)
         check_merged(SHAPE_GQA, combos[i].targets, combos[i].per_layer, worst);
         check_merged(SHAPE_MQA, combos[i].targets, combos[i].per_layer, worst);
     }
+    for (size_t i = 0; i < sizeof gpt_combos / sizeof gpt_combos[0]; i++)
+        check_merged(SHAPE_GPT, gpt_combos[i].targets, gpt_combos[i].per_layer, worst);
     print_message("worst relative errors: loss %.3g, dA %.3g, dB %.3g, embedding gradient %.3g\n", worst[0],
                   worst[1], worst[2], worst[3]);
 }
 
 /* ---- recompute --------------------------------------------------------------------------- */
 
-static void recompute_same(int precision)
+static void recompute_same(const char *shape, const char *targets, int precision)
 {
     static job_config j;
-    lora_job(SHAPE_GQA, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", &j);
+    lora_job(shape, targets, &j);
     j.precision = precision;
     run off, on;
     run_step(&off, &j, false, NULL, NULL, 0x00);
@@ -434,8 +464,11 @@ static void recompute_same(int precision)
 static void test_recompute(void **state)
 {
     (void)state;
-    recompute_same(JOBCFG_FP32);
-    recompute_same(JOBCFG_BF16);
+    static const char *const all = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+    recompute_same(SHAPE_GQA, all, JOBCFG_FP32);
+    recompute_same(SHAPE_GQA, all, JOBCFG_BF16);
+    recompute_same(SHAPE_GPT, "c_attn,c_proj,c_fc", JOBCFG_FP32);
+    recompute_same(SHAPE_GPT, "c_attn,c_proj,c_fc", JOBCFG_BF16);
 }
 
 /* ---- a 16-bit base ------------------------------------------------------------------------- */
@@ -448,12 +481,11 @@ static void test_recompute(void **state)
  * precision: TOL_BF16. */
 #define TOL_BF16 2e-2
 
-static void test_base16(void **state)
+static void base16_near(const char *shape, const char *targets)
 {
-    (void)state;
     static job_config j32, j16;
-    lora_job(SHAPE_GQA, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", &j32);
-    lora_job(SHAPE_GQA, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", &j16);
+    lora_job(shape, targets, &j32);
+    lora_job(shape, targets, &j16);
     j16.precision = JOBCFG_BF16;
     run a, b;
     run_step(&a, &j32, false, NULL, NULL, 0);
@@ -487,6 +519,13 @@ static void test_base16(void **state)
     free(want), free(base), free(ad), free(h);
     run_free(&a);
     run_free(&b);
+}
+
+static void test_base16(void **state)
+{
+    (void)state;
+    base16_near(SHAPE_GQA, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    base16_near(SHAPE_GPT, "c_attn,c_proj,c_fc"); /* biases, norms and wpe through base32 */
 }
 
 /* ---- the describe line ---------------------------------------------------------------------- */
