@@ -246,6 +246,11 @@ typedef struct kern_ops {
     /* residual: out (N) = a + b.  Its backward is accumulate: dst += src. */
     void (*residual_forward)(kern_ctx *k, float *out, const float *a, const float *b, size_t N);
     void (*accumulate)(kern_ctx *k, float *dst, const float *src, size_t N);
+    /* N rows of `cols` floats between row strides: dst[i·ldd + j] = (or +=,
+     * with accumulate) src[i·lds + j].  A GEMM whose output is a slice of
+     * wider rows (LoRA on one of q, k, v, whose GEMM writes them side by
+     * side) reads and writes its slice through this. */
+    void (*copy2d)(kern_ctx *k, float *dst, int ldd, const float *src, int lds, int N, int cols, bool accumulate);
 
     /* ---- fused softmax + cross-entropy ------------------------------------------------
      * logits (N,Vp) of which the first V columns are real (Vp >= V pads for

@@ -9,7 +9,7 @@
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
 #   llama (bench/llama, about 4 minutes) run only when named:
-#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama,recompute or
+#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama,recompute,lora or
 #   STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
@@ -224,6 +224,16 @@ CFG
     echo "recompute=$rc rc=${PIPESTATUS[0]}"
     grep -h '"step"' /tmp/out-rc-$rc/metrics.jsonl 2>/dev/null | tail -2
   done
+fi
+
+if want lora; then
+  # Issue 22: LoRA on Llama 3.2 3B's shape (random init) in bf16 under
+  # [memory] limit = 24G: memory by tag and tokens/s, against transformers +
+  # peft capped at the same 24 GiB, in the same run (bench/lora/run_gpu.sh).
+  section "lora: Llama 3B-shaped LoRA under a 24G limit, against peft"
+  PEER_PYTHON=$py GRADD_ENV=$top/.device/env.sh timeout 420 bench/lora/run_gpu.sh "$B/daemon/gradd" 8 |
+    tee -a "$out/bench.jsonl"
+  echo "rc=${PIPESTATUS[0]}"
 fi
 
 if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_cuda" ]; then

@@ -62,6 +62,26 @@ static void note(void *user, const char *fmt, va_list ap)
 }
 
 /* auto: the first CUDA device, else cpu0; cpu/cpuN; cuda:N. */
+/* The job's peak on its device, in all and by tag, as gradctl status shows a
+ * queued job's: what `gradd run` alone has to say how much a job needs. */
+static void print_peak(pool *p, uint32_t job)
+{
+    uint64_t peak, tag[POOL_TAG_COUNT];
+    pool_job_peak(p, job, &peak, tag);
+    if (!peak)
+        return;
+    char buf[16];
+    printf("peak memory %s:", units_format_size(peak, buf, sizeof buf));
+    const char *sep = " ";
+    for (int t = 0; t < POOL_TAG_COUNT; t++) {
+        if (!tag[t])
+            continue;
+        printf("%s%s %s", sep, pool_tag_name((pool_tag)t), units_format_size(tag[t], buf, sizeof buf));
+        sep = ", ";
+    }
+    printf("\n");
+}
+
 static int pick_device(const gradd_ctx *ctx, const char *want, char *err, size_t err_len)
 {
     char id[32];
@@ -123,6 +143,7 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
     };
     static train_result res;
     train_outcome o = run->run(&env, &j, &res);
+    fflush(stderr);
     switch (o) {
     case TRAIN_DONE:
         printf("done: %llu steps, final loss %.4f", (unsigned long long)res.steps_done, res.final_loss);
@@ -130,7 +151,9 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
             printf(", val loss %.4f", res.val_loss);
         if (!isnan(res.val_accuracy))
             printf(", val accuracy %.2f%%", res.val_accuracy * 100);
-        printf("\noutputs in %s (model.safetensors, %smetrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir,
+        printf("\n");
+        print_peak(ctx->pools[di], env.job_id);
+        printf("outputs in %s (model.safetensors, %smetrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir,
                model_kind_of(&j) && model_kind_of(&j)->hf_config ? "config.json, " : "");
         rc = 0;
         break;

@@ -266,26 +266,6 @@ static void log_note(void *user, const char *fmt, va_list ap)
     log_put(user, line);
 }
 
-/* What job `id` held at its peak in pool p, in all and by tag (0 where
- * it has no row: it allocated nothing). */
-static void pool_peak_of(pool *p, uint32_t id, uint64_t *peak, uint64_t tag_peak[POOL_TAG_COUNT])
-{
-    *peak = 0;
-    memset(tag_peak, 0, POOL_TAG_COUNT * sizeof *tag_peak);
-    pool_stats *ps = malloc(sizeof *ps);
-    if (!ps)
-        return;
-    pool_stats_read(p, ps);
-    for (size_t r = 0; r < ps->njobs; r++) {
-        if (ps->jobs[r].job != id)
-            continue;
-        *peak = ps->jobs[r].peak > 0 ? (uint64_t)ps->jobs[r].peak : 0;
-        for (int t = 0; t < POOL_TAG_COUNT; t++)
-            tag_peak[t] = ps->jobs[r].tag_peak[t] > 0 ? (uint64_t)ps->jobs[r].tag_peak[t] : 0;
-    }
-    free(ps);
-}
-
 /* ---- [job] on_end ---------------------------------------------------------------- */
 
 static void hook_copy(const job *j, jobend_job *hj)
@@ -415,7 +395,7 @@ static void run_one(worker *w, job *j, bool first_run)
     uint64_t peak = res.mem_peak, tag_peak[POOL_TAG_COUNT];
     memcpy(tag_peak, res.mem_tag_peak, sizeof tag_peak);
     if (!res.mem_own)
-        pool_peak_of(ctx->pools[w->dev], j->id, &peak, tag_peak);
+        pool_job_peak(ctx->pools[w->dev], j->id, &peak, tag_peak);
     pool_job_forget(ctx->pools[w->dev], j->id);
 
     pthread_mutex_lock(&q->lock);

@@ -45,16 +45,19 @@ typedef struct {
     int target;      /* its short name's index in the kind's lora_targets */
     int in, out;     /* the weight (out,in) */
     int ld, col;     /* its output: columns col..col+out of rows of ld floats in the GEMM */
+    size_t w;        /* its weight's offset (floats) in the full table, for merging */
     size_t a, b;     /* A's and B's offsets (floats) in the adapters */
-} lora_site;
+} lora_site_t;
 
 struct lora {
     uint32_t rank;
     float alpha, scale; /* scale = alpha / rank */
     unsigned targets;   /* bit t: the kind's lora_targets[t] gets adapters */
     bool merged;        /* [finetune] merged: export the merged model too */
+    bool base16;        /* the base is held in 16 bits: the job's precision is bf16 or fp16 */
+    bool bf16;          /* ... and which of the two */
     int nsites;         /* the targeted layers */
-    lora_site site[LORA_MAX_SITES];
+    lora_site_t site[LORA_MAX_SITES];
     /* The adapters' table: for each site A then B, offsets in floats. */
     int ntensors;
     model_tensor tensors[2 * LORA_MAX_SITES];

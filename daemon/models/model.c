@@ -1,5 +1,6 @@
 /* model.c — model creation, the tensor table, deterministic random numbers. */
 #include "model.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@ int model_create(const job_config *j, uint32_t input_dim, uint32_t classes, cons
     m->kc = kc;
     m->kind = model_kind_need(j, err, err_len);
     if (!m->kind || m->kind->create(j, input_dim, classes, m, err, err_len) != 0) {
+        lora_destroy(m);
         free(m);
         return -1;
     }
@@ -31,6 +33,7 @@ void model_destroy(model *m)
         return;
     if (m->ops && m->ops->destroy)
         m->ops->destroy(m);
+    lora_destroy(m);
     free(m);
 }
 

@@ -28,7 +28,7 @@
 /* One parameter tensor: a view into the parameter buffer (and, at the same
  * offset, into the gradient and optimizer buffers). */
 typedef struct {
-    char name[64];          /* GPT-2 style: "h.3.attn.c_attn.weight" */
+    char name[96];          /* GPT-2 style: "h.3.attn.c_attn.weight"; LoRA's PEFT names are longer */
     size_t offset, numel;   /* in floats */
     int ndim;
     size_t shape[MODEL_MAX_DIMS];

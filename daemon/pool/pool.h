@@ -196,6 +196,9 @@ typedef struct pool_stats {
 
 /* A consistent snapshot, from any thread, without the pool mutex. */
 void pool_stats_read(pool *p, pool_stats *out);
+/* What job `job` held at its peak, in all and by tag (0 where it has no
+ * row: it allocated nothing, or out of memory for the snapshot). */
+void pool_job_peak(pool *p, uint32_t job, uint64_t *peak, uint64_t tag_peak[POOL_TAG_COUNT]);
 void pool_stats_reset_peaks(pool *p);
 /* Reset one job's peak to its current bytes, leaving every other peak
  * alone: the batch controller measures the peak of one probe step this way

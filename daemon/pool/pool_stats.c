@@ -181,6 +181,24 @@ void pool_stats_read(pool *p, pool_stats *out)
     out->max_split_size = p->cfg.max_split_size;
 }
 
+void pool_job_peak(pool *p, uint32_t job, uint64_t *peak, uint64_t tag_peak[POOL_TAG_COUNT])
+{
+    *peak = 0;
+    memset(tag_peak, 0, POOL_TAG_COUNT * sizeof *tag_peak);
+    pool_stats *ps = malloc(sizeof *ps);
+    if (!ps)
+        return;
+    pool_stats_read(p, ps);
+    for (size_t r = 0; r < ps->njobs; r++) {
+        if (ps->jobs[r].job != job)
+            continue;
+        *peak = ps->jobs[r].peak > 0 ? (uint64_t)ps->jobs[r].peak : 0;
+        for (int t = 0; t < POOL_TAG_COUNT; t++)
+            tag_peak[t] = ps->jobs[r].tag_peak[t] > 0 ? (uint64_t)ps->jobs[r].tag_peak[t] : 0;
+    }
+    free(ps);
+}
+
 void pool_stats_reset_peaks(pool *p)
 {
     pthread_mutex_lock(&p->lock);

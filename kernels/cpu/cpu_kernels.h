@@ -149,6 +149,7 @@ void kcpu_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
 void kcpu_relu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
 void kcpu_residual_forward(kern_ctx *k, float *out, const float *a, const float *b, size_t N);
 void kcpu_accumulate(kern_ctx *k, float *dst, const float *src, size_t N);
+void kcpu_copy2d(kern_ctx *k, float *dst, int ldd, const float *src, int lds, int N, int cols, bool accumulate);
 void kcpu_crossentropy_forward(kern_ctx *k, float *losses, float *lse, const float *logits,
                                const int32_t *targets, int N, int V, int Vp);
 void kcpu_crossentropy_backward(kern_ctx *k, float *dlogits, const float *logits, const float *lse,

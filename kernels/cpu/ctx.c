@@ -154,6 +154,7 @@ static const kern_ops cpu_ops = {
     .relu_backward = kcpu_relu_backward,
     .residual_forward = kcpu_residual_forward,
     .accumulate = kcpu_accumulate,
+    .copy2d = kcpu_copy2d,
     .crossentropy_forward = kcpu_crossentropy_forward,
     .crossentropy_backward = kcpu_crossentropy_backward,
     .sumsq = kcpu_sumsq,

@@ -1,5 +1,7 @@
-/* pointwise.c — GELU, ReLU, residual add and accumulate, all of shape (N). */
+/* pointwise.c — GELU, ReLU, residual add and accumulate, all of shape (N), and
+ * the strided row copy (copy2d). */
 #include <omp.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 
@@ -111,4 +113,19 @@ void kcpu_residual_forward(kern_ctx *k, float *out, const float *a, const float 
 void kcpu_accumulate(kern_ctx *k, float *dst, const float *src, size_t N)
 {
     POINTWISE(acc_span(dst + lo, src + lo, hi - lo));
+}
+
+void kcpu_copy2d(kern_ctx *k, float *dst, int ldd, const float *src, int lds, int N, int cols, bool accumulate)
+{
+    int nt = k->threads;
+    size_t work = (size_t)N * (size_t)cols;
+#pragma omp parallel for num_threads(nt) schedule(static) if (work >= KCPU_PAR_MIN)
+    for (int i = 0; i < N; i++) {
+        float *d = dst + (size_t)i * ldd;
+        const float *s = src + (size_t)i * lds;
+        if (accumulate)
+            acc_span(d, s, (size_t)cols);
+        else
+            memcpy(d, s, (size_t)cols * sizeof *d);
+    }
 }

@@ -322,6 +322,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .relu_backward = kc_relu_backward,
     .residual_forward = kc_residual_forward,
     .accumulate = kc_accumulate,
+    .copy2d = kc_copy2d,
     .crossentropy_forward = kc_crossentropy_forward,
     .crossentropy_backward = kc_crossentropy_backward,
     .sumsq = kc_sumsq,

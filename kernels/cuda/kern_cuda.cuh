@@ -440,6 +440,7 @@ void kc_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
 void kc_relu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
 void kc_residual_forward(kern_ctx *k, float *out, const float *a, const float *b, size_t N);
 void kc_accumulate(kern_ctx *k, float *dst, const float *src, size_t N);
+void kc_copy2d(kern_ctx *k, float *dst, int ldd, const float *src, int lds, int N, int cols, bool accumulate);
 void kc_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
 void kc_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 void kc_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);

@@ -129,6 +129,19 @@ template <bool BF16> struct from16_f {
 
 } // namespace
 
+// Rows of a slice: one thread per element, grid-stride; the row and column
+// from one division (a slice is a few thousand columns, the GEMMs around it
+// cost far more than this pass).
+__global__ static void copy2d_kernel(float *dst, int ldd, const float *src, int lds, size_t n, int cols, bool acc)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (size_t)cols, c = i - r * (size_t)cols;
+        float v = src[r * (size_t)lds + c];
+        float *d = dst + r * (size_t)ldd + c;
+        *d = acc ? *d + v : v;
+    }
+}
+
 #ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the functors above itself)
 void kc_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N)
 {
@@ -196,6 +209,16 @@ void kc_accumulate(kern_ctx *k, float *dst, const float *src, size_t N)
 {
     kc_enter(k);
     kc_ew(k, N, kc_aligned(16, dst, src), add_f{dst, dst, src}, "accumulate");
+}
+
+void kc_copy2d(kern_ctx *k, float *dst, int ldd, const float *src, int lds, int N, int cols, bool accumulate)
+{
+    if (N <= 0 || cols <= 0)
+        return;
+    kc_enter(k);
+    size_t n = (size_t)N * (size_t)cols;
+    copy2d_kernel<<<kc_grid(k, n, 256), 256, 0, k->stream>>>(dst, ldd, src, lds, n, cols, accumulate);
+    kc_launched(k, "copy2d");
 }
 
 void kc_scale(kern_ctx *k, float *p, size_t n, float s)

@@ -645,6 +645,30 @@ void test_pointwise(size_t n, bool vec, unsigned max_blocks)
     }
 }
 
+// ---- copy2d -------------------------------------------------------------------------------
+
+// A slice of wider rows copied out and added back, as LoRA's adapters on one
+// of q, k and v do, against the CPU op: bitwise (one add per element).  A
+// grid of `blocks` blocks of 256 (smaller than the work: the stride loop).
+void test_copy2d(int N, int cols, int ldd, int lds, unsigned blocks)
+{
+    const std::string name = "copy2d N=" + std::to_string(N) + " cols=" + std::to_string(cols);
+    std::vector<float> src((size_t)N * lds), dst0((size_t)N * ldd);
+    for (auto &v : src)
+        v = rnd();
+    for (auto &v : dst0)
+        v = rnd();
+    for (bool acc : {false, true}) {
+        std::vector<float> got = dst0, ref = dst0;
+        float *g = got.data();
+        const float *s = src.data();
+        size_t n = (size_t)N * cols;
+        emu_launch(dim3(blocks), dim3(256), [=] { copy2d_kernel(g, ldd, s, lds, n, cols, acc); });
+        H->copy2d(cpu32, ref.data(), ldd, src.data(), lds, N, cols, acc);
+        same<float>(name, acc ? "accumulate" : "copy", got.data(), ref.data(), got.size());
+    }
+}
+
 // ---- the casts ---------------------------------------------------------------------------
 
 // Both ways on every 16-bit value: widening each of the 65536 patterns;
@@ -861,6 +885,8 @@ int main()
     // of one block (the grid-stride loop goes round), and the scalar path.
     test_pointwise(2001, true, 1);
     test_pointwise(2001, false, 2);
+    test_copy2d(37, 48, 160, 48, 3);  // into columns of wider rows (the LoRA forward)
+    test_copy2d(37, 48, 48, 160, 64); // out of them (its backward)
     test_casts<true>(true, 2);
     test_casts<true>(false, 2);
     test_casts<false>(true, 2);

@@ -324,6 +324,28 @@ static void test_pointwise_large(void **state)
     ops->ctx_destroy(k);
 }
 
+/* A slice of wider rows, both ways, against plain loops: exact.  Enough
+ * rows for the threaded path. */
+static void test_copy2d(void **state)
+{
+    (void)state;
+    int N = 3001, cols = 40, wide = 104;
+    kern_ctx *k = ctx(3);
+    float *w = randv((size_t)N * wide, 5), *d = randv((size_t)N * cols, 6), *w0 = dupv(w, (size_t)N * wide);
+    ops->copy2d(k, w + 24, wide, d, cols, N, cols, true);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < wide; j++) {
+            float want = w0[(size_t)i * wide + j] + (j >= 24 && j < 24 + cols ? d[(size_t)i * cols + j - 24] : 0.0f);
+            assert_true(w[(size_t)i * wide + j] == want);
+        }
+    ops->copy2d(k, d, cols, w0 + 8, wide, N, cols, false);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < cols; j++)
+            assert_true(d[(size_t)i * cols + j] == w0[(size_t)i * wide + 8 + j]);
+    free(w), free(d), free(w0);
+    ops->ctx_destroy(k);
+}
+
 int main(void)
 {
     ops = kern_cpu_ops();
@@ -337,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_pointwise_large),
+        cmocka_unit_test(test_copy2d),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

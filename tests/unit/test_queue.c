@@ -529,13 +529,14 @@ static void test_kept_memory_and_accounted(void **state)
     j.mem_peak = 123 * 512;
     j.mem_tag_peak[POOL_TAG_PARAMS] = 100 * 512;
     j.mem_tag_peak[POOL_TAG_OTHER] = 3 * 512;
+    j.mem_tag_peak[POOL_TAG_FROZEN] = 7 * 512;
     j.finished_at = 1700000000.5;
     j.accounted_at = 0;
     size_t len;
     char *t = queue_format_state(&j, &len);
     assert_non_null(t);
     assert_non_null(strstr(t, "\nmem_peak=62976\nmem_peak_params=51200\n"));
-    assert_non_null(strstr(t, "\nmem_peak_other=1536\naccounted_at=0.000000\n"));
+    assert_non_null(strstr(t, "\nmem_peak_other=1536\nmem_peak_frozen=3584\naccounted_at=0.000000\n"));
     char err[256];
     if (queue_parse_state(t, len, 7, &back, err, sizeof err) != 0)
         fail_msg("%s", err);
