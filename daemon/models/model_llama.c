@@ -24,13 +24,21 @@
  * buffer that the RMSNorm backwards add into.
  *
  * fp32 activations only: in a bf16/fp16 context the fp32 GEMMs round their
- * inputs to the 16-bit type themselves (kernels.h), as gpt's fp32 path. */
+ * inputs to the 16-bit type themselves (kernels.h), as gpt's fp32 path.
+ *
+ * With LoRA (lora.h) every GEMM of a base weight, the head's included, goes
+ * through lora_linear_forward/backward with the adapters of its sites (q, k
+ * and v share the qkv GEMM, gate and up the gate_up one), the norms read
+ * their weights through lora_base32, and the base gets no gradient: no
+ * embedding backward, no norm weight gradients.  A 16-bit base has no fp32
+ * token table: the embedding is read from params16. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
 #include "model.h"
 
 #define ALIGN 64
@@ -38,6 +46,8 @@
 /* One block's parameter offsets (in floats, into m->params / m->grads). */
 typedef struct {
     size_t ln1w, qkvw, ow, ln2w, guw, downw;
+    /* The LoRA sites of each GEMM (lora_site; -1: none). */
+    int qkv_site[3], o_site, gu_site[2], down_site;
 } llama_layer;
 
 typedef struct {
@@ -73,6 +83,7 @@ typedef struct {
     float *dqkv;                     /* (B,T,W) */
     float *dgu, *dhid;               /* (B,T,2F), (B,T,F) */
     float *dlosses;                  /* (B,T) */
+    void *lora_scratch;              /* lora_scratch_bytes for B·T rows */
     float *dloss_host;               /* host, (B,T) */
 
     /* Incremental decoding: a buffer of the caller's (decode_start). */
@@ -111,18 +122,21 @@ static void rope_frequencies(const llama *g, float *out)
 
 /* ---- activation layout ------------------------------------------------------------ */
 
-#define LLAMA_BUFFERS 25 /* carve()'s buffers: each may add up to ALIGN bytes */
+/* carve()'s buffers, each of which may add up to ALIGN bytes: its own 26,
+ * and the four that LoRA's scratch may round within (lora.h). */
+#define LLAMA_BUFFERS 30
 
-static size_t carve(llama *g, char *base, uint32_t n, bool rc)
+static size_t carve(const model *m, llama *g, char *base, uint32_t n, bool rc)
 {
     size_t BT = (size_t)n * g->T, C = g->C, L = rc ? 1 : g->L, W = g->W, F = g->F, V = g->V;
     size_t off = 0;
-#define TAKE(ptr, count)                                               \
-    do {                                                               \
-        if (base)                                                      \
-            g->ptr = (float *)(base + off);                            \
-        off += ((count) * sizeof(float) + ALIGN - 1) / ALIGN * ALIGN;  \
+#define TAKE_BYTES(ptr, bytes)                             \
+    do {                                                   \
+        if (base)                                          \
+            g->ptr = (void *)(base + off);                 \
+        off += ((bytes) + ALIGN - 1) / ALIGN * ALIGN;      \
     } while (0)
+#define TAKE(ptr, count) TAKE_BYTES(ptr, (count) * sizeof(float))
     TAKE(inv_freq, g->HS / 2);
     TAKE(encoded, BT * C);
     TAKE(ln1, L * BT * C);
@@ -148,7 +162,9 @@ static size_t carve(llama *g, char *base, uint32_t n, bool rc)
     TAKE(dgu, BT * 2 * F);
     TAKE(dhid, BT * F);
     TAKE(dlosses, BT);
+    TAKE_BYTES(lora_scratch, lora_scratch_bytes(m, BT));
 #undef TAKE
+#undef TAKE_BYTES
     return off;
 }
 
@@ -160,14 +176,15 @@ static uint32_t llama_units(const model *m)
 static void llama_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
 {
     llama *g = LL(m);
-    model_activation_split(carve(g, NULL, 1, m->recompute), carve(g, NULL, 2, m->recompute), LLAMA_BUFFERS, ALIGN,
-                           fixed, per_sample);
+    model_activation_split(carve(m, g, NULL, 1, m->recompute), carve(m, g, NULL, 2, m->recompute), LLAMA_BUFFERS,
+                           ALIGN, fixed, per_sample);
 }
 
 static void llama_bind(model *m, void *mem, uint32_t n)
 {
     llama *g = LL(m);
-    carve(g, mem, n, m->recompute);
+    carve(m, g, mem, n, m->recompute);
+    lora_bind(m, g->lora_scratch, (size_t)n * g->T);
     g->rc = m->recompute;
     g->n = n;
     m->max_n = n;
@@ -198,6 +215,17 @@ static void llama_init(const model *m, float *params, uint64_t seed)
 
 /* ---- forward ------------------------------------------------------------------------- */
 
+/* The token embeddings of B sequences of T tokens into out (B,T,C): from
+ * the fp32 table, or from params16 for a base held in 16 bits only. */
+static void embed_forward(model *m, float *out, const int32_t *tokens, int B, int T)
+{
+    const llama *g = LL(m);
+    if (m->params)
+        m->k->encoder_forward(m->kc, out, tokens, m->params + g->embed, NULL, B, T, (int)g->C);
+    else
+        m->k->encoder_forward16w(m->kc, out, tokens, m->params16 + g->embed, NULL, B, T, (int)g->C);
+}
+
 /* Block l's forward for B sequences of T tokens, from its input into its
  * activations (layer l's, or the one layer's with recompute).  `out`: also
  * residual3, its output; the backward's recomputation leaves it (kept, and
@@ -212,7 +240,6 @@ static void llama_block_forward(model *m, uint32_t l, const int32_t *pos, const 
     int C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F, W = (int)g->W;
     int BT = B * T;
     size_t BTC = (size_t)BT * C, s = g->rc ? 0 : l; /* the slot of the per-layer buffers */
-    const float *P = m->params;
     float eps = (float)g->norm_eps;
     const float *residual = l == 0 ? g->encoded : g->residual3 + (l - 1) * BTC;
     float *ln1 = g->ln1 + s * BTC, *ln1_rstd = g->ln1_rstd + s * BT;
@@ -223,17 +250,17 @@ static void llama_block_forward(model *m, uint32_t l, const int32_t *pos, const 
     float *res3 = g->residual3 + l * BTC;
     const llama_layer *w = &g->layer[l];
 
-    k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, P + w->ln1w, BT, C, eps);
-    k->matmul_forward(kc, qkv, ln1, P + w->qkvw, NULL, BT, C, W);
+    k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, lora_base32(m, w->ln1w), BT, C, eps);
+    lora_linear_forward(m, qkv, ln1, w->qkvw, w->qkv_site, 3, BT, C, W);
     k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
     k->attention_gqa_forward(kc, atty, lse, qkv, start, B, T, NH, KVH, HS);
-    k->matmul_forward(kc, g->proj, atty, P + w->ow, NULL, BT, C, C);
+    lora_linear_forward(m, g->proj, atty, w->ow, &w->o_site, 1, BT, C, C);
     k->residual_forward(kc, res2, residual, g->proj, BTC);
-    k->rmsnorm_forward(kc, ln2, ln2_rstd, res2, P + w->ln2w, BT, C, eps);
-    k->matmul_forward(kc, gu, ln2, P + w->guw, NULL, BT, C, 2 * F);
+    k->rmsnorm_forward(kc, ln2, ln2_rstd, res2, lora_base32(m, w->ln2w), BT, C, eps);
+    lora_linear_forward(m, gu, ln2, w->guw, w->gu_site, 2, BT, C, 2 * F);
     k->swiglu_forward(kc, hid, gu, BT, F);
     if (out) {
-        k->matmul_forward(kc, g->proj, hid, P + w->downw, NULL, BT, F, C);
+        lora_linear_forward(m, g->proj, hid, w->downw, &w->down_site, 1, BT, F, C);
         k->residual_forward(kc, res3, res2, g->proj, BTC);
     }
 }
@@ -248,10 +275,9 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
     kern_ctx *kc = m->kc;
     int C = (int)g->C, BT = B * T;
     size_t BTC = (size_t)BT * C;
-    const float *P = m->params;
     float eps = (float)g->norm_eps;
 
-    k->encoder_forward(kc, g->encoded, inp, P + g->embed, NULL, B, T, C);
+    embed_forward(m, g->encoded, inp, B, T);
     for (uint32_t l = 0; l < g->L; l++) {
         if (model_poll(m))
             return;
@@ -260,8 +286,8 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
     if (model_poll(m)) /* the output layer is the widest GEMM */
         return;
     const float *last = g->residual3 + (g->L - 1) * BTC;
-    k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, last, P + g->normw, BT, C, eps);
-    k->matmul_forward(kc, g->logits, g->lnf, P + g->head, NULL, BT, C, (int)g->V);
+    k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, last, lora_base32(m, g->normw), BT, C, eps);
+    lora_linear_forward(m, g->logits, g->lnf, g->head, NULL, 0, BT, C, (int)g->V);
 }
 
 static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
@@ -344,39 +370,44 @@ static int llama_decode_step(model *m, const int32_t *tokens, uint32_t pos, floa
     int n = (int)g->dec_n, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F;
     int W = (int)g->W, T = (int)g->T;
     size_t nC = (size_t)n * C, cache_l = (size_t)n * T * KVH * HS;
-    const float *P = m->params;
     float eps = (float)g->norm_eps;
 
     for (int i = 0; i < n; i++)
         g->dec_pos_host[i] = (int32_t)pos;
     k->copy_h2d(kc, g->dec_pos, g->dec_pos_host, (size_t)n * sizeof(int32_t));
-    k->encoder_forward(kc, g->encoded, tokens, P + g->embed, NULL, n, 1, C);
+    embed_forward(m, g->encoded, tokens, n, 1);
     const float *residual = g->encoded;
     for (uint32_t l = 0; l < g->L; l++) {
         const llama_layer *w = &g->layer[l];
         float *res2 = g->residual2, *res3 = g->residual3 + (l % 2) * nC;
-        k->rmsnorm_forward(kc, g->ln1, g->ln1_rstd, residual, P + w->ln1w, n, C, eps);
-        k->matmul_forward(kc, g->qkv, g->ln1, P + w->qkvw, NULL, n, C, W);
+        k->rmsnorm_forward(kc, g->ln1, g->ln1_rstd, residual, lora_base32(m, w->ln1w), n, C, eps);
+        lora_linear_forward(m, g->qkv, g->ln1, w->qkvw, w->qkv_site, 3, n, C, W);
         k->rope_forward(kc, g->qkv, g->inv_freq, g->dec_pos, n, 1, NH + KVH, HS, W);
         k->attention_gqa_decode(kc, g->atty, g->dec_att, g->kcache + l * cache_l, g->vcache + l * cache_l, g->qkv,
                                 n, (int)pos + 1, T, NH, KVH, HS);
-        k->matmul_forward(kc, g->proj, g->atty, P + w->ow, NULL, n, C, C);
+        lora_linear_forward(m, g->proj, g->atty, w->ow, &w->o_site, 1, n, C, C);
         k->residual_forward(kc, res2, residual, g->proj, nC);
-        k->rmsnorm_forward(kc, g->ln2, g->ln2_rstd, res2, P + w->ln2w, n, C, eps);
-        k->matmul_forward(kc, g->gu, g->ln2, P + w->guw, NULL, n, C, 2 * F);
+        k->rmsnorm_forward(kc, g->ln2, g->ln2_rstd, res2, lora_base32(m, w->ln2w), n, C, eps);
+        lora_linear_forward(m, g->gu, g->ln2, w->guw, w->gu_site, 2, n, C, 2 * F);
         k->swiglu_forward(kc, g->hid, g->gu, n, F);
-        k->matmul_forward(kc, g->proj, g->hid, P + w->downw, NULL, n, F, C);
+        lora_linear_forward(m, g->proj, g->hid, w->downw, &w->down_site, 1, n, F, C);
         k->residual_forward(kc, res3, res2, g->proj, nC);
         residual = res3;
     }
-    k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, residual, P + g->normw, n, C, eps);
-    k->matmul_forward(kc, g->logits, g->lnf, P + g->head, NULL, n, C, (int)g->V);
+    k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, residual, lora_base32(m, g->normw), n, C, eps);
+    lora_linear_forward(m, g->logits, g->lnf, g->head, NULL, 0, n, C, (int)g->V);
     k->copy_d2h(kc, out, g->logits, (size_t)n * g->V * sizeof(float));
     g->dec_len = pos + 1;
     return 0;
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
+
+/* A norm weight's gradient; NULL for a frozen base (lora.h). */
+static float *norm_grad(const model *m, size_t off)
+{
+    return m->lora ? NULL : m->grads + off;
+}
 
 static void llama_backward(model *m, const model_batch *b, float dloss)
 {
@@ -386,8 +417,6 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
     int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS;
     int F = (int)g->F, W = (int)g->W, V = (int)g->V, BT = B * T;
     size_t BTC = (size_t)BT * C;
-    const float *P = m->params;
-    float *D = m->grads;
 
     /* Every token's loss weighted by dloss; the cross-entropy backward
      * writes dlogits over the logits (their last reader) and zeroes the
@@ -398,10 +427,11 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
     k->crossentropy_backward(kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
     if (model_poll(m))
         return;
-    k->matmul_backward(kc, g->dsmall, D + g->head, NULL, g->logits, g->lnf, P + g->head, BT, C, V);
+    lora_linear_backward(m, g->dsmall, g->logits, g->lnf, g->head, NULL, 0, BT, C, V);
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
-    k->rmsnorm_backward(kc, g->dres, D + g->normw, g->dsmall, last, P + g->normw, g->lnf_rstd, BT, C);
+    k->rmsnorm_backward(kc, g->dres, norm_grad(m, g->normw), g->dsmall, last, lora_base32(m, g->normw), g->lnf_rstd,
+                        BT, C);
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
         if (model_poll(m))
@@ -420,19 +450,22 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
         const llama_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + down(swiglu(gate_up(ln2))) */
-        k->matmul_backward(kc, g->dhid, D + w->downw, NULL, g->dres, hid, P + w->downw, BT, F, C);
+        lora_linear_backward(m, g->dhid, g->dres, hid, w->downw, &w->down_site, 1, BT, F, C);
         k->swiglu_backward(kc, g->dgu, gu, g->dhid, BT, F);
-        k->matmul_backward(kc, g->dsmall, D + w->guw, NULL, g->dgu, ln2, P + w->guw, BT, C, 2 * F);
-        k->rmsnorm_backward(kc, g->dres, D + w->ln2w, g->dsmall, res2, P + w->ln2w, ln2_rstd, BT, C);
+        lora_linear_backward(m, g->dsmall, g->dgu, ln2, w->guw, w->gu_site, 2, BT, C, 2 * F);
+        k->rmsnorm_backward(kc, g->dres, norm_grad(m, w->ln2w), g->dsmall, res2, lora_base32(m, w->ln2w), ln2_rstd, BT,
+                            C);
 
         /* residual2 = residual + o(attention(rope(qkv(ln1)))) */
-        k->matmul_backward(kc, g->dsmall, D + w->ow, NULL, g->dres, atty, P + w->ow, BT, C, C);
+        lora_linear_backward(m, g->dsmall, g->dres, atty, w->ow, &w->o_site, 1, BT, C, C);
         k->attention_gqa_backward(kc, g->dqkv, g->dsmall, atty, lse, qkv, b->start, B, T, NH, KVH, HS);
         k->rope_backward(kc, g->dqkv, g->inv_freq, b->pos, BT, T, NH + KVH, HS, W);
-        k->matmul_backward(kc, g->dsmall, D + w->qkvw, NULL, g->dqkv, ln1, P + w->qkvw, BT, C, W);
-        k->rmsnorm_backward(kc, g->dres, D + w->ln1w, g->dsmall, residual, P + w->ln1w, ln1_rstd, BT, C);
+        lora_linear_backward(m, g->dsmall, g->dqkv, ln1, w->qkvw, w->qkv_site, 3, BT, C, W);
+        k->rmsnorm_backward(kc, g->dres, norm_grad(m, w->ln1w), g->dsmall, residual, lora_base32(m, w->ln1w), ln1_rstd,
+                            BT, C);
     }
-    k->encoder_backward(kc, D + g->embed, NULL, g->dres, b->x, B, T, C);
+    if (!m->lora) /* a frozen embedding: the residual stream's gradient ends here */
+        k->encoder_backward(kc, m->grads + g->embed, NULL, g->dres, b->x, B, T, C);
 }
 
 static double llama_forward_backward(model *m, const model_batch *b, float dloss)
@@ -505,6 +538,47 @@ static const char *shape_problem(const job_config *j, const char **key)
     if (j->rope_scaling == JOBCFG_ROPE_LLAMA3 && !(j->rope_high_freq > j->rope_low_freq))
         return "must be above [model] rope_low_freq";
     return NULL;
+}
+
+/* The linear layers that may get adapters, by PEFT's names; PEFT's default
+ * for llama adapts q and v (model_kind_llama). */
+static const char *const llama_lora_targets[] = {"q_proj",    "k_proj",  "v_proj",    "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj", NULL};
+
+/* The adapters ([finetune] method = lora), after the tensor table: a site
+ * per linear layer of each block, where its output lies in its GEMM's rows
+ * (q, k, v in a qkv row; gate, up in a gate_up row), and the norm weights
+ * the kernels read in fp32.  Without LoRA every site is -1.  0, or -1 with
+ * err. */
+static int llama_lora(const job_config *j, model *m, char *err, size_t err_len)
+{
+    llama *g = LL(m);
+    if (lora_create(m, j, err, err_len) != 0)
+        return -1;
+    if (m->lora && m->k && j->precision != JOBCFG_FP32 && !m->k->encoder_forward16w) {
+        snprintf(err, err_len, "llama: the %s kernels cannot read a 16-bit token table (LoRA on a 16-bit base)",
+                 m->k->name);
+        return -1;
+    }
+    int C = (int)g->C, F = (int)g->F, W = (int)g->W, Q = (int)(g->NH * g->HS), KV = (int)(g->KVH * g->HS);
+    char name[96];
+    for (uint32_t l = 0; l < g->L; l++) {
+        llama_layer *w = &g->layer[l];
+#define SITE(suffix, target, in, out, ld, col) \
+    (snprintf(name, sizeof name, "model.layers.%u." suffix, l), lora_site(m, name, target, in, out, ld, col))
+        w->qkv_site[0] = SITE("self_attn.q_proj", "q_proj", C, Q, W, 0);
+        w->qkv_site[1] = SITE("self_attn.k_proj", "k_proj", C, KV, W, Q);
+        w->qkv_site[2] = SITE("self_attn.v_proj", "v_proj", C, KV, W, Q + KV);
+        w->o_site = SITE("self_attn.o_proj", "o_proj", Q, C, C, 0);
+        w->gu_site[0] = SITE("mlp.gate_proj", "gate_proj", C, F, 2 * F, 0);
+        w->gu_site[1] = SITE("mlp.up_proj", "up_proj", C, F, 2 * F, F);
+        w->down_site = SITE("mlp.down_proj", "down_proj", F, C, C, 0);
+#undef SITE
+        lora_keep32(m, w->ln1w, g->C);
+        lora_keep32(m, w->ln2w, g->C);
+    }
+    lora_keep32(m, g->normw, g->C);
+    return m->lora ? lora_finish(m, err, err_len) : 0;
 }
 
 /* Every depth a job file may ask for has its tensors: 9 per block, 3 more. */
@@ -600,15 +674,21 @@ static int llama_create(const job_config *j, uint32_t input_dim, uint32_t classe
     else
         ADD(g->head, "lm_head.weight", 2, g->V, C);
 #undef ADD
+    if (llama_lora(j, m, err, err_len) != 0) {
+        llama_destroy(m);
+        return -1;
+    }
     return 0;
 }
 
 /* ---- the describe line ------------------------------------------------------------------
  * "llama layers=.. heads=.. kv_heads=.. width=.. mlp_width=.. context=..
  * vocab=.. norm_eps=.. rope_theta=.. [rope_llama3=FACTOR,LOW,HIGH,CONTEXT]
- * tie_embeddings=on|off": the job file's keys, Llama 3 scaling's four in
- * one word (the line must fit a checkpoint's 256-byte signature), numbers
- * in the fewest digits that read back as the same double. */
+ * tie_embeddings=on|off [lora r=.. alpha=.. targets=..]": the job file's
+ * keys, Llama 3 scaling's four in one word (the line must fit a
+ * checkpoint's 256-byte signature), numbers in the fewest digits that read
+ * back as the same double; with LoRA, lora_describe's words, so that a
+ * resume refuses other adapters. */
 
 static void fmt_double(char *buf, size_t len, double v)
 {
@@ -639,6 +719,11 @@ static void llama_describe(const model *m, char *buf, size_t len)
              "llama layers=%u heads=%u kv_heads=%u width=%u mlp_width=%u context=%u vocab=%u norm_eps=%s "
              "rope_theta=%s%s tie_embeddings=%s",
              g->L, g->NH, g->KVH, g->C, g->F, g->T, g->V, eps, theta, rope, g->tied ? "on" : "off");
+    size_t at = strlen(buf);
+    if (m->lora && at + 1 < len) {
+        buf[at] = ' ';
+        lora_describe(m, buf + at + 1, len - at - 1);
+    }
 }
 
 typedef enum { LK_U32, LK_DOUBLE, LK_LLAMA3, LK_BOOL } llama_key_type;
@@ -740,14 +825,74 @@ static bool parse_word(const char *word, size_t wlen, job_config *j, bool *seen)
     return false;
 }
 
+/* "a,b": each one of llama_lora_targets, at most once, none empty. */
+static bool parse_targets(const char *s)
+{
+    unsigned seen = 0;
+    for (;;) {
+        size_t n = strcspn(s, ",");
+        int t = -1;
+        for (int i = 0; llama_lora_targets[i]; i++)
+            if (strlen(llama_lora_targets[i]) == n && strncmp(llama_lora_targets[i], s, n) == 0)
+                t = i;
+        if (t < 0 || (seen & (1u << t)))
+            return false;
+        seen |= 1u << t;
+        if (!s[n])
+            return true;
+        s += n + 1;
+    }
+}
+
+/* lora_describe's words after "lora" ("r=8 alpha=16 targets=q_proj,v_proj"),
+ * each once, into j; false when they are not exactly those. */
+static bool parse_lora(const char *s, job_config *j)
+{
+    bool r = false, alpha = false, targets = false;
+    j->ft_method = JOBCFG_FT_LORA;
+    for (;;) {
+        s += strspn(s, " ");
+        size_t wlen = strcspn(s, " ");
+        if (!wlen)
+            return r && alpha && targets;
+        char word[sizeof j->lora_targets + 16];
+        if (wlen >= sizeof word)
+            return false;
+        memcpy(word, s, wlen);
+        word[wlen] = '\0';
+        s += wlen;
+        char *val = strchr(word, '=');
+        if (!val)
+            return false;
+        *val++ = '\0';
+        bool ok = false;
+        if (strcmp(word, "r") == 0 && !r)
+            ok = r = parse_u32(val, 1, 4096, &j->lora_rank);
+        else if (strcmp(word, "alpha") == 0 && !alpha)
+            ok = alpha = parse_double(val, 1e-6, 1e6, &j->lora_alpha);
+        else if (strcmp(word, "targets") == 0 && !targets && strlen(val) < sizeof j->lora_targets &&
+                 parse_targets(val)) {
+            snprintf(j->lora_targets, sizeof j->lora_targets, "%s", val);
+            ok = targets = true;
+        }
+        if (!ok)
+            return false;
+    }
+}
+
 static int llama_parse(const char *line, job_config *j, char *err, size_t err_len)
 {
     job_config t = *j;
     t.rope_scaling = JOBCFG_ROPE_NONE;
+    t.ft_method = JOBCFG_FT_FULL;
     bool seen[NLINE_KEYS] = {false}, ok = strncmp(line, "llama ", 6) == 0;
     for (const char *p = line + 5; ok && *p;) {
         p += strspn(p, " ");
         size_t wlen = strcspn(p, " ");
+        if (wlen == 4 && strncmp(p, "lora", 4) == 0) {
+            ok = parse_lora(p + 4, &t);
+            break;
+        }
         if (wlen)
             ok = parse_word(p, wlen, &t, seen);
         p += wlen;
@@ -758,7 +903,7 @@ static int llama_parse(const char *line, job_config *j, char *err, size_t err_le
     if (!ok || shape_problem(&t, &key)) {
         snprintf(err, err_len, "'%s' is not a llama model line gradd can build (llama layers=N heads=N kv_heads=N "
                  "width=N mlp_width=N context=N vocab=N norm_eps=X rope_theta=X [rope_llama3=X,X,X,N] "
-                 "tie_embeddings=on|off)", line);
+                 "tie_embeddings=on|off [lora r=N alpha=X targets=NAME,..])", line);
         return -1;
     }
     *j = t;
@@ -816,4 +961,7 @@ const model_kind model_kind_llama = {
     .hf_read = model_llama_hf_read,
     .hf_config = model_llama_hf_config,
     .hf_ignore = model_llama_hf_ignore,
+    .lora_targets = llama_lora_targets,
+    .lora_default = "q_proj,v_proj",
+    .lora_fan_in_fan_out = false,
 };

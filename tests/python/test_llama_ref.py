@@ -81,11 +81,43 @@ def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def lora_name(module, ab):
+    """PEFT's name of a linear layer's adapter A or B."""
+    return "base_model.model.%s.lora_%s.weight" % (module, ab)
+
+
 class Llama:
-    def __init__(self, cfg, params):
+    """adapters: LoRA's A (r,in) and B (out,r) under lora_name, for some of
+    the linear layers; each such layer adds scale·(x·Aᵀ)·Bᵀ (PEFT's)."""
+
+    def __init__(self, cfg, params, adapters=None, scale=1.0):
         self.c = cfg
         self.p = {k: v.astype(np.float64) for k, v in params.items()}
+        self.ad = {k: v.astype(np.float64) for k, v in (adapters or {}).items()}
+        self.scale = scale
         self.inv = inv_freq(cfg)
+
+    def lin(self, module, x):
+        y = x @ self.p[module + ".weight"].T
+        if lora_name(module, "A") in self.ad:
+            A, B = self.ad[lora_name(module, "A")], self.ad[lora_name(module, "B")]
+            y = y + self.scale * (x @ A.T) @ B.T
+        return y
+
+    def lin_back(self, d, module, dy, x):
+        """lin's backward: the gradients of its weight and adapters into d;
+        returns the input's."""
+        W = self.p[module + ".weight"]
+        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        d[module + ".weight"] += dy2.T @ x2
+        dx = dy @ W
+        if lora_name(module, "A") in self.ad:
+            A, B = self.ad[lora_name(module, "A")], self.ad[lora_name(module, "B")]
+            gu = self.scale * dy2 @ B  # the gradient of x·Aᵀ
+            d[lora_name(module, "B")] += self.scale * dy2.T @ (x2 @ A.T)
+            d[lora_name(module, "A")] += gu.T @ x2
+            dx = dx + (gu @ A).reshape(dx.shape)
+        return dx
 
     def head(self):
         return self.p["model.embed_tokens.weight"] if self.c["tie"] else self.p["lm_head.weight"]
@@ -104,9 +136,9 @@ class Llama:
         for l in range(c["layers"]):
             L = "model.layers.%d." % l
             a, r1 = rmsnorm(h, p[L + "input_layernorm.weight"], c["norm_eps"])
-            q = (a @ p[L + "self_attn.q_proj.weight"].T).reshape(n, T, NH, HS)
-            k = (a @ p[L + "self_attn.k_proj.weight"].T).reshape(n, T, KVH, HS)
-            v = (a @ p[L + "self_attn.v_proj.weight"].T).reshape(n, T, KVH, HS)
+            q = self.lin(L + "self_attn.q_proj", a).reshape(n, T, NH, HS)
+            k = self.lin(L + "self_attn.k_proj", a).reshape(n, T, KVH, HS)
+            v = self.lin(L + "self_attn.v_proj", a).reshape(n, T, KVH, HS)
             qr, kr = rope(q, cos, sin), rope(k, cos, sin)
             kx, vx = np.repeat(kr, G, axis=2), np.repeat(v, G, axis=2)
             s = np.einsum("bthd,buhd->bhtu", qr, kx) / math.sqrt(HS)
@@ -114,12 +146,12 @@ class Llama:
             P = np.exp(s - s.max(-1, keepdims=True))
             P /= P.sum(-1, keepdims=True)
             o = np.einsum("bhtu,buhd->bthd", P, vx).reshape(n, T, C)
-            h2 = h + o @ p[L + "self_attn.o_proj.weight"].T
+            h2 = h + self.lin(L + "self_attn.o_proj", o)
             b, r2 = rmsnorm(h2, p[L + "post_attention_layernorm.weight"], c["norm_eps"])
-            g = b @ p[L + "mlp.gate_proj.weight"].T
-            u = b @ p[L + "mlp.up_proj.weight"].T
+            g = self.lin(L + "mlp.gate_proj", b)
+            u = self.lin(L + "mlp.up_proj", b)
             m = g * sigmoid(g) * u
-            h3 = h2 + m @ p[L + "mlp.down_proj.weight"].T
+            h3 = h2 + self.lin(L + "mlp.down_proj", m)
             caches.append((h, a, r1, qr, kr, kx, vx, v, P, o, h2, b, r2, g, u, m))
             h = h3
         f, rf = rmsnorm(h, p["model.norm.weight"], c["norm_eps"])
@@ -138,7 +170,7 @@ class Llama:
         n, T = x.shape
         NH, KVH, C = c["heads"], c["kv_heads"], c["width"]
         HS, G = C // NH, NH // KVH
-        d = {k: np.zeros_like(v) for k, v in p.items()}
+        d = {k: np.zeros_like(v) for k, v in list(p.items()) + list(self.ad.items())}
         dlog = np.exp(lp)
         np.put_along_axis(dlog, np.maximum(y, 0)[..., None], np.take_along_axis(dlog, np.maximum(y, 0)[..., None], -1) - 1, -1)
         dlog *= (keep / keep.sum())[..., None]
@@ -150,20 +182,16 @@ class Llama:
             L = "model.layers.%d." % l
             h, a, r1, qr, kr, kx, vx, v, P, o, h2, b, r2, g, u, m = caches[l]
             # MLP
-            d[L + "mlp.down_proj.weight"] += dh.reshape(-1, C).T @ m.reshape(-1, m.shape[-1])
-            dm = dh @ p[L + "mlp.down_proj.weight"]
+            dm = self.lin_back(d, L + "mlp.down_proj", dh, m)
             sg = sigmoid(g)
             dg = dm * u * sg * (1 + g * (1 - sg))
             du = dm * g * sg
-            d[L + "mlp.gate_proj.weight"] += dg.reshape(-1, dg.shape[-1]).T @ b.reshape(-1, C)
-            d[L + "mlp.up_proj.weight"] += du.reshape(-1, du.shape[-1]).T @ b.reshape(-1, C)
-            db = dg @ p[L + "mlp.gate_proj.weight"] + du @ p[L + "mlp.up_proj.weight"]
+            db = self.lin_back(d, L + "mlp.gate_proj", dg, b) + self.lin_back(d, L + "mlp.up_proj", du, b)
             dx2, dw = rmsnorm_back(db, h2, p[L + "post_attention_layernorm.weight"], r2)
             d[L + "post_attention_layernorm.weight"] += dw
             dh2 = dh + dx2
             # attention
-            d[L + "self_attn.o_proj.weight"] += dh2.reshape(-1, C).T @ o.reshape(-1, C)
-            do = (dh2 @ p[L + "self_attn.o_proj.weight"]).reshape(n, T, NH, HS)
+            do = self.lin_back(d, L + "self_attn.o_proj", dh2, o).reshape(n, T, NH, HS)
             dP = np.einsum("bthd,buhd->bhtu", do, vx)
             dS = P * (dP - (dP * P).sum(-1, keepdims=True)) / math.sqrt(HS)
             dqr = np.einsum("bhtu,buhd->bthd", dS, kx)
@@ -174,12 +202,9 @@ class Llama:
             dq = rope(dqr, cos, sin, inverse=True).reshape(n, T, -1)
             dk = rope(dkr, cos, sin, inverse=True).reshape(n, T, -1)
             dv = dv.reshape(n, T, -1)
-            A = a.reshape(-1, C)
             da = 0
             for nm, dd in (("q", dq), ("k", dk), ("v", dv)):
-                W = p[L + "self_attn.%s_proj.weight" % nm]
-                d[L + "self_attn.%s_proj.weight" % nm] += dd.reshape(-1, dd.shape[-1]).T @ A
-                da = da + dd @ W
+                da = da + self.lin_back(d, L + "self_attn.%s_proj" % nm, dd, a)
             dx1, dw = rmsnorm_back(da, h, p[L + "input_layernorm.weight"], r1)
             d[L + "input_layernorm.weight"] += dw
             dh = dh2 + dx1
@@ -281,8 +306,31 @@ def rel(a, b):
     return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
 
 
+def batch_for(rng, cfg, packing):
+    """The probe's batch and x, y, pos, start: packed samples (packing, as
+    packed_batch's), or else two sequences with some targets ignored."""
+    if packing:
+        x, y, pos, start = packed_batch(rng, cfg, packing)
+        return dict(x=x, y=y, pos=pos, start=start), x, y, pos, start
+    T, V = cfg["context"], cfg["vocab"]
+    x = rng.integers(0, V, (2, T)).astype(np.int32)
+    y = rng.integers(0, V, (2, T)).astype(np.int32)
+    y[0, :3] = -100
+    y[1, 7] = -100
+    pos = np.tile(np.arange(T, dtype=np.int32), (2, 1))
+    return dict(x=x, y=y), x, y, pos, np.zeros_like(pos)
+
+
+def report(name, loss, worst):
+    """The loss and the four worst relative errors, for the test's log."""
+    print("%s: loss %.6f; worst relative errors: %s" % (
+        name, loss, ", ".join("%s %.2g" % (k, v) for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:4])))
+
+
 @unittest.skipIf(np is None, "needs numpy and safetensors (scripts/pyenv.sh)")
-class LlamaReference(unittest.TestCase):
+class ProbeCase(unittest.TestCase):
+    """A test that runs model_probe in a temporary directory."""
+
     def setUp(self):
         if not PROBE:
             self.skipTest("MODEL_PROBE is not set (meson test sets it)")
@@ -291,32 +339,42 @@ class LlamaReference(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_case(self, name):
-        cfg, packing = CASES[name]
-        rng = np.random.default_rng(sum(map(ord, name)))
-        params = random_params(cfg, rng)
-        if packing:
-            x, y, pos, start = packed_batch(rng, cfg, packing)
-            batch = dict(x=x, y=y, pos=pos, start=start)
-        else:
-            T, V = cfg["context"], cfg["vocab"]
-            x = rng.integers(0, V, (2, T)).astype(np.int32)
-            y = rng.integers(0, V, (2, T)).astype(np.int32)
-            y[0, :3] = -100
-            y[1, 7] = -100
-            pos = np.tile(np.arange(T, dtype=np.int32), (2, 1))
-            start = np.zeros_like(pos)
-            batch = dict(x=x, y=y)
+    def probe(self, job, tensors, batch):
+        """model_probe on the job file's text, the tensors and the batch: what it wrote."""
         d = self.tmp.name
         with open(os.path.join(d, "job.cfg"), "w") as f:
-            f.write(job_text(cfg))
-        save_file(params, os.path.join(d, "params.safetensors"))
+            f.write(job)
+        save_file(tensors, os.path.join(d, "params.safetensors"))
         save_file(batch, os.path.join(d, "batch.safetensors"))
         out = os.path.join(d, "out.safetensors")
         r = subprocess.run([PROBE, os.path.join(d, "job.cfg"), os.path.join(d, "params.safetensors"),
                             os.path.join(d, "batch.safetensors"), out], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
-        got = load_file(out)
+        return load_file(out)
+
+    def check_central(self, ref, table, names, grads, batch, rng):
+        """ref's gradients of the tensors `names` in `table` (ref.p or ref.ad)
+        against central differences of its forward, at 3 elements each."""
+        for nm in names:
+            flat = table[nm].reshape(-1)
+            for i in rng.choice(flat.size, 3, replace=False):
+                old = flat[i]
+                flat[i] = old + 1e-6
+                lp = ref.forward(*batch)[1]
+                flat[i] = old - 1e-6
+                lm = ref.forward(*batch)[1]
+                flat[i] = old
+                num = (lp - lm) / 2e-6
+                self.assertLess(abs(num - grads[nm].reshape(-1)[i]), 1e-6 + 1e-5 * abs(num), nm)
+
+
+class LlamaReference(ProbeCase):
+    def run_case(self, name):
+        cfg, packing = CASES[name]
+        rng = np.random.default_rng(sum(map(ord, name)))
+        params = random_params(cfg, rng)
+        batch, x, y, pos, start = batch_for(rng, cfg, packing)
+        got = self.probe(job_text(cfg), params, batch)
         ref = Llama(cfg, params)
         logits, loss = ref.forward(x, y, pos, start)
         grads = ref.backward()
@@ -353,8 +411,7 @@ class LlamaReference(unittest.TestCase):
             if params[nm].shape[0] != cfg["vocab"]:  # rows of unlikely tokens have tiny gradients
                 self.assertGreater(sure.mean(), 0.9, nm)
             self.assertLess(np.abs(got["step." + nm] - full)[sure].max(initial=0), 1e-3 * lr, nm)
-        print("%s: loss %.6f; worst relative errors: %s" % (
-            name, loss, ", ".join("%s %.2g" % (k, v) for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:4])))
+        report(name, loss, worst)
 
     def test_untied(self):
         self.check("untied")
@@ -374,17 +431,7 @@ class LlamaReference(unittest.TestCase):
         ref = Llama(cfg, params)
         ref.forward(x, y, pos, start)
         grads = ref.backward()
-        for nm in names(cfg):
-            flat = ref.p[nm].reshape(-1)
-            for i in rng.choice(flat.size, 3, replace=False):
-                old = flat[i]
-                flat[i] = old + 1e-6
-                lp = ref.forward(x, y, pos, start)[1]
-                flat[i] = old - 1e-6
-                lm = ref.forward(x, y, pos, start)[1]
-                flat[i] = old
-                num = (lp - lm) / 2e-6
-                self.assertLess(abs(num - grads[nm].reshape(-1)[i]), 1e-6 + 1e-5 * abs(num), nm)
+        self.check_central(ref, ref.p, names(cfg), grads, (x, y, pos, start), rng)
 
     def test_llama3_frequencies(self):
         """Llama 3 scaling keeps the fast rotations, slows the slow ones by

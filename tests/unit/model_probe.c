@@ -7,6 +7,8 @@
  * builds the model JOB.cfg describes on the cpu kernels (fp32), loads every
  * parameter from PARAMS (F32, under the model's own tensor names, which are
  * its export names; a tensor the kind's hf_ignore names may be there too),
+ * and with [finetune] method = lora the adapters too (under PEFT's names,
+ * lora.h),
  * and runs one micro-batch from BATCH: x, y (n,T) I32, and optionally pos
  * and start (n,T) I32 (model_batch's packed samples; only for a kind that
  * packs).  OUT gets
@@ -17,7 +19,8 @@
  *                  that let samples see each other disagrees with them
  *   decode_logits  (n,T,V) F32, without start and where the model decodes:
  *                  decode_step position by position
- *   grad.NAME      the gradient of loss, per tensor
+ *   grad.NAME      the gradient of loss, per tensor that trains: the
+ *                  model's, or with LoRA the adapters' (the base is frozen)
  *   step.NAME      the parameters after one AdamW step on that gradient as
  *                  the trainer takes it (train.c): [train] lr (no schedule),
  *                  beta1, beta2, eps, weight_decay on the tensors that decay,
@@ -31,6 +34,7 @@
 #include "io/safetensors.h"
 #include "jobcfg.h"
 #include "kernels.h"
+#include "models/lora.h"
 #include "models/model.h"
 
 static int fail(const char *what, const char *why)
@@ -55,28 +59,46 @@ static int load_job(const char *path, job_config *j)
     return 0;
 }
 
-/* Every tensor of m from PARAMS into params; nothing else may be there. */
-static int load_params(const model *m, const char *path, float *params)
+/* Every tensor of the table (n of them) from f into buf. */
+static int load_table(st_file *f, const char *path, const model_tensor *tab, int n, float *buf)
+{
+    char err[1024];
+    for (int i = 0; i < n; i++) {
+        const model_tensor *mt = &tab[i];
+        uint64_t shape[MODEL_MAX_DIMS];
+        for (int d = 0; d < mt->ndim; d++)
+            shape[d] = mt->shape[d];
+        if (!st_expect(f, mt->name, ST_F32, mt->ndim, shape, err, sizeof err) ||
+            st_read(f, mt->name, buf + mt->offset, mt->numel * sizeof(float), err, sizeof err) != 0)
+            return fail(path, err);
+    }
+    return 0;
+}
+
+static bool in_table(const model_tensor *tab, int n, const char *name)
+{
+    for (int t = 0; t < n; t++)
+        if (strcmp(tab[t].name, name) == 0)
+            return true;
+    return false;
+}
+
+/* Every tensor of m from PARAMS into params, and with LoRA every adapter
+ * into adapters; nothing else may be there. */
+static int load_params(const model *m, const char *path, float *params, float *adapters)
 {
     char err[1024];
     st_file *f;
     if (st_open(path, &f, err, sizeof err) != 0)
         return fail(path, err);
-    int rc = 0;
-    for (int i = 0; i < m->ntensors && !rc; i++) {
-        const model_tensor *mt = &m->tensors[i];
-        uint64_t shape[MODEL_MAX_DIMS];
-        for (int d = 0; d < mt->ndim; d++)
-            shape[d] = mt->shape[d];
-        if (!st_expect(f, mt->name, ST_F32, mt->ndim, shape, err, sizeof err) ||
-            st_read(f, mt->name, params + mt->offset, mt->numel * sizeof(float), err, sizeof err) != 0)
-            rc = fail(path, err);
-    }
+    const lora *lo = m->lora;
+    int rc = load_table(f, path, m->tensors, m->ntensors, params);
+    if (!rc && lo)
+        rc = load_table(f, path, lo->tensors, lo->ntensors, adapters);
     for (size_t i = 0; i < st_count(f) && !rc; i++) {
         const char *name = st_tensor_at(f, i)->name;
-        bool known = m->kind->hf_ignore && m->kind->hf_ignore(m, name);
-        for (int t = 0; t < m->ntensors && !known; t++)
-            known = strcmp(m->tensors[t].name, name) == 0;
+        bool known = (m->kind->hf_ignore && m->kind->hf_ignore(m, name)) || in_table(m->tensors, m->ntensors, name) ||
+                     (lo && in_table(lo->tensors, lo->ntensors, name));
         if (!known)
             rc = fail(name, "is not a tensor of the model");
     }
@@ -161,14 +183,19 @@ int main(int argc, char **argv)
     model *m;
     if (!kc || model_create(&j, 0, 0, ops, kc, &m, err, sizeof err) != 0)
         return fail(argv[1], kc ? err : "no kernel context");
-    size_t P = m->num_params;
-    float *params = calloc(P, sizeof *params), *grads = calloc(P, sizeof *grads);
+    /* What trains: the model's table, or with LoRA the adapters' (and then
+     * the base has no gradient). */
+    const model_tensor *tab = m->lora ? m->lora->tensors : m->tensors;
+    int ntab = m->lora ? m->lora->ntensors : m->ntensors;
+    size_t P = m->lora ? m->lora->num_params : m->num_params;
+    float *base = calloc(m->num_params, sizeof *base), *adapters = m->lora ? calloc(P, sizeof *adapters) : NULL;
+    float *params = m->lora ? adapters : base, *grads = calloc(P, sizeof *grads);
     float *mom = calloc(2 * P, sizeof *mom);
     int32_t *arr[4] = {NULL, NULL, NULL, NULL};
     uint32_t n = 0, T = m->ops->units_per_sample(m), V = j.vocab;
-    if (!params || !grads || !mom)
+    if (!base || !params || !grads || !mom)
         return fail("host", "out of memory");
-    if (load_params(m, argv[2], params) || load_batch(argv[3], T, arr, &n))
+    if (load_params(m, argv[2], base, adapters) || load_batch(argv[3], T, arr, &n))
         return 1;
     if ((arr[2] || arr[3]) && !m->kind->packs)
         return fail(argv[3], "pos and start are for a kind that packs samples");
@@ -178,8 +205,13 @@ int main(int argc, char **argv)
     float *logits = malloc((size_t)n * T * V * sizeof *logits), *dec = NULL;
     if (!acts || !logits)
         return fail("host", "out of memory");
-    m->params = params;
-    m->grads = grads;
+    m->params = base;
+    if (m->lora) {
+        m->lora->params = adapters;
+        m->lora->grads = grads;
+    } else {
+        m->grads = grads;
+    }
     m->ops->bind_activations(m, acts, n);
 
     /* forward and backward at dloss = 1 / (targets that count) */
@@ -203,16 +235,16 @@ int main(int argc, char **argv)
 
     /* the optimizer step, as train.c takes it */
     float *stepped = malloc(P * sizeof *stepped);
-    kern_segment *segs = malloc((size_t)m->ntensors * sizeof *segs);
+    kern_segment *segs = malloc((size_t)ntab * sizeof *segs);
     if (!stepped || !segs)
         return fail("host", "out of memory");
     memcpy(stepped, params, P * sizeof *stepped);
-    for (int i = 0; i < m->ntensors; i++)
-        segs[i] = (kern_segment){m->tensors[i].offset, m->tensors[i].numel, m->tensors[i].decay};
+    for (int i = 0; i < ntab; i++)
+        segs[i] = (kern_segment){tab[i].offset, tab[i].numel, tab[i].decay};
     double sq = 0;
     ops->sumsq(kc, &sq, grads, P);
     double norm = sqrt(sq), scale = j.grad_clip > 0 && norm > j.grad_clip ? j.grad_clip / norm : 1.0;
-    ops->adamw_multi(kc, stepped, NULL, grads, mom, mom + P, segs, m->ntensors, (float)j.lr, (float)j.beta1,
+    ops->adamw_multi(kc, stepped, NULL, grads, mom, mom + P, segs, ntab, (float)j.lr, (float)j.beta1,
                      (float)j.beta2, (float)j.eps, (float)j.weight_decay, (float)scale, 1);
 
     st_writer *w = st_writer_new();
@@ -223,11 +255,11 @@ int main(int argc, char **argv)
     st_writer_add(w, "logits", ST_F32, 3, shape3, logits, (size_t)n * T * V * sizeof(float), NULL, 0);
     if (dec)
         st_writer_add(w, "decode_logits", ST_F32, 3, shape3, dec, (size_t)n * T * V * sizeof(float), NULL, 0);
-    char (*names)[80] = malloc((size_t)m->ntensors * 2 * sizeof *names);
+    char (*names)[sizeof tab->name + 8] = malloc((size_t)ntab * 2 * sizeof *names);
     if (!names)
         return fail("host", "out of memory");
-    for (int i = 0; i < m->ntensors; i++) {
-        const model_tensor *mt = &m->tensors[i];
+    for (int i = 0; i < ntab; i++) {
+        const model_tensor *mt = &tab[i];
         uint64_t shape[MODEL_MAX_DIMS];
         for (int d = 0; d < mt->ndim; d++)
             shape[d] = mt->shape[d];
@@ -244,7 +276,7 @@ int main(int argc, char **argv)
     free(names), free(stepped), free(segs), free(cache), free(dec), free(logits), free(acts);
     for (int i = 0; i < 4; i++)
         free(arr[i]);
-    free(params), free(grads), free(mom);
+    free(base), free(adapters), free(grads), free(mom);
     model_destroy(m);
     ops->ctx_destroy(kc);
     return 0;
