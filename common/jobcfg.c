@@ -110,7 +110,7 @@ static const opts_def opts[] = {
      "lora: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)", NULL},
     {"finetune", "targets", OPTS_STRING, J(lora_targets), 0, 0, false, "",
      "lora: the linear layers that get adapters, by their Hugging Face names (llama: q_proj, k_proj, v_proj, "
-     "o_proj, gate_proj, up_proj, down_proj; gpt: c_attn, c_proj, c_fc, mlp.c_proj); empty: PEFT's default for "
+     "o_proj, gate_proj, up_proj, down_proj; gpt: c_attn, c_proj (both projections), c_fc); empty: PEFT's default for "
      "the model (llama: q_proj,v_proj; gpt: c_attn)", NULL},
     {"finetune", "merged", OPTS_BOOL, J(lora_merged), 0, 1, false, "off",
      "lora: also export model.safetensors with the adapters merged into the base", NULL},

@@ -300,20 +300,21 @@ void lora_bind(model *m, void *mem, size_t rows)
 
 /* ---- the GEMMs --------------------------------------------------------------------------- */
 
-void lora_linear_forward(model *m, float *out, const float *inp, size_t w, const int *sites, int n, int N, int C,
-                         int OC)
+void lora_linear_forward(model *m, float *out, const float *inp, size_t w, size_t b, const int *sites, int n, int N,
+                         int C, int OC)
 {
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
     lora *l = m->lora;
+    const float *bias = b == LORA_NO_BIAS ? NULL : lora_base32(m, b);
     if (l && l->base16) {
         if (l->bf16)
             k->cast_f32_to_bf16(kc, l->x16, inp, (size_t)N * C);
         else
             k->cast_f32_to_f16(kc, l->x16, inp, (size_t)N * C);
-        k->matmul_forward16(kc, out, l->x16, m->params16 + w, NULL, N, C, OC);
+        k->matmul_forward16(kc, out, l->x16, m->params16 + w, bias, N, C, OC);
     } else {
-        k->matmul_forward(kc, out, inp, m->params + w, NULL, N, C, OC);
+        k->matmul_forward(kc, out, inp, m->params + w, bias, N, C, OC);
     }
     if (!l)
         return;
@@ -334,14 +335,15 @@ void lora_linear_forward(model *m, float *out, const float *inp, size_t w, const
     }
 }
 
-void lora_linear_backward(model *m, float *dinp, const float *dout, const float *inp, size_t w, const int *sites,
-                          int n, int N, int C, int OC)
+void lora_linear_backward(model *m, float *dinp, const float *dout, const float *inp, size_t w, size_t b,
+                          const int *sites, int n, int N, int C, int OC)
 {
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
     lora *l = m->lora;
     if (!l)
-        k->matmul_backward(kc, dinp, m->grads + w, NULL, dout, inp, m->params + w, N, C, OC);
+        k->matmul_backward(kc, dinp, m->grads + w, b == LORA_NO_BIAS ? NULL : m->grads + b, dout, inp, m->params + w,
+                           N, C, OC);
     else if (dinp && l->base16)
         k->matmul_backward16(kc, dinp, NULL, NULL, NULL, dout, NULL, NULL, m->params16 + w, N, C, OC);
     else if (dinp)

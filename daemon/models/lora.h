@@ -102,16 +102,20 @@ const float *lora_base32(const model *m, size_t off);
 size_t lora_scratch_bytes(const model *m, size_t rows);
 void lora_bind(model *m, void *mem, size_t rows);
 
-/* out (N,OC) = inp (N,C)·Wᵀ for the base weight W (OC,C) at offset w
- * (floats, into the full table), from whichever form the base is held in,
- * plus the adapters of `sites` (n of them; -1 entries skipped). */
-void lora_linear_forward(model *m, float *out, const float *inp, size_t w, const int *sites, int n, int N, int C,
-                         int OC);
+/* No bias, for lora_linear_*'s b. */
+#define LORA_NO_BIAS ((size_t)-1)
+/* out (N,OC) = inp (N,C)·Wᵀ + bias for the base weight W (OC,C) at offset
+ * w and the bias (OC) at offset b (floats, into the full table; b may be
+ * LORA_NO_BIAS), from whichever form the base is held in (a bias is read
+ * through lora_base32: the model keeps it), plus the adapters of `sites`
+ * (n of them; -1 entries skipped). */
+void lora_linear_forward(model *m, float *out, const float *inp, size_t w, size_t b, const int *sites, int n, int N,
+                         int C, int OC);
 /* Its backward: dinp (N,C) = dout·W + the adapters' share (overwritten;
- * NULL: not needed), W's gradient (m->grads + w) += doutᵀ·inp when the base
- * trains, each site's dA and dB +=. */
-void lora_linear_backward(model *m, float *dinp, const float *dout, const float *inp, size_t w, const int *sites,
-                          int n, int N, int C, int OC);
+ * NULL: not needed), W's and the bias's gradients (m->grads + w, + b) +=
+ * when the base trains, each site's dA and dB +=. */
+void lora_linear_backward(model *m, float *dinp, const float *dout, const float *inp, size_t w, size_t b,
+                          const int *sites, int n, int N, int C, int OC);
 
 /* The adapters' starting values into host memory (num_params floats):
  * A as PEFT draws it, from the seed; B zero. */

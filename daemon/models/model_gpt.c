@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "errmsg.h"
+#include "lora.h"
 #include "model.h"
 
 #define ALIGN 64
@@ -37,6 +38,7 @@
 /* One block's parameter offsets (in floats, into m->params / m->grads). */
 typedef struct {
     size_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+    int qkv_site, attproj_site, fc_site, fcproj_site; /* LoRA (lora.h); -1: none */
 } gpt_layer;
 
 typedef struct {
@@ -103,6 +105,12 @@ typedef struct {
 } gpt;
 
 static gpt *G(const model *m) { return (gpt *)m->impl; }
+
+/* With LoRA (lora.h) the base is frozen: a base tensor the fp32 kernels
+ * read comes through lora_base32 (itself, or a 16-bit base's widened
+ * copy), and D, the gradients, is NULL. */
+#define B32(off) lora_base32(m, (off))
+#define DG(off) (D ? D + (off) : NULL)
 
 /* ---- activation layout ------------------------------------------------------------ */
 
@@ -178,17 +186,20 @@ static uint32_t gpt_units(const model *m)
     return G(m)->T;
 }
 
+/* The activations and, after them, LoRA's scratch (lora.h; 0 without). */
 static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_sample)
 {
     gpt *g = G(m);
-    model_activation_split(carve(g, NULL, 1, m->recompute), carve(g, NULL, 2, m->recompute), GPT_BUFFERS, ALIGN,
-                           fixed, per_sample);
+    size_t one = carve(g, NULL, 1, m->recompute) + lora_scratch_bytes(m, g->T);
+    size_t two = carve(g, NULL, 2, m->recompute) + lora_scratch_bytes(m, 2 * (size_t)g->T);
+    model_activation_split(one, two, GPT_BUFFERS + 4, ALIGN, fixed, per_sample);
 }
 
 static void gpt_bind(model *m, void *mem, uint32_t n)
 {
     gpt *g = G(m);
-    carve(g, mem, n, m->recompute);
+    size_t used = carve(g, mem, n, m->recompute);
+    lora_bind(m, (char *)mem + used, (size_t)n * g->T);
     g->rc = m->recompute;
     g->n = n;
     m->max_n = n;
@@ -262,8 +273,8 @@ static void gpt_block_forward(model *m, uint32_t l, int B, int T, bool out)
         k->matmul_forward16(kc, qkv, ln1, P16 + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
     } else {
         float *ln1 = g->ln1 + s * BTC;
-        k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, P + w->ln1w, P + w->ln1b, (int)BT, C);
-        k->matmul_forward(kc, qkv, ln1, P + w->qkvw, P + w->qkvb, (int)BT, C, 3 * C);
+        k->layernorm_forward(kc, ln1, ln1_mean, ln1_rstd, residual, B32(w->ln1w), B32(w->ln1b), (int)BT, C);
+        lora_linear_forward(m, qkv, ln1, w->qkvw, w->qkvb, &w->qkv_site, 1, (int)BT, C, 3 * C);
     }
     if (g->qkv16_on) {
         uint16_t *atty16 = g->atty16 + s * BTC;
@@ -274,7 +285,7 @@ static void gpt_block_forward(model *m, uint32_t l, int B, int T, bool out)
             k->attention_fused_forward(kc, atty, att, qkv, B, T, C, NH);
         else
             k->attention_forward(kc, atty, g->preatt, att, qkv, B, T, C, NH);
-        k->matmul_forward(kc, g->proj, atty, P + w->attprojw, P + w->attprojb, (int)BT, C, C);
+        lora_linear_forward(m, g->proj, atty, w->attprojw, w->attprojb, &w->attproj_site, 1, (int)BT, C, C);
         k->residual_forward(kc, res2, residual, g->proj, BTC);
     }
     if (g->lp16) {
@@ -292,11 +303,11 @@ static void gpt_block_forward(model *m, uint32_t l, int B, int T, bool out)
                                          C);
     } else {
         float *ln2 = g->ln2 + s * BTC, *fch = g->fch + s * BTC * 4, *fch_gelu = g->fch_gelu + s * BTC * 4;
-        k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, P + w->ln2w, P + w->ln2b, (int)BT, C);
-        k->matmul_forward(kc, fch, ln2, P + w->fcw, P + w->fcb, (int)BT, C, 4 * C);
+        k->layernorm_forward(kc, ln2, ln2_mean, ln2_rstd, res2, B32(w->ln2w), B32(w->ln2b), (int)BT, C);
+        lora_linear_forward(m, fch, ln2, w->fcw, w->fcb, &w->fc_site, 1, (int)BT, C, 4 * C);
         k->gelu_forward(kc, fch_gelu, fch, BTC * 4);
         if (out) {
-            k->matmul_forward(kc, g->proj, fch_gelu, P + w->fcprojw, P + w->fcprojb, (int)BT, 4 * C, C);
+            lora_linear_forward(m, g->proj, fch_gelu, w->fcprojw, w->fcprojb, &w->fcproj_site, 1, (int)BT, 4 * C, C);
             k->residual_forward(kc, res3, res2, g->proj, BTC);
         }
     }
@@ -316,7 +327,10 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
     const float *P = m->params;
     const uint16_t *P16 = m->params16;
 
-    k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
+    if (!P) /* a frozen base held in 16 bits (lora.h) */
+        k->encoder_forward16w(kc, g->encoded, inp, P16 + g->wte, B32(g->wpe), B, T, C);
+    else
+        k->encoder_forward(kc, g->encoded, inp, P + g->wte, P + g->wpe, B, T, C);
     for (uint32_t l = 0; l < g->L; l++) {
         if (model_poll(m))
             return;
@@ -329,8 +343,8 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
         k->layernorm_forward16(kc, g->lnf16, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
         k->matmul_forward16_out16(kc, g->logits16, g->lnf16, P16 + g->wte, NULL, (int)BT, C, V);
     } else {
-        k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, P + g->lnfw, P + g->lnfb, (int)BT, C);
-        k->matmul_forward(kc, g->logits, g->lnf, P + g->wte, NULL, (int)BT, C, V);
+        k->layernorm_forward(kc, g->lnf, g->lnf_mean, g->lnf_rstd, last, B32(g->lnfw), B32(g->lnfb), (int)BT, C);
+        lora_linear_forward(m, g->logits, g->lnf, g->wte, LORA_NO_BIAS, NULL, 0, (int)BT, C, V);
     }
 }
 
@@ -397,8 +411,10 @@ static int gpt_decode_start(model *m, void *mem, uint32_t n)
     gpt *g = G(m);
     g->dec_n = 0;
     g->dec_len = 0;
-    /* The fp32 activation buffers serve as scratch: empty in lp16 mode. */
-    if (!mem || n == 0 || n > g->n || g->lp16 || !m->k || !m->k->attention_decode)
+    /* The fp32 activation buffers serve as scratch: empty in lp16 mode.
+     * Sampling builds a full model: the cache path reads the base as fp32
+     * parameters, which a LoRA base may not have. */
+    if (!mem || n == 0 || n > g->n || g->lp16 || m->lora || !m->k || !m->k->attention_decode)
         return -1;
     carve_decode(g, mem, n);
     g->dec_n = n;
@@ -486,7 +502,7 @@ static void gpt_backward_body(model *m, const model_batch *b)
                              V);
     } else {
         float *dlogits = g->logits;
-        k->matmul_backward(kc, dlnf, D + g->wte, NULL, dlogits, g->lnf, P + g->wte, (int)BT, C, V);
+        lora_linear_backward(m, dlnf, dlogits, g->lnf, g->wte, LORA_NO_BIAS, NULL, 0, (int)BT, C, V);
     }
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
@@ -498,7 +514,7 @@ static void gpt_backward_body(model *m, const model_batch *b)
         k->layernorm_backward16(kc, g->dres, g->dres16, D + g->lnfw, D + g->lnfb, NULL, g->dln16, last,
                                 P + g->lnfw, g->lnf_mean, g->lnf_rstd, (int)BT, C);
     else
-        k->layernorm_backward(kc, g->dres, D + g->lnfw, D + g->lnfb, dlnf, last, P + g->lnfw, g->lnf_mean,
+        k->layernorm_backward(kc, g->dres, DG(g->lnfw), DG(g->lnfb), dlnf, last, B32(g->lnfw), g->lnf_mean,
                               g->lnf_rstd, (int)BT, C);
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
@@ -539,17 +555,17 @@ static void gpt_backward_body(model *m, const model_batch *b)
         } else {
             const float *fch = g->fch + s * BTC * 4, *fch_gelu = g->fch_gelu + s * BTC * 4;
             const float *ln2 = g->ln2 + s * BTC;
-            k->matmul_backward(kc, dfch_gelu, D + w->fcprojw, D + w->fcprojb, g->dres, fch_gelu, P + w->fcprojw,
-                               (int)BT, 4 * C, C);
+            lora_linear_backward(m, dfch_gelu, g->dres, fch_gelu, w->fcprojw, w->fcprojb, &w->fcproj_site, 1, (int)BT,
+                                 4 * C, C);
             k->gelu_backward(kc, dfch, fch, dfch_gelu, BTC * 4);
-            k->matmul_backward(kc, dln2, D + w->fcw, D + w->fcb, dfch, ln2, P + w->fcw, (int)BT, C, 4 * C);
+            lora_linear_backward(m, dln2, dfch, ln2, w->fcw, w->fcb, &w->fc_site, 1, (int)BT, C, 4 * C);
         }
         const uint16_t *atty16 = g->qkv16_on ? g->atty16 + s * BTC : NULL;
         if (g->lp16) /* dres16 only for a 16-bit attention projection backward */
             k->layernorm_backward16(kc, g->dres, atty16 ? g->dres16 : NULL, D + w->ln2w, D + w->ln2b, NULL, g->dln16,
                                     res2, P + w->ln2w, ln2_mean, ln2_rstd, (int)BT, C);
         else
-            k->layernorm_backward(kc, g->dres, D + w->ln2w, D + w->ln2b, dln2, res2, P + w->ln2w, ln2_mean,
+            k->layernorm_backward(kc, g->dres, DG(w->ln2w), DG(w->ln2b), dln2, res2, B32(w->ln2w), ln2_mean,
                                   ln2_rstd, (int)BT, C);
 
         /* residual2 = residual + attproj: dattproj is the stream gradient. */
@@ -564,8 +580,8 @@ static void gpt_backward_body(model *m, const model_batch *b)
             k->attention_fused_backward16(kc, g->dqkv16, g->dqkv, datty16, atty16, att, g->qkv16 + s * BTC * 3, B,
                                           T, C, NH);
         } else { /* the fp32 ops add into dqkv */
-            k->matmul_backward(kc, datty, D + w->attprojw, D + w->attprojb, g->dres, atty, P + w->attprojw, (int)BT,
-                               C, C);
+            lora_linear_backward(m, datty, g->dres, atty, w->attprojw, w->attprojb, &w->attproj_site, 1, (int)BT, C,
+                                 C);
             k->zero(kc, g->dqkv, BTC * 3);
             if (g->fused)
                 k->attention_fused_backward(kc, g->dqkv, datty, atty, att, qkv, B, T, C, NH);
@@ -579,22 +595,24 @@ static void gpt_backward_body(model *m, const model_batch *b)
             k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, D + w->qkvb, g->dqkv, NULL, g->ln1_16 + s * BTC,
                                  P16 + w->qkvw, (int)BT, C, 3 * C);
         else
-            k->matmul_backward(kc, dln1, D + w->qkvw, D + w->qkvb, g->dqkv, g->ln1 + s * BTC, P + w->qkvw, (int)BT,
-                               C, 3 * C);
+            lora_linear_backward(m, dln1, g->dqkv, g->ln1 + s * BTC, w->qkvw, w->qkvb, &w->qkv_site, 1, (int)BT, C,
+                                 3 * C);
         /* The key bias adds q·b to every score of a row, which softmax
          * ignores: its true gradient is exactly zero.  What the sum above
          * leaves there is rounding noise, and Adam would turn that noise
          * into full-size steps of a parameter that never changes the loss
          * (and make runs differ with the micro-batch split).  Clear it. */
-        k->zero(kc, D + w->qkvb + C, (size_t)C);
+        if (D)
+            k->zero(kc, D + w->qkvb + C, (size_t)C);
         if (g->lp16) /* dres16 for the layer below's fcproj backward */
             k->layernorm_backward16(kc, g->dres, l > 0 ? g->dres16 : NULL, D + w->ln1w, D + w->ln1b, NULL, g->dln16,
                                     residual, P + w->ln1w, ln1_mean, ln1_rstd, (int)BT, C);
         else
-            k->layernorm_backward(kc, g->dres, D + w->ln1w, D + w->ln1b, dln1, residual, P + w->ln1w, ln1_mean,
+            k->layernorm_backward(kc, g->dres, DG(w->ln1w), DG(w->ln1b), dln1, residual, B32(w->ln1w), ln1_mean,
                                   ln1_rstd, (int)BT, C);
     }
-    k->encoder_backward(kc, D + g->wte, D + g->wpe, g->dres, b->x, B, T, C);
+    if (D) /* a frozen base (lora.h) has no embedding to train */
+        k->encoder_backward(kc, D + g->wte, D + g->wpe, g->dres, b->x, B, T, C);
 }
 
 static void gpt_backward(model *m, const model_batch *b, float dloss)
@@ -660,6 +678,41 @@ static const model_ops gpt_ops = {
     .destroy = gpt_destroy,
 };
 
+/* LoRA's sites, Hugging Face's GPT2LMHeadModel module names (PEFT's
+ * "c_proj" names both projections, as its suffix match does), and the
+ * base tensors the fp32 kernels read. */
+static int gpt_lora(const job_config *j, model *m, char *err, size_t err_len)
+{
+    if (lora_create(m, j, err, err_len) != 0)
+        return -1;
+    if (!m->lora)
+        return 0;
+    gpt *g = G(m);
+    int C = (int)g->C;
+    char mod[96];
+    for (uint32_t l = 0; l < g->L; l++) {
+        gpt_layer *w = &g->layer[l];
+#define SITE(field, name, target, in, out)                                      \
+    do {                                                                        \
+        snprintf(mod, sizeof mod, "transformer.h.%u." name, l);                 \
+        w->field = lora_site(m, mod, target, (in), (out), (out), 0);            \
+    } while (0)
+        SITE(qkv_site, "attn.c_attn", "c_attn", C, 3 * C);
+        SITE(attproj_site, "attn.c_proj", "c_proj", C, C);
+        SITE(fc_site, "mlp.c_fc", "c_fc", C, 4 * C);
+        SITE(fcproj_site, "mlp.c_proj", "c_proj", 4 * C, C);
+#undef SITE
+        size_t vec[][2] = {{w->ln1w, C},     {w->ln1b, C}, {w->qkvb, 3 * (size_t)C}, {w->attprojb, C},
+                           {w->ln2w, C},     {w->ln2b, C}, {w->fcb, 4 * (size_t)C},  {w->fcprojb, C}};
+        for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++)
+            lora_keep32(m, vec[i][0], vec[i][1]);
+    }
+    lora_keep32(m, g->wpe, (size_t)g->T * g->C);
+    lora_keep32(m, g->lnfw, g->C);
+    lora_keep32(m, g->lnfb, g->C);
+    return lora_finish(m, err, err_len);
+}
+
 /* Every depth a job file may ask for has its tensors: 12 per block, 4 more. */
 _Static_assert(12 * JOBCFG_MAX_LAYERS + 4 <= MODEL_MAX_TENSORS, "MODEL_MAX_TENSORS below [model] layers' range");
 
@@ -697,7 +750,8 @@ static int gpt_create(const job_config *j, uint32_t input_dim, uint32_t classes,
     g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
               k->gelu_backward16 && k->matmul_forward16 && k->matmul_forward16_residual && k->matmul_backward16 &&
               k->matmul_forward16_out16 && k->layernorm_backward16 &&
-              k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
+              k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0")) &&
+              j->ft_method != JOBCFG_FT_LORA; /* LoRA's GEMMs go through lora.h, in fp32 activations */
     g->qkv16_on = g->lp16 && g->fused && k->attention_fused_forward16 && k->attention_fused_backward16;
     m->needs_params16 = g->lp16;
     m->impl = g;
@@ -740,6 +794,10 @@ static int gpt_create(const job_config *j, uint32_t input_dim, uint32_t classes,
     ADD1(g->lnfb, "ln_f.bias", C, false);
 #undef ADD1
 #undef ADD2
+    if (gpt_lora(j, m, err, err_len) != 0) {
+        gpt_destroy(m);
+        return -1;
+    }
     return 0;
 }
 
@@ -882,6 +940,8 @@ static bool gpt_hf_ignore(const model *m, const char *name)
     return !strcmp(p, ".attn.bias") || !strcmp(p, ".attn.masked_bias");
 }
 
+static const char *const gpt_lora_targets[] = {"c_attn", "c_proj", "c_fc", NULL};
+
 const model_kind model_kind_gpt = {
     .name = "gpt",
     .a_name = "a gpt",
@@ -896,6 +956,9 @@ const model_kind model_kind_gpt = {
     .parse = gpt_parse,
     .hf_type = "gpt2",
     .hf_prefix = "transformer.",
+    .lora_targets = gpt_lora_targets,
+    .lora_default = "c_attn",
+    .lora_fan_in_fan_out = true,
     .hf_read = gpt_hf_read,
     .hf_config = gpt_hf_config,
     .hf_ignore = gpt_hf_ignore,
