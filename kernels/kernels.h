@@ -115,7 +115,10 @@ typedef struct kern_ops {
                                int B, int T, int C);
 
     /* ---- layernorm -----------------------------------------------------------
-     * inp, out (N,C); weight, bias (C); mean, rstd (N) saved for backward */
+     * inp, out (N,C); weight, bias (C); mean, rstd (N) saved for backward.
+     * Backward: dinp (N,C) +=, dweight, dbias (C) +=; dweight and dbias
+     * both given, or both NULL: a frozen norm, no weight gradients (the
+     * reductions skipped), and dinp bitwise what it is with them. */
     void (*layernorm_forward)(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
     void (*layernorm_backward)(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -194,7 +197,8 @@ typedef struct kern_ops {
     void (*rmsnorm_forward)(kern_ctx *k, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                             float eps);
     /* dinp (N,C) += (the residual stream's gradient, as layernorm's);
-     * dweight (C) +=. */
+     * dweight (C) +=, or NULL: a frozen norm, no weight gradient, and dinp
+     * bitwise what it is with one. */
     void (*rmsnorm_backward)(kern_ctx *k, float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int N, int C);
     /* Rotary position embedding, in place, in transformers' convention
@@ -331,7 +335,8 @@ typedef struct kern_ops {
      * (the other NULL: the gradient a 16-bit GEMM backward wrote as its
      * dinp16), and dinp16 (N,C) = the updated dinp rounded (may be NULL):
      * the residual stream's gradient as the next GEMM backward reads it
-     * (its dout16), written in the same pass instead of cast there. */
+     * (its dout16), written in the same pass instead of cast there.
+     * dweight and dbias both NULL: as layernorm_backward's. */
     void (*layernorm_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, float *dbias,
                                  const float *dout, const uint16_t *dout16, const float *inp, const float *weight,
                                  const float *mean, const float *rstd, int N, int C);

@@ -251,16 +251,16 @@ static void llama_block_forward(model *m, uint32_t l, const int32_t *pos, const 
     const llama_layer *w = &g->layer[l];
 
     k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, lora_base32(m, w->ln1w), BT, C, eps);
-    lora_linear_forward(m, qkv, ln1, w->qkvw, w->qkv_site, 3, BT, C, W);
+    lora_linear_forward(m, qkv, ln1, w->qkvw, LORA_NO_BIAS, w->qkv_site, 3, BT, C, W);
     k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
     k->attention_gqa_forward(kc, atty, lse, qkv, start, B, T, NH, KVH, HS);
-    lora_linear_forward(m, g->proj, atty, w->ow, &w->o_site, 1, BT, C, C);
+    lora_linear_forward(m, g->proj, atty, w->ow, LORA_NO_BIAS, &w->o_site, 1, BT, C, C);
     k->residual_forward(kc, res2, residual, g->proj, BTC);
     k->rmsnorm_forward(kc, ln2, ln2_rstd, res2, lora_base32(m, w->ln2w), BT, C, eps);
-    lora_linear_forward(m, gu, ln2, w->guw, w->gu_site, 2, BT, C, 2 * F);
+    lora_linear_forward(m, gu, ln2, w->guw, LORA_NO_BIAS, w->gu_site, 2, BT, C, 2 * F);
     k->swiglu_forward(kc, hid, gu, BT, F);
     if (out) {
-        lora_linear_forward(m, g->proj, hid, w->downw, &w->down_site, 1, BT, F, C);
+        lora_linear_forward(m, g->proj, hid, w->downw, LORA_NO_BIAS, &w->down_site, 1, BT, F, C);
         k->residual_forward(kc, res3, res2, g->proj, BTC);
     }
 }
@@ -287,7 +287,7 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
         return;
     const float *last = g->residual3 + (g->L - 1) * BTC;
     k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, last, lora_base32(m, g->normw), BT, C, eps);
-    lora_linear_forward(m, g->logits, g->lnf, g->head, NULL, 0, BT, C, (int)g->V);
+    lora_linear_forward(m, g->logits, g->lnf, g->head, LORA_NO_BIAS, NULL, 0, BT, C, (int)g->V);
 }
 
 static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
@@ -381,21 +381,21 @@ static int llama_decode_step(model *m, const int32_t *tokens, uint32_t pos, floa
         const llama_layer *w = &g->layer[l];
         float *res2 = g->residual2, *res3 = g->residual3 + (l % 2) * nC;
         k->rmsnorm_forward(kc, g->ln1, g->ln1_rstd, residual, lora_base32(m, w->ln1w), n, C, eps);
-        lora_linear_forward(m, g->qkv, g->ln1, w->qkvw, w->qkv_site, 3, n, C, W);
+        lora_linear_forward(m, g->qkv, g->ln1, w->qkvw, LORA_NO_BIAS, w->qkv_site, 3, n, C, W);
         k->rope_forward(kc, g->qkv, g->inv_freq, g->dec_pos, n, 1, NH + KVH, HS, W);
         k->attention_gqa_decode(kc, g->atty, g->dec_att, g->kcache + l * cache_l, g->vcache + l * cache_l, g->qkv,
                                 n, (int)pos + 1, T, NH, KVH, HS);
-        lora_linear_forward(m, g->proj, g->atty, w->ow, &w->o_site, 1, n, C, C);
+        lora_linear_forward(m, g->proj, g->atty, w->ow, LORA_NO_BIAS, &w->o_site, 1, n, C, C);
         k->residual_forward(kc, res2, residual, g->proj, nC);
         k->rmsnorm_forward(kc, g->ln2, g->ln2_rstd, res2, lora_base32(m, w->ln2w), n, C, eps);
-        lora_linear_forward(m, g->gu, g->ln2, w->guw, w->gu_site, 2, n, C, 2 * F);
+        lora_linear_forward(m, g->gu, g->ln2, w->guw, LORA_NO_BIAS, w->gu_site, 2, n, C, 2 * F);
         k->swiglu_forward(kc, g->hid, g->gu, n, F);
-        lora_linear_forward(m, g->proj, g->hid, w->downw, &w->down_site, 1, n, F, C);
+        lora_linear_forward(m, g->proj, g->hid, w->downw, LORA_NO_BIAS, &w->down_site, 1, n, F, C);
         k->residual_forward(kc, res3, res2, g->proj, nC);
         residual = res3;
     }
     k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, residual, lora_base32(m, g->normw), n, C, eps);
-    lora_linear_forward(m, g->logits, g->lnf, g->head, NULL, 0, n, C, (int)g->V);
+    lora_linear_forward(m, g->logits, g->lnf, g->head, LORA_NO_BIAS, NULL, 0, n, C, (int)g->V);
     k->copy_d2h(kc, out, g->logits, (size_t)n * g->V * sizeof(float));
     g->dec_len = pos + 1;
     return 0;
@@ -427,7 +427,7 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
     k->crossentropy_backward(kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
     if (model_poll(m))
         return;
-    lora_linear_backward(m, g->dsmall, g->logits, g->lnf, g->head, NULL, 0, BT, C, V);
+    lora_linear_backward(m, g->dsmall, g->logits, g->lnf, g->head, LORA_NO_BIAS, NULL, 0, BT, C, V);
     k->zero(kc, g->dres, BTC);
     const float *last = g->residual3 + (g->L - 1) * BTC;
     k->rmsnorm_backward(kc, g->dres, norm_grad(m, g->normw), g->dsmall, last, lora_base32(m, g->normw), g->lnf_rstd,
@@ -450,17 +450,17 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
         const llama_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + down(swiglu(gate_up(ln2))) */
-        lora_linear_backward(m, g->dhid, g->dres, hid, w->downw, &w->down_site, 1, BT, F, C);
+        lora_linear_backward(m, g->dhid, g->dres, hid, w->downw, LORA_NO_BIAS, &w->down_site, 1, BT, F, C);
         k->swiglu_backward(kc, g->dgu, gu, g->dhid, BT, F);
-        lora_linear_backward(m, g->dsmall, g->dgu, ln2, w->guw, w->gu_site, 2, BT, C, 2 * F);
+        lora_linear_backward(m, g->dsmall, g->dgu, ln2, w->guw, LORA_NO_BIAS, w->gu_site, 2, BT, C, 2 * F);
         k->rmsnorm_backward(kc, g->dres, norm_grad(m, w->ln2w), g->dsmall, res2, lora_base32(m, w->ln2w), ln2_rstd, BT,
                             C);
 
         /* residual2 = residual + o(attention(rope(qkv(ln1)))) */
-        lora_linear_backward(m, g->dsmall, g->dres, atty, w->ow, &w->o_site, 1, BT, C, C);
+        lora_linear_backward(m, g->dsmall, g->dres, atty, w->ow, LORA_NO_BIAS, &w->o_site, 1, BT, C, C);
         k->attention_gqa_backward(kc, g->dqkv, g->dsmall, atty, lse, qkv, b->start, B, T, NH, KVH, HS);
         k->rope_backward(kc, g->dqkv, g->inv_freq, b->pos, BT, T, NH + KVH, HS, W);
-        lora_linear_backward(m, g->dsmall, g->dqkv, ln1, w->qkvw, w->qkv_site, 3, BT, C, W);
+        lora_linear_backward(m, g->dsmall, g->dqkv, ln1, w->qkvw, LORA_NO_BIAS, w->qkv_site, 3, BT, C, W);
         k->rmsnorm_backward(kc, g->dres, norm_grad(m, w->ln1w), g->dsmall, residual, lora_base32(m, w->ln1w), ln1_rstd,
                             BT, C);
     }

@@ -66,6 +66,18 @@ void kcpu_round_f16(uint16_t *dst, const float *src, size_t n)
         dst[i] = f32_to_f16(src[i]);
 }
 
+void kcpu_widen_bf16(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = kern_bf16_to_f32(src[i]);
+}
+
+void kcpu_widen_f16(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f16_to_f32(src[i]);
+}
+
 void kcpu_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t n)
 {
     CAST_SPLIT(n, kcpu_round_bf16(dst + lo, src + lo, hi - lo));
@@ -73,7 +85,7 @@ void kcpu_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t 
 
 void kcpu_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
 {
-    CAST_SPLIT(n, for (size_t i = lo; i < hi; i++) dst[i] = kern_bf16_to_f32(src[i]));
+    CAST_SPLIT(n, kcpu_widen_bf16(dst + lo, src + lo, hi - lo));
 }
 
 void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n)
@@ -83,7 +95,7 @@ void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n
 
 void kcpu_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
 {
-    CAST_SPLIT(n, for (size_t i = lo; i < hi; i++) dst[i] = f16_to_f32(src[i]));
+    CAST_SPLIT(n, kcpu_widen_f16(dst + lo, src + lo, hi - lo));
 }
 
 /* ---- non-finite count ----------------------------------------------------------------

@@ -128,6 +128,8 @@ void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const flo
                           int T, int C);
 void kcpu_encoder_backward(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
                            int T, int C);
+void kcpu_encoder_forward16w(kern_ctx *k, float *out, const int32_t *inp, const uint16_t *wte16, const float *wpe,
+                             int B, int T, int C);
 void kcpu_layernorm_forward(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C);
 void kcpu_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -164,6 +166,9 @@ void kcpu_adamw_multi(kern_ctx *k, float *p, uint16_t *p16, const float *g, floa
  * thread (for use inside another op's parallel region). */
 void kcpu_round_bf16(uint16_t *dst, const float *src, size_t n);
 void kcpu_round_f16(uint16_t *dst, const float *src, size_t n);
+/* dst (n) = src widened exactly from bf16 / fp16, on the calling thread. */
+void kcpu_widen_bf16(float *dst, const uint16_t *src, size_t n);
+void kcpu_widen_f16(float *dst, const uint16_t *src, size_t n);
 void kcpu_cast_f32_to_bf16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
 void kcpu_cast_bf16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 void kcpu_cast_f32_to_f16(kern_ctx *k, uint16_t *dst, const float *src, size_t n);

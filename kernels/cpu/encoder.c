@@ -1,6 +1,7 @@
 /* encoder.c — token + position embedding (or the token embedding alone,
  * wpe NULL, for models whose positions are rotary). */
 #include <omp.h>
+#include <stdbool.h>
 
 #include "cpu_kernels.h"
 
@@ -26,6 +27,38 @@ void kcpu_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const flo
 #pragma omp simd
             for (int i = 0; i < C; i++)
                 o[i] = we[i] + wp[i];
+        }
+    }
+}
+
+/* ---- forward from a 16-bit token table ------------------------------------------
+ * As the forward, with wte16 (V,C) in the context's 16-bit type (fp16 in an
+ * fp16 context, bf16 otherwise, as lowp.c reads it), each row widened
+ * exactly before the position is added: a frozen base's embedding, which
+ * has no fp32 copy and no backward. */
+void kcpu_encoder_forward16w(kern_ctx *k, float *out, const int32_t *inp, const uint16_t *wte16, const float *wpe,
+                             int B, int T, int C)
+{
+    int nt = k->threads;
+    bool f16 = k->prec == KERN_FP16;
+    size_t rows = (size_t)B * T;
+#pragma omp parallel num_threads(nt) if (rows * C >= KCPU_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split(rows, omp_get_thread_num(), omp_get_num_threads(), 1, &lo, &hi);
+        for (size_t bt = lo; bt < hi; bt++) {
+            float *restrict o = out + bt * C;
+            const uint16_t *we = wte16 + (size_t)inp[bt] * C;
+            if (f16)
+                kcpu_widen_f16(o, we, (size_t)C);
+            else
+                kcpu_widen_bf16(o, we, (size_t)C);
+            if (!wpe)
+                continue;
+            const float *restrict wp = wpe + (bt % (size_t)T) * C;
+#pragma omp simd
+            for (int i = 0; i < C; i++)
+                o[i] += wp[i];
         }
     }
 }

@@ -52,7 +52,13 @@ void kcpu_layernorm_forward(kern_ctx *k, float *out, float *mean, float *rstd, c
  * dout, inp (N,C), weight (C), mean, rstd (N) ->
  *   dinp (N,C) +=, dweight (C) +=, dbias (C) +=.
  * dweight and dbias sum over rows: each thread sums its rows into its own
- * partial (pw, pb), and the partials are added in thread order. */
+ * partial (pw, pb), and the partials are added in thread order.  Both NULL
+ * (a frozen norm): no partials, and dinp the very same expression. */
+static inline float ln_dx(float dnorm, float norm, float dnorm_mean, float dnorm_norm_mean, float r)
+{
+    return (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+}
+
 KCPU_CLONES static void ln_rows_backward(float *restrict dinp, float *restrict pw, float *restrict pb,
                                          const float *restrict dout, const float *restrict inp,
                                          const float *restrict w, const float *restrict mean,
@@ -72,13 +78,18 @@ KCPU_CLONES static void ln_rows_backward(float *restrict dinp, float *restrict p
         }
         dnorm_mean /= C;
         dnorm_norm_mean /= C;
+        if (!pw) {
+#pragma omp simd
+            for (int i = 0; i < C; i++)
+                dx[i] += ln_dx(w[i] * g[i], (x[i] - m) * r, dnorm_mean, dnorm_norm_mean, r);
+            continue;
+        }
 #pragma omp simd
         for (int i = 0; i < C; i++) {
             float norm = (x[i] - m) * r;
-            float dnorm = w[i] * g[i];
             pb[i] += g[i];
             pw[i] += norm * g[i];
-            dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+            dx[i] += ln_dx(w[i] * g[i], norm, dnorm_mean, dnorm_norm_mean, r);
         }
     }
 }
@@ -88,6 +99,15 @@ void kcpu_layernorm_backward(kern_ctx *k, float *dinp, float *dweight, float *db
                              int C)
 {
     int nt = (size_t)N * C >= KCPU_PAR_MIN ? k->threads : 1;
+    if (!dweight || !dbias) {
+#pragma omp parallel num_threads(nt)
+        {
+            size_t lo, hi;
+            kcpu_split((size_t)N, omp_get_thread_num(), omp_get_num_threads(), 1, &lo, &hi);
+            ln_rows_backward(dinp, NULL, NULL, dout, inp, weight, mean, rstd, lo, hi, C);
+        }
+        return;
+    }
     size_t Cp = ((size_t)C + 15) & ~(size_t)15; /* partials on separate cache lines */
     float *part = kcpu_work(k, (size_t)nt * 2 * Cp * sizeof(float));
     if (!part) {

@@ -44,7 +44,13 @@ void kcpu_rmsnorm_forward(kern_ctx *k, float *out, float *rstd, const float *inp
 }
 
 /* y_i = x_i·r·w_i with r = (mean(x²) + eps)^-1/2, so
- * dx_j = r·w_j·g_j - x_j·r³/C · Σ_i g_i·w_i·x_i and dw_i = Σ_rows g_i·x_i·r. */
+ * dx_j = r·w_j·g_j - x_j·r³/C · Σ_i g_i·w_i·x_i and dw_i = Σ_rows g_i·x_i·r.
+ * pw NULL (a frozen norm, no dweight): dinp alone, the very same expression. */
+static inline float rms_dx(float g, float x, float w, float r, float c)
+{
+    return r * w * g - x * c;
+}
+
 KCPU_CLONES static void rms_rows_backward(float *restrict dinp, float *restrict pw, const float *restrict dout,
                                           const float *restrict inp, const float *restrict w,
                                           const float *restrict rstd, size_t lo, size_t hi, int C)
@@ -58,10 +64,16 @@ KCPU_CLONES static void rms_rows_backward(float *restrict dinp, float *restrict 
         for (int i = 0; i < C; i++)
             dot += g[i] * w[i] * x[i];
         const float c = dot * r * r * r / C;
+        if (!pw) {
+#pragma omp simd
+            for (int i = 0; i < C; i++)
+                dx[i] += rms_dx(g[i], x[i], w[i], r, c);
+            continue;
+        }
 #pragma omp simd
         for (int i = 0; i < C; i++) {
             pw[i] += g[i] * x[i] * r;
-            dx[i] += r * w[i] * g[i] - x[i] * c;
+            dx[i] += rms_dx(g[i], x[i], w[i], r, c);
         }
     }
 }
@@ -70,6 +82,15 @@ void kcpu_rmsnorm_backward(kern_ctx *k, float *dinp, float *dweight, const float
                            const float *weight, const float *rstd, int N, int C)
 {
     int nt = (size_t)N * C >= KCPU_PAR_MIN ? k->threads : 1;
+    if (!dweight) {
+#pragma omp parallel num_threads(nt)
+        {
+            size_t lo, hi;
+            kcpu_split((size_t)N, omp_get_thread_num(), omp_get_num_threads(), 1, &lo, &hi);
+            rms_rows_backward(dinp, NULL, dout, inp, weight, rstd, lo, hi, C);
+        }
+        return;
+    }
     size_t Cp = ((size_t)C + 15) & ~(size_t)15; /* partials on separate cache lines */
     float *part = kcpu_work(k, (size_t)nt * Cp * sizeof(float));
     if (!part) {

@@ -141,18 +141,22 @@ void kcpu_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *d
 {
     if ((!dout) == (!dout16) || (dinp && dinp16))
         return; /* exactly one dout, at most one dinp, says kernels.h */
-    size_t ni = (size_t)N * C, nw = (size_t)OC * C, nd = dout16 ? (size_t)N * OC : 0, nx = dinp16 ? ni : 0;
+    /* Without a weight gradient (a frozen weight) inp16 is not read, and
+     * may be NULL. */
+    size_t ni = dweight ? (size_t)N * C : 0, nw = (size_t)OC * C, nd = dout16 ? (size_t)N * OC : 0,
+           nx = dinp16 ? (size_t)N * C : 0;
     float *t = tmp_get(k, ni + nw + nd + nx);
     if (!t)
         return;
     float *w = t + ni, *d = w + nw, *di = dinp16 ? d + nd : dinp;
-    widen(k, t, inp16, ni);
+    if (dweight)
+        widen(k, t, inp16, ni);
     widen(k, w, weight16, nw);
     if (dout16)
         widen(k, d, dout16, nd);
     kcpu_matmul_backward(k, di, dweight, dbias, dout16 ? d : dout, t, w, N, C, OC);
     if (dinp16)
-        narrow(k, dinp16, di, ni);
+        narrow(k, dinp16, di, nx);
     tmp_put(k, t);
 }
 

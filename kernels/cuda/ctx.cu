@@ -293,7 +293,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .scale = kc_scale,
     .encoder_forward = kc_encoder_forward,
     .encoder_backward = kc_encoder_backward,
-    .encoder_forward16w = NULL, /* a 16-bit token table: kernels.h */
+    .encoder_forward16w = kc_encoder_forward16w,
     .layernorm_forward = kc_layernorm_forward,
     .layernorm_backward = kc_layernorm_backward,
     .matmul_forward = kc_matmul_forward,

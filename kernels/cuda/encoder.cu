@@ -1,6 +1,7 @@
-// encoder.cu — token + position embedding, forward and backward.  wpe
-// NULL: the token embedding alone (Llama, whose positions are rotary), and
-// then dwpe is NULL too.
+// encoder.cu — token + position embedding, forward and backward, and the
+// forward from a 16-bit token table (a frozen base's).  wpe NULL: the token
+// embedding alone (Llama, whose positions are rotary), and then dwpe is
+// NULL too.
 //
 // Backward is deterministic, without float atomics:
 //   dwpe[t] += Σ_b dout[b,t]          one thread per (t, c), b in order;
@@ -14,9 +15,11 @@
 
 #include "kern_cuda.cuh"
 
-template <int W>
+// E: wte's element type, fp32 or (encoder_forward16w, a frozen table held
+// in 16 bits) bf16/fp16, widened exactly on load.
+template <int W, class E>
 __global__ static void encoder_forward_kernel(float *__restrict__ out, const int32_t *__restrict__ inp,
-                                              const float *__restrict__ wte, const float *__restrict__ wpe,
+                                              const E *__restrict__ wte, const float *__restrict__ wpe,
                                               int BT, int T, int C)
 {
     size_t per_row = (size_t)C / W;
@@ -26,7 +29,7 @@ __global__ static void encoder_forward_kernel(float *__restrict__ out, const int
         int c = (int)(i % per_row) * W;
         int t = (int)(bt % (size_t)T);
         int tok = inp[bt];
-        kc_fv<W> a = kc_ld<W>(wte + (size_t)tok * C + c);
+        kc_fv<W> a = kc_ldE<E, W>(wte + (size_t)tok * C + c);
         if (wpe) {
             kc_fv<W> p = kc_ld<W>(wpe + (size_t)t * C + c);
 #pragma unroll
@@ -52,6 +55,27 @@ void kc_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const float
         encoder_forward_kernel<1><<<kc_grid(k, (size_t)BT * C, 256), 256, 0, k->stream>>>(out, inp, wte, wpe, BT, T,
                                                                                        C);
     kc_launched(k, "encoder_forward");
+}
+
+void kc_encoder_forward16w(kern_ctx *k, float *out, const int32_t *inp, const uint16_t *wte16, const float *wpe,
+                           int B, int T, int C)
+{
+    if (B <= 0 || T <= 0 || C <= 0)
+        return;
+    kc_enter(k);
+    int BT = B * T;
+    bool vec = C % 4 == 0 && kc_aligned(16, out, wpe) && kc_aligned(8, wte16);
+    // fp16 in an fp16 context, bf16 otherwise: the type the CPU's reads.
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
+        const E *wte = reinterpret_cast<const E *>(wte16);
+        if (vec)
+            encoder_forward_kernel<4><<<kc_grid(k, (size_t)BT * C / 4, 256), 256, 0, k->stream>>>(out, inp, wte, wpe,
+                                                                                               BT, T, C);
+        else
+            encoder_forward_kernel<1><<<kc_grid(k, (size_t)BT * C, 256), 256, 0, k->stream>>>(out, inp, wte, wpe, BT,
+                                                                                           T, C);
+    });
+    kc_launched(k, "encoder_forward16w");
 }
 #endif
 

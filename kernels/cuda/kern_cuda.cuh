@@ -451,6 +451,8 @@ void kc_encoder_forward(kern_ctx *k, float *out, const int32_t *inp, const float
                         int T, int C);
 void kc_encoder_backward(kern_ctx *k, float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,
                          int T, int C);
+void kc_encoder_forward16w(kern_ctx *k, float *out, const int32_t *inp, const uint16_t *wte16, const float *wpe,
+                           int B, int T, int C);
 
 void kc_layernorm_forward(kern_ctx *k, float *out, float *mean, float *rstd, const float *inp,
                           const float *weight, const float *bias, int N, int C);

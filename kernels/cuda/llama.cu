@@ -5,7 +5,8 @@
 // RMSNorm runs one warp per row, as layernorm.cu's general kernels; its
 // weight gradient is a deterministic column sum: one partial row per split
 // of the rows (the splits reduce.cu would take for this N and C), merged in
-// a fixed order by kc_colsum_merge, so the bits depend on N and C only.
+// a fixed order by kc_colsum_merge, so the bits depend on N and C only;
+// a frozen norm (dweight NULL) skips it, and dinp is the same.
 // RoPE runs one thread per (row, frequency): the angle's cos and sin are
 // computed once and turn that pair of elements in every head of the row.
 #include "kern_cuda.cuh"
@@ -162,12 +163,15 @@ void kc_rmsnorm_backward(kern_ctx *k, float *dinp, float *dweight, const float *
         return;
     kc_enter(k);
     const int S = rms_splits(k, N, C), rows = (N + S - 1) / S;
-    float *part = (float *)kc_scratch(k, (size_t)S * C * sizeof(float));
-    if (!part)
+    // dweight NULL (a frozen norm): dinp alone, from the same kernel.
+    float *part = dweight ? (float *)kc_scratch(k, (size_t)S * C * sizeof(float)) : NULL;
+    if (dweight && !part)
         return;
     rms_backward_kernel<<<(unsigned)((N + LL_ROWS - 1) / LL_ROWS), LL_THREADS, 0, k->stream>>>(dinp, dout, inp,
                                                                                              weight, rstd, N, C);
     kc_launched(k, "rmsnorm_backward");
+    if (!dweight)
+        return;
     rms_dweight_kernel<<<dim3((unsigned)((C + 31) / 32), (unsigned)S), dim3(32, 8), 0, k->stream>>>(part, dout, inp,
                                                                                                   rstd, N, C, rows);
     kc_launched(k, "rmsnorm_backward(dweight)");

@@ -502,6 +502,17 @@ template <int V, class E, class DO> void test_ln_reg_bwd(int N, int R, bool with
         verdict(name, "no dinp16",
                 (size_t)std::count_if(o1.g16.begin(), o1.g16.end(), [](uint16_t h) { return h != 0x7fff; }), n, 0, "");
     same<float>(name, "dinp w/o wgrad", o3.g.data(), o1.g.data(), n);
+    // ... which is a frozen norm's: against the CPU's without dweight and dbias.
+    {
+        std::vector<float> gref = dinp0;
+        if constexpr (std::is_same_v<DO, float>) {
+            H->layernorm_backward(cpu32, gref.data(), nullptr, nullptr, d, x, w, m, r, N, C);
+        } else {
+            H->layernorm_backward16(cpu_ctx<DO>(), gref.data(), nullptr, nullptr, nullptr, nullptr, dout.data(), x, w,
+                                    m, r, N, C);
+        }
+        compare(name, "dinp frozen cpu", o3.g.data(), gref.data(), n, 1e-5, 1e-5);
+    }
     same<float>(name, "dweight twice", o2.dw.data(), o1.dw.data(), C);
     same<float>(name, "dbias twice", o2.db.data(), o1.db.data(), C);
     verdict(name, "wgrad untouched", (size_t)(o3.dw != dw0 || o3.db != db0), 1, 0, "");

@@ -1,5 +1,6 @@
-// test_llama_emu.cc — the CUDA Llama kernels (llama.cu: RMSNorm, RoPE,
-// SwiGLU; gqa.cu: the fused grouped-query attention) run on the CPU under
+// test_llama_emu.cc — the CUDA Llama kernels (llama.cu: RMSNorm, also
+// frozen, without dweight; RoPE, SwiGLU; gqa.cu: the fused grouped-query
+// attention) run on the CPU under
 // cuda_emu.h, against the CPU backend's ops (kernels/cpu/llama.c), each
 // kernel launched through emu_launch with the grid and block its launcher
 // uses.
@@ -69,6 +70,20 @@ void test_rmsnorm(int N, int C)
     }
     compare(name, "dinp (+=)", dx.data(), dx_ref.data(), dx.size(), 1e-5, 1e-6);
     compare(name, "dweight (+=)", dw.data(), dw_ref.data(), C, 1e-5, 1e-6);
+
+    // A frozen norm (dweight NULL): kc_rmsnorm_backward launches the dinp
+    // kernel alone, which must give the bits it gives beside the weight
+    // gradient's kernels; against the CPU's op without dweight.
+    std::vector<float> dxf = dx0, dxf_ref = dx0;
+    H->rmsnorm_backward(cpu32, dxf_ref.data(), nullptr, dout.data(), x.data(), w.data(), rstd_ref.data(), N, C);
+    {
+        float *d = dxf.data();
+        const float *g = dout.data(), *xi = x.data(), *wi = w.data(), *r = rstd_ref.data();
+        emu_launch(dim3((unsigned)((N + LL_ROWS - 1) / LL_ROWS)), dim3(LL_THREADS),
+                   [=] { rms_backward_kernel(d, g, xi, wi, r, N, C); });
+    }
+    same<float>(name, "dinp, frozen", dxf.data(), dx.data(), dxf.size());
+    compare(name, "dinp, frozen cpu", dxf.data(), dxf_ref.data(), dxf.size(), 1e-5, 1e-6);
 }
 
 // ---- RoPE ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // test_train_emu.cc — the CUDA kernels of a training step that test_kernels_emu.cc and
 // test_flash_emu.cc leave out, run on the CPU under cuda_emu.h: the token
 // and position embedding (encoder.cu: forward, also without the position
-// embedding; backward's dwpe, iota and dwte kernels), the unfused
+// embedding and from a 16-bit token table; backward's dwpe, iota and dwte
+// kernels), the unfused
 // attention's causal softmax (attention.cu, forward and backward), AdamW (per tensor, and adamw_multi's chunk table
 // and kernel) and the gradient norm's sum of squares
 // (optim.cu), the kernels gemm.cu falls back on where cuBLASLt declines
@@ -166,6 +167,42 @@ template <int W> void test_encoder(int B, int T, int C, int V, unsigned max_bloc
     };
     check("dwpe", dwpe1, dwpe2, dwpe_ref, dwpe0, false);
     check("dwte", dwte1, dwte2, dwte_ref, dwte0, true);
+}
+
+// ---- encoder from a 16-bit token table (encoder_forward16w) ----------------------------------
+
+// The forward kernel on a bf16/fp16 table as kc_encoder_forward16w launches
+// it, with and without wpe, against the CPU's op in a context of that type:
+// bitwise (each element one exact widening, then one add).  off moves the
+// table off its 8-byte alignment, where the launcher takes W = 1.
+template <class E, int W> void test_encoder16w(int B, int T, int C, int V, int off, unsigned max_blocks)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "encoder16w %s W=%d B=%d T=%d C=%d+%d", ename<E>(), W, B, T, C, off);
+    const std::string name = buf;
+    const int BT = B * T;
+    const size_t n = (size_t)BT * C;
+    std::vector<int32_t> inp(BT);
+    for (auto &t : inp)
+        t = (int32_t)((rnd() + 1.0f) * 0.5f * V) % V;
+    std::vector<uint16_t> tab((size_t)V * C + off);
+    for (auto &h : tab)
+        h = to_e<E>(4.0f * rnd());
+    const uint16_t *wte16 = tab.data() + off;
+    const std::vector<float> wpe = random_vec((size_t)T * C, 1.0f);
+    const bool w4 = C % 4 == 0 && kc_aligned(16, wpe.data()) && kc_aligned(8, wte16); // kc_encoder_forward16w's test
+    if (w4 != (W == 4))
+        emu::fail("test: the launcher would not pick this W");
+    for (const float *wp : {wpe.data(), (const float *)nullptr}) {
+        std::vector<float> out(n, NAN), ref(n, NAN);
+        float *o = out.data();
+        const int32_t *in = inp.data();
+        const E *we = reinterpret_cast<const E *>(wte16);
+        emu_launch(grid_for(n / W, 256, max_blocks), dim3(256),
+                   [=] { encoder_forward_kernel<W>(o, in, we, wp, BT, T, C); });
+        H->encoder_forward16w(cpu_ctx<E>(), ref.data(), inp.data(), wte16, wp, B, T, C);
+        same<float>(name, wp ? "forward" : "forward, no wpe", out.data(), ref.data(), n);
+    }
 }
 
 // ---- causal softmax (the unfused attention) --------------------------------------------
@@ -576,6 +613,12 @@ int main()
     test_encoder<1>(2, 16, 101, 50, 2);
     test_encoder<4>(1, 5, 1032, 3, 4);
     test_encoder<1>(1, 5, 1030, 3, 4);
+    // From a 16-bit table (a frozen base's): both types, both widths, and
+    // a grid that goes round.
+    test_encoder16w<__nv_bfloat16, 4>(2, 16, 100, 7, 0, 2);
+    test_encoder16w<__nv_bfloat16, 1>(2, 16, 100, 50, 1, 2);
+    test_encoder16w<__half, 4>(1, 5, 1032, 3, 0, 4);
+    test_encoder16w<__half, 1>(2, 7, 101, 9, 0, 32);
 
     // Causal softmax: T > 64 (lanes go round a row three times), rows not
     // a multiple of the 8 per block (whole warps return); short rows.

@@ -155,4 +155,10 @@ void test_rope(int B, int T, int NH, int KVH, int HS, bool with_pos);
 void test_swiglu(int N, int F);
 void test_gqa(int B, int T, int NH, int KVH, int HS, bool packed, double rtol, double atol);
 
+/* gpu_check_frozen.c */
+void test_encoder16w(int B, int T, int C, int V, bool with_wpe, int table_off);
+void test_frozen_norms(int N, int C);
+void test_frozen_norms16(int N, int C);
+void test_frozen_mm16(int N, int C, int OC);
+
 #endif

@@ -26,8 +26,9 @@
  * and the bf16/fp16 GEMM tolerance; dbias is an fp32 sum on both: 1e-4.
  *
  * This file loads the tables and runs the checks in order, per precision;
- * the checks are in gpu_check_layers.c, gpu_check_optim.c and
- * gpu_check_act16.c, on the buffers and comparisons of gpu_check.c.
+ * the checks are in gpu_check_layers.c, gpu_check_optim.c,
+ * gpu_check_act16.c, gpu_check_llama.c and gpu_check_frozen.c, on the
+ * buffers and comparisons of gpu_check.c.
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -115,6 +116,11 @@ static void run_fp32(void)
     test_gqa(2, 257, 32, 8, 64, true, 1e-4, 1e-5);
     test_gqa(1, 1000, 8, 2, 128, true, 1e-4, 1e-5);
     test_gqa(1, 129, 4, 4, 128, false, 1e-4, 1e-5);
+    /* A frozen base's norms: the register and the general layernorm
+     * backward, Llama 3.2 1B's width. */
+    test_frozen_norms(4096, 768);
+    test_frozen_norms(100, 63);
+    test_frozen_norms(257, 2048);
 }
 
 static void run_lowp(const char *prec)
@@ -177,6 +183,16 @@ static void run_lowp(const char *prec)
     test_logits16(64, 128, 50304, 50304); /* V = Vp, as the daemon runs GPT-2 */
     test_logits16(16, 64, 1001, 1004);    /* Vp % 8 == 4: the fused fallback, 4-wide */
     test_determinism16();
+    /* A frozen base held in 16 bits: its token table, aligned or not, and
+     * its backward ops without weight gradients (layernorm's register and
+     * general paths). */
+    test_encoder16w(2, 33, 96, 17, true, 0);
+    test_encoder16w(2, 33, 96, 17, false, 1);
+    test_encoder16w(1, 9, 2050, 5, false, 0);
+    test_frozen_norms16(4096, 768);
+    test_frozen_norms16(100, 63);
+    test_frozen_mm16(256, 96, 288);
+    test_frozen_mm16(33, 17, 29);
     test_adamw16(10007, 0);
     test_adamw16(4099, 1);
     test_adamw_multi(0, true);
