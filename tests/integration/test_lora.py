@@ -12,7 +12,8 @@ on the CPU device: a tiny Llama trains adapters on a frozen fp32 base.
     sample` says.
   - A job cancelled after a few steps and submitted again continues from
     its adapters and ends at the loss of an uninterrupted run; one with
-    other adapters in the same directory is refused, naming both.
+    other adapters in the same directory is refused, naming both, and so
+    is one that trains the whole model.
   - Under a [memory] limit between LoRA's peak and what full fine-tuning
     holds before its first activation, the full job fails and LoRA runs.
 """
@@ -145,6 +146,10 @@ class Lora(harness.DaemonTest):
         self.assertIn("cannot resume", bad["reason"])
         self.assertIn("lora r=%d" % RANK, bad["reason"])
         self.assertIn("lora r=8", bad["reason"])
+        # Nor does a job that trains the whole model take them for its own.
+        _, full = self.run_job(self.job("whole", k + 3, out="out-resume"), states=("failed",))
+        self.assertIn("cannot resume", full["reason"])
+        self.assertIn("holds LoRA adapters (lora r=%d" % RANK, full["reason"])
 
         # The same adapters go on from step k to k + 3, and end where a run
         # that never stopped does: on the cpu backend with one thread the
