@@ -65,6 +65,19 @@ static const model_tensor *state_tensors(const run *r, int *n)
     return r->m->lora ? r->m->lora->tensors : NULL;
 }
 
+/* Each tensor of a table (nt of them) from host memory hp, fp32, as the
+ * table names and shapes it. */
+static void add_table(st_writer *w, const model_tensor *ts, int nt, const float *hp, char *err, size_t err_len)
+{
+    for (int i = 0; i < nt; i++) {
+        uint64_t sh[MODEL_MAX_DIMS];
+        for (int d = 0; d < ts[i].ndim; d++)
+            sh[d] = ts[i].shape[d];
+        st_writer_add(w, ts[i].name, ST_F32, ts[i].ndim, sh, hp + ts[i].offset, ts[i].numel * sizeof(float), err,
+                      err_len);
+    }
+}
+
 static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_t err_len)
 {
     const run_trained *t = &r->mem.trained;
@@ -85,13 +98,7 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     const model_tensor *ts = state_tensors(r, &nt);
     if (!ts)
         st_writer_add(w, "params", ST_F32, 1, shape, hp, P * sizeof(float), err, err_len);
-    for (int i = 0; i < nt; i++) {
-        uint64_t sh[MODEL_MAX_DIMS];
-        for (int d = 0; d < ts[i].ndim; d++)
-            sh[d] = ts[i].shape[d];
-        st_writer_add(w, ts[i].name, ST_F32, ts[i].ndim, sh, hp + ts[i].offset, ts[i].numel * sizeof(float), err,
-                      err_len);
-    }
+    add_table(w, ts, nt, hp, err, err_len);
     st_writer_add(w, "adam_m", ST_F32, 1, shape, ho, P * sizeof(float), err, err_len);
     st_writer_add(w, "adam_v", ST_F32, 1, shape, ho + P, P * sizeof(float), err, err_len);
     st_writer_meta(w, "format", TRAIN_RESUME_FORMAT, err, err_len);
@@ -484,13 +491,7 @@ static int export_lora(run *r, char *err, size_t err_len)
         snprintf(err, err_len, "%s: out of memory", r->ckpt.path_adapters);
         goto out;
     }
-    for (int i = 0; i < l->ntensors; i++) {
-        const model_tensor *a = &l->tensors[i];
-        uint64_t shape[MODEL_MAX_DIMS];
-        for (int d = 0; d < a->ndim; d++)
-            shape[d] = a->shape[d];
-        st_writer_add(w, a->name, ST_F32, a->ndim, shape, ha + a->offset, a->numel * sizeof(float), err, err_len);
-    }
+    add_table(w, l->tensors, l->ntensors, ha, err, err_len);
     st_writer_meta(w, "format", "pt", err, err_len);
     if (st_write_atomic(w, r->ckpt.path_adapters, err, err_len) != 0)
         goto out;

@@ -130,13 +130,13 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
     }
     /* A LoRA job's checkpoint holds its adapters only; the base it trained
      * them on is [model] from's (or its seed's), which sampling has not. */
-    const char *lora = resume ? st_meta(f, "lora") : NULL;
-    if (lora) {
+    const char *adapters = resume ? st_meta(f, "lora") : NULL;
+    if (adapters) {
         snprintf(err, err_len,
                  "%s holds a LoRA job's adapters (%s), not a whole model: sample a job that sets [finetune] "
                  "merged = true, whose model.safetensors (written when it finishes) has the adapters merged into "
                  "the base, or apply its adapter_model.safetensors to the base model with PEFT",
-                 path, lora);
+                 path, adapters);
         goto out;
     }
     if (!sig) {
