@@ -1,5 +1,7 @@
 /* checkpoint.c — the resume state (resume.safetensors) and the trained
- * model as the Python ecosystem reads it (model.safetensors). */
+ * model as the Python ecosystem reads it (model.safetensors), or a LoRA
+ * job's adapters as PEFT reads them (adapter_model.safetensors with
+ * adapter_config.json; the merged model.safetensors when asked for). */
 #include "run.h"
 
 #include <ctype.h>
@@ -10,7 +12,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "io/hf.h"
 #include "io/safetensors.h"
+#include "models/lora.h"
 #include "pool/dev.h"
 
 
@@ -18,10 +22,12 @@ void checkpoint_paths(run *r)
 {
     snprintf(r->ckpt.path_resume, sizeof r->ckpt.path_resume, "%s/resume.safetensors", r->j->out_dir);
     snprintf(r->ckpt.path_model, sizeof r->ckpt.path_model, "%s/model.safetensors", r->j->out_dir);
+    snprintf(r->ckpt.path_adapters, sizeof r->ckpt.path_adapters, "%s/adapter_model.safetensors", r->j->out_dir);
     /* Holding the lock, no writer of ours is alive here: temporary files
      * are what a run killed mid-checkpoint left, each as large as one. */
     st_clear_temps(r->ckpt.path_resume);
     st_clear_temps(r->ckpt.path_model);
+    st_clear_temps(r->ckpt.path_adapters);
 }
 
 /* Host view of `count` floats of device memory: the memory itself on the
@@ -50,12 +56,35 @@ void checkpoint_device_signature(const run *r, char *buf, size_t len)
     snprintf(buf, len, "%s %s", d->id, d->name);
 }
 
+/* What trains, as the resume state holds it: the model's table as one
+ * "params" tensor, or LoRA's adapters by their PEFT names (the frozen base
+ * is [model] from's, or the seed's, and is not kept). */
+static const model_tensor *state_tensors(const run *r, int *n)
+{
+    *n = r->m->lora ? r->m->lora->ntensors : 0;
+    return r->m->lora ? r->m->lora->tensors : NULL;
+}
+
+/* Each tensor of a table (nt of them) from host memory hp, fp32, as the
+ * table names and shapes it. */
+static void add_table(st_writer *w, const model_tensor *ts, int nt, const float *hp, char *err, size_t err_len)
+{
+    for (int i = 0; i < nt; i++) {
+        uint64_t sh[MODEL_MAX_DIMS];
+        for (int d = 0; d < ts[i].ndim; d++)
+            sh[d] = ts[i].shape[d];
+        st_writer_add(w, ts[i].name, ST_F32, ts[i].ndim, sh, hp + ts[i].offset, ts[i].numel * sizeof(float), err,
+                      err_len);
+    }
+}
+
 static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_t err_len)
 {
-    size_t P = r->m->num_params;
+    const run_trained *t = &r->mem.trained;
+    size_t P = t->count;
     float *own_p, *own_o;
-    const float *hp = host_view(r, r->mem.params, P, &own_p);
-    const float *ho = host_view(r, r->mem.opt, 2 * P, &own_o);
+    const float *hp = host_view(r, t->params, P, &own_p);
+    const float *ho = host_view(r, t->opt, 2 * P, &own_o);
     int rc = -1;
     st_writer *w = st_writer_new();
     if (!hp || !ho || !w) {
@@ -65,11 +94,21 @@ static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_
     uint64_t shape[1] = {P};
     char sig[256], v[64];
     model_describe(r->m, sig, sizeof sig);
-    st_writer_add(w, "params", ST_F32, 1, shape, hp, P * sizeof(float), err, err_len);
+    int nt;
+    const model_tensor *ts = state_tensors(r, &nt);
+    if (!ts)
+        st_writer_add(w, "params", ST_F32, 1, shape, hp, P * sizeof(float), err, err_len);
+    add_table(w, ts, nt, hp, err, err_len);
     st_writer_add(w, "adam_m", ST_F32, 1, shape, ho, P * sizeof(float), err, err_len);
     st_writer_add(w, "adam_v", ST_F32, 1, shape, ho + P, P * sizeof(float), err, err_len);
     st_writer_meta(w, "format", TRAIN_RESUME_FORMAT, err, err_len);
     st_writer_meta(w, "model", sig, err, err_len);
+    /* The adapters it holds: a resume must find the same ones. */
+    if (r->m->lora) {
+        char lo[160];
+        lora_describe(r->m, lo, sizeof lo);
+        st_writer_meta(w, "lora", lo, err, err_len);
+    }
 #define META(key, fmt, val) (snprintf(v, sizeof v, fmt, val), st_writer_meta(w, key, v, err, err_len))
     META("step", "%llu", (unsigned long long)r->progress.step);
     META("data_epoch", "%llu", (unsigned long long)epoch);
@@ -244,6 +283,37 @@ bool checkpoint_exists(const run *r)
     return stat(r->ckpt.path_resume, &st) == 0;
 }
 
+/* The resume state's tensors with their shapes: "params" or the adapters'
+ * (ts, nt), and the moments (shape: the count of what trains). */
+static bool expect_state(st_file *f, const model_tensor *ts, int nt, const uint64_t *shape, char *err,
+                         size_t err_len)
+{
+    if (!ts && !st_expect(f, "params", ST_F32, 1, shape, err, err_len))
+        return false;
+    for (int i = 0; i < nt; i++) {
+        uint64_t sh[MODEL_MAX_DIMS];
+        for (int d = 0; d < ts[i].ndim; d++)
+            sh[d] = ts[i].shape[d];
+        if (!st_expect(f, ts[i].name, ST_F32, ts[i].ndim, sh, err, err_len))
+            return false;
+    }
+    return st_expect(f, "adam_m", ST_F32, 1, shape, err, err_len) &&
+           st_expect(f, "adam_v", ST_F32, 1, shape, err, err_len);
+}
+
+/* One part of the state into `into` (n floats): the tensor `name`, or the
+ * adapters' tensors (ts) each at its offset. */
+static int read_state(st_file *f, const model_tensor *ts, int nt, const char *name, float *into, size_t n,
+                      char *err, size_t err_len)
+{
+    if (!ts)
+        return st_read(f, name, into, n * sizeof(float), err, err_len);
+    for (int i = 0; i < nt; i++)
+        if (st_read(f, ts[i].name, into + ts[i].offset, ts[i].numel * sizeof(float), err, err_len) != 0)
+            return -1;
+    return 0;
+}
+
 /* Load out_dir/resume.safetensors if present.  Returns 1 when resumed, 0
  * when there is none, -1 (with res->message) when it is unusable. */
 int checkpoint_load(run *r)
@@ -257,10 +327,15 @@ int checkpoint_load(run *r)
         return -1;
     }
     int rc = -1;
-    size_t P = r->m->num_params;
-    char sig[256];
+    const run_trained *t = &r->mem.trained;
+    size_t P = t->count;
+    char sig[256], lo[160] = "";
     model_describe(r->m, sig, sizeof sig);
-    const char *fmt = st_meta(f, "format"), *msig = st_meta(f, "model");
+    if (r->m->lora)
+        lora_describe(r->m, lo, sizeof lo);
+    const char *fmt = st_meta(f, "format"), *msig = st_meta(f, "model"), *mlora = st_meta(f, "lora");
+    int nt;
+    const model_tensor *ts = state_tensors(r, &nt);
     bool ok = true;
     uint64_t step = meta_u64(f, "step", &ok), epoch = meta_u64(f, "data_epoch", &ok),
              index = meta_u64(f, "data_index", &ok), batch = meta_u64(f, "batch", &ok);
@@ -272,6 +347,15 @@ int checkpoint_load(run *r)
     if (!fmt || strcmp(fmt, TRAIN_RESUME_FORMAT) != 0) {
         run_fail(r, "cannot resume: %s: metadata format is '%s', expected '%s'", r->ckpt.path_resume,
                  fmt ? fmt : "(none)", TRAIN_RESUME_FORMAT);
+    } else if (mlora && !lo[0]) {
+        run_fail(r, "cannot resume: %s holds LoRA adapters (%s), not the whole model this job trains ([finetune] "
+                 "method = full); use another [output] dir", r->ckpt.path_resume, mlora);
+    } else if (!mlora && lo[0]) {
+        run_fail(r, "cannot resume: %s holds a whole model's training state, but the job trains LoRA adapters (%s); "
+                 "use another [output] dir", r->ckpt.path_resume, lo);
+    } else if (mlora && strcmp(mlora, lo) != 0) {
+        run_fail(r, "cannot resume: %s holds adapters '%s' but the job asks for '%s' ([finetune] rank, alpha and "
+                 "targets); use another [output] dir", r->ckpt.path_resume, mlora, lo);
     } else if (!msig || strcmp(msig, sig) != 0) {
         run_fail(r, "cannot resume: %s was written for '%s' but the job is '%s'; use another [output] dir",
                  r->ckpt.path_resume, msig ? msig : "(none)", sig);
@@ -283,18 +367,16 @@ int checkpoint_load(run *r)
                  (unsigned long long)opt_steps, (unsigned long long)batch, r->j->batch);
     } else if (!same_data_order(r, f)) {
         /* failed */
-    } else if (!st_expect(f, "params", ST_F32, 1, shape, err, sizeof err) ||
-               !st_expect(f, "adam_m", ST_F32, 1, shape, err, sizeof err) ||
-               !st_expect(f, "adam_v", ST_F32, 1, shape, err, sizeof err)) {
+    } else if (!expect_state(f, ts, nt, shape, err, sizeof err)) {
         run_fail(r, "cannot resume: %s", err);
     } else {
         float *stage = r->host_visible ? NULL : malloc(P * sizeof(float));
-        float *dst[3] = {r->mem.params, r->mem.opt, r->mem.opt + P};
-        const char *names[3] = {"params", "adam_m", "adam_v"};
+        float *dst[3] = {t->params, t->opt, t->opt + P};
+        const char *names[3] = {ts ? "adapters" : "params", "adam_m", "adam_v"};
         rc = 0;
         for (int i = 0; i < 3 && rc == 0; i++) {
             float *into = r->host_visible ? dst[i] : stage;
-            if (!into || st_read(f, names[i], into, P * sizeof(float), err, sizeof err) != 0) {
+            if (!into || read_state(f, i == 0 ? ts : NULL, nt, names[i], into, P, err, sizeof err) != 0) {
                 run_fail(r, "cannot resume: %s", into ? err : "out of host memory");
                 rc = -1;
             } else if (!finite_state(r, names[i], into, P)) {
@@ -331,16 +413,15 @@ int checkpoint_load(run *r)
     return rc;
 }
 
-/* model.safetensors: named tensors as the Python ecosystem expects them
- * (GPT-2's Conv1D matrices are (in,out), so those are transposed). */
-int checkpoint_export(run *r, char *err, size_t err_len)
+/* model.safetensors from host memory hp (the model's P floats): named
+ * tensors as the Python ecosystem expects them (GPT-2's Conv1D matrices
+ * are (in,out), so those are transposed), and config.json beside it. */
+static int write_model(run *r, const float *hp, char *err, size_t err_len)
 {
-    float *own;
-    const float *hp = host_view(r, r->mem.params, r->m->num_params, &own);
     st_writer *w = st_writer_new();
     float **tmp = calloc((size_t)r->m->ntensors, sizeof *tmp);
     int rc = -1;
-    if (!hp || !w || !tmp) {
+    if (!w || !tmp) {
         snprintf(err, err_len, "%s: out of memory", r->ckpt.path_model);
         goto out;
     }
@@ -366,8 +447,13 @@ int checkpoint_export(run *r, char *err, size_t err_len)
         }
         st_writer_add(w, t->name, ST_F32, t->ndim, shape, src, t->numel * sizeof(float), err, err_len);
     }
+    /* A merged LoRA model is the base model's layout, and is sampled and
+     * read back as one: its line is the base's, without the adapters. */
+    lora *l = r->m->lora;
     char sig[256], v[32];
+    r->m->lora = NULL;
     model_describe(r->m, sig, sizeof sig);
+    r->m->lora = l;
     st_writer_meta(w, "format", "pt", err, err_len);
     st_writer_meta(w, "gradd_model", sig, err, err_len);
     snprintf(v, sizeof v, "%llu", (unsigned long long)r->progress.step);
@@ -385,6 +471,69 @@ out:
             free(tmp[i]);
     free(tmp);
     st_writer_free(w);
+    return rc;
+}
+
+/* adapter_model.safetensors (the adapters' table as it is: PEFT's names,
+ * A (rank,in) and B (out,rank) in fp32) and adapter_config.json, each
+ * atomically; with [finetune] merged also model.safetensors and
+ * config.json of the base with the adapters merged in, made on a host copy
+ * of the base (widened from 16 bits where it is held so). */
+static int export_lora(run *r, char *err, size_t err_len)
+{
+    const lora *l = r->m->lora;
+    const run_trained *t = &r->mem.trained;
+    float *own, *base = NULL;
+    const float *ha = host_view(r, t->params, t->count, &own);
+    st_writer *w = st_writer_new();
+    int rc = -1;
+    if (!ha || !w) {
+        snprintf(err, err_len, "%s: out of memory", r->ckpt.path_adapters);
+        goto out;
+    }
+    add_table(w, l->tensors, l->ntensors, ha, err, err_len);
+    st_writer_meta(w, "format", "pt", err, err_len);
+    if (st_write_atomic(w, r->ckpt.path_adapters, err, err_len) != 0)
+        goto out;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/adapter_config.json", r->j->out_dir);
+    json_t *cfg = lora_peft_config(r->m, r->j->from);
+    if (!cfg) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        goto out;
+    }
+    rc = hf_write_json(path, cfg, err, err_len);
+    json_decref(cfg);
+    if (rc != 0 || !r->j->lora_merged)
+        goto out;
+    rc = -1;
+    base = malloc(r->m->num_params * sizeof(float));
+    if (!base) {
+        snprintf(err, err_len, "%s: out of host memory for the merged model", r->ckpt.path_model);
+        goto out;
+    }
+    if (memory_base_to_host(r, base, err, err_len) != 0)
+        goto out;
+    lora_merge(r->m, base, ha);
+    rc = write_model(r, base, err, err_len);
+out:
+    free(base);
+    st_writer_free(w);
+    free(own);
+    return rc;
+}
+
+int checkpoint_export(run *r, char *err, size_t err_len)
+{
+    if (r->m->lora)
+        return export_lora(r, err, err_len);
+    float *own;
+    const float *hp = host_view(r, r->mem.params, r->m->num_params, &own);
+    if (!hp) {
+        snprintf(err, err_len, "%s: out of memory", r->ckpt.path_model);
+        return -1;
+    }
+    int rc = write_model(r, hp, err, err_len);
     free(own);
     return rc;
 }

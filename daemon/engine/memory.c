@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/lora.h"
 #include "pool/dev.h"
 #include "units.h"
 
@@ -39,6 +40,21 @@ kern_scratch memory_scratch(run *r)
     return (kern_scratch){scratch_acquire, scratch_release, r};
 }
 
+/* The bytes of the state that lives as long as the job, as memory_alloc
+ * asks for it: full fine-tuning's parameters, gradients and AdamW's two
+ * moments (and a 16-bit copy); LoRA's frozen base and the adapters with
+ * theirs. */
+static size_t lasting_bytes(const run *r)
+{
+    const model *m = r->m;
+    size_t P = m->num_params;
+    if (!m->lora)
+        return P * 4 * sizeof(float) + (m->needs_params16 ? P * sizeof(uint16_t) : 0);
+    size_t base = r->j->precision == JOBCFG_FP32 ? P * sizeof(float)
+                                                  : P * sizeof(uint16_t) + m->lora->n32 * sizeof(float);
+    return base + m->lora->num_params * 4 * sizeof(float);
+}
+
 static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
 {
     pool_oom_report oom;
@@ -47,7 +63,7 @@ static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
         return ptr;
     /* The state that lives as long as the job does not fit: say how much
      * it is, and what to change, as the micro-batch-1 report does. */
-    size_t P = r->m->num_params, lasting = P * 4 * sizeof(float) + (r->m->needs_params16 ? P * sizeof(uint16_t) : 0);
+    size_t lasting = lasting_bytes(r);
     size_t act1 = 0, per = 0;
     r->m->ops->activation_bytes(r->m, &act1, &per);
     char need[16], act[16], sum[16];
@@ -55,9 +71,12 @@ static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
     units_format_size(act1 + per, act, sizeof act);
     units_format_size(lasting + act1 + per, sum, sizeof sum);
     run_fail(r,
-             "out of memory for the %s: %s; the parameters, gradients and optimizer state alone take %s, and "
-             "micro-batch 1 about %s more: %s at least %s, or train a smaller model",
-             what, oom.message, need, act, oom.job_limit_hit ? "raise [memory] limit to" : "the job needs free", sum);
+             "out of memory for the %s: %s; %s alone take %s, and micro-batch 1 about %s more: %s at least %s, or "
+             "train a smaller model",
+             what, oom.message,
+             r->m->lora ? "the frozen base model and the adapters with their gradients and optimizer state"
+                        : "the parameters, gradients and optimizer state",
+             need, act, oom.job_limit_hit ? "raise [memory] limit to" : "the job needs free", sum);
     return NULL;
 }
 
@@ -185,39 +204,111 @@ static int set_micro(run *r, uint32_t n, int trim)
     return 0;
 }
 
-/* The state that lives as long as the job: parameters, gradients, Adam. */
+/* The levers' text: recompute's (may be NULL or "") and LoRA's. */
+static void set_levers(run *r, const char *recompute)
+{
+    bool rc = recompute && recompute[0];
+    snprintf(r->prog.levers, sizeof r->prog.levers, "%s%s%s", rc ? recompute : "",
+             rc && r->mem.lora_lever[0] ? ", " : "", r->mem.lora_lever);
+}
+
+/* The tensors of a table as adamw_multi's segments (host memory). */
+static kern_segment *segments(const model_tensor *t, int n)
+{
+    kern_segment *segs = malloc((size_t)(n ? n : 1) * sizeof *segs);
+    for (int i = 0; segs && i < n; i++)
+        segs[i] = (kern_segment){t[i].offset, t[i].numel, t[i].decay};
+    return segs;
+}
+
+/* LoRA's buffers: the frozen base once, in the precision its GEMMs read,
+ * then the adapters, their gradients and AdamW's moments. */
+static train_outcome alloc_lora(run *r)
+{
+    model *m = r->m;
+    lora *l = m->lora;
+    size_t P = m->num_params, A = l->num_params;
+    bool b16 = r->j->precision != JOBCFG_FP32;
+    if (!b16) {
+        r->mem.params = alloc_tagged(r, P * sizeof(float), POOL_TAG_FROZEN, "frozen base model");
+        if (!r->mem.params)
+            return TRAIN_FAILED;
+    } else {
+        r->mem.params16 = alloc_tagged(r, P * sizeof(uint16_t), POOL_TAG_FROZEN, "frozen 16-bit base model");
+        if (!r->mem.params16)
+            return TRAIN_FAILED;
+        r->mem.base32 = alloc_tagged(r, l->n32 * sizeof(float), POOL_TAG_FROZEN, "base model's fp32 tensors");
+        if (!r->mem.base32)
+            return TRAIN_FAILED;
+    }
+    r->mem.adapters = alloc_tagged(r, A * sizeof(float), POOL_TAG_PARAMS, "LoRA adapters");
+    if (!r->mem.adapters)
+        return TRAIN_FAILED;
+    r->mem.adapter_grads = alloc_tagged(r, A * sizeof(float), POOL_TAG_GRADS, "adapters' gradients");
+    if (!r->mem.adapter_grads)
+        return TRAIN_FAILED;
+    r->mem.opt = alloc_tagged(r, 2 * A * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
+    if (!r->mem.opt)
+        return TRAIN_FAILED;
+    r->mem.trained = (run_trained){r->mem.adapters, r->mem.adapter_grads, r->mem.opt, NULL,
+                                   segments(l->tensors, l->ntensors), l->ntensors, A};
+    l->params = r->mem.adapters;
+    l->grads = r->mem.adapter_grads;
+    l->base32 = r->mem.base32;
+    char d[96];
+    lora_describe(m, d, sizeof d);
+    const char *prec = r->j->precision == JOBCFG_BF16 ? "bf16" : r->j->precision == JOBCFG_FP16 ? "fp16" : "fp32";
+    /* lora_describe's "lora r=8 ..." as "lora (r=8 ...; base frozen in bf16)". */
+    const char *rest = strncmp(d, "lora ", 5) == 0 ? d + 5 : d;
+    snprintf(r->mem.lora_lever, sizeof r->mem.lora_lever, "lora (%s; base frozen in %s)", rest, prec);
+    return TRAIN_DONE;
+}
+
+/* The state that lives as long as the job: parameters, gradients, Adam;
+ * under LoRA the frozen base and the adapters' (alloc_lora). */
 train_outcome memory_alloc(run *r)
 {
     size_t P = r->m->num_params;
-    r->mem.params = alloc_tagged(r, P * sizeof(float), POOL_TAG_PARAMS, "parameters");
-    if (!r->mem.params)
-        return TRAIN_FAILED;
-    r->mem.grads = alloc_tagged(r, P * sizeof(float), POOL_TAG_GRADS, "gradients");
-    if (!r->mem.grads)
-        return TRAIN_FAILED;
-    r->mem.opt = alloc_tagged(r, 2 * P * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
-    if (!r->mem.opt)
-        return TRAIN_FAILED;
-    if (r->m->needs_params16) {
-        r->mem.params16 = alloc_tagged(r, P * sizeof(uint16_t), POOL_TAG_PARAMS, "16-bit parameters");
-        if (!r->mem.params16)
+    if (r->m->lora) {
+        if (alloc_lora(r) != TRAIN_DONE)
             return TRAIN_FAILED;
+    } else {
+        r->mem.params = alloc_tagged(r, P * sizeof(float), POOL_TAG_PARAMS, "parameters");
+        if (!r->mem.params)
+            return TRAIN_FAILED;
+        r->mem.grads = alloc_tagged(r, P * sizeof(float), POOL_TAG_GRADS, "gradients");
+        if (!r->mem.grads)
+            return TRAIN_FAILED;
+        r->mem.opt = alloc_tagged(r, 2 * P * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
+        if (!r->mem.opt)
+            return TRAIN_FAILED;
+        if (r->m->needs_params16) {
+            r->mem.params16 = alloc_tagged(r, P * sizeof(uint16_t), POOL_TAG_PARAMS, "16-bit parameters");
+            if (!r->mem.params16)
+                return TRAIN_FAILED;
+        }
+        r->mem.trained = (run_trained){r->mem.params, r->mem.grads, r->mem.opt, r->mem.params16,
+                                       segments(r->m->tensors, r->m->ntensors), r->m->ntensors, P};
     }
-    r->mem.segs = malloc((size_t)r->m->ntensors * sizeof *r->mem.segs);
-    if (!r->mem.segs)
+    if (!r->mem.trained.segs)
         return run_fail(r, "out of host memory for the optimizer's tensor list");
-    for (int i = 0; i < r->m->ntensors; i++)
-        r->mem.segs[i] = (kern_segment){r->m->tensors[i].offset, r->m->tensors[i].numel, r->m->tensors[i].decay};
     r->m->params = r->mem.params;
     r->m->params16 = r->mem.params16;
     r->m->grads = r->mem.grads;
     r->m->recompute = r->j->recompute == JOBCFG_RECOMPUTE_ON && r->m->kind->recomputes;
     if (r->m->recompute) {
         snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "on in the job file");
-        snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s)", r->mem.recompute_why);
+        char rc[96];
+        snprintf(rc, sizeof rc, "recompute (%s)", r->mem.recompute_why);
+        set_levers(r, rc);
+    } else {
+        set_levers(r, NULL);
     }
-    r->mem.persistent = pool_block_size(r->p, r->mem.params) + pool_block_size(r->p, r->mem.grads) +
-                    pool_block_size(r->p, r->mem.opt) + pool_block_size(r->p, r->mem.params16);
+    r->mem.persistent = 0;
+    void *held[] = {r->mem.params, r->mem.grads, r->mem.opt, r->mem.params16, r->mem.base32, r->mem.adapters,
+                    r->mem.adapter_grads};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; i++)
+        r->mem.persistent += pool_block_size(r->p, held[i]);
     r->res->persistent_bytes = r->mem.persistent;
 
     size_t fixed, per;
@@ -228,29 +319,125 @@ train_outcome memory_alloc(run *r)
 }
 
 /* params16 = params rounded (model.h), after anything but the optimizer
- * wrote params: initialisation and a checkpoint's load. */
+ * wrote params: initialisation and a checkpoint's load.  A frozen 16-bit
+ * base is not one of these: it has no fp32 copy, and is cast once when it
+ * is loaded (memory_base_from_host). */
 void memory_refresh_params16(run *r)
 {
-    if (!r->mem.params16)
+    const run_trained *t = &r->mem.trained;
+    if (!t->params16)
         return;
-    size_t P = r->m->num_params;
     if (r->j->precision == JOBCFG_FP16)
-        r->k->cast_f32_to_f16(r->kc, r->mem.params16, r->mem.params, P);
+        r->k->cast_f32_to_f16(r->kc, t->params16, t->params, t->count);
     else
-        r->k->cast_f32_to_bf16(r->kc, r->mem.params16, r->mem.params, P);
+        r->k->cast_f32_to_bf16(r->kc, t->params16, t->params, t->count);
+}
+
+/* A 16-bit base moves between host fp32 and params16 this many floats at a
+ * time through device scratch: a large model's whole table in fp32 would
+ * need twice its 16-bit size of device memory on top. */
+#define BASE_CHUNK ((size_t)16 << 20) /* 64 MiB of fp32 */
+
+/* Device scratch for up to `n` floats of a chunk (the host memory itself
+ * on the cpu backend: *scratch NULL then).  0, or -1 with err. */
+static int chunk_scratch(run *r, size_t n, float **scratch, char *err, size_t err_len)
+{
+    *scratch = NULL;
+    if (r->host_visible)
+        return 0;
+    pool_oom_report oom;
+    *scratch = pool_alloc(r->p, (n < BASE_CHUNK ? n : BASE_CHUNK) * sizeof(float), POOL_TAG_WORKSPACE, r->job,
+                          &oom);
+    if (*scratch)
+        return 0;
+    snprintf(err, err_len, "out of memory for converting the base model to 16 bits: %s", oom.message);
+    return -1;
+}
+
+static int device_ok(run *r, const char *what, char *err, size_t err_len)
+{
+    if (r->k->sync(r->kc) == KERN_OK)
+        return 0;
+    snprintf(err, err_len, "the device failed %s: %s", what, r->k->error(r->kc));
+    return -1;
+}
+
+int memory_base_from_host(run *r, const float *host, char *err, size_t err_len)
+{
+    size_t P = r->m->num_params;
+    if (r->mem.params) {
+        if (!r->host_visible || host != r->mem.params)
+            r->k->copy_h2d(r->kc, r->mem.params, host, P * sizeof(float));
+        return device_ok(r, "loading the parameters", err, err_len);
+    }
+    float *scratch;
+    if (chunk_scratch(r, P, &scratch, err, err_len) != 0)
+        return -1;
+    int rc = 0;
+    for (size_t at = 0; at < P && rc == 0; at += BASE_CHUNK) {
+        size_t n = P - at < BASE_CHUNK ? P - at : BASE_CHUNK;
+        const float *src = host + at;
+        if (scratch) {
+            r->k->copy_h2d(r->kc, scratch, src, n * sizeof(float));
+            src = scratch;
+        }
+        if (r->j->precision == JOBCFG_FP16)
+            r->k->cast_f32_to_f16(r->kc, r->mem.params16 + at, src, n);
+        else
+            r->k->cast_f32_to_bf16(r->kc, r->mem.params16 + at, src, n);
+        /* The scratch is reused: the cast must have read it. */
+        if (scratch)
+            rc = device_ok(r, "casting the base model to 16 bits", err, err_len);
+    }
+    pool_free(r->p, scratch);
+    if (rc != 0)
+        return -1;
+    const lora *l = r->m->lora;
+    for (int i = 0; l && i < l->nkeep; i++)
+        r->k->copy_h2d(r->kc, r->mem.base32 + l->keep_at[i], host + l->keep_off[i], l->keep_n[i] * sizeof(float));
+    return device_ok(r, "loading the base model", err, err_len);
+}
+
+int memory_base_to_host(run *r, float *host, char *err, size_t err_len)
+{
+    size_t P = r->m->num_params;
+    if (r->mem.params) {
+        r->k->copy_d2h(r->kc, host, r->mem.params, P * sizeof(float));
+        return device_ok(r, "reading the parameters", err, err_len);
+    }
+    float *scratch;
+    if (chunk_scratch(r, P, &scratch, err, err_len) != 0)
+        return -1;
+    for (size_t at = 0; at < P; at += BASE_CHUNK) {
+        size_t n = P - at < BASE_CHUNK ? P - at : BASE_CHUNK;
+        float *dst = scratch ? scratch : host + at;
+        if (r->j->precision == JOBCFG_FP16)
+            r->k->cast_f16_to_f32(r->kc, dst, r->mem.params16 + at, n);
+        else
+            r->k->cast_bf16_to_f32(r->kc, dst, r->mem.params16 + at, n);
+        if (scratch)
+            r->k->copy_d2h(r->kc, host + at, scratch, n * sizeof(float));
+    }
+    pool_free(r->p, scratch);
+    /* The tensors the kernels read in fp32 are exact there, not rounded. */
+    const lora *l = r->m->lora;
+    for (int i = 0; l && i < l->nkeep; i++)
+        r->k->copy_d2h(r->kc, host + l->keep_off[i], r->mem.base32 + l->keep_at[i], l->keep_n[i] * sizeof(float));
+    return device_ok(r, "reading the base model", err, err_len);
 }
 
 void memory_free(run *r)
 {
     free_micro(r);
-    void *bufs[] = {r->mem.opt, r->mem.grads, r->mem.params, r->mem.params16};
+    void *bufs[] = {r->mem.opt, r->mem.grads, r->mem.params, r->mem.params16, r->mem.base32, r->mem.adapters,
+                    r->mem.adapter_grads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         pool_free(r->p, bufs[i]);
     free(r->mem.x_host);
     free(r->mem.y_host);
     free(r->mem.aux_host);
-    free(r->mem.segs);
-    r->mem.segs = NULL;
+    free(r->mem.trained.segs);
+    r->mem.trained.segs = NULL;
 }
 
 /* ---- the batch controller at work ------------------------------------------------------ */
@@ -327,10 +514,9 @@ static void set_recompute_why(run *r, bool on, const char *why, const char *also
 {
     set_recompute(r, on);
     snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "%s", on ? why : "");
-    if (on)
-        snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s%s)", why, also);
-    else
-        r->prog.levers[0] = '\0';
+    char rc[128];
+    snprintf(rc, sizeof rc, "recompute (%s%s)", why, also);
+    set_levers(r, on ? rc : NULL);
 }
 
 /* recompute = auto's lever: micro-batch 1 does not fit without it. */
@@ -416,7 +602,7 @@ static int probe(run *r, uint32_t n, size_t *peak)
     if (memory_device_check(r, "while measuring a micro-batch's memory") < 0)
         return -1;
     *peak = job_peak(r);
-    r->k->zero(r->kc, r->mem.grads, r->m->num_params);
+    r->k->zero(r->kc, r->mem.trained.grads, r->mem.trained.count);
     char err[512];
     if (data_stream_set_state(&r->data.stream, epoch, index, err, sizeof err) != 0) {
         run_fail(r, "%s", err);
@@ -590,8 +776,9 @@ static train_outcome trial_begin(run *r)
     t->seen = 0;
     t->fastest = 0;
     t->state = RUN_TRIAL_TIMING;
-    snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (timing micro-batch %u against %u without)", t->on,
-             t->off.micro);
+    char rc[96];
+    snprintf(rc, sizeof rc, "recompute (timing micro-batch %u against %u without)", t->on, t->off.micro);
+    set_levers(r, rc);
     return TRAIN_DONE;
 }
 
@@ -640,7 +827,9 @@ static train_outcome trial_step(run *r)
     char why_s[64];
     snprintf(why_s, sizeof why_s, "faster at micro-batch %u", t->on);
     snprintf(r->mem.recompute_why, sizeof r->mem.recompute_why, "%s", why_s);
-    snprintf(r->prog.levers, sizeof r->prog.levers, "recompute (%s)", why_s);
+    char rc[96];
+    snprintf(rc, sizeof rc, "recompute (%s)", why_s);
+    set_levers(r, rc);
     c->best = t->on;
     batch_lever(c, t->off.micro, t->on, r->progress.step, BATCH_REASON_RECOMPUTE);
     outputs_batch_change(r);

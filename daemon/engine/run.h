@@ -61,12 +61,29 @@ typedef struct {
     double fastest;    /* the fastest of them, seconds */
 } run_recompute_trial;
 
-/* Device memory, all from the pool, and what the batch controller is fed
- * (memory.c). */
+/* What the optimizer trains: the model's table under full fine-tuning,
+ * the adapters' under LoRA (lora.h), so that zeroing, the norm and AdamW
+ * run one code path over either. */
 typedef struct {
-    float *params, *grads, *opt; /* opt = adam m then v, 2P floats */
-    uint16_t *params16;          /* the model's needs_params16, else NULL */
-    kern_segment *segs;          /* the model's tensors, for adamw_multi (host memory) */
+    float *params, *grads, *opt; /* count floats each; opt = Adam's m then v, 2·count */
+    uint16_t *params16;          /* params rounded, refreshed by AdamW (a model's needs_params16); NULL: none */
+    kern_segment *segs;          /* its tensors, for adamw_multi (host memory) */
+    int nsegs;
+    size_t count;
+} run_trained;
+
+/* Device memory, all from the pool, and what the batch controller is fed
+ * (memory.c).  Full fine-tuning: params, grads and opt hold the model's P
+ * floats (params16 its rounded copy where the model needs one).  LoRA: the
+ * base is frozen and held once, as params (fp32) or params16 and base32
+ * (16 bits), and adapters, adapter_grads and opt are what trains. */
+typedef struct {
+    float *params, *grads, *opt; /* the model's P floats each (grads: full fine-tuning); opt 2·trained.count */
+    uint16_t *params16;          /* the model's needs_params16, or a 16-bit frozen base; else NULL */
+    float *base32;               /* a 16-bit base's fp32-read tensors (lora.h's n32 floats); else NULL */
+    float *adapters, *adapter_grads; /* LoRA's num_params floats each; else NULL */
+    run_trained trained;
+    char lora_lever[128];      /* "lora (r=8 ...; base frozen in bf16)" for the levers; "": full fine-tuning */
     void *acts, *x, *y;
     int32_t *aux;              /* micro rows of pos, then as many of start (packing only) */
     size_t act_bytes;
@@ -94,7 +111,7 @@ typedef struct {
 
 /* checkpoint.c */
 typedef struct {
-    char path_resume[4096], path_model[4096];
+    char path_resume[4096], path_model[4096], path_adapters[4096];
     run_found found;
     bool recompute; /* the run that wrote it ran with recompute (auto's choice kept) */
     char recompute_why[64]; /* and why it turned it on */
@@ -166,8 +183,17 @@ kern_scratch memory_scratch(run *r);
 /* The state that lives as long as the job: parameters, gradients, Adam. */
 train_outcome memory_alloc(run *r);
 void memory_free(run *r);
-/* params16 = params rounded, after anything but the optimizer wrote params. */
+/* The trained params16 = params rounded, after anything but the optimizer
+ * wrote params. */
 void memory_refresh_params16(run *r);
+/* The model's starting weights from host memory (P floats): into params,
+ * or under LoRA with a 16-bit base cast into params16 a chunk at a time
+ * (and the fp32-read tensors copied into base32).  0, or -1 with err. */
+int memory_base_from_host(run *r, const float *host, char *err, size_t err_len);
+/* The model's weights as fp32 into host memory (P floats): a 16-bit base
+ * widened, its fp32-read tensors as base32 holds them.  0, or -1 with
+ * err. */
+int memory_base_to_host(run *r, float *host, char *err, size_t err_len);
 /* Wait for the queued device work: 0; 1 when it ran out of memory; -1
  * when the device failed otherwise (the run failed). */
 int memory_device_check(run *r, const char *during);
@@ -187,7 +213,9 @@ void checkpoint_paths(run *r);
 int checkpoint_load(run *r);
 /* Write the resume state at data position (epoch, index). */
 train_outcome checkpoint_save(run *r, uint64_t epoch, uint64_t index);
-/* Write model.safetensors: 0, or -1 with err. */
+/* Write model.safetensors, or a LoRA job's adapter_model.safetensors and
+ * adapter_config.json (and its merged model.safetensors with [finetune]
+ * merged): 0, or -1 with err. */
 int checkpoint_export(run *r, char *err, size_t err_len);
 /* Whether a resume state exists, seen as the job's owner. */
 bool checkpoint_exists(const run *r);

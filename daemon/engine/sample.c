@@ -128,6 +128,17 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
         snprintf(err, err_len, "%s: out of memory", path);
         goto out;
     }
+    /* A LoRA job's checkpoint holds its adapters only; the base it trained
+     * them on is [model] from's (or its seed's), which sampling has not. */
+    const char *adapters = resume ? st_meta(f, "lora") : NULL;
+    if (adapters) {
+        snprintf(err, err_len,
+                 "%s holds a LoRA job's adapters (%s), not a whole model: sample a job that sets [finetune] "
+                 "merged = true, whose model.safetensors (written when it finishes) has the adapters merged into "
+                 "the base, or apply its adapter_model.safetensors to the base model with PEFT",
+                 path, adapters);
+        goto out;
+    }
     if (!sig) {
         snprintf(err, err_len,
                  "%s: no '%s' metadata: not written by gradd, and a GPT-2 file does not say how many heads it has",

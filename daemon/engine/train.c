@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "run.h"
+#include "models/lora.h"
 #include "pool/dev.h"
 
 /* train_step's outcome when memory ran out inside the step (internal). */
@@ -355,8 +356,9 @@ static int try_step(run *r, const train_hooks *h)
     const double ls = r->progress.loss_scale;
     float dloss = (float)(ls / units);
 
+    const run_trained *tr = &r->mem.trained;
     r->mem.oom = false;
-    k->zero(r->kc, r->mem.grads, m->num_params);
+    k->zero(r->kc, tr->grads, tr->count);
     double loss_sum = 0;
     uint32_t accum = 0;
     for (uint32_t done = 0; done < j->batch;) {
@@ -388,7 +390,7 @@ static int try_step(run *r, const train_hooks *h)
         return diverged(r, loss);
 
     double sumsq = 0;
-    k->sumsq(r->kc, &sumsq, r->mem.grads, m->num_params);
+    k->sumsq(r->kc, &sumsq, tr->grads, tr->count);
     double norm = sqrt(sumsq) / ls;
     double lr = train_lr(j, r->progress.step);
     if (j->precision == JOBCFG_FP16) {
@@ -413,10 +415,9 @@ static int try_step(run *r, const train_hooks *h)
     double scale = 1.0 / ls;
     if (j->grad_clip > 0 && norm > j->grad_clip)
         scale *= j->grad_clip / norm;
-    size_t P = m->num_params;
-    k->adamw_multi(r->kc, r->mem.params, r->mem.params16, r->mem.grads, r->mem.opt, r->mem.opt + P, r->mem.segs,
-                   m->ntensors, (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps, (float)j->weight_decay,
-                   (float)scale, (int)(r->progress.opt_steps + 1));
+    k->adamw_multi(r->kc, tr->params, tr->params16, tr->grads, tr->opt, tr->opt + tr->count, tr->segs, tr->nsegs,
+                   (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps, (float)j->weight_decay, (float)scale,
+                   (int)(r->progress.opt_steps + 1));
     /* Nothing here allocates: any failure is the device's. */
     if (k->sync(r->kc) != KERN_OK)
         return run_fail(r, "the device failed in step %llu's optimizer update: %s",
@@ -467,6 +468,51 @@ static train_outcome stop_at(run *r, uint64_t epoch, uint64_t index)
     return TRAIN_STOPPED;
 }
 
+/* Fresh parameters, zero optimizer state; a checkpoint overrides both.
+ * Under LoRA the checkpoint holds only the adapters: the base always comes
+ * from [model] from (or the seed), and the adapters start as lora_init
+ * draws them. */
+static train_outcome init_weights(run *r)
+{
+    const job_config *j = r->j;
+    char err[1024];
+    size_t P = r->m->num_params;
+    bool lora = r->m->lora != NULL;
+    /* The model's own buffer on the cpu backend, but for a 16-bit base,
+     * which is cast from fp32 staging. */
+    bool in_place = r->host_visible && r->mem.params;
+    float *init = in_place ? r->mem.params : malloc(P * sizeof(float));
+    if (!init)
+        return run_fail(r, "out of host memory initialising %zu parameters", P);
+    /* A resume checkpoint wins over [model] from: it is where the job got to. */
+    int rc = 0;
+    if (j->from[0] && (lora || !checkpoint_exists(r))) {
+        if ((rc = model_hf_load(r->m, j->from, init, err, sizeof err)) != 0)
+            run_fail(r, "cannot import: %s", err);
+    } else {
+        r->m->ops->init_params(r->m, init, j->seed);
+    }
+    if (rc == 0 && (rc = memory_base_from_host(r, init, err, sizeof err)) != 0)
+        run_fail(r, "%s", err);
+    if (!in_place)
+        free(init);
+    if (rc != 0)
+        return TRAIN_FAILED;
+    const run_trained *t = &r->mem.trained;
+    if (lora) {
+        float *a = r->host_visible ? t->params : malloc(t->count * sizeof(float));
+        if (!a)
+            return run_fail(r, "out of host memory initialising %zu adapter parameters", t->count);
+        lora_init(r->m, a, j->seed);
+        if (!r->host_visible) {
+            r->k->copy_h2d(r->kc, t->params, a, t->count * sizeof(float));
+            free(a);
+        }
+    }
+    r->k->zero(r->kc, t->opt, 2 * t->count);
+    return TRAIN_DONE;
+}
+
 static train_outcome run_job(run *r, const train_hooks *h)
 {
     const job_config *j = r->j;
@@ -489,26 +535,8 @@ static train_outcome run_job(run *r, const train_hooks *h)
     if (memory_alloc(r) != TRAIN_DONE)
         return TRAIN_FAILED;
 
-    /* Fresh parameters, zero optimizer state; a checkpoint overrides both. */
-    size_t P = r->m->num_params;
-    float *init = r->host_visible ? r->mem.params : malloc(P * sizeof(float));
-    if (!init)
-        return run_fail(r, "out of host memory initialising %zu parameters", P);
-    /* A resume checkpoint wins over [model] from: it is where the job got to. */
-    if (j->from[0] && !checkpoint_exists(r)) {
-        if (model_hf_load(r->m, j->from, init, err, sizeof err) != 0) {
-            if (!r->host_visible)
-                free(init);
-            return run_fail(r, "cannot import: %s", err);
-        }
-    } else {
-        r->m->ops->init_params(r->m, init, j->seed);
-    }
-    if (!r->host_visible) {
-        r->k->copy_h2d(r->kc, r->mem.params, init, P * sizeof(float));
-        free(init);
-    }
-    r->k->zero(r->kc, r->mem.opt, 2 * P);
+    if (init_weights(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
     r->progress.loss_scale = j->precision == JOBCFG_FP16 ? TRAIN_LOSS_SCALE_INIT : 1.0;
     r->prog.steps = j->steps;
     r->prog.loss = NAN;

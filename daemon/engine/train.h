@@ -54,7 +54,7 @@ typedef struct {
     uint64_t change_step;
     char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow", "recompute" */
     bool recompute;             /* activation recomputation is on ([memory] recompute) */
-    char levers[96];            /* the memory levers on and why: "recompute (on in the job file)"; "": none */
+    char levers[224];           /* the memory levers on and why: "recompute (on in the job file)"; "": none */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
     uint64_t data_bytes;        /* host memory the job's data holds (io/data.h's budget) */
 } train_progress;

@@ -14,7 +14,8 @@
 /* ---- what the directory holds ------------------------------------------------- */
 
 /* gradd's outputs, the ones `never` refuses to write over. */
-static const char *const outputs[] = {"resume.safetensors", "model.safetensors", "config.json", "metrics.jsonl"};
+static const char *const outputs[] = {"resume.safetensors", "model.safetensors",         "config.json",
+                                      "metrics.jsonl",      "adapter_model.safetensors", "adapter_config.json"};
 #define NOUTPUTS (sizeof outputs / sizeof outputs[0])
 
 static bool exists(const char *dir, const char *name)
@@ -61,7 +62,7 @@ int outdir_check_resume(const job_config *j, char *err, size_t err_len)
     uint64_t step = 0;
     int have = checkpoint_step(j->out_dir, &step, why, sizeof why);
     if (j->resume == JOBCFG_RESUME_NEVER) {
-        char found[160] = "";
+        char found[256] = "";
         size_t n = 0;
         for (size_t i = 0; i < NOUTPUTS; i++)
             if (exists(j->out_dir, outputs[i]))
@@ -90,11 +91,14 @@ int outdir_check_resume(const job_config *j, char *err, size_t err_len)
                  j->out_dir);
         return -1;
     }
-    if (!have && exists(j->out_dir, "model.safetensors")) {
-        /* A finished model without its resume state: starting afresh
-         * would write over it. */
-        snprintf(err, err_len, "%s = %s: %s holds a trained model.safetensors but no checkpoint to continue; "
-                 "choose another [output] dir, or remove its outputs to start over", where, policy, j->out_dir);
+    /* A finished model (or a LoRA job's adapters) without its resume
+     * state: starting afresh would write over it. */
+    const char *done = exists(j->out_dir, "model.safetensors")           ? "model.safetensors"
+                       : exists(j->out_dir, "adapter_model.safetensors") ? "adapter_model.safetensors"
+                                                                          : NULL;
+    if (!have && done) {
+        snprintf(err, err_len, "%s = %s: %s holds a trained %s but no checkpoint to continue; choose another "
+                 "[output] dir, or remove its outputs to start over", where, policy, j->out_dir, done);
         return -1;
     }
     return 0;

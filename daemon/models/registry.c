@@ -95,6 +95,58 @@ const char *model_why_no_text(const job_config *j, char *buf, size_t len)
     return buf;
 }
 
+/* [finetune] method = lora: a kind that offers it, and targets among its
+ * layers, each named once. */
+static int check_lora(const job_config *j, const model_kind *kind, char *err, size_t err_len)
+{
+    char why[512], list[256];
+    size_t at = 0, offering = 0;
+    list[0] = '\0';
+    if (!kind->lora_targets) {
+        for (size_t i = 0; i < NKINDS && at < sizeof list; i++)
+            if (kinds[i]->lora_targets) {
+                at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", at ? " or " : "", kinds[i]->name);
+                offering++;
+            }
+        if (!offering)
+            snprintf(why, sizeof why, "%s models offer no LoRA; no model of this gradd does", kind->name);
+        else
+            snprintf(why, sizeof why, "%s models offer no LoRA; %s %s", kind->name, list,
+                     offering == 1 ? "does" : "do");
+        return model_job_error(j, "finetune", "method", why, err, err_len);
+    }
+    for (size_t t = 0; kind->lora_targets[t] && at < sizeof list; t++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", t ? ", " : "", kind->lora_targets[t]);
+    /* Each word once: a bit per target of the kind. */
+    unsigned long long seen = 0;
+    for (const char *s = j->lora_targets; *s;) {
+        size_t n = strcspn(s, ",");
+        const char *w = s;
+        size_t wn = n;
+        while (wn && (*w == ' ' || *w == '\t'))
+            w++, wn--;
+        while (wn && (w[wn - 1] == ' ' || w[wn - 1] == '\t'))
+            wn--;
+        int found = -1;
+        for (int t = 0; kind->lora_targets[t]; t++)
+            if (strlen(kind->lora_targets[t]) == wn && strncmp(kind->lora_targets[t], w, wn) == 0)
+                found = t;
+        if (found < 0 || found >= 64) {
+            snprintf(why, sizeof why, "'%.*s' is not one of %s", (int)(wn < 64 ? wn : 64), w, list);
+            return model_job_error(j, "finetune", "targets", why, err, err_len);
+        }
+        if (seen & (1ull << found)) {
+            snprintf(why, sizeof why, "'%.*s' is named twice", (int)wn, w);
+            return model_job_error(j, "finetune", "targets", why, err, err_len);
+        }
+        seen |= 1ull << found;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    return 0;
+}
+
 int model_check_job(job_config *j, char *err, size_t err_len)
 {
     if (model_hf_fill(j, err, err_len) != 0)
@@ -103,6 +155,8 @@ int model_check_job(job_config *j, char *err, size_t err_len)
     if (!kind)
         return -1;
     if (kind != &model_kind_llama && model_llama_keys_refuse(j, kind, err, err_len) != 0)
+        return -1;
+    if (j->ft_method == JOBCFG_FT_LORA && check_lora(j, kind, err, err_len) != 0)
         return -1;
     if (kind->check_job && kind->check_job(j, err, err_len) != 0)
         return -1;

@@ -170,6 +170,73 @@ static void test_errors(void **state)
     }
 }
 
+/* [finetune] method = lora: a kind without lora_targets is refused naming
+ * the kinds that offer it (from the registry), and each targets word must
+ * be one of the kind's layers, once.  The kinds are the registry's, not
+ * named here but for llama, which offers LoRA. */
+#define LLAMA_HEAD                                                                                  \
+    "[model]\ntype = llama\nlayers = 1\nheads = 2\nwidth = 16\nmlp_width = 32\ncontext = 8\nvocab = 256\n" \
+    "[data]\nformat = text\ntrain = corpus.txt\n[output]\ndir = out\n"
+static void test_lora(void **state)
+{
+    (void)state;
+    size_t n;
+    const model_kind *const *kinds = model_kinds(&n);
+    const model_kind *llama = NULL;
+    char offering[128] = "";
+    size_t at = 0, count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(kinds[i]->name, "llama"))
+            llama = kinds[i];
+        if (kinds[i]->lora_targets) {
+            at += (size_t)snprintf(offering + at, sizeof offering - at, "%s%s", at ? " or " : "", kinds[i]->name);
+            count++;
+        }
+    }
+    assert_non_null(llama);
+    assert_non_null(llama->lora_targets);
+    char want[512];
+    for (size_t i = 0; i < n; i++) {
+        if (kinds[i]->lora_targets)
+            continue;
+        char text[512];
+        snprintf(text, sizeof text,
+                 "[model]\ntype = %s\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n[finetune]\nmethod = lora\n",
+                 kinds[i]->name);
+        snprintf(want, sizeof want, ":8: [finetune] method: %s models offer no LoRA; %s %s", kinds[i]->name,
+                 offering, count == 1 ? "does" : "do");
+        expect_error(text, want);
+    }
+    /* The list of a kind's layers, as the message gives it. */
+    char list[256] = "";
+    at = 0;
+    for (size_t t = 0; llama->lora_targets[t]; t++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", t ? ", " : "", llama->lora_targets[t]);
+    snprintf(want, sizeof want, ":16: [finetune] targets: 'q_prj' is not one of %s", list);
+    expect_error(LLAMA_HEAD "[finetune]\nmethod = lora\ntargets = q_proj,q_prj\n", want);
+    expect_error(LLAMA_HEAD "[finetune]\nmethod = lora\ntargets = v_proj, q_proj,v_proj\n",
+                 ":16: [finetune] targets: 'v_proj' is named twice");
+    expect_error(LLAMA_HEAD "[finetune]\nmethod = lora\ntargets = q_proj,,v_proj\n",
+                 ":16: [finetune] targets: '' is not one of");
+    /* Every layer the kind offers, in any order and with spaces, passes. */
+    char text[1024];
+    at = (size_t)snprintf(text, sizeof text, LLAMA_HEAD "[finetune]\nmethod = lora\nrank = 4\ntargets = ");
+    for (size_t t = 0; llama->lora_targets[t]; t++)
+        at += (size_t)snprintf(text + at, sizeof text - at, "%s %s", t ? "," : "", llama->lora_targets[t]);
+    snprintf(text + at, sizeof text - at, "\n");
+    write_job(text);
+    job_config j;
+    char err[1024];
+    if (load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.ft_method, JOBCFG_FT_LORA);
+    assert_int_equal(j.lora_rank, 4);
+    /* The default targets: the kind's own. */
+    write_job(LLAMA_HEAD "[finetune]\nmethod = lora\n");
+    if (load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+}
+
 /* Every example in etc/jobs parses, and together they cover every model
  * and every precision (bf16 and fp16 on a GPU). */
 static void test_program(void **state)
@@ -244,6 +311,7 @@ int main(void)
         cmocka_unit_test(test_values_and_relative_paths),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_program),
+        cmocka_unit_test(test_lora),
         cmocka_unit_test(test_examples),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
