@@ -447,13 +447,8 @@ static int write_model(run *r, const float *hp, char *err, size_t err_len)
         }
         st_writer_add(w, t->name, ST_F32, t->ndim, shape, src, t->numel * sizeof(float), err, err_len);
     }
-    /* A merged LoRA model is the base model's layout, and is sampled and
-     * read back as one: its line is the base's, without the adapters. */
-    lora *l = r->m->lora;
     char sig[256], v[32];
-    r->m->lora = NULL;
     model_describe(r->m, sig, sizeof sig);
-    r->m->lora = l;
     st_writer_meta(w, "format", "pt", err, err_len);
     st_writer_meta(w, "gradd_model", sig, err, err_len);
     snprintf(v, sizeof v, "%llu", (unsigned long long)r->progress.step);

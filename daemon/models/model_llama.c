@@ -684,11 +684,11 @@ static int llama_create(const job_config *j, uint32_t input_dim, uint32_t classe
 /* ---- the describe line ------------------------------------------------------------------
  * "llama layers=.. heads=.. kv_heads=.. width=.. mlp_width=.. context=..
  * vocab=.. norm_eps=.. rope_theta=.. [rope_llama3=FACTOR,LOW,HIGH,CONTEXT]
- * tie_embeddings=on|off [lora r=.. alpha=.. targets=..]": the job file's
- * keys, Llama 3 scaling's four in one word (the line must fit a
- * checkpoint's 256-byte signature), numbers in the fewest digits that read
- * back as the same double; with LoRA, lora_describe's words, so that a
- * resume refuses other adapters. */
+ * tie_embeddings=on|off": the job file's keys, Llama 3 scaling's four in one
+ * word (the line must fit a checkpoint's 256-byte signature), numbers in the
+ * fewest digits that read back as the same double.  The layout of the
+ * model's parameters, with or without adapters: a checkpoint names those
+ * apart (its "lora" line). */
 
 static void fmt_double(char *buf, size_t len, double v)
 {
@@ -719,11 +719,6 @@ static void llama_describe(const model *m, char *buf, size_t len)
              "llama layers=%u heads=%u kv_heads=%u width=%u mlp_width=%u context=%u vocab=%u norm_eps=%s "
              "rope_theta=%s%s tie_embeddings=%s",
              g->L, g->NH, g->KVH, g->C, g->F, g->T, g->V, eps, theta, rope, g->tied ? "on" : "off");
-    size_t at = strlen(buf);
-    if (m->lora && at + 1 < len) {
-        buf[at] = ' ';
-        lora_describe(m, buf + at + 1, len - at - 1);
-    }
 }
 
 typedef enum { LK_U32, LK_DOUBLE, LK_LLAMA3, LK_BOOL } llama_key_type;
@@ -825,74 +820,14 @@ static bool parse_word(const char *word, size_t wlen, job_config *j, bool *seen)
     return false;
 }
 
-/* "a,b": each one of llama_lora_targets, at most once, none empty. */
-static bool parse_targets(const char *s)
-{
-    unsigned seen = 0;
-    for (;;) {
-        size_t n = strcspn(s, ",");
-        int t = -1;
-        for (int i = 0; llama_lora_targets[i]; i++)
-            if (strlen(llama_lora_targets[i]) == n && strncmp(llama_lora_targets[i], s, n) == 0)
-                t = i;
-        if (t < 0 || (seen & (1u << t)))
-            return false;
-        seen |= 1u << t;
-        if (!s[n])
-            return true;
-        s += n + 1;
-    }
-}
-
-/* lora_describe's words after "lora" ("r=8 alpha=16 targets=q_proj,v_proj"),
- * each once, into j; false when they are not exactly those. */
-static bool parse_lora(const char *s, job_config *j)
-{
-    bool r = false, alpha = false, targets = false;
-    j->ft_method = JOBCFG_FT_LORA;
-    for (;;) {
-        s += strspn(s, " ");
-        size_t wlen = strcspn(s, " ");
-        if (!wlen)
-            return r && alpha && targets;
-        char word[sizeof j->lora_targets + 16];
-        if (wlen >= sizeof word)
-            return false;
-        memcpy(word, s, wlen);
-        word[wlen] = '\0';
-        s += wlen;
-        char *val = strchr(word, '=');
-        if (!val)
-            return false;
-        *val++ = '\0';
-        bool ok = false;
-        if (strcmp(word, "r") == 0 && !r)
-            ok = r = parse_u32(val, 1, 4096, &j->lora_rank);
-        else if (strcmp(word, "alpha") == 0 && !alpha)
-            ok = alpha = parse_double(val, 1e-6, 1e6, &j->lora_alpha);
-        else if (strcmp(word, "targets") == 0 && !targets && strlen(val) < sizeof j->lora_targets &&
-                 parse_targets(val)) {
-            snprintf(j->lora_targets, sizeof j->lora_targets, "%s", val);
-            ok = targets = true;
-        }
-        if (!ok)
-            return false;
-    }
-}
-
 static int llama_parse(const char *line, job_config *j, char *err, size_t err_len)
 {
     job_config t = *j;
     t.rope_scaling = JOBCFG_ROPE_NONE;
-    t.ft_method = JOBCFG_FT_FULL;
     bool seen[NLINE_KEYS] = {false}, ok = strncmp(line, "llama ", 6) == 0;
     for (const char *p = line + 5; ok && *p;) {
         p += strspn(p, " ");
         size_t wlen = strcspn(p, " ");
-        if (wlen == 4 && strncmp(p, "lora", 4) == 0) {
-            ok = parse_lora(p + 4, &t);
-            break;
-        }
         if (wlen)
             ok = parse_word(p, wlen, &t, seen);
         p += wlen;
@@ -903,7 +838,7 @@ static int llama_parse(const char *line, job_config *j, char *err, size_t err_le
     if (!ok || shape_problem(&t, &key)) {
         snprintf(err, err_len, "'%s' is not a llama model line gradd can build (llama layers=N heads=N kv_heads=N "
                  "width=N mlp_width=N context=N vocab=N norm_eps=X rope_theta=X [rope_llama3=X,X,X,N] "
-                 "tie_embeddings=on|off [lora r=N alpha=X targets=NAME,..])", line);
+                 "tie_embeddings=on|off)", line);
         return -1;
     }
     *j = t;
