@@ -492,7 +492,10 @@ static int export_lora(run *r, char *err, size_t err_len)
         goto out;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/adapter_config.json", r->j->out_dir);
-    json_t *cfg = lora_peft_config(r->m, r->j->from);
+    /* PEFT finds the base by this path from wherever it runs: absolute,
+     * though `gradd run` was given a relative job file. */
+    char from[PATH_MAX];
+    json_t *cfg = lora_peft_config(r->m, r->j->from[0] && realpath(r->j->from, from) ? from : r->j->from);
     if (!cfg) {
         snprintf(err, err_len, "%s: out of memory", path);
         goto out;
