@@ -21,6 +21,7 @@ with a tiny shape checks the script itself where there is no GPU.
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -55,6 +56,8 @@ def main():
 
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
+    if dev.type == "cpu":  # gradd's cpu device uses every core; Debian's torch starts with one
+        torch.set_num_threads(os.cpu_count())
     if dev.type == "cuda" and a.mem_limit_gib:
         total = torch.cuda.get_device_properties(dev).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, a.mem_limit_gib * 2**30 / total), dev)
