@@ -146,6 +146,9 @@ static void test_tuned_run_visible(void **state)
     make_job(&j, &oom_shape, "tuned", 0, 3 * BATCH_TUNE_MAX + 4);
     j.mem_limit = half_limit();
     j.margin = 0.05;
+    /* Tuning alone: recompute = auto would time one more size after it,
+     * and keep it or not by the clock (test_batch_recompute's). */
+    j.recompute = JOBCFG_RECOMPUTE_OFF;
     assert_true(j.tune);
     pressure calm = {0};
     train_hooks h = {.on_step = watch, .user = &calm};
@@ -254,6 +257,7 @@ static void test_resume_keeps_tuned(void **state)
     make_job(&j, &oom_shape, "resume-tuned", 0, first + 8);
     j.mem_limit = half_limit();
     j.margin = 0.05;
+    j.recompute = JOBCFG_RECOMPUTE_OFF; /* as test_tuned_run_visible */
     assert_true(j.tune);
     stop_and_resume(&j, first, &a, &r1, &b, &r2);
     const uint32_t tuned = r1.micro;
