@@ -24,6 +24,7 @@ gradd=${1:?usage: bench/llama/run_gpu.sh GRADD [STEPS]}
 steps=${2:-15}
 batch=${BATCH:-4}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/llama_job.sh"
 py=${PEER_PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -37,26 +38,7 @@ bench=train_llama_1b_$precision
 
 "$py" "$here/../train/make_tokens.py" "$work/tokens.bin"
 
-cat >"$work/llama.cfg" <<CFG
-[job]
-name = llama-1b-bench
-device = $device
-[model]
-type = llama
-layers = $L
-heads = $NH
-kv_heads = $KVH
-width = $C
-mlp_width = $F
-context = $T
-vocab = $V
-rope_theta = $THETA
-norm_eps = 1e-5
-tie_embeddings = on
-[data]
-format = tokens
-train = $work/tokens.bin
-val_fraction = 0
+{ llama_job llama-1b-bench "$device" "$work/tokens.bin"; cat <<CFG
 [train]
 steps = $steps
 batch = $batch
@@ -73,6 +55,7 @@ dir = $work/out
 checkpoint_every = 0
 log_every = 1
 CFG
+} >"$work/llama.cfg"
 
 ran=0
 if (

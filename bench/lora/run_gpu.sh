@@ -27,6 +27,7 @@ batch=${BATCH:-4}
 targets=${TARGETS:-q_proj,v_proj}
 limit=${LIMIT:-24G}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../llama/llama_job.sh"
 py=${PEER_PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -36,26 +37,7 @@ bench=lora_llama_3b_$precision
 [ -n "${SHAPE:-}" ] && bench=lora_llama_${L}x${C}_$precision
 
 "$py" "$here/../train/make_tokens.py" "$work/tokens.bin"
-cat >"$work/lora.cfg" <<CFG
-[job]
-name = lora-3b-bench
-device = $device
-[model]
-type = llama
-layers = $L
-heads = $NH
-kv_heads = $KVH
-width = $C
-mlp_width = $F
-context = $T
-vocab = $V
-rope_theta = 500000
-norm_eps = 1e-5
-tie_embeddings = on
-[data]
-format = tokens
-train = $work/tokens.bin
-val_fraction = 0
+{ llama_job lora-3b-bench "$device" "$work/tokens.bin"; cat <<CFG
 [train]
 steps = $steps
 batch = $batch
@@ -76,6 +58,7 @@ targets = $targets
 dir = $work/out
 log_every = 1
 CFG
+} >"$work/lora.cfg"
 
 (
   if [ -n "${GRADD_ENV:-}" ]; then set +e +o pipefail; . "$GRADD_ENV"; set -e -o pipefail; fi

@@ -300,6 +300,15 @@ void lora_bind(model *m, void *mem, size_t rows)
 
 /* ---- the GEMMs --------------------------------------------------------------------------- */
 
+/* u (N,r) = s·(x·Aᵀ): what the forward multiplies by Bᵀ, and the backward
+ * recomputes. */
+static void site_u(model *m, const lora_site_t *s, const float *inp, int N)
+{
+    lora *l = m->lora;
+    m->k->matmul_forward(m->kc, l->u, inp, l->params + s->a, NULL, N, s->in, (int)l->rank);
+    m->k->scale(m->kc, l->u, (size_t)N * l->rank, l->scale);
+}
+
 void lora_linear_forward(model *m, float *out, const float *inp, size_t w, size_t b, const int *sites, int n, int N,
                          int C, int OC)
 {
@@ -323,15 +332,12 @@ void lora_linear_forward(model *m, float *out, const float *inp, size_t w, size_
         if (sites[i] < 0)
             continue;
         const lora_site_t *s = &l->site[sites[i]];
-        k->matmul_forward(kc, l->u, inp, l->params + s->a, NULL, N, s->in, r);
-        k->scale(kc, l->u, (size_t)N * r, l->scale);
-        if (s->ld == s->out && s->col == 0) {
-            k->matmul_forward(kc, l->t, l->u, l->params + s->b, NULL, N, r, s->out);
+        site_u(m, s, inp, N);
+        k->matmul_forward(kc, l->t, l->u, l->params + s->b, NULL, N, r, s->out);
+        if (s->ld == s->out && s->col == 0)
             k->accumulate(kc, out, l->t, (size_t)N * s->out);
-        } else {
-            k->matmul_forward(kc, l->t, l->u, l->params + s->b, NULL, N, r, s->out);
+        else
             k->copy2d(kc, out + s->col, s->ld, l->t, s->out, N, s->out, true);
-        }
     }
 }
 
@@ -356,8 +362,7 @@ void lora_linear_backward(model *m, float *dinp, const float *dout, const float 
             continue;
         const lora_site_t *s = &l->site[sites[i]];
         float *dA = l->grads + s->a, *dB = l->grads + s->b;
-        k->matmul_forward(kc, l->u, inp, l->params + s->a, NULL, N, s->in, r);
-        k->scale(kc, l->u, (size_t)N * r, l->scale);
+        site_u(m, s, inp, N);
         const float *d = dout;
         if (s->ld != s->out || s->col != 0) {
             k->copy2d(kc, l->t, s->out, dout + s->col, s->ld, N, s->out, false);

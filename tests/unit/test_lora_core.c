@@ -177,6 +177,18 @@ static void forward_ref(const fixture *f, const float *x, const float *W, const 
     }
 }
 
+/* dref (N,C) = dout·W for a GEMM's weight W (OC,C), in double. */
+static void dinp_ref(const float *dout, const float *W, double *dref)
+{
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double acc = 0;
+            for (int o = 0; o < OC; o++)
+                acc += (double)dout[n * OC + o] * W[o * C + c];
+            dref[n * C + c] = acc;
+        }
+}
+
 static void close_to(const float *got, const double *ref, size_t n, double rel, const char *what)
 {
     double big = 0;
@@ -225,13 +237,7 @@ static void test_forward_backward_fp32(void **state)
     float *dout = rndv(N * OC, 4, 1.0f), dinp[N * C];
     lora_linear_backward(m, dinp, dout, x, 0, LORA_NO_BIAS, sites, 3, N, C, OC);
     double dref[N * C];
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) {
-            double acc = 0;
-            for (int o = 0; o < OC; o++)
-                acc += (double)dout[n * OC + o] * Wm[o * C + c];
-            dref[n * C + c] = acc; /* the merged weight's: the adapters' share included */
-        }
+    dinp_ref(dout, Wm, dref); /* the merged weight's: the adapters' share included */
     close_to(dinp, dref, N * C, 1e-5, "dinp");
     for (int i = 0; i < 2; i++) {
         const lora_site_t *s = &l->site[i ? f.sb : f.sa];
@@ -311,13 +317,7 @@ static void test_base16(void **state)
     memcpy(Wm, W, P * sizeof *Wm);
     lora_merge(m, Wm, ad);
     double dref[N * C];
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) {
-            double acc = 0;
-            for (int o = 0; o < OC; o++)
-                acc += (double)dout[n * OC + o] * Wm[o * C + c];
-            dref[n * C + c] = acc;
-        }
+    dinp_ref(dout, Wm, dref);
     close_to(dinp, dref, N * C, 2e-2, "dinp (bf16)");
     free(Wm), free(dout), free(W), free(W16), free(x), free(ad), free(gr), free(scratch);
     m->k->ctx_destroy(m->kc);
