@@ -284,14 +284,30 @@ static void test_examples(void **state)
     snprintf(pattern, sizeof pattern, "%s/etc/jobs/*.cfg", root ? root : ".");
     glob_t g;
     assert_int_equal(glob(pattern, 0, NULL, &g), 0);
-    bool seen_mlp = false, seen_gpt = false, seen_llama = false, seen_prec[3] = {false, false, false};
+    bool seen_mlp = false, seen_gpt = false, seen_llama = false, seen_lora = false, seen_prec[3] = {false, false, false};
+    /* An example that starts from another's result ([model] from its
+     * output dir, as the LoRA one does) is read as a record where that
+     * result is not there yet, and must name some example's dir. */
+    static char outs[64][PATH_MAX], froms[64][PATH_MAX];
+    size_t nout = 0, nfrom = 0;
+    assert_true(g.gl_pathc <= 64);
     for (size_t i = 0; i < g.gl_pathc; i++) {
-        job_config j;
+        static job_config j;
         char err[1024];
-        if (load(g.gl_pathv[i], &j, err, sizeof err) != 0)
-            fail_msg("%s", err);
+        if (load(g.gl_pathv[i], &j, err, sizeof err) != 0) {
+            FILE *f = fopen(g.gl_pathv[i], "r");
+            static char text[1 << 16];
+            size_t n = f ? fread(text, 1, sizeof text, f) : 0;
+            if (f)
+                fclose(f);
+            if (!strstr(err, "[model] from") || jobcfg_load_record(text, n, g.gl_pathv[i], &j, err, sizeof err) != 0)
+                fail_msg("%s", err);
+            snprintf(froms[nfrom++], PATH_MAX, "%s", j.from);
+        }
         if (j.type == JOBCFG_PROGRAM)
             continue;
+        snprintf(outs[nout++], PATH_MAX, "%s", j.out_dir);
+        seen_lora |= j.ft_method == JOBCFG_FT_LORA;
         seen_mlp |= strcmp(j.model, "mlp") == 0;
         seen_gpt |= strcmp(j.model, "gpt") == 0;
         seen_llama |= strcmp(j.model, "llama") == 0;
@@ -301,7 +317,14 @@ static void test_examples(void **state)
             fail_msg("%s: precision %d on device '%s'", g.gl_pathv[i], j.precision, j.device);
     }
     globfree(&g);
-    assert_true(seen_mlp && seen_gpt && seen_llama);
+    for (size_t i = 0; i < nfrom; i++) {
+        bool made = false;
+        for (size_t k = 0; k < nout; k++)
+            made |= strcmp(froms[i], outs[k]) == 0;
+        if (!made)
+            fail_msg("[model] from %s is no example's output dir", froms[i]);
+    }
+    assert_true(seen_mlp && seen_gpt && seen_llama && seen_lora);
     assert_true(seen_prec[JOBCFG_FP32] && seen_prec[JOBCFG_BF16] && seen_prec[JOBCFG_FP16]);
 }
 
