@@ -318,6 +318,23 @@ train_outcome memory_alloc(run *r)
     return TRAIN_DONE;
 }
 
+/* fp32 to the job's 16-bit type (fp16, else bf16), and back. */
+static void to16(run *r, uint16_t *dst, const float *src, size_t n)
+{
+    if (r->j->precision == JOBCFG_FP16)
+        r->k->cast_f32_to_f16(r->kc, dst, src, n);
+    else
+        r->k->cast_f32_to_bf16(r->kc, dst, src, n);
+}
+
+static void from16(run *r, float *dst, const uint16_t *src, size_t n)
+{
+    if (r->j->precision == JOBCFG_FP16)
+        r->k->cast_f16_to_f32(r->kc, dst, src, n);
+    else
+        r->k->cast_bf16_to_f32(r->kc, dst, src, n);
+}
+
 /* params16 = params rounded (model.h), after anything but the optimizer
  * wrote params: initialisation and a checkpoint's load.  A frozen 16-bit
  * base is not one of these: it has no fp32 copy, and is cast once when it
@@ -327,10 +344,7 @@ void memory_refresh_params16(run *r)
     const run_trained *t = &r->mem.trained;
     if (!t->params16)
         return;
-    if (r->j->precision == JOBCFG_FP16)
-        r->k->cast_f32_to_f16(r->kc, t->params16, t->params, t->count);
-    else
-        r->k->cast_f32_to_bf16(r->kc, t->params16, t->params, t->count);
+    to16(r, t->params16, t->params, t->count);
 }
 
 /* A 16-bit base moves between host fp32 and params16 this many floats at a
@@ -381,10 +395,7 @@ int memory_base_from_host(run *r, const float *host, char *err, size_t err_len)
             r->k->copy_h2d(r->kc, scratch, src, n * sizeof(float));
             src = scratch;
         }
-        if (r->j->precision == JOBCFG_FP16)
-            r->k->cast_f32_to_f16(r->kc, r->mem.params16 + at, src, n);
-        else
-            r->k->cast_f32_to_bf16(r->kc, r->mem.params16 + at, src, n);
+        to16(r, r->mem.params16 + at, src, n);
         /* The scratch is reused: the cast must have read it. */
         if (scratch)
             rc = device_ok(r, "casting the base model to 16 bits", err, err_len);
@@ -411,10 +422,7 @@ int memory_base_to_host(run *r, float *host, char *err, size_t err_len)
     for (size_t at = 0; at < P; at += BASE_CHUNK) {
         size_t n = P - at < BASE_CHUNK ? P - at : BASE_CHUNK;
         float *dst = scratch ? scratch : host + at;
-        if (r->j->precision == JOBCFG_FP16)
-            r->k->cast_f16_to_f32(r->kc, dst, r->mem.params16 + at, n);
-        else
-            r->k->cast_bf16_to_f32(r->kc, dst, r->mem.params16 + at, n);
+        from16(r, dst, r->mem.params16 + at, n);
         if (scratch)
             r->k->copy_d2h(r->kc, host + at, scratch, n * sizeof(float));
     }

@@ -35,40 +35,36 @@ static int target_index(const model_kind *kd, const char *name, size_t len)
     return -1;
 }
 
-/* A targets value into a bit set of the kind's lora_targets; -1 with why. */
-static int parse_targets(const model_kind *kd, const char *list, unsigned *out, char *why, size_t why_len)
+int lora_parse_targets(const model_kind *kd, const char *list, unsigned *bits, char *why, size_t why_len)
 {
-    *out = 0;
-    const char *p = list;
-    while (*p) {
-        while (*p == ' ' || *p == ',')
-            p++;
-        if (!*p)
-            break;
-        const char *e = p;
-        while (*e && *e != ',' && *e != ' ')
-            e++;
-        int t = target_index(kd, p, (size_t)(e - p));
-        if (t < 0) {
-            size_t n = 0;
-            char known[256] = "";
-            for (int i = 0; kd->lora_targets[i]; i++)
-                n += (size_t)snprintf(known + n, n < sizeof known ? sizeof known - n : 0, "%s%s", i ? ", " : "",
-                                      kd->lora_targets[i]);
-            snprintf(why, why_len, "'%.*s' is not one of %s's layers: %s", (int)(e - p) > 64 ? 64 : (int)(e - p), p,
-                     kd->a_name, known);
+    *bits = 0;
+    if (!list[0])
+        list = kd->lora_default;
+    for (const char *s = list; *s;) {
+        size_t n = strcspn(s, ","), wn = n;
+        const char *w = s;
+        while (wn && (*w == ' ' || *w == '\t'))
+            w++, wn--;
+        while (wn && (w[wn - 1] == ' ' || w[wn - 1] == '\t'))
+            wn--;
+        int t = target_index(kd, w, wn);
+        if (t < 0 || t >= 32) {
+            char known[256];
+            size_t at = 0;
+            known[0] = '\0';
+            for (int i = 0; kd->lora_targets[i] && at < sizeof known; i++)
+                at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", i ? ", " : "", kd->lora_targets[i]);
+            snprintf(why, why_len, "'%.*s' is not one of %s", (int)(wn < 64 ? wn : 64), w, known);
             return -1;
         }
-        if (*out & 1u << t) {
-            snprintf(why, why_len, "'%s' is named twice", kd->lora_targets[t]);
+        if (*bits & 1u << t) {
+            snprintf(why, why_len, "'%.*s' is named twice", (int)wn, w);
             return -1;
         }
-        *out |= 1u << t;
-        p = e;
-    }
-    if (!*out) {
-        snprintf(why, why_len, "names no layer");
-        return -1;
+        *bits |= 1u << t;
+        s += n;
+        if (*s == ',')
+            s++;
     }
     return 0;
 }
@@ -88,12 +84,10 @@ int lora_create(model *m, const job_config *j, char *err, size_t err_len)
     l->rank = j->lora_rank;
     l->alpha = (float)j->lora_alpha;
     l->scale = (float)(j->lora_alpha / j->lora_rank);
-    l->merged = j->lora_merged;
     l->base16 = j->precision != JOBCFG_FP32;
     l->bf16 = j->precision == JOBCFG_BF16;
     char why[512];
-    const char *list = j->lora_targets[0] ? j->lora_targets : kd->lora_default;
-    if (parse_targets(kd, list, &l->targets, why, sizeof why) != 0) {
+    if (lora_parse_targets(kd, j->lora_targets, &l->targets, why, sizeof why) != 0) {
         free(l);
         return model_job_error(j, "finetune", "targets", why, err, err_len);
     }

@@ -53,7 +53,6 @@ struct lora {
     uint32_t rank;
     float alpha, scale; /* scale = alpha / rank */
     unsigned targets;   /* bit t: the kind's lora_targets[t] gets adapters */
-    bool merged;        /* [finetune] merged: export the merged model too */
     bool base16;        /* the base is held in 16 bits: the job's precision is bf16 or fp16 */
     bool bf16;          /* ... and which of the two */
     int nsites;         /* the targeted layers */
@@ -75,9 +74,16 @@ struct lora {
     uint16_t *x16;    /* (rows,max in): a GEMM input rounded, for a 16-bit base */
 };
 
+/* [finetune] targets (empty: the kind's lora_default) as a bit set of the
+ * kind's lora_targets: comma-separated names, blanks around them ignored,
+ * each named once.  0, or -1 with why ("'x' is not one of a, b", "'a' is
+ * named twice").  The one reading of the key: submit's check and the
+ * model's adapters. */
+int lora_parse_targets(const model_kind *kd, const char *list, unsigned *bits, char *why, size_t why_len);
 /* m->lora for the job: left NULL for full fine-tuning, else the adapters'
- * settings ([finetune] rank, alpha, targets or the kind's lora_default,
- * merged).  After the kind's own tensor table.  0, or -1 with err. */
+ * settings ([finetune] rank, alpha, targets or the kind's lora_default)
+ * and the precision the base is held in.  After the kind's own tensor
+ * table.  0, or -1 with err. */
 int lora_create(model *m, const job_config *j, char *err, size_t err_len);
 /* A linear layer: its Hugging Face module name, its short name (one of the
  * kind's lora_targets), its weight (out,in), and where its output lies in

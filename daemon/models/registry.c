@@ -5,6 +5,7 @@
  * line in each of the two lists below.
  */
 #include "model.h"
+#include "lora.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -115,35 +116,9 @@ static int check_lora(const job_config *j, const model_kind *kind, char *err, si
                      offering == 1 ? "does" : "do");
         return model_job_error(j, "finetune", "method", why, err, err_len);
     }
-    for (size_t t = 0; kind->lora_targets[t] && at < sizeof list; t++)
-        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", t ? ", " : "", kind->lora_targets[t]);
-    /* Each word once: a bit per target of the kind. */
-    unsigned long long seen = 0;
-    for (const char *s = j->lora_targets; *s;) {
-        size_t n = strcspn(s, ",");
-        const char *w = s;
-        size_t wn = n;
-        while (wn && (*w == ' ' || *w == '\t'))
-            w++, wn--;
-        while (wn && (w[wn - 1] == ' ' || w[wn - 1] == '\t'))
-            wn--;
-        int found = -1;
-        for (int t = 0; kind->lora_targets[t]; t++)
-            if (strlen(kind->lora_targets[t]) == wn && strncmp(kind->lora_targets[t], w, wn) == 0)
-                found = t;
-        if (found < 0 || found >= 64) {
-            snprintf(why, sizeof why, "'%.*s' is not one of %s", (int)(wn < 64 ? wn : 64), w, list);
-            return model_job_error(j, "finetune", "targets", why, err, err_len);
-        }
-        if (seen & (1ull << found)) {
-            snprintf(why, sizeof why, "'%.*s' is named twice", (int)wn, w);
-            return model_job_error(j, "finetune", "targets", why, err, err_len);
-        }
-        seen |= 1ull << found;
-        s += n;
-        if (*s == ',')
-            s++;
-    }
+    unsigned bits;
+    if (lora_parse_targets(kind, j->lora_targets, &bits, why, sizeof why) != 0)
+        return model_job_error(j, "finetune", "targets", why, err, err_len);
     return 0;
 }
 

@@ -105,9 +105,9 @@ static void test_targets(void **state)
     static const struct {
         const char *targets, *says;
     } bad[] = {
-        {"a_proj,d_proj", "[finetune] targets: 'd_proj' is not one of a fake's layers: a_proj, b_proj, c_proj"},
-        {"b_proj a_proj b_proj", "[finetune] targets: 'b_proj' is named twice"},
-        {" , ", "[finetune] targets: names no layer"},
+        {"a_proj,d_proj", "[finetune] targets: 'd_proj' is not one of a_proj, b_proj, c_proj"},
+        {"b_proj, a_proj,b_proj", "[finetune] targets: 'b_proj' is named twice"},
+        {" , ", "[finetune] targets: '' is not one of"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';
