@@ -8,8 +8,10 @@
  *     components, no "//"), the micro-batch is 0 (auto) or at most the
  *     batch, and the name is a terminated, non-empty string;
  *   - what the model checks pass names a model gradd has: an mlp with 1..8
- *     hidden sizes, or a gpt whose heads divide its width; what they refuse
- *     has err starting with the job file's path.
+ *     hidden sizes, or a gpt or llama whose heads divide its width (and
+ *     whose key/value heads divide its heads), with LoRA only on a kind
+ *     that offers it and targets that read; what they refuse has err
+ *     starting with the job file's path.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "jobcfg.h"
+#include "models/lora.h"
 #include "models/model.h"
 
 #define CHECK(cond)                                                                      \
@@ -75,6 +78,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (strcmp(j.model, "mlp") == 0)
         CHECK(j.nhidden >= 1 && j.nhidden <= JOBCFG_MAX_HIDDEN);
     else
-        CHECK(strcmp(j.model, "gpt") == 0 && j.heads > 0 && j.width % j.heads == 0);
+        CHECK((strcmp(j.model, "gpt") == 0 || strcmp(j.model, "llama") == 0) && j.heads > 0 &&
+              j.width % j.heads == 0 && (!j.kv_heads || j.heads % j.kv_heads == 0));
+    /* LoRA passed only where the kind offers it, with targets it has. */
+    if (j.ft_method == JOBCFG_FT_LORA) {
+        const model_kind *kd = model_kind_of(&j);
+        unsigned bits;
+        CHECK(kd->lora_targets && lora_parse_targets(kd, j.lora_targets, &bits, err, sizeof err) == 0 && bits);
+    }
     return 0;
 }
