@@ -547,7 +547,7 @@ static train_outcome turn_recompute_on(run *r)
 }
 
 /* After an OOM: shrink until the per-micro-batch memory fits again. */
-train_outcome memory_after_oom(run *r)
+static train_outcome after_oom(run *r)
 {
     pool_oom_report rep = r->mem.last_oom;
     for (;;) {
@@ -623,6 +623,26 @@ static int probe(run *r, uint32_t n, size_t *peak)
     return oom ? 1 : 0;
 }
 
+/* After an OOM for the activation block: the largest n whose block the
+ * pool could have handed out — a free block it holds, or a new segment
+ * from what the device and the cap still allow.  The budget counts every
+ * byte the pool reserves, but its free bytes may lie in pieces between
+ * other jobs' blocks, and one block cannot span them.  UINT32_MAX when the
+ * OOM says nothing of this (another allocation, or the job's own limit). */
+static uint32_t largest_block_fits(const run *r, const pool_oom_report *rep)
+{
+    if (rep->tag != POOL_TAG_ACTIVATIONS || rep->job_limit_hit || !r->mem.act_per)
+        return UINT32_MAX;
+    size_t grow = rep->cap > rep->reserved ? rep->cap - rep->reserved : 0;
+    if (grow > rep->device_free)
+        grow = rep->device_free;
+    size_t big = rep->largest_free_block > grow ? rep->largest_free_block : grow;
+    if (big < r->mem.act_fixed)
+        return 0;
+    size_t n = (big - r->mem.act_fixed) / r->mem.act_per;
+    return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
+}
+
 /* Does what the checkpoint's run found (r->ckpt.found) still apply?  Only on the
  * same device and under the same budget (within 2%, the controller's
  * tolerance for "nothing changed"): a changed [memory] limit, a device with
@@ -666,6 +686,8 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
             int rc = probe(r, n, &peak);
             if (rc < 0)
                 return TRAIN_FAILED;
+            if (rc == 1)
+                batch_probe_largest(c, largest_block_fits(r, &r->mem.last_oom));
             batch_probe_result(c, n, peak, rc == 0, budget);
         }
     }
@@ -684,26 +706,38 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
     }
     if (!j->micro_batch || why == BATCH_REASON_RECOMPUTE)
         outputs_batch_change(r);
-    if (set_micro(r, c->micro, -1) != 0 && memory_after_oom(r) != TRAIN_DONE)
+    if (set_micro(r, c->micro, -1) != 0 && after_oom(r) != TRAIN_DONE)
         return TRAIN_FAILED;
     outputs_sync(r);
     return TRAIN_DONE;
 }
 
-/* choose_micro_fitting inside the pool's fit lock, which a fit that turns
- * recompute on (from its own OOM) already holds. */
+/* The pool's fit lock: a job decides a size from what the others need and
+ * allocates for it as one step, so two jobs cannot both count the same free
+ * bytes.  Taken once: a fit may start another (recompute), and a change of
+ * size may lead to a fit.  true when this call took it. */
+static bool fit_lock(run *r)
+{
+    if (r->mem.fitting)
+        return false;
+    pool_fit_begin(r->p);
+    r->mem.fitting = true;
+    return true;
+}
+
+static void fit_unlock(run *r, bool took)
+{
+    if (!took)
+        return;
+    r->mem.fitting = false;
+    pool_fit_end(r->p);
+}
+
 static train_outcome choose_micro(run *r, batch_reason why)
 {
-    bool outer = !r->mem.fitting;
-    if (outer) {
-        pool_fit_begin(r->p);
-        r->mem.fitting = true;
-    }
+    bool took = fit_lock(r);
     train_outcome o = choose_micro_fitting(r, why);
-    if (outer) {
-        r->mem.fitting = false;
-        pool_fit_end(r->p);
-    }
+    fit_unlock(r, took);
     return o;
 }
 
@@ -803,7 +837,7 @@ static train_outcome trial_back(run *r)
     batch_lever(&r->ctl, from, t->off.micro, r->progress.step, BATCH_REASON_TUNED);
     outputs_batch_change(r);
     if (set_micro(r, r->ctl.micro, POOL_TRIM_OOM) != 0)
-        return memory_after_oom(r);
+        return after_oom(r);
     return TRAIN_DONE;
 }
 
@@ -845,7 +879,7 @@ static train_outcome trial_step(run *r)
 }
 
 /* At a step boundary: shrink before an OOM, grow back, or tune. */
-train_outcome memory_adapt(run *r)
+static train_outcome adapt(run *r)
 {
     if (r->mem.trial.state == RUN_TRIAL_TIMING)
         return trial_step(r);
@@ -872,5 +906,21 @@ train_outcome memory_adapt(run *r)
         outputs_sync(r);
         return TRAIN_DONE;
     }
-    return memory_after_oom(r);
+    return after_oom(r);
+}
+
+train_outcome memory_adapt(run *r)
+{
+    bool took = fit_lock(r);
+    train_outcome o = adapt(r);
+    fit_unlock(r, took);
+    return o;
+}
+
+train_outcome memory_after_oom(run *r)
+{
+    bool took = fit_lock(r);
+    train_outcome o = after_oom(r);
+    fit_unlock(r, took);
+    return o;
 }
