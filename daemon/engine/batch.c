@@ -255,6 +255,12 @@ void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t b
     }
 }
 
+void batch_probe_largest(batch_ctl *c, uint32_t n)
+{
+    if (!c->probing_done && n < c->upper)
+        c->upper = n;
+}
+
 void batch_resume(batch_ctl *c, uint32_t fit, uint32_t tuned, double fixed, double per_sample)
 {
     if (fit == 0 || c->probing_done)

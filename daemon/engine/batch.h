@@ -200,6 +200,11 @@ uint32_t batch_max_for(const batch_ctl *c, double bytes);
  * did, a bound the true peak exceeds; 0 when unknown). */
 uint32_t batch_probe_next(batch_ctl *c, size_t budget);
 void batch_probe_result(batch_ctl *c, uint32_t n, size_t peak, bool ok, size_t budget);
+/* Before the result of a probe that ran out of memory: no size above n can
+ * be handed its memory now, whatever the line says (the pool has no block
+ * that large: its free bytes lie in pieces), so the search stays at or
+ * below n.  UINT32_MAX: no such limit known. */
+void batch_probe_largest(batch_ctl *c, uint32_t n);
 /* Resuming a job whose earlier run probed (and maybe tuned) on the same
  * device under the same budget: what that run found replaces the search —
  * `fit` the largest size found to fit, `tuned` the size tuning chose (0:

@@ -55,6 +55,55 @@ static void test_controller_model(void **state)
     assert_int_equal(batch_on_oom(&c, 1, 1, 1, 0), 0);
 }
 
+/* The budget counts the pool's free bytes, but they may lie in pieces
+ * between another job's blocks: the verifying probe fails for want of one
+ * block that large, and the probes are spent.  Without the largest block
+ * the pool could give, the refitted line would choose a size just under
+ * the failed one, whose block does not exist either. */
+static void test_probe_largest_block(void **state)
+{
+    (void)state;
+    /* peak(n) = 2M + 0.62M·n, budget 17M: the line's answer is about 24. */
+    const size_t budget = 17u << 20;
+    const double fixed = 2 << 20, per = 0.62 * (1 << 20);
+    batch_ctl c;
+    batch_init(&c, 32, 32, 0.05, 0);
+    batch_prior(&c, (size_t)fixed, (size_t)per);
+    uint32_t n, probes = 0, failed = 0;
+    while ((n = batch_probe_next(&c, budget)) != 0) {
+        probes++;
+        size_t peak = (size_t)(fixed + per * n);
+        if (n > 6) {
+            /* The pool's largest block holds the activations of 19. */
+            failed = n;
+            batch_probe_largest(&c, 19);
+            batch_probe_result(&c, n, (size_t)(fixed + per * n * 0.9), false, budget);
+        } else {
+            batch_probe_result(&c, n, peak, true, budget);
+        }
+    }
+    assert_int_equal(probes, BATCH_MAX_PROBES);
+    assert_true(failed > 19);
+    assert_int_equal(c.micro, 19);
+    assert_int_equal(c.max_fit, 19);
+    /* Once probing is over the limit changes nothing. */
+    batch_probe_largest(&c, 3);
+    assert_int_equal(c.micro, 19);
+
+    /* No limit known: the line decides, below the failed size. */
+    batch_init(&c, 32, 32, 0.05, 0);
+    batch_prior(&c, (size_t)fixed, (size_t)per);
+    while ((n = batch_probe_next(&c, budget)) != 0) {
+        if (n > 6) {
+            batch_probe_largest(&c, UINT32_MAX);
+            batch_probe_result(&c, n, (size_t)(fixed + per * n * 0.9), false, budget);
+        } else {
+            batch_probe_result(&c, n, (size_t)(fixed + per * n), true, budget);
+        }
+    }
+    assert_true(c.micro > 19 && c.micro < failed);
+}
+
 /* The pool rounds: a large block keeps a leftover of up to 1 MiB, so the
  * peak measured at n lies up to 1 MiB above the line of what n requests,
  * by an amount that varies with n.  Two small probes can then see a slope
@@ -461,6 +510,7 @@ int main(void)
         cmocka_unit_test(test_tune_cut_short),
         cmocka_unit_test(test_refit_when_memory_frees),
         cmocka_unit_test(test_resume_controller),
+        cmocka_unit_test(test_probe_largest_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
