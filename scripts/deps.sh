@@ -8,6 +8,8 @@ pkgs=(
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libinih-dev
   libopenblas-dev libcmocka-dev libjemalloc-dev zlib1g-dev libjansson-dev libsmartcols-dev scdoc
   clang libclang-rt-14-dev
+  # One job as several ranks: `gradd run` under mpirun (tests/integration/test_dist).
+  openmpi-bin libopenmpi-dev
   fortunes dataset-fashion-mnist
   # What the tests run beyond the build: python3 -m venv (scripts/pyenv.sh),
   # systemd-analyze and systemd-socket-activate (test_systemd), setpriv

@@ -1,0 +1,52 @@
+/* dist.h — the ranks of one job that runs as several processes: `gradd run`
+ * started by mpirun or srun, one rank per device.  Who this process is, and
+ * the collectives that keep the ranks' training in step.
+ *
+ * The launcher says how many ranks there are (OpenMPI's OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE or PMIX_SIZE of other MPIs' launchers, Slurm's SLURM_NTASKS); a
+ * process started alone is a world of one and needs none of this.  The
+ * collectives run over MPI, on host memory: what CPU devices hold.
+ *
+ * Every collective has a deadline (dist_open's timeout): a rank that died or
+ * hangs makes the others' next collective fail with a message naming the
+ * collective and the wait, never wait forever.  The job then fails on every
+ * rank (dist_abort tears the world down) and resumes from its checkpoint
+ * when started again, at any number of ranks.
+ *
+ * Errors: 0, or -1 with a message in err.  Not thread-safe: one thread of a
+ * process calls these.
+ */
+#ifndef GRADD_DIST_H
+#define GRADD_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct dist dist;
+
+typedef enum { DIST_SUM, DIST_MIN, DIST_MAX } dist_op;
+
+/* The number of ranks the launcher started, from the environment; 1 when
+ * none did. */
+int dist_world_from_env(void);
+/* Join the world (MPI_Init).  timeout_s bounds every collective.  -1 when
+ * this gradd was built without MPI, or MPI does not start. */
+int dist_open(dist **out, double timeout_s, char *err, size_t err_len);
+int dist_rank(const dist *d);
+int dist_size(const dist *d);
+/* The ranks on this machine, this one among them: they share its cores. */
+int dist_local_size(const dist *d);
+/* "rank R of N on HOST", for messages. */
+const char *dist_name(const dist *d);
+/* In place, on every rank alike: the element-wise sum (or min, max) over
+ * the ranks.  `what` names the collective in a timeout's message. */
+int dist_allreduce_f32(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len);
+int dist_allreduce_f64(dist *d, double *buf, size_t n, dist_op op, const char *what, char *err, size_t err_len);
+/* root's bytes to every rank. */
+int dist_bcast(dist *d, void *buf, size_t bytes, int root, const char *what, char *err, size_t err_len);
+/* End every rank of the world now, with exit status code. */
+void dist_abort(dist *d, int code);
+/* Leave the world (MPI_Finalize) and free d; NULL is fine. */
+void dist_close(dist *d);
+
+#endif
