@@ -24,6 +24,8 @@ static const opts_def opts[] = {
      "engine: gradd trains the model below; program: run [program] command", "engine|program"},
     {"job", "time_limit", OPTS_DURATION, J(time_limit_ms), 0, 1e15, false, "0",
      "stop the job once it has run this long (0: none, or gradd.conf's default_time_limit)", NULL},
+    {"job", "rank_timeout", OPTS_DURATION, J(rank_timeout_ms), 1000, 1e9, false, "5m",
+     "run as several ranks (mpirun, srun): how long a rank waits for the others before the job fails", NULL},
     {"job", "on_end", OPTS_STRING, J(on_end), 0, 0, false, "",
      "once the job has ended: run this command as its owner, quoted as in sh, without a shell", NULL},
 

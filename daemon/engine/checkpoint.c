@@ -523,6 +523,8 @@ out:
 
 int checkpoint_export(run *r, char *err, size_t err_len)
 {
+    if (!r->writer)
+        return 0;
     if (r->m->lora)
         return export_lora(r, err, err_len);
     float *own;
@@ -538,6 +540,9 @@ int checkpoint_export(run *r, char *err, size_t err_len)
 
 train_outcome checkpoint_save(run *r, uint64_t epoch, uint64_t index)
 {
+    /* Written once, by rank 0: every rank holds the same state. */
+    if (!r->writer)
+        return TRAIN_DONE;
     char err[1024];
     /* Everything logged up to here (the step's validation too) is on disk
      * before the state that a resume would continue after it; and not over

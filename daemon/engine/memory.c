@@ -139,11 +139,61 @@ static size_t job_budget(run *r, size_t *avail)
             b = give;
     }
     free(ps);
+    /* Ranks split every step alike: the smallest budget is each one's. */
+    if (r->dist) {
+        double v = (double)b;
+        run_agree(r, &v, 1, DIST_MIN, "agreeing on the memory budget");
+        b = (size_t)v;
+    }
     if (avail)
         *avail = b;
     if (r->j->mem_limit && r->j->mem_limit < b)
         b = r->j->mem_limit;
     return b;
+}
+
+/* After an OOM for the activation block: the largest n whose block the
+ * pool could have handed out — a free block it holds, or a new segment
+ * from what the device and the cap still allow.  The budget counts every
+ * byte the pool reserves, but its free bytes may lie in pieces between
+ * other jobs' blocks, and one block cannot span them.  UINT32_MAX when the
+ * OOM says nothing of this (another allocation, or the job's own limit). */
+static uint32_t largest_block_fits(const run *r, const pool_oom_report *rep)
+{
+    if (rep->tag != POOL_TAG_ACTIVATIONS || rep->job_limit_hit || !r->mem.act_per)
+        return UINT32_MAX;
+    size_t grow = rep->cap > rep->reserved ? rep->cap - rep->reserved : 0;
+    if (grow > rep->device_free)
+        grow = rep->device_free;
+    size_t big = rep->largest_free_block > grow ? rep->largest_free_block : grow;
+    if (big < r->mem.act_fixed)
+        return 0;
+    size_t n = (big - r->mem.act_fixed) / r->mem.act_per;
+    return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
+}
+
+/* The controller's view of an OOM, alike on every rank: any rank's OOM is
+ * every rank's, with the largest bound and the smallest block limit among
+ * the ranks that ran out. */
+bool memory_oom_agree(run *r, bool local)
+{
+    const pool_oom_report *rep = &r->mem.last_oom;
+    double v[3] = {local ? 1.0 : 0.0, local ? (double)(rep->job_allocated + rep->requested) : 0.0,
+                   -(double)(local ? largest_block_fits(r, rep) : UINT32_MAX)};
+    if (r->dist)
+        run_agree(r, v, 3, DIST_MAX, "agreeing on an out-of-memory");
+    if (v[0] == 0)
+        return false;
+    r->mem.oom_bound = (size_t)v[1];
+    r->mem.oom_largest = (uint32_t)-v[2];
+    if (!local) {
+        memset(&r->mem.last_oom, 0, sizeof r->mem.last_oom);
+        r->mem.last_oom.job = r->job;
+        r->mem.last_oom.job_allocated = r->mem.oom_bound;
+        snprintf(r->mem.last_oom.message, sizeof r->mem.last_oom.message,
+                 "another rank of this job ran out of memory (%s)", dist_name(r->dist));
+    }
+    return true;
 }
 
 static void free_micro(run *r)
@@ -183,9 +233,10 @@ static int set_micro(run *r, uint32_t n, int trim)
             r->mem.y = NULL;
         }
     }
-    if (!r->mem.y) {
-        free_micro(r);
+    if (!r->mem.y)
         r->mem.last_oom = oom;
+    if (memory_oom_agree(r, !r->mem.y)) {
+        free_micro(r);
         return -1;
     }
     r->m->ops->bind_activations(r->m, r->mem.acts, n);
@@ -552,7 +603,7 @@ static train_outcome after_oom(run *r)
     pool_oom_report rep = r->mem.last_oom;
     for (;;) {
         size_t avail, bud = job_budget(r, &avail);
-        uint32_t n = batch_on_oom(&r->ctl, r->progress.step, bud, avail, rep.job_allocated + rep.requested);
+        uint32_t n = batch_on_oom(&r->ctl, r->progress.step, bud, avail, r->mem.oom_bound);
         if (n == 0 && recompute_may_turn_on(r))
             return turn_recompute_on(r);
         if (n == 0)
@@ -597,7 +648,7 @@ int memory_device_check(run *r, const char *during)
 static int probe(run *r, uint32_t n, size_t *peak)
 {
     if (set_micro(r, n, -1) != 0) {
-        *peak = r->mem.last_oom.job_allocated + r->mem.last_oom.requested;
+        *peak = r->mem.oom_bound;
         return 1;
     }
     uint64_t epoch, index;
@@ -616,31 +667,19 @@ static int probe(run *r, uint32_t n, size_t *peak)
         run_fail(r, "%s", err);
         return -1;
     }
-    bool oom = r->mem.oom;
+    bool oom = memory_oom_agree(r, r->mem.oom);
     r->mem.oom = false;
-    if (oom)
-        *peak = r->mem.last_oom.job_allocated + r->mem.last_oom.requested;
-    return oom ? 1 : 0;
-}
-
-/* After an OOM for the activation block: the largest n whose block the
- * pool could have handed out — a free block it holds, or a new segment
- * from what the device and the cap still allow.  The budget counts every
- * byte the pool reserves, but its free bytes may lie in pieces between
- * other jobs' blocks, and one block cannot span them.  UINT32_MAX when the
- * OOM says nothing of this (another allocation, or the job's own limit). */
-static uint32_t largest_block_fits(const run *r, const pool_oom_report *rep)
-{
-    if (rep->tag != POOL_TAG_ACTIVATIONS || rep->job_limit_hit || !r->mem.act_per)
-        return UINT32_MAX;
-    size_t grow = rep->cap > rep->reserved ? rep->cap - rep->reserved : 0;
-    if (grow > rep->device_free)
-        grow = rep->device_free;
-    size_t big = rep->largest_free_block > grow ? rep->largest_free_block : grow;
-    if (big < r->mem.act_fixed)
-        return 0;
-    size_t n = (big - r->mem.act_fixed) / r->mem.act_per;
-    return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
+    if (oom) {
+        *peak = r->mem.oom_bound;
+        return 1;
+    }
+    /* The largest peak among the ranks: the size must fit on each. */
+    if (r->dist) {
+        double v = (double)*peak;
+        run_agree(r, &v, 1, DIST_MAX, "agreeing on a micro-batch's peak");
+        *peak = (size_t)v;
+    }
+    return 0;
 }
 
 /* Does what the checkpoint's run found (r->ckpt.found) still apply?  Only on the
@@ -669,7 +708,7 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
     uint32_t from = c->micro;
     /* A refit for recompute goes on counting the run's changes and OOMs. */
     uint64_t changes = c->changes, ooms = c->oom_recoveries;
-    batch_init(c, j->batch, j->micro_batch ? j->micro_batch : j->batch, j->margin, j->grow_after);
+    batch_init(c, r->rank_batch, j->micro_batch ? j->micro_batch : r->rank_batch, j->margin, j->grow_after);
     batch_set_tune(c, j->tune && !j->micro_batch && why != BATCH_REASON_TUNING);
     /* The prior: the estimate, plus the input buffers, as the pool rounds. */
     size_t data_per = r->data.x_bytes + r->data.y_bytes + r->data.aux_bytes, bufs = r->data.aux_bytes ? 3 : 2;
@@ -687,7 +726,7 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
             if (rc < 0)
                 return TRAIN_FAILED;
             if (rc == 1)
-                batch_probe_largest(c, largest_block_fits(r, &r->mem.last_oom));
+                batch_probe_largest(c, r->mem.oom_largest);
             batch_probe_result(c, n, peak, rc == 0, budget);
         }
     }
@@ -764,6 +803,8 @@ static double step_seconds(run *r)
     double s = r->progress.step_s;
     if (r->hooks && r->hooks->step_seconds)
         s = r->hooks->step_seconds(r->hooks->user, r->mem.micro, r->m->recompute, s);
+    /* A step of several ranks takes as long as the slowest one. */
+    run_agree(r, &s, 1, DIST_MAX, "agreeing on the step time");
     return s;
 }
 

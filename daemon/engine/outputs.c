@@ -317,7 +317,7 @@ void outputs_sync(run *r)
     const batch_ctl *c = &r->ctl;
     train_progress *pr = &r->prog;
     pr->micro = r->mem.micro ? r->mem.micro : c->micro;
-    pr->accum = batch_accum(r->j->batch, pr->micro);
+    pr->accum = batch_accum(r->rank_batch, pr->micro);
     pr->micro_max = c->predicted_max;
     pr->micro_fit = c->max_fit;
     pr->oom_recoveries = c->oom_recoveries;
@@ -352,7 +352,7 @@ void outputs_batch_change(run *r)
         json_object_set_new(line, "from", json_integer(ch->from));
         json_object_set_new(line, "to", json_integer(ch->to));
         json_object_set_new(line, "reason", json_string(batch_reason_name(ch->reason)));
-        json_object_set_new(line, "accum", json_integer(batch_accum(r->j->batch, ch->to)));
+        json_object_set_new(line, "accum", json_integer(batch_accum(r->rank_batch, ch->to)));
         json_object_set_new(line, "predicted_max", json_integer(r->ctl.predicted_max));
         json_object_set_new(line, "fit_max", json_integer(r->ctl.max_fit));
         json_object_set_new(line, "oom_recoveries", json_integer((json_int_t)r->ctl.oom_recoveries));

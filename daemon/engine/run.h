@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #include "batch.h"
+#include "dist/dist.h"
 #include "io/data.h"
 #include "models/model.h"
 #include "pool/pool.h"
@@ -98,6 +99,12 @@ typedef struct {
     char recompute_why[64];    /* why recompute is on, for the levers and the checkpoint */
     run_recompute_trial trial; /* recompute = auto timing a larger micro-batch with it */
     pool_oom_report last_oom;  /* the first such failure's report */
+    /* An OOM as the controller takes it, from every rank (memory.c's
+     * oom_agree): what the job held plus asked for, a bound its peak
+     * exceeds; and the largest micro-batch whose activations the pool had
+     * a block for (UINT32_MAX: not known). */
+    size_t oom_bound;
+    uint32_t oom_largest;
 } run_memory;
 
 /* What the run that wrote the checkpoint found with micro_batch = auto
@@ -151,6 +158,14 @@ typedef struct run {
     uint32_t job;
     bool host_visible; /* device memory is host memory (the cpu backend) */
     model *m;
+    /* Several ranks (train_hooks' dist; NULL: this process alone): every
+     * step's batch is split among them in rank order, this rank training
+     * rank_samples of it from rank_first.  rank_batch is the largest
+     * share, the batch each rank's controller splits into micro-batches,
+     * alike on every rank.  Only the writer (rank 0) writes the outputs. */
+    struct dist *dist;
+    uint32_t rank_batch, rank_samples, rank_first;
+    bool writer;
 
     run_data data;
     run_memory mem;
@@ -175,6 +190,10 @@ train_outcome run_fail(run *r, const char *fmt, ...) __attribute__((format(print
 size_t run_next_batch(run *r, size_t n, bool eval, model_batch *mb, uint64_t *units);
 /* A micro-batch's forward and backward; the sum of its losses. */
 double run_forward_backward(run *r, const model_batch *mb, float dloss);
+/* In place, the element-wise op over the ranks (nothing alone).  A
+ * collective that fails (a rank died or hangs) ends every rank's process:
+ * the job cannot go on with fewer, and resumes from its checkpoint. */
+void run_agree(run *r, double *v, size_t n, dist_op op, const char *what);
 
 /* ---- memory.c ---------------------------------------------------------------------- */
 
@@ -203,6 +222,10 @@ train_outcome memory_choose_micro(run *r);
 train_outcome memory_adapt(run *r);
 /* After an OOM inside a step: shrink until the micro-batch fits again. */
 train_outcome memory_after_oom(run *r);
+/* Whether this rank (local, its report in mem.last_oom) or any other ran
+ * out of memory; then mem.oom_bound and oom_largest are set, alike on
+ * every rank, for memory_after_oom.  A collective when there are ranks. */
+bool memory_oom_agree(run *r, bool local);
 
 /* ---- checkpoint.c ------------------------------------------------------------------ */
 

@@ -26,6 +26,26 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A collective failed: the other ranks died, hang or are gone.  Nothing
+ * can go on with fewer ranks; the last checkpoint stands, and the whole
+ * world ends now, every rank with a failure. */
+static _Noreturn void run_collective_failed(run *r, const char *err)
+{
+    fprintf(stderr, "gradd: job %s failed: %s; the job resumes from its last checkpoint when started again\n",
+            r->j->name, err);
+    if (r->out.metrics)
+        fflush(r->out.metrics);
+    dist_abort(r->dist, 1);
+    abort();
+}
+
+void run_agree(run *r, double *v, size_t n, dist_op op, const char *what)
+{
+    char err[1024];
+    if (r->dist && dist_allreduce_f64(r->dist, v, n, op, what, err, sizeof err) != 0)
+        run_collective_failed(r, err);
+}
+
 train_outcome run_fail(run *r, const char *fmt, ...)
 {
     va_list ap;
@@ -361,27 +381,57 @@ static int try_step(run *r, const train_hooks *h)
     k->zero(r->kc, tr->grads, tr->count);
     double loss_sum = 0;
     uint32_t accum = 0;
-    for (uint32_t done = 0; done < j->batch;) {
-        if (h && h->should_stop && h->should_stop(h->user))
-            return TRAIN_STOPPED;
-        uint32_t n = j->batch - done < r->mem.micro ? j->batch - done : r->mem.micro;
+    bool stopped = false;
+    /* This rank's share of the step's samples: the others' pass by. */
+    data_stream_skip(&r->data.stream, r->rank_first);
+    for (uint32_t done = 0; done < r->rank_samples;) {
+        if (h && h->should_stop && h->should_stop(h->user)) {
+            stopped = true;
+            break;
+        }
+        uint32_t n = r->rank_samples - done < r->mem.micro ? r->rank_samples - done : r->mem.micro;
         model_batch mb;
         run_next_batch(r, n, false, &mb, NULL);
         m->stoppable = true;
         loss_sum += run_forward_backward(r, &mb, dloss);
-        if (cut_short(m))
-            return TRAIN_STOPPED;
+        if (cut_short(m)) {
+            stopped = true;
+            break;
+        }
         if (r->mem.oom)
-            return STEP_OOM;
+            break;
         done += n;
         accum++;
     }
+    data_stream_skip(&r->data.stream, j->batch - r->rank_first - r->rank_samples);
     /* Queued device work may still fail for memory (CUDA's sticky error). */
-    char during[64];
-    snprintf(during, sizeof during, "in step %llu", (unsigned long long)r->progress.step + 1);
-    int dc = memory_device_check(r, during);
-    if (dc != 0)
-        return dc > 0 ? STEP_OOM : TRAIN_FAILED;
+    if (!stopped && !r->mem.oom) {
+        char during[64];
+        snprintf(during, sizeof during, "in step %llu", (unsigned long long)r->progress.step + 1);
+        if (memory_device_check(r, during) < 0)
+            return TRAIN_FAILED;
+    }
+    /* Ranks stop, redo smaller, or go on together; the loss is the sum of
+     * theirs. */
+    bool oom = r->mem.oom;
+    if (r->dist) {
+        double v[3] = {loss_sum, oom ? 1 : 0, stopped ? 1 : 0};
+        run_agree(r, v, 3, DIST_SUM, "agreeing on the step's outcome");
+        loss_sum = v[0];
+        oom = v[1] > 0;
+        stopped = v[2] > 0;
+    }
+    if (stopped)
+        return TRAIN_STOPPED;
+    if (oom && memory_oom_agree(r, r->mem.oom))
+        return STEP_OOM;
+    /* The step's gradient: the sum of the ranks' (each scaled by the
+     * whole step's units). */
+    if (r->dist) {
+        char err[1024];
+        if (dist_allreduce_f32(r->dist, tr->grads, tr->count, "the gradients' all-reduce", err, sizeof err) != 0)
+            run_collective_failed(r, err);
+    }
     double loss = loss_sum / units;
     /* The split this attempt ran, for the step's report, skipped or not. */
     r->prog.micro = r->mem.micro;
@@ -521,7 +571,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
      * directory behind. */
     if (load_data(r, h) != TRAIN_DONE)
         return TRAIN_FAILED;
-    if (outputs_claim_dir(r) != TRAIN_DONE)
+    if (r->writer && outputs_claim_dir(r) != TRAIN_DONE)
         return TRAIN_FAILED;
     checkpoint_paths(r);
     /* The job's budget: the pool refuses it more, as an OOM, before the
@@ -551,7 +601,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
      * fail before its first step (a device that no longer fits it). */
     if (resumed == 1 && h && h->on_step)
         h->on_step(h->user, &r->prog);
-    if (outputs_open(r, resumed == 1) != TRAIN_DONE)
+    if (r->writer && outputs_open(r, resumed == 1) != TRAIN_DONE)
         return TRAIN_FAILED;
     if (memory_choose_micro(r) != TRAIN_DONE)
         return TRAIN_FAILED;
@@ -561,7 +611,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
         /* Resumed at its last step: nothing to train, but what it reached
          * is the job's progress. */
         r->prog.micro = r->mem.micro;
-        r->prog.accum = batch_accum(j->batch, r->mem.micro);
+        r->prog.accum = batch_accum(r->rank_batch, r->mem.micro);
         if (h && h->on_step)
             h->on_step(h->user, &r->prog);
     }
@@ -625,6 +675,15 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     r->out.lock_fd = -1;
     dev *d = pool_device(p);
     r->host_visible = d->kind == DEV_KIND_CPU;
+    /* Rank k of N trains the step's samples from batch·k/N on, the first
+     * batch mod N ranks one more: rank order is the one process's order. */
+    r->dist = h ? h->dist : NULL;
+    uint32_t N = (uint32_t)dist_size(r->dist), rk = (uint32_t)dist_rank(r->dist);
+    uint32_t base = j->batch / N, extra = j->batch % N;
+    r->rank_batch = base + (extra ? 1 : 0);
+    r->rank_samples = base + (rk < extra ? 1 : 0);
+    r->rank_first = rk * base + (rk < extra ? rk : extra);
+    r->writer = rk == 0;
     train_outcome o;
     char why[1024];
     /* A job from a Hugging Face directory comes with its [model] keys
@@ -632,6 +691,12 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
      * and when a restarted daemon reads its queue again (queue.c). */
     if (!(r->kind = model_kind_need(j, why, sizeof why))) {
         o = run_fail(r, "%s", why);
+    } else if (j->batch < N) {
+        o = run_fail(r, "%s: [train] batch = %u is smaller than the %u ranks: each needs a sample of every step",
+                     j->source, j->batch, N);
+    } else if (r->dist && !r->host_visible) {
+        o = run_fail(r, "%s runs on %s: ranks share gradients over MPI on cpu devices only; CUDA devices need "
+                     "NCCL, which this gradd does not have yet", dist_name(r->dist), d->id);
     } else if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
         o = run_fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
     } else if (r->host_visible && j->precision != JOBCFG_FP32 && !(h && h->cpu_mixed_precision)) {

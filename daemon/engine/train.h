@@ -31,6 +31,7 @@
 #include "pool/pool.h"
 
 struct st_writer;
+struct dist;
 
 /* What a run reports after every optimizer step (and after validations). */
 typedef struct {
@@ -93,6 +94,9 @@ typedef struct {
      * who can change it, e.g. "[daemon] max_job_data"; may be NULL. */
     uint64_t data_limit;
     const char *data_limit_key;
+    /* The job runs as several ranks (`gradd run` under mpirun or srun),
+     * this process one of them (dist/dist.h); NULL: alone. */
+    struct dist *dist;
 } train_hooks;
 
 /* fp16 dynamic loss scaling: the scale starts high, halves on a step whose

@@ -799,6 +799,19 @@ int data_stream_set_state(data_stream *s, uint64_t epoch, uint64_t index, char *
     return 0;
 }
 
+void data_stream_skip(data_stream *s, uint64_t n)
+{
+    uint64_t left = s->size - s->index;
+    if (n < left) {
+        s->index += n;
+        return;
+    }
+    n -= left;
+    s->epoch += 1 + n / s->size;
+    s->index = n % s->size;
+    stream_epoch(s);
+}
+
 uint64_t data_stream_take(data_stream *s)
 {
     uint64_t k = s->order[s->index++];

@@ -276,6 +276,9 @@ void data_stream_state(const data_stream *s, uint64_t *epoch, uint64_t *index);
 /* Restore a saved position; index must be < the epoch size. */
 int data_stream_set_state(data_stream *s, uint64_t epoch, uint64_t index, char *err,
                           size_t err_len);
+/* Pass over the next n samples, as taking them would (into later epochs
+ * as need be): the samples of a step that other ranks train. */
+void data_stream_skip(data_stream *s, uint64_t n);
 /* The next n samples: inputs and targets are n × T int32 each. */
 void data_stream_next_tokens(data_stream *s, size_t n, int32_t *inputs, int32_t *targets);
 /* The next n samples: x is n × dim floats, y n labels. */

@@ -10,6 +10,7 @@
 
 #include "jobcfg.h"
 #include "base/log.h"
+#include "dist/dist.h"
 #include "models/model.h"
 #include "runner.h"
 #include "units.h"
@@ -103,12 +104,16 @@ static int pick_device(const gradd_ctx *ctx, const char *want, char *err, size_t
     return i;
 }
 
-/* Open the devices and train; the signal handlers are in place. */
-static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp, bool quiet)
+/* Open the devices and train; the signal handlers are in place.  d: this
+ * process is one rank of several (rank 0 reports; any rank's failure ends
+ * them all), else NULL. */
+static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp, bool quiet, dist *dw)
 {
     static job_config j;
     j = *jp;
     char err[1024];
+    bool report = dist_rank(dw) == 0;
+    quiet = quiet || !report;
     if (ctx_open(ctx, err, sizeof err) != 0) {
         log_error("%s", err);
         return 1;
@@ -132,18 +137,33 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         goto out;
     }
     runjob_view v = {&stop_requested, quiet, j.log_every, model_unit(&j)};
-    log_info("training %s (%s) on %s: %llu steps of %u, output %s", j.name, j.model, d->id,
-             (unsigned long long)j.steps, j.batch, j.out_dir);
+    if (report)
+        log_info("training %s (%s) on %s%s: %llu steps of %u, output %s", j.name, j.model, d->id,
+                 dw ? " of each of the ranks" : "", (unsigned long long)j.steps, j.batch, j.out_dir);
     runner_env env = {
         .ctx = ctx,
         .dev = di,
         .job_id = 1,
-        .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &v},
+        .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &v, .dist = dw},
         .note = note,
+        /* threads = 0 on a machine several ranks share: their share. */
+        .cpu_share = dw && ctx_cores() / dist_local_size(dw) > 0 ? ctx_cores() / dist_local_size(dw) : 0,
+        .cpu_slots = dist_local_size(dw),
     };
     static train_result res;
     train_outcome o = run->run(&env, &j, &res);
     fflush(stderr);
+    /* The other ranks wait for this one at their next collective: a
+     * failure here ends them all now rather than at their timeout. */
+    if (dw && o == TRAIN_FAILED) {
+        fprintf(stderr, "gradd: job %s failed on %s: %s\n", j.name, dist_name(dw), res.message);
+        fflush(stderr);
+        dist_abort(dw, 1);
+    }
+    if (!report) {
+        rc = o == TRAIN_DONE ? 0 : o == TRAIN_STOPPED ? 130 : 1;
+        goto out;
+    }
     switch (o) {
     case TRAIN_DONE:
         printf("done: %llu steps, final loss %.4f", (unsigned long long)res.steps_done, res.final_loss);
@@ -210,7 +230,16 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
     sigaction(SIGHUP, NULL, &old_hup);
     if (old_hup.sa_handler != SIG_IGN)
         sigaction(SIGHUP, &sa, NULL);
-    int rc = run_on_devices(ctx, path, &j, quiet);
+    /* Started by mpirun or srun as one of several ranks: join them. */
+    dist *dw = NULL;
+    int rc;
+    if (dist_world_from_env() > 1 && dist_open(&dw, (double)j.rank_timeout_ms / 1000.0, err, sizeof err) != 0) {
+        fprintf(stderr, "gradd: %s: %s\n", path, err);
+        rc = 2;
+    } else {
+        rc = run_on_devices(ctx, path, &j, quiet, dw);
+    }
+    dist_close(dw);
     /* Only now: a ^C that comes after the last step must not kill the run
      * before it has said that it finished and where its outputs are. */
     sigaction(SIGINT, &old_int, NULL);

@@ -1,0 +1,283 @@
+"""One job as several ranks: `gradd run` under OpenMPI's mpirun, on cpu
+devices, against the same job in one process.  The ranks split every step
+of the same samples and all-reduce the gradients, so the trained weights
+are one process's up to the order of the float sums; the smallest fit
+among the ranks is every rank's; a rank killed or stopped fails the whole
+job within its rank_timeout, and the job resumes from its checkpoint at
+another number of ranks, ending where an uninterrupted run ends."""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from array import array
+
+import harness
+
+GRADD = harness.GRADD
+MPIRUN = shutil.which("mpirun")
+
+# Weights after training, one process against several: the same sums in
+# another order.  Seen: 1.2e-7 on weights of about 1.
+TOL = 1e-5
+
+JOB = """[job]
+name = dist
+device = cpu
+rank_timeout = {timeout}
+[model]
+type = gpt
+layers = 2
+heads = 2
+width = {width}
+context = 32
+vocab = 256
+[data]
+format = text
+train = {train}
+val_fraction = 0.05
+[train]
+steps = {steps}
+batch = {batch}
+micro_batch = {micro}
+lr = 1e-3
+threads = 1
+eval_batches = 1
+seed = 3
+[memory]
+tune = off
+[output]
+dir = {out}
+log_every = 1
+checkpoint_every = {ckpt}
+"""
+
+
+def mpi_env():
+    env = dict(os.environ)
+    # CI runs as root; a container has fewer cores than ranks and may
+    # forbid the cross-memory attach OpenMPI's shared memory tries first.
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                "OMPI_MCA_btl": "self,vader", "OMPI_MCA_plm_rsh_agent": "false"})
+    if harness.SANITIZED:
+        # MPI keeps its own allocations to the process's end.
+        env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")
+    return env
+
+
+def read_safetensors(path):
+    """name -> array('f'); the file is F32 only (gradd's fp32 export)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", (name, t["dtype"])
+        a, b = t["data_offsets"]
+        arr = array("f")
+        arr.frombytes(blob[8 + n + a:8 + n + b])
+        out[name] = arr
+    return out
+
+
+def max_diff(a_path, b_path):
+    a, b = read_safetensors(a_path), read_safetensors(b_path)
+    assert a.keys() == b.keys()
+    return max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
+
+
+def steps_logged(out):
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f if '"loss"' in l]
+
+
+@unittest.skipUnless(MPIRUN, "mpirun not found (openmpi-bin)")
+class Dist(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="gradd-dist-")
+        self.train = os.path.join(self.dir, "train.txt")
+        harness.write_corpus(self.train)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def job(self, name, steps=8, batch=8, micro="auto", ckpt=0, timeout="5m", width=32):
+        out = os.path.join(self.dir, "out-" + name)
+        path = os.path.join(self.dir, name + ".cfg")
+        with open(path, "w") as f:
+            f.write(JOB.format(train=self.train, steps=steps, batch=batch, micro=micro, ckpt=ckpt, out=out,
+                               timeout=timeout, width=width))
+        return path, out
+
+    def conf(self, name, capacity):
+        path = os.path.join(self.dir, name + ".conf")
+        with open(path, "w") as f:
+            f.write("[cpu]\ncapacity = %s\n" % capacity)
+        return path
+
+    def run1(self, cfg, conf=None, check=True):
+        cmd = [GRADD] + (["-c", conf] if conf else []) + ["run", cfg]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if check:
+            self.assertEqual(r.returncode, 0, r.stderr)
+        return r
+
+    def mpirun(self, n, cfg, conf=None, check=True):
+        cmd = [MPIRUN, "-np", str(n), GRADD] + (["-c", conf] if conf else []) + ["run", cfg]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=mpi_env())
+        if check:
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r
+
+    def test_same_weights_as_one_process(self):
+        cfg1, out1 = self.job("one")
+        self.run1(cfg1)
+        # 2 ranks of 4 samples each, and 3 of 3, 3 and 2.
+        for n in (2, 3):
+            cfg, out = self.job("np%d" % n)
+            r = self.mpirun(n, cfg)
+            # Rank 0 alone reports and writes.
+            self.assertEqual(r.stdout.count("done: 8 steps"), 1, r.stdout)
+            d = max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors"))
+            self.assertLessEqual(d, TOL, "np %d" % n)
+            a, b = steps_logged(out1), steps_logged(out)
+            self.assertEqual(len(b), 8)
+            for x, y in zip(a, b):
+                self.assertAlmostEqual(x["loss"], y["loss"], delta=1e-5)
+            # Each rank splits its share: 4 (or 3) samples a step.
+            self.assertEqual(b[-1]["micro"] * b[-1]["accum"] >= (8 + n - 1) // n, True, b[-1])
+            self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(out1)))
+
+    def test_batch_smaller_than_ranks_is_refused(self):
+        cfg, out = self.job("tiny", batch=1)
+        r = self.mpirun(2, cfg, check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("batch = 1 is smaller than the 2 ranks", r.stderr)
+
+    def test_smallest_fit_wins(self):
+        # Rank 1's device is small: alone it fits fewer samples than rank
+        # 0's; together both run at its size, and train as one process.
+        cfg, out = self.job("fit", batch=32, width=64)
+        small = self.conf("small", "6M")
+        big = self.conf("big", "64M")
+        cfg_s, out_s = self.job("small-alone", batch=16, width=64)
+        self.run1(cfg_s, small)
+        alone_small = steps_logged(out_s)[0]["micro"]
+        cfg_b, out_b = self.job("big-alone", batch=16, width=64)
+        self.run1(cfg_b, big)
+        alone_big = steps_logged(out_b)[0]["micro"]
+        self.assertLess(alone_small, alone_big)
+        cmd = [MPIRUN, "-np", "1", GRADD, "-c", big, "run", cfg, ":", "-np", "1", GRADD, "-c", small, "run", cfg]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=mpi_env())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        got = steps_logged(out)
+        self.assertEqual({s["micro"] for s in got}, {alone_small}, got)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            fits = [json.loads(l) for l in f if '"batch_change"' in l]
+        self.assertEqual(fits[0]["reason"], "fit")
+        self.assertEqual(fits[0]["to"], alone_small)
+        cfg1, out1 = self.job("fit-one", batch=32, width=64)
+        self.run1(cfg1, big)
+        self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
+                             TOL)
+
+    def start_ranks(self, n, cfg):
+        p = subprocess.Popen([MPIRUN, "-np", str(n), GRADD, "run", cfg], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=mpi_env(), start_new_session=True)
+        self.addCleanup(lambda: p.poll() is None and os.killpg(p.pid, signal.SIGKILL))
+        return p
+
+    def rank_pid(self, p, rank, timeout=30):
+        """The pid of gradd rank `rank` under mpirun p."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open("/proc/%s/environ" % pid, "rb") as f:
+                        env = f.read().split(b"\0")
+                    with open("/proc/%s/cmdline" % pid, "rb") as f:
+                        cmd = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if cmd[0].endswith(b"/gradd") and b"OMPI_COMM_WORLD_RANK=%d" % rank in env and \
+                        self.under(int(pid), p.pid):
+                    return int(pid)
+            time.sleep(0.05)
+        self.fail("rank %d did not start" % rank)
+
+    @staticmethod
+    def under(pid, ancestor):
+        while pid > 1:
+            if pid == ancestor:
+                return True
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                return False
+        return False
+
+    def wait_steps(self, out, n, p):
+        deadline = time.time() + 120
+        while time.time() < deadline and len(steps_logged(out)) < n:
+            self.assertIsNone(p.poll(), "the ranks ended early")
+            time.sleep(0.02)
+        self.assertGreaterEqual(len(steps_logged(out)), n)
+
+    def test_killed_rank_fails_all_and_resumes_at_another_size(self):
+        steps = 300
+        cfg1, out1 = self.job("whole", steps=steps, ckpt=5, width=128)
+        self.run1(cfg1)
+        cfg, out = self.job("killed", steps=steps, ckpt=5, timeout="10s", width=128)
+        p = self.start_ranks(2, cfg)
+        self.wait_steps(out, 12, p)
+        t0 = time.time()
+        os.kill(self.rank_pid(p, 1), signal.SIGKILL)
+        try:
+            _, err = p.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            self.fail("the other rank did not end after one was killed")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(time.time() - t0, 40)
+        done = len(steps_logged(out))
+        self.assertLess(done, steps, "killed too late to test a resume")
+        # One process now: from the checkpoint, to the same weights.
+        r = self.run1(cfg)
+        self.assertIn("resum", r.stderr.lower() + r.stdout.lower())
+        self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
+                             TOL)
+
+    def test_stopped_rank_times_out(self):
+        cfg, out = self.job("hung", steps=100000, ckpt=5, timeout="2s", width=128)
+        p = self.start_ranks(2, cfg)
+        self.wait_steps(out, 6, p)
+        pid = self.rank_pid(p, 1)
+        os.kill(pid, signal.SIGSTOP)
+        self.addCleanup(lambda: os.kill(pid, signal.SIGKILL) if os.path.exists("/proc/%d" % pid) else None)
+        t0 = time.time()
+        try:
+            _, err = p.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            self.fail("rank 0 waited for the stopped rank past its timeout")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(time.time() - t0, 40)
+        self.assertIn("did not complete within 2 s", err)
+        self.assertIn("rank 0 of 2", err)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
