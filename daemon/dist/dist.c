@@ -178,24 +178,6 @@ int dist_allreduce_f64(dist *d, double *buf, size_t n, dist_op op, const char *w
     return allreduce(d, buf, n, sizeof *buf, MPI_DOUBLE, mpi_op(op), what, err, err_len);
 }
 
-int dist_bcast(dist *d, void *buf, size_t bytes, int root, const char *what, char *err, size_t err_len)
-{
-    for (size_t off = 0; off < bytes; off += DIST_CHUNK) {
-        size_t k = bytes - off < DIST_CHUNK ? bytes - off : DIST_CHUNK;
-        MPI_Request req;
-        int rc = MPI_Ibcast((char *)buf + off, (int)k, MPI_BYTE, root, MPI_COMM_WORLD, &req);
-        if (rc != MPI_SUCCESS) {
-            char m[MPI_MAX_ERROR_STRING];
-            mpi_message(rc, m, sizeof m);
-            snprintf(err, err_len, "%s: %s failed: %s", d->name, what, m);
-            return -1;
-        }
-        if (wait_req(d, &req, what, err, err_len) != 0)
-            return -1;
-    }
-    return 0;
-}
-
 void dist_abort(dist *d, int code)
 {
     (void)d;
@@ -261,12 +243,6 @@ int dist_allreduce_f32(dist *d, float *buf, size_t n, const char *what, char *er
 int dist_allreduce_f64(dist *d, double *buf, size_t n, dist_op op, const char *what, char *err, size_t err_len)
 {
     (void)d, (void)buf, (void)n, (void)op, (void)what, (void)err, (void)err_len;
-    return 0;
-}
-
-int dist_bcast(dist *d, void *buf, size_t bytes, int root, const char *what, char *err, size_t err_len)
-{
-    (void)d, (void)buf, (void)bytes, (void)root, (void)what, (void)err, (void)err_len;
     return 0;
 }
 

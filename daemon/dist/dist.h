@@ -42,8 +42,6 @@ const char *dist_name(const dist *d);
  * the ranks.  `what` names the collective in a timeout's message. */
 int dist_allreduce_f32(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len);
 int dist_allreduce_f64(dist *d, double *buf, size_t n, dist_op op, const char *what, char *err, size_t err_len);
-/* root's bytes to every rank. */
-int dist_bcast(dist *d, void *buf, size_t bytes, int root, const char *what, char *err, size_t err_len);
 /* End every rank of the world now, with exit status code. */
 void dist_abort(dist *d, int code);
 /* Leave the world (MPI_Finalize) and free d; NULL is fine. */

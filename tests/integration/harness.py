@@ -110,6 +110,25 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def f32_tensors(path):
+    """{name: (shape, little-endian float32 bytes)} of a safetensors file
+    of F32 tensors (u64 header length, JSON header, data), read directly
+    so that a test needs no safetensors package."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", (name, t["dtype"])
+        a, b = t["data_offsets"]
+        out[name] = (t["shape"], raw[base + a:base + b])
+    return out
+
+
 def write_corpus(path):
     """The text the job tests train on: 300 short lines, 13 of them distinct,
     enough windows for a small GPT's batches and a held-out tenth."""

@@ -9,9 +9,7 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -72,19 +70,11 @@ def mpi_env():
 
 
 def read_safetensors(path):
-    """name -> array('f'); the file is F32 only (gradd's fp32 export)."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
+    """name -> array('f') (gradd's export is F32)."""
     out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        assert t["dtype"] == "F32", (name, t["dtype"])
-        a, b = t["data_offsets"]
+    for name, (_, data) in harness.f32_tensors(path).items():
         arr = array("f")
-        arr.frombytes(blob[8 + n + a:8 + n + b])
+        arr.frombytes(data)
         out[name] = arr
     return out
 

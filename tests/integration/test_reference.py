@@ -23,10 +23,11 @@ import json
 import math
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import unittest
+
+import harness
 
 try:
     import numpy as np
@@ -107,22 +108,9 @@ def job_numbers(text):
 # ---- reading gradd's files ---------------------------------------------------------------------
 
 def load_safetensors(path):
-    """{name: float64 array} of a safetensors file of F32 tensors (the
-    format: u64 header length, JSON header, data; read here directly so
-    that only numpy is needed)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        assert t["dtype"] == "F32", (name, t["dtype"])
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(raw[base + a:base + b], dtype="<f4").reshape(t["shape"]).astype(np.float64)
-    return out
+    """{name: float64 array} of a safetensors file of F32 tensors."""
+    return {name: np.frombuffer(data, dtype="<f4").reshape(shape).astype(np.float64)
+            for name, (shape, data) in harness.f32_tensors(path).items()}
 
 
 # ---- the GPT, from GPT-2's definition ---------------------------------------------------------
