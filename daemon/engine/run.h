@@ -105,6 +105,7 @@ typedef struct {
      * a block for (UINT32_MAX: not known). */
     size_t oom_bound;
     uint32_t oom_largest;
+    bool test_oom_done; /* the hooks' test_oom_step has fired */
 } run_memory;
 
 /* What the run that wrote the checkpoint found with micro_batch = auto

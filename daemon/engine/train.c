@@ -398,6 +398,16 @@ static int try_step(run *r, const train_hooks *h)
             stopped = true;
             break;
         }
+        if (h && h->test_oom_step == r->progress.step + 1 && !r->mem.test_oom_done && !r->mem.oom) {
+            r->mem.test_oom_done = r->mem.oom = true;
+            pool_oom_report *o = &r->mem.last_oom;
+            memset(o, 0, sizeof *o);
+            o->job = r->job;
+            o->job_allocated = r->mem.persistent + r->mem.act_bytes;
+            o->requested = r->mem.act_per;
+            snprintf(o->message, sizeof o->message, "test hook: a simulated out-of-memory in step %llu",
+                     (unsigned long long)r->progress.step + 1);
+        }
         if (r->mem.oom)
             break;
         done += n;

@@ -94,6 +94,10 @@ typedef struct {
      * who can change it, e.g. "[daemon] max_job_data"; may be NULL. */
     uint64_t data_limit;
     const char *data_limit_key;
+    /* Tests only: the first attempt of this step (1-based) runs out of
+     * memory after its first micro-batch, as a failed allocation inside it
+     * would; 0: never. */
+    uint64_t test_oom_step;
     /* The job runs as several ranks (`gradd run` under mpirun or srun),
      * this process one of them (dist/dist.h); NULL: alone. */
     struct dist *dist;

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "jobcfg.h"
@@ -150,6 +151,13 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         .cpu_share = dw && ctx_cores() / dist_local_size(dw) > 0 ? ctx_cores() / dist_local_size(dw) : 0,
         .cpu_slots = dist_local_size(dw),
     };
+    /* Tests only (--test-hooks): GRADD_TEST_OOM=RANK:STEP makes that
+     * rank's step run out of memory once. */
+    const char *t = ctx->test_hooks ? getenv("GRADD_TEST_OOM") : NULL;
+    unsigned tr = 0;
+    unsigned long long ts = 0;
+    if (t && sscanf(t, "%u:%llu", &tr, &ts) == 2 && tr == (unsigned)dist_rank(dw))
+        env.hooks.test_oom_step = ts;
     static train_result res;
     train_outcome o = run->run(&env, &j, &res);
     fflush(stderr);
@@ -160,7 +168,16 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         fflush(stderr);
         dist_abort(dw, 1);
     }
+    /* Rank 0 reports the job; the others their own part, in one line. */
     if (!report) {
+        if (o == TRAIN_DONE) {
+            uint64_t peak, tag[POOL_TAG_COUNT];
+            pool_job_peak(ctx->pools[di], env.job_id, &peak, tag);
+            char pk[16];
+            fprintf(stderr, "gradd: %s: done: %llu steps, micro-batch %u at the end, %llu OOM recoveries, peak "
+                    "memory %s\n", dist_name(dw), (unsigned long long)res.steps_done, res.micro,
+                    (unsigned long long)res.oom_recoveries, units_format_size(peak, pk, sizeof pk));
+        }
         rc = o == TRAIN_DONE ? 0 : o == TRAIN_STOPPED ? 130 : 1;
         goto out;
     }

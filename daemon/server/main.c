@@ -210,6 +210,7 @@ int main(int argc, char **argv)
         return 0;
     }
 
+    ctx.test_hooks = test_hooks;
     if (run_job)
         return runjob_main(&ctx, run_job, false);
 
@@ -225,7 +226,6 @@ int main(int argc, char **argv)
         log_error("%s", err);
         return 1;
     }
-    ctx.test_hooks = test_hooks;
     if (test_hooks)
         log_warn("test hooks enabled: clients may simulate device pressure on cpu devices");
     if (ctx_open(&ctx, err, sizeof err) != 0) {

@@ -2,9 +2,10 @@
 devices, against the same job in one process.  The ranks split every step
 of the same samples and all-reduce the gradients, so the trained weights
 are one process's up to the order of the float sums; the smallest fit
-among the ranks is every rank's; a rank killed or stopped fails the whole
-job within its rank_timeout, and the job resumes from its checkpoint at
-another number of ranks, ending where an uninterrupted run ends."""
+among the ranks is every rank's, and an OOM on one rank shrinks them all;
+a rank killed or stopped fails the whole job within its rank_timeout, and
+the job resumes from its checkpoint at another number of ranks, ending
+where an uninterrupted run ends."""
 import json
 import os
 import shutil
@@ -182,6 +183,30 @@ class Dist(unittest.TestCase):
         self.run1(cfg1, big)
         self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
                              TOL)
+
+    def test_oom_on_one_rank_shrinks_all(self):
+        # Rank k's step 3 runs out of memory (a test hook): every rank
+        # redoes it at half the micro-batch, and the training is still one
+        # process's.
+        cfg1, out1 = self.job("oom-one", batch=16)
+        self.run1(cfg1)
+        for k in (1, 0):
+            cfg, out = self.job("oom%d" % k, batch=16)
+            env = mpi_env()
+            env["GRADD_TEST_OOM"] = "%d:3" % k
+            r = subprocess.run([MPIRUN, "-np", "2", GRADD, "--test-hooks", "run", cfg], capture_output=True,
+                               text=True, timeout=300, env=env)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                changes = [json.loads(l) for l in f if '"batch_change"' in l]
+            self.assertEqual([(c["reason"], c["from"], c["to"], c["step"]) for c in changes],
+                             [("fit", 8, 8, 0), ("oom", 8, 4, 2)], changes)
+            self.assertEqual([s["micro"] for s in steps_logged(out)], [8, 8] + [4] * 6)
+            # Rank 1's own part, in its one line.
+            self.assertIn("rank 1 of 2", r.stderr)
+            self.assertIn("micro-batch 4 at the end, 1 OOM recoveries", r.stderr)
+            self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
+                                          os.path.join(out, "model.safetensors")), TOL)
 
     def start_ranks(self, n, cfg):
         p = subprocess.Popen([MPIRUN, "-np", str(n), GRADD, "run", cfg], stdout=subprocess.PIPE,
