@@ -100,6 +100,8 @@ static const opts_def opts[] = {
      "steps of stable headroom before a shrunk micro-batch grows back (0: never)", NULL},
     {"memory", "tune", OPTS_BOOL, J(tune), 0, 1, false, "on",
      "micro_batch = auto: time sizes up to the largest that fits, keep the fastest", NULL},
+    {"memory", "shard_optimizer", OPTS_BOOL, J(shard_optimizer), 0, 1, false, "off",
+     "several ranks: each holds the optimizer state of its share of the parameters (ZeRO stage 1)", NULL},
     {"memory", "recompute", OPTS_CHOICE, J(recompute), 0, 0, false, "auto",
      "activation recomputation (gpt, llama): auto turns it on when micro-batch 1 does not fit without it",
      "auto|off|on"},

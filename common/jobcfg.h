@@ -102,6 +102,7 @@ typedef struct job_config {
     double margin;
     uint64_t grow_after; /* steps of stable headroom before the micro-batch grows back; 0: never */
     bool tune;           /* micro_batch = auto: time sizes up to the fit and keep the fastest */
+    bool shard_optimizer; /* several ranks: each holds its share of the optimizer state */
     int recompute;       /* jobcfg_recompute */
 
     /* [finetune] */

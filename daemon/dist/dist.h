@@ -42,6 +42,14 @@ const char *dist_name(const dist *d);
  * the ranks.  `what` names the collective in a timeout's message. */
 int dist_allreduce_f32(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len);
 int dist_allreduce_f64(dist *d, double *buf, size_t n, dist_op op, const char *what, char *err, size_t err_len);
+/* Rank `rank`'s part of n elements split among `size` ranks: contiguous,
+ * in rank order, the first n mod size ranks one more. */
+void dist_shard(size_t n, int size, int rank, size_t *first, size_t *count);
+/* In place over n floats: every rank's dist_shard part to every rank. */
+int dist_allgather_f32(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len);
+/* Every rank's dist_shard part of n floats (`part`, this rank's) into
+ * `full` (n floats) on rank 0; full is not read elsewhere (may be NULL). */
+int dist_gather_f32(dist *d, const float *part, float *full, size_t n, const char *what, char *err, size_t err_len);
 /* End every rank of the world now, with exit status code. */
 void dist_abort(dist *d, int code);
 /* Leave the world (MPI_Finalize) and free d; NULL is fine. */

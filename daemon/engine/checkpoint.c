@@ -78,13 +78,15 @@ static void add_table(st_writer *w, const model_tensor *ts, int nt, const float 
     }
 }
 
-static int write_resume(run *r, uint64_t epoch, uint64_t index, char *err, size_t err_len)
+/* opt_full: the optimizer state gathered from the ranks that hold it in
+ * shares (2·count floats, m then v), else NULL: this rank holds it all. */
+static int write_resume(run *r, uint64_t epoch, uint64_t index, const float *opt_full, char *err, size_t err_len)
 {
     const run_trained *t = &r->mem.trained;
     size_t P = t->count;
-    float *own_p, *own_o;
+    float *own_p, *own_o = NULL;
     const float *hp = host_view(r, t->params, P, &own_p);
-    const float *ho = host_view(r, t->opt, 2 * P, &own_o);
+    const float *ho = opt_full ? opt_full : host_view(r, t->opt, 2 * P, &own_o);
     int rc = -1;
     st_writer *w = st_writer_new();
     if (!hp || !ho || !w) {
@@ -370,18 +372,24 @@ int checkpoint_load(run *r)
     } else if (!expect_state(f, ts, nt, shape, err, sizeof err)) {
         run_fail(r, "cannot resume: %s", err);
     } else {
-        float *stage = r->host_visible ? NULL : malloc(P * sizeof(float));
-        float *dst[3] = {t->params, t->opt, t->opt + P};
+        /* A rank that holds a share of the optimizer state keeps its share
+         * of the saved one, whatever the number of ranks that saved it. */
+        bool share = t->opt_count != P;
+        float *stage = r->host_visible && !share ? NULL : malloc(P * sizeof(float));
+        float *dst[3] = {t->params, t->opt, t->opt + t->opt_count};
         const char *names[3] = {ts ? "adapters" : "params", "adam_m", "adam_v"};
         rc = 0;
         for (int i = 0; i < 3 && rc == 0; i++) {
-            float *into = r->host_visible ? dst[i] : stage;
+            bool whole = r->host_visible && (i == 0 || !share);
+            float *into = whole ? dst[i] : stage;
             if (!into || read_state(f, i == 0 ? ts : NULL, nt, names[i], into, P, err, sizeof err) != 0) {
                 run_fail(r, "cannot resume: %s", into ? err : "out of host memory");
                 rc = -1;
             } else if (!finite_state(r, names[i], into, P)) {
                 rc = -1;
-            } else if (!r->host_visible) {
+            } else if (i > 0 && share) {
+                memcpy(dst[i], stage + t->opt_first, t->opt_count * sizeof(float));
+            } else if (!whole) {
                 r->k->copy_h2d(r->kc, dst[i], stage, P * sizeof(float));
             }
         }
@@ -538,19 +546,50 @@ int checkpoint_export(run *r, char *err, size_t err_len)
     return rc;
 }
 
+/* Under shard_optimizer: every rank's share of m and of v into one host
+ * buffer on rank 0 (a collective: every rank calls it); NULL elsewhere.
+ * -1 (the run failed) when rank 0 has no room for it. */
+static int gather_opt(run *r, float **full)
+{
+    const run_trained *t = &r->mem.trained;
+    size_t P = t->count;
+    *full = NULL;
+    if (t->opt_count == P)
+        return 0;
+    if (r->writer && !(*full = malloc(2 * P * sizeof(float)))) {
+        run_fail(r, "checkpoint failed: out of host memory gathering %zu floats of optimizer state", 2 * P);
+        return -1;
+    }
+    char err[1024];
+    if (dist_gather_f32(r->dist, t->opt, *full, P, "gathering the optimizer state", err, sizeof err) != 0 ||
+        dist_gather_f32(r->dist, t->opt + t->opt_count, *full ? *full + P : NULL, P, "gathering the optimizer state",
+                        err, sizeof err) != 0) {
+        free(*full);
+        *full = NULL;
+        run_fail(r, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 train_outcome checkpoint_save(run *r, uint64_t epoch, uint64_t index)
 {
+    float *opt_full;
+    if (gather_opt(r, &opt_full) != 0)
+        return TRAIN_FAILED;
     /* Written once, by rank 0: every rank holds the same state. */
     if (!r->writer)
         return TRAIN_DONE;
     char err[1024];
+    train_outcome o = TRAIN_DONE;
     /* Everything logged up to here (the step's validation too) is on disk
      * before the state that a resume would continue after it; and not over
      * logs that did not make it to disk: a resume from here would never
      * write them. */
     if (!outputs_flush(r))
-        return run_fail(r, "%s", r->out.err);
-    if (write_resume(r, epoch, index, err, sizeof err) != 0)
-        return run_fail(r, "checkpoint failed (the previous one is intact): %s", err);
-    return TRAIN_DONE;
+        o = run_fail(r, "%s", r->out.err);
+    else if (write_resume(r, epoch, index, opt_full, err, sizeof err) != 0)
+        o = run_fail(r, "checkpoint failed (the previous one is intact): %s", err);
+    free(opt_full);
+    return o;
 }

@@ -272,6 +272,48 @@ static kern_segment *segments(const model_tensor *t, int n)
     return segs;
 }
 
+/* Whether this rank holds the optimizer state of only its share of the
+ * trained elements ([memory] shard_optimizer among several ranks). */
+static bool opt_sharded(const run *r)
+{
+    return r->dist && r->j->shard_optimizer;
+}
+
+/* The trained elements whose optimizer state this rank holds. */
+static void opt_share(const run *r, size_t count, size_t *first, size_t *n)
+{
+    if (opt_sharded(r)) {
+        dist_shard(count, dist_size(r->dist), dist_rank(r->dist), first, n);
+    } else {
+        *first = 0;
+        *n = count;
+    }
+}
+
+/* The tensors' segments cut to this rank's share, offsets counted from
+ * its start: what adamw_multi updates on params + opt_first. */
+static bool cut_segments(run_trained *t)
+{
+    if (t->opt_first == 0 && t->opt_count == t->count) {
+        t->opt_segs = t->segs;
+        t->opt_nsegs = t->nsegs;
+        return true;
+    }
+    t->opt_segs = malloc((size_t)(t->nsegs ? t->nsegs : 1) * sizeof *t->opt_segs);
+    if (!t->opt_segs)
+        return false;
+    size_t lo = t->opt_first, hi = t->opt_first + t->opt_count;
+    t->opt_nsegs = 0;
+    for (int i = 0; i < t->nsegs; i++) {
+        size_t a = t->segs[i].offset, b = a + t->segs[i].n;
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (a < b)
+            t->opt_segs[t->opt_nsegs++] = (kern_segment){a - lo, b - a, t->segs[i].decay};
+    }
+    return true;
+}
+
 /* LoRA's buffers: the frozen base once, in the precision its GEMMs read,
  * then the adapters, their gradients and AdamW's moments. */
 static train_outcome alloc_lora(run *r)
@@ -298,11 +340,13 @@ static train_outcome alloc_lora(run *r)
     r->mem.adapter_grads = alloc_tagged(r, A * sizeof(float), POOL_TAG_GRADS, "adapters' gradients");
     if (!r->mem.adapter_grads)
         return TRAIN_FAILED;
-    r->mem.opt = alloc_tagged(r, 2 * A * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
+    size_t first, n;
+    opt_share(r, A, &first, &n);
+    r->mem.opt = alloc_tagged(r, 2 * n * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
     if (!r->mem.opt)
         return TRAIN_FAILED;
     r->mem.trained = (run_trained){r->mem.adapters, r->mem.adapter_grads, r->mem.opt, NULL,
-                                   segments(l->tensors, l->ntensors), l->ntensors, A};
+                                   segments(l->tensors, l->ntensors), l->ntensors, A, first, n, NULL, 0};
     l->params = r->mem.adapters;
     l->grads = r->mem.adapter_grads;
     l->base32 = r->mem.base32;
@@ -330,7 +374,9 @@ train_outcome memory_alloc(run *r)
         r->mem.grads = alloc_tagged(r, P * sizeof(float), POOL_TAG_GRADS, "gradients");
         if (!r->mem.grads)
             return TRAIN_FAILED;
-        r->mem.opt = alloc_tagged(r, 2 * P * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
+        size_t first, n;
+        opt_share(r, P, &first, &n);
+        r->mem.opt = alloc_tagged(r, 2 * n * sizeof(float), POOL_TAG_OPTIMIZER, "optimizer state");
         if (!r->mem.opt)
             return TRAIN_FAILED;
         if (r->m->needs_params16) {
@@ -339,9 +385,9 @@ train_outcome memory_alloc(run *r)
                 return TRAIN_FAILED;
         }
         r->mem.trained = (run_trained){r->mem.params, r->mem.grads, r->mem.opt, r->mem.params16,
-                                       segments(r->m->tensors, r->m->ntensors), r->m->ntensors, P};
+                                       segments(r->m->tensors, r->m->ntensors), r->m->ntensors, P, first, n, NULL, 0};
     }
-    if (!r->mem.trained.segs)
+    if (!r->mem.trained.segs || !cut_segments(&r->mem.trained))
         return run_fail(r, "out of host memory for the optimizer's tensor list");
     r->m->params = r->mem.params;
     r->m->params16 = r->mem.params16;
@@ -495,8 +541,10 @@ void memory_free(run *r)
     free(r->mem.x_host);
     free(r->mem.y_host);
     free(r->mem.aux_host);
+    if (r->mem.trained.opt_segs != r->mem.trained.segs)
+        free(r->mem.trained.opt_segs);
     free(r->mem.trained.segs);
-    r->mem.trained.segs = NULL;
+    r->mem.trained.segs = r->mem.trained.opt_segs = NULL;
 }
 
 /* ---- the batch controller at work ------------------------------------------------------ */

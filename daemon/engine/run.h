@@ -71,6 +71,12 @@ typedef struct {
     kern_segment *segs;          /* its tensors, for adamw_multi (host memory) */
     int nsegs;
     size_t count;
+    /* The elements whose optimizer state this rank holds and updates:
+     * all of them, or under [memory] shard_optimizer its dist_shard part
+     * (opt then holds opt_count of m, then of v), with segs cut to it. */
+    size_t opt_first, opt_count;
+    kern_segment *opt_segs;
+    int opt_nsegs;
 } run_trained;
 
 /* Device memory, all from the pool, and what the batch controller is fed

@@ -475,9 +475,22 @@ static int try_step(run *r, const train_hooks *h)
     double scale = 1.0 / ls;
     if (j->grad_clip > 0 && norm > j->grad_clip)
         scale *= j->grad_clip / norm;
-    k->adamw_multi(r->kc, tr->params, tr->params16, tr->grads, tr->opt, tr->opt + tr->count, tr->segs, tr->nsegs,
-                   (float)lr, (float)j->beta1, (float)j->beta2, (float)j->eps, (float)j->weight_decay, (float)scale,
-                   (int)(r->progress.opt_steps + 1));
+    /* This rank's share of the update (all of it but under
+     * shard_optimizer), then the others' shares of the parameters. */
+    size_t f = tr->opt_first;
+    k->adamw_multi(r->kc, tr->params + f, tr->params16 ? tr->params16 + f : NULL, tr->grads + f, tr->opt,
+                   tr->opt + tr->opt_count, tr->opt_segs, tr->opt_nsegs, (float)lr, (float)j->beta1, (float)j->beta2,
+                   (float)j->eps, (float)j->weight_decay, (float)scale, (int)(r->progress.opt_steps + 1));
+    if (tr->opt_count != tr->count) {
+        char err[1024];
+        if (k->sync(r->kc) != KERN_OK)
+            return run_fail(r, "the device failed in step %llu's optimizer update: %s",
+                            (unsigned long long)r->progress.step + 1, k->error(r->kc));
+        if (dist_allgather_f32(r->dist, tr->params, tr->count, "gathering the updated parameters", err,
+                               sizeof err) != 0)
+            run_collective_failed(r, err);
+        memory_refresh_params16(r);
+    }
     /* Nothing here allocates: any failure is the device's. */
     if (k->sync(r->kc) != KERN_OK)
         return run_fail(r, "the device failed in step %llu's optimizer update: %s",
@@ -569,7 +582,7 @@ static train_outcome init_weights(run *r)
             free(a);
         }
     }
-    r->k->zero(r->kc, t->opt, 2 * t->count);
+    r->k->zero(r->kc, t->opt, 2 * t->opt_count);
     return TRAIN_DONE;
 }
 

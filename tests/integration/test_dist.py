@@ -5,7 +5,8 @@ are one process's up to the order of the float sums; the smallest fit
 among the ranks is every rank's, and an OOM on one rank shrinks them all;
 a rank killed or stopped fails the whole job within its rank_timeout, and
 the job resumes from its checkpoint at another number of ranks, ending
-where an uninterrupted run ends."""
+where an uninterrupted run ends; with the optimizer state sharded, each
+rank holds its share of it and the training is the same."""
 import json
 import os
 import shutil
@@ -50,6 +51,7 @@ eval_batches = 1
 seed = 3
 [memory]
 tune = off
+shard_optimizer = {shard}
 [output]
 dir = {out}
 log_every = 1
@@ -104,12 +106,12 @@ class Dist(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def job(self, name, steps=8, batch=8, micro="auto", ckpt=0, timeout="5m", width=32):
+    def job(self, name, steps=8, batch=8, micro="auto", ckpt=0, timeout="5m", width=32, shard="off"):
         out = os.path.join(self.dir, "out-" + name)
         path = os.path.join(self.dir, name + ".cfg")
         with open(path, "w") as f:
             f.write(JOB.format(train=self.train, steps=steps, batch=batch, micro=micro, ckpt=ckpt, out=out,
-                               timeout=timeout, width=width))
+                               timeout=timeout, width=width, shard=shard))
         return path, out
 
     def conf(self, name, capacity):
@@ -208,6 +210,51 @@ class Dist(unittest.TestCase):
             self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
                                           os.path.join(out, "model.safetensors")), TOL)
 
+    def test_sharded_optimizer(self):
+        # Each rank holds the optimizer state of its share of the
+        # parameters: half of it each at 2 ranks, and the same training.
+        cfg1, out1 = self.job("shard-one")
+        r1 = self.run1(cfg1)
+        for n in (2, 3):
+            cfg, out = self.job("shard%d" % n, shard="on")
+            r = self.mpirun(n, cfg)
+            self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
+                                          os.path.join(out, "model.safetensors")), TOL)
+            # The checkpoint holds the whole state, gathered on rank 0.
+            self.assertLessEqual(max_diff(os.path.join(out1, "resume.safetensors"),
+                                          os.path.join(out, "resume.safetensors")), TOL)
+            whole, share = self.opt_bytes(r1.stdout), self.opt_bytes(r.stdout)
+            self.assertLessEqual(share, whole / n * 1.05 + 4096, (whole, share))
+
+    @staticmethod
+    def opt_bytes(stdout):
+        """The optimizer tag of a `gradd run`'s peak memory line, in bytes."""
+        line = next(l for l in stdout.splitlines() if l.startswith("peak memory"))
+        size = line.split("optimizer ", 1)[1].split(",")[0].strip()
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        return float(size[:-1]) * mult[size[-1]] if size[-1] in mult else float(size.rstrip("B"))
+
+    def test_stopped_ranks_resume_sharded_at_another_size(self):
+        # Stopped as 2 ranks with sharded optimizer state (SIGTERM, as srun
+        # or systemd send it), resumed as 3: the uninterrupted weights.
+        steps = 120
+        cfg1, out1 = self.job("whole-s", steps=steps, ckpt=50, width=64)
+        self.run1(cfg1)
+        cfg, out = self.job("stopped-s", steps=steps, ckpt=50, width=64, shard="on")
+        p = self.start_ranks(2, cfg)
+        self.wait_steps(out, 12, p)
+        for k in (0, 1):
+            os.kill(self.rank_pid(p, k), signal.SIGTERM)
+        out_s, err = p.communicate(timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("stopped at step", out_s, err)
+        done = len(steps_logged(out))
+        self.assertLess(done, steps)
+        r = self.mpirun(3, cfg)
+        self.assertIn("done: %d steps" % steps, r.stdout)
+        self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
+                             TOL)
+
     def start_ranks(self, n, cfg):
         p = subprocess.Popen([MPIRUN, "-np", str(n), GRADD, "run", cfg], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=mpi_env(), start_new_session=True)
@@ -254,10 +301,10 @@ class Dist(unittest.TestCase):
         self.assertGreaterEqual(len(steps_logged(out)), n)
 
     def test_killed_rank_fails_all_and_resumes_at_another_size(self):
-        steps = 300
-        cfg1, out1 = self.job("whole", steps=steps, ckpt=5, width=128)
+        steps = 120
+        cfg1, out1 = self.job("whole", steps=steps, ckpt=5, width=64)
         self.run1(cfg1)
-        cfg, out = self.job("killed", steps=steps, ckpt=5, timeout="10s", width=128)
+        cfg, out = self.job("killed", steps=steps, ckpt=5, timeout="10s", width=64)
         p = self.start_ranks(2, cfg)
         self.wait_steps(out, 12, p)
         t0 = time.time()
