@@ -1,11 +1,16 @@
-/* dist.h — the ranks of one job that runs as several processes: `gradd run`
- * started by mpirun or srun, one rank per device.  Who this process is, and
- * the collectives that keep the ranks' training in step.
+/* dist.h — the ranks of one job, one per device: who this rank is, and
+ * the collectives that keep the ranks' training in step.  Two kinds of
+ * world:
  *
- * The launcher says how many ranks there are (OpenMPI's OMPI_COMM_WORLD_SIZE,
- * PMI_SIZE or PMIX_SIZE of other MPIs' launchers, Slurm's SLURM_NTASKS); a
- * process started alone is a world of one and needs none of this.  The
- * collectives run over MPI, on host memory: what CPU devices hold.
+ *   processes  `gradd run` started by mpirun or srun.  The launcher says
+ *              how many ranks there are (OpenMPI's OMPI_COMM_WORLD_SIZE,
+ *              PMI_SIZE or PMIX_SIZE of other MPIs' launchers, Slurm's
+ *              SLURM_NTASKS); a process started alone is a world of one and
+ *              needs none of this.  Collectives run over MPI.
+ *   threads    a dist_group: ranks as threads of one process, for a job
+ *              over several devices of one server.
+ *
+ * Collectives work on host memory: what CPU devices hold.
  *
  * Every collective has a deadline (dist_open's timeout): a rank that died or
  * hangs makes the others' next collective fail with a message naming the
@@ -23,6 +28,10 @@
 #include <stddef.h>
 
 typedef struct dist dist;
+typedef struct dist_group dist_group;
+
+/* The most ranks of a thread group. */
+#define DIST_GROUP_MAX 16
 
 typedef enum { DIST_SUM, DIST_MIN, DIST_MAX } dist_op;
 
@@ -50,9 +59,21 @@ int dist_allgather_f32(dist *d, float *buf, size_t n, const char *what, char *er
 /* Every rank's dist_shard part of n floats (`part`, this rank's) into
  * `full` (n floats) on rank 0; full is not read elsewhere (may be NULL). */
 int dist_gather_f32(dist *d, const float *part, float *full, size_t n, const char *what, char *err, size_t err_len);
-/* End every rank of the world now, with exit status code. */
+/* A world of n ranks as threads of this process (1 to DIST_GROUP_MAX),
+ * every collective bounded by timeout_s; NULL with err. */
+dist_group *dist_group_new(int n, double timeout_s, char *err, size_t err_len);
+/* Rank k's handle, owned by the group: the thread that runs rank k uses it. */
+dist *dist_group_rank(dist_group *g, int k);
+/* After every rank's thread has ended. */
+void dist_group_free(dist_group *g);
+/* This rank gives up (its run failed): the other ranks' collectives fail
+ * now instead of at their timeout.  Nothing for ranks as processes, whose
+ * launcher ends them all (dist_abort). */
+void dist_fail(dist *d, const char *why);
+/* End every rank of the world now, with exit status code: the process
+ * exits (a thread group's every rank with it). */
 void dist_abort(dist *d, int code);
-/* Leave the world (MPI_Finalize) and free d; NULL is fine. */
+/* Leave the world (MPI_Finalize) and free d; NULL or a group's rank: nothing. */
 void dist_close(dist *d);
 
 #endif

@@ -1,0 +1,185 @@
+/* test_dist.c — a thread group's collectives (dist.h): every rank ends
+ * with the same values, reduced in rank order; shares are contiguous in
+ * rank order; a rank that never comes fails the others at the deadline,
+ * and a rank that gives up fails them at once. */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "dist/dist.h"
+
+#define N 1001
+
+typedef struct {
+    dist *d;
+    float f[N];
+    double lo[3], hi[3];
+    float shard[N];
+    float *full;
+    int rc[4];
+    char err[640];
+} rank_io;
+
+static void *rank_main(void *arg)
+{
+    rank_io *io = arg;
+    int k = dist_rank(io->d);
+    for (int i = 0; i < N; i++)
+        io->f[i] = (float)(k + 1) * 0.1f + (float)i;
+    for (int i = 0; i < 3; i++)
+        io->lo[i] = io->hi[i] = (double)(k * 7 % 5) + i;
+    io->rc[0] = dist_allreduce_f32(io->d, io->f, N, "sum", io->err, sizeof io->err);
+    io->rc[1] = dist_allreduce_f64(io->d, io->lo, 3, DIST_MIN, "min", io->err, sizeof io->err);
+    io->rc[1] |= dist_allreduce_f64(io->d, io->hi, 3, DIST_MAX, "max", io->err, sizeof io->err);
+    /* Each rank's share holds its rank: gathered, the whole array says
+     * whose share each element was. */
+    size_t first, count;
+    dist_shard(N, dist_size(io->d), k, &first, &count);
+    for (size_t i = 0; i < N; i++)
+        io->shard[i] = i >= first && i < first + count ? (float)k : -1.0f;
+    float part[N];
+    for (size_t i = 0; i < count; i++)
+        part[i] = (float)(1000 * k) + (float)i;
+    io->rc[2] = dist_allgather_f32(io->d, io->shard, N, "allgather", io->err, sizeof io->err);
+    io->rc[3] = dist_gather_f32(io->d, part, io->full, N, "gather", io->err, sizeof io->err);
+    return NULL;
+}
+
+static void test_collectives(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 4; n++) {
+        char err[256];
+        dist_group *g = dist_group_new(n, 10, err, sizeof err);
+        assert_non_null(g);
+        rank_io *io = calloc((size_t)n, sizeof *io);
+        float *full = malloc(N * sizeof *full);
+        pthread_t t[4];
+        for (int k = 0; k < n; k++) {
+            io[k].d = dist_group_rank(g, k);
+            io[k].full = k == 0 ? full : NULL;
+            pthread_create(&t[k], NULL, rank_main, &io[k]);
+        }
+        for (int k = 0; k < n; k++)
+            pthread_join(t[k], NULL);
+        for (int k = 0; k < n; k++) {
+            for (int c = 0; c < 4; c++)
+                assert_int_equal(io[k].rc[c], 0);
+            for (int i = 0; i < N; i++) {
+                /* The sum in rank order, exactly. */
+                float want = 0.1f + (float)i;
+                for (int r = 1; r < n; r++)
+                    want += (float)(r + 1) * 0.1f + (float)i;
+                assert_true(io[k].f[i] == want);
+            }
+            for (int i = 0; i < 3; i++) {
+                double lo = INFINITY, hi = -INFINITY;
+                for (int r = 0; r < n; r++) {
+                    double v = (double)(r * 7 % 5) + i;
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                assert_true(io[k].lo[i] == lo && io[k].hi[i] == hi);
+            }
+        }
+        /* Shares: contiguous, in rank order, sizes differing by at most one. */
+        size_t next = 0;
+        for (int r = 0; r < n; r++) {
+            size_t first, count;
+            dist_shard(N, n, r, &first, &count);
+            assert_int_equal(first, next);
+            assert_true(count == (size_t)(N / n) || count == (size_t)(N / n + 1));
+            next = first + count;
+            for (size_t i = first; i < first + count; i++) {
+                for (int k = 0; k < n; k++)
+                    assert_true(io[k].shard[i] == (float)r);
+                assert_true(full[i] == (float)(1000 * r) + (float)(i - first));
+            }
+        }
+        assert_int_equal(next, N);
+        free(full);
+        free(io);
+        dist_group_free(g);
+    }
+}
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    dist *d;
+    int rc;
+    double took;
+    char err[640];
+} waiter;
+
+static void *wait_main(void *arg)
+{
+    waiter *w = arg;
+    double x = 1, t0 = mono();
+    w->rc = dist_allreduce_f64(w->d, &x, 1, DIST_SUM, "the step's exchange", w->err, sizeof w->err);
+    w->took = mono() - t0;
+    return NULL;
+}
+
+static void test_deadline_and_giving_up(void **state)
+{
+    (void)state;
+    char err[256];
+    /* Rank 2 never comes: ranks 0 and 1 fail at the deadline, naming it. */
+    dist_group *g = dist_group_new(3, 0.3, err, sizeof err);
+    waiter w[2] = {{.d = dist_group_rank(g, 0)}, {.d = dist_group_rank(g, 1)}};
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++)
+        pthread_create(&t[k], NULL, wait_main, &w[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(t[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(w[k].rc, -1);
+        assert_non_null(strstr(w[k].err, "the step's exchange did not complete within 0.3 s"));
+        assert_true(w[k].took >= 0.29 && w[k].took < 3);
+    }
+    /* Failed for good: a later collective fails at once. */
+    double x = 0;
+    double t0 = mono();
+    assert_int_equal(dist_allreduce_f64(dist_group_rank(g, 2), &x, 1, DIST_SUM, "late", err, sizeof err), -1);
+    assert_true(mono() - t0 < 0.1);
+    dist_group_free(g);
+
+    /* Rank 1 gives up while rank 0 waits: rank 0 fails at once with why. */
+    g = dist_group_new(2, 30, err, sizeof err);
+    waiter w0 = {.d = dist_group_rank(g, 0)};
+    pthread_create(&t[0], NULL, wait_main, &w0);
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+    dist_fail(dist_group_rank(g, 1), "cannot write the checkpoint");
+    pthread_join(t[0], NULL);
+    assert_int_equal(w0.rc, -1);
+    assert_non_null(strstr(w0.err, "rank 1 of 2 gave up: cannot write the checkpoint"));
+    assert_true(w0.took < 5);
+    dist_group_free(g);
+
+    assert_null(dist_group_new(DIST_GROUP_MAX + 1, 1, err, sizeof err));
+    assert_non_null(strstr(err, "a group has 1 to"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_deadline_and_giving_up),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
