@@ -13,6 +13,7 @@
 #ifndef GRADD_RUN_H
 #define GRADD_RUN_H
 
+#include <setjmp.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -173,6 +174,7 @@ typedef struct run {
     struct dist *dist;
     uint32_t rank_batch, rank_samples, rank_first;
     bool writer;
+    jmp_buf unwind; /* train_run's: a failed collective leaves the run from here */
 
     run_data data;
     run_memory mem;

@@ -6,6 +6,7 @@
 #include "train.h"
 
 #include <math.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,17 +27,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* A collective failed: the other ranks died, hang or are gone.  Nothing
- * can go on with fewer ranks; the last checkpoint stands, and the whole
- * world ends now, every rank with a failure. */
+/* A collective failed: the other ranks died, hang or gave up.  Nothing
+ * can go on with fewer ranks: the run fails from wherever it is, back in
+ * train_run (which releases what the run holds), and the last checkpoint
+ * stands for a resume. */
 static _Noreturn void run_collective_failed(run *r, const char *err)
 {
-    fprintf(stderr, "gradd: job %s failed: %s; the job resumes from its last checkpoint when started again\n",
-            r->j->name, err);
-    if (r->out.metrics)
-        fflush(r->out.metrics);
-    dist_abort(r->dist, 1);
-    abort();
+    run_fail(r, "%s; the job resumes from its last checkpoint when started again", err);
+    longjmp(r->unwind, 1);
 }
 
 void run_agree(run *r, double *v, size_t n, dist_op op, const char *what)
@@ -731,8 +729,22 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
                               : j->precision == JOBCFG_FP16 ? KERN_FP16
                                                             : KERN_FP32;
         r->kc = k->ctx_create((int)j->threads, d->index, prec, &scratch);
-        o = r->kc ? run_job(r, h) : run_fail(r, "cannot create the %s kernel context on %s", k->name, d->id);
+        if (!r->kc)
+            o = run_fail(r, "cannot create the %s kernel context on %s", k->name, d->id);
+        else if (setjmp(r->unwind) == 0)
+            o = run_job(r, h);
+        else
+            o = TRAIN_FAILED; /* run_collective_failed */
+        /* Left from inside a fit by a failed collective. */
+        if (r->mem.fitting) {
+            r->mem.fitting = false;
+            pool_fit_end(r->p);
+        }
     }
+    /* The other ranks wait for this one: they fail now, not at their
+     * timeout. */
+    if (o == TRAIN_FAILED)
+        dist_fail(r->dist, res->message);
     o = outputs_close(r, o);
     if (r->m)
         memory_free(r);

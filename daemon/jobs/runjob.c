@@ -164,7 +164,10 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
     /* The other ranks wait for this one at their next collective: a
      * failure here ends them all now rather than at their timeout. */
     if (dw && o == TRAIN_FAILED) {
-        fprintf(stderr, "gradd: job %s failed on %s: %s\n", j.name, dist_name(dw), res.message);
+        if (strstr(res.message, dist_name(dw)))
+            fprintf(stderr, "gradd: job %s failed: %s\n", j.name, res.message);
+        else
+            fprintf(stderr, "gradd: job %s failed on %s: %s\n", j.name, dist_name(dw), res.message);
         fflush(stderr);
         dist_abort(dw, 1);
     }
