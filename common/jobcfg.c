@@ -19,6 +19,8 @@
 static const opts_def opts[] = {
     {"job", "name", OPTS_STRING, J(name), 0, 0, false, "", "shown in gradctl list (default: the file name)", NULL},
     {"job", "device", OPTS_STRING, J(device), 0, 0, false, "auto", "auto, cpu, cpuN or cuda:N", NULL},
+    {"job", "devices", OPTS_STRING, J(devices), 0, 0, false, "",
+     "one job over several devices, data-parallel: cpuN or cuda:N, comma-separated (in place of device)", NULL},
     {"job", "priority", OPTS_COUNT, J(priority), 0, JOBCFG_PRIORITY_MAX, false, "0", "higher runs first", NULL},
     {"job", "type", OPTS_CHOICE, J(type), 0, 0, false, "engine",
      "engine: gradd trains the model below; program: run [program] command", "engine|program"},
@@ -423,6 +425,64 @@ static int validate_program(parse_ctx *p, const char *dir, char *err, size_t err
 
 /* ---- the whole file ------------------------------------------------------------- */
 
+/* [job] devices: "cpu0,cpu1" or "cuda:0, cuda:1": each once, at least
+ * two, of one kind (a rank's kernels are its device's); device then names
+ * the first. */
+static int parse_devices(parse_ctx *p, char *err, size_t err_len)
+{
+    job_config *j = p->j;
+    j->ndevices = 0;
+    if (!j->devices[0])
+        return 0;
+    if (jobcfg_line(j, "job", "device"))
+        return complain(p, "job", "devices", err, err_len, "give [job] device or devices, not both");
+    if (j->type == JOBCFG_PROGRAM)
+        return complain(p, "job", "devices", err, err_len,
+                        "a program job runs on one device ([job] device); its own program may use more");
+    char why[160];
+    const char *s = j->devices;
+    while (*s) {
+        s += strspn(s, " \t");
+        size_t len = strcspn(s, ",");
+        while (len && (s[len - 1] == ' ' || s[len - 1] == '\t'))
+            len--;
+        char item[32];
+        snprintf(item, sizeof item, "%.*s", (int)(len < 31 ? len : 31), s);
+        const char *digits = strncmp(item, "cuda:", 5) == 0 ? item + 5 : strncmp(item, "cpu", 3) == 0 ? item + 3 : NULL;
+        if (!digits || !*digits || strspn(digits, "0123456789") != strlen(digits) || strlen(digits) > 3 || len > 31) {
+            snprintf(why, sizeof why, "'%s' is not a device: expected cpuN or cuda:N, comma-separated", item);
+            return complain(p, "job", "devices", err, err_len, why);
+        }
+        if (j->ndevices == JOBCFG_MAX_DEVICES) {
+            snprintf(why, sizeof why, "more than %d devices", JOBCFG_MAX_DEVICES);
+            return complain(p, "job", "devices", err, err_len, why);
+        }
+        char id[16];
+        snprintf(id, sizeof id, "%s%s", item[1] == 'u' ? "cuda" : "cpu", digits);
+        for (int k = 0; k < j->ndevices; k++)
+            if (!strcmp(j->device_ids[k], id)) {
+                snprintf(why, sizeof why, "%s is named twice: a device takes one rank", item);
+                return complain(p, "job", "devices", err, err_len, why);
+            }
+        if (j->ndevices && strncmp(j->device_ids[0], id, 3)) {
+            snprintf(why, sizeof why, "%s and %s are of two kinds: the ranks of a job run on one kind", j->device_ids[0],
+                     id);
+            return complain(p, "job", "devices", err, err_len, why);
+        }
+        snprintf(j->device_ids[j->ndevices++], sizeof j->device_ids[0], "%s", id);
+        if (j->ndevices == 1)
+            snprintf(j->device, sizeof j->device, "%s", item);
+        s += strcspn(s, ",");
+        if (*s == ',')
+            s++;
+    }
+    if (j->ndevices < 2) {
+        snprintf(why, sizeof why, "%s", j->ndevices ? "one device: use [job] device" : "no device named");
+        return complain(p, "job", "devices", err, err_len, why);
+    }
+    return 0;
+}
+
 static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
 {
     job_config *j = p->j;
@@ -452,6 +512,8 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     const char *d = j->device;
     if (strcmp(d, "auto") && strncmp(d, "cpu", 3) && strncmp(d, "cuda:", 5))
         return complain(p, "job", "device", err, err_len, "expected auto, cpu, cpuN or cuda:N");
+    if (parse_devices(p, err, err_len) != 0)
+        return -1;
     if (check_kind_keys(p, err, err_len) != 0)
         return -1;
     char words[JOBCFG_COMMAND_MAX], why[192];

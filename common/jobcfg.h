@@ -37,12 +37,21 @@ typedef enum { JOBCFG_RECOMPUTE_AUTO = 0, JOBCFG_RECOMPUTE_OFF = 1, JOBCFG_RECOM
 typedef enum { JOBCFG_FT_FULL = 0, JOBCFG_FT_LORA = 1 } jobcfg_ft_method;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
+/* [job] devices: at most this many. */
+#define JOBCFG_MAX_DEVICES 16
+
 typedef struct job_config {
     char source[PATH_MAX]; /* the file, as given */
 
     /* [job] */
     char name[64];
-    char device[16]; /* auto | cpu | cpuN | cuda:N */
+    char device[16]; /* auto | cpu | cpuN | cuda:N; with devices, the first of them */
+    /* [job] devices: one job data-parallel over these, a rank on each
+     * (as written; parsed into device_ids, the daemon's ids: cpu0, cuda1).
+     * ndevices 0: one device, [job] device. */
+    char devices[256];
+    char device_ids[JOBCFG_MAX_DEVICES][16];
+    int ndevices;
     int64_t priority;
     int type; /* jobcfg_type */
     uint64_t time_limit_ms; /* of running, over all its runs; 0: none asked */

@@ -2,6 +2,7 @@
 #include "runjob.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -105,6 +106,50 @@ static int pick_device(const gradd_ctx *ctx, const char *want, char *err, size_t
     return i;
 }
 
+/* A rank other than 0's own part, in one line: rank 0 reports the job. */
+static void print_rank_part(const dist *d, pool *p, uint32_t job, const train_result *res)
+{
+    uint64_t peak, tag[POOL_TAG_COUNT];
+    pool_job_peak(p, job, &peak, tag);
+    char pk[16];
+    fprintf(stderr, "gradd: %s: done: %llu steps, micro-batch %u at the end, %llu OOM recoveries, peak memory %s\n",
+            dist_name(d), (unsigned long long)res->steps_done, res->micro, (unsigned long long)res->oom_recoveries,
+            units_format_size(peak, pk, sizeof pk));
+}
+
+/* Rank k (k > 0) of a job over several devices of this machine, as a thread. */
+typedef struct {
+    const runner *run;
+    runner_env env;
+    const job_config *j;
+    train_result res;
+    train_outcome o;
+    pthread_t t;
+    bool started;
+} rank_thread;
+
+static void *rank_main(void *arg)
+{
+    rank_thread *rt = arg;
+    rt->o = rt->run->run(&rt->env, rt->j, &rt->res);
+    return NULL;
+}
+
+/* [job] devices: each one's index here, in order; -1 with err. */
+static int find_devices(const gradd_ctx *ctx, const job_config *j, int *idx, char *err, size_t err_len)
+{
+    for (int k = 0; k < j->ndevices; k++) {
+        if ((idx[k] = ctx_find_device(ctx, j->device_ids[k])) < 0) {
+            snprintf(err, err_len, "no device %s here%s", j->device_ids[k],
+                     strncmp(j->device_ids[k], "cpu", 3) == 0 ? " (gradd.conf's [cpu] devices says how many cpu "
+                                                                "devices to simulate)"
+                                                              : "");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Open the devices and train; the signal handlers are in place.  d: this
  * process is one rank of several (rank 0 reports; any rank's failure ends
  * them all), else NULL. */
@@ -120,7 +165,19 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         return 1;
     }
     int rc = 2;
-    int di = pick_device(ctx, j.device, err, sizeof err);
+    static rank_thread ranks[JOBCFG_MAX_DEVICES];
+    dist_group *group = NULL;
+    int idx[JOBCFG_MAX_DEVICES], nranks = j.ndevices ? j.ndevices : 1;
+    if (j.ndevices && dw) {
+        fprintf(stderr, "gradd: %s: [job] devices: under mpirun or srun each rank is one process on one device: "
+                "give each rank [job] device\n", path);
+        goto out;
+    }
+    if (j.ndevices && find_devices(ctx, &j, idx, err, sizeof err) != 0) {
+        fprintf(stderr, "gradd: %s: [job] devices: %s\n", path, err);
+        goto out;
+    }
+    int di = j.ndevices ? idx[0] : pick_device(ctx, j.device, err, sizeof err);
     if (di < 0) {
         fprintf(stderr, "gradd: %s: [job] device: %s\n", path, err);
         goto out;
@@ -138,9 +195,16 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         goto out;
     }
     runjob_view v = {&stop_requested, quiet, j.log_every, model_unit(&j)};
+    if (j.ndevices && !(group = dist_group_new(j.ndevices, (double)j.rank_timeout_ms / 1000.0, err, sizeof err))) {
+        fprintf(stderr, "gradd: %s: [job] devices: %s\n", path, err);
+        goto out;
+    }
+    if (group)
+        dw = dist_group_rank(group, 0);
     if (report)
-        log_info("training %s (%s) on %s%s: %llu steps of %u, output %s", j.name, j.model, d->id,
-                 dw ? " of each of the ranks" : "", (unsigned long long)j.steps, j.batch, j.out_dir);
+        log_info("training %s (%s) on %s%s%s: %llu steps of %u, output %s", j.name, j.model,
+                 group ? j.devices : d->id, dw && !group ? " of each of the ranks" : "", group ? " (a rank each)" : "",
+                 (unsigned long long)j.steps, j.batch, j.out_dir);
     runner_env env = {
         .ctx = ctx,
         .dev = di,
@@ -151,6 +215,22 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         .cpu_share = dw && ctx_cores() / dist_local_size(dw) > 0 ? ctx_cores() / dist_local_size(dw) : 0,
         .cpu_slots = dist_local_size(dw),
     };
+    /* Ranks 1.. on the other devices, as threads that report nothing but
+     * their part at the end; rank 0 here. */
+    for (int k = 1; k < nranks; k++) {
+        rank_thread *rt = &ranks[k];
+        memset(rt, 0, sizeof *rt);
+        rt->run = run;
+        rt->j = &j;
+        rt->env = env;
+        rt->env.dev = idx[k];
+        rt->env.hooks = (train_hooks){.dist = dist_group_rank(group, k)};
+        if (pthread_create(&rt->t, NULL, rank_main, rt) != 0) {
+            dist_fail(dist_group_rank(group, k), "cannot start its thread");
+            break;
+        }
+        rt->started = true;
+    }
     /* Tests only (--test-hooks): GRADD_TEST_OOM=RANK:STEP makes that
      * rank's step run out of memory once. */
     const char *t = ctx->test_hooks ? getenv("GRADD_TEST_OOM") : NULL;
@@ -160,10 +240,26 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         env.hooks.test_oom_step = ts;
     static train_result res;
     train_outcome o = run->run(&env, &j, &res);
+    for (int k = 1; k < nranks; k++) {
+        if (!ranks[k].started) {
+            o = TRAIN_FAILED;
+            continue;
+        }
+        pthread_join(ranks[k].t, NULL);
+        /* The first rank's own failure says why; the others' only that a
+         * rank gave up. */
+        if (ranks[k].o == TRAIN_FAILED && o != TRAIN_FAILED) {
+            o = TRAIN_FAILED;
+            res = ranks[k].res;
+        }
+    }
+    for (int k = 1; k < nranks; k++)
+        if (ranks[k].started && ranks[k].o == TRAIN_DONE && o == TRAIN_DONE)
+            print_rank_part(dist_group_rank(group, k), ctx->pools[idx[k]], env.job_id, &ranks[k].res);
     fflush(stderr);
     /* The other ranks wait for this one at their next collective: a
      * failure here ends them all now rather than at their timeout. */
-    if (dw && o == TRAIN_FAILED) {
+    if (dw && !group && o == TRAIN_FAILED) {
         if (strstr(res.message, dist_name(dw)))
             fprintf(stderr, "gradd: job %s failed: %s\n", j.name, res.message);
         else
@@ -173,14 +269,8 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
     }
     /* Rank 0 reports the job; the others their own part, in one line. */
     if (!report) {
-        if (o == TRAIN_DONE) {
-            uint64_t peak, tag[POOL_TAG_COUNT];
-            pool_job_peak(ctx->pools[di], env.job_id, &peak, tag);
-            char pk[16];
-            fprintf(stderr, "gradd: %s: done: %llu steps, micro-batch %u at the end, %llu OOM recoveries, peak "
-                    "memory %s\n", dist_name(dw), (unsigned long long)res.steps_done, res.micro,
-                    (unsigned long long)res.oom_recoveries, units_format_size(peak, pk, sizeof pk));
-        }
+        if (o == TRAIN_DONE)
+            print_rank_part(dw, ctx->pools[di], env.job_id, &res);
         rc = o == TRAIN_DONE ? 0 : o == TRAIN_STOPPED ? 130 : 1;
         goto out;
     }
@@ -215,6 +305,7 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
     }
 out:
     fflush(stdout);
+    dist_group_free(group);
     ctx_close(ctx);
     return rc;
 }

@@ -181,6 +181,12 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
     /* A client that does not say gets what outputs always had. */
     mode_t mask = rq->has_umask ? (mode_t)rq->umask : 022;
     char where[PATH_MAX + 64];
+    if (cfg->ndevices) {
+        snprintf(msg, sizeof msg, "%s: a job over several devices runs with `gradd run` for now (the daemon "
+                 "queues jobs on one device)", jobcfg_where(cfg, "job", "devices", where, sizeof where));
+        rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
+        goto out;
+    }
     bool have_cuda = false, found = false, found_cuda = false;
     for (int i = 0; i < ctx->ndev; i++)
         have_cuda |= ctx->devs[i]->kind == DEV_KIND_CUDA;

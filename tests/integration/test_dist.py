@@ -153,6 +153,31 @@ class Dist(unittest.TestCase):
             self.assertEqual(b[-1]["micro"] * b[-1]["accum"] >= (8 + n - 1) // n, True, b[-1])
             self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(out1)))
 
+    def test_devices_of_one_process(self):
+        # [job] devices: a rank per device as threads of one `gradd run`,
+        # no MPI; the same training, sharded optimizer state or not.
+        conf = self.conf("three", "64M").replace(".conf", "")
+        with open(conf + ".conf", "a") as f:
+            f.write("devices = 3\n")
+        cfg1, out1 = self.job("threads-one")
+        self.run1(cfg1)
+        for devices, shard in (("cpu0,cpu1", "off"), ("cpu2, cpu0, cpu1", "on")):
+            cfg, out = self.job("threads-%d%s" % (devices.count(",") + 1, shard), shard=shard)
+            with open(cfg) as f:
+                text = f.read().replace("device = cpu\n", "devices = %s\n" % devices)
+            with open(cfg, "w") as f:
+                f.write(text)
+            r = self.run1(cfg, conf + ".conf")
+            self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
+                                          os.path.join(out, "model.safetensors")), TOL, devices)
+            n = devices.count(",") + 1
+            for k in range(1, n):
+                self.assertIn("rank %d of %d: done: 8 steps" % (k, n), r.stderr)
+        # A device this gradd does not have is named.
+        r = self.run1(cfg, check=False)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("[job] devices: no device cpu2 here", r.stderr)
+
     def test_batch_smaller_than_ranks_is_refused(self):
         cfg, out = self.job("tiny", batch=1)
         r = self.mpirun(2, cfg, check=False)

@@ -153,6 +153,14 @@ static void test_errors(void **state)
     expect_error("[model]\ntype = rnn\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":2: [model] type: 'rnn' is not one of mlp|gpt");
     expect_error("[job]\ndevice = gpu0\n" GPT_HEAD, ":2: [job] device: expected auto, cpu, cpuN or cuda:N");
+    /* [job] devices: a list of at least two, each once, of one kind. */
+    expect_error("[job]\ndevices = cpu0,gpu1\n" GPT_HEAD, ":2: [job] devices: 'gpu1' is not a device");
+    expect_error("[job]\ndevices = cpu0, cpu0\n" GPT_HEAD, ":2: [job] devices: cpu0 is named twice");
+    expect_error("[job]\ndevices = cuda:0,cpu1\n" GPT_HEAD, ":2: [job] devices: cuda0 and cpu1 are of two kinds");
+    expect_error("[job]\ndevices = cuda:3\n" GPT_HEAD, ":2: [job] devices: one device: use [job] device");
+    expect_error("[job]\ndevices = ,\n" GPT_HEAD, ":2: [job] devices: '' is not a device");
+    expect_error("[job]\ndevice = cpu0\ndevices = cpu0,cpu1\n" GPT_HEAD,
+                 ":3: [job] devices: give [job] device or devices, not both");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
     expect_error("[model]\ntype = gpt\nvocab = 1048577\n" "[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":3: [model] vocab: ");
@@ -328,9 +336,29 @@ static void test_examples(void **state)
     assert_true(seen_prec[JOBCFG_FP32] && seen_prec[JOBCFG_BF16] && seen_prec[JOBCFG_FP16]);
 }
 
+/* [job] devices as the daemon takes it: ids in its form, in order, and
+ * device naming the first as written. */
+static void test_devices_list(void **state)
+{
+    (void)state;
+    write_job("[job]\ndevices = cuda:1 , cuda:0,cuda:12\n" GPT_HEAD);
+    static job_config j;
+    char err[1024];
+    assert_int_equal(load(path, &j, err, sizeof err), 0);
+    assert_int_equal(j.ndevices, 3);
+    assert_string_equal(j.device_ids[0], "cuda1");
+    assert_string_equal(j.device_ids[1], "cuda0");
+    assert_string_equal(j.device_ids[2], "cuda12");
+    assert_string_equal(j.device, "cuda:1");
+    write_job(GPT_HEAD);
+    assert_int_equal(load(path, &j, err, sizeof err), 0);
+    assert_int_equal(j.ndevices, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_devices_list),
         cmocka_unit_test(test_values_and_relative_paths),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_program),
