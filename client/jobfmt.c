@@ -351,6 +351,12 @@ static void memory_lines(FILE *f, const Gradd__JobInfo *j)
         fprintf(f, LABEL "  %-*s %8s  (peak %s)\n", "", w, u->tag ? u->tag : "",
                 units_format_size(u->allocated, a, sizeof a), units_format_size(u->peak, b, sizeof b));
     }
+    /* Over several devices: the memory above is rank 0's; each one's part. */
+    for (size_t i = 0; i < j->n_device_parts; i++) {
+        const Gradd__DevicePart *u = j->device_parts[i];
+        fprintf(f, LABEL "%-8s %8s  (peak %s)  rank %zu\n", i ? "" : "on each", u->device ? u->device : "",
+                units_format_size(u->allocated, a, sizeof a), units_format_size(u->peak, b, sizeof b), i);
+    }
 }
 
 static void program_times(FILE *f, const Gradd__JobInfo *j, double now)
@@ -554,6 +560,12 @@ json_t *jobfmt_json(const Gradd__JobInfo *j)
     json_object_set_new(o, "user", jout_str(j->user));
     json_object_set_new(o, "state", jout_str(j->state));
     json_object_set_new(o, "device", jout_str(j->device));
+    json_t *parts = json_array();
+    for (size_t i = 0; i < j->n_device_parts; i++)
+        json_array_append_new(parts, json_pack("{s:o, s:o, s:o}", "device", jout_str(j->device_parts[i]->device),
+                                               "allocated", jout_uint(j->device_parts[i]->allocated), "peak",
+                                               jout_uint(j->device_parts[i]->peak)));
+    json_object_set_new(o, "device_parts", parts);
     json_object_set_new(o, "priority", json_integer(j->priority));
     json_object_set_new(o, "step", jout_uint(j->step));
     json_object_set_new(o, "steps", jout_uint(j->steps));

@@ -27,6 +27,11 @@ struct dist_group {
     bool failed;
     char why[600];
     void *bufs[DIST_GROUP_MAX];
+    /* What each rank posted: the ranks of a job call the same collectives
+     * in the same order, with the same sizes; one that does not would
+     * write past another's buffer. */
+    const char *whats[DIST_GROUP_MAX];
+    size_t ns[DIST_GROUP_MAX];
     dist ranks[DIST_GROUP_MAX];
 };
 
@@ -113,13 +118,25 @@ static int barrier(dist *d, const char *what, char *err, size_t err_len)
     return rc;
 }
 
-/* Post buf as this rank's and wait for all the others' posts. */
-static int post(dist *d, void *buf, const char *what, char *err, size_t err_len)
+/* Post buf (n elements, for `what`) as this rank's and wait for all the
+ * others' posts; -1 as well when they are not at the same collective. */
+static int post(dist *d, void *buf, size_t n, const char *what, char *err, size_t err_len)
 {
-    pthread_mutex_lock(&d->group->lock);
-    d->group->bufs[d->rank] = buf;
+    dist_group *g = d->group;
+    pthread_mutex_lock(&g->lock);
+    g->bufs[d->rank] = buf;
+    g->whats[d->rank] = what;
+    g->ns[d->rank] = n;
     int rc = barrier_locked(d, what, err, err_len);
-    pthread_mutex_unlock(&d->group->lock);
+    for (int k = 0; rc == 0 && k < g->n; k++) {
+        if (g->ns[k] == n && strcmp(g->whats[k], what) == 0)
+            continue;
+        /* Every rank sees the same posts and fails alike. */
+        snprintf(err, err_len, "the ranks are out of step: rank %d at %s (%zu values), rank %d at %s (%zu)", d->rank,
+                 what, n, k, g->whats[k], g->ns[k]);
+        rc = -1;
+    }
+    pthread_mutex_unlock(&g->lock);
     return rc;
 }
 
@@ -155,7 +172,7 @@ int dist_thr_allreduce(dist *d, void *buf, size_t n, bool f64, dist_op op, const
                        size_t err_len)
 {
     dist_group *g = d->group;
-    if (post(d, buf, what, err, err_len) != 0)
+    if (post(d, buf, n, what, err, err_len) != 0)
         return -1;
     size_t first, count;
     dist_shard(n, g->n, d->rank, &first, &count);
@@ -169,7 +186,7 @@ int dist_thr_allreduce(dist *d, void *buf, size_t n, bool f64, dist_op op, const
 int dist_thr_allgather_f32(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len)
 {
     dist_group *g = d->group;
-    if (post(d, buf, what, err, err_len) != 0)
+    if (post(d, buf, n, what, err, err_len) != 0)
         return -1;
     size_t first, count;
     dist_shard(n, g->n, d->rank, &first, &count);
@@ -183,7 +200,7 @@ int dist_thr_gather_f32(dist *d, const float *part, float *full, size_t n, const
                         size_t err_len)
 {
     dist_group *g = d->group;
-    if (post(d, d->rank == 0 ? full : NULL, what, err, err_len) != 0)
+    if (post(d, d->rank == 0 ? full : NULL, n, what, err, err_len) != 0)
         return -1;
     size_t first, count;
     dist_shard(n, g->n, d->rank, &first, &count);

@@ -740,7 +740,12 @@ static bool found_still_holds(run *r, size_t budget)
     char devsig[96];
     checkpoint_device_signature(r, devsig, sizeof devsig);
     double was = (double)r->ckpt.found.budget, now = (double)budget;
-    return r->ckpt.found.fit && strcmp(r->ckpt.found.device, devsig) == 0 && now >= 0.98 * was && now <= 1.02 * was;
+    double holds = r->ckpt.found.fit && strcmp(r->ckpt.found.device, devsig) == 0 && now >= 0.98 * was &&
+                   now <= 1.02 * was;
+    /* Rank 0's device wrote it: every rank resumes the search as one, or
+     * none does (their probes are collectives). */
+    run_agree(r, &holds, 1, DIST_MIN, "agreeing on the checkpoint's micro-batch");
+    return holds > 0;
 }
 
 /* Choose the first micro-batch: the configured one; by probing; or, when

@@ -584,6 +584,15 @@ static train_outcome init_weights(run *r)
     return TRAIN_DONE;
 }
 
+/* evaluate, and whether any rank was stopped inside it: the ranks stop
+ * together or not at all. */
+static bool evaluated_stopped(run *r)
+{
+    double stopped = evaluate(r) ? 1 : 0;
+    run_agree(r, &stopped, 1, DIST_SUM, "agreeing on a stop during evaluation");
+    return stopped > 0;
+}
+
 static train_outcome run_job(run *r, const train_hooks *h)
 {
     const job_config *j = r->j;
@@ -651,7 +660,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
         /* ...and the batch controller: shrink before an OOM, or grow. */
         if (!last && memory_adapt(r) != TRAIN_DONE)
             return TRAIN_FAILED;
-        if (((j->eval_every && r->progress.step % j->eval_every == 0) || last) && evaluate(r)) {
+        if (((j->eval_every && r->progress.step % j->eval_every == 0) || last) && evaluated_stopped(r)) {
             /* Stopped while evaluating: the step stands, its evaluation
              * is not reported. */
             data_stream_state(&r->data.stream, &epoch, &index);

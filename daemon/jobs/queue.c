@@ -171,13 +171,14 @@ bool queue_device_matches(const char *want, const char *id, bool is_cuda, bool h
     return strcmp(want, id) == 0;
 }
 
-job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda)
+job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda,
+                    bool (*can_start)(void *user, const job *j), void *user)
 {
     job *best = NULL;
     for (size_t i = 0; i < q->n; i++) {
         job *j = q->jobs[i];
         if (j->state != JOB_QUEUED || !queue_device_matches(j->cfg.device, device_id, is_cuda, have_cuda) ||
-            !queue_deps_ready(q, j))
+            !queue_deps_ready(q, j) || (can_start && !can_start(user, j)))
             continue;
         if (!best || j->priority > best->priority || (j->priority == best->priority && j->seq < best->seq))
             best = j;

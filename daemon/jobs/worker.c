@@ -15,6 +15,7 @@
 #include "joblog.h"
 #include "runner.h"
 #include "base/log.h"
+#include "dist/dist.h"
 #include "models/model.h"
 #include "units.h"
 
@@ -324,7 +325,138 @@ static void run_hook(job_run *r, const jobend_job *hj)
     queue_notify(q);
 }
 
-static void run_one(worker *w, job *j, bool first_run)
+/* The ranks of a job over several devices (worker.h): rank 0 runs in the
+ * worker that took the job, rank k in ranks[k]'s recruited worker. */
+typedef struct worker_group {
+    job *j;
+    int n;
+    dist_group *g;
+    int ended; /* ranks 1.. that have ended (queue lock) */
+    train_outcome o[JOBCFG_MAX_DEVICES];
+    train_result res[JOBCFG_MAX_DEVICES];
+} worker_group;
+
+/* A worker of device `dev` that runs nothing and is recruited by no job.
+ * Lock held. */
+static worker *idle_on(workers *ws, int dev)
+{
+    for (int k = 0; k < ws->n; k++)
+        if (ws->w[k].dev == dev && !ws->w[k].busy && !ws->w[k].follow)
+            return &ws->w[k];
+    return NULL;
+}
+
+/* queue_next_for's can_start: a job over several devices starts when each
+ * of its other devices has a free worker.  Lock held. */
+static bool can_start_here(void *user, const job *j)
+{
+    worker *w = user;
+    for (int k = 1; k < j->cfg.ndevices; k++) {
+        int di = ctx_find_device(w->ctx, j->cfg.device_ids[k]);
+        if (di < 0 || di == w->dev || !idle_on(w->set, di))
+            return false;
+    }
+    return true;
+}
+
+/* Rank k's worker on each other device of j, recruited for the run (the
+ * workers can_start_here found).  Lock held.  NULL with err. */
+static worker_group *recruit(worker *w, job *j, char *err, size_t err_len)
+{
+    worker_group *grp = calloc(1, sizeof *grp);
+    if (!grp) {
+        snprintf(err, err_len, "out of host memory for the job's ranks");
+        return NULL;
+    }
+    grp->j = j;
+    grp->n = j->cfg.ndevices;
+    if (!(grp->g = dist_group_new(grp->n, (double)j->cfg.rank_timeout_ms / 1000.0, err, err_len))) {
+        free(grp);
+        return NULL;
+    }
+    for (int k = 1; k < grp->n; k++) {
+        worker *f = idle_on(w->set, ctx_find_device(w->ctx, j->cfg.device_ids[k]));
+        f->busy = true;
+        f->job = j->id;
+        f->follow = grp;
+        f->rank = k;
+    }
+    pthread_cond_broadcast(&w->q->cond);
+    return grp;
+}
+
+/* A recruited rank's poll: a sign of life for the watchdog.  Stopping is
+ * rank 0's to decide, and the ranks agree on it at the step's end. */
+static bool rank_poll(void *user)
+{
+    worker *w = user;
+    pthread_mutex_lock(&w->q->lock);
+    w->beats++;
+    while (w->hang)
+        pthread_cond_wait(&w->q->cond, &w->q->lock);
+    pthread_mutex_unlock(&w->q->lock);
+    return false;
+}
+
+/* Rank k (k > 0) of grp's job, on this worker's device, as the job's owner. */
+static void run_rank(worker *w, worker_group *grp, int k)
+{
+    gradd_ctx *ctx = w->ctx;
+    job *j = grp->j;
+    train_result *res = &grp->res[k];
+    train_outcome o = TRAIN_FAILED;
+    const runner *run = runner_for(&j->cfg);
+    access_saved saved;
+    char err[512];
+    if (!run) {
+        snprintf(res->message, sizeof res->message, "no runner takes this job");
+    } else if (w->own_fs_err[0]) {
+        snprintf(res->message, sizeof res->message, "%s", w->own_fs_err);
+    } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
+        snprintf(res->message, sizeof res->message, "%s", err);
+    } else {
+        mode_t daemon_mask = umask(j->umask);
+        runner_env env = {
+            .ctx = ctx,
+            .dev = w->dev,
+            .job_id = j->id,
+            .cpu_share = cpu_share(ctx),
+            .cpu_slots = cpu_slots(ctx),
+            .hooks = {.poll = rank_poll, .user = w, .dist = dist_group_rank(grp->g, k)},
+            .uid = j->uid,
+            .gid = j->gid,
+        };
+        o = run->run(&env, &j->cfg, res);
+        umask(daemon_mask);
+        access_restore(&saved);
+    }
+    if (o == TRAIN_FAILED)
+        dist_fail(dist_group_rank(grp->g, k), res->message);
+    pool_job_forget(ctx->pools[w->dev], j->id);
+    grp->o[k] = o;
+}
+
+/* Rank 0 has ended: wait for the others, and take the first failure among
+ * them as the job's should rank 0 itself not have failed. */
+static train_outcome join_ranks(worker *w, worker_group *grp, train_outcome o, train_result *res)
+{
+    pthread_mutex_lock(&w->q->lock);
+    while (grp->ended < grp->n - 1)
+        pthread_cond_wait(&w->q->cond, &w->q->lock);
+    pthread_mutex_unlock(&w->q->lock);
+    for (int k = 1; k < grp->n && o != TRAIN_FAILED; k++) {
+        if (grp->o[k] != TRAIN_FAILED)
+            continue;
+        o = TRAIN_FAILED;
+        snprintf(res->message, sizeof res->message, "rank %d on %s: %s", k, grp->j->cfg.device_ids[k],
+                 grp->res[k].message);
+    }
+    dist_group_free(grp->g);
+    free(grp);
+    return o;
+}
+
+static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
 {
     gradd_ctx *ctx = w->ctx;
     queue *q = w->q;
@@ -373,7 +505,8 @@ static void run_one(worker *w, job *j, bool first_run)
             .job_id = j->id,
             .cpu_share = cpu_share(ctx),
             .cpu_slots = cpu_slots(ctx),
-            .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r},
+            .hooks = {.on_step = on_step, .should_stop = should_stop, .poll = should_stop, .user = &r,
+                      .dist = grp ? dist_group_rank(grp->g, 0) : NULL},
             .note = r.log.fd >= 0 ? log_note : NULL,
             .note_user = &r,
             .uid = j->uid,
@@ -383,10 +516,18 @@ static void run_one(worker *w, job *j, bool first_run)
             .started = on_started,
         };
         o = run->run(&env, &j->cfg, &res);
+        if (grp && o == TRAIN_FAILED)
+            dist_fail(dist_group_rank(grp->g, 0), res.message);
         umask(daemon_mask);
         if (r.as_owner)
             access_restore(&r.saved);
         r.as_owner = false;
+    }
+    if (grp) {
+        /* Before it ran, too: the recruited ranks wait for rank 0. */
+        if (o == TRAIN_FAILED)
+            dist_fail(dist_group_rank(grp->g, 0), res.message);
+        o = join_ranks(w, grp, o, &res);
     }
     if (r.identity_lost) {
         o = TRAIN_FAILED;
@@ -490,13 +631,42 @@ static void *worker_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&q->lock);
         job *j = NULL;
-        while (!q->stopping && !(j = queue_next_for(q, d->id, d->kind == DEV_KIND_CUDA, have_cuda)))
+        while (!w->follow && !q->stopping &&
+               !(j = queue_next_for(q, d->id, d->kind == DEV_KIND_CUDA, have_cuda, can_start_here, w)))
             pthread_cond_wait(&q->cond, &q->lock);
+        if (w->follow) {
+            /* Recruited: a rank of another worker's job, even while the
+             * daemon stops (rank 0 stops it, and the ranks agree). */
+            worker_group *grp = w->follow;
+            pthread_mutex_unlock(&q->lock);
+            pool_use_begin(ctx->pools[w->dev]);
+            run_rank(w, grp, w->rank);
+            pool_use_end(ctx->pools[w->dev]);
+            pthread_mutex_lock(&q->lock);
+            w->follow = NULL;
+            w->busy = false;
+            grp->ended++;
+            pthread_cond_broadcast(&q->cond);
+            pthread_mutex_unlock(&q->lock);
+            continue;
+        }
         if (q->stopping) {
             w->exited = true;
             pthread_cond_broadcast(&q->cond); /* workers_stop waits for it */
             pthread_mutex_unlock(&q->lock);
             return NULL;
+        }
+        char gerr[256];
+        worker_group *grp = j->cfg.ndevices ? recruit(w, j, gerr, sizeof gerr) : NULL;
+        if (j->cfg.ndevices && !grp) {
+            j->state = JOB_FAILED;
+            snprintf(j->reason, sizeof j->reason, "%s", gerr);
+            j->finished_at = now_unix();
+            queue_touch(q, j);
+            queue_persist_or_retry(q, j, d->id);
+            pthread_mutex_unlock(&q->lock);
+            queue_notify(q);
+            continue;
         }
         j->state = JOB_RUNNING;
         w->busy = true;
@@ -511,13 +681,16 @@ static void *worker_main(void *arg)
         queue_persist_or_retry(q, j, d->id);
         pthread_mutex_unlock(&q->lock);
         queue_notify(q);
-        log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid, d->id);
+        log_job(LOG_INFO, j->id, d->id, "job %u (%s, uid %u) running on %s", j->id, j->name, (unsigned)j->uid,
+                j->cfg.ndevices ? j->cfg.devices : d->id);
         /* The pool's idle trim waits while any job runs on the device. */
         pool_use_begin(ctx->pools[w->dev]);
-        run_one(w, j, first_run);
+        run_one(w, j, first_run, grp);
         pool_use_end(ctx->pools[w->dev]);
         pthread_mutex_lock(&q->lock);
         w->busy = false;
+        /* A job over several devices may have waited for this one. */
+        pthread_cond_broadcast(&q->cond);
         pthread_mutex_unlock(&q->lock);
     }
 }
@@ -530,11 +703,17 @@ int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *e
         snprintf(err, err_len, "out of memory");
         return -1;
     }
+    /* Every worker's device first: a job over several devices recruits
+     * workers by theirs as soon as the first thread runs. */
     for (int i = 0; i < ws->n; i++) {
         worker *w = &ws->w[i];
         w->ctx = ctx;
         w->q = q;
         w->dev = i / per_device;
+        w->set = ws;
+    }
+    for (int i = 0; i < ws->n; i++) {
+        worker *w = &ws->w[i];
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             snprintf(err, err_len, "cannot start a worker thread");
             workers_stop(ws, UINT64_MAX);

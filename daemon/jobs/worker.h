@@ -7,6 +7,12 @@
  * layers of its current micro-batch (that step is not applied) after a
  * final checkpoint; a daemon shutdown does the same and puts the job back
  * in the queue, to resume at the next start.
+ *
+ * A job over several devices ([job] devices) starts when each of them has
+ * a free slot: the worker of its first device takes it and runs rank 0,
+ * and recruits a free worker of each other device to run the rank there,
+ * the ranks as threads of one dist_group (dist/dist.h).  Rank 0's worker
+ * keeps the job's state and log; the job ends when every rank has.
  */
 #ifndef GRADD_WORKER_H
 #define GRADD_WORKER_H
@@ -18,8 +24,12 @@
 #include "base/ctx.h"
 #include "queue.h"
 
+struct workers;
+struct worker_group;
+
 typedef struct worker {
     pthread_t thread;
+    struct workers *set;
     gradd_ctx *ctx;
     queue *q;
     int dev;          /* index into ctx->devs */
@@ -33,6 +43,10 @@ typedef struct worker {
     uint32_t job;     /* the job it runs while busy, for the watchdog's message */
     bool hang;        /* test hook: block at the next poll until released */
     bool exited;      /* the thread has returned: workers_stop may join it */
+    /* Guarded by the queue lock: recruited to run rank `rank` of a job over
+     * several devices, whose rank 0 another worker runs; NULL: not. */
+    struct worker_group *follow;
+    int rank;
 } worker;
 
 typedef struct workers {

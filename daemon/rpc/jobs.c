@@ -181,9 +181,12 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
     /* A client that does not say gets what outputs always had. */
     mode_t mask = rq->has_umask ? (mode_t)rq->umask : 022;
     char where[PATH_MAX + 64];
-    if (cfg->ndevices) {
-        snprintf(msg, sizeof msg, "%s: a job over several devices runs with `gradd run` for now (the daemon "
-                 "queues jobs on one device)", jobcfg_where(cfg, "job", "devices", where, sizeof where));
+    for (int k = 0; k < cfg->ndevices; k++) {
+        if (ctx_find_device(ctx, cfg->device_ids[k]) >= 0)
+            continue;
+        snprintf(msg, sizeof msg, "%s: no device %s on this daemon%s%s",
+                 jobcfg_where(cfg, "job", "devices", where, sizeof where), cfg->device_ids[k],
+                 ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }

@@ -112,6 +112,34 @@ static double wall_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A running job over several devices: what it holds on each, from each
+ * device's pool. */
+static void device_parts(gradd_ctx *ctx, const job *j, rpc_job_store *st)
+{
+    Gradd__JobInfo *m = &st->msg;
+    m->n_device_parts = 0;
+    m->device_parts = st->part_ptrs;
+    if (j->state != JOB_RUNNING || !j->cfg.ndevices)
+        return;
+    pool_stats *ps = malloc(sizeof *ps);
+    for (int k = 0; ps && k < j->cfg.ndevices; k++) {
+        Gradd__DevicePart *u = &st->parts[m->n_device_parts];
+        gradd__device_part__init(u);
+        u->device = (char *)j->cfg.device_ids[k];
+        int di = ctx_find_device(ctx, j->cfg.device_ids[k]);
+        if (di >= 0) {
+            pool_stats_read(ctx->pools[di], ps);
+            for (size_t r = 0; r < ps->njobs; r++)
+                if (ps->jobs[r].job == j->id) {
+                    u->allocated = (uint64_t)ps->jobs[r].current;
+                    u->peak = (uint64_t)ps->jobs[r].peak;
+                }
+        }
+        st->part_ptrs[m->n_device_parts++] = u;
+    }
+    free(ps);
+}
+
 void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
 {
     Gradd__JobInfo *m = &st->msg;
@@ -119,6 +147,10 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     snprintf(st->name, sizeof st->name, "%s", j->name);
     snprintf(st->user, sizeof st->user, "%s", j->user);
     snprintf(st->device, sizeof st->device, "%s", j->device[0] ? j->device : j->cfg.device);
+    /* A job over several devices: all of them, rank 0's first. */
+    for (int k = 0; k < j->cfg.ndevices; k++)
+        snprintf(st->device + (k ? strlen(st->device) : 0), sizeof st->device - (k ? strlen(st->device) : 0), "%s%s",
+                 k ? "," : "", j->cfg.device_ids[k]);
     snprintf(st->reason, sizeof st->reason, "%s", j->reason);
     snprintf(st->out_dir, sizeof st->out_dir, "%s", j->cfg.out_dir);
     snprintf(st->job_file, sizeof st->job_file, "%s", j->source);
@@ -211,6 +243,7 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
             st->tag_ptrs[m->n_mem_tags++] = u;
         }
     }
+    device_parts(ctx, j, st);
     int di = j->state == JOB_RUNNING ? ctx_find_device(ctx, j->device) : -1;
     pool_peer_view *pv = di >= 0 && j->cfg.type == JOBCFG_PROGRAM ? malloc(sizeof *pv) : NULL;
     if (pv) {

@@ -61,7 +61,9 @@ typedef struct {
     Gradd__JobInfo msg;
     Gradd__TagUsage tags[POOL_TAG_COUNT];
     Gradd__TagUsage *tag_ptrs[POOL_TAG_COUNT];
-    char name[64], user[64], device[16], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
+    Gradd__DevicePart parts[JOBCFG_MAX_DEVICES];
+    Gradd__DevicePart *part_ptrs[JOBCFG_MAX_DEVICES];
+    char name[64], user[64], device[JOBCFG_MAX_DEVICES * 8], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
     char change_reason[16];
     char levers[224];
     char command[1024]; /* cut, as reason is, to keep a list frame small */

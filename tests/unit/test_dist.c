@@ -171,6 +171,20 @@ static void test_deadline_and_giving_up(void **state)
     assert_true(w0.took < 5);
     dist_group_free(g);
 
+    /* Ranks at different collectives: both fail, and no buffer is
+     * written past its end (ASan would say). */
+    g = dist_group_new(2, 30, err, sizeof err);
+    waiter a = {.d = dist_group_rank(g, 0)};
+    pthread_create(&t[0], NULL, wait_main, &a);
+    double three[3] = {1, 2, 3};
+    assert_int_equal(dist_allreduce_f64(dist_group_rank(g, 1), three, 3, DIST_SUM, "another", err, sizeof err), -1);
+    pthread_join(t[0], NULL);
+    assert_int_equal(a.rc, -1);
+    assert_non_null(strstr(err, "the ranks are out of step"));
+    assert_non_null(strstr(a.err, "the ranks are out of step"));
+    assert_true(three[0] == 1 && three[1] == 2 && three[2] == 3);
+    dist_group_free(g);
+
     assert_null(dist_group_new(DIST_GROUP_MAX + 1, 1, err, sizeof err));
     assert_non_null(strstr(err, "a group has 1 to"));
 }

@@ -110,7 +110,7 @@ static void test_submit_checks_dependencies(void **state)
     queue_deps_waiting(&q, find(&q, c), why, sizeof why);
     assert_string_equal(why, "waiting for 1, 2");
     assert_false(queue_deps_ready(&q, find(&q, c)));
-    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false), find(&q, a));
+    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false, NULL, NULL), find(&q, a));
     pthread_mutex_unlock(&q.lock);
 
     /* A failed job cannot be waited for. */
@@ -132,14 +132,14 @@ static void test_next_skips_waiting_and_held(void **state)
     uint32_t b = submit(&q, false, err, sizeof err, 0, 1, a);
     uint32_t h = submit(&q, true, err, sizeof err, 0, 0);
     pthread_mutex_lock(&q.lock);
-    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false), find(&q, a));
+    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false, NULL, NULL), find(&q, a));
     queue_deps_waiting(&q, find(&q, h), why, sizeof why);
     assert_string_equal(why, "held");
     find(&q, a)->state = JOB_RUNNING;
     /* b waits for a, h is held: nothing to run. */
-    assert_null(queue_next_for(&q, "cpu0", false, false));
+    assert_null(queue_next_for(&q, "cpu0", false, false, NULL, NULL));
     find(&q, a)->state = JOB_COMPLETED;
-    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false), find(&q, b));
+    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false, NULL, NULL), find(&q, b));
     find(&q, b)->held = true;
     queue_deps_waiting(&q, find(&q, b), why, sizeof why);
     assert_string_equal(why, "held");
@@ -147,7 +147,7 @@ static void test_next_skips_waiting_and_held(void **state)
     queue_deps_waiting(&q, find(&q, b), why, sizeof why);
     assert_string_equal(why, "held; waiting for 1");
     find(&q, h)->held = false;
-    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false), find(&q, a));
+    assert_ptr_equal(queue_next_for(&q, "cpu0", false, false, NULL, NULL), find(&q, a));
     pthread_mutex_unlock(&q.lock);
     queue_close(&q);
 }
