@@ -101,6 +101,12 @@ int dist_gather_f32(dist *d, const float *part, float *full, size_t n, const cha
                     : dist_mpi_gather_f32(d, part, full, n, what, err, err_len);
 }
 
+void dist_set_beat(dist *d, void (*beat)(void *user), void *user)
+{
+    d->beat = beat;
+    d->beat_user = user;
+}
+
 void dist_fail(dist *d, const char *why)
 {
     if (d && d->group)

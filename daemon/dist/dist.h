@@ -66,6 +66,10 @@ dist_group *dist_group_new(int n, double timeout_s, char *err, size_t err_len);
 dist *dist_group_rank(dist_group *g, int k);
 /* After every rank's thread has ended. */
 void dist_group_free(dist_group *g);
+/* A thread group's rank: call beat(user) about once a second while it
+ * waits for the others, a sign of life for a watchdog that counts a
+ * waiting rank's thread as a working one. */
+void dist_set_beat(dist *d, void (*beat)(void *user), void *user);
 /* This rank gives up (its run failed): the other ranks' collectives fail
  * now instead of at their timeout.  Nothing for ranks as processes, whose
  * launcher ends them all (dist_abort). */

@@ -11,6 +11,8 @@ struct dist {
     double timeout_s;
     char name[128];
     dist_group *group; /* a rank of a thread group; NULL: of the MPI world */
+    void (*beat)(void *user); /* dist_set_beat's */
+    void *beat_user;
 };
 
 /* The message of a collective that timed out. */

@@ -35,6 +35,13 @@ struct dist_group {
     dist ranks[DIST_GROUP_MAX];
 };
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 dist_group *dist_group_new(int n, double timeout_s, char *err, size_t err_len)
 {
     if (n < 1 || n > DIST_GROUP_MAX) {
@@ -91,16 +98,22 @@ static int barrier_locked(dist *d, const char *what, char *err, size_t err_len)
             pthread_cond_broadcast(&g->cond);
             return 0;
         }
-        struct timespec dl;
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        double t = (double)dl.tv_sec + (double)dl.tv_nsec * 1e-9 + d->timeout_s;
-        dl.tv_sec = (time_t)t;
-        dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
+        double deadline = mono_s() + d->timeout_s;
         while (g->round == round && !g->failed) {
-            if (pthread_cond_timedwait(&g->cond, &g->lock, &dl) == ETIMEDOUT && g->round == round && !g->failed) {
+            /* Woken at least once a second, for the beat. */
+            double now = mono_s(), until = now + 1 < deadline ? now + 1 : deadline;
+            struct timespec dl = {(time_t)until, (long)((until - (double)(time_t)until) * 1e9)};
+            int rc = pthread_cond_timedwait(&g->cond, &g->lock, &dl);
+            if (g->round != round || g->failed)
+                break;
+            if (rc == ETIMEDOUT && mono_s() >= deadline) {
                 g->failed = true;
                 dist_timed_out(d, what, g->why, sizeof g->why);
                 pthread_cond_broadcast(&g->cond);
+            } else if (d->beat) {
+                pthread_mutex_unlock(&g->lock);
+                d->beat(d->beat_user);
+                pthread_mutex_lock(&g->lock);
             }
         }
         if (g->round != round)

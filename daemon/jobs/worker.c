@@ -359,6 +359,15 @@ static bool can_start_here(void *user, const job *j)
     return true;
 }
 
+/* A rank waiting for the others is alive: the watchdog's beat. */
+static void rank_beat(void *user)
+{
+    worker *w = user;
+    pthread_mutex_lock(&w->q->lock);
+    w->beats++;
+    pthread_mutex_unlock(&w->q->lock);
+}
+
 /* Rank k's worker on each other device of j, recruited for the run (the
  * workers can_start_here found).  Lock held.  NULL with err. */
 static worker_group *recruit(worker *w, job *j, char *err, size_t err_len)
@@ -374,8 +383,10 @@ static worker_group *recruit(worker *w, job *j, char *err, size_t err_len)
         free(grp);
         return NULL;
     }
+    dist_set_beat(dist_group_rank(grp->g, 0), rank_beat, w);
     for (int k = 1; k < grp->n; k++) {
         worker *f = idle_on(w->set, ctx_find_device(w->ctx, j->cfg.device_ids[k]));
+        dist_set_beat(dist_group_rank(grp->g, k), rank_beat, f);
         f->busy = true;
         f->job = j->id;
         f->follow = grp;

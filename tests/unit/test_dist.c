@@ -134,6 +134,11 @@ static void *wait_main(void *arg)
     return NULL;
 }
 
+static void count_beat(void *user)
+{
+    (*(int *)user)++;
+}
+
 static void test_deadline_and_giving_up(void **state)
 {
     (void)state;
@@ -183,6 +188,16 @@ static void test_deadline_and_giving_up(void **state)
     assert_non_null(strstr(err, "the ranks are out of step"));
     assert_non_null(strstr(a.err, "the ranks are out of step"));
     assert_true(three[0] == 1 && three[1] == 2 && three[2] == 3);
+    dist_group_free(g);
+
+    /* A rank that waits beats about once a second: alive to a watchdog. */
+    g = dist_group_new(2, 2.5, err, sizeof err);
+    int beats = 0;
+    dist_set_beat(dist_group_rank(g, 0), count_beat, &beats);
+    waiter lone = {.d = dist_group_rank(g, 0)};
+    wait_main(&lone);
+    assert_int_equal(lone.rc, -1);
+    assert_true(beats >= 2 && beats <= 3);
     dist_group_free(g);
 
     assert_null(dist_group_new(DIST_GROUP_MAX + 1, 1, err, sizeof err));
