@@ -171,18 +171,34 @@ bool queue_device_matches(const char *want, const char *id, bool is_cuda, bool h
     return strcmp(want, id) == 0;
 }
 
+/* Whether j would run on device `id`: a job over several devices on each
+ * of them. */
+static bool uses_device(const job *j, const char *id, bool is_cuda, bool have_cuda)
+{
+    for (int k = 0; k < j->cfg.ndevices; k++)
+        if (strcmp(j->cfg.device_ids[k], id) == 0)
+            return true;
+    return !j->cfg.ndevices && queue_device_matches(j->cfg.device, id, is_cuda, have_cuda);
+}
+
 job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda,
                     bool (*can_start)(void *user, const job *j), void *user)
 {
     job *best = NULL;
     for (size_t i = 0; i < q->n; i++) {
         job *j = q->jobs[i];
-        if (j->state != JOB_QUEUED || !queue_device_matches(j->cfg.device, device_id, is_cuda, have_cuda) ||
-            !queue_deps_ready(q, j) || (can_start && !can_start(user, j)))
+        if (j->state != JOB_QUEUED || !uses_device(j, device_id, is_cuda, have_cuda) || !queue_deps_ready(q, j))
             continue;
         if (!best || j->priority > best->priority || (j->priority == best->priority && j->seq < best->seq))
             best = j;
     }
+    /* A job over several devices that is next on this one keeps its place:
+     * the device takes nothing after it, or a busy server would never have
+     * all of its devices free at once.  The worker of its first device
+     * starts it once can_start says the others are free. */
+    if (best && best->cfg.ndevices &&
+        (strcmp(best->cfg.device_ids[0], device_id) != 0 || (can_start && !can_start(user, best))))
+        return NULL;
     return best;
 }
 

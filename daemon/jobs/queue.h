@@ -159,9 +159,10 @@ int queue_persist(queue *q, job *j, char *err, size_t err_len);
  * stay recorded as running, to be run again at the next start.  Logged
  * once per failure, with `device` (may be NULL). */
 void queue_persist_or_retry(queue *q, job *j, const char *device);
-/* The queued job to run next on a device: highest priority, then earliest,
- * among those can_start (may be NULL) lets start now: a job over several
- * devices waits until each of them has a free slot.  Lock held. */
+/* The queued job to run next on a device: highest priority, then earliest.
+ * A job over several devices is started by its first device's worker once
+ * can_start (may be NULL) says each of the others has a free slot; until
+ * then, next on any of its devices, it holds them: NULL.  Lock held. */
 job *queue_next_for(queue *q, const char *device_id, bool is_cuda, bool have_cuda,
                     bool (*can_start)(void *user, const job *j), void *user);
 /* Mark a change for watchers (bumps version; call notify after unlocking). */

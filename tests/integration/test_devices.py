@@ -2,7 +2,8 @@
 gradd and the real gradctl, on two simulated cpu devices:
 
   - The queue holds it while one of its devices runs another job, though
-    the other is free, and starts it once both are.
+    the other is free, and starts it once both are; a job submitted after
+    it on the free device waits behind it.
   - While it runs, `gradctl status` names both devices and shows each
     one's part; the job trains a rank on each.
   - It ends with the weights of the same job trained in one process.
@@ -117,9 +118,14 @@ class Devices(harness.DaemonTest):
         self.wait(busy, lambda j: j["state"] == "running", "the job on cpu1 runs")
         cfg, out = self.job("both", "devices = cpu0,cpu1", steps)
         jid = self.submit(cfg)
-        # cpu0 is free, cpu1 is not: it waits.
+        # cpu0 is free, cpu1 is not: it waits, and keeps its place on cpu0
+        # against a job submitted after it (else a busy server would never
+        # free both at once).
+        later_cfg, _ = self.job("later", "device = cpu0", 2)
+        later = self.submit(later_cfg)
         time.sleep(1.0)
         self.assertEqual(self.info(jid)["state"], "queued")
+        self.assertEqual(self.info(later)["state"], "queued")
         self.d.ctl("cancel", str(busy))
         j = self.wait(jid, lambda j: j["state"] != "queued", "start once cpu1 is free")
         self.assertEqual(j["device"], "cpu0,cpu1")
@@ -135,6 +141,9 @@ class Devices(harness.DaemonTest):
         self.assertEqual(j["state"], "completed", j)
         self.assertEqual(j["step"], steps)
         self.assertLessEqual(max_diff(want, os.path.join(out, "model.safetensors")), TOL)
+        k = self.wait(later, lambda j: j["state"] not in ("queued", "running"), "the later job")
+        self.assertEqual(k["state"], "completed")
+        self.assertGreaterEqual(k["started_at"], j["started_at"])
 
     def test_cancel_stops_every_rank_and_resubmit_resumes(self):
         # Short enough that the order of the ranks' sums leaves the weights
