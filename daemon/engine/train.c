@@ -273,38 +273,50 @@ static bool cut_short(model *m)
 }
 
 /* Evaluate on the validation set and report it; true when a stop cut it
- * short (nothing reported). */
+ * short on any rank (nothing reported).  Ranks evaluate their dist_shard
+ * parts of the samples and add up the sums. */
 static bool evaluate(run *r)
 {
     if (!r->data.have_val)
         return false;
-    data_eval_reset(&r->data.eval);
-    double loss = 0;
-    uint64_t units = 0, correct = 0, samples = 0;
+    data_eval *e = &r->data.eval;
+    data_eval_reset(e);
     /* eval_batches counts effective batches, run in micro-batches: the set
      * is the same whatever the micro-batch (which tuning chooses by speed),
      * so validation losses compare across runs and across size changes. */
     uint64_t want = r->j->eval_batches ? (uint64_t)r->j->eval_batches * r->j->batch : UINT64_MAX;
-    while (samples < want) {
-        uint32_t left = want - samples < r->mem.micro ? (uint32_t)(want - samples) : r->mem.micro;
+    if (want > e->size)
+        want = e->size;
+    size_t first, count;
+    dist_shard((size_t)want, dist_size(r->dist), dist_rank(r->dist), &first, &count);
+    data_eval_seek(e, first);
+    /* loss, units, correct, samples, stopped */
+    double sum[5] = {0, 0, 0, 0, 0};
+    while (sum[3] < (double)count) {
+        uint64_t left = count - (uint64_t)sum[3];
         model_batch mb;
         uint64_t u = 0, c = 0;
-        size_t n = run_next_batch(r, left, true, &mb, &u);
+        size_t n = run_next_batch(r, left < r->mem.micro ? (size_t)left : r->mem.micro, true, &mb, &u);
         if (n == 0)
             break;
         r->m->stoppable = true;
-        loss += r->m->ops->forward(r->m, &mb, r->kind->classifies ? &c : NULL);
-        if (cut_short(r->m))
-            return true;
-        correct += c;
-        units += u;
-        samples += n;
+        sum[0] += r->m->ops->forward(r->m, &mb, r->kind->classifies ? &c : NULL);
+        if (cut_short(r->m)) {
+            sum[4] = 1;
+            break;
+        }
+        sum[1] += (double)u;
+        sum[2] += (double)c;
+        sum[3] += (double)n;
     }
-    if (!units)
+    run_agree(r, sum, 5, DIST_SUM, "adding up the evaluation");
+    if (sum[4] > 0)
+        return true;
+    if (sum[1] == 0)
         return false;
-    r->prog.val_loss = loss / (double)units;
-    r->prog.val_accuracy = r->kind->classifies ? (double)correct / (double)samples : NAN;
-    outputs_eval(r, units);
+    r->prog.val_loss = sum[0] / sum[1];
+    r->prog.val_accuracy = r->kind->classifies ? sum[2] / sum[3] : NAN;
+    outputs_eval(r, (uint64_t)sum[1]);
     return false;
 }
 
@@ -584,15 +596,6 @@ static train_outcome init_weights(run *r)
     return TRAIN_DONE;
 }
 
-/* evaluate, and whether any rank was stopped inside it: the ranks stop
- * together or not at all. */
-static bool evaluated_stopped(run *r)
-{
-    double stopped = evaluate(r) ? 1 : 0;
-    run_agree(r, &stopped, 1, DIST_SUM, "agreeing on a stop during evaluation");
-    return stopped > 0;
-}
-
 static train_outcome run_job(run *r, const train_hooks *h)
 {
     const job_config *j = r->j;
@@ -660,7 +663,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
         /* ...and the batch controller: shrink before an OOM, or grow. */
         if (!last && memory_adapt(r) != TRAIN_DONE)
             return TRAIN_FAILED;
-        if (((j->eval_every && r->progress.step % j->eval_every == 0) || last) && evaluated_stopped(r)) {
+        if (((j->eval_every && r->progress.step % j->eval_every == 0) || last) && evaluate(r)) {
             /* Stopped while evaluating: the step stands, its evaluation
              * is not reported. */
             data_stream_state(&r->data.stream, &epoch, &index);

@@ -919,3 +919,8 @@ void data_eval_reset(data_eval *e)
 {
     e->pos = 0;
 }
+
+void data_eval_seek(data_eval *e, uint64_t pos)
+{
+    e->pos = pos < e->size ? pos : e->size;
+}

@@ -313,5 +313,7 @@ size_t data_eval_next_images(data_eval *e, size_t max, float *x, int32_t *y);
  * how many samples, 0 once the pass is done. */
 size_t data_eval_next_sft(data_eval *e, size_t max, data_rows *r);
 void data_eval_reset(data_eval *e);
+/* The pass from sample pos on (a rank's share of it); past the end: done. */
+void data_eval_seek(data_eval *e, uint64_t pos);
 
 #endif

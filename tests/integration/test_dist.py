@@ -96,6 +96,11 @@ def steps_logged(out):
         return [json.loads(l) for l in f if '"loss"' in l]
 
 
+def val_loss(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if '"val_loss"' in l][-1]["val_loss"]
+
+
 @unittest.skipUnless(MPIRUN, "mpirun not found (openmpi-bin)")
 class Dist(unittest.TestCase):
     def setUp(self):
@@ -149,6 +154,9 @@ class Dist(unittest.TestCase):
             self.assertEqual(len(b), 8)
             for x, y in zip(a, b):
                 self.assertAlmostEqual(x["loss"], y["loss"], delta=1e-5)
+            # The ranks evaluate a share of the validation set each and add
+            # up: one process's validation loss, in another sum order.
+            self.assertAlmostEqual(val_loss(out1), val_loss(out), delta=1e-6 * val_loss(out1))
             # Each rank splits its share: 4 (or 3) samples a step.
             self.assertEqual(b[-1]["micro"] * b[-1]["accum"] >= (8 + n - 1) // n, True, b[-1])
             self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(out1)))
