@@ -346,6 +346,11 @@ static worker *idle_on(workers *ws, int dev)
     return NULL;
 }
 
+bool workers_device_free(workers *ws, int dev)
+{
+    return idle_on(ws, dev) != NULL;
+}
+
 /* queue_next_for's can_start: a job over several devices starts when each
  * of its other devices has a free worker.  Lock held. */
 static bool can_start_here(void *user, const job *j)

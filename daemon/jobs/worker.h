@@ -60,6 +60,9 @@ int workers_start(workers *ws, gradd_ctx *ctx, queue *q, int per_device, char *e
  * their next poll (hang) or let them go on, as a deadlocked kernel would
  * stop them.  Says how many threads the device has and how many are busy. */
 void workers_set_hang(workers *ws, int dev, bool hang, uint32_t *nworkers, uint32_t *nbusy);
+/* Whether a worker of device `dev` is free (runs nothing, recruited by no
+ * job): what a job over several devices waits for.  Queue lock held. */
+bool workers_device_free(struct workers *ws, int dev);
 /* Ask running jobs to checkpoint and stop (they go back to queued) and
  * wait up to timeout_ms (UINT64_MAX: for ever) for every worker to finish.
  * 0 once all have, with the workers freed.  Else how many threads are

@@ -11,6 +11,7 @@
 
 #include "engine/batch.h"
 #include "jobs/access.h"
+#include "jobs/worker.h"
 #include "jobs/queue.h"
 #include "models/model.h"
 
@@ -226,6 +227,18 @@ void rpc_job_info(gradd_ctx *ctx, const job *j, rpc_job_store *st)
     m->depends_on = st->depends_on;
     m->held = j->held && j->state == JOB_QUEUED; /* a hold is on a start: a cancelled job has none */
     queue_deps_waiting(ctx->q, j, st->waiting, sizeof st->waiting);
+    /* A job over several devices: which of them it waits for. */
+    if (j->state == JOB_QUEUED && !j->held && j->cfg.ndevices && ctx->ws) {
+        size_t n = strlen(st->waiting);
+        const char *sep = n ? "; a free slot on " : "waiting for a free slot on ";
+        for (int k = 0; k < j->cfg.ndevices && n < sizeof st->waiting; k++) {
+            int di = ctx_find_device(ctx, j->cfg.device_ids[k]);
+            if (di < 0 || workers_device_free(ctx->ws, di))
+                continue;
+            n += (size_t)snprintf(st->waiting + n, sizeof st->waiting - n, "%s%s", sep, j->cfg.device_ids[k]);
+            sep = ", ";
+        }
+    }
     m->waiting = st->waiting;
     /* Memory by tag from the pool the job runs in. */
     m->n_mem_tags = 0;

@@ -125,6 +125,7 @@ class Devices(harness.DaemonTest):
         later = self.submit(later_cfg)
         time.sleep(1.0)
         self.assertEqual(self.info(jid)["state"], "queued")
+        self.assertEqual(self.info(jid)["waiting"], "waiting for a free slot on cpu1")
         self.assertEqual(self.info(later)["state"], "queued")
         self.d.ctl("cancel", str(busy))
         j = self.wait(jid, lambda j: j["state"] != "queued", "start once cpu1 is free")
