@@ -50,6 +50,12 @@ RSS_SLACK_KB = 8 << 10
 SANITIZED = harness.SANITIZED
 
 
+def last_line(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    return lines[-1] if lines else ""
+
+
 class HostileDisk(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="gradd-disk-")
@@ -148,6 +154,8 @@ class HostileDisk(unittest.TestCase):
         self.d.ctl("cancel", str(jid))
         self.wait(lambda: self.info(jid)["state"] == "cancelled")
         self.assertLessEqual(largest, MAX_LOG)
+        # The job's end is published before its last line is written.
+        self.wait(lambda: last_line(path).startswith("== job %d cancelled" % jid))
         with open(path) as f:
             text = f.read()
         self.assertLessEqual(len(text.encode()), MAX_LOG)
