@@ -325,6 +325,24 @@ static void run_hook(job_run *r, const jobend_job *hj)
     queue_notify(q);
 }
 
+/* Before this thread runs a job (or a rank of one): a runner for it, a
+ * filesystem context of the thread's own, and the owner's identity.  True
+ * once the thread is the owner (saved holds the daemon's), else false with
+ * why in msg. */
+static bool become_owner(worker *w, const job *j, const runner *run, access_saved *saved, char *msg, size_t len)
+{
+    char err[512];
+    if (!run)
+        snprintf(msg, len, "no runner takes this job");
+    else if (w->own_fs_err[0])
+        snprintf(msg, len, "%s", w->own_fs_err);
+    else if (access_become(j->uid, j->gid, saved, err, sizeof err) != 0)
+        snprintf(msg, len, "%s", err);
+    else
+        return true;
+    return false;
+}
+
 /* The ranks of a job over several devices (worker.h): rank 0 runs in the
  * worker that took the job, rank k in ranks[k]'s recruited worker. */
 typedef struct worker_group {
@@ -423,14 +441,7 @@ static void run_rank(worker *w, worker_group *grp, int k)
     train_outcome o = TRAIN_FAILED;
     const runner *run = runner_for(&j->cfg);
     access_saved saved;
-    char err[512];
-    if (!run) {
-        snprintf(res->message, sizeof res->message, "no runner takes this job");
-    } else if (w->own_fs_err[0]) {
-        snprintf(res->message, sizeof res->message, "%s", w->own_fs_err);
-    } else if (access_become(j->uid, j->gid, &saved, err, sizeof err) != 0) {
-        snprintf(res->message, sizeof res->message, "%s", err);
-    } else {
+    if (become_owner(w, j, run, &saved, res->message, sizeof res->message)) {
         mode_t daemon_mask = umask(j->umask);
         runner_env env = {
             .ctx = ctx,
@@ -504,13 +515,7 @@ static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
     memset(&res, 0, sizeof res);
     train_outcome o = TRAIN_FAILED;
     const runner *run = runner_for(&j->cfg);
-    if (!run) {
-        snprintf(res.message, sizeof res.message, "no runner takes this job");
-    } else if (w->own_fs_err[0]) {
-        snprintf(res.message, sizeof res.message, "%s", w->own_fs_err);
-    } else if (access_become(j->uid, j->gid, &r.saved, err, sizeof err) != 0) {
-        snprintf(res.message, sizeof res.message, "%s", err);
-    } else {
+    if (become_owner(w, j, run, &r.saved, res.message, sizeof res.message)) {
         r.as_owner = true;
         /* Everything the run creates gets the owner's umask; this thread's
          * own (access_own_fs), so the daemon's files keep theirs. */

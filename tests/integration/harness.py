@@ -5,6 +5,7 @@ directory (socket, state dir, config) and is stopped with SIGTERM at the end,
 so tests can run in parallel and leave nothing behind.
 """
 import json
+from array import array
 import os
 import shutil
 import signal
@@ -127,6 +128,20 @@ def f32_tensors(path):
         a, b = t["data_offsets"]
         out[name] = (t["shape"], raw[base + a:base + b])
     return out
+
+
+def max_weight_diff(a_path, b_path):
+    """The largest absolute difference between two F32 safetensors files of
+    the same tensors: how far apart two runs' weights ended."""
+    a, b = f32_tensors(a_path), f32_tensors(b_path)
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    worst = 0.0
+    for name in a:
+        x, y = array("f"), array("f")
+        x.frombytes(a[name][1])
+        y.frombytes(b[name][1])
+        worst = max(worst, max((abs(p - q) for p, q in zip(x, y)), default=0.0))
+    return worst
 
 
 def write_corpus(path):

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from array import array
 
 import harness
 
@@ -51,21 +50,6 @@ checkpoint_every = 10
 """
 
 TOL = 1e-5  # test_dist's: the ranks' sums in another order
-
-
-def weights(path):
-    out = {}
-    for name, (_, data) in harness.f32_tensors(path).items():
-        a = array("f")
-        a.frombytes(data)
-        out[name] = a
-    return out
-
-
-def max_diff(a_path, b_path):
-    a, b = weights(a_path), weights(b_path)
-    assert a.keys() == b.keys()
-    return max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
 
 
 class Devices(harness.DaemonTest):
@@ -141,7 +125,7 @@ class Devices(harness.DaemonTest):
         j = self.wait(jid, lambda j: j["state"] not in ("queued", "running"), "the end")
         self.assertEqual(j["state"], "completed", j)
         self.assertEqual(j["step"], steps)
-        self.assertLessEqual(max_diff(want, os.path.join(out, "model.safetensors")), TOL)
+        self.assertLessEqual(harness.max_weight_diff(want, os.path.join(out, "model.safetensors")), TOL)
         k = self.wait(later, lambda j: j["state"] not in ("queued", "running"), "the later job")
         self.assertEqual(k["state"], "completed")
         self.assertGreaterEqual(k["started_at"], j["started_at"])
@@ -169,7 +153,7 @@ class Devices(harness.DaemonTest):
         jid = self.submit(cfg)
         j = self.wait(jid, lambda j: j["state"] not in ("queued", "running"), "the resumed run")
         self.assertEqual(j["state"], "completed", j)
-        self.assertLessEqual(max_diff(want, os.path.join(out, "model.safetensors")), TOL)
+        self.assertLessEqual(harness.max_weight_diff(want, os.path.join(out, "model.safetensors")), TOL)
 
     def test_missing_device_is_refused(self):
         cfg, _ = self.job("missing", "devices = cpu0,cpu5", 2)

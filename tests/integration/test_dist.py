@@ -15,7 +15,6 @@ import subprocess
 import tempfile
 import time
 import unittest
-from array import array
 
 import harness
 
@@ -70,22 +69,6 @@ def mpi_env():
         # MPI keeps its own allocations to the process's end.
         env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")
     return env
-
-
-def read_safetensors(path):
-    """name -> array('f') (gradd's export is F32)."""
-    out = {}
-    for name, (_, data) in harness.f32_tensors(path).items():
-        arr = array("f")
-        arr.frombytes(data)
-        out[name] = arr
-    return out
-
-
-def max_diff(a_path, b_path):
-    a, b = read_safetensors(a_path), read_safetensors(b_path)
-    assert a.keys() == b.keys()
-    return max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
 
 
 def steps_logged(out):
@@ -148,7 +131,7 @@ class Dist(unittest.TestCase):
             r = self.mpirun(n, cfg)
             # Rank 0 alone reports and writes.
             self.assertEqual(r.stdout.count("done: 8 steps"), 1, r.stdout)
-            d = max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors"))
+            d = harness.max_weight_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors"))
             self.assertLessEqual(d, TOL, "np %d" % n)
             a, b = steps_logged(out1), steps_logged(out)
             self.assertEqual(len(b), 8)
@@ -176,7 +159,7 @@ class Dist(unittest.TestCase):
             with open(cfg, "w") as f:
                 f.write(text)
             r = self.run1(cfg, conf + ".conf")
-            self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
+            self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "model.safetensors"),
                                           os.path.join(out, "model.safetensors")), TOL, devices)
             n = devices.count(",") + 1
             for k in range(1, n):
@@ -216,7 +199,7 @@ class Dist(unittest.TestCase):
         self.assertEqual(fits[0]["to"], alone_small)
         cfg1, out1 = self.job("fit-one", batch=32, width=64)
         self.run1(cfg1, big)
-        self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
+        self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
                              TOL)
 
     def test_oom_on_one_rank_shrinks_all(self):
@@ -240,7 +223,7 @@ class Dist(unittest.TestCase):
             # Rank 1's own part, in its one line.
             self.assertIn("rank 1 of 2", r.stderr)
             self.assertIn("micro-batch 4 at the end, 1 OOM recoveries", r.stderr)
-            self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
+            self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "model.safetensors"),
                                           os.path.join(out, "model.safetensors")), TOL)
 
     def test_sharded_optimizer(self):
@@ -251,10 +234,10 @@ class Dist(unittest.TestCase):
         for n in (2, 3):
             cfg, out = self.job("shard%d" % n, shard="on")
             r = self.mpirun(n, cfg)
-            self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"),
+            self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "model.safetensors"),
                                           os.path.join(out, "model.safetensors")), TOL)
             # The checkpoint holds the whole state, gathered on rank 0.
-            self.assertLessEqual(max_diff(os.path.join(out1, "resume.safetensors"),
+            self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "resume.safetensors"),
                                           os.path.join(out, "resume.safetensors")), TOL)
             whole, share = self.opt_bytes(r1.stdout), self.opt_bytes(r.stdout)
             self.assertLessEqual(share, whole / n * 1.05 + 4096, (whole, share))
@@ -285,7 +268,7 @@ class Dist(unittest.TestCase):
         self.assertLess(done, steps)
         r = self.mpirun(3, cfg)
         self.assertIn("done: %d steps" % steps, r.stdout)
-        self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
+        self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
                              TOL)
 
     def start_ranks(self, n, cfg):
@@ -353,7 +336,7 @@ class Dist(unittest.TestCase):
         # One process now: from the checkpoint, to the same weights.
         r = self.run1(cfg)
         self.assertIn("resum", r.stderr.lower() + r.stdout.lower())
-        self.assertLessEqual(max_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
+        self.assertLessEqual(harness.max_weight_diff(os.path.join(out1, "model.safetensors"), os.path.join(out, "model.safetensors")),
                              TOL)
 
     def test_stopped_rank_times_out(self):
