@@ -148,6 +148,10 @@ class JobEnd(harness.DaemonTest):
         self.assertIn("%s:22: [output] dir: %s is the output directory of job %d, which is running; two jobs "
                       "writing one directory would mix their checkpoints: wait for it to end, or choose another "
                       "[output] dir\n" % (other, out, first), r.stderr)
+        # A step or two in: cancelled during its first step (slow under
+        # the sanitizers), it would end at step 0, and no job could have
+        # fewer steps than that for the refusal below.
+        self.wait_until(first, lambda j: j["step"] >= 2, timeout=120)
         self.d.ctl("cancel", str(first))
         j = self.wait(first)
         self.assertEqual(j["state"], "cancelled")
