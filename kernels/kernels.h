@@ -90,6 +90,9 @@ typedef struct kern_ops {
      * failure. */
     int (*sync)(kern_ctx *k);
     const char *(*error)(const kern_ctx *k);
+    /* The cudaStream_t the context queues its work on (NULL on cpu): for
+     * work of others that must follow it, such as NCCL's. */
+    void *(*stream)(kern_ctx *k);
 
     /* ---- memory helpers (device pointers) ---------------------------------- */
     void (*zero)(kern_ctx *k, float *p, size_t n);

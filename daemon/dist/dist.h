@@ -10,7 +10,11 @@
  *   threads    a dist_group: ranks as threads of one process, for a job
  *              over several devices of one server.
  *
- * Collectives work on host memory: what CPU devices hold.
+ * Collectives work on host memory, what CPU devices hold, until
+ * dist_use_cuda: then the float buffers of dist_allreduce_f32,
+ * dist_allreduce_start and dist_allgather_f32 are CUDA device memory, and
+ * those run over NCCL.  The small agreements (dist_allreduce_f64) and
+ * dist_gather_f32 stay on the host, over MPI or between the threads.
  *
  * Every collective has a deadline (dist_open's timeout): a rank that died or
  * hangs makes the others' next collective fail with a message naming the
@@ -51,6 +55,24 @@ const char *dist_name(const dist *d);
  * the ranks.  `what` names the collective in a timeout's message. */
 int dist_allreduce_f32(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len);
 int dist_allreduce_f64(dist *d, double *buf, size_t n, dist_op op, const char *what, char *err, size_t err_len);
+/* Started now, finished by dist_allreduce_finish: a sum like
+ * dist_allreduce_f32's, of a bucket of gradients that the backward is done
+ * with, while it goes on with the layers below.  Every rank starts the
+ * same buckets in the same order.  Over NCCL it runs on a stream of its
+ * own; over MPI, dist_progress moves it on (MPI progresses inside its
+ * calls); a thread group sums at the finish, as one. */
+int dist_allreduce_start(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len);
+void dist_progress(dist *d);
+/* Until every started sum is complete (for the device's next work too). */
+int dist_allreduce_finish(dist *d, const char *what, char *err, size_t err_len);
+/* This rank trains on CUDA device `device`, whose kernels queue their work
+ * on `stream` (a cudaStream_t).  `collectives` is the device's (dev.h): the
+ * NCCL of its CUDA module, NULL when that was built without.  A collective:
+ * the ranks join one NCCL communicator. */
+int dist_use_cuda(dist *d, const void *collectives, int device, void *stream, char *err, size_t err_len);
+/* The communicator goes, before the device's memory and stream do;
+ * `failed` aborts it instead of waiting for the others. */
+void dist_release_cuda(dist *d, bool failed);
 /* Rank `rank`'s part of n elements split among `size` ranks: contiguous,
  * in rank order, the first n mod size ranks one more. */
 void dist_shard(size_t n, int size, int rank, size_t *first, size_t *count);

@@ -114,6 +114,43 @@ int dist_mpi_allreduce(dist *d, void *buf, size_t n, bool f64, dist_op op, const
     return 0;
 }
 
+int dist_mpi_bcast(dist *d, void *buf, size_t bytes, const char *what, char *err, size_t err_len)
+{
+    MPI_Request req;
+    return run_req(d, MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD, &req), &req, what, err, err_len);
+}
+
+int dist_mpi_allreduce_start(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len)
+{
+    for (size_t off = 0; off < n; off += DIST_CHUNK) {
+        size_t k = n - off < DIST_CHUNK ? n - off : DIST_CHUNK;
+        if (dist_pending_grow(d, sizeof(MPI_Request), err, err_len) != 0)
+            return -1;
+        MPI_Request *req = (MPI_Request *)d->pending_req + d->npending;
+        if (mpi_failed(d, MPI_Iallreduce(MPI_IN_PLACE, buf + off, (int)k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, req),
+                       what, err, err_len) != 0)
+            return -1;
+        d->pending_buf[d->npending] = buf + off;
+        d->pending_n[d->npending++] = k;
+    }
+    return 0;
+}
+
+void dist_mpi_progress(dist *d)
+{
+    int done = 0;
+    MPI_Testall(d->npending, d->pending_req, &done, MPI_STATUSES_IGNORE);
+}
+
+int dist_mpi_finish(dist *d, const char *what, char *err, size_t err_len)
+{
+    int rc = 0;
+    for (int i = 0; i < d->npending && rc == 0; i++)
+        rc = wait_req(d, (MPI_Request *)d->pending_req + i, what, err, err_len);
+    d->npending = 0;
+    return rc;
+}
+
 /* Each rank's part from it to all, in pieces MPI's int counts hold: for
  * the few ranks of a job as fast as an allgather, and without its int
  * displacements, which a 3B model's 12 GB overflow. */
@@ -202,6 +239,31 @@ int dist_mpi_gather_f32(dist *d, const float *part, float *full, size_t n, const
     (void)d, (void)part, (void)full, (void)n, (void)what;
     snprintf(err, err_len, "built without MPI");
     return -1;
+}
+
+int dist_mpi_bcast(dist *d, void *buf, size_t bytes, const char *what, char *err, size_t err_len)
+{
+    (void)d, (void)buf, (void)bytes, (void)what;
+    snprintf(err, err_len, "built without MPI");
+    return -1;
+}
+
+int dist_mpi_allreduce_start(dist *d, float *buf, size_t n, const char *what, char *err, size_t err_len)
+{
+    (void)d, (void)buf, (void)n, (void)what;
+    snprintf(err, err_len, "built without MPI");
+    return -1;
+}
+
+void dist_mpi_progress(dist *d)
+{
+    (void)d;
+}
+
+int dist_mpi_finish(dist *d, const char *what, char *err, size_t err_len)
+{
+    (void)d, (void)what, (void)err, (void)err_len;
+    return 0;
 }
 
 void dist_mpi_abort(int code)

@@ -80,6 +80,11 @@ void dist_group_free(dist_group *g)
 {
     if (!g)
         return;
+    for (int k = 0; k < g->n; k++) {
+        free(g->ranks[k].pending_buf);
+        free(g->ranks[k].pending_n);
+        free(g->ranks[k].pending_req);
+    }
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
     free(g);
@@ -219,6 +224,27 @@ int dist_thr_gather_f32(dist *d, const float *part, float *full, size_t n, const
     dist_shard(n, g->n, d->rank, &first, &count);
     memcpy((float *)g->bufs[0] + first, part, count * sizeof(float));
     return barrier(d, what, err, err_len);
+}
+
+int dist_thr_bcast(dist *d, void *buf, size_t bytes, const char *what, char *err, size_t err_len)
+{
+    dist_group *g = d->group;
+    if (post(d, buf, bytes, what, err, err_len) != 0)
+        return -1;
+    if (d->rank != 0)
+        memcpy(buf, g->bufs[0], bytes);
+    return barrier(d, what, err, err_len);
+}
+
+int dist_thr_given_up(dist *d, char *why, size_t why_len)
+{
+    dist_group *g = d->group;
+    pthread_mutex_lock(&g->lock);
+    int failed = g->failed;
+    if (failed)
+        snprintf(why, why_len, "%s", g->why);
+    pthread_mutex_unlock(&g->lock);
+    return failed;
 }
 
 void dist_thr_fail(dist *d, const char *why)

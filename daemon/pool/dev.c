@@ -122,11 +122,16 @@ int dev_cuda_probe(const char *module_dir, dev **out, int max, char *why, size_t
          * CUDA runtime is not supported by it. */
         return 0;
     }
+    /* dist_internal.h's DIST_NCCL_ENTRY; absent from a module built
+     * without NCCL. */
+    const void *nccl = dlsym(h, "gradd_dist_nccl_v1");
     int made = 0;
     for (int i = 0; i < n && made < max; i++) {
         dev *d = NULL;
-        if (m->create(i, &d) == DEV_OK)
+        if (m->create(i, &d) == DEV_OK) {
+            d->collectives = nccl;
             out[made++] = d;
+        }
     }
     if (made == 0)
         snprintf(why, why_len, "%d CUDA device(s) found but none could be opened", n);

@@ -67,6 +67,9 @@ struct dev {
     /* "0000:3b:00.0" for a CUDA device ("" otherwise): what NVML knows it
      * by, whatever order CUDA_DEVICE_ORDER gives the CUDA indices. */
     char pci_bus_id[32];
+    /* A CUDA device's collectives between the ranks of a job: the NCCL of
+     * its module (dist's table, opaque here), or NULL. */
+    const void *collectives;
 };
 
 /* ---- thin wrappers (the pool calls these, never ops directly) ---------- */

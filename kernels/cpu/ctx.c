@@ -38,6 +38,12 @@ static int cpu_sync(kern_ctx *k)
     return KERN_OK;
 }
 
+static void *cpu_stream(kern_ctx *k)
+{
+    (void)k;
+    return NULL;
+}
+
 static const char *cpu_error(const kern_ctx *k)
 {
     (void)k;
@@ -121,6 +127,7 @@ static const kern_ops cpu_ops = {
     .ctx_destroy = cpu_ctx_destroy,
     .sync = cpu_sync,
     .error = cpu_error,
+    .stream = cpu_stream,
     .zero = cpu_zero,
     .copy_h2d = cpu_copy,
     .copy_d2h = cpu_copy,

@@ -201,6 +201,11 @@ int kc_sync(kern_ctx *k)
                                                                                                : KERN_ERR_DEVICE;
 }
 
+static void *kc_stream(kern_ctx *k)
+{
+    return k->stream;
+}
+
 const char *kc_error(const kern_ctx *k)
 {
     return k->lasterr;
@@ -287,6 +292,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .ctx_destroy = kc_ctx_destroy,
     .sync = kc_sync,
     .error = kc_error,
+    .stream = kc_stream,
     .zero = kc_zero,
     .copy_h2d = kc_copy_h2d,
     .copy_d2h = kc_copy_d2h,

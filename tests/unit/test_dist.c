@@ -20,11 +20,11 @@
 
 typedef struct {
     dist *d;
-    float f[N];
+    float f[N], b[N];
     double lo[3], hi[3];
     float shard[N];
     float *full;
-    int rc[4];
+    int rc[5];
     char err[640];
 } rank_io;
 
@@ -50,6 +50,15 @@ static void *rank_main(void *arg)
         part[i] = (float)(1000 * k) + (float)i;
     io->rc[2] = dist_allgather_f32(io->d, io->shard, N, "allgather", io->err, sizeof io->err);
     io->rc[3] = dist_gather_f32(io->d, part, io->full, N, "gather", io->err, sizeof io->err);
+    /* Buckets from the top down, one left out: [600, N), [300, 600) and
+     * [0, 100) summed, [100, 300) as it was. */
+    for (int i = 0; i < N; i++)
+        io->b[i] = (float)(k + 1) * 0.1f + (float)i;
+    io->rc[4] = dist_allreduce_start(io->d, io->b + 600, N - 600, "buckets", io->err, sizeof io->err);
+    dist_progress(io->d);
+    io->rc[4] |= dist_allreduce_start(io->d, io->b + 300, 300, "buckets", io->err, sizeof io->err);
+    io->rc[4] |= dist_allreduce_start(io->d, io->b, 100, "buckets", io->err, sizeof io->err);
+    io->rc[4] |= dist_allreduce_finish(io->d, "buckets", io->err, sizeof io->err);
     return NULL;
 }
 
@@ -71,14 +80,18 @@ static void test_collectives(void **state)
         for (int k = 0; k < n; k++)
             pthread_join(t[k], NULL);
         for (int k = 0; k < n; k++) {
-            for (int c = 0; c < 4; c++)
+            for (int c = 0; c < 5; c++)
                 assert_int_equal(io[k].rc[c], 0);
             for (int i = 0; i < N; i++) {
-                /* The sum in rank order, exactly. */
+                /* The sum in rank order, exactly; in buckets too. */
                 float want = 0.1f + (float)i;
                 for (int r = 1; r < n; r++)
                     want += (float)(r + 1) * 0.1f + (float)i;
                 assert_true(io[k].f[i] == want);
+                if (i >= 100 && i < 300)
+                    assert_true(io[k].b[i] == (float)(k + 1) * 0.1f + (float)i);
+                else
+                    assert_true(io[k].b[i] == want);
             }
             for (int i = 0; i < 3; i++) {
                 double lo = INFINITY, hi = -INFINITY;
@@ -109,6 +122,40 @@ static void test_collectives(void **state)
         free(io);
         dist_group_free(g);
     }
+}
+
+static void *cuda_main(void *arg)
+{
+    rank_io *io = arg;
+    io->rc[0] = dist_use_cuda(io->d, NULL, 0, NULL, io->err, sizeof io->err);
+    double one = 1;
+    io->rc[1] = dist_allreduce_f64(io->d, &one, 1, DIST_SUM, "after", io->err + 320, sizeof io->err - 320);
+    return NULL;
+}
+
+/* Ranks on CUDA devices of a module without NCCL: each says so, and none
+ * waits for the others at the next collective. */
+static void test_cuda_without_nccl(void **state)
+{
+    (void)state;
+    char err[256];
+    dist_group *g = dist_group_new(3, 30, err, sizeof err);
+    assert_non_null(g);
+    rank_io *io = calloc(3, sizeof *io);
+    pthread_t t[3];
+    for (int k = 0; k < 3; k++) {
+        io[k].d = dist_group_rank(g, k);
+        pthread_create(&t[k], NULL, cuda_main, &io[k]);
+    }
+    for (int k = 0; k < 3; k++)
+        pthread_join(t[k], NULL);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(io[k].rc[0], -1);
+        assert_non_null(strstr(io[k].err, "CUDA module was built without it"));
+        assert_int_equal(io[k].rc[1], -1);
+    }
+    free(io);
+    dist_group_free(g);
 }
 
 static double mono(void)
@@ -209,6 +256,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_deadline_and_giving_up),
+        cmocka_unit_test(test_cuda_without_nccl),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
