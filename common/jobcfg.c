@@ -28,6 +28,8 @@ static const opts_def opts[] = {
      "stop the job once it has run this long (0: none, or gradd.conf's default_time_limit)", NULL},
     {"job", "rank_timeout", OPTS_DURATION, J(rank_timeout_ms), 1000, 1e9, false, "5m",
      "run as several ranks (mpirun, srun): how long a rank waits for the others before the job fails", NULL},
+    {"job", "allreduce_bucket", OPTS_SIZE, J(allreduce_bucket), 0, 1.8e19, false, "25M",
+     "several ranks: gradients summed in buckets of this size while the backward goes on (0: all after it)", NULL},
     {"job", "on_end", OPTS_STRING, J(on_end), 0, 0, false, "",
      "once the job has ended: run this command as its owner, quoted as in sh, without a shell", NULL},
 

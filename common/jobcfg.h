@@ -56,6 +56,7 @@ typedef struct job_config {
     int type; /* jobcfg_type */
     uint64_t time_limit_ms; /* of running, over all its runs; 0: none asked */
     uint64_t rank_timeout_ms; /* several ranks: the longest wait at a collective */
+    uint64_t allreduce_bucket; /* several ranks: bytes of gradients per all-reduce; 0: one after the backward */
     char on_end[JOBCFG_COMMAND_MAX]; /* run as the owner once it has ended; as written */
 
     /* [model] */

@@ -9,7 +9,7 @@
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
 #   llama (bench/llama, about 4 minutes) run only when named:
-#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama,recompute,lora or
+#   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama,recompute,lora,dist or
 #   STEPS=...,nvml.
 #
 # Device time is short (15 minutes a session, starting the machine
@@ -234,6 +234,78 @@ if want lora; then
   PEER_PYTHON=$py GRADD_ENV=$top/.device/env.sh timeout 420 bench/lora/run_gpu.sh "$B/daemon/gradd" 8 |
     tee -a "$out/bench.jsonl"
   echo "rc=${PIPESTATUS[0]}"
+fi
+
+if want dist; then
+  # Issue 23's NCCL path.  One GPU: a world of one rank (--test-hooks'
+  # GRADD_TEST_GROUP=1) runs every collective over NCCL, the gradients in
+  # 64 KiB buckets started during the backward; its weights must be the
+  # plain run's, bitwise (a sum over one rank).  Then GPT-2 124M in bf16
+  # both ways for the cost of the path, and with two or more GPUs
+  # [job] devices over two of them against one, for the scaling.
+  section "dist: NCCL with one rank, against one process"
+  for mode in plain world1; do
+    cat >/tmp/job-dist-$mode.cfg <<CFG
+[job]
+name = dist-$mode
+device = cuda:0
+allreduce_bucket = 64K
+[model]
+type = gpt
+layers = 4
+heads = 4
+width = 128
+context = 128
+vocab = 256
+[data]
+format = text
+train = $top/.device/data/fortunes
+val_fraction = 0.02
+[train]
+steps = 60
+batch = 16
+micro_batch = 8
+lr = 2e-3
+seed = 1337
+precision = bf16
+eval_every = 60
+eval_batches = 4
+[memory]
+shard_optimizer = on
+[output]
+dir = /tmp/out-dist-$mode
+log_every = 20
+CFG
+    env=(); [ $mode = world1 ] && env=(GRADD_TEST_GROUP=1)
+    env "${env[@]}" LD_LIBRARY_PATH=$gx_ld timeout 120 "$B/daemon/gradd" --test-hooks run /tmp/job-dist-$mode.cfg 2>&1 | tail -3
+    echo "$mode rc=${PIPESTATUS[0]}"
+    tail -2 /tmp/out-dist-$mode/metrics.jsonl
+  done
+  PYTHONPATH=$top/tests/integration "$py" -c 'import harness, sys; print("max weight diff world1 vs plain:", harness.max_weight_diff(sys.argv[1], sys.argv[2]))'     /tmp/out-dist-plain/model.safetensors /tmp/out-dist-world1/model.safetensors
+  "$py" bench/train/make_tokens.py /tmp/dist-tokens.bin $((1 << 22))
+  ngpu=$(nvidia-smi -L | wc -l)
+  modes="plain world1"; [ "$ngpu" -ge 2 ] && modes="$modes devices2"
+  for mode in $modes; do
+    { gpt2_job gpt2-$mode /tmp/dist-tokens.bin; cat <<CFG
+[train]
+steps = 12
+batch = 32
+micro_batch = 16
+warmup = 2
+precision = bf16
+[output]
+dir = /tmp/out-gpt2-$mode
+log_every = 1
+CFG
+    } >/tmp/job-gpt2-$mode.cfg
+    [ $mode = devices2 ] && sed -i 's/^device = cuda:0$/devices = cuda:0,cuda:1/' /tmp/job-gpt2-$mode.cfg
+    env=(); [ $mode = world1 ] && env=(GRADD_TEST_GROUP=1)
+    section "dist: GPT-2 124M bf16 batch 32, $mode"
+    env "${env[@]}" LD_LIBRARY_PATH=$gx_ld timeout 150 "$B/daemon/gradd" --test-hooks run /tmp/job-gpt2-$mode.cfg 2>&1 | tail -3
+    echo "$mode rc=${PIPESTATUS[0]}"
+    tail -3 /tmp/out-gpt2-$mode/metrics.jsonl
+    cp /tmp/out-gpt2-$mode/metrics.jsonl "$out/metrics-gpt2-$mode.jsonl" 2>/dev/null
+  done
 fi
 
 if want pool && [ -x bench/pool/run_gpu.sh ] && [ -x "$B/bench/pool/bench_pool_cuda" ]; then

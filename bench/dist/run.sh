@@ -6,12 +6,17 @@
 #
 # The model is bench/train's gpt_small (6 layers, width 384, 6 heads,
 # context 256, vocab 256), batch 8 (4 per rank, no accumulation), fp32, on
-# fortunes' text.  Two JSON lines on stdout:
+# fortunes' text.  Three JSON lines on stdout:
 #   {"bench":"dist_gpt_small","metric":"step_ms_2ranks",...}  the step of 2
 #     ranks; ratio gradd/torch, < 1: gradd faster
 #   {"bench":"dist_gpt_small","metric":"speedup_2ranks",...}  one process
 #     with 2 threads over 2 ranks of 1 thread (> 1: the ranks are faster);
 #     ratio torch's/gradd's, < 1: gradd gains more
+#   {"bench":"dist_gpt_small","metric":"allreduce_wait_ms_2ranks",...}
+#     what the 2 ranks still wait for the gradients' sum after the backward
+#     with 4 MB buckets started during it, against gradd with
+#     allreduce_bucket = 0 (all of it after the backward); ratio < 1: the
+#     buckets hide some of the sum
 # Each side's figure is the median ms per step over STEPS (15) steps after
 # WARMUP (3); PEER_PYTHON (/usr/bin/python3) runs the peer.
 set -eu
@@ -33,12 +38,13 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# job NAME MICRO THREADS: a job file whose metrics go to $work/NAME.
+# job NAME MICRO THREADS [BUCKET]: a job file whose metrics go to $work/NAME.
 job() {
     cat >"$work/$1.cfg" <<JOB
 [job]
 name = $1
 device = cpu
+allreduce_bucket = ${4:-25M}
 [model]
 type = gpt
 layers = 6
@@ -63,12 +69,12 @@ JOB
     echo "$work/$1.cfg"
 }
 
-# The median step_ms of a run's steps after the warmup.
+# The median KEY (default step_ms) of a run's steps after the warmup.
 median_ms() {
-    python3 - "$1" "$warmup" <<'PY'
+    python3 - "$1" "$warmup" "${2:-step_ms}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l]
-print(statistics.median(r["step_ms"] for r in rows[int(sys.argv[2]):]))
+print(statistics.median(r[sys.argv[3]] for r in rows[int(sys.argv[2]):]))
 PY
 }
 
@@ -77,6 +83,14 @@ mpirun -np 2 "$gradd" run "$(job two 4 1)" >/dev/null 2>"$work/two.err" || { cat
 g1=$(median_ms "$work/one/metrics.jsonl")
 g2=$(median_ms "$work/two/metrics.jsonl")
 echo "gradd: 1 process x 2 threads $g1 ms, 2 ranks x 1 thread $g2 ms" >&2
+for b in 4M 0; do
+    mpirun -np 2 "$gradd" run "$(job "b$b" 4 1 "$b")" >/dev/null 2>"$work/b$b.err" || { cat "$work/b$b.err" >&2; exit 1; }
+done
+w4=$(median_ms "$work/b4M/metrics.jsonl" allreduce_wait_ms)
+w0=$(median_ms "$work/b0/metrics.jsonl" allreduce_wait_ms)
+s4=$(median_ms "$work/b4M/metrics.jsonl")
+s0=$(median_ms "$work/b0/metrics.jsonl")
+echo "gradd 2 ranks: 4 MB buckets wait $w4 ms (step $s4 ms), one sum after the backward $w0 ms (step $s0 ms)" >&2
 
 peer() {
     OPENBLAS_NUM_THREADS=$2 "$peer_python" "$here/peer_ddp.py" --ranks "$1" --threads "$2" --batch 8 \
@@ -86,9 +100,10 @@ p1=$(peer 1 2)
 p2=$(peer 2 1)
 echo "torch: $p1 / $p2" >&2
 
-python3 - "$g1" "$g2" "$p1" "$p2" <<'PY'
+python3 - "$g1" "$g2" "$p1" "$p2" "$w4" "$w0" "$s4" "$s0" <<'PY'
 import json, sys
 g1, g2 = float(sys.argv[1]), float(sys.argv[2])
+w4, w0, s4, s0 = (float(x) for x in sys.argv[5:9])
 p1, p2 = json.loads(sys.argv[3]), json.loads(sys.argv[4])
 t1, t2 = p1["step_ms"], p2["step_ms"]
 peer = p2["impl"]
@@ -97,4 +112,7 @@ print(json.dumps({"bench": "dist_gpt_small", "metric": "step_ms_2ranks", "value"
 print(json.dumps({"bench": "dist_gpt_small", "metric": "speedup_2ranks", "value": round(g1 / g2, 3), "unit": "x",
                   "peer": peer, "peer_value": round(t1 / t2, 3), "ratio": round((t1 / t2) / (g1 / g2), 3),
                   "one_process_ms": round(g1, 3), "peer_one_process_ms": round(t1, 3)}))
+print(json.dumps({"bench": "dist_gpt_small", "metric": "allreduce_wait_ms_2ranks", "value": round(w4, 3), "unit": "ms",
+                  "peer": "gradd allreduce_bucket=0", "peer_value": round(w0, 3), "ratio": round(w4 / w0, 3),
+                  "step_ms": round(s4, 3), "peer_step_ms": round(s0, 3)}))
 PY

@@ -388,7 +388,10 @@ int checkpoint_load(run *r)
             } else if (!finite_state(r, names[i], into, P)) {
                 rc = -1;
             } else if (i > 0 && share) {
-                memcpy(dst[i], stage + t->opt_first, t->opt_count * sizeof(float));
+                if (r->host_visible)
+                    memcpy(dst[i], stage + t->opt_first, t->opt_count * sizeof(float));
+                else
+                    r->k->copy_h2d(r->kc, dst[i], stage + t->opt_first, t->opt_count * sizeof(float));
             } else if (!whole) {
                 r->k->copy_h2d(r->kc, dst[i], stage, P * sizeof(float));
             }
@@ -560,13 +563,22 @@ static int gather_opt(run *r, float **full)
         run_fail(r, "checkpoint failed: out of host memory gathering %zu floats of optimizer state", 2 * P);
         return -1;
     }
+    /* The gather runs between hosts: a CUDA device's share comes over. */
+    float *own = NULL;
+    const float *share = host_view(r, t->opt, 2 * t->opt_count, &own);
     char err[1024];
-    if (dist_gather_f32(r->dist, t->opt, *full, P, "gathering the optimizer state", err, sizeof err) != 0 ||
-        dist_gather_f32(r->dist, t->opt + t->opt_count, *full ? *full + P : NULL, P, "gathering the optimizer state",
-                        err, sizeof err) != 0) {
+    int rc = -1;
+    if (!share)
+        snprintf(err, sizeof err, "out of host memory for this rank's share of the optimizer state");
+    else if (dist_gather_f32(r->dist, share, *full, P, "gathering the optimizer state", err, sizeof err) == 0 &&
+             dist_gather_f32(r->dist, share + t->opt_count, *full ? *full + P : NULL, P,
+                             "gathering the optimizer state", err, sizeof err) == 0)
+        rc = 0;
+    free(own);
+    if (rc != 0) {
         free(*full);
         *full = NULL;
-        run_fail(r, "%s", err);
+        run_fail(r, "checkpoint failed: %s", err);
         return -1;
     }
     return 0;

@@ -258,6 +258,12 @@ void outputs_step(run *r, double loss, double lr, double norm, double ups, doubl
         json_object_set_new(line, "accum", json_integer(pr->accum));
         json_object_set_new(line, "allocated", json_integer((json_int_t)pr->allocated));
         json_object_set_new(line, "reserved", json_integer((json_int_t)pr->reserved));
+        if (r->dist) {
+            /* Whether summing the gradients while the backward runs pays:
+             * how much of them started early, and what was left to wait. */
+            json_object_set_new(line, "allreduce_early", number(r->gsum.early, "%.4f"));
+            json_object_set_new(line, "allreduce_wait_ms", number(r->gsum.wait_s * 1e3, "%.3f"));
+        }
         if (r->j->precision == JOBCFG_FP16) {
             json_object_set_new(line, "loss_scale", number(r->progress.loss_scale, "%.17g"));
             if (skipped)

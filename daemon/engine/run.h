@@ -175,6 +175,18 @@ typedef struct run {
     uint32_t rank_batch, rank_samples, rank_first;
     bool writer;
     jmp_buf unwind; /* train_run's: a failed collective leaves the run from here */
+    /* The step's gradients summed over the ranks in buckets of [job]
+     * allreduce_bucket (train.c's gradsum_*): the first `next` floats are
+     * not started yet; `bucket` floats each, 0: one sum after the backward. */
+    struct {
+        size_t bucket, next;
+        bool failed;
+        char err[1024];
+        /* The last step's, for metrics.jsonl: the share of the gradients
+         * whose sum started while the backward ran, and how long the
+         * finish then waited for the sums. */
+        double early, wait_s;
+    } gsum;
 
     run_data data;
     run_memory mem;

@@ -334,6 +334,66 @@ double run_forward_backward(run *r, const model_batch *mb, float dloss)
     return loss;
 }
 
+/* ---- the gradients' sum over the ranks -------------------------------------------------- */
+
+/* The buckets are fixed, from the end of the gradients down: every rank
+ * starts the same ones in the same order, whenever its backward gets
+ * there.  Those of the step's last micro-batch start as its backward
+ * finishes their parameters (the model's grads_final); what has not
+ * started by the end of the micro-batches (a kind that does not report, a
+ * pass cut short, an out of memory, LoRA's adapters) starts then.  A step
+ * thrown away afterwards (an OOM or a stop on any rank) has summed for
+ * nothing, but every rank has taken part in the same collectives. */
+static void gradsum_start_to(run *r, size_t from)
+{
+    const run_trained *tr = &r->mem.trained;
+    while (!r->gsum.failed && r->gsum.next > from) {
+        size_t hi = r->gsum.next, n = r->gsum.bucket && r->gsum.bucket < hi ? r->gsum.bucket : hi;
+        if (hi - n < from)
+            break;
+        if (dist_allreduce_start(r->dist, tr->grads + hi - n, n, "the gradients' all-reduce", r->gsum.err,
+                                 sizeof r->gsum.err) != 0)
+            r->gsum.failed = true;
+        r->gsum.next = hi - n;
+    }
+}
+
+static void grads_final(void *user, size_t from)
+{
+    run *r = user;
+    gradsum_start_to(r, from);
+    dist_progress(r->dist);
+}
+
+/* The step's first micro-batch: nothing started. */
+static void gradsum_begin(run *r)
+{
+    r->gsum.next = r->mem.trained.count;
+    r->gsum.bucket = r->j->allreduce_bucket / sizeof(float);
+}
+
+/* Before the last micro-batch's pass: its backward starts the buckets. */
+static void gradsum_arm(run *r, bool on)
+{
+    r->m->grads_final = on && r->dist && r->gsum.bucket && r->mem.trained.grads == r->m->grads ? grads_final : NULL;
+    r->m->grads_user = r;
+}
+
+/* Every bucket started and summed. */
+static void gradsum_finish(run *r)
+{
+    size_t P = r->mem.trained.count;
+    r->gsum.early = P ? (double)(P - r->gsum.next) / (double)P : 0;
+    double t0 = now_s();
+    gradsum_start_to(r, 0);
+    if (!r->gsum.failed &&
+        dist_allreduce_finish(r->dist, "the gradients' all-reduce", r->gsum.err, sizeof r->gsum.err) != 0)
+        r->gsum.failed = true;
+    r->gsum.wait_s = now_s() - t0;
+    if (r->gsum.failed)
+        run_collective_failed(r, r->gsum.err);
+}
+
 /* ---- one optimizer step -------------------------------------------------------------------- */
 
 /* A non-finite training loss: what led there and what to change.  The
@@ -394,6 +454,7 @@ static int try_step(run *r, const train_hooks *h)
     bool stopped = false;
     /* This rank's share of the step's samples: the others' pass by. */
     data_stream_skip(&r->data.stream, r->rank_first);
+    gradsum_begin(r);
     for (uint32_t done = 0; done < r->rank_samples;) {
         if (h && h->should_stop && h->should_stop(h->user)) {
             stopped = true;
@@ -403,7 +464,9 @@ static int try_step(run *r, const train_hooks *h)
         model_batch mb;
         run_next_batch(r, n, false, &mb, NULL);
         m->stoppable = true;
+        gradsum_arm(r, done + n == r->rank_samples);
         loss_sum += run_forward_backward(r, &mb, dloss);
+        gradsum_arm(r, false);
         if (cut_short(m)) {
             stopped = true;
             break;
@@ -431,10 +494,12 @@ static int try_step(run *r, const train_hooks *h)
         if (memory_device_check(r, during) < 0)
             return TRAIN_FAILED;
     }
-    /* Ranks stop, redo smaller, or go on together; the loss is the sum of
-     * theirs. */
+    /* The step's gradient: the sum of the ranks' (each scaled by the
+     * whole step's units).  Ranks stop, redo smaller, or go on together;
+     * the loss is the sum of theirs. */
     bool oom = r->mem.oom;
     if (r->dist) {
+        gradsum_finish(r);
         double v[3] = {loss_sum, oom ? 1 : 0, stopped ? 1 : 0};
         run_agree(r, v, 3, DIST_SUM, "agreeing on the step's outcome");
         loss_sum = v[0];
@@ -445,13 +510,6 @@ static int try_step(run *r, const train_hooks *h)
         return TRAIN_STOPPED;
     if (oom && memory_oom_agree(r, r->mem.oom))
         return STEP_OOM;
-    /* The step's gradient: the sum of the ranks' (each scaled by the
-     * whole step's units). */
-    if (r->dist) {
-        char err[1024];
-        if (dist_allreduce_f32(r->dist, tr->grads, tr->count, "the gradients' all-reduce", err, sizeof err) != 0)
-            run_collective_failed(r, err);
-    }
     double loss = loss_sum / units;
     /* The split this attempt ran, for the step's report, skipped or not. */
     r->prog.micro = r->mem.micro;
@@ -727,9 +785,6 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
     } else if (j->batch < N) {
         o = run_fail(r, "%s: [train] batch = %u is smaller than the %u ranks: each needs a sample of every step",
                      j->source, j->batch, N);
-    } else if (r->dist && !r->host_visible) {
-        o = run_fail(r, "%s runs on %s: ranks share gradients over MPI on cpu devices only; CUDA devices need "
-                     "NCCL, which this gradd does not have yet", dist_name(r->dist), d->id);
     } else if (r->host_visible != (strcmp(k->name, "cpu") == 0)) {
         o = run_fail(r, "kernels '%s' cannot run on device %s", k->name, d->id);
     } else if (r->host_visible && j->precision != JOBCFG_FP32 && !(h && h->cpu_mixed_precision)) {
@@ -741,8 +796,12 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
                               : j->precision == JOBCFG_FP16 ? KERN_FP16
                                                             : KERN_FP32;
         r->kc = k->ctx_create((int)j->threads, d->index, prec, &scratch);
+        char err[1024];
         if (!r->kc)
             o = run_fail(r, "cannot create the %s kernel context on %s", k->name, d->id);
+        else if (r->dist && !r->host_visible &&
+                 dist_use_cuda(r->dist, d->collectives, d->index, k->stream(r->kc), err, sizeof err) != 0)
+            o = run_fail(r, "%s", err);
         else if (setjmp(r->unwind) == 0)
             o = run_job(r, h);
         else
@@ -757,6 +816,7 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
      * timeout. */
     if (o == TRAIN_FAILED)
         dist_fail(r->dist, res->message);
+    dist_release_cuda(r->dist, o == TRAIN_FAILED);
     o = outputs_close(r, o);
     if (r->m)
         memory_free(r);

@@ -37,6 +37,12 @@ void model_destroy(model *m)
     free(m);
 }
 
+void model_grads_final(model *m, size_t from)
+{
+    if (m->grads_final && !m->lora && !m->stopped)
+        m->grads_final(m->grads_user, from);
+}
+
 bool model_poll(model *m)
 {
     if (!m->stopped && m->poll && m->poll(m->poll_user) && m->stoppable)

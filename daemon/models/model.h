@@ -157,6 +157,13 @@ struct model {
     bool (*poll)(void *user);
     void *poll_user;
     bool stoppable, stopped;
+    /* Gradients that are final: a backward calls model_grads_final(m,
+     * from) once grads[from, num_params) get nothing more from it, `from`
+     * decreasing call by call, so that they can be summed over the ranks
+     * while it goes on with the layers below (grads_final NULL: nobody
+     * asks).  A kind that never calls it has them all summed after. */
+    void (*grads_final)(void *user, size_t from);
+    void *grads_user;
     void *impl;
 };
 
@@ -295,6 +302,9 @@ void model_destroy(model *m);
 
 /* Between layers: poll, and true when the pass is to be abandoned. */
 bool model_poll(model *m);
+/* From a backward: grads[from, num_params) are final (see grads_final).
+ * Nothing under LoRA, whose gradients are the adapters'. */
+void model_grads_final(model *m, size_t from);
 
 /* For the token models' activation_bytes: *fixed and *per_sample from the
  * bytes their carving takes for one sample and for two, where each of its

@@ -516,6 +516,7 @@ static void gpt_backward_body(model *m, const model_batch *b)
     else
         k->layernorm_backward(kc, g->dres, DG(g->lnfw), DG(g->lnfb), dlnf, last, B32(g->lnfw), g->lnf_mean,
                               g->lnf_rstd, (int)BT, C);
+    model_grads_final(m, g->lnfw);
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
         if (model_poll(m))
@@ -610,6 +611,7 @@ static void gpt_backward_body(model *m, const model_batch *b)
         else
             k->layernorm_backward(kc, g->dres, DG(w->ln1w), DG(w->ln1b), dln1, residual, B32(w->ln1w), ln1_mean,
                                   ln1_rstd, (int)BT, C);
+        model_grads_final(m, w->ln1w); /* the layer's first tensor */
     }
     if (D) /* a frozen base (lora.h) has no embedding to train */
         k->encoder_backward(kc, D + g->wte, D + g->wpe, g->dres, b->x, B, T, C);

@@ -432,6 +432,7 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
     const float *last = g->residual3 + (g->L - 1) * BTC;
     k->rmsnorm_backward(kc, g->dres, norm_grad(m, g->normw), g->dsmall, last, lora_base32(m, g->normw), g->lnf_rstd,
                         BT, C);
+    model_grads_final(m, g->normw); /* and the untied head after it */
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
         if (model_poll(m))
@@ -463,6 +464,7 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
         lora_linear_backward(m, g->dsmall, g->dqkv, ln1, w->qkvw, LORA_NO_BIAS, w->qkv_site, 3, BT, C, W);
         k->rmsnorm_backward(kc, g->dres, norm_grad(m, w->ln1w), g->dsmall, residual, lora_base32(m, w->ln1w), ln1_rstd,
                             BT, C);
+        model_grads_final(m, w->ln1w); /* the layer's first tensor */
     }
     if (!m->lora) /* a frozen embedding: the residual stream's gradient ends here */
         k->encoder_backward(kc, m->grads + g->embed, NULL, g->dres, b->x, B, T, C);

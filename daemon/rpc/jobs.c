@@ -182,11 +182,16 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
     mode_t mask = rq->has_umask ? (mode_t)rq->umask : 022;
     char where[PATH_MAX + 64];
     for (int k = 0; k < cfg->ndevices; k++) {
-        if (ctx_find_device(ctx, cfg->device_ids[k]) >= 0)
+        int i = ctx_find_device(ctx, cfg->device_ids[k]);
+        if (i >= 0 && (ctx->devs[i]->kind != DEV_KIND_CUDA || ctx->devs[i]->collectives))
             continue;
-        snprintf(msg, sizeof msg, "%s: no device %s on this daemon%s%s",
-                 jobcfg_where(cfg, "job", "devices", where, sizeof where), cfg->device_ids[k],
-                 ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
+        if (i >= 0)
+            snprintf(msg, sizeof msg, "%s: ranks on CUDA devices share gradients over NCCL, and this daemon's CUDA "
+                     "module was built without it", jobcfg_where(cfg, "job", "devices", where, sizeof where));
+        else
+            snprintf(msg, sizeof msg, "%s: no device %s on this daemon%s%s",
+                     jobcfg_where(cfg, "job", "devices", where, sizeof where), cfg->device_ids[k],
+                     ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }

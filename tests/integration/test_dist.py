@@ -29,6 +29,7 @@ JOB = """[job]
 name = dist
 device = cpu
 rank_timeout = {timeout}
+allreduce_bucket = {bucket}
 [model]
 type = gpt
 layers = 2
@@ -94,12 +95,12 @@ class Dist(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def job(self, name, steps=8, batch=8, micro="auto", ckpt=0, timeout="5m", width=32, shard="off"):
+    def job(self, name, steps=8, batch=8, micro="auto", ckpt=0, timeout="5m", width=32, shard="off", bucket="25M"):
         out = os.path.join(self.dir, "out-" + name)
         path = os.path.join(self.dir, name + ".cfg")
         with open(path, "w") as f:
             f.write(JOB.format(train=self.train, steps=steps, batch=batch, micro=micro, ckpt=ckpt, out=out,
-                               timeout=timeout, width=width, shard=shard))
+                               timeout=timeout, width=width, shard=shard, bucket=bucket))
         return path, out
 
     def conf(self, name, capacity):
@@ -108,9 +109,9 @@ class Dist(unittest.TestCase):
             f.write("[cpu]\ncapacity = %s\n" % capacity)
         return path
 
-    def run1(self, cfg, conf=None, check=True):
-        cmd = [GRADD] + (["-c", conf] if conf else []) + ["run", cfg]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    def run1(self, cfg, conf=None, check=True, env=None, hooks=False):
+        cmd = [GRADD] + (["-c", conf] if conf else []) + (["--test-hooks"] if hooks else []) + ["run", cfg]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         if check:
             self.assertEqual(r.returncode, 0, r.stderr)
         return r
@@ -168,6 +169,94 @@ class Dist(unittest.TestCase):
         r = self.run1(cfg, check=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("[job] devices: no device cpu2 here", r.stderr)
+
+    def model_of(self, out):
+        return os.path.join(out, "model.safetensors")
+
+    def test_buckets_summed_while_the_backward_runs(self):
+        # 1 KiB buckets: the 2-layer model's ~35K gradients in 35 sums, each
+        # started once the last micro-batch's backward is done with the
+        # layers it holds.  A bucket started before a contribution to it
+        # would lose the other rank's share of that: weights apart.  Two
+        # ranks sum every element alike whatever the buckets (a + b), so
+        # the weights are bitwise those of one sum after the backward.
+        cfg1, out1 = self.job("one")
+        self.run1(cfg1)
+        cfg0, out0 = self.job("whole", bucket="0")
+        self.mpirun(2, cfg0)
+        cfgb, outb = self.job("buckets", bucket="1K")
+        self.mpirun(2, cfgb)
+        self.assertEqual(harness.max_weight_diff(self.model_of(out0), self.model_of(outb)), 0.0)
+        self.assertLessEqual(harness.max_weight_diff(self.model_of(out1), self.model_of(outb)), TOL)
+        early = [s["allreduce_early"] for s in steps_logged(outb)]
+        self.assertEqual(len(early), 8)
+        # Every 256-float bucket (counted from the end) above the
+        # embeddings starts early: those (wte 8192 and wpe 1024 floats)
+        # get their last addition in the encoder backward, at the very end.
+        C = 32
+        layer = 12 * C * C + 13 * C
+        P = 256 * C + 32 * C + 2 * layer + 2 * C
+        started = (P - 256 * C - 32 * C) // 256 * 256
+        for e in early:
+            self.assertAlmostEqual(e, started / P, places=4)
+        self.assertEqual({s["allreduce_early"] for s in steps_logged(out0)}, {0.0})
+        # Llama reports its layers alike (its untied head after the final
+        # norm), under LoRA nothing (the adapters all go at the end).
+        for name, extra in (("llama", "type = llama\nkv_heads = 1\ntie_embeddings = off\n"),
+                            ("lora", "[finetune]\nmethod = lora\nrank = 4\n[model]\n")):
+            got = []
+            for bucket in ("0", "1K"):
+                cfg, out = self.job("%s-%s" % (name, bucket), bucket=bucket)
+                with open(cfg) as f:
+                    text = f.read().replace("type = gpt\n", extra if name == "llama" else "type = gpt\n")
+                if name == "lora":
+                    text = text.replace("[model]\n", extra, 1)
+                with open(cfg, "w") as f:
+                    f.write(text)
+                self.mpirun(2, cfg)
+                got.append(out)
+            files = ["adapter_model.safetensors"] if name == "lora" else ["model.safetensors"]
+            for fn in files:
+                self.assertEqual(harness.max_weight_diff(os.path.join(got[0], fn), os.path.join(got[1], fn)), 0.0,
+                                 name)
+            early = {s["allreduce_early"] for s in steps_logged(got[1])}
+            if name == "lora":
+                self.assertEqual(early, {0.0})
+            else:
+                self.assertEqual(len(early), 1)
+                self.assertGreater(early.pop(), 0.5)
+        # Three ranks sum in an order MPI picks by size: one process's
+        # training, to rounding.
+        cfg3, out3 = self.job("buckets3", bucket="1K")
+        self.mpirun(3, cfg3)
+        self.assertLessEqual(harness.max_weight_diff(self.model_of(out1), self.model_of(out3)), TOL)
+
+    def test_buckets_of_devices_and_a_world_of_one(self):
+        # Threads sum in rank order, in one piece or in many: bitwise.
+        conf = self.conf("two", "64M")
+        with open(conf, "a") as f:
+            f.write("devices = 2\n")
+        outs = {}
+        for bucket in ("0", "1K"):
+            cfg, out = self.job("threads-" + bucket, bucket=bucket)
+            with open(cfg) as f:
+                text = f.read().replace("device = cpu\n", "devices = cpu0,cpu1\n")
+            with open(cfg, "w") as f:
+                f.write(text)
+            self.run1(cfg, conf)
+            outs[bucket] = out
+        self.assertEqual(harness.max_weight_diff(self.model_of(outs["0"]), self.model_of(outs["1K"])), 0.0)
+        # A world of one rank (a test hook: what one GPU can check of the
+        # ranks' path, NCCL's included) trains as one process, bitwise: a
+        # sum over one rank is its own gradient.
+        cfg1, out1 = self.job("alone")
+        self.run1(cfg1)
+        cfgw, outw = self.job("world1", bucket="1K")
+        env = dict(os.environ, GRADD_TEST_GROUP="1")
+        r = self.run1(cfgw, env=env, hooks=True)
+        self.assertEqual(harness.max_weight_diff(self.model_of(out1), self.model_of(outw)), 0.0)
+        self.assertEqual(len([s for s in steps_logged(outw) if "allreduce_early" in s]), 8, r.stdout)
+        self.assertFalse([s for s in steps_logged(out1) if "allreduce_early" in s])
 
     def test_batch_smaller_than_ranks_is_refused(self):
         cfg, out = self.job("tiny", batch=1)

@@ -159,6 +159,7 @@ static void test_errors(void **state)
     expect_error("[job]\ndevices = cuda:0,cpu1\n" GPT_HEAD, ":2: [job] devices: cuda0 and cpu1 are of two kinds");
     expect_error("[job]\ndevices = cuda:3\n" GPT_HEAD, ":2: [job] devices: one device: use [job] device");
     expect_error("[job]\ndevices = ,\n" GPT_HEAD, ":2: [job] devices: '' is not a device");
+    expect_error("[job]\nallreduce_bucket = lots\n" GPT_HEAD, ":2: [job] allreduce_bucket");
     expect_error("[job]\ndevice = cpu0\ndevices = cpu0,cpu1\n" GPT_HEAD,
                  ":3: [job] devices: give [job] device or devices, not both");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
@@ -350,9 +351,12 @@ static void test_devices_list(void **state)
     assert_string_equal(j.device_ids[1], "cuda0");
     assert_string_equal(j.device_ids[2], "cuda12");
     assert_string_equal(j.device, "cuda:1");
-    write_job(GPT_HEAD);
+    /* PyTorch DDP's bucket size unless told. */
+    assert_int_equal(j.allreduce_bucket, 25 << 20);
+    write_job("[job]\nallreduce_bucket = 0\n" GPT_HEAD);
     assert_int_equal(load(path, &j, err, sizeof err), 0);
     assert_int_equal(j.ndevices, 0);
+    assert_int_equal(j.allreduce_bucket, 0);
 }
 
 int main(void)
