@@ -30,7 +30,7 @@
 // inputs (the model's 16-bit path) the tiles are copied with cp.async,
 // each step's next tile loading behind math that does not read its buffer;
 // ptxas (sm_90): forward 128 registers, no spill; backward 168, 64 bytes.
-// On sm_90 dQ is summed with two-wide float atomics (fm_atomic_add2).
+// On sm_90 dQ is summed with two-wide float atomics (m16_atomic_add2).
 //
 // The default (ctx.cu; flash.cu dispatches): on an H200 a GPT-2 124M bf16
 // step took 36.2 ms with these kernels and 47.9 ms with flash.cu's WMMA
@@ -47,6 +47,7 @@
 #include "kern_cuda.cuh"
 #endif
 #include "tile16.cuh"
+#include "mma16.cuh"
 
 #define FM_HS 64
 #define FM_LD (FM_HS + 8) // 16-bit tile pitch: rows 16 bytes apart in the banks
@@ -55,105 +56,6 @@
 #define FM_BWD_B 64 // backward: keys per CTA and queries per step
 #define FM_BWD_THREADS 128
 #define FM_BC 64 // forward: keys per step
-
-// ---- operand helpers ------------------------------------------------------------------------
-
-// d += a·b, one 16×8×16 tile, fp32 accumulate.
-template <class E>
-__device__ __forceinline__ void fm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void fm_mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-#ifdef GRADD_CUDA_EMU
-    emu_mma_m16n8k16<__nv_bfloat16>(d, a, b0, b1);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-template <>
-__device__ __forceinline__ void fm_mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-#ifdef GRADD_CUDA_EMU
-    emu_mma_m16n8k16<__half>(d, a, b0, b1);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-template <bool TRANS> __device__ __forceinline__ void fm_ldm(uint32_t (&r)[4], const void *p)
-{
-#ifdef GRADD_CUDA_EMU
-    emu_ldmatrix_x4(r, p, TRANS); // the pointer itself: a 32-bit shared address means nothing on the host
-#else
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    if (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-#endif
-}
-
-// ---- cp.async: a 16-bit tile copied to shared memory without registers ----------------------
-// With a 16-bit source (S == E) staging is a plain copy, so it can run
-// behind the math: cp.async moves 16 bytes from global to shared memory
-// asynchronously, in commit groups a thread waits for (PTX ISA, sm_80+).
-// The kernels issue the next tile's copies before the work that does not
-// read its buffer, and wait for them just before the barrier that hands
-// the buffer over.  valid false: the 16 bytes are zeros (src-size 0).
-__device__ __forceinline__ void fm_cp16(void *smem, const void *gmem, bool valid)
-{
-#ifdef GRADD_CUDA_EMU
-    emu_cp_async16(smem, gmem, valid ? 16 : 0);
-#else
-    uint32_t d = (uint32_t)__cvta_generic_to_shared(smem);
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(n) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void fm_cp_commit()
-{
-#ifdef GRADD_CUDA_EMU
-    emu_cp_commit();
-#else
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Wait until at most N of this thread's newest commit groups are pending.
-template <int N> __device__ __forceinline__ void fm_cp_wait()
-{
-#ifdef GRADD_CUDA_EMU
-    emu_cp_wait(N);
-#else
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// p[0] += x, p[1] += y atomically, p 8-byte aligned.  sm_90 has a two-wide
-// float atomic: half the atomic operations of dQ's summation, the
-// backward's only traffic to global memory inside its loop.  (Each element
-// is still its own atomic add: the order of summation is as unfixed as
-// before.)  The emulation and the compute_80 PTX take the scalar form.
-__device__ __forceinline__ void fm_atomic_add2(float *p, float x, float y)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
-#else
-    atomicAdd(p, x);
-    atomicAdd(p + 1, y);
-#endif
-}
 
 // A ROWS × 64 tile of E (row r at src + r·pitch, 16-byte aligned; rows at or
 // past `rows` zeros) into dst[r·FM_LD ..], by THREADS threads, 16 bytes per
@@ -167,7 +69,7 @@ __device__ __forceinline__ void fm_tile_async(E *dst, const E *src, size_t pitch
     for (int u = 0; u < PER; u++) {
         int i = threadIdx.x + u * THREADS, r = i / (FM_HS / 8), c = (i % (FM_HS / 8)) * 8;
         bool in = r < rows;
-        fm_cp16(dst + r * FM_LD + c, in ? src + (size_t)r * pitch + c : src, in);
+        m16_cp16(dst + r * FM_LD + c, in ? src + (size_t)r * pitch + c : src, in);
     }
 }
 
@@ -177,7 +79,7 @@ __device__ __forceinline__ void fm_tile_async(E *dst, const E *src, size_t pitch
 // (r0, r1) and 8..15 (r2, r3).
 template <bool TRANS, class E> __device__ __forceinline__ void fm_ldm_p1(uint32_t (&r)[4], const E *s, int lane)
 {
-    fm_ldm<TRANS>(r, s + (lane & 15) * FM_LD + (lane >> 4) * 8);
+    m16_ldm<TRANS>(r, s + (lane & 15) * FM_LD + (lane >> 4) * 8);
 }
 
 // Pattern 2: lane L reads row L%8 + (L/16)·8, column ((L/8)%2)·8.  Without
@@ -186,18 +88,9 @@ template <bool TRANS, class E> __device__ __forceinline__ void fm_ldm_p1(uint32_
 // Xt[k][m] (A stored transposed): the A fragment of A = Xtᵀ.
 template <bool TRANS, class E> __device__ __forceinline__ void fm_ldm_p2(uint32_t (&r)[4], const E *s, int lane)
 {
-    fm_ldm<TRANS>(r, s + ((lane & 7) + (lane >> 4) * 8) * FM_LD + ((lane >> 3) & 1) * 8);
+    m16_ldm<TRANS>(r, s + ((lane & 7) + (lane >> 4) * 8) * FM_LD + ((lane >> 3) & 1) * 8);
 }
 
-// The A fragment over k = 16·kk.. of a 16-row band whose fp32 values sit in
-// accumulator tiles t[2kk] and t[2kk+1].
-template <class E> __device__ __forceinline__ void fm_acc_to_a(uint32_t (&a)[4], const float (&t0)[4], const float (&t1)[4])
-{
-    a[0] = kc_pack2<E>(t0[0], t0[1]);
-    a[1] = kc_pack2<E>(t0[2], t0[3]);
-    a[2] = kc_pack2<E>(t1[0], t1[1]);
-    a[3] = kc_pack2<E>(t1[2], t1[3]);
-}
 
 // acc (16×64: eight 16×8 tiles) += A · X[16·kk .. 16·kk+15][0..63]: one
 // 16-deep step of a product whose B operand X (k rows × 64) is row-major in
@@ -210,8 +103,8 @@ __device__ __forceinline__ void fm_mma_x64(float (&acc)[8][4], const uint32_t (&
     for (int dd = 0; dd < 4; dd++) {
         uint32_t xf[4];
         fm_ldm_p1<true>(xf, X + kk * 16 * FM_LD + dd * 16, lane);
-        fm_mma<E>(acc[2 * dd], a, xf[0], xf[1]);
-        fm_mma<E>(acc[2 * dd + 1], a, xf[2], xf[3]);
+        m16_mma<E>(acc[2 * dd], a, xf[0], xf[1]);
+        m16_mma<E>(acc[2 * dd + 1], a, xf[2], xf[3]);
     }
 }
 
@@ -244,7 +137,7 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
     if constexpr (ASYNC) {
         fm_tile_async<FM_FWD_BR, FM_FWD_THREADS>(Qs, base + (size_t)q0 * C3, C3, T - q0);
         fm_tile_async<FM_BC, FM_FWD_THREADS>(Ks, base + C, C3, T); // K of block 0
-        fm_cp_commit();
+        m16_cp_commit();
     } else {
         kc_tile_regs<FM_FWD_BR, FM_FWD_THREADS, S> q;
         kc_tile_load(q, base + (size_t)q0 * C3, C3, T - q0);
@@ -264,10 +157,10 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
     for (int kb = 0; kb <= last; kb++) {
         const int k0 = kb * FM_BC;
         if constexpr (ASYNC) {
-            fm_cp_wait<0>(); // this block's K (and, first, Q)
+            m16_cp_wait<0>(); // this block's K (and, first, Q)
             __syncthreads(); // ... everyone's; and the previous V is no longer read
             fm_tile_async<FM_BC, FM_FWD_THREADS>(Vs, base + 2 * (size_t)C + (size_t)k0 * C3, C3, T - k0);
-            fm_cp_commit();
+            m16_cp_commit();
         } else {
             __syncthreads(); // the previous K, V are no longer read
             // One tile at a time: both at once needed 32 registers of loads
@@ -297,8 +190,8 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
                 for (int jj = 0; jj < 4; jj++) {
                     uint32_t kf[4];
                     fm_ldm_p2<false>(kf, Ks + jj * 16 * FM_LD + kk * 16, lane);
-                    fm_mma<E>(s[2 * jj], qf, kf[0], kf[1]);
-                    fm_mma<E>(s[2 * jj + 1], qf, kf[2], kf[3]);
+                    m16_mma<E>(s[2 * jj], qf, kf[0], kf[1]);
+                    m16_mma<E>(s[2 * jj + 1], qf, kf[2], kf[3]);
                 }
             }
         }
@@ -307,7 +200,7 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
             __syncthreads(); // Ks is no longer read: the next block's K may come in
             if (kb < last) {
                 fm_tile_async<FM_BC, FM_FWD_THREADS>(Ks, base + C + (size_t)(k0 + FM_BC) * C3, C3, T - k0 - FM_BC);
-                fm_cp_commit();
+                m16_cp_commit();
             }
         }
 
@@ -350,9 +243,9 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
 
         if constexpr (ASYNC) {
             if (kb < last) // this block's V, with the next K still in flight
-                fm_cp_wait<1>();
+                m16_cp_wait<1>();
             else
-                fm_cp_wait<0>();
+                m16_cp_wait<0>();
             __syncthreads();
         }
         // O += P·V: P's accumulator tiles are the A operand directly.
@@ -360,7 +253,7 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 uint32_t pa[4];
-                fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
+                m16_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
                 fm_mma_x64<E>(o, pa, Vs, kk, lane);
             }
         }
@@ -431,7 +324,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
     if constexpr (ASYNC) {
         fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(Qs, base + (size_t)k0 * C3, C3, T - k0);
         fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(dOs, dbase + (size_t)k0 * C, (size_t)C, T - k0);
-        fm_cp_commit();
+        m16_cp_commit();
     }
 
     {
@@ -452,7 +345,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
     for (int qb = kb; qb < nqb; qb++) {
         const int q0 = qb * FM_BWD_B;
         if constexpr (ASYNC) {
-            fm_cp_wait<0>(); // this step's Q and dO
+            m16_cp_wait<0>(); // this step's Q and dO
             __syncthreads(); // ... everyone's; and dSs, Lq, Dq of the previous step are no longer read
         } else {
             __syncthreads(); // Qs, dOs, dSs of the previous step are no longer read
@@ -482,8 +375,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
             for (int jj = 0; jj < 4; jj++) {
                 uint32_t qf[4];
                 fm_ldm_p2<false>(qf, Qs + jj * 16 * FM_LD + kk * 16, lane);
-                fm_mma<E>(s[2 * jj], ka, qf[0], qf[1]);
-                fm_mma<E>(s[2 * jj + 1], ka, qf[2], qf[3]);
+                m16_mma<E>(s[2 * jj], ka, qf[0], qf[1]);
+                m16_mma<E>(s[2 * jj + 1], ka, qf[2], qf[3]);
             }
         }
         // Pᵀ = exp(scale·Sᵀ − lse[q]), zero where q < key, q ≥ T or key ≥ T.
@@ -503,7 +396,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             uint32_t pa[4];
-            fm_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
+            m16_acc_to_a<E>(pa, s[2 * kk], s[2 * kk + 1]);
             fm_mma_x64<E>(dv, pa, dOs, kk, lane);
         }
 
@@ -523,8 +416,8 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
             for (int kk = 0; kk < 4; kk++) {
                 uint32_t of[4];
                 fm_ldm_p2<false>(of, dOs + jj * 16 * FM_LD + kk * 16, lane);
-                fm_mma<E>(dp[0], va[kk], of[0], of[1]);
-                fm_mma<E>(dp[1], va[kk], of[2], of[3]);
+                m16_mma<E>(dp[0], va[kk], of[0], of[1]);
+                m16_mma<E>(dp[1], va[kk], of[2], of[3]);
             }
 #pragma unroll
             for (int t = 0; t < 2; t++)
@@ -540,7 +433,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             uint32_t da[4];
-            fm_acc_to_a<E>(da, s[2 * kk], s[2 * kk + 1]);
+            m16_acc_to_a<E>(da, s[2 * kk], s[2 * kk + 1]);
             fm_mma_x64<E>(dk, da, Qs, kk, lane);
             // da holds rows g / g+8, columns 16·kk + 2c.. and +8: exactly
             // the words to store.
@@ -556,7 +449,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
                 const int q1 = q0 + FM_BWD_B;
                 fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(Qs, base + (size_t)q1 * C3, C3, T - q1);
                 fm_tile_async<FM_BWD_B, FM_BWD_THREADS>(dOs, dbase + (size_t)q1 * C, (size_t)C, T - q1);
-                fm_cp_commit();
+                m16_cp_commit();
             }
         }
 
@@ -580,7 +473,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
             float *gq = qbase + (size_t)q * qp + 2 * c;
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                fm_atomic_add2(gq + 8 * j, scale * dq[j][2 * hr], scale * dq[j][2 * hr + 1]);
+                m16_atomic_add2(gq + 8 * j, scale * dq[j][2 * hr], scale * dq[j][2 * hr + 1]);
         }
     }
 
