@@ -51,6 +51,9 @@ if want tests; then
     section "test_gpu_kernels GRADD_FLASH=$flash"
     GRADD_FLASH=$flash gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
   done
+  # And Llama's attention on the tensor cores (gqa_mma.cu), opt-in until measured.
+  section "test_gpu_kernels GRADD_GQA=mma"
+  GRADD_GQA=mma gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
 fi
 
 if want jobs; then
@@ -168,6 +171,11 @@ if want llama; then
   section "Llama 3.2 1B-shaped bf16: gradd vs PyTorch"
   GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
     timeout 500 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+  # gradd alone again with the attention on the tensor cores (gqa_mma.cu).
+  section "Llama 3.2 1B-shaped bf16: gradd with GRADD_GQA=mma"
+  GRADD_GQA=mma PEER_MODES=none GRADD_ENV=$top/.device/env.sh \
+    timeout 200 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | sed 's/"bench": *"/&gqa_mma-/' | tee -a "$out/bench.jsonl"
+  echo "rc=${PIPESTATUS[0]}"
 fi
 
 if want hfllama; then

@@ -113,6 +113,8 @@ kern_ctx *kc_ctx_create(int threads, int device, kern_precision prec, const kern
     // The register-resident kernels are the default: on an H200 they took
     // GPT-2 124M's bf16 step from 47.9 to 36.2 ms (README, Benchmarks).
     k->flash_mma = !(flash && !strcmp(flash, "wmma"));
+    const char *gqa = getenv("GRADD_GQA");
+    k->gqa_mma = gqa && !strcmp(gqa, "mma");
     if (scratch)
         k->scratch = *scratch;
     if (cudaDeviceGetAttribute(&k->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)

@@ -405,6 +405,10 @@ void kc_attention_gqa_forward(kern_ctx *k, float *out, float *lse, const float *
     if (!gqa_shape(k, B, T, NH, KVH, HS, "attention_gqa_forward"))
         return;
     kc_enter(k);
+    if (kc_gqa_mma_ok(k, HS)) {
+        kc_gqa_mma_forward(k, out, lse, qkv, start, B, T, NH, KVH, HS);
+        return;
+    }
     const float scale = 1.0f / sqrtf((float)HS);
     gqa_with_hs(HS, [&]<int H>() {
         constexpr int BQ = GQ_WARPS * GQ_FWD_R;
@@ -424,15 +428,20 @@ void kc_attention_gqa_backward(kern_ctx *k, float *dqkv, const float *dout, cons
     if (!Dsum)
         return;
     const float scale = 1.0f / sqrtf((float)HS);
+    const bool mma = kc_gqa_mma_ok(k, HS);
     gqa_with_hs(HS, [&]<int H>() {
         const size_t rows = (size_t)B * T * NH;
         gqa_dsum_kernel<H><<<kc_grid(k, rows, GQ_WARPS), GQ_THREADS, 0, k->stream>>>(Dsum, dout, out, B, T, NH);
+        if (mma)
+            return;
         constexpr int BQ = GQ_WARPS * GQ_DQ_R, BKV = GQ_WARPS * GQ_DKV_R;
         gqa_dq_kernel<H><<<dim3((unsigned)((T + BQ - 1) / BQ), (unsigned)(B * NH)), GQ_THREADS, 0, k->stream>>>(
             dqkv, dout, lse, Dsum, qkv, start, T, NH, KVH, scale);
         gqa_dkv_kernel<H><<<dim3((unsigned)((T + BKV - 1) / BKV), (unsigned)(B * KVH)), GQ_THREADS, 0, k->stream>>>(
             dqkv, dout, lse, Dsum, qkv, start, T, NH, KVH, scale);
     });
+    if (mma)
+        kc_gqa_mma_backward(k, dqkv, dout, lse, Dsum, qkv, start, B, T, NH, KVH, HS);
     kc_launched(k, "attention_gqa_backward");
 }
 #endif

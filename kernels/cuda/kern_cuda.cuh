@@ -74,6 +74,10 @@ struct kern_ctx {
     // Fused attention runs the register-resident kernels of flash_mma.cu,
     // or flash.cu's WMMA ones when GRADD_FLASH=wmma at creation.
     bool flash_mma;
+    // Llama's attention in a 16-bit context on the tensor cores
+    // (gqa_mma.cu) when GRADD_GQA=mma at creation, else gqa.cu's fp32
+    // kernels: the default until a GPU has measured the two.
+    bool gqa_mma;
     cudaStream_t stream;
     cublasLtHandle_t lt;
 
@@ -501,6 +505,14 @@ void kc_rope_backward(kern_ctx *k, float *dx, const float *inv_freq, const int32
                       int HS, int stride);
 void kc_swiglu_forward(kern_ctx *k, float *out, const float *gu, int N, int F);
 void kc_swiglu_backward(kern_ctx *k, float *dgu, const float *gu, const float *dout, int N, int F);
+// The tensor-core variant (gqa_mma.cu) that gqa.cu's launchers hand a
+// 16-bit context's head sizes 64 and 128 to, with GRADD_GQA=mma.  D (B,NH,T)
+// = Σ dout·out per row, from gqa.cu.
+bool kc_gqa_mma_ok(kern_ctx *k, int HS);
+void kc_gqa_mma_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B, int T,
+                        int NH, int KVH, int HS);
+void kc_gqa_mma_backward(kern_ctx *k, float *dqkv, const float *dout, const float *lse, const float *D,
+                         const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS);
 bool kc_attention_gqa_ok(kern_ctx *k, int NH, int KVH, int HS);
 void kc_attention_gqa_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B,
                               int T, int NH, int KVH, int HS);

@@ -1,6 +1,8 @@
 // test_llama_emu.cc — the CUDA Llama kernels (llama.cu: RMSNorm, also
 // frozen, without dweight; RoPE, SwiGLU; gqa.cu: the fused grouped-query
-// attention) run on the CPU under
+// attention; gqa_mma.cu: the same on the tensor cores, 16-bit operands,
+// against the same reference within flash attention's 16-bit tolerances,
+// 2e-2 relative and 2e-2 of the largest |reference|) run on the CPU under
 // cuda_emu.h, against the CPU backend's ops (kernels/cpu/llama.c), each
 // kernel launched through emu_launch with the grid and block its launcher
 // uses.
@@ -15,6 +17,7 @@
 // Exit status: 0 pass, 1 failure.
 #define GRADD_CUDA_EMU 1
 #include "gqa.cu"
+#include "gqa_mma.cu"
 #include "llama.cu"
 #include "reduce.cu"
 
@@ -236,6 +239,75 @@ template <int HS> void test_gqa(int B, int T, int NH, int KVH, bool packed)
         compare(name, what[p], part[p].data(), part_ref[p].data(), part[p].size(), 1e-5, 1e-5);
 }
 
+// gqa_mma.cu's kernels in E (bf16 or fp16), with the data test_gqa uses,
+// over T long enough for several query and key blocks of each head size.
+template <class E, int HS> void test_gqa_mma(int B, int T, int NH, int KVH, bool packed)
+{
+    char buf[112];
+    std::snprintf(buf, sizeof buf, "gqa mma %s B=%d T=%d NH=%d KVH=%d HS=%d %s",
+                  std::is_same_v<E, __nv_bfloat16> ? "bf16" : "fp16", B, T, NH, KVH, HS, packed ? "packed" : "causal");
+    const std::string name = buf;
+    using SH = gm_shape<HS>;
+    const int W = (NH + 2 * KVH) * HS, C = NH * HS;
+    auto qkv = rnd_vec((size_t)B * T * W, 1.0f);
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < NH * HS; i++)
+            qkv[r * W + i] *= 3.0f;
+    std::vector<int32_t> start((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        int s0 = 0, len = 1 + 8 * b;
+        for (int t = 0; t < T; t++) {
+            if (t - s0 >= len) {
+                s0 = t;
+                len += 8;
+            }
+            start[(size_t)b * T + t] = s0;
+        }
+    }
+    const int32_t *st = packed ? start.data() : nullptr;
+    std::vector<float> out((size_t)B * T * C, NAN), lse((size_t)B * NH * T, NAN);
+    std::vector<float> out_ref(out.size()), lse_ref(lse.size());
+    H->attention_gqa_forward(cpu32, out_ref.data(), lse_ref.data(), qkv.data(), st, B, T, NH, KVH, HS);
+    {
+        float *o = out.data(), *l = lse.data();
+        const float *in = qkv.data();
+        const float sl2 = 1.44269504088896341f / std::sqrt((float)HS);
+        emu_launch(kc_attn_grid(B, T, NH, SH::BR), dim3(SH::FWD_THREADS),
+                   [=] { gm_forward<E, HS>(o, l, in, st, T, NH, KVH, sl2); });
+    }
+    compare(name, "out", out.data(), out_ref.data(), out.size(), 2e-2, 2e-2);
+    compare(name, "lse", lse.data(), lse_ref.data(), lse.size(), 1e-2, 1e-3);
+
+    // Backward from the CPU's out and lse; dk and dv start as NaN (every
+    // element must be written), dq as the zeros the launcher sets.
+    const auto dout = rnd_vec(out.size(), 1.0f);
+    std::vector<float> dqkv(qkv.size(), NAN), dqkv_ref(qkv.size(), NAN), Dsum((size_t)B * NH * T, NAN);
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < NH * HS; i++)
+            dqkv[r * W + i] = 0.0f;
+    H->attention_gqa_backward(cpu32, dqkv_ref.data(), dout.data(), out_ref.data(), lse_ref.data(), qkv.data(), st, B,
+                              T, NH, KVH, HS);
+    {
+        float *dq = dqkv.data(), *D = Dsum.data();
+        const float *go = dout.data(), *o = out_ref.data(), *l = lse_ref.data(), *in = qkv.data();
+        emu_launch(grid_for((size_t)B * T * NH, GQ_WARPS, 3), dim3(GQ_THREADS),
+                   [=] { gqa_dsum_kernel<HS>(D, go, o, B, T, NH); });
+        const float sc = 1.0f / std::sqrt((float)HS);
+        emu_launch(kc_attn_grid(B, T, KVH, SH::B), dim3(SH::BWD_THREADS),
+                   [=] { gm_backward<E, HS>(dq, go, l, D, in, st, T, NH, KVH, sc); });
+    }
+    std::vector<float> part[3], part_ref[3];
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < W; i++) {
+            const int p = i < NH * HS ? 0 : i < (NH + KVH) * HS ? 1 : 2;
+            part[p].push_back(dqkv[r * W + i]);
+            part_ref[p].push_back(dqkv_ref[r * W + i]);
+        }
+    const char *what[3] = {"dq", "dk", "dv"};
+    for (int p = 0; p < 3; p++)
+        compare(name, what[p], part[p].data(), part_ref[p].data(), part[p].size(), 2e-2, 2e-2);
+}
+
 void test_gqa_ok()
 {
     size_t bad = 0;
@@ -271,5 +343,13 @@ int main()
     // The other head sizes attention_gqa_ok accepts.
     test_gqa<32>(1, 33, 4, 2, true);
     test_gqa<96>(1, 19, 2, 1, false);
+    // The tensor-core kernels: several query blocks (forward 128 or 64
+    // rows, backward 64 or 32) and key blocks, a partial last one, groups
+    // of 2 and 4, and packed samples whose blocks are skipped.
+    test_gqa_mma<__nv_bfloat16, 64>(1, 150, 4, 2, false);
+    test_gqa_mma<__nv_bfloat16, 64>(2, 150, 4, 2, true);
+    test_gqa_mma<__half, 64>(1, 70, 2, 2, true);
+    test_gqa_mma<__nv_bfloat16, 128>(1, 100, 4, 1, false);
+    test_gqa_mma<__nv_bfloat16, 128>(1, 100, 4, 1, true);
     return cpu_close(t0);
 }

@@ -155,6 +155,12 @@ static void run_lowp(const char *prec)
     /* The same on a 16-bit qkv, as the model's 16-bit path runs it. */
     test_attention_fused16(prec, 2, 133, 128, 2, 2e-2, 2e-2);
     test_attention_fused16(prec, 2, 512, 768, 12, 2e-2, 2e-2);
+    /* Llama's attention in a 16-bit context: gqa.cu's fp32 kernels, or
+     * with GRADD_GQA=mma gqa_mma.cu's tensor-core ones (the GPU session
+     * runs this program both ways). */
+    test_gqa(2, 257, 32, 8, 64, true, 2e-2, 2e-2);
+    test_gqa(1, 1000, 8, 2, 128, true, 2e-2, 2e-2);
+    test_gqa(1, 129, 4, 4, 128, false, 2e-2, 2e-2);
     /* The 16-bit activation ops. */
     test_layernorm16(257, 96, 0);
     test_layernorm16(100, 63, 0);
