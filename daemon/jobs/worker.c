@@ -305,6 +305,52 @@ static bool hook_poll(void *user)
     return stopping;
 }
 
+/* The state a run's end leaves job j in, and why (q's lock held; j is not
+ * changed). */
+static job_state end_state(const job *j, train_outcome o, const train_result *res, const job_run *r,
+                           uint64_t limit_ms, char *reason, size_t reason_len)
+{
+    reason[0] = '\0';
+    /* gradctl requeue: back in the queue however the run ended; an engine
+     * job resumes from the checkpoint it has just written. */
+    if (j->requeue_requested)
+        return JOB_QUEUED;
+    switch (o) {
+    case TRAIN_DONE:
+        return JOB_COMPLETED;
+    case TRAIN_STOPPED:
+        if (j->cancel_requested && j->cfg.type == JOBCFG_PROGRAM) {
+            snprintf(reason, reason_len, "cancelled: %s", res->message);
+            return JOB_CANCELLED;
+        }
+        if (j->cancel_requested) {
+            snprintf(reason, reason_len, "cancelled at step %llu; checkpoint in %s",
+                     (unsigned long long)res->steps_done, j->cfg.out_dir);
+            return JOB_CANCELLED;
+        }
+        if (r->time_up) {
+            char lim[32];
+            units_format_duration((double)limit_ms / 1e3, lim, sizeof lim);
+            if (j->cfg.type == JOBCFG_PROGRAM)
+                snprintf(reason, reason_len, "time limit (%s) reached: %s", lim, res->message);
+            else
+                snprintf(reason, reason_len,
+                         "time limit (%s) reached at step %llu; checkpoint written in %s: submitting the job again "
+                         "continues from it",
+                         lim, (unsigned long long)res->steps_done, j->cfg.out_dir);
+            return JOB_FAILED;
+        }
+        /* A program: left recorded as running, as after a crash (the next
+         * start fails it or queues it again by its [program] restart).  An
+         * engine job at a daemon shutdown: resumes at the next start. */
+        return j->cfg.type == JOBCFG_PROGRAM ? JOB_RUNNING : JOB_QUEUED;
+    case TRAIN_FAILED:
+    default:
+        snprintf(reason, reason_len, "%s", res->message);
+        return JOB_FAILED;
+    }
+}
+
 /* The thread has the daemon's identity again here, and the job's outcome
  * is on disk: the hook cannot change it, only say how it went. */
 static void run_hook(job_run *r, const jobend_job *hj)
@@ -560,53 +606,36 @@ static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
         pool_job_peak(ctx->pools[w->dev], j->id, &peak, tag_peak);
     pool_job_forget(ctx->pools[w->dev], j->id);
 
+    /* How the run ended, decided under the lock (a cancel or requeue
+     * request changes it) but published only after the job's log has its
+     * last line: whoever sees the job end and reads its log then finds
+     * all of it.  Until published the job is still running, so nobody
+     * removes it meanwhile. */
     pthread_mutex_lock(&q->lock);
+    char reason[sizeof j->reason];
+    job_state logged = end_state(j, o, &res, &r, limit_ms, reason, sizeof reason);
+    uint32_t id = j->id;
+    char outcome[1200], name[sizeof j->name];
+    snprintf(outcome, sizeof outcome, "%s%s%s", job_state_name(logged), reason[0] ? ": " : "", reason);
+    snprintf(name, sizeof name, "%s", j->name);
+    pthread_mutex_unlock(&q->lock);
+    /* Not counted in log_bytes (the job may be gone once published): its
+     * next load counts it. */
+    snprintf(line, sizeof line, "== job %u %.1000s\n", id, outcome);
+    log_line(&r, line);
+
+    pthread_mutex_lock(&q->lock);
+    /* Decided again: a cancel or requeue asked for while the line was
+     * written is the later request, and wins. */
+    job_state state = end_state(j, o, &res, &r, limit_ms, reason, sizeof reason);
+    if (j->requeue_requested) {
+        j->requeue_requested = false;
+        j->started_at = 0;
+    }
     j->mem_peak = peak;
     memcpy(j->mem_tag_peak, tag_peak, sizeof tag_peak);
-    if (j->requeue_requested) {
-        /* gradctl requeue: back in the queue however the run ended; an
-         * engine job resumes from the checkpoint it has just written. */
-        j->requeue_requested = false;
-        j->state = JOB_QUEUED;
-        j->reason[0] = '\0';
-        j->started_at = 0;
-    } else switch (o) {
-    case TRAIN_DONE:
-        j->state = JOB_COMPLETED;
-        break;
-    case TRAIN_STOPPED:
-        if (j->cancel_requested && j->cfg.type == JOBCFG_PROGRAM) {
-            j->state = JOB_CANCELLED;
-            snprintf(j->reason, sizeof j->reason, "cancelled: %s", res.message);
-        } else if (j->cancel_requested) {
-            j->state = JOB_CANCELLED;
-            snprintf(j->reason, sizeof j->reason, "cancelled at step %llu; checkpoint in %s",
-                     (unsigned long long)res.steps_done, j->cfg.out_dir);
-        } else if (r.time_up) {
-            char lim[32];
-            units_format_duration((double)limit_ms / 1e3, lim, sizeof lim);
-            j->state = JOB_FAILED;
-            if (j->cfg.type == JOBCFG_PROGRAM)
-                snprintf(j->reason, sizeof j->reason, "time limit (%s) reached: %s", lim, res.message);
-            else
-                snprintf(j->reason, sizeof j->reason,
-                         "time limit (%s) reached at step %llu; checkpoint written in %s: submitting the job again "
-                         "continues from it",
-                         lim, (unsigned long long)res.steps_done, j->cfg.out_dir);
-        } else if (j->cfg.type == JOBCFG_PROGRAM) {
-            /* Left recorded as running, as after a crash: the next start
-             * fails it or queues it again by its [program] restart. */
-            j->state = JOB_RUNNING;
-        } else {
-            j->state = JOB_QUEUED; /* daemon shutdown: resume at the next start */
-        }
-        break;
-    case TRAIN_FAILED:
-    default:
-        j->state = JOB_FAILED;
-        snprintf(j->reason, sizeof j->reason, "%s", res.message);
-        break;
-    }
+    j->state = state;
+    snprintf(j->reason, sizeof j->reason, "%s", reason);
     if (j->state != JOB_QUEUED && j->state != JOB_RUNNING)
         j->finished_at = now_unix();
     j->ran_s = ran_s + (double)(ctx_now_ns() - r.run_start_ns) / 1e9;
@@ -616,20 +645,17 @@ static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
     queue_deps_settle(q);
     /* Said from copies: once the lock is let go a finished job may be
      * removed (gradctl rm) and freed. */
-    uint32_t id = j->id;
     jobend_job *hook = NULL;
     if (j->cfg.on_end[0] && j->state != JOB_QUEUED && j->state != JOB_RUNNING && (hook = malloc(sizeof *hook)))
         hook_copy(j, hook);
-    char outcome[1200], name[sizeof j->name];
     snprintf(outcome, sizeof outcome, "%s%s%s", job_state_name(j->state), j->reason[0] ? ": " : "", j->reason);
-    snprintf(name, sizeof name, "%s", j->name);
     pthread_mutex_unlock(&q->lock);
     queue_notify(q);
     log_job(LOG_INFO, id, d->id, "job %u (%s) on %s: %s", id, name, d->id, outcome);
-    /* Not counted in log_bytes (the job may be gone once the lock is let
-     * go): its next load counts it. */
-    snprintf(line, sizeof line, "== job %u %.1000s\n", id, outcome);
-    log_line(&r, line);
+    if (state != logged) {
+        snprintf(line, sizeof line, "== job %u %.1000s\n", id, outcome);
+        log_line(&r, line);
+    }
     if (hook)
         run_hook(&r, hook);
     free(hook);
