@@ -505,18 +505,30 @@ static void run_rank(worker *w, worker_group *grp, int k)
     }
     if (o == TRAIN_FAILED)
         dist_fail(dist_group_rank(grp->g, k), res->message);
+    /* Its device's part of the job's peak, before the pool forgets it. */
+    if (!res->mem_own)
+        pool_job_peak(ctx->pools[w->dev], j->id, &res->mem_peak, res->mem_tag_peak);
     pool_job_forget(ctx->pools[w->dev], j->id);
     grp->o[k] = o;
 }
 
 /* Rank 0 has ended: wait for the others, and take the first failure among
- * them as the job's should rank 0 itself not have failed. */
-static train_outcome join_ranks(worker *w, worker_group *grp, train_outcome o, train_result *res)
+ * them as the job's should rank 0 itself not have failed.  The job's peak
+ * (*peak, tag_peak, rank 0's on entry) becomes the largest of its
+ * devices'. */
+static train_outcome join_ranks(worker *w, worker_group *grp, train_outcome o, train_result *res, uint64_t *peak,
+                                uint64_t *tag_peak)
 {
     pthread_mutex_lock(&w->q->lock);
     while (grp->ended < grp->n - 1)
         pthread_cond_wait(&w->q->cond, &w->q->lock);
     pthread_mutex_unlock(&w->q->lock);
+    for (int k = 1; k < grp->n; k++) {
+        if (grp->res[k].mem_peak <= *peak)
+            continue;
+        *peak = grp->res[k].mem_peak;
+        memcpy(tag_peak, grp->res[k].mem_tag_peak, sizeof grp->res[k].mem_tag_peak);
+    }
     for (int k = 1; k < grp->n && o != TRAIN_FAILED; k++) {
         if (grp->o[k] != TRAIN_FAILED)
             continue;
@@ -590,21 +602,21 @@ static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
             access_restore(&r.saved);
         r.as_owner = false;
     }
-    if (grp) {
-        /* Before it ran, too: the recruited ranks wait for rank 0. */
-        if (o == TRAIN_FAILED)
-            dist_fail(dist_group_rank(grp->g, 0), res.message);
-        o = join_ranks(w, grp, o, &res);
-    }
-    if (r.identity_lost) {
-        o = TRAIN_FAILED;
-        snprintf(res.message, sizeof res.message, "stopped: after rewriting its log, %s", r.lost_why);
-    }
     uint64_t peak = res.mem_peak, tag_peak[POOL_TAG_COUNT];
     memcpy(tag_peak, res.mem_tag_peak, sizeof tag_peak);
     if (!res.mem_own)
         pool_job_peak(ctx->pools[w->dev], j->id, &peak, tag_peak);
     pool_job_forget(ctx->pools[w->dev], j->id);
+    if (grp) {
+        /* Before it ran, too: the recruited ranks wait for rank 0. */
+        if (o == TRAIN_FAILED)
+            dist_fail(dist_group_rank(grp->g, 0), res.message);
+        o = join_ranks(w, grp, o, &res, &peak, tag_peak);
+    }
+    if (r.identity_lost) {
+        o = TRAIN_FAILED;
+        snprintf(res.message, sizeof res.message, "stopped: after rewriting its log, %s", r.lost_why);
+    }
 
     /* How the run ended, decided under the lock (a cancel or requeue
      * request changes it) but published only after the job's log has its
