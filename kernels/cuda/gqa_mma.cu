@@ -39,6 +39,9 @@ template <int HS> struct gm_shape {
     static constexpr int B = HS == 64 ? 64 : 32; // backward: keys per CTA, queries per step
     static constexpr int BWD_THREADS = B / 16 * 32;
     static constexpr int LDS = B + 8; // backward: the dSᵀ tile's pitch
+    // CTAs per SM the register budget is cut for (flash_mma.cu's at 64).
+    static constexpr int FWD_MIN_CTAS = HS == 64 ? 2 : 1;
+    static constexpr int BWD_MIN_CTAS = HS == 64 ? 3 : 1;
 };
 
 // ROWS × HS values of fp32 (row r at src + r·pitch; rows at or past `rows`
@@ -96,7 +99,7 @@ __device__ __forceinline__ int gm_warp_min(int v)
 
 // Scores in log2 units (scale·log2 e folded in); lse back in natural units.
 template <class E, int HS>
-__global__ __launch_bounds__(gm_shape<HS>::FWD_THREADS) void gm_forward(float *__restrict__ out,
+__global__ __launch_bounds__(gm_shape<HS>::FWD_THREADS, gm_shape<HS>::FWD_MIN_CTAS) void gm_forward(float *__restrict__ out,
                                                                          float *__restrict__ lse,
                                                                          const float *__restrict__ qkv,
                                                                          const int32_t *__restrict__ start, int T,
@@ -242,7 +245,7 @@ __global__ __launch_bounds__(gm_shape<HS>::FWD_THREADS) void gm_forward(float *_
 // gqa_dsum_kernel).  dK and dV OVERWRITE their columns of dqkv; dQ is
 // ADDED by atomics into its columns, which the caller zeroed.
 template <class E, int HS>
-__global__ __launch_bounds__(gm_shape<HS>::BWD_THREADS) void gm_backward(float *dqkv, const float *__restrict__ dout,
+__global__ __launch_bounds__(gm_shape<HS>::BWD_THREADS, gm_shape<HS>::BWD_MIN_CTAS) void gm_backward(float *dqkv, const float *__restrict__ dout,
                                                                           const float *__restrict__ lse,
                                                                           const float *__restrict__ D,
                                                                           const float *qkv,
