@@ -72,6 +72,11 @@ int dist_local_size(const dist *d)
     return d ? d->local_size : 1;
 }
 
+int dist_local_device(const dist *d, int n)
+{
+    return d && n > 0 ? d->local_rank % n : 0;
+}
+
 const char *dist_name(const dist *d)
 {
     return d ? d->name : "rank 0 of 1";

@@ -49,6 +49,10 @@ int dist_rank(const dist *d);
 int dist_size(const dist *d);
 /* The ranks on this machine, this one among them: they share its cores. */
 int dist_local_size(const dist *d);
+/* Which of this machine's n devices of a kind this rank takes when the job
+ * names none: its place among the machine's ranks, modulo n (0 alone, or
+ * with n = 0). */
+int dist_local_device(const dist *d, int n);
 /* "rank R of N on HOST", for messages. */
 const char *dist_name(const dist *d);
 /* In place, on every rank alike: the element-wise sum (or min, max) over

@@ -54,7 +54,7 @@ typedef struct {
 } dist_nccl_ops;
 
 struct dist {
-    int rank, size, local_size;
+    int rank, size, local_size, local_rank;
     double timeout_s;
     char name[128];
     dist_group *group; /* a rank of a thread group; NULL: of the MPI world */

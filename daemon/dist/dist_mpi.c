@@ -85,6 +85,7 @@ int dist_mpi_open(dist *d, char *err, size_t err_len)
     d->local_size = 1;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
         MPI_Comm_size(local, &d->local_size);
+        MPI_Comm_rank(local, &d->local_rank);
         MPI_Comm_free(&local);
     }
     char host[64] = "?";

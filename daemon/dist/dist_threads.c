@@ -64,6 +64,7 @@ dist_group *dist_group_new(int n, double timeout_s, char *err, size_t err_len)
         dist *d = &g->ranks[k];
         d->rank = k;
         d->size = d->local_size = n;
+        d->local_rank = k;
         d->timeout_s = timeout_s > 0 ? timeout_s : 300;
         d->group = g;
         snprintf(d->name, sizeof d->name, "rank %d of %d", k, n);

@@ -64,7 +64,6 @@ static void note(void *user, const char *fmt, va_list ap)
     log_warn("%s", msg);
 }
 
-/* auto: the first CUDA device, else cpu0; cpu/cpuN; cuda:N. */
 /* The job's peak on its device, in all and by tag, as gradctl status shows a
  * queued job's: what `gradd run` alone has to say how much a job needs. */
 static void print_peak(pool *p, uint32_t job)
@@ -85,11 +84,18 @@ static void print_peak(pool *p, uint32_t job)
     printf("\n");
 }
 
-static int pick_device(const gradd_ctx *ctx, const char *want, char *err, size_t err_len)
+/* auto: a CUDA device, else cpu0; cpu/cpuN; cuda:N.  auto's CUDA device
+ * is the first, or for one of several ranks (d) the one its place among
+ * this machine's ranks picks: one GPU each, as mpirun started them. */
+static int pick_device(const gradd_ctx *ctx, const char *want, const dist *d, char *err, size_t err_len)
 {
     char id[32];
     if (strcmp(want, "auto") == 0) {
-        int i = ctx_find_device(ctx, "cuda0");
+        int ncuda = 0;
+        for (int k = 0; k < ctx->ndev; k++)
+            ncuda += ctx->devs[k]->kind == DEV_KIND_CUDA;
+        snprintf(id, sizeof id, "cuda%d", dist_local_device(d, ncuda));
+        int i = ncuda ? ctx_find_device(ctx, id) : -1;
         if (i >= 0)
             return i;
         snprintf(id, sizeof id, "cpu0");
@@ -177,7 +183,7 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         fprintf(stderr, "gradd: %s: [job] devices: %s\n", path, err);
         goto out;
     }
-    int di = j.ndevices ? idx[0] : pick_device(ctx, j.device, err, sizeof err);
+    int di = j.ndevices ? idx[0] : pick_device(ctx, j.device, dw, err, sizeof err);
     if (di < 0) {
         fprintf(stderr, "gradd: %s: [job] device: %s\n", path, err);
         goto out;

@@ -124,6 +124,23 @@ static void test_collectives(void **state)
     }
 }
 
+/* A rank's device when the job names none: its place among the machine's
+ * ranks (a thread group's all on this one) over the devices there. */
+static void test_local_device(void **state)
+{
+    (void)state;
+    char err[256];
+    dist_group *g = dist_group_new(3, 10, err, sizeof err);
+    assert_non_null(g);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(dist_local_device(dist_group_rank(g, k), 2), k % 2);
+        assert_int_equal(dist_local_device(dist_group_rank(g, k), 8), k);
+        assert_int_equal(dist_local_device(dist_group_rank(g, k), 0), 0);
+    }
+    assert_int_equal(dist_local_device(NULL, 4), 0);
+    dist_group_free(g);
+}
+
 static void *cuda_main(void *arg)
 {
     rank_io *io = arg;
@@ -257,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_deadline_and_giving_up),
         cmocka_unit_test(test_cuda_without_nccl),
+        cmocka_unit_test(test_local_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
