@@ -219,16 +219,7 @@ __global__ __launch_bounds__(FM_FWD_THREADS, 2) void fm_forward(O *__restrict__ 
                     mx[hr] = fmaxf(mx[hr], v);
                 }
             float alpha[2], mu[2];
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-                const float mn = fmaxf(m[hr], mx[hr]);
-                mu[hr] = mn == -INFINITY ? 0.0f : mn; // a row with nothing unmasked yet
-                alpha[hr] = exp2f(m[hr] - mu[hr]);
-                m[hr] = mn;
-                l[hr] *= alpha[hr];
-            }
+            m16_softmax_rescale(mx, m, l, mu, alpha);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
 #pragma unroll

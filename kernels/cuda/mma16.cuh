@@ -116,3 +116,25 @@ template <class E> __device__ __forceinline__ void m16_acc_to_a(uint32_t (&a)[4]
     a[2] = kc_pack2<E>(t1[0], t1[1]);
     a[3] = kc_pack2<E>(t1[2], t1[3]);
 }
+
+// The online softmax's step for the two rows (g and g+8) a lane holds of an
+// accumulator tile band: mx, the lane's maxima of the block's scores (log2
+// units), becomes its quad's, the rows' maxima; the running maxima m move
+// to include them and this lane's running sums l are rescaled to match.
+// mu is what to subtract from the block's scores before exp2 (0 for a row
+// with nothing unmasked yet), alpha what scaled the earlier sums (for the
+// output accumulators too).
+__device__ __forceinline__ void m16_softmax_rescale(float (&mx)[2], float (&m)[2], float (&l)[2], float (&mu)[2],
+                                                    float (&alpha)[2])
+{
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        const float mn = fmaxf(m[hr], mx[hr]);
+        mu[hr] = mn == -INFINITY ? 0.0f : mn;
+        alpha[hr] = exp2f(m[hr] - mu[hr]);
+        m[hr] = mn;
+        l[hr] *= alpha[hr];
+    }
+}

@@ -166,23 +166,21 @@ void test_swiglu(int N, int F)
 // ---- grouped-query attention -------------------------------------------------------------
 // packed: each sequence holds samples of 1, 9, 17, ... tokens in turn
 // (start[t] = the first token of t's sample), else start NULL.
-template <int HS> void test_gqa(int B, int T, int NH, int KVH, bool packed)
+// The attention tests' inputs: qkv (B,T,W) with the queries scaled up, so
+// that the softmax is far from uniform; and packed samples' starts, the
+// samples of sequence b 1 + 8b tokens long, then 8 more each.
+std::vector<float> gqa_qkv(int B, int T, int NH, int KVH, int HS)
 {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "gqa B=%d T=%d NH=%d KVH=%d HS=%d %s", B, T, NH, KVH, HS,
-                  packed ? "packed" : "causal");
-    const std::string name = buf;
-    if (!kc_attention_gqa_ok(nullptr, NH, KVH, HS)) {
-        verdict(name, "shape supported", 1, 1, 0, "");
-        return;
-    }
-    const int W = (NH + 2 * KVH) * HS, C = NH * HS;
-    const float scale = 1.0f / std::sqrt((float)HS);
-    // Queries scaled up: the softmax is then far from uniform.
+    const int W = (NH + 2 * KVH) * HS;
     auto qkv = rnd_vec((size_t)B * T * W, 1.0f);
     for (size_t r = 0; r < (size_t)B * T; r++)
         for (int i = 0; i < NH * HS; i++)
             qkv[r * W + i] *= 3.0f;
+    return qkv;
+}
+
+std::vector<int32_t> gqa_starts(int B, int T)
+{
     std::vector<int32_t> start((size_t)B * T);
     for (int b = 0; b < B; b++) {
         int s0 = 0, len = 1 + 8 * b;
@@ -194,6 +192,41 @@ template <int HS> void test_gqa(int B, int T, int NH, int KVH, bool packed)
             start[(size_t)b * T + t] = s0;
         }
     }
+    return start;
+}
+
+// dqkv against the reference per part of the row (dq, dk, dv), each
+// relative to its own largest |reference|.
+void compare_dqkv(const std::string &name, const std::vector<float> &dqkv, const std::vector<float> &ref, int B, int T,
+                  int NH, int KVH, int HS, double rtol, double atol)
+{
+    const int W = (NH + 2 * KVH) * HS;
+    std::vector<float> part[3], part_ref[3];
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < W; i++) {
+            const int p = i < NH * HS ? 0 : i < (NH + KVH) * HS ? 1 : 2;
+            part[p].push_back(dqkv[r * W + i]);
+            part_ref[p].push_back(ref[r * W + i]);
+        }
+    const char *what[3] = {"dq", "dk", "dv"};
+    for (int p = 0; p < 3; p++)
+        compare(name, what[p], part[p].data(), part_ref[p].data(), part[p].size(), rtol, atol);
+}
+
+template <int HS> void test_gqa(int B, int T, int NH, int KVH, bool packed)
+{
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "gqa B=%d T=%d NH=%d KVH=%d HS=%d %s", B, T, NH, KVH, HS,
+                  packed ? "packed" : "causal");
+    const std::string name = buf;
+    if (!kc_attention_gqa_ok(nullptr, NH, KVH, HS)) {
+        verdict(name, "shape supported", 1, 1, 0, "");
+        return;
+    }
+    const int C = NH * HS;
+    const float scale = 1.0f / std::sqrt((float)HS);
+    auto qkv = gqa_qkv(B, T, NH, KVH, HS);
+    auto start = gqa_starts(B, T);
     const int32_t *st = packed ? start.data() : nullptr;
 
     std::vector<float> out((size_t)B * T * C, NAN), lse((size_t)B * NH * T, NAN);
@@ -226,17 +259,7 @@ template <int HS> void test_gqa(int B, int T, int NH, int KVH, bool packed)
         emu_launch(dim3((unsigned)((T + BKV - 1) / BKV), (unsigned)(B * KVH)), dim3(GQ_THREADS),
                    [=] { gqa_dkv_kernel<HS>(dq, go, l, D, in, st, T, NH, KVH, scale); });
     }
-    // Per part of the row, each relative to its own largest |reference|.
-    std::vector<float> part[3], part_ref[3];
-    for (size_t r = 0; r < (size_t)B * T; r++)
-        for (int i = 0; i < W; i++) {
-            const int p = i < NH * HS ? 0 : i < (NH + KVH) * HS ? 1 : 2;
-            part[p].push_back(dqkv[r * W + i]);
-            part_ref[p].push_back(dqkv_ref[r * W + i]);
-        }
-    const char *what[3] = {"dq", "dk", "dv"};
-    for (int p = 0; p < 3; p++)
-        compare(name, what[p], part[p].data(), part_ref[p].data(), part[p].size(), 1e-5, 1e-5);
+    compare_dqkv(name, dqkv, dqkv_ref, B, T, NH, KVH, HS, 1e-5, 1e-5);
 }
 
 // gqa_mma.cu's kernels in E (bf16 or fp16), with the data test_gqa uses,
@@ -249,21 +272,8 @@ template <class E, int HS> void test_gqa_mma(int B, int T, int NH, int KVH, bool
     const std::string name = buf;
     using SH = gm_shape<HS>;
     const int W = (NH + 2 * KVH) * HS, C = NH * HS;
-    auto qkv = rnd_vec((size_t)B * T * W, 1.0f);
-    for (size_t r = 0; r < (size_t)B * T; r++)
-        for (int i = 0; i < NH * HS; i++)
-            qkv[r * W + i] *= 3.0f;
-    std::vector<int32_t> start((size_t)B * T);
-    for (int b = 0; b < B; b++) {
-        int s0 = 0, len = 1 + 8 * b;
-        for (int t = 0; t < T; t++) {
-            if (t - s0 >= len) {
-                s0 = t;
-                len += 8;
-            }
-            start[(size_t)b * T + t] = s0;
-        }
-    }
+    auto qkv = gqa_qkv(B, T, NH, KVH, HS);
+    auto start = gqa_starts(B, T);
     const int32_t *st = packed ? start.data() : nullptr;
     std::vector<float> out((size_t)B * T * C, NAN), lse((size_t)B * NH * T, NAN);
     std::vector<float> out_ref(out.size()), lse_ref(lse.size());
@@ -296,16 +306,7 @@ template <class E, int HS> void test_gqa_mma(int B, int T, int NH, int KVH, bool
         emu_launch(kc_attn_grid(B, T, KVH, SH::B), dim3(SH::BWD_THREADS),
                    [=] { gm_backward<E, HS>(dq, go, l, D, in, st, T, NH, KVH, sc); });
     }
-    std::vector<float> part[3], part_ref[3];
-    for (size_t r = 0; r < (size_t)B * T; r++)
-        for (int i = 0; i < W; i++) {
-            const int p = i < NH * HS ? 0 : i < (NH + KVH) * HS ? 1 : 2;
-            part[p].push_back(dqkv[r * W + i]);
-            part_ref[p].push_back(dqkv_ref[r * W + i]);
-        }
-    const char *what[3] = {"dq", "dk", "dv"};
-    for (int p = 0; p < 3; p++)
-        compare(name, what[p], part[p].data(), part_ref[p].data(), part[p].size(), 2e-2, 2e-2);
+    compare_dqkv(name, dqkv, dqkv_ref, B, T, NH, KVH, HS, 2e-2, 2e-2);
 }
 
 void test_gqa_ok()
