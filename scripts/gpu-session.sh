@@ -104,6 +104,17 @@ CFG
   done
 fi
 
+if want kernels || want llama; then
+  # Llama's attention at the 1B shape, head sizes 64 and 128: the
+  # tensor-core kernels (GRADD_GQA=mma) against gqa.cu's, which decides
+  # the default.
+  for shape in "4 2048 32 8 64" "2 2048 16 4 128"; do
+    section "gqa kernels bf16, B T NH KVH HS = $shape"
+    gx timeout 60 "$B/bench/kernels/bench_gqa_cuda" "$B/daemon/gradd-cuda.so" bf16 $shape | tee -a "$out/bench.jsonl"
+    echo "rc=${PIPESTATUS[0]}"
+  done
+fi
+
 if want kernels; then
   # Where a GPT-2 124M step's time goes, op by op (B=16 T=1024).
   # KERNEL_RUNS picks PRECISION:FLASH pairs.
