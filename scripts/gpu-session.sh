@@ -51,7 +51,7 @@ if want tests; then
     section "test_gpu_kernels GRADD_FLASH=$flash"
     GRADD_FLASH=$flash gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
   done
-  # And Llama's attention on the tensor cores (gqa_mma.cu), opt-in until measured.
+  # And Llama's attention on the tensor cores (gqa_mma.cu), which is opt-in.
   section "test_gpu_kernels GRADD_GQA=mma"
   GRADD_GQA=mma gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
 fi

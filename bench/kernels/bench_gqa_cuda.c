@@ -1,7 +1,8 @@
 /* bench_gqa_cuda.c — Llama's fused grouped-query attention on the GPU, the
  * two kernels gradd has for it in a 16-bit context, at one shape: the
  * tensor-core ones (kernels/cuda/gqa_mma.cu, GRADD_GQA=mma) against the
- * fp32 CUDA-core ones (gqa.cu, the default until this measures them).
+ * fp32 CUDA-core ones (gqa.cu, the default): the figures that choose the
+ * default.
  * Milliseconds per call, forward and backward, each the best of 5 calls
  * timed to their completion; and how far the two outputs are apart.
  *

@@ -65,31 +65,42 @@ static int nccl_failed(dist_nccl_comm *c, ncclResult_t r, const char *what, char
     return -1;
 }
 
-/* Until the communicator's state leaves ncclInProgress (NCCL's rule for a
- * nonblocking communicator: nothing else may be called before), within
- * the deadline and while no other rank gave up. */
-static int settle(dist_nccl_comm *c, const dist_nccl_wait *w, double deadline, const char *what, char *err,
-                  size_t err_len)
+/* Poll until `done` has happened (an event; NULL: until the
+ * communicator's state leaves ncclInProgress, NCCL's rule for a nonblocking
+ * communicator before any other call), within the job's rank_timeout and
+ * while no other rank gave up, beating meanwhile.  On a failure or a
+ * timeout the communicator is aborted at once: its kernels end, and the
+ * streams that wait for them drain. */
+static int wait_for(dist_nccl_comm *c, cudaEvent_t done, const dist_nccl_wait *w, const char *what, char *err,
+                    size_t err_len)
 {
-    double beat_at = mono_s() + 1;
+    double deadline = mono_s() + (w ? w->timeout_s : 300), beat_at = mono_s() + 1;
     for (long polls = 0;; polls++) {
-        ncclResult_t st = ncclInProgress;
-        ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
-        if (r != ncclSuccess) {
-            nccl_failed(c, r, what, err, err_len);
-            return -1;
+        if (done) {
+            cudaError_t q = cudaEventQuery(done);
+            if (q == cudaSuccess)
+                return 0;
+            if (q != cudaErrorNotReady) {
+                cuda_failed(q, what, err, err_len);
+                break;
+            }
         }
-        if (st == ncclSuccess)
+        ncclResult_t st = ncclInProgress, r = ncclCommGetAsyncError(c->comm, &st);
+        if (r != ncclSuccess)
+            st = r;
+        if (!done && st == ncclSuccess)
             return 0;
-        if (st != ncclInProgress)
-            return nccl_failed(c, st, what, err, err_len);
+        if (st != ncclSuccess && st != ncclInProgress) {
+            nccl_failed(c, st, what, err, err_len);
+            break;
+        }
         double now = mono_s();
         if (w && w->given_up && w->given_up(w->user, err, err_len))
-            return -1;
+            break;
         if (now > deadline) {
             snprintf(err, err_len, "%s: %s did not complete within %g s ([job] rank_timeout): another rank died or "
-                     "hangs", w ? w->name : "a rank", what, w ? w->timeout_s : 0.0);
-            return -1;
+                     "hangs", w ? w->name : "a rank", what, w ? w->timeout_s : 300.0);
+            break;
         }
         if (w && w->beat && now > beat_at) {
             w->beat(w->beat_user);
@@ -97,6 +108,23 @@ static int settle(dist_nccl_comm *c, const dist_nccl_wait *w, double deadline, c
         }
         pause_briefly(polls);
     }
+    ncclCommAbort(c->comm);
+    c->comm = NULL;
+    c->aborted = true;
+    return -1;
+}
+
+/* A nonblocking NCCL call that returned ncclInProgress must settle before
+ * the next call; the first collective between two ranks connects them,
+ * and so waits for the other. */
+static int queued(dist_nccl_comm *c, ncclResult_t r, const dist_nccl_wait *w, const char *what, char *err,
+                  size_t err_len)
+{
+    if (nccl_failed(c, r, what, err, err_len) != 0) {
+        c->aborted = true;
+        return -1;
+    }
+    return r == ncclInProgress ? wait_for(c, NULL, w, what, err, err_len) : 0;
 }
 
 static int nccl_unique_id(unsigned char id[DIST_NCCL_ID_BYTES], char *err, size_t err_len)
@@ -117,26 +145,19 @@ static void nccl_close(dist_nccl_comm *c, bool abort)
     if (!c)
         return;
     cudaSetDevice(c->device);
-    if (c->comm) {
-        /* Finalize flushes what the communicator still holds; it is
-         * asynchronous on a nonblocking communicator, and bounded here:
-         * a peer gone meanwhile must not keep this rank from ending. */
-        ncclResult_t st = ncclInternalError;
-        if (!abort && !c->aborted) {
-            ncclResult_t r = ncclCommFinalize(c->comm);
-            st = r;
-            double deadline = mono_s() + 10;
-            for (long polls = 0; r == ncclSuccess || r == ncclInProgress; polls++) {
-                if (ncclCommGetAsyncError(c->comm, &st) != ncclSuccess || st != ncclInProgress || mono_s() > deadline)
-                    break;
-                pause_briefly(polls);
-            }
-        }
-        if (st == ncclSuccess)
+    /* Finalize flushes what the communicator still holds, asynchronously
+     * on a nonblocking communicator, and bounded here: a peer gone
+     * meanwhile must not keep this rank from ending. */
+    if (c->comm && !abort && !c->aborted) {
+        char err[256];
+        dist_nccl_wait fw = {.timeout_s = 10, .name = "this rank"};
+        if (queued(c, ncclCommFinalize(c->comm), &fw, "finalizing NCCL", err, sizeof err) == 0) {
             ncclCommDestroy(c->comm);
-        else
-            ncclCommAbort(c->comm);
+            c->comm = NULL;
+        }
     }
+    if (c->comm)
+        ncclCommAbort(c->comm);
     if (c->ready)
         cudaEventDestroy(c->ready);
     if (c->done)
@@ -172,12 +193,10 @@ static dist_nccl_comm *nccl_open(int device, int rank, int size, const unsigned 
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, size, u, rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
         nccl_failed(c, r, "ncclCommInitRankConfig", err, err_len);
-        if (c->comm)
-            c->aborted = true;
         nccl_close(c, true);
         return NULL;
     }
-    if (settle(c, w, mono_s() + (w ? w->timeout_s : 300), "joining the ranks over NCCL", err, err_len) != 0) {
+    if (wait_for(c, NULL, w, "joining the ranks over NCCL", err, err_len) != 0) {
         nccl_close(c, true);
         return NULL;
     }
@@ -196,23 +215,6 @@ static int after_work(dist_nccl_comm *c, char *err, size_t err_len)
         cuda_failed(cudaStreamWaitEvent(c->comms, c->ready, 0), "cudaStreamWaitEvent", err, err_len))
         return -1;
     c->started = true;
-    return 0;
-}
-
-/* A nonblocking NCCL call that returned ncclInProgress must settle before
- * the next call; the first collective between two ranks connects them,
- * and so waits for the other. */
-static int queued(dist_nccl_comm *c, ncclResult_t r, const dist_nccl_wait *w, const char *what, char *err,
-                  size_t err_len)
-{
-    if (nccl_failed(c, r, what, err, err_len) != 0) {
-        c->aborted = true;
-        return -1;
-    }
-    if (r == ncclInProgress && settle(c, w, mono_s() + (w ? w->timeout_s : 300), what, err, err_len) != 0) {
-        c->aborted = true;
-        return -1;
-    }
     return 0;
 }
 
@@ -249,40 +251,7 @@ static int nccl_finish(dist_nccl_comm *c, const dist_nccl_wait *w, const char *w
         c->aborted = true;
         return -1;
     }
-    double deadline = mono_s() + (w ? w->timeout_s : 300), beat_at = mono_s() + 1;
-    for (long polls = 0;; polls++) {
-        cudaError_t q = cudaEventQuery(c->done);
-        if (q == cudaSuccess)
-            break;
-        if (q != cudaErrorNotReady) {
-            cuda_failed(q, what, err, err_len);
-            c->aborted = true;
-            return -1;
-        }
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
-            nccl_failed(c, st, what, err, err_len);
-            c->aborted = true;
-            return -1;
-        }
-        double now = mono_s();
-        if ((w && w->given_up && w->given_up(w->user, err, err_len)) || now > deadline) {
-            if (now > deadline)
-                snprintf(err, err_len, "%s: %s did not complete within %g s ([job] rank_timeout): another rank died "
-                         "or hangs", w ? w->name : "a rank", what, w ? w->timeout_s : 300.0);
-            /* Ends NCCL's kernels: the streams that wait on them drain. */
-            ncclCommAbort(c->comm);
-            c->comm = NULL;
-            c->aborted = true;
-            return -1;
-        }
-        if (w && w->beat && now > beat_at) {
-            w->beat(w->beat_user);
-            beat_at = now + 1;
-        }
-        pause_briefly(polls);
-    }
-    return 0;
+    return wait_for(c, c->done, w, what, err, err_len);
 }
 
 __attribute__((visibility("default"))) const dist_nccl_ops gradd_dist_nccl_v1 = {

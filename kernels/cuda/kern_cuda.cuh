@@ -76,7 +76,7 @@ struct kern_ctx {
     bool flash_mma;
     // Llama's attention in a 16-bit context on the tensor cores
     // (gqa_mma.cu) when GRADD_GQA=mma at creation, else gqa.cu's fp32
-    // kernels: the default until a GPU has measured the two.
+    // kernels: the default, which bench_gqa_cuda's timings are to choose.
     bool gqa_mma;
     cudaStream_t stream;
     cublasLtHandle_t lt;
