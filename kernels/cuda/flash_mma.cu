@@ -426,13 +426,7 @@ __global__ __launch_bounds__(FM_BWD_THREADS, 3) void fm_backward(S *dkv, float *
             uint32_t da[4];
             m16_acc_to_a<E>(da, s[2 * kk], s[2 * kk + 1]);
             fm_mma_x64<E>(dk, da, Qs, kk, lane);
-            // da holds rows g / g+8, columns 16·kk + 2c.. and +8: exactly
-            // the words to store.
-            E *r0 = dSs + (warp * 16 + g) * FM_LD + kk * 16 + 2 * c, *r1 = r0 + 8 * FM_LD;
-            *reinterpret_cast<uint32_t *>(r0) = da[0];
-            *reinterpret_cast<uint32_t *>(r1) = da[1];
-            *reinterpret_cast<uint32_t *>(r0 + 8) = da[2];
-            *reinterpret_cast<uint32_t *>(r1 + 8) = da[3];
+            m16_store_a(dSs + (warp * 16 + g) * FM_LD + kk * 16 + 2 * c, FM_LD, da);
         }
         __syncthreads(); // every warp's dSᵀ rows are in place, and Qs, dOs are no longer read
         if constexpr (ASYNC) {

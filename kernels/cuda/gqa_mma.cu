@@ -364,11 +364,7 @@ __global__ __launch_bounds__(gm_shape<HS>::BWD_THREADS, gm_shape<HS>::BWD_MIN_CT
                 uint32_t da[4];
                 m16_acc_to_a<E>(da, s[2 * kk], s[2 * kk + 1]);
                 gm_mma_xn<E, HS, LD>(dk, da, Qs, kk, lane);
-                E *r0 = dSs + (warp * 16 + g) * LDS + kk * 16 + 2 * c, *r1 = r0 + 8 * LDS;
-                *reinterpret_cast<uint32_t *>(r0) = da[0];
-                *reinterpret_cast<uint32_t *>(r1) = da[1];
-                *reinterpret_cast<uint32_t *>(r0 + 8) = da[2];
-                *reinterpret_cast<uint32_t *>(r1 + 8) = da[3];
+                m16_store_a(dSs + (warp * 16 + g) * LDS + kk * 16 + 2 * c, LDS, da);
             }
             __syncthreads(); // every warp's dSᵀ rows are in place
 

@@ -117,6 +117,18 @@ template <class E> __device__ __forceinline__ void m16_acc_to_a(uint32_t (&a)[4]
     a[3] = kc_pack2<E>(t1[2], t1[3]);
 }
 
+// An A fragment back into shared memory: p is where lane (g, c)'s first
+// word goes (row g, column 2c of the 16×16 block), rows ld apart; it holds
+// rows g and g+8, columns 2c.. and 2c+8.., exactly the words to store.
+template <class E> __device__ __forceinline__ void m16_store_a(E *p, int ld, const uint32_t (&a)[4])
+{
+    E *r1 = p + 8 * ld;
+    *reinterpret_cast<uint32_t *>(p) = a[0];
+    *reinterpret_cast<uint32_t *>(r1) = a[1];
+    *reinterpret_cast<uint32_t *>(p + 8) = a[2];
+    *reinterpret_cast<uint32_t *>(r1 + 8) = a[3];
+}
+
 // The online softmax's step for the two rows (g and g+8) a lane holds of an
 // accumulator tile band: mx, the lane's maxima of the block's scores (log2
 // units), becomes its quad's, the rows' maxima; the running maxima m move
