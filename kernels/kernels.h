@@ -392,6 +392,21 @@ typedef struct kern_ops {
     void (*matmul_backward16_dgelu)(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight,
                                     float *dbias, const uint16_t *dout16, const uint16_t *inp16,
                                     const uint16_t *weight16, int N, int C, int OC);
+    /* Llama's: rmsnorm_forward into out16 (rstd as the fp32 op's), for the
+     * GEMMs that read the norms; rmsnorm_backward with dout or dout16 and
+     * dinp16 as layernorm_backward16's.  SwiGLU between 16-bit tensors:
+     * [gate | up] as their GEMM wrote it (matmul_forward16_out16), its
+     * output for the down projection's GEMM, and backward's dout16 as that
+     * GEMM's backward wrote it (dinp16) into dgu16 for the gate/up GEMM's
+     * backward. */
+    void (*rmsnorm_forward16)(kern_ctx *k, uint16_t *out16, float *rstd, const float *inp, const float *weight, int N,
+                              int C, float eps);
+    void (*rmsnorm_backward16)(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, const float *dout,
+                               const uint16_t *dout16, const float *inp, const float *weight, const float *rstd,
+                               int N, int C);
+    void (*swiglu_forward16)(kern_ctx *k, uint16_t *out16, const uint16_t *gu16, int N, int F);
+    void (*swiglu_backward16)(kern_ctx *k, uint16_t *dgu16, const uint16_t *gu16, const uint16_t *dout16, int N,
+                              int F);
     /* crossentropy_forward/backward on 16-bit logits (widened exactly);
      * dlogits16 = the fp32 result rounded, overwritten, may be logits16. */
     void (*crossentropy_forward16)(kern_ctx *k, float *losses, float *lse, const uint16_t *logits16,

@@ -186,6 +186,11 @@ if want llama; then
   section "Llama 3.2 1B-shaped bf16: gradd with GRADD_GQA=mma"
   GRADD_GQA=mma PEER_MODES=none GRADD_ENV=$top/.device/env.sh \
     timeout 200 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | sed 's/"bench": *"/&gqa_mma-/' | tee -a "$out/bench.jsonl"
+  echo "rc=${PIPESTATUS[0]}"  # And with the fp32 activations (GRADD_ACT16=0): what the 16-bit ones
+  # (model_llama.c's lp16) save in time and memory.
+  section "Llama 3.2 1B-shaped bf16: gradd with GRADD_ACT16=0"
+  GRADD_ACT16=0 PEER_MODES=none GRADD_ENV=$top/.device/env.sh \
+    timeout 200 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | sed 's/"bench": *"/&fp32act-/' | tee -a "$out/bench.jsonl"
   echo "rc=${PIPESTATUS[0]}"
 fi
 

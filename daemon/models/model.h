@@ -315,6 +315,15 @@ void model_activation_split(size_t one, size_t two, size_t buffers, size_t align
  * through `host` (n floats): the same sum whatever the backend. */
 double model_sum_losses(const model *m, const float *losses, float *host, size_t n);
 
+/* Whether a token model stores its activations in 16 bits (kernels.h's
+ * 16-bit activation ops): a bf16/fp16 job, not LoRA (whose GEMMs go through
+ * lora.h in fp32 activations), on kernels whose 16-bit ops pay
+ * (act16_native) and that have the GEMM and cross-entropy ones, unless
+ * the environment says GRADD_ACT16=0 (a diagnostic switch, to compare the
+ * two paths or to rule the 16-bit one out).  A model checks its own
+ * layers' 16-bit ops besides. */
+bool model_act16(const job_config *j, const kern_ops *k);
+
 /* Add a tensor to m's table (constructors use this). */
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export);
 

@@ -746,14 +746,8 @@ static int gpt_create(const job_config *j, uint32_t input_dim, uint32_t classes,
     g->V = j->vocab;
     g->fused = m->k && m->k->attention_fused_ok && m->k->attention_fused_ok(m->kc, g->C, g->NH);
     const kern_ops *k = m->k;
-    /* GRADD_ACT16=0 keeps the fp32 activations: a diagnostic switch, to
-     * compare the two paths or to rule the 16-bit one out. */
-    const char *env = getenv("GRADD_ACT16");
-    g->lp16 = j->precision != JOBCFG_FP32 && k && k->act16_native && k->layernorm_forward16 && k->gelu_forward16 &&
-              k->gelu_backward16 && k->matmul_forward16 && k->matmul_forward16_residual && k->matmul_backward16 &&
-              k->matmul_forward16_out16 && k->layernorm_backward16 &&
-              k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0")) &&
-              j->ft_method != JOBCFG_FT_LORA; /* LoRA's GEMMs go through lora.h, in fp32 activations */
+    g->lp16 = model_act16(j, k) && k->layernorm_forward16 && k->layernorm_backward16 && k->gelu_forward16 &&
+              k->gelu_backward16;
     g->qkv16_on = g->lp16 && g->fused && k->attention_fused_forward16 && k->attention_fused_backward16;
     m->needs_params16 = g->lp16;
     m->impl = g;

@@ -23,8 +23,17 @@
  * again into them.  As in model_gpt.c the residual stream's gradient is one
  * buffer that the RMSNorm backwards add into.
  *
- * fp32 activations only: in a bf16/fp16 context the fp32 GEMMs round their
- * inputs to the 16-bit type themselves (kernels.h), as gpt's fp32 path.
+ * 16-bit activations (lp16, model_act16): where the kernels' 16-bit ops
+ * pay, a bf16/fp16 job keeps ln1, ln2, [gate | up], the SwiGLU output, lnf
+ * and the logits in the context's 16-bit type, and hands the gradients
+ * between those ops (dln, dgu, dhid, dlogits, and the residual stream's
+ * dres16 copy) in 16 bits: each is read only by GEMMs and SwiGLU, which
+ * would round it to 16 bits anyway, so it is rounded once where it is
+ * written.  Their fp32 buffers are then empty.  qkv, the attention output
+ * and their gradients stay fp32 (RoPE and the attention kernels are
+ * fp32); the attention output is rounded into one layer's atty16 for the
+ * output projection's GEMM, forward and backward.  Without lp16 the fp32
+ * GEMMs of a bf16/fp16 context round their inputs themselves (kernels.h).
  *
  * With LoRA (lora.h) every GEMM of a base weight, the head's included, goes
  * through lora_linear_forward/backward with the adapters of its sites (q, k
@@ -58,6 +67,9 @@ typedef struct {
     double factor, low_freq, high_freq;
     uint32_t rope_context;
     bool tied;
+    bool lp16; /* 16-bit activations (above) */
+    /* lp16: the attention output's rounding, to the context's type. */
+    void (*narrow)(kern_ctx *k, uint16_t *dst, const float *src, size_t n);
     llama_layer *layer;
     size_t embed, normw, head; /* head == embed when tied */
     float *inv_freq_host;      /* (HS/2), scaling included */
@@ -83,6 +95,11 @@ typedef struct {
     float *dqkv;                     /* (B,T,W) */
     float *dgu, *dhid;               /* (B,T,2F), (B,T,F) */
     float *dlosses;                  /* (B,T) */
+    /* lp16: as ln1, ln2, gu, hid, lnf, logits (which then are empty) */
+    uint16_t *ln1_16, *ln2_16, *gu16, *hid16, *lnf16, *logits16;
+    /* lp16 scratch: the attention output rounded; dres rounded for the
+     * GEMMs that read it; and as dsmall (the norms' douts), dgu, dhid */
+    uint16_t *atty16, *dres16, *dln16, *dgu16, *dhid16;
     void *lora_scratch;              /* lora_scratch_bytes for B·T rows */
     float *dloss_host;               /* host, (B,T) */
 
@@ -122,13 +139,16 @@ static void rope_frequencies(const llama *g, float *out)
 
 /* ---- activation layout ------------------------------------------------------------ */
 
-/* carve()'s buffers, each of which may add up to ALIGN bytes: its own 26,
+/* carve()'s buffers, each of which may add up to ALIGN bytes: its own 37,
  * and the four that LoRA's scratch may round within (lora.h). */
-#define LLAMA_BUFFERS 30
+#define LLAMA_BUFFERS 41
 
+/* In lp16 mode the fp32 buffers that the 16-bit ones replace are empty,
+ * and the other way round. */
 static size_t carve(const model *m, llama *g, char *base, uint32_t n, bool rc)
 {
     size_t BT = (size_t)n * g->T, C = g->C, L = rc ? 1 : g->L, W = g->W, F = g->F, V = g->V;
+    size_t f32 = g->lp16 ? 0 : 1, h16 = g->lp16 ? 1 : 0;
     size_t off = 0;
 #define TAKE_BYTES(ptr, bytes)                             \
     do {                                                   \
@@ -137,32 +157,45 @@ static size_t carve(const model *m, llama *g, char *base, uint32_t n, bool rc)
         off += ((bytes) + ALIGN - 1) / ALIGN * ALIGN;      \
     } while (0)
 #define TAKE(ptr, count) TAKE_BYTES(ptr, (count) * sizeof(float))
+#define TAKE16(ptr, count) TAKE_BYTES(ptr, (count) * sizeof(uint16_t))
     TAKE(inv_freq, g->HS / 2);
     TAKE(encoded, BT * C);
-    TAKE(ln1, L * BT * C);
+    TAKE(ln1, f32 * L * BT * C);
+    TAKE16(ln1_16, h16 * L * BT * C);
     TAKE(ln1_rstd, L * BT);
     TAKE(qkv, L * BT * W);
     TAKE(atty, L * BT * C);
     TAKE(att_lse, L * n * g->NH * g->T);
     TAKE(residual2, L * BT * C);
-    TAKE(ln2, L * BT * C);
+    TAKE(ln2, f32 * L * BT * C);
+    TAKE16(ln2_16, h16 * L * BT * C);
     TAKE(ln2_rstd, L * BT);
-    TAKE(gu, L * BT * 2 * F);
-    TAKE(hid, L * BT * F);
+    TAKE(gu, f32 * L * BT * 2 * F);
+    TAKE16(gu16, h16 * L * BT * 2 * F);
+    TAKE(hid, f32 * L * BT * F);
+    TAKE16(hid16, h16 * L * BT * F);
     TAKE(residual3, (size_t)g->L * BT * C); /* the blocks' inputs and the loss's: kept whole */
-    TAKE(lnf, BT * C);
+    TAKE(lnf, f32 * BT * C);
+    TAKE16(lnf16, h16 * BT * C);
     TAKE(lnf_rstd, BT);
-    TAKE(logits, BT * V);
+    TAKE(logits, f32 * BT * V);
+    TAKE16(logits16, h16 * BT * V);
     TAKE(lse, BT);
     TAKE(losses, BT);
-    TAKE(proj, BT * C);
+    TAKE(proj, f32 * BT * C); /* lp16: the projections add into the stream themselves */
+    TAKE16(atty16, h16 * BT * C);
     TAKE(dres, BT * C);
+    TAKE16(dres16, h16 * BT * C);
     TAKE(dsmall, BT * C);
+    TAKE16(dln16, h16 * BT * C);
     TAKE(dqkv, BT * W);
-    TAKE(dgu, BT * 2 * F);
-    TAKE(dhid, BT * F);
+    TAKE(dgu, f32 * BT * 2 * F);
+    TAKE16(dgu16, h16 * BT * 2 * F);
+    TAKE(dhid, f32 * BT * F);
+    TAKE16(dhid16, h16 * BT * F);
     TAKE(dlosses, BT);
     TAKE_BYTES(lora_scratch, lora_scratch_bytes(m, BT));
+#undef TAKE16
 #undef TAKE
 #undef TAKE_BYTES
     return off;
@@ -250,6 +283,24 @@ static void llama_block_forward(model *m, uint32_t l, const int32_t *pos, const 
     float *res3 = g->residual3 + l * BTC;
     const llama_layer *w = &g->layer[l];
 
+    if (g->lp16) {
+        const float *P = m->params;
+        const uint16_t *P16 = m->params16;
+        uint16_t *ln1_16 = g->ln1_16 + s * BTC, *ln2_16 = g->ln2_16 + s * BTC;
+        uint16_t *gu16 = g->gu16 + s * BT * 2 * F, *hid16 = g->hid16 + s * BT * F;
+        k->rmsnorm_forward16(kc, ln1_16, ln1_rstd, residual, P + w->ln1w, BT, C, eps);
+        k->matmul_forward16(kc, qkv, ln1_16, P16 + w->qkvw, NULL, BT, C, W);
+        k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
+        k->attention_gqa_forward(kc, atty, lse, qkv, start, B, T, NH, KVH, HS);
+        g->narrow(kc, g->atty16, atty, BTC);
+        k->matmul_forward16_residual(kc, res2, g->atty16, P16 + w->ow, NULL, residual, BT, C, C);
+        k->rmsnorm_forward16(kc, ln2_16, ln2_rstd, res2, P + w->ln2w, BT, C, eps);
+        k->matmul_forward16_out16(kc, gu16, ln2_16, P16 + w->guw, NULL, BT, C, 2 * F);
+        k->swiglu_forward16(kc, hid16, gu16, BT, F);
+        if (out)
+            k->matmul_forward16_residual(kc, res3, hid16, P16 + w->downw, NULL, res2, BT, F, C);
+        return;
+    }
     k->rmsnorm_forward(kc, ln1, ln1_rstd, residual, lora_base32(m, w->ln1w), BT, C, eps);
     lora_linear_forward(m, qkv, ln1, w->qkvw, LORA_NO_BIAS, w->qkv_site, 3, BT, C, W);
     k->rope_forward(kc, qkv, g->inv_freq, pos, BT, T, NH + KVH, HS, W);
@@ -286,6 +337,11 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
     if (model_poll(m)) /* the output layer is the widest GEMM */
         return;
     const float *last = g->residual3 + (g->L - 1) * BTC;
+    if (g->lp16) {
+        k->rmsnorm_forward16(kc, g->lnf16, g->lnf_rstd, last, m->params + g->normw, BT, C, eps);
+        k->matmul_forward16_out16(kc, g->logits16, g->lnf16, m->params16 + g->head, NULL, BT, C, (int)g->V);
+        return;
+    }
     k->rmsnorm_forward(kc, g->lnf, g->lnf_rstd, last, lora_base32(m, g->normw), BT, C, eps);
     lora_linear_forward(m, g->logits, g->lnf, g->head, LORA_NO_BIAS, NULL, 0, BT, C, (int)g->V);
 }
@@ -300,14 +356,19 @@ static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
     llama_body(m, b->x, b->pos, b->start, B, T);
     if (m->stopped)
         return 0;
-    m->k->crossentropy_forward(m->kc, g->losses, g->lse, g->logits, b->y, (int)BT, (int)g->V, (int)g->V);
+    if (g->lp16)
+        m->k->crossentropy_forward16(m->kc, g->losses, g->lse, g->logits16, b->y, (int)BT, (int)g->V, (int)g->V);
+    else
+        m->k->crossentropy_forward(m->kc, g->losses, g->lse, g->logits, b->y, (int)BT, (int)g->V, (int)g->V);
     return model_sum_losses(m, g->losses, g->dloss_host, BT);
 }
 
 static int llama_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
 {
     llama *g = LL(m);
-    if (n == 0 || n > g->n || len == 0 || len > g->T)
+    /* 16-bit logits stay on the device in training; sampling builds its own
+     * fp32 model (sample.c), so this path never sees them. */
+    if (n == 0 || n > g->n || len == 0 || len > g->T || g->lp16)
         return -1;
     llama_body(m, tokens, NULL, NULL, (int)n, (int)len);
     for (uint32_t s = 0; s < n; s++)
@@ -346,7 +407,8 @@ static int llama_decode_start(model *m, void *mem, uint32_t n)
     llama *g = LL(m);
     g->dec_n = 0;
     g->dec_len = 0;
-    if (!mem || n == 0 || n > g->n || !m->k || !m->k->attention_gqa_decode)
+    /* The fp32 activation buffers serve as scratch: some are empty in lp16. */
+    if (!mem || n == 0 || n > g->n || g->lp16 || !m->k || !m->k->attention_gqa_decode)
         return -1;
     int32_t *host = realloc(g->dec_pos_host, n * sizeof *host);
     if (!host)
@@ -365,7 +427,7 @@ static int llama_decode_step(model *m, const int32_t *tokens, uint32_t pos, floa
     llama *g = LL(m);
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
-    if (!g->dec_n || g->dec_n > g->n || pos >= g->T || pos > g->dec_len)
+    if (!g->dec_n || g->dec_n > g->n || g->lp16 || pos >= g->T || pos > g->dec_len)
         return -1;
     int n = (int)g->dec_n, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS, F = (int)g->F;
     int W = (int)g->W, T = (int)g->T;
@@ -409,46 +471,104 @@ static float *norm_grad(const model *m, size_t off)
     return m->lora ? NULL : m->grads + off;
 }
 
-static void llama_backward(model *m, const model_batch *b, float dloss)
+/* The stream's gradient through the final norm and the head's GEMM, from
+ * the logits' gradient (the cross-entropy backward wrote dlogits over the
+ * logits, their last reader, zeroing the rows of ignored targets). */
+static void head_backward(model *m, int BT)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int C = (int)g->C, V = (int)g->V;
+    const float *last = g->residual3 + (g->L - 1) * (size_t)BT * C;
+    k->zero(kc, g->dres, (size_t)BT * C);
+    if (g->lp16) {
+        k->matmul_backward16(kc, NULL, g->dln16, m->grads + g->head, NULL, NULL, g->logits16, g->lnf16,
+                             m->params16 + g->head, BT, C, V);
+        k->rmsnorm_backward16(kc, g->dres, g->dres16, m->grads + g->normw, NULL, g->dln16, last, m->params + g->normw,
+                              g->lnf_rstd, BT, C);
+        return;
+    }
+    lora_linear_backward(m, g->dsmall, g->logits, g->lnf, g->head, LORA_NO_BIAS, NULL, 0, BT, C, V);
+    k->rmsnorm_backward(kc, g->dres, norm_grad(m, g->normw), g->dsmall, last, lora_base32(m, g->normw), g->lnf_rstd,
+                        BT, C);
+}
+
+/* Block l's backward in 16-bit activations: dres and dres16 hold the
+ * stream's gradient at its output; the 16-bit GEMM backwards write their
+ * dinp in 16 bits where the next reader is a 16-bit op (dhid16, dgu16, the
+ * norms' dln16), and the norms' backwards add into dres and write dres16
+ * for the GEMM backward after them. */
+static void block_backward16(model *m, const model_batch *b, uint32_t l, size_t s)
 {
     llama *g = LL(m);
     const kern_ops *k = m->k;
     kern_ctx *kc = m->kc;
     int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS;
-    int F = (int)g->F, W = (int)g->W, V = (int)g->V, BT = B * T;
+    int F = (int)g->F, W = (int)g->W, BT = B * T;
+    size_t BTC = (size_t)BT * C;
+    const float *P = m->params;
+    const uint16_t *P16 = m->params16;
+    float *D = m->grads;
+    const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
+    const float *ln1_rstd = g->ln1_rstd + s * BT, *qkv = g->qkv + s * BT * W, *atty = g->atty + s * BTC;
+    const float *lse = g->att_lse + s * B * NH * T, *res2 = g->residual2 + s * BTC, *ln2_rstd = g->ln2_rstd + s * BT;
+    const uint16_t *ln1_16 = g->ln1_16 + s * BTC, *ln2_16 = g->ln2_16 + s * BTC;
+    const uint16_t *gu16 = g->gu16 + s * BT * 2 * F, *hid16 = g->hid16 + s * BT * F;
+    const llama_layer *w = &g->layer[l];
+
+    k->matmul_backward16(kc, NULL, g->dhid16, D + w->downw, NULL, NULL, g->dres16, hid16, P16 + w->downw, BT, F, C);
+    k->swiglu_backward16(kc, g->dgu16, gu16, g->dhid16, BT, F);
+    k->matmul_backward16(kc, NULL, g->dln16, D + w->guw, NULL, NULL, g->dgu16, ln2_16, P16 + w->guw, BT, C, 2 * F);
+    k->rmsnorm_backward16(kc, g->dres, g->dres16, D + w->ln2w, NULL, g->dln16, res2, P + w->ln2w, ln2_rstd, BT, C);
+
+    /* atty16 holds the last block the forward ran; this one's again. */
+    g->narrow(kc, g->atty16, atty, BTC);
+    k->matmul_backward16(kc, g->dsmall, NULL, D + w->ow, NULL, NULL, g->dres16, g->atty16, P16 + w->ow, BT, C, C);
+    k->attention_gqa_backward(kc, g->dqkv, g->dsmall, atty, lse, qkv, b->start, B, T, NH, KVH, HS);
+    k->rope_backward(kc, g->dqkv, g->inv_freq, b->pos, BT, T, NH + KVH, HS, W);
+    k->matmul_backward16(kc, NULL, g->dln16, D + w->qkvw, NULL, g->dqkv, NULL, ln1_16, P16 + w->qkvw, BT, C, W);
+    /* The embedding's backward reads dres, in fp32: no dres16 below block 0. */
+    k->rmsnorm_backward16(kc, g->dres, l > 0 ? g->dres16 : NULL, D + w->ln1w, NULL, g->dln16, residual, P + w->ln1w,
+                          ln1_rstd, BT, C);
+}
+
+/* The backward from the logits' gradient on. */
+static void llama_backward_body(model *m, const model_batch *b)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    kern_ctx *kc = m->kc;
+    int B = (int)b->n, T = (int)g->T, C = (int)g->C, NH = (int)g->NH, KVH = (int)g->KVH, HS = (int)g->HS;
+    int F = (int)g->F, W = (int)g->W, BT = B * T;
     size_t BTC = (size_t)BT * C;
 
-    /* Every token's loss weighted by dloss; the cross-entropy backward
-     * writes dlogits over the logits (their last reader) and zeroes the
-     * rows of ignored targets. */
-    for (int i = 0; i < BT; i++)
-        g->dloss_host[i] = dloss;
-    k->copy_h2d(kc, g->dlosses, g->dloss_host, (size_t)BT * sizeof(float));
-    k->crossentropy_backward(kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
     if (model_poll(m))
         return;
-    lora_linear_backward(m, g->dsmall, g->logits, g->lnf, g->head, LORA_NO_BIAS, NULL, 0, BT, C, V);
-    k->zero(kc, g->dres, BTC);
-    const float *last = g->residual3 + (g->L - 1) * BTC;
-    k->rmsnorm_backward(kc, g->dres, norm_grad(m, g->normw), g->dsmall, last, lora_base32(m, g->normw), g->lnf_rstd,
-                        BT, C);
+    head_backward(m, BT);
     model_grads_final(m, g->normw); /* and the untied head after it */
 
     for (int l = (int)g->L - 1; l >= 0; l--) {
         if (model_poll(m))
             return;
         /* Recompute: the block's activations again from its kept input;
-         * it writes only forward buffers and proj, so dres carries over. */
+         * it writes only forward buffers and atty16, so dres and dres16
+         * carry over. */
         if (g->rc)
             llama_block_forward(m, (uint32_t)l, b->pos, b->start, B, T, false);
         size_t s = g->rc ? 0 : (size_t)l;
+        const llama_layer *w = &g->layer[l];
+        if (g->lp16) {
+            block_backward16(m, b, (uint32_t)l, s);
+            model_grads_final(m, w->ln1w); /* the layer's first tensor */
+            continue;
+        }
         const float *residual = l == 0 ? g->encoded : g->residual3 + (size_t)(l - 1) * BTC;
         const float *ln1 = g->ln1 + s * BTC, *ln1_rstd = g->ln1_rstd + s * BT;
         const float *qkv = g->qkv + s * BT * W, *atty = g->atty + s * BTC;
         const float *lse = g->att_lse + s * B * NH * T, *res2 = g->residual2 + s * BTC;
         const float *ln2 = g->ln2 + s * BTC, *ln2_rstd = g->ln2_rstd + s * BT;
         const float *gu = g->gu + s * BT * 2 * F, *hid = g->hid + s * BT * F;
-        const llama_layer *w = &g->layer[l];
 
         /* residual3 = residual2 + down(swiglu(gate_up(ln2))) */
         lora_linear_backward(m, g->dhid, g->dres, hid, w->downw, LORA_NO_BIAS, &w->down_site, 1, BT, F, C);
@@ -470,12 +590,52 @@ static void llama_backward(model *m, const model_batch *b, float dloss)
         k->encoder_backward(kc, m->grads + g->embed, NULL, g->dres, b->x, B, T, C);
 }
 
+/* Every token's loss weighted by dloss, on the device for the
+ * cross-entropy backward. */
+static void upload_dloss(model *m, int BT, float dloss)
+{
+    llama *g = LL(m);
+    for (int i = 0; i < BT; i++)
+        g->dloss_host[i] = dloss;
+    m->k->copy_h2d(m->kc, g->dlosses, g->dloss_host, (size_t)BT * sizeof(float));
+}
+
+/* The cross-entropy backward overwrites the logits with dlogits. */
+static void llama_backward(model *m, const model_batch *b, float dloss)
+{
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    int BT = (int)(b->n * g->T), V = (int)g->V;
+    upload_dloss(m, BT, dloss);
+    if (g->lp16)
+        k->crossentropy_backward16(m->kc, g->logits16, g->logits16, g->lse, b->y, g->dlosses, BT, V, V);
+    else
+        k->crossentropy_backward(m->kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
+    llama_backward_body(m, b);
+}
+
+/* Training's forward and backward: with 16-bit logits and a fused
+ * cross-entropy, the loss and its gradient in one pass over the logits
+ * (at Llama 3's vocabulary of 128256 the step's biggest tensor), the
+ * losses read back after the whole backward is queued. */
 static double llama_forward_backward(model *m, const model_batch *b, float dloss)
 {
-    double sum = llama_forward(m, b, NULL);
-    if (!m->stopped)
-        llama_backward(m, b, dloss);
-    return sum;
+    llama *g = LL(m);
+    const kern_ops *k = m->k;
+    if (!g->lp16 || !k->crossentropy_fused16) {
+        double sum = llama_forward(m, b, NULL);
+        if (!m->stopped)
+            llama_backward(m, b, dloss);
+        return sum;
+    }
+    int BT = (int)(b->n * g->T);
+    llama_body(m, b->x, b->pos, b->start, (int)b->n, (int)g->T);
+    if (m->stopped)
+        return 0;
+    upload_dloss(m, BT, dloss);
+    k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, BT, (int)g->V, (int)g->V);
+    llama_backward_body(m, b);
+    return model_sum_losses(m, g->losses, g->dloss_host, (size_t)BT);
 }
 
 static void llama_destroy(model *m)
@@ -635,6 +795,10 @@ static int llama_create(const job_config *j, uint32_t input_dim, uint32_t classe
     g->high_freq = j->rope_high_freq;
     g->rope_context = j->rope_context;
     g->tied = j->tie_embeddings;
+    g->narrow = k ? (j->precision == JOBCFG_FP16 ? k->cast_f32_to_f16 : k->cast_f32_to_bf16) : NULL;
+    g->lp16 = model_act16(j, k) && k->rmsnorm_forward16 && k->rmsnorm_backward16 && k->swiglu_forward16 &&
+              k->swiglu_backward16 && g->narrow;
+    m->needs_params16 = g->lp16;
     rope_frequencies(g, g->inv_freq_host);
     if (k && k->attention_gqa_ok && !k->attention_gqa_ok(m->kc, (int)g->NH, (int)g->KVH, (int)g->HS)) {
         snprintf(err, err_len, "llama: the %s kernels have no attention for %u heads of %u over %u key/value heads",

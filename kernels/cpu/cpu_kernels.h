@@ -215,6 +215,13 @@ void kcpu_matmul_forward16_gelu(kern_ctx *k, uint16_t *out16, uint16_t *pre16, c
 void kcpu_matmul_backward16_dgelu(kern_ctx *k, uint16_t *dinp16, const uint16_t *pre16, float *dweight, float *dbias,
                                   const uint16_t *dout16, const uint16_t *inp16, const uint16_t *weight16, int N,
                                   int C, int OC);
+void kcpu_rmsnorm_forward16(kern_ctx *k, uint16_t *out16, float *rstd, const float *inp, const float *weight, int N,
+                            int C, float eps);
+void kcpu_rmsnorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, const float *dout,
+                             const uint16_t *dout16, const float *inp, const float *weight, const float *rstd, int N,
+                             int C);
+void kcpu_swiglu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *gu16, int N, int F);
+void kcpu_swiglu_backward16(kern_ctx *k, uint16_t *dgu16, const uint16_t *gu16, const uint16_t *dout16, int N, int F);
 void kcpu_attention_fused_forward16(kern_ctx *k, uint16_t *out16, float *lse, const uint16_t *inp16, int B, int T,
                                     int C, int NH);
 void kcpu_attention_fused_backward16(kern_ctx *k, uint16_t *dinp16, float *dq, const uint16_t *dout16,

@@ -230,6 +230,62 @@ void kcpu_crossentropy_fused16(kern_ctx *k, float *losses, uint16_t *logits16, c
     tmp_put(k, lse);
 }
 
+/* Llama's: RMSNorm into 16 bits (rstd fp32, bitwise the fp32 op's), its
+ * backward as layernorm_backward16's, and SwiGLU between 16-bit tensors. */
+void kcpu_rmsnorm_forward16(kern_ctx *k, uint16_t *out16, float *rstd, const float *inp, const float *weight, int N,
+                            int C, float eps)
+{
+    size_t n = (size_t)N * C;
+    float *t = tmp_get(k, n);
+    if (!t)
+        return;
+    kcpu_rmsnorm_forward(k, t, rstd, inp, weight, N, C, eps);
+    narrow(k, out16, t, n);
+    tmp_put(k, t);
+}
+
+void kcpu_rmsnorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, const float *dout,
+                             const uint16_t *dout16, const float *inp, const float *weight, const float *rstd, int N,
+                             int C)
+{
+    if ((!dout) == (!dout16))
+        return; /* exactly one of them, says kernels.h */
+    size_t n = (size_t)N * C;
+    float *t = NULL;
+    if (dout16 && !(t = tmp_widened(k, dout16, n)))
+        return;
+    kcpu_rmsnorm_backward(k, dinp, dweight, dout16 ? t : dout, inp, weight, rstd, N, C);
+    if (dinp16)
+        narrow(k, dinp16, dinp, n);
+    tmp_put(k, t);
+}
+
+void kcpu_swiglu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *gu16, int N, int F)
+{
+    size_t n = (size_t)N * F;
+    float *t = tmp_get(k, 3 * n);
+    if (!t)
+        return;
+    widen(k, t, gu16, 2 * n);
+    kcpu_swiglu_forward(k, t + 2 * n, t, N, F);
+    narrow(k, out16, t + 2 * n, n);
+    tmp_put(k, t);
+}
+
+void kcpu_swiglu_backward16(kern_ctx *k, uint16_t *dgu16, const uint16_t *gu16, const uint16_t *dout16, int N, int F)
+{
+    size_t n = (size_t)N * F;
+    float *t = tmp_get(k, 5 * n);
+    if (!t)
+        return;
+    float *gu = t, *dout = t + 2 * n, *dgu = t + 3 * n;
+    widen(k, gu, gu16, 2 * n);
+    widen(k, dout, dout16, n);
+    kcpu_swiglu_backward(k, dgu, gu, dout, N, F);
+    narrow(k, dgu16, dgu, 2 * n);
+    tmp_put(k, t);
+}
+
 /* Fused attention on a 16-bit qkv: the materialised ops (attention.c) on its
  * widening, the (B,NH,T,T) matrices in scratch; lse is each row's
  * log-sum-exp of the scaled scores over the causal prefix, in double. */

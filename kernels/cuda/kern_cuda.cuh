@@ -505,6 +505,13 @@ void kc_rope_backward(kern_ctx *k, float *dx, const float *inv_freq, const int32
                       int HS, int stride);
 void kc_swiglu_forward(kern_ctx *k, float *out, const float *gu, int N, int F);
 void kc_swiglu_backward(kern_ctx *k, float *dgu, const float *gu, const float *dout, int N, int F);
+void kc_rmsnorm_forward16(kern_ctx *k, uint16_t *out16, float *rstd, const float *inp, const float *weight, int N,
+                          int C, float eps);
+void kc_rmsnorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dweight, const float *dout,
+                           const uint16_t *dout16, const float *inp, const float *weight, const float *rstd, int N,
+                           int C);
+void kc_swiglu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *gu16, int N, int F);
+void kc_swiglu_backward16(kern_ctx *k, uint16_t *dgu16, const uint16_t *gu16, const uint16_t *dout16, int N, int F);
 // The tensor-core variant (gqa_mma.cu) that gqa.cu's launchers hand a
 // 16-bit context's head sizes 64 and 128 to, with GRADD_GQA=mma.  D (B,NH,T)
 // = Σ dout·out per row, from gqa.cu.

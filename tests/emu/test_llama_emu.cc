@@ -2,7 +2,9 @@
 // frozen, without dweight; RoPE, SwiGLU; gqa.cu: the fused grouped-query
 // attention; gqa_mma.cu: the same on the tensor cores, 16-bit operands,
 // against the same reference within flash attention's 16-bit tolerances,
-// 2e-2 relative and 2e-2 of the largest |reference|) run on the CPU under
+// 2e-2 relative and 2e-2 of the largest |reference|; RMSNorm and SwiGLU in
+// 16 bits, bitwise their fp32 selves rounded, and within one 16-bit ulp of
+// the CPU's 16-bit ops) run on the CPU under
 // cuda_emu.h, against the CPU backend's ops (kernels/cpu/llama.c), each
 // kernel launched through emu_launch with the grid and block its launcher
 // uses.
@@ -65,7 +67,7 @@ void test_rmsnorm(int N, int C)
         float *d = dx.data(), *dwp = dw.data(), *pp = part.data();
         const float *g = dout.data(), *xi = x.data(), *wi = w.data(), *r = rstd_ref.data();
         emu_launch(dim3((unsigned)((N + LL_ROWS - 1) / LL_ROWS)), dim3(LL_THREADS),
-                   [=] { rms_backward_kernel(d, g, xi, wi, r, N, C); });
+                   [=] { rms_backward_kernel<float, float>(d, nullptr, g, xi, wi, r, N, C); });
         emu_launch(dim3((unsigned)((C + 31) / 32), (unsigned)S), dim3(32, 8),
                    [=] { rms_dweight_kernel(pp, g, xi, r, N, C, rows); });
         emu_launch(dim3((unsigned)((C + CS_COLS - 1) / CS_COLS)), dim3(CS_COLS, CM_ROWS),
@@ -83,7 +85,7 @@ void test_rmsnorm(int N, int C)
         float *d = dxf.data();
         const float *g = dout.data(), *xi = x.data(), *wi = w.data(), *r = rstd_ref.data();
         emu_launch(dim3((unsigned)((N + LL_ROWS - 1) / LL_ROWS)), dim3(LL_THREADS),
-                   [=] { rms_backward_kernel(d, g, xi, wi, r, N, C); });
+                   [=] { rms_backward_kernel<float, float>(d, nullptr, g, xi, wi, r, N, C); });
     }
     same<float>(name, "dinp, frozen", dxf.data(), dx.data(), dxf.size());
     compare(name, "dinp, frozen cpu", dxf.data(), dxf_ref.data(), dxf.size(), 1e-5, 1e-6);
@@ -161,6 +163,132 @@ void test_swiglu(int N, int F)
         emu_launch(grid, dim3(256), [=] { swiglu_backward_kernel(d, g, go, N, F); });
     }
     compare(name, "backward", dgu.data(), dgu_ref.data(), dgu.size(), 1e-5, 1e-6);
+}
+
+// ---- the 16-bit RMSNorm and SwiGLU (kernels.h's 16-bit activation ops) -------------------
+// Each 16-bit kernel against the same kernel in fp32 on the same (widened)
+// inputs, rounded: bitwise, as llama.cu says (rounding only at the store);
+// and against the CPU's 16-bit op, within one 16-bit ulp of E where the
+// fp32 values on either side of a rounding boundary differ, plus the fp32
+// comparisons' allowance.
+template <class E>
+void close16(const std::string &name, const char *what, const uint16_t *got, const uint16_t *ref, size_t n)
+{
+    double maxref = 0, err = 0;
+    for (size_t i = 0; i < n; i++)
+        maxref = std::fmax(maxref, std::fabs((double)from_e<E>(ref[i])));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double r = from_e<E>(ref[i]), d = std::fabs((double)from_e<E>(got[i]) - r);
+        err = std::fmax(err, d / maxref);
+        bad += !(d <= ulp_e<E>((float)r) + 1e-6 * maxref);
+    }
+    verdict(name, what, bad, n, err, "of max");
+}
+
+template <class E> std::vector<uint16_t> round_all(const std::vector<float> &v)
+{
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); i++)
+        r[i] = to_e<E>(v[i]);
+    return r;
+}
+
+template <class E> std::vector<float> widen_all(const std::vector<uint16_t> &v)
+{
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); i++)
+        r[i] = from_e<E>(v[i]);
+    return r;
+}
+
+template <class E> void test_rmsnorm16(int N, int C)
+{
+    const std::string name = std::string("rmsnorm16 ") + ename<E>() + " N=" + std::to_string(N) +
+                             " C=" + std::to_string(C);
+    const float eps = 1e-5f;
+    const size_t n = (size_t)N * C;
+    auto x = rnd_vec(n, 1.0f, 0.3f), w = rnd_vec(C, 0.5f, 1.0f);
+    const dim3 rows((unsigned)((N + LL_ROWS - 1) / LL_ROWS));
+    std::vector<float> out32(n), r32(N), r16(N, NAN);
+    std::vector<uint16_t> out16(n, 0x7fff), ref16(n);
+    {
+        float *o = out32.data(), *r = r32.data(), *rh = r16.data();
+        E *o16 = reinterpret_cast<E *>(out16.data());
+        const float *xi = x.data(), *wi = w.data();
+        emu_launch(rows, dim3(LL_THREADS), [=] { rms_forward_kernel<float>(o, r, xi, wi, N, C, eps); });
+        emu_launch(rows, dim3(LL_THREADS), [=] { rms_forward_kernel<E>(o16, rh, xi, wi, N, C, eps); });
+    }
+    same<E>(name, "out = rnd(fp32)", out16.data(), round_all<E>(out32).data(), n);
+    same<float>(name, "rstd", r16.data(), r32.data(), N);
+    std::vector<float> rstd_ref(N);
+    H->rmsnorm_forward16(cpu_ctx<E>(), ref16.data(), rstd_ref.data(), x.data(), w.data(), N, C, eps);
+    close16<E>(name, "out vs cpu", out16.data(), ref16.data(), n);
+
+    // Backward from a 16-bit dout (as the gate/up GEMM's backward writes
+    // it), writing dinp16 too: against the CPU's rmsnorm_backward16.
+    const auto dout16 = round_all<E>(rnd_vec(n, 1.0f));
+    const auto dx0 = rnd_vec(n, 0.1f), dw0 = rnd_vec(C, 0.1f);
+    std::vector<float> dx = dx0, dw = dw0, dx_ref = dx0, dw_ref = dw0;
+    std::vector<uint16_t> dx16(n, 0x7fff), dx16_ref(n);
+    H->rmsnorm_backward16(cpu_ctx<E>(), dx_ref.data(), dx16_ref.data(), dw_ref.data(), nullptr, dout16.data(),
+                          x.data(), w.data(), rstd_ref.data(), N, C);
+    kern_ctx kc{};
+    const int S = rms_splits(&kc, N, C), rws = (N + S - 1) / S;
+    std::vector<float> part((size_t)S * C, NAN);
+    {
+        float *d = dx.data(), *dwp = dw.data(), *pp = part.data();
+        E *d16 = reinterpret_cast<E *>(dx16.data());
+        const E *g = reinterpret_cast<const E *>(dout16.data());
+        const float *xi = x.data(), *wi = w.data(), *r = rstd_ref.data();
+        emu_launch(rows, dim3(LL_THREADS), [=] { rms_backward_kernel<E, E>(d, d16, g, xi, wi, r, N, C); });
+        emu_launch(dim3((unsigned)((C + 31) / 32), (unsigned)S), dim3(32, 8),
+                   [=] { rms_dweight_kernel<E>(pp, g, xi, r, N, C, rws); });
+        emu_launch(dim3((unsigned)((C + CS_COLS - 1) / CS_COLS)), dim3(CS_COLS, CM_ROWS),
+                   [=] { colsum_merge(dwp, nullptr, pp, nullptr, S, C); });
+    }
+    compare(name, "dinp (+=)", dx.data(), dx_ref.data(), n, 1e-5, 1e-6);
+    same<E>(name, "dinp16 = rnd(dinp)", dx16.data(), round_all<E>(dx).data(), n);
+    close16<E>(name, "dinp16 vs cpu", dx16.data(), dx16_ref.data(), n);
+    compare(name, "dweight (+=)", dw.data(), dw_ref.data(), C, 1e-5, 1e-6);
+
+    // The fp32 kernel on the widened dout gives the same dinp bits.
+    std::vector<float> dxw = dx0;
+    {
+        float *d = dxw.data();
+        const auto wide = widen_all<E>(dout16);
+        const float *g = wide.data(), *xi = x.data(), *wi = w.data(), *r = rstd_ref.data();
+        emu_launch(rows, dim3(LL_THREADS), [=] { rms_backward_kernel<float, float>(d, nullptr, g, xi, wi, r, N, C); });
+    }
+    same<float>(name, "dinp = fp32 op", dx.data(), dxw.data(), n);
+}
+
+template <class E> void test_swiglu16(int N, int F)
+{
+    const std::string name = std::string("swiglu16 ") + ename<E>() + " N=" + std::to_string(N) +
+                             " F=" + std::to_string(F);
+    const size_t n = (size_t)N * F;
+    const auto gu16 = round_all<E>(rnd_vec(2 * n, 4.0f)), dout16 = round_all<E>(rnd_vec(n, 1.0f));
+    const auto gu = widen_all<E>(gu16), dout = widen_all<E>(dout16);
+    const dim3 grid = grid_for(n, 256, 2);
+    std::vector<float> out32(n), dgu32(2 * n);
+    std::vector<uint16_t> out16(n, 0x7fff), dgu16(2 * n, 0x7fff), out_ref(n), dgu_ref(2 * n);
+    {
+        float *o = out32.data(), *dg = dgu32.data();
+        const float *g = gu.data(), *go = dout.data();
+        E *o16 = reinterpret_cast<E *>(out16.data()), *dg16 = reinterpret_cast<E *>(dgu16.data());
+        const E *g16 = reinterpret_cast<const E *>(gu16.data()), *go16 = reinterpret_cast<const E *>(dout16.data());
+        emu_launch(grid, dim3(256), [=] { swiglu_forward_kernel<float>(o, g, N, F); });
+        emu_launch(grid, dim3(256), [=] { swiglu_forward_kernel<E>(o16, g16, N, F); });
+        emu_launch(grid, dim3(256), [=] { swiglu_backward_kernel<float>(dg, g, go, N, F); });
+        emu_launch(grid, dim3(256), [=] { swiglu_backward_kernel<E>(dg16, g16, go16, N, F); });
+    }
+    same<E>(name, "out = rnd(fp32)", out16.data(), round_all<E>(out32).data(), n);
+    same<E>(name, "dgu = rnd(fp32)", dgu16.data(), round_all<E>(dgu32).data(), 2 * n);
+    H->swiglu_forward16(cpu_ctx<E>(), out_ref.data(), gu16.data(), N, F);
+    H->swiglu_backward16(cpu_ctx<E>(), dgu_ref.data(), gu16.data(), dout16.data(), N, F);
+    close16<E>(name, "out vs cpu", out16.data(), out_ref.data(), n);
+    close16<E>(name, "dgu vs cpu", dgu16.data(), dgu_ref.data(), 2 * n);
 }
 
 // ---- grouped-query attention -------------------------------------------------------------
@@ -333,6 +461,10 @@ int main()
     test_rope(2, 37, 4, 2, 64, false);
     test_rope(1, 29, 2, 1, 128, true);
     test_swiglu(7, 300);
+    test_rmsnorm16<__nv_bfloat16>(13, 200);
+    test_rmsnorm16<__half>(9, 64);
+    test_swiglu16<__nv_bfloat16>(7, 300);
+    test_swiglu16<__half>(5, 96);
     test_gqa_ok();
     // Head sizes 64 and 128, KVH < NH (groups of 2 and 4) and KVH = NH,
     // odd T (a partial last query block and key tile), with and without

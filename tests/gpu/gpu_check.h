@@ -154,6 +154,8 @@ void test_rmsnorm(int N, int C);
 void test_rope(int B, int T, int NH, int KVH, int HS, bool with_pos);
 void test_swiglu(int N, int F);
 void test_gqa(int B, int T, int NH, int KVH, int HS, bool packed, double rtol, double atol);
+void test_rmsnorm16(int N, int C);
+void test_swiglu16(int N, int F);
 
 /* gpu_check_frozen.c */
 void test_encoder16w(int B, int T, int C, int V, bool with_wpe, int table_off);

@@ -1,7 +1,8 @@
 /* gpu_check_llama.c — the CUDA kernels of a Llama layer against the CPU's
  * (see test_gpu_kernels.c): the embedding without positions, RMSNorm, RoPE,
  * SwiGLU and the fused grouped-query attention, with and without packed
- * samples' start mask. */
+ * samples' start mask; and RMSNorm and SwiGLU in 16 bits (a 16-bit
+ * context's activation ops). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -106,6 +107,90 @@ void test_swiglu(int N, int F)
     gsync(name);
     cmp(name, "dgu", &dgu, 1e-5, 1e-6);
     bfree(&gu), bfree(&out), bfree(&dout), bfree(&dgu);
+}
+
+/* rmsnorm_forward16 and rmsnorm_backward16 from a 16-bit dout, writing
+ * dinp16, against the cpu's within one 16-bit step; and each the gpu's own
+ * fp32 op followed by its cast, bit for bit. */
+void test_rmsnorm16(int N, int C)
+{
+    char name[64];
+    snprintf(name, sizeof name, "rmsnorm16 N=%d C=%d", N, C);
+    if (!have16(name, "rmsnorm_forward16", H->rmsnorm_forward16 != NULL, G->rmsnorm_forward16 != NULL) ||
+        !have16(name, "rmsnorm_backward16", H->rmsnorm_backward16 != NULL, G->rmsnorm_backward16 != NULL))
+        return;
+    size_t n = (size_t)N * C;
+    buf inp = mk(n, 2), w = mk(C, 1), rstd = mk(N, 0), f32 = mk(n, 0), r32 = mk(N, 0);
+    buf16 out = mk16(n, 0), again = mk16(n, 0);
+    H->rmsnorm_forward16(hk, out.h, rstd.h, inp.h, w.h, N, C, 1e-5f);
+    G->rmsnorm_forward16(gk, out.d, rstd.d, inp.d, w.d, N, C, 1e-5f);
+    G->rmsnorm_forward(gk, f32.d, r32.d, inp.d, w.d, N, C, 1e-5f);
+    gcast16(again.d, f32.d, n);
+    gsync(name);
+    cmp16(name, "out16", &out, 1e-4, 1e-5);
+    cmp(name, "rstd", &rstd, 1e-5, 1e-6);
+    size_t df = diff16(out.d, again.d, n), dr = same_bits(rstd.d, r32.d, (size_t)N) ? 0 : 1;
+
+    resync(&rstd); /* backward alone, from the cpu's statistics */
+    buf16 dout = mk16(n, 1), dinp16 = mk16(n, 0);
+    buf dinp = mk(n, 1), dw = mk(C, 1), dout32 = mk(n, 0), dinp32 = mk(n, 0);
+    G->copy_h2d(gk, dinp32.d, dinp.h, n * sizeof(float)); /* dinp's start, before the cpu adds to it */
+    H->rmsnorm_backward16(hk, dinp.h, dinp16.h, dw.h, NULL, dout.h, inp.h, w.h, rstd.h, N, C);
+    G->rmsnorm_backward16(gk, dinp.d, dinp16.d, dw.d, NULL, dout.d, inp.d, w.d, rstd.d, N, C);
+    widen16(dout32.h, dout.h, n);
+    G->copy_h2d(gk, dout32.d, dout32.h, n * sizeof(float));
+    G->rmsnorm_backward(gk, dinp32.d, NULL, dout32.d, inp.d, w.d, rstd.d, N, C);
+    gcast16(again.d, dinp32.d, n);
+    gsync(name);
+    cmp(name, "dinp", &dinp, 1e-4, 1e-5);
+    cmp16(name, "dinp16", &dinp16, 1e-4, 1e-5);
+    cmp(name, "dweight", &dw, 1e-4, 1e-5);
+    size_t db = diff16(dinp16.d, again.d, n);
+    printf("  %-22s %-9s %zu (out16), %zu (rstd), %zu (dinp16) differ from the gpu's fp32 op + cast %s\n", name,
+           "self", df, dr, db, df || dr || db ? "FAIL" : "ok");
+    if (df || dr || db)
+        FAIL("%s: not the fp32 op followed by the cast: %zu out16, %zu rstd, %zu dinp16", name, df, dr, db);
+    bfree(&inp), bfree(&w), bfree(&rstd), bfree(&f32), bfree(&r32), b16free(&out), b16free(&again);
+    b16free(&dout), b16free(&dinp16), bfree(&dinp), bfree(&dw), bfree(&dout32), bfree(&dinp32);
+}
+
+/* swiglu_forward16 and swiglu_backward16 against the cpu's, and the gpu's
+ * fp32 ops on the widened inputs followed by the cast, bit for bit. */
+void test_swiglu16(int N, int F)
+{
+    char name[64];
+    snprintf(name, sizeof name, "swiglu16 N=%d F=%d", N, F);
+    if (!have16(name, "swiglu_forward16", H->swiglu_forward16 != NULL, G->swiglu_forward16 != NULL) ||
+        !have16(name, "swiglu_backward16", H->swiglu_backward16 != NULL, G->swiglu_backward16 != NULL))
+        return;
+    size_t n = (size_t)N * F;
+    buf16 gu = mk16(2 * n, 6), dout = mk16(n, 1), out = mk16(n, 0), dgu = mk16(2 * n, 0), again = mk16(2 * n, 0);
+    buf guw = mk(2 * n, 0), doutw = mk(n, 0), f32 = mk(2 * n, 0);
+    H->swiglu_forward16(hk, out.h, gu.h, N, F);
+    G->swiglu_forward16(gk, out.d, gu.d, N, F);
+    H->swiglu_backward16(hk, dgu.h, gu.h, dout.h, N, F);
+    G->swiglu_backward16(gk, dgu.d, gu.d, dout.d, N, F);
+    gsync(name);
+    cmp16(name, "out16", &out, 1e-5, 1e-6);
+    cmp16(name, "dgu16", &dgu, 1e-5, 1e-6);
+    widen16(guw.h, gu.h, 2 * n);
+    widen16(doutw.h, dout.h, n);
+    G->copy_h2d(gk, guw.d, guw.h, 2 * n * sizeof(float));
+    G->copy_h2d(gk, doutw.d, doutw.h, n * sizeof(float));
+    G->swiglu_forward(gk, f32.d, guw.d, N, F);
+    gcast16(again.d, f32.d, n);
+    gsync(name);
+    size_t df = diff16(out.d, again.d, n);
+    G->swiglu_backward(gk, f32.d, guw.d, doutw.d, N, F);
+    gcast16(again.d, f32.d, 2 * n);
+    gsync(name);
+    size_t db = diff16(dgu.d, again.d, 2 * n);
+    printf("  %-22s %-9s %zu (forward), %zu (backward) differ from the gpu's fp32 op + cast %s\n", name, "self", df,
+           db, df || db ? "FAIL" : "ok");
+    if (df || db)
+        FAIL("%s: not the fp32 op followed by the cast: %zu forward, %zu backward", name, df, db);
+    b16free(&gu), b16free(&dout), b16free(&out), b16free(&dgu), b16free(&again);
+    bfree(&guw), bfree(&doutw), bfree(&f32);
 }
 
 /* packed: samples of 1, 33, 65, ... tokens in turn in each sequence. */

@@ -16,7 +16,7 @@
  * the largest value; casts and counts: exact.
  *
  * The 16-bit activation ops (layernorm_forward16, gelu_forward16,
- * gelu_backward16) round an fp32 result once, and the two backends' fp32
+ * gelu_backward16, Llama's RMSNorm and SwiGLU) round an fp32 result once, and the two backends' fp32
  * results may differ in the last fp32 bits, which can carry a value across
  * a 16-bit rounding boundary: their outputs are compared widened to fp32,
  * |gpu − cpu| ≤ ulp16(cpu) + the fp32 op's tolerance, with the count of
@@ -161,7 +161,13 @@ static void run_lowp(const char *prec)
     test_gqa(2, 257, 32, 8, 64, true, 2e-2, 2e-2);
     test_gqa(1, 1000, 8, 2, 128, true, 2e-2, 2e-2);
     test_gqa(1, 129, 4, 4, 128, false, 2e-2, 2e-2);
-    /* The 16-bit activation ops. */
+    /* The 16-bit activation ops: Llama's at Llama 3.2 1B's width and MLP,
+     * and odd shapes; */
+    test_rmsnorm16(257, 2048);
+    test_rmsnorm16(33, 63);
+    test_swiglu16(129, 8192);
+    test_swiglu16(7, 301);
+    /* GPT's. */
     test_layernorm16(257, 96, 0);
     test_layernorm16(100, 63, 0);
     test_layernorm16(64, 768, 0);

@@ -1,10 +1,12 @@
-/* test_act16.c — the GPT's 16-bit activations (kernels.h), wired end to end
- * on the cpu.
+/* test_act16.c — the 16-bit activations (kernels.h) of GPT and Llama,
+ * wired end to end on the cpu.
  *
  * In a bf16/fp16 job on a backend whose 16-bit ops pay (act16_native: cuda)
- * the model stores ln1, ln2, fch, fch_gelu, lnf and the logits in 16 bits
+ * a GPT stores ln1, ln2, fch, fch_gelu, lnf and the logits in 16 bits
  * (and qkv and the attention output, where attention is fused),
- * and hands dfch_gelu, dfch and dlogits between their ops in 16 bits.  The cpu has the same ops as the reference but does
+ * and hands dfch_gelu, dfch and dlogits between their ops in 16 bits; a
+ * Llama its norms, [gate | up], the SwiGLU output, lnf and the logits
+ * (model_llama.c).  The cpu has the same ops as the reference but does
  * not claim they pay, so here a copy of its table that does, and the
  * engine's test-only seam for mixed precision on the cpu, make the model
  * take exactly the path it takes on a GPU: what is tested is the wiring
@@ -18,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -199,6 +202,84 @@ static void test_ce_fused_optional(void **state)
     assert_memory_equal(&ra.val_loss, &rb.val_loss, sizeof ra.val_loss);
 }
 
+/* ---- llama ------------------------------------------------------------------------------
+ * The same wiring for llama (model_llama.c): ln1, ln2, [gate | up], the
+ * SwiGLU output, lnf and the logits in 16 bits, and the gradients handed
+ * between them. */
+enum { LF = 128, LKV = 2, LNH = 4 };
+
+static void llama_job(job_config *j, const char *out, int precision)
+{
+    job(j, out, precision);
+    snprintf(j->model, sizeof j->model, "llama");
+    j->heads = LNH;
+    j->kv_heads = LKV;
+    j->mlp_width = LF;
+}
+
+/* The estimate shrinks by exactly what the layout says, it learns as
+ * fp32 does, and the fused cross-entropy's wiring gives the bits of the
+ * two ops. */
+static void test_llama_bf16(void **state)
+{
+    (void)state;
+    job_config j32, j16, jc;
+    train_result r32, r16, rc;
+    llama_job(&j32, "llama-fp32", JOBCFG_FP32);
+    llama_job(&j16, "llama-bf16", JOBCFG_BF16);
+    train(&j32, kern_cpu_ops(), false, &r32);
+    train(&j16, &act16_ops, true, &r16);
+
+    /* Per sample, from 4 bytes to 2: ln1 and ln2 (L·T·C each), [gate |
+     * up] (L·T·2F), the SwiGLU output (L·T·F), lnf (T·C), the logits
+     * (T·V), and the backward's dgu and dhid (T·3F); the fp32 projection
+     * output (T·C) goes, as both projections add into the stream in their
+     * GEMMs; the 16-bit atty16, dres16 and dln16 (T·C each) come.  Every
+     * buffer is a multiple of the 64-byte alignment, so exactly. */
+    size_t saved = 2 * (size_t)L * T * (2 * C + 3 * LF) + 2 * (size_t)T * C + 2 * (size_t)T * 256 +
+                   2 * (size_t)T * 3 * LF + 4 * (size_t)T * C - 3 * 2 * (size_t)T * C;
+    printf("llama activations per sample: fp32 %zu, bf16 %zu bytes (saved %zu)\n", r32.act_per_sample,
+           r16.act_per_sample, r32.act_per_sample - r16.act_per_sample);
+    assert_int_equal(r32.act_per_sample - r16.act_per_sample, saved);
+
+    printf("llama final loss: fp32 %.4f, bf16 %.4f; validation %.4f, %.4f\n", r32.final_loss, r16.final_loss,
+           r32.val_loss, r16.val_loss);
+    assert_true(r32.final_loss < log(256.0) - 1.5); /* it learned */
+    /* As gpt's: bf16 rounding moves 40 steps a little; a miswired buffer
+     * gives garbage or stalls. */
+    assert_true(fabs(r16.final_loss - r32.final_loss) <= 0.01 * r32.final_loss);
+    assert_true(fabs(r16.val_loss - r32.val_loss) <= 0.01 * r32.val_loss);
+
+    kern_ops apart = act16_ops;
+    apart.crossentropy_fused16 = NULL;
+    llama_job(&jc, "llama-ce-apart", JOBCFG_BF16);
+    train(&jc, &apart, true, &rc);
+    printf("llama final loss: with the fused cross-entropy %.6f, without %.6f\n", r16.final_loss, rc.final_loss);
+    assert_memory_equal(&r16.final_loss, &rc.final_loss, sizeof rc.final_loss);
+    assert_memory_equal(&r16.val_loss, &rc.val_loss, sizeof rc.val_loss);
+}
+
+/* GRADD_ACT16=0 keeps llama's activations in fp32, as gpt's. */
+static void test_llama_act16_off(void **state)
+{
+    (void)state;
+    job_config j16, joff;
+    train_result r16, roff, r32;
+    llama_job(&j16, "llama-on", JOBCFG_BF16);
+    llama_job(&joff, "llama-off", JOBCFG_BF16);
+    j16.steps = joff.steps = 2;
+    train(&j16, &act16_ops, true, &r16);
+    setenv("GRADD_ACT16", "0", 1);
+    train(&joff, &act16_ops, true, &roff);
+    unsetenv("GRADD_ACT16");
+    job_config j32;
+    llama_job(&j32, "llama-off32", JOBCFG_FP32);
+    j32.steps = 2;
+    train(&j32, kern_cpu_ops(), false, &r32);
+    assert_int_equal(roff.act_per_sample, r32.act_per_sample);
+    assert_true(r16.act_per_sample < roff.act_per_sample);
+}
+
 /* ---- resume on the 16-bit path ---------------------------------------------------------------
  * The 16-bit GEMMs read the weights' 16-bit copy, which the optimizer
  * keeps and which a checkpoint does not hold: a resumed run must rebuild
@@ -248,6 +329,8 @@ int main(void)
         cmocka_unit_test(test_gelu_ops_optional),
         cmocka_unit_test(test_ce_fused_optional),
         cmocka_unit_test(test_resume_bitwise16),
+        cmocka_unit_test(test_llama_bf16),
+        cmocka_unit_test(test_llama_act16_off),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

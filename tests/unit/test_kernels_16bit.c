@@ -88,6 +88,54 @@ static void test_act16_ops(void **state)
             free(x16), free(dd16), free(xw), free(dw);
         }
 
+        /* Llama's RMSNorm: out16 and rstd as the fp32 op's; backward from
+         * dout or dout16, with dinp16 the updated dinp rounded. */
+        {
+            float *r3 = zerov(N), *g1 = randv(N * C, 1), *g2 = malloc(N * C * sizeof *g2), *dw1 = zerov(C);
+            float *dw2 = zerov(C), *dwid = zerov(N * C);
+            uint16_t *d16 = h16(N * C), *got2 = h16(N * C);
+            assert_non_null(g2);
+            ops->rmsnorm_forward(k, t, r1, x, w, N, C, 1e-5f);
+            narrow(k, want, t, N * C);
+            ops->rmsnorm_forward16(k, got, r3, x, w, N, C, 1e-5f);
+            assert_memory_equal(got, want, N * C * sizeof *got);
+            assert_memory_equal(r1, r3, N * sizeof *r1);
+            memcpy(g2, g1, N * C * sizeof *g2);
+            ops->rmsnorm_backward(k, g1, dw1, d, x, w, r1, N, C);
+            narrow(k, want, g1, N * C);
+            ops->rmsnorm_backward16(k, g2, got, dw2, d, NULL, x, w, r1, N, C);
+            assert_memory_equal(g1, g2, N * C * sizeof *g1);
+            assert_memory_equal(got, want, N * C * sizeof *got);
+            assert_memory_equal(dw1, dw2, C * sizeof *dw1);
+            narrow(k, d16, d, N * C);
+            widen(k, dwid, d16, N * C);
+            ops->rmsnorm_backward(k, g1, NULL, dwid, x, w, r1, N, C);
+            narrow(k, want, g1, N * C);
+            ops->rmsnorm_backward16(k, g2, got2, NULL, NULL, d16, x, w, r1, N, C);
+            assert_memory_equal(g1, g2, N * C * sizeof *g1);
+            assert_memory_equal(got2, want, N * C * sizeof *got2);
+            free(r3), free(g1), free(g2), free(dw1), free(dw2), free(dwid), free(d16), free(got2);
+        }
+        /* SwiGLU: 16 bits in and out ([gate | up] of N rows of 2·(C/2)). */
+        {
+            int F = C / 2;
+            uint16_t *gu16 = h16(N * C), *o16 = h16(N * F), *do16 = h16(N * F), *dg16 = h16(N * C);
+            float *guw = zerov(N * C), *dow = zerov(N * F), *o32 = zerov(N * F), *dg32 = zerov(N * C);
+            narrow(k, gu16, x, N * C);
+            narrow(k, do16, d, N * F);
+            widen(k, guw, gu16, N * C);
+            widen(k, dow, do16, N * F);
+            ops->swiglu_forward(k, o32, guw, N, F);
+            narrow(k, want, o32, N * F);
+            ops->swiglu_forward16(k, o16, gu16, N, F);
+            assert_memory_equal(o16, want, N * F * sizeof *o16);
+            ops->swiglu_backward(k, dg32, guw, dow, N, F);
+            narrow(k, want, dg32, N * C);
+            ops->swiglu_backward16(k, dg16, gu16, do16, N, F);
+            assert_memory_equal(dg16, want, N * C * sizeof *dg16);
+            free(gu16), free(o16), free(do16), free(dg16), free(guw), free(dow), free(o32), free(dg32);
+        }
+
         /* matmul: 16-bit inp, weight (and dout) are the widened fp32 ones. */
         uint16_t *i16 = h16(N * C), *d16 = h16(N * OC), *wt16 = h16(OC * C);
         float *wt = randv(OC * C, 1), *bias = randv(OC, 1), *dout = randv(N * OC, 1);

@@ -4,7 +4,8 @@
  *
  * For gpt (fp32, and the 16-bit activation paths, unfused and fused,
  * through a cpu table that claims they pay, as test_act16.c does; the cpu
- * has no fp32 fused attention) and for llama (packed samples, ignored targets), one
+ * has no fp32 fused attention) and for llama (packed samples, ignored
+ * targets; fp32, and its 16-bit activations), one
  * micro-batch forward and backward and one AdamW step, with and without
  * recompute: the loss, every gradient and the parameters after the step
  * compared with memcmp.  The activation buffers start filled with a
@@ -201,6 +202,16 @@ static void test_llama(void **state)
     check_same(LLAMA_JOB, kern_cpu_ops(), JOBCFG_FP32, dropped_min(48, sizeof(float)));
 }
 
+/* ln1, ln2, [gate | up] and the SwiGLU output in bf16; the recomputed
+ * block also rounds its attention output into atty16 again. */
+static void test_llama_lp16(void **state)
+{
+    (void)state;
+    kern_ops ops = *kern_cpu_ops();
+    ops.act16_native = true;
+    check_same(LLAMA_JOB, &ops, JOBCFG_BF16, dropped_min(48, sizeof(uint16_t)));
+}
+
 /* Recompute leaves the forward alone: sampling's logits are the same. */
 static void test_logits_same(void **state)
 {
@@ -275,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_gpt_fp32),
         cmocka_unit_test(test_gpt_lp16),
         cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_llama_lp16),
         cmocka_unit_test(test_logits_same),
         cmocka_unit_test(test_job_key),
     };
