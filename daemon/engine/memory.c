@@ -25,6 +25,7 @@ static void *scratch_acquire(void *user, size_t bytes)
     if (!ptr && !r->mem.oom) {
         r->mem.oom = true;
         r->mem.last_oom = oom;
+        r->mem.last_oom_host = false;
     }
     return ptr;
 }
@@ -207,6 +208,40 @@ static void free_micro(run *r)
     r->mem.micro = 0;
 }
 
+/* The host memory of a micro-batch of n: the model's beside its
+ * activations (bind_activations), and where device memory is not the
+ * host's, the batch's staging.  0, or -1 when some of it cannot be had. */
+static int host_micro(run *r, uint32_t n)
+{
+    int rc = r->m->ops->bind_activations(r->m, r->mem.acts, n);
+    if (r->hooks && r->hooks->test_host_short_from && n >= r->hooks->test_host_short_from)
+        rc = -1;
+    if (!r->host_visible) {
+        free(r->mem.x_host);
+        free(r->mem.y_host);
+        free(r->mem.aux_host);
+        r->mem.x_host = malloc(n * r->data.x_bytes);
+        r->mem.y_host = malloc(n * r->data.y_bytes);
+        r->mem.aux_host = r->data.aux_bytes ? malloc(n * r->data.aux_bytes) : NULL;
+        if (!r->mem.x_host || !r->mem.y_host || (r->data.aux_bytes && !r->mem.aux_host))
+            rc = -1;
+    }
+    return rc;
+}
+
+/* The host's malloc failed for micro-batch n: an out-of-memory the way the
+ * pool's are, so that the controller shrinks (the host's share scales with
+ * n too) and, at 1, the job fails saying what ran out. */
+static void host_oom(run *r, uint32_t n)
+{
+    memset(&r->mem.last_oom, 0, sizeof r->mem.last_oom);
+    r->mem.last_oom_host = true;
+    r->mem.last_oom.job = r->job;
+    r->mem.last_oom.job_allocated = job_peak(r);
+    snprintf(r->mem.last_oom.message, sizeof r->mem.last_oom.message,
+             "the host ran out of memory for a micro-batch of %u (its staging and the losses' buffer)", n);
+}
+
 /* Size the per-micro-batch memory (activations, input and target buffers)
  * for n samples.  The old blocks go first so the new ones can reuse their
  * space.  trim >= 0 (a pool_trim_reason) gives cached memory back to the
@@ -233,24 +268,19 @@ static int set_micro(run *r, uint32_t n, int trim)
             r->mem.y = NULL;
         }
     }
-    if (!r->mem.y)
+    bool host_short = false;
+    if (!r->mem.y) {
         r->mem.last_oom = oom;
-    if (memory_oom_agree(r, !r->mem.y)) {
+        r->mem.last_oom_host = false;
+    } else if ((host_short = host_micro(r, n) != 0))
+        host_oom(r, n);
+    if (memory_oom_agree(r, !r->mem.y || host_short)) {
         free_micro(r);
         return -1;
     }
-    r->m->ops->bind_activations(r->m, r->mem.acts, n);
     /* What the other jobs' budgets leave for this one from now on. */
     double need = batch_peak(&r->ctl, n);
     pool_job_set_need(r->p, r->job, need > 0 ? (size_t)need : 0);
-    if (!r->host_visible) {
-        free(r->mem.x_host);
-        free(r->mem.y_host);
-        free(r->mem.aux_host);
-        r->mem.x_host = malloc(n * r->data.x_bytes);
-        r->mem.y_host = malloc(n * r->data.y_bytes);
-        r->mem.aux_host = r->data.aux_bytes ? malloc(n * r->data.aux_bytes) : NULL;
-    }
     r->mem.micro = n;
     return 0;
 }
@@ -592,6 +622,13 @@ static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
         snprintf(ck, sizeof ck, "the last checkpoint in %s is kept; resubmit to resume from it", r->j->out_dir);
     else
         snprintf(ck, sizeof ck, "no checkpoint was written yet ([output] checkpoint_every)");
+    if (r->mem.last_oom_host)
+        return run_fail(r,
+                        "out of memory at micro-batch 1 in step %llu: %s; in use by the job on %s: %s.\n"
+                        "To fix: free host memory (other processes hold it), or train a smaller model ([model] "
+                        "width, layers or context).\n%s.",
+                        (unsigned long long)r->progress.step + 1, oom->message, pool_device(r->p)->id,
+                        used[0] ? used : "nothing", ck);
     return run_fail(r,
                     "out of memory at micro-batch 1 in step %llu: requested %s (%s); in use by the job: %s; "
                     "device free %s of %s.\nTo fix: %s.\n%s.\nPool: %s",
@@ -679,6 +716,7 @@ int memory_device_check(run *r, const char *during)
     if (e == KERN_ERR_OOM && !r->mem.oom) {
         /* Memory the pool did not hand out (a library's own). */
         r->mem.oom = true;
+        r->mem.last_oom_host = false;
         memset(&r->mem.last_oom, 0, sizeof r->mem.last_oom);
         r->mem.last_oom.job = r->job;
         r->mem.last_oom.job_allocated = job_peak(r);

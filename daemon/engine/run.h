@@ -106,6 +106,7 @@ typedef struct {
     char recompute_why[64];    /* why recompute is on, for the levers and the checkpoint */
     run_recompute_trial trial; /* recompute = auto timing a larger micro-batch with it */
     pool_oom_report last_oom;  /* the first such failure's report */
+    bool last_oom_host;        /* it was the host's malloc, not the device's memory */
     /* An OOM as the controller takes it, from every rank (memory.c's
      * oom_agree): what the job held plus asked for, a bound its peak
      * exceeds; and the largest micro-batch whose activations the pool had

@@ -192,7 +192,10 @@ int sample_load(const char *path, int threads, sample_model **out, char *err, si
         snprintf(err, err_len, "%s: out of memory for %zu parameters", path, P);
         goto out;
     }
-    s->m->ops->bind_activations(s->m, s->acts, 1);
+    if (s->m->ops->bind_activations(s->m, s->acts, 1) != 0) {
+        snprintf(err, err_len, "%s: out of memory for the model's host buffers", path);
+        goto out;
+    }
     if (cache_bytes)
         s->cache = (char *)s->acts + act_bytes;
     s->m->params = s->params;

@@ -98,6 +98,9 @@ typedef struct {
      * memory after its first micro-batch, as a failed allocation inside it
      * would; 0: never. */
     uint64_t test_oom_step;
+    /* Tests only: the host memory of a micro-batch of this many samples or
+     * more cannot be had, as a failed malloc would say; 0: never. */
+    uint32_t test_host_short_from;
     /* The job runs as several ranks (`gradd run` under mpirun or srun),
      * this process one of them (dist/dist.h); NULL: alone. */
     struct dist *dist;

@@ -59,6 +59,13 @@ void model_activation_split(size_t one, size_t two, size_t buffers, size_t align
         *fixed = slack;
 }
 
+void model_fill_dloss(const model *m, float *dlosses, float *host, size_t n, float dloss)
+{
+    for (size_t i = 0; i < n; i++)
+        host[i] = dloss;
+    m->k->copy_h2d(m->kc, dlosses, host, n * sizeof(float));
+}
+
 double model_sum_losses(const model *m, const float *losses, float *host, size_t n)
 {
     m->k->copy_d2h(m->kc, host, losses, n * sizeof(float));

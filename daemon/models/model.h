@@ -66,8 +66,11 @@ typedef struct model_ops {
     /* Bytes of activations (and their gradients) for a micro-batch of n:
      * fixed + per_sample × n.  Exact: bind_activations uses no more. */
     void (*activation_bytes)(const model *m, size_t *fixed, size_t *per_sample);
-    /* Point the model at an activation buffer sized for up to n samples. */
-    void (*bind_activations)(model *m, void *mem, uint32_t n);
+    /* Point the model at an activation buffer sized for up to n samples.
+     * 0, or -1 when the host memory the model keeps beside it for n
+     * samples (the losses' staging) cannot be had; binding again with
+     * another n starts over. */
+    int (*bind_activations)(model *m, void *mem, uint32_t n);
     /* Fill host memory params (num_params floats) from the seed. */
     void (*init_params)(const model *m, float *params, uint64_t seed);
     /* Forward a micro-batch; returns Σ per-unit losses (double on host) and
@@ -311,6 +314,9 @@ void model_grads_final(model *m, size_t from);
  * `buffers` buffers is rounded up to `align` bytes (affine in n but for
  * that rounding, which the fixed part bounds). */
 void model_activation_split(size_t one, size_t two, size_t buffers, size_t align, size_t *fixed, size_t *per_sample);
+/* The cross-entropy's dloss (n, device memory): every token's loss
+ * weighted by dloss, through `host` (n floats). */
+void model_fill_dloss(const model *m, float *dlosses, float *host, size_t n, float dloss);
 /* Σ of n per-token losses (device memory), on the host in a fixed order
  * through `host` (n floats): the same sum whatever the backend. */
 double model_sum_losses(const model *m, const float *losses, float *host, size_t n);

@@ -195,7 +195,7 @@ static void gpt_activation_bytes(const model *m, size_t *fixed, size_t *per_samp
     model_activation_split(one, two, GPT_BUFFERS + 4, ALIGN, fixed, per_sample);
 }
 
-static void gpt_bind(model *m, void *mem, uint32_t n)
+static int gpt_bind(model *m, void *mem, uint32_t n)
 {
     gpt *g = G(m);
     size_t used = carve(g, mem, n, m->recompute);
@@ -208,6 +208,7 @@ static void gpt_bind(model *m, void *mem, uint32_t n)
     /* A cache was for the old buffers' batch: start again. */
     g->dec_n = 0;
     g->dec_len = 0;
+    return g->dloss_host ? 0 : -1;
 }
 
 /* ---- parameters ---------------------------------------------------------------------- */
@@ -470,15 +471,6 @@ static int gpt_decode_step(model *m, const int32_t *tokens, uint32_t pos, float 
 
 /* ---- backward ------------------------------------------------------------------------ */
 
-/* Every token's loss weighted by dloss: the cross-entropy's dloss (B,T). */
-static void upload_dloss(model *m, size_t BT, float dloss)
-{
-    gpt *g = G(m);
-    for (size_t i = 0; i < BT; i++)
-        g->dloss_host[i] = dloss;
-    m->k->copy_h2d(m->kc, g->dlosses, g->dloss_host, BT * sizeof(float));
-}
-
 /* The backward from the logits' gradient on: the cross-entropy backward
  * has overwritten the logits with dlogits (in place: it is their last
  * reader, and it reads each element before writing it). */
@@ -622,7 +614,7 @@ static void gpt_backward(model *m, const model_batch *b, float dloss)
     gpt *g = G(m);
     const kern_ops *k = m->k;
     int BT = (int)(b->n * g->T), V = (int)g->V;
-    upload_dloss(m, (size_t)BT, dloss);
+    model_fill_dloss(m, g->dlosses, g->dloss_host, (size_t)BT, dloss);
     if (g->lp16)
         k->crossentropy_backward16(m->kc, g->logits16, g->logits16, g->lse, b->y, g->dlosses, BT, V, V);
     else
@@ -648,7 +640,7 @@ static double gpt_forward_backward(model *m, const model_batch *b, float dloss)
     gpt_body(m, b->x, (int)b->n, (int)g->T);
     if (m->stopped)
         return 0;
-    upload_dloss(m, BT, dloss);
+    model_fill_dloss(m, g->dlosses, g->dloss_host, BT, dloss);
     k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, (int)BT, (int)g->V, (int)g->V);
     gpt_backward_body(m, b);
     return model_sum_losses(m, g->losses, g->dloss_host, BT);

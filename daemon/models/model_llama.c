@@ -213,7 +213,7 @@ static void llama_activation_bytes(const model *m, size_t *fixed, size_t *per_sa
                            ALIGN, fixed, per_sample);
 }
 
-static void llama_bind(model *m, void *mem, uint32_t n)
+static int llama_bind(model *m, void *mem, uint32_t n)
 {
     llama *g = LL(m);
     carve(m, g, mem, n, m->recompute);
@@ -226,6 +226,7 @@ static void llama_bind(model *m, void *mem, uint32_t n)
     m->k->copy_h2d(m->kc, g->inv_freq, g->inv_freq_host, g->HS / 2 * sizeof(float));
     g->dec_n = 0;
     g->dec_len = 0;
+    return g->dloss_host ? 0 : -1;
 }
 
 /* ---- parameters ---------------------------------------------------------------------- */
@@ -590,23 +591,13 @@ static void llama_backward_body(model *m, const model_batch *b)
         k->encoder_backward(kc, m->grads + g->embed, NULL, g->dres, b->x, B, T, C);
 }
 
-/* Every token's loss weighted by dloss, on the device for the
- * cross-entropy backward. */
-static void upload_dloss(model *m, int BT, float dloss)
-{
-    llama *g = LL(m);
-    for (int i = 0; i < BT; i++)
-        g->dloss_host[i] = dloss;
-    m->k->copy_h2d(m->kc, g->dlosses, g->dloss_host, (size_t)BT * sizeof(float));
-}
-
 /* The cross-entropy backward overwrites the logits with dlogits. */
 static void llama_backward(model *m, const model_batch *b, float dloss)
 {
     llama *g = LL(m);
     const kern_ops *k = m->k;
     int BT = (int)(b->n * g->T), V = (int)g->V;
-    upload_dloss(m, BT, dloss);
+    model_fill_dloss(m, g->dlosses, g->dloss_host, (size_t)BT, dloss);
     if (g->lp16)
         k->crossentropy_backward16(m->kc, g->logits16, g->logits16, g->lse, b->y, g->dlosses, BT, V, V);
     else
@@ -632,7 +623,7 @@ static double llama_forward_backward(model *m, const model_batch *b, float dloss
     llama_body(m, b->x, b->pos, b->start, (int)b->n, (int)g->T);
     if (m->stopped)
         return 0;
-    upload_dloss(m, BT, dloss);
+    model_fill_dloss(m, g->dlosses, g->dloss_host, (size_t)BT, dloss);
     k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, BT, (int)g->V, (int)g->V);
     llama_backward_body(m, b);
     return model_sum_losses(m, g->losses, g->dloss_host, (size_t)BT);

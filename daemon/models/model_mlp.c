@@ -73,7 +73,7 @@ static void mlp_activation_bytes(const model *m, size_t *fixed, size_t *per_samp
     *fixed = (2 * MLP_MAX_LAYERS + 5) * ALIGN;
 }
 
-static void mlp_bind(model *m, void *mem, uint32_t n)
+static int mlp_bind(model *m, void *mem, uint32_t n)
 {
     mlp *g = M(m);
     carve(g, mem, n);
@@ -81,6 +81,7 @@ static void mlp_bind(model *m, void *mem, uint32_t n)
     m->max_n = n;
     free(g->host);
     g->host = malloc((size_t)n * (g->K + 1) * sizeof(float));
+    return g->host ? 0 : -1;
 }
 
 static void mlp_init(const model *m, float *params, uint64_t seed)

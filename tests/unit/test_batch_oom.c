@@ -126,6 +126,33 @@ static void test_micro1_fails_with_report(void **state)
     assert_string_equal(fx_resume_meta(j.out_dir, "step", step, sizeof step), "3");
 }
 
+/* ---- the host's memory short ------------------------------------------------------------
+ * A micro-batch's host memory (the model's losses buffer, the staging of a
+ * device that is not host memory) that cannot be had is an OOM like the
+ * pool's: the controller shrinks to a size whose host memory is there, and
+ * where not even micro-batch 1's is, the job fails saying so. */
+static void test_host_short(void **state)
+{
+    (void)state;
+    job_config j;
+    train_result res;
+    make_job(&j, &oom_shape, "hostshort", 8, 6);
+    train_hooks h = {.test_host_short_from = 3};
+    if (run(&j, &h, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    printf("micro-batch 8 asked, host memory short from 3: trained at %u\n", res.micro);
+    assert_true(res.micro > 0 && res.micro < 3);
+    assert_true(res.oom_recoveries >= 1);
+    assert_true(metrics_has(j.out_dir, "\"reason\":\"oom\""));
+
+    make_job(&j, &oom_shape, "hostnone", 8, 6);
+    h.test_host_short_from = 1;
+    assert_int_equal(run(&j, &h, &res), TRAIN_FAILED);
+    printf("%s\n", res.message);
+    assert_non_null(strstr(res.message, "micro-batch 1"));
+    assert_non_null(strstr(res.message, "the host ran out of memory for a micro-batch of 1"));
+}
+
 /* ---- a device failure is not an OOM ------------------------------------------------- */
 
 /* The workspace kernels, except that the first sync of step flt_at
@@ -212,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_grows_back),
         cmocka_unit_test(test_micro1_fails_with_report),
         cmocka_unit_test(test_device_fault_is_not_an_oom),
+        cmocka_unit_test(test_host_short),
     };
     return cmocka_run_group_tests(tests, batch_fx_setup, batch_fx_teardown);
 }
