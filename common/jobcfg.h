@@ -73,6 +73,11 @@ typedef struct job_config {
      * Its config.json gives the shape keys the file leaves out; one that
      * the file sets must agree (daemon/models: model_check_job). */
     char from[PATH_MAX];
+    /* The positions the model is made for, where it trains at fewer
+     * (context): config.json's n_positions or max_position_embeddings
+     * under [model] from, or a checkpoint's; 0: context.  A gpt keeps
+     * that many rows of its position table, and an export says it. */
+    uint32_t positions;
     /* llama (model_llama.c); the other kinds refuse them when set. */
     uint32_t kv_heads;  /* 0: heads (plain multi-head attention) */
     uint32_t mlp_width; /* 0: the kind's default */

@@ -43,6 +43,7 @@ typedef struct {
 
 typedef struct {
     uint32_t L, C, NH, T, V;
+    uint32_t P; /* rows of wpe: the positions the model is made for, T or more (jobcfg.h) */
     /* The kernels have fused attention for this shape: att holds each row's
      * log-sum-exp (L,B,NH,T), and preatt/datt are not needed. */
     bool fused;
@@ -701,7 +702,7 @@ static int gpt_lora(const job_config *j, model *m, char *err, size_t err_len)
         for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++)
             lora_keep32(m, vec[i][0], vec[i][1]);
     }
-    lora_keep32(m, g->wpe, (size_t)g->T * g->C);
+    lora_keep32(m, g->wpe, (size_t)g->P * g->C);
     lora_keep32(m, g->lnfw, g->C);
     lora_keep32(m, g->lnfb, g->C);
     return lora_finish(m, err, err_len);
@@ -735,6 +736,7 @@ static int gpt_create(const job_config *j, uint32_t input_dim, uint32_t classes,
     g->C = j->width;
     g->NH = j->heads;
     g->T = j->context;
+    g->P = j->positions > j->context ? j->positions : j->context;
     g->V = j->vocab;
     g->fused = m->k && m->k->attention_fused_ok && m->k->attention_fused_ok(m->kc, g->C, g->NH);
     const kern_ops *k = m->k;
@@ -760,7 +762,7 @@ static int gpt_create(const job_config *j, uint32_t input_dim, uint32_t classes,
         model_add_tensor(m, nm, 2, shape, true, tr);                 \
     } while (0)
     ADD2(g->wte, "wte.weight", g->V, C, false);
-    ADD2(g->wpe, "wpe.weight", g->T, C, false);
+    ADD2(g->wpe, "wpe.weight", g->P, C, false); /* rows T.. are never read: kept for export */
     for (uint32_t l = 0; l < g->L; l++) {
         gpt_layer *w = &g->layer[l];
 #define NAME(suffix) (snprintf(name, sizeof name, "h.%u." suffix, l), name)
@@ -803,19 +805,25 @@ static int gpt_check_job(const job_config *j, char *err, size_t err_len)
 static void gpt_describe(const model *m, char *buf, size_t len)
 {
     const gpt *g = G(m);
-    snprintf(buf, len, "gpt layers=%u heads=%u width=%u context=%u vocab=%u", g->L, g->NH, g->C, g->T, g->V);
+    int n = snprintf(buf, len, "gpt layers=%u heads=%u width=%u context=%u vocab=%u", g->L, g->NH, g->C, g->T, g->V);
+    if (g->P != g->T && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, " positions=%u", g->P);
 }
 
 static int gpt_parse(const char *line, job_config *j, char *err, size_t err_len)
 {
-    unsigned l, h, w, c, v;
-    int used = 0;
+    unsigned l, h, w, c, v, p = 0;
+    int used = 0, more = 0;
     if (sscanf(line, "gpt layers=%u heads=%u width=%u context=%u vocab=%u%n", &l, &h, &w, &c, &v, &used) != 5 ||
-        line[used] != '\0') {
-        snprintf(err, err_len, "'%s' is not a gpt model line (gpt layers=N heads=N width=N context=N vocab=N)", line);
+        (line[used] != '\0' && (line[used] != ' ' || sscanf(line + used + 1, "positions=%u%n", &p, &more) != 1 ||
+                                 line[used + 1 + more] != '\0'))) {
+        snprintf(err, err_len,
+                 "'%s' is not a gpt model line (gpt layers=N heads=N width=N context=N vocab=N [positions=N])",
+                 line);
         return -1;
     }
-    if (!l || !h || !w || !c || v < 2 || w % h || l > 1000 || w > (1u << 16) || c > (1u << 16) || v > (1u << 20)) {
+    if (!l || !h || !w || !c || v < 2 || w % h || l > 1000 || w > (1u << 16) || c > (1u << 16) || v > (1u << 20) ||
+        (more && (p <= c || p > (1u << 16)))) {
         snprintf(err, err_len, "'%s' describes no model gradd can build", line);
         return -1;
     }
@@ -824,6 +832,7 @@ static int gpt_parse(const char *line, job_config *j, char *err, size_t err_len)
     j->width = w;
     j->context = c;
     j->vocab = v;
+    j->positions = more ? p : 0;
     return 0;
 }
 
@@ -867,6 +876,7 @@ static int gpt_hf_read(const void *config, job_config *j, char *err, size_t err_
     if (json_object_get(cfg, "n_ctx") && hf_count(cfg, "n_ctx", 2, 65536, 0, &ctx, err, err_len) == 0 &&
         ctx != j->context)
         return errmsg_set(err, err_len, "config.json: n_ctx: %u but n_positions is %u", ctx, j->context);
+    j->positions = j->context;
     if (j->width % j->heads)
         return errmsg_set(err, err_len, "config.json: n_head: %u does not divide n_embd %u", j->heads, j->width);
     if (hf_count(cfg, "n_inner", 1, 1 << 18, 4 * (long long)j->width, &inner, err, err_len))
@@ -903,7 +913,7 @@ static void *gpt_hf_config(const model *m)
     json_t *c = json_pack("{s:[s],s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:f,s:s,s:b,s:I,s:I,s:f,s:f,s:f,s:f}",
                           "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_embd", (json_int_t)g->C,
                           "n_layer", (json_int_t)g->L, "n_head", (json_int_t)g->NH, "n_positions",
-                          (json_int_t)g->T, "n_ctx", (json_int_t)g->T, "vocab_size", (json_int_t)g->V,
+                          (json_int_t)g->P, "n_ctx", (json_int_t)g->P, "vocab_size", (json_int_t)g->V,
                           "activation_function", "gelu_new", "layer_norm_epsilon", 1e-5, "torch_dtype", "float32",
                           "tie_word_embeddings", 1, "bos_token_id", (json_int_t)g->V - 1, "eos_token_id",
                           (json_int_t)g->V - 1, "initializer_range", 0.02, "attn_pdrop", 0.0, "embd_pdrop", 0.0,

@@ -161,22 +161,33 @@ static int fill(job_config *j, const json_t *cfg, char *err, size_t err_len)
         /* kerr starts "config.json: ": the directory goes in front. */
         return errmsg_set(err, err_len, "%s/%s", j->from, kerr);
     }
+    /* The job may train at fewer positions than the model is made for;
+     * t->positions (the file's, whole) stays the model's. */
+    bool short_context = jobcfg_line(j, "model", "context") && j->context < t->context;
+    if (!t->positions)
+        t->positions = t->context;
     for (size_t i = 0; i < NKEYS; i++) {
         const shape_key *k = &keys[i];
-        if (same(k, j, t) || !jobcfg_line(j, "model", k->key))
+        if (same(k, j, t) || !jobcfg_line(j, "model", k->key) || (k->offset == offsetof(job_config, context) &&
+                                                                   short_context))
             continue;
         char mine[48], theirs[48], nbuf[64];
         const char *name = hf_name(k, cfg, nbuf, sizeof nbuf);
-        snprintf(why, sizeof why, "%s but %s/%s %s%s %s", show(k, j, mine, sizeof mine), j->from, HF_CONFIG,
-                 name ? name : "gives", name ? " is" : "", show(k, t, theirs, sizeof theirs));
+        snprintf(why, sizeof why, "%s but %s/%s %s%s %s%s", show(k, j, mine, sizeof mine), j->from, HF_CONFIG,
+                 name ? name : "gives", name ? " is" : "", show(k, t, theirs, sizeof theirs),
+                 k->offset == offsetof(job_config, context) ? ": a job may train at that many positions or fewer"
+                                                            : "");
         free(t);
         snprintf(err, err_len, "%s: %s", jobcfg_where(j, "model", k->key, where, sizeof where), why);
         return -1;
     }
     /* Nothing contradicts: the file's keys stand, config.json's fill the rest. */
     snprintf(j->model, sizeof j->model, "%s", kind->name);
+    j->positions = t->positions;
     for (size_t i = 0; i < NKEYS; i++) {
         const shape_key *k = &keys[i];
+        if (k->offset == offsetof(job_config, context) && short_context)
+            continue;
         size_t size = k->type == F_U32 ? sizeof(uint32_t)
                       : k->type == F_DOUBLE ? sizeof(double)
                       : k->type == F_BOOL ? sizeof(bool)

@@ -66,6 +66,7 @@ typedef struct {
     int scaling; /* jobcfg_rope_scaling */
     double factor, low_freq, high_freq;
     uint32_t rope_context;
+    uint32_t P; /* the positions the model is made for, T or more (jobcfg.h): its export's */
     bool tied;
     bool lp16; /* 16-bit activations (above) */
     /* lp16: the attention output's rounding, to the context's type. */
@@ -786,6 +787,7 @@ static int llama_create(const job_config *j, uint32_t input_dim, uint32_t classe
     g->high_freq = j->rope_high_freq;
     g->rope_context = j->rope_context;
     g->tied = j->tie_embeddings;
+    g->P = j->positions > j->context ? j->positions : j->context;
     g->narrow = k ? (j->precision == JOBCFG_FP16 ? k->cast_f32_to_f16 : k->cast_f32_to_bf16) : NULL;
     g->lp16 = model_act16(j, k) && k->rmsnorm_forward16 && k->rmsnorm_backward16 && k->swiglu_forward16 &&
               k->swiglu_backward16 && g->narrow;
@@ -876,9 +878,13 @@ static void llama_describe(const model *m, char *buf, size_t len)
              "llama layers=%u heads=%u kv_heads=%u width=%u mlp_width=%u context=%u vocab=%u norm_eps=%s "
              "rope_theta=%s%s tie_embeddings=%s",
              g->L, g->NH, g->KVH, g->C, g->F, g->T, g->V, eps, theta, rope, g->tied ? "on" : "off");
+    size_t n = strlen(buf);
+    if (g->P != g->T && n + 1 < len)
+        snprintf(buf + n, len - n, " positions=%u", g->P);
 }
 
-typedef enum { LK_U32, LK_DOUBLE, LK_LLAMA3, LK_BOOL } llama_key_type;
+/* LK_POSITIONS: a u32 the line may leave out (0). */
+typedef enum { LK_U32, LK_DOUBLE, LK_LLAMA3, LK_BOOL, LK_POSITIONS } llama_key_type;
 
 typedef struct {
     const char *key;
@@ -900,6 +906,7 @@ static const llama_key line_keys[] = {
     {"rope_theta", LK_DOUBLE, JF(rope_theta), 1, 1e12},
     {"rope_llama3", LK_LLAMA3, 0, 0, 0},
     {"tie_embeddings", LK_BOOL, JF(tie_embeddings), 0, 0},
+    {"positions", LK_POSITIONS, JF(positions), 3, 2147483648.0},
 };
 #undef JF
 #define NLINE_KEYS (sizeof line_keys / sizeof line_keys[0])
@@ -962,6 +969,7 @@ static bool parse_word(const char *word, size_t wlen, job_config *j, bool *seen)
         void *field = (char *)j + lk->field;
         switch (lk->type) {
         case LK_U32:
+        case LK_POSITIONS:
             return parse_u32(val, lk->lo, lk->hi, field);
         case LK_DOUBLE:
             return parse_double(val, lk->lo, lk->hi, field);
@@ -981,6 +989,7 @@ static int llama_parse(const char *line, job_config *j, char *err, size_t err_le
 {
     job_config t = *j;
     t.rope_scaling = JOBCFG_ROPE_NONE;
+    t.positions = 0;
     bool seen[NLINE_KEYS] = {false}, ok = strncmp(line, "llama ", 6) == 0;
     for (const char *p = line + 5; ok && *p;) {
         p += strspn(p, " ");
@@ -990,12 +999,12 @@ static int llama_parse(const char *line, job_config *j, char *err, size_t err_le
         p += wlen;
     }
     for (size_t i = 0; ok && i < NLINE_KEYS; i++)
-        ok = seen[i] || line_keys[i].type == LK_LLAMA3;
+        ok = seen[i] || line_keys[i].type == LK_LLAMA3 || line_keys[i].type == LK_POSITIONS;
     const char *key;
-    if (!ok || shape_problem(&t, &key)) {
+    if (!ok || shape_problem(&t, &key) || (t.positions && t.positions <= t.context)) {
         snprintf(err, err_len, "'%s' is not a llama model line gradd can build (llama layers=N heads=N kv_heads=N "
                  "width=N mlp_width=N context=N vocab=N norm_eps=X rope_theta=X [rope_llama3=X,X,X,N] "
-                 "tie_embeddings=on|off)", line);
+                 "tie_embeddings=on|off [positions=N])", line);
         return -1;
     }
     *j = t;

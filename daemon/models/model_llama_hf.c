@@ -127,6 +127,7 @@ int model_llama_hf_read(const void *config, job_config *j, char *err, size_t err
      * job file asks for fewer positions (rotary embeddings have no table);
      * at most what [model] context allows. */
     t.context = max_pos < 65536 ? max_pos : 65536;
+    t.positions = max_pos;
     const json_t *tie = json_object_get(o, "tie_word_embeddings");
     if (tie && !json_is_null(tie) && !json_is_boolean(tie))
         return cfg_error(err, err_len, "tie_word_embeddings", "expected true or false");
@@ -178,7 +179,8 @@ void *model_llama_hf_config(const model *m)
         bad |= json_object_set_new(o, "num_hidden_layers", json_integer(j->layers));
         bad |= json_object_set_new(o, "num_attention_heads", json_integer(j->heads));
         bad |= json_object_set_new(o, "num_key_value_heads", json_integer(j->kv_heads));
-        bad |= json_object_set_new(o, "max_position_embeddings", json_integer(j->context));
+        bad |= json_object_set_new(o, "max_position_embeddings",
+                                   json_integer(j->positions > j->context ? j->positions : j->context));
         bad |= json_object_set_new(o, "vocab_size", json_integer(j->vocab));
         bad |= json_object_set_new(o, "rms_norm_eps", json_real(j->norm_eps));
         bad |= json_object_set_new(o, "rope_theta", json_real(j->rope_theta));

@@ -56,7 +56,7 @@ static void config(const char *text, size_t len)
         CHECK(j.layers >= 1 && j.layers <= JOBCFG_MAX_LAYERS);
         CHECK(j.heads >= 1 && j.width % j.heads == 0);
         CHECK(j.vocab >= 2 && j.vocab <= JOBCFG_MAX_VOCAB);
-        CHECK(j.context >= 2);
+        CHECK(j.context >= 2 && j.positions >= j.context);
         CHECK(model_kind_hf(kinds[i]->hf_type) == kinds[i]);
     }
     json_decref(cfg);

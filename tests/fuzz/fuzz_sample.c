@@ -69,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (model_parse_line(line, &jc, err, sizeof err) == 0)
         CHECK(jc.layers >= 1 && jc.layers <= 1000 && jc.heads >= 1 && jc.width % jc.heads == 0 &&
               jc.width <= (1u << 16) && jc.context >= 1 && jc.context <= (1u << 16) && jc.vocab >= 2 &&
-              jc.vocab <= (1u << 20));
+              jc.vocab <= (1u << 20) && (jc.positions == 0 || jc.positions > jc.context));
     else
         CHECK(err[0] != '\0');
 

@@ -4,7 +4,9 @@ Face directory and trained a few steps by a real daemon is loaded by
 AutoModelForCausalLM.from_pretrained; its loss on the job's validation
 windows agrees with the val_loss gradd reported for the same weights, and
 its greedy generation from a prompt of ids is gradctl sample's at
-temperature 0, token for token."""
+temperature 0, token for token.  The model is made for twice the positions
+the job trains at ([model] context): the export keeps them all, the rows
+of the position table past the context only decayed."""
 import json
 import os
 import sys
@@ -43,7 +45,7 @@ class Export(harness.DaemonTest):
     def test_transformers_loads_what_gradd_trained(self):
         d, _ = harness.scratch_corpus(self, "gradd-hfx-")
         src = os.path.join(d, "hf")
-        hfdir.write_gpt2(src, C=C, L=L, H=H, T=T, V=V, seed=11)
+        src_w = hfdir.write_gpt2(src, C=C, L=L, H=H, T=2 * T, V=V, seed=11)
         # A sequence with structure to learn: a walk over the vocabulary.
         r = np.random.default_rng(2)
         walk = np.cumsum(r.integers(1, 4, 6000)) % V
@@ -54,7 +56,7 @@ class Export(harness.DaemonTest):
         cfg = os.path.join(d, "job.cfg")
         harness.write_job(cfg, {
             "job": {"name": "hfx"},
-            "model": {"from": src},
+            "model": {"from": src, "context": T},
             "data": {"format": "tokens", "train": os.path.join(d, "train.bin"), "val": os.path.join(d, "val.bin")},
             "train": {"steps": 4, "batch": 8, "lr": "0.003", "eval_batches": 0},
             "output": {"dir": out}})
@@ -66,6 +68,16 @@ class Export(harness.DaemonTest):
         model = transformers.AutoModelForCausalLM.from_pretrained(out)
         model.eval()
         self.assertEqual(type(model).__name__, "GPT2LMHeadModel")
+        self.assertEqual((model.config.n_positions, model.config.n_ctx), (2 * T, 2 * T))
+        # Rows T.. of wpe got no gradient: AdamW's decay alone, one factor
+        # for every element (float32 rounding apart).
+        wpe = model.transformer.wpe.weight.detach().numpy()
+        self.assertEqual(wpe.shape, (2 * T, C))
+        ratio = wpe[T:] / src_w["wpe.weight"][T:]
+        print("rows past the context: factor %.9g to %.9g" % (ratio.min(), ratio.max()), file=sys.stderr)
+        self.assertLess(ratio.max() - ratio.min(), 1e-5)
+        self.assertTrue(0.9 < ratio.min() <= 1.0)
+        self.assertGreater(np.abs(wpe[:T] - src_w["wpe.weight"][:T]).max(), 1e-4)  # trained
         # gradd's validation: windows of T+1 tokens at stride T, in order.
         n = (len(val) - 1) // T
         x = torch.tensor(np.stack([val[i * T:i * T + T] for i in range(n)]).astype(np.int64))

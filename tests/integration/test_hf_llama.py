@@ -78,7 +78,8 @@ class Llama(harness.DaemonTest):
         os.chmod(d, 0o755)
         self.addCleanup(subprocess.run, ["rm", "-rf", d])
         src = os.path.join(d, "hf")
-        hfdir.write_llama(src, C=C, L=L, H=H, KVH=KVH, F=F, T=T, V=V, seed=5, dtype="BF16")
+        # Made for 4T positions, trained at T: the export keeps the 4T.
+        hfdir.write_llama(src, C=C, L=L, H=H, KVH=KVH, F=F, T=4 * T, V=V, seed=5, dtype="BF16")
         rng = np.random.default_rng(3)
         write_jsonl(os.path.join(d, "train.jsonl"), samples(rng, 64))
         val = samples(rng, 12)
@@ -87,7 +88,7 @@ class Llama(harness.DaemonTest):
         cfg = os.path.join(d, "job.cfg")
         harness.write_job(cfg, {
             "job": JOB,
-            "model": {"from": src},
+            "model": {"from": src, "context": T},
             "data": {"format": "jsonl", "train": os.path.join(d, "train.jsonl"),
                      "val": os.path.join(d, "val.jsonl"), "packing": "on"},
             "train": {"steps": 5, "batch": 8, "micro_batch": 4, "lr": "0.003", "eval_batches": 0},
@@ -101,6 +102,7 @@ class Llama(harness.DaemonTest):
         model = transformers.AutoModelForCausalLM.from_pretrained(out)
         model.eval()
         self.assertEqual(type(model).__name__, "LlamaForCausalLM")
+        self.assertEqual(model.config.max_position_embeddings, 4 * T)
         total, count, hf_logits = 0.0, 0, []
         with torch.no_grad():
             for s in val:
@@ -126,7 +128,7 @@ class Llama(harness.DaemonTest):
                 y[i, :n - 1] = s["labels"][1:]
             write_st(os.path.join(d, "batch.safetensors"), {"x": x, "y": y})
             pcfg = os.path.join(d, "probe.cfg")
-            harness.write_job(pcfg, {"model": {"from": out}, "data": {"train": os.path.join(d, "train.jsonl"),
+            harness.write_job(pcfg, {"model": {"from": out, "context": T}, "data": {"train": os.path.join(d, "train.jsonl"),
                                                                        "format": "jsonl"},
                                      "output": {"dir": os.path.join(d, "probe")}})
             r = subprocess.run([PROBE, pcfg, os.path.join(out, "model.safetensors"),

@@ -140,8 +140,31 @@ static void test_describe(void **state)
               "norm_eps = 1.23456789e-7\nrope_scaling = llama3\nrope_factor = 12.3456789\n"
               "rope_low_freq = 0.123456789\nrope_high_freq = 4.56789\nrope_context = 16777216\n" TAIL, NULL);
 
+    /* A model made for more positions than it trains at (an import with
+     * a shorter [model] context) says so, and its export keeps them. */
+    {
+        static job_config j;
+        char err[256], again[256];
+        const char *line = "llama layers=2 heads=4 kv_heads=4 width=64 mlp_width=256 context=16 vocab=300 "
+                           "norm_eps=1e-05 rope_theta=10000 tie_embeddings=off positions=131072";
+        jobcfg_defaults(&j);
+        assert_int_equal(model_parse_line(line, &j, err, sizeof err), 0);
+        assert_int_equal(j.context, 16), assert_int_equal(j.positions, 131072);
+        model *m = create(&j);
+        model_describe(m, again, sizeof again);
+        assert_string_equal(line, again);
+        json_t *o = llama_kind()->hf_config(m);
+        assert_int_equal(json_integer_value(json_object_get(o, "max_position_embeddings")), 131072);
+        json_decref(o);
+        model_destroy(m);
+    }
+
     static const char *const bad[] = {
         "llama layers=2",
+        "llama layers=2 heads=4 kv_heads=4 width=64 mlp_width=256 context=16 vocab=300 norm_eps=1e-05 "
+        "rope_theta=10000 tie_embeddings=off positions=16", /* positions not above context */
+        "llama layers=2 heads=4 kv_heads=4 width=64 mlp_width=256 context=16 vocab=300 norm_eps=1e-05 "
+        "rope_theta=10000 tie_embeddings=off positions=64 positions=64",
         "llama layers=2 heads=4 kv_heads=4 width=64 mlp_width=256 context=16 vocab=300 norm_eps=1e-05 "
         "rope_theta=10000 rope_llama3=8,1,4 tie_embeddings=off", /* llama3 short of a value */
         "llama layers=2 heads=4 kv_heads=4 width=64 mlp_width=256 context=16 vocab=300 norm_eps=1e-05 "
@@ -242,6 +265,7 @@ static void test_hf_read(void **state)
     assert_int_equal(j.width, 2048), assert_int_equal(j.mlp_width, 8192), assert_int_equal(j.layers, 16);
     assert_int_equal(j.heads, 32), assert_int_equal(j.kv_heads, 8), assert_int_equal(j.vocab, 128256);
     assert_int_equal(j.context, 65536); /* max_position_embeddings, within [model] context's range */
+    assert_int_equal(j.positions, 131072); /* all of it, for the export */
     assert_true(j.norm_eps == 1e-5 && j.rope_theta == 500000.0 && j.tie_embeddings);
     assert_int_equal(j.rope_scaling, JOBCFG_ROPE_LLAMA3);
     assert_true(j.rope_factor == 32 && j.rope_low_freq == 1 && j.rope_high_freq == 4);

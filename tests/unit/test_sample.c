@@ -376,6 +376,17 @@ static void test_bad_files(void **state)
     expect_load_error(path, "'wte.weight'");
     write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=2 width=32 context=16 vocab=256", 4);
     expect_load_error(path, "'params'");
+    /* A position table of more rows than the context (an import trained
+     * at a shorter one): the parameter count says it was read; fewer rows
+     * than the context, or trailing words, are no gpt line. */
+    write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=2 width=32 context=16 vocab=256 positions=64",
+               4);
+    expect_load_error(path, "expected F32 [23008]"); /* wte 8192 + wpe 64·32 + a block 12704 + lnf 64 */
+    write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=2 width=32 context=16 vocab=256 positions=8", 4);
+    expect_load_error(path, "describes no model");
+    write_file(path, "gradd-resume-1", "model", "gpt layers=1 heads=2 width=32 context=16 vocab=256positions=64",
+               4);
+    expect_load_error(path, "is not a gpt model line");
     expect_load_error("/nonexistent/model.safetensors", "/nonexistent/model.safetensors");
     /* Weights that match in shape but not in sense: one NaN (found by
      * fuzz_sample; sampling ran the kernels on it). */
