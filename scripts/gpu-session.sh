@@ -113,6 +113,13 @@ if want kernels || want llama; then
     gx timeout 60 "$B/bench/kernels/bench_gqa_cuda" "$B/daemon/gradd-cuda.so" bf16 $shape | tee -a "$out/bench.jsonl"
     echo "rc=${PIPESTATUS[0]}"
   done
+  # Where a Llama 3.2 1B-shaped bf16 step's time goes, op by op, with each
+  # attention kernel (bench_llama_kernels.c).
+  for gqa in default mma; do
+    section "llama kernels bf16 at Llama 3.2 1B, GRADD_GQA=$gqa"
+    GRADD_GQA=$gqa gx timeout 120 "$B/bench/kernels/bench_llama_kernels_cuda" "$B/daemon/gradd-cuda.so" bf16 |
+      sed "s/\"bench\": *\"/&gqa_$gqa-/" | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
+  done
 fi
 
 if want kernels; then

@@ -75,12 +75,17 @@ double model_sum_losses(const model *m, const float *losses, float *host, size_t
     return sum;
 }
 
-bool model_act16(const job_config *j, const kern_ops *k)
+bool model_act16_kernels(const kern_ops *k)
 {
     const char *env = getenv("GRADD_ACT16");
-    return j->precision != JOBCFG_FP32 && j->ft_method != JOBCFG_FT_LORA && k && k->act16_native &&
-           k->matmul_forward16 && k->matmul_forward16_residual && k->matmul_backward16 && k->matmul_forward16_out16 &&
-           k->crossentropy_forward16 && k->crossentropy_backward16 && !(env && !strcmp(env, "0"));
+    return k && k->act16_native && k->matmul_forward16 && k->matmul_forward16_residual && k->matmul_backward16 &&
+           k->matmul_forward16_out16 && k->crossentropy_forward16 && k->crossentropy_backward16 &&
+           !(env && !strcmp(env, "0"));
+}
+
+bool model_act16(const job_config *j, const kern_ops *k)
+{
+    return j->precision != JOBCFG_FP32 && j->ft_method != JOBCFG_FT_LORA && model_act16_kernels(k);
 }
 
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export)

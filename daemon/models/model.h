@@ -329,6 +329,8 @@ double model_sum_losses(const model *m, const float *losses, float *host, size_t
  * two paths or to rule the 16-bit one out).  A model checks its own
  * layers' 16-bit ops besides. */
 bool model_act16(const job_config *j, const kern_ops *k);
+/* Its kernels' part, for a context in 16 bits (the op benchmarks' too). */
+bool model_act16_kernels(const kern_ops *k);
 
 /* Add a tensor to m's table (constructors use this). */
 void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape, bool decay, bool transpose_export);
