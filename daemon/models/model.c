@@ -59,11 +59,51 @@ void model_activation_split(size_t one, size_t two, size_t buffers, size_t align
         *fixed = slack;
 }
 
-void model_fill_dloss(const model *m, float *dlosses, float *host, size_t n, float dloss)
+/* Every token's loss weighted by dloss: the cross-entropy's dloss. */
+static void fill_dloss(const model *m, const model_loss *lo, size_t n, float dloss)
 {
     for (size_t i = 0; i < n; i++)
-        host[i] = dloss;
-    m->k->copy_h2d(m->kc, dlosses, host, n * sizeof(float));
+        lo->host[i] = dloss;
+    m->k->copy_h2d(m->kc, lo->dlosses, lo->host, n * sizeof(float));
+}
+
+double model_loss_forward(model *m, const model_loss *lo, const int32_t *y, size_t n)
+{
+    if (lo->lp16)
+        m->k->crossentropy_forward16(m->kc, lo->losses, lo->lse, lo->logits16, y, (int)n, lo->V, lo->V);
+    else
+        m->k->crossentropy_forward(m->kc, lo->losses, lo->lse, lo->logits, y, (int)n, lo->V, lo->V);
+    return model_sum_losses(m, lo->losses, lo->host, n);
+}
+
+void model_loss_backward(model *m, const model_loss *lo, const int32_t *y, size_t n, float dloss)
+{
+    fill_dloss(m, lo, n, dloss);
+    if (lo->lp16)
+        m->k->crossentropy_backward16(m->kc, lo->logits16, lo->logits16, lo->lse, y, lo->dlosses, (int)n, lo->V,
+                                      lo->V);
+    else
+        m->k->crossentropy_backward(m->kc, lo->logits, lo->logits, lo->lse, y, lo->dlosses, (int)n, lo->V, lo->V);
+}
+
+double model_forward_backward(model *m, const model_batch *b, float dloss, const model_loss *lo,
+                              void (*body)(model *m, const model_batch *b),
+                              void (*back)(model *m, const model_batch *b))
+{
+    if (!lo->lp16 || !m->k->crossentropy_fused16) {
+        double sum = m->ops->forward(m, b, NULL);
+        if (!m->stopped)
+            m->ops->backward(m, b, dloss);
+        return sum;
+    }
+    size_t n = (size_t)b->n * m->ops->units_per_sample(m);
+    body(m, b);
+    if (m->stopped)
+        return 0;
+    fill_dloss(m, lo, n, dloss);
+    m->k->crossentropy_fused16(m->kc, lo->losses, lo->logits16, b->y, lo->dlosses, (int)n, lo->V, lo->V);
+    back(m, b);
+    return model_sum_losses(m, lo->losses, lo->host, n);
 }
 
 double model_sum_losses(const model *m, const float *losses, float *host, size_t n)

@@ -314,9 +314,33 @@ void model_grads_final(model *m, size_t from);
  * `buffers` buffers is rounded up to `align` bytes (affine in n but for
  * that rounding, which the fixed part bounds). */
 void model_activation_split(size_t one, size_t two, size_t buffers, size_t align, size_t *fixed, size_t *per_sample);
-/* The cross-entropy's dloss (n, device memory): every token's loss
- * weighted by dloss, through `host` (n floats). */
-void model_fill_dloss(const model *m, float *dlosses, float *host, size_t n, float dloss);
+/* A token model's loss over its logits, the cross-entropy's buffers:
+ * the logits (logits16 on a 16-bit path), and for n tokens the losses,
+ * the log-sum-exps, the weights of the losses' gradient (dlosses, device
+ * memory) and their staging on the host. */
+typedef struct {
+    bool lp16;
+    float *logits;
+    uint16_t *logits16;
+    float *lse, *losses, *dlosses, *host;
+    int V;
+} model_loss;
+/* After the forward to the logits: the losses of n tokens with targets y,
+ * their sum. */
+double model_loss_forward(model *m, const model_loss *lo, const int32_t *y, size_t n);
+/* The backward's start: every token's loss weighted by dloss, the logits
+ * overwritten by their gradient (their last reader). */
+void model_loss_backward(model *m, const model_loss *lo, const int32_t *y, size_t n, float dloss);
+/* Training's forward and backward for a token model: `body` runs the
+ * forward to the logits, `back` the backward from their gradient.  With
+ * 16-bit logits and a fused cross-entropy, the loss and its gradient in one
+ * pass over the logits, the losses read back only after the whole backward
+ * is queued (the device does not wait for the host between the halves);
+ * otherwise the model's forward and backward.  The sum of the losses; 0
+ * when the pass was stopped. */
+double model_forward_backward(model *m, const model_batch *b, float dloss, const model_loss *lo,
+                              void (*body)(model *m, const model_batch *b),
+                              void (*back)(model *m, const model_batch *b));
 /* Σ of n per-token losses (device memory), on the host in a fixed order
  * through `host` (n floats): the same sum whatever the backend. */
 double model_sum_losses(const model *m, const float *losses, float *host, size_t n);

@@ -96,6 +96,7 @@ typedef struct {
     float *datt;                                      /* (B,NH,T,T) */
     float *dlosses;                                   /* (B,T) */
     float *dloss_host;                                /* host copy, (B,T) */
+    model_loss loss;                                  /* the loss's buffers above (model.h) */
 
     /* Incremental decoding (decode_start): a buffer of the caller's, apart
      * from the activations, so that training never pays for it. */
@@ -206,6 +207,7 @@ static int gpt_bind(model *m, void *mem, uint32_t n)
     m->max_n = n;
     free(g->dloss_host);
     g->dloss_host = malloc((size_t)n * g->T * sizeof(float));
+    g->loss = (model_loss){g->lp16, g->logits, g->logits16, g->lse, g->losses, g->dlosses, g->dloss_host, (int)g->V};
     /* A cache was for the old buffers' batch: start again. */
     g->dec_n = 0;
     g->dec_len = 0;
@@ -353,21 +355,12 @@ static void gpt_body(model *m, const int32_t *inp, int B, int T)
 static double gpt_forward(model *m, const model_batch *b, uint64_t *correct)
 {
     gpt *g = G(m);
-    const kern_ops *k = m->k;
-    kern_ctx *kc = m->kc;
-    int B = (int)b->n, T = (int)g->T, V = (int)g->V;
-    size_t BT = (size_t)B * T;
-    gpt_body(m, b->x, B, T);
-    if (m->stopped)
-        return 0;
-    if (g->lp16)
-        k->crossentropy_forward16(kc, g->losses, g->lse, g->logits16, b->y, (int)BT, V, V);
-    else
-        k->crossentropy_forward(kc, g->losses, g->lse, g->logits, b->y, (int)BT, V, V);
-
     if (correct)
         *correct = 0;
-    return model_sum_losses(m, g->losses, g->dloss_host, BT);
+    gpt_body(m, b->x, (int)b->n, (int)g->T);
+    if (m->stopped)
+        return 0;
+    return model_loss_forward(m, &g->loss, b->y, (size_t)b->n * g->T);
 }
 
 static int gpt_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
@@ -613,38 +606,18 @@ static void gpt_backward_body(model *m, const model_batch *b)
 static void gpt_backward(model *m, const model_batch *b, float dloss)
 {
     gpt *g = G(m);
-    const kern_ops *k = m->k;
-    int BT = (int)(b->n * g->T), V = (int)g->V;
-    model_fill_dloss(m, g->dlosses, g->dloss_host, (size_t)BT, dloss);
-    if (g->lp16)
-        k->crossentropy_backward16(m->kc, g->logits16, g->logits16, g->lse, b->y, g->dlosses, BT, V, V);
-    else
-        k->crossentropy_backward(m->kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
+    model_loss_backward(m, &g->loss, b->y, (size_t)b->n * g->T, dloss);
     gpt_backward_body(m, b);
 }
 
-/* Training's forward and backward: with 16-bit logits and a fused
- * cross-entropy, the loss and its gradient in one pass over the logits,
- * and the losses read back only after the whole backward is queued, so
- * the device does not wait for the host between the two halves. */
+static void gpt_train_body(model *m, const model_batch *b)
+{
+    gpt_body(m, b->x, (int)b->n, (int)G(m)->T);
+}
+
 static double gpt_forward_backward(model *m, const model_batch *b, float dloss)
 {
-    gpt *g = G(m);
-    const kern_ops *k = m->k;
-    if (!g->lp16 || !k->crossentropy_fused16) {
-        double sum = gpt_forward(m, b, NULL);
-        if (!m->stopped)
-            gpt_backward(m, b, dloss);
-        return sum;
-    }
-    size_t BT = (size_t)b->n * g->T;
-    gpt_body(m, b->x, (int)b->n, (int)g->T);
-    if (m->stopped)
-        return 0;
-    model_fill_dloss(m, g->dlosses, g->dloss_host, BT, dloss);
-    k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, (int)BT, (int)g->V, (int)g->V);
-    gpt_backward_body(m, b);
-    return model_sum_losses(m, g->losses, g->dloss_host, BT);
+    return model_forward_backward(m, b, dloss, &G(m)->loss, gpt_train_body, gpt_backward_body);
 }
 
 static void gpt_destroy(model *m)

@@ -103,6 +103,7 @@ typedef struct {
     uint16_t *atty16, *dres16, *dln16, *dgu16, *dhid16;
     void *lora_scratch;              /* lora_scratch_bytes for B·T rows */
     float *dloss_host;               /* host, (B,T) */
+    model_loss loss;                 /* the loss's buffers above (model.h) */
 
     /* Incremental decoding: a buffer of the caller's (decode_start). */
     uint32_t dec_n, dec_len;
@@ -224,6 +225,7 @@ static int llama_bind(model *m, void *mem, uint32_t n)
     m->max_n = n;
     free(g->dloss_host);
     g->dloss_host = malloc((size_t)n * g->T * sizeof(float));
+    g->loss = (model_loss){g->lp16, g->logits, g->logits16, g->lse, g->losses, g->dlosses, g->dloss_host, (int)g->V};
     m->k->copy_h2d(m->kc, g->inv_freq, g->inv_freq_host, g->HS / 2 * sizeof(float));
     g->dec_n = 0;
     g->dec_len = 0;
@@ -351,18 +353,12 @@ static void llama_body(model *m, const int32_t *inp, const int32_t *pos, const i
 static double llama_forward(model *m, const model_batch *b, uint64_t *correct)
 {
     llama *g = LL(m);
-    int B = (int)b->n, T = (int)g->T;
-    size_t BT = (size_t)B * T;
     if (correct)
         *correct = 0;
-    llama_body(m, b->x, b->pos, b->start, B, T);
+    llama_body(m, b->x, b->pos, b->start, (int)b->n, (int)g->T);
     if (m->stopped)
         return 0;
-    if (g->lp16)
-        m->k->crossentropy_forward16(m->kc, g->losses, g->lse, g->logits16, b->y, (int)BT, (int)g->V, (int)g->V);
-    else
-        m->k->crossentropy_forward(m->kc, g->losses, g->lse, g->logits, b->y, (int)BT, (int)g->V, (int)g->V);
-    return model_sum_losses(m, g->losses, g->dloss_host, BT);
+    return model_loss_forward(m, &g->loss, b->y, (size_t)b->n * g->T);
 }
 
 static int llama_forward_logits(model *m, const int32_t *tokens, uint32_t n, uint32_t len, float *out)
@@ -592,42 +588,21 @@ static void llama_backward_body(model *m, const model_batch *b)
         k->encoder_backward(kc, m->grads + g->embed, NULL, g->dres, b->x, B, T, C);
 }
 
-/* The cross-entropy backward overwrites the logits with dlogits. */
 static void llama_backward(model *m, const model_batch *b, float dloss)
 {
     llama *g = LL(m);
-    const kern_ops *k = m->k;
-    int BT = (int)(b->n * g->T), V = (int)g->V;
-    model_fill_dloss(m, g->dlosses, g->dloss_host, (size_t)BT, dloss);
-    if (g->lp16)
-        k->crossentropy_backward16(m->kc, g->logits16, g->logits16, g->lse, b->y, g->dlosses, BT, V, V);
-    else
-        k->crossentropy_backward(m->kc, g->logits, g->logits, g->lse, b->y, g->dlosses, BT, V, V);
+    model_loss_backward(m, &g->loss, b->y, (size_t)b->n * g->T, dloss);
     llama_backward_body(m, b);
 }
 
-/* Training's forward and backward: with 16-bit logits and a fused
- * cross-entropy, the loss and its gradient in one pass over the logits
- * (at Llama 3's vocabulary of 128256 the step's biggest tensor), the
- * losses read back after the whole backward is queued. */
+static void llama_train_body(model *m, const model_batch *b)
+{
+    llama_body(m, b->x, b->pos, b->start, (int)b->n, (int)LL(m)->T);
+}
+
 static double llama_forward_backward(model *m, const model_batch *b, float dloss)
 {
-    llama *g = LL(m);
-    const kern_ops *k = m->k;
-    if (!g->lp16 || !k->crossentropy_fused16) {
-        double sum = llama_forward(m, b, NULL);
-        if (!m->stopped)
-            llama_backward(m, b, dloss);
-        return sum;
-    }
-    int BT = (int)(b->n * g->T);
-    llama_body(m, b->x, b->pos, b->start, (int)b->n, (int)g->T);
-    if (m->stopped)
-        return 0;
-    model_fill_dloss(m, g->dlosses, g->dloss_host, (size_t)BT, dloss);
-    k->crossentropy_fused16(m->kc, g->losses, g->logits16, b->y, g->dlosses, BT, (int)g->V, (int)g->V);
-    llama_backward_body(m, b);
-    return model_sum_losses(m, g->losses, g->dloss_host, (size_t)BT);
+    return model_forward_backward(m, b, dloss, &LL(m)->loss, llama_train_body, llama_backward_body);
 }
 
 static void llama_destroy(model *m)
