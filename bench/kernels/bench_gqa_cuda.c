@@ -10,7 +10,13 @@
  *   default: bf16, Llama 3.2 1B's attention at batch 4 (B=4 T=2048 NH=32
  *   KVH=8 HS=64).  MODULE: the gradd-cuda.so to take the kernels from.
  * One JSON line per figure: value gqa_mma's, peer_value gqa.cu's, ratio
- * value / peer_value (< 1: the tensor cores are faster).  Exits 77 without
+ * value / peer_value (< 1: the tensor cores are faster).
+ *
+ * Where the build found cuDNN (HAVE_CUDNN), its fused attention too
+ * (cudnn_sdpa.c, forward), on the same qkv rounded to the 16-bit type:
+ * "attention_fwd_cudnn" lines with gqa_mma and with gqa.cu as the peer,
+ * and how far its output is from gqa.cu's; or, where cuDNN has no engine
+ * for the graph, a line with value null and its reason.  Exits 77 without
  * a usable GPU. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -21,6 +27,9 @@
 #include <time.h>
 
 #include "kernels.h"
+#ifdef HAVE_CUDNN
+#include "cudnn_sdpa.h"
+#endif
 
 static double now_ms(void)
 {
@@ -58,6 +67,54 @@ typedef struct {
     double fwd_ms, bwd_ms;
     float *out;
 } timing;
+
+#ifdef HAVE_CUDNN
+/* cuDNN's forward on the qkv of run() rounded to 16 bits: its time (best
+ * of 5) and output, widened; fwd_ms < 0 with why where it has none. */
+static timing run_cudnn(const kern_ops *ops, kern_precision prec, int B, int T, int NH, int KVH, int HS, char *why,
+                        size_t why_len)
+{
+    timing t = {-1, -1, NULL};
+    unsetenv("GRADD_GQA");
+    kern_ctx *k = ops->ctx_create(0, 0, prec, NULL);
+    if (!k) {
+        snprintf(why, why_len, "no CUDA context");
+        return t;
+    }
+    const size_t W = (size_t)(NH + 2 * KVH) * HS, BT = (size_t)B * T, C = (size_t)NH * HS;
+    float *qkv = dev_floats(BT * W), *out = dev_floats(BT * C), *stats = dev_floats(BT * NH);
+    uint16_t *qkv16 = NULL, *out16 = NULL;
+    if (cudaMalloc((void **)&qkv16, BT * W * 2) != cudaSuccess ||
+        cudaMalloc((void **)&out16, BT * C * 2) != cudaSuccess) {
+        fprintf(stderr, "bench_gqa_cuda: out of device memory\n");
+        exit(1);
+    }
+    fill(ops, k, qkv, BT * W, 1);
+    bool bf16 = prec != KERN_FP16;
+    (bf16 ? ops->cast_f32_to_bf16 : ops->cast_f32_to_f16)(k, qkv16, qkv, BT * W);
+    ops->sync(k);
+    sdpa_fwd *p = sdpa_fwd_plan(ops->stream(k), bf16, B, T, NH, KVH, HS, why, why_len);
+    for (int r = 0; p && r < 5; r++) {
+        double t0 = now_ms();
+        if (sdpa_fwd_run(p, qkv16, out16, stats, why, why_len) != 0 || ops->sync(k) != KERN_OK) {
+            t.fwd_ms = -1;
+            break;
+        }
+        double dt = now_ms() - t0;
+        t.fwd_ms = t.fwd_ms < 0 || dt < t.fwd_ms ? dt : t.fwd_ms;
+    }
+    if (t.fwd_ms >= 0) {
+        (bf16 ? ops->cast_bf16_to_f32 : ops->cast_f16_to_f32)(k, out, out16, BT * C);
+        t.out = malloc(BT * C * sizeof *t.out);
+        if (t.out)
+            ops->copy_d2h(k, t.out, out, BT * C * sizeof *t.out);
+    }
+    sdpa_fwd_free(p);
+    cudaFree(qkv), cudaFree(out), cudaFree(stats), cudaFree(qkv16), cudaFree(out16);
+    ops->ctx_destroy(k);
+    return t;
+}
+#endif
 
 /* Forward and backward in a context made with GRADD_GQA as given. */
 static timing run(const kern_ops *ops, kern_precision prec, const char *gqa, int B, int T, int NH, int KVH, int HS)
@@ -147,6 +204,32 @@ int main(int argc, char **argv)
         printf("{\"bench\":\"gqa_%s\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"ms\",\"peer\":\"gradd gqa.cu (fp32 "
                "CUDA cores)\",\"peer_value\":%.4f,\"ratio\":%.4f,\"shape\":\"%s\",\"max_out_diff\":%.3g}\n",
                pn, metric[i], v[i], p[i], v[i] / p[i], shape, diff);
+#ifdef HAVE_CUDNN
+    char why[1024] = "";
+    timing dnn = run_cudnn(ops, prec, B, T, NH, KVH, HS, why, sizeof why);
+    if (dnn.fwd_ms < 0) {
+        fprintf(stderr, "bench_gqa_cuda: cuDNN: %s\n", why);
+        for (char *c = why; *c; c++)
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+                *c = ' ';
+        printf("{\"bench\":\"gqa_%s\",\"metric\":\"attention_fwd_cudnn\",\"value\":null,\"unit\":\"ms\","
+               "\"peer\":\"gradd gqa.cu (fp32 CUDA cores)\",\"peer_value\":%.4f,\"ratio\":null,\"shape\":\"%s\","
+               "\"error\":\"%s\"}\n",
+               pn, base.fwd_ms, shape, why);
+    } else {
+        double ddiff = 0;
+        for (size_t i = 0; base.out && dnn.out && i < n; i++)
+            ddiff = fmax(ddiff, fabs((double)base.out[i] - (double)dnn.out[i]));
+        const char *peers[2] = {"gradd gqa.cu (fp32 CUDA cores)", "gradd gqa_mma.cu"};
+        double pv[2] = {base.fwd_ms, mma.fwd_ms};
+        for (int i = 0; i < 2; i++)
+            printf("{\"bench\":\"gqa_%s\",\"metric\":\"attention_fwd_cudnn\",\"value\":%.4f,\"unit\":\"ms\","
+                   "\"peer\":\"%s\",\"peer_value\":%.4f,\"ratio\":%.4f,\"shape\":\"%s\","
+                   "\"max_out_diff_vs_gqa\":%.3g}\n",
+                   pn, dnn.fwd_ms, peers[i], pv[i], dnn.fwd_ms / pv[i], shape, ddiff);
+    }
+    free(dnn.out);
+#endif
     free(base.out);
     free(mma.out);
     return 0;
