@@ -211,7 +211,8 @@ struct model_kind {
      * are the ones it exports.
      * hf_read: config.json (a parsed JSON object, jansson's json_t, passed
      * as void so this header needs no JSON) into j's [model] keys, every
-     * shape key set whether the file had it or not: 0, or -1 with
+     * shape key set whether the file had it or not, and positions (the
+     * positions the model is made for, context or more): 0, or -1 with
      * "config.json: key: why" in err.
      * hf_config: the model's config.json as a new json_t reference (void),
      * NULL when out of memory.

@@ -164,8 +164,6 @@ static int fill(job_config *j, const json_t *cfg, char *err, size_t err_len)
     /* The job may train at fewer positions than the model is made for;
      * t->positions (the file's, whole) stays the model's. */
     bool short_context = jobcfg_line(j, "model", "context") && j->context < t->context;
-    if (!t->positions)
-        t->positions = t->context;
     for (size_t i = 0; i < NKEYS; i++) {
         const shape_key *k = &keys[i];
         if (same(k, j, t) || !jobcfg_line(j, "model", k->key) || (k->offset == offsetof(job_config, context) &&

@@ -520,8 +520,10 @@ static void block_backward16(model *m, const model_batch *b, uint32_t l, size_t 
     k->matmul_backward16(kc, NULL, g->dln16, D + w->guw, NULL, NULL, g->dgu16, ln2_16, P16 + w->guw, BT, C, 2 * F);
     k->rmsnorm_backward16(kc, g->dres, g->dres16, D + w->ln2w, NULL, g->dln16, res2, P + w->ln2w, ln2_rstd, BT, C);
 
-    /* atty16 holds the last block the forward ran; this one's again. */
-    g->narrow(kc, g->atty16, atty, BTC);
+    /* atty16 holds the last block the forward ran: this one, just run
+     * again with recompute; else round this one's output again. */
+    if (!g->rc)
+        g->narrow(kc, g->atty16, atty, BTC);
     k->matmul_backward16(kc, g->dsmall, NULL, D + w->ow, NULL, NULL, g->dres16, g->atty16, P16 + w->ow, BT, C, C);
     k->attention_gqa_backward(kc, g->dqkv, g->dsmall, atty, lse, qkv, b->start, B, T, NH, KVH, HS);
     k->rope_backward(kc, g->dqkv, g->inv_freq, b->pos, BT, T, NH + KVH, HS, W);

@@ -173,13 +173,6 @@ __global__ static void swiglu_backward_kernel(E *__restrict__ dgu, const E *__re
 }
 
 #ifndef GRADD_CUDA_EMU // the host launchers (tests/emu runs the kernels above itself)
-// The 16-bit type of a context: bf16 unless fp16, as the CPU backend's
-// 16-bit ops (an fp32 context never calls them).
-template <class F> static inline void ll_with16(const kern_ctx *k, F &&f)
-{
-    kc_with16(k->prec != KERN_FP16, f);
-}
-
 template <class O>
 static void rms_forward_launch(kern_ctx *k, O *out, float *rstd, const float *inp, const float *weight, int N, int C,
                                float eps, const char *what)
@@ -201,7 +194,8 @@ void kc_rmsnorm_forward(kern_ctx *k, float *out, float *rstd, const float *inp, 
 void kc_rmsnorm_forward16(kern_ctx *k, uint16_t *out16, float *rstd, const float *inp, const float *weight, int N,
                           int C, float eps)
 {
-    ll_with16(k, [&]<class E>() {
+    // bf16 unless fp16, as the CPU's 16-bit ops (an fp32 context never calls them).
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
         rms_forward_launch(k, reinterpret_cast<E *>(out16), rstd, inp, weight, N, C, eps, "rmsnorm_forward16");
     });
 }
@@ -243,7 +237,7 @@ void kc_rmsnorm_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dw
         kc_ok(k, cudaErrorInvalidValue, "rmsnorm_backward16: exactly one of dout and dout16");
         return;
     }
-    ll_with16(k, [&]<class E>() {
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
         E *d16 = reinterpret_cast<E *>(dinp16);
         if (dout16)
             rms_backward_launch(k, dinp, d16, dweight, reinterpret_cast<const E *>(dout16), inp, weight, rstd, N, C);
@@ -306,14 +300,14 @@ void kc_swiglu_backward(kern_ctx *k, float *dgu, const float *gu, const float *d
 
 void kc_swiglu_forward16(kern_ctx *k, uint16_t *out16, const uint16_t *gu16, int N, int F)
 {
-    ll_with16(k, [&]<class E>() {
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
         swiglu_launch(k, reinterpret_cast<E *>(out16), reinterpret_cast<const E *>(gu16), N, F, "swiglu_forward16");
     });
 }
 
 void kc_swiglu_backward16(kern_ctx *k, uint16_t *dgu16, const uint16_t *gu16, const uint16_t *dout16, int N, int F)
 {
-    ll_with16(k, [&]<class E>() {
+    kc_with16(k->prec != KERN_FP16, [&]<class E>() {
         swiglu_backward_launch(k, reinterpret_cast<E *>(dgu16), reinterpret_cast<const E *>(gu16),
                                reinterpret_cast<const E *>(dout16), N, F, "swiglu_backward16");
     });
