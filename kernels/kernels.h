@@ -100,6 +100,13 @@ typedef struct kern_ops {
     void (*copy_d2h)(kern_ctx *k, void *dst, const void *src, size_t bytes);
     /* p (n) *= s */
     void (*scale)(kern_ctx *k, float *p, size_t n, float s);
+    /* Inverted dropout with rate p (0 <= p < 1): out[i] = inp[i]·(1/(1-p))
+     * where kern_dropout_keep(seed, offset + i, ...) keeps element i, else 0
+     * (kern_dropout_rate gives both constants).  out may be inp.  The mask
+     * depends on (seed, offset + i) alone, so a tensor cut into pieces at
+     * their offsets draws the mask of the whole, and the same call on a
+     * gradient is the backward. */
+    void (*dropout)(kern_ctx *k, float *out, const float *inp, size_t n, float p, uint64_t seed, uint64_t offset);
 
     /* ---- encoder: token + position embedding -------------------------------
      * out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (maxT,C); inp (B,T) int32.
@@ -454,6 +461,29 @@ static inline KERN_HD float kern_bf16_to_f32(uint16_t h)
         float f;
     } x = {(uint32_t)h << 16};
     return x.f;
+}
+
+/* ---- dropout's mask ------------------------------------------------------------ */
+/* Element i of the stream `seed` is kept when the top 32 bits of a 64-bit
+ * mix of (seed, i) reach drop_below: each with probability
+ * 1 - drop_below / 2^32, independently of every other (i) and of the
+ * thread that asks.  The mix is splitmix64's output function. */
+static inline KERN_HD bool kern_dropout_keep(uint64_t seed, uint64_t i, uint32_t drop_below)
+{
+    uint64_t x = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return (uint32_t)(x >> 32) >= drop_below;
+}
+
+/* A rate's threshold for kern_dropout_keep and its kept elements' factor,
+ * computed alike by every backend. */
+static inline void kern_dropout_rate(float p, uint32_t *drop_below, float *keep_scale)
+{
+    double t = (double)p * 4294967296.0;
+    *drop_below = p <= 0 ? 0u : t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+    *keep_scale = p <= 0 ? 1.0f : 1.0f / (1.0f - p);
 }
 
 /* ---- fill_pattern --------------------------------------------------------- */

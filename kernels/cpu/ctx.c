@@ -119,6 +119,27 @@ static void cpu_scale(kern_ctx *k, float *p, size_t n, float s)
     }
 }
 
+static void dropout_span(float *out, const float *inp, size_t n, uint64_t seed, uint64_t first, uint32_t below,
+                         float keep)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = kern_dropout_keep(seed, first + i, below) ? inp[i] * keep : 0.0f;
+}
+
+static void cpu_dropout(kern_ctx *k, float *out, const float *inp, size_t n, float p, uint64_t seed, uint64_t offset)
+{
+    uint32_t below;
+    float keep;
+    kern_dropout_rate(p, &below, &keep);
+    int nt = k->threads;
+#pragma omp parallel num_threads(nt) if (n >= KCPU_PAR_MIN)
+    {
+        size_t lo, hi;
+        kcpu_split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
+        dropout_span(out + lo, inp + lo, hi - lo, seed, offset + lo, below, keep);
+    }
+}
+
 /* ---- the table -------------------------------------------------------------------- */
 
 static const kern_ops cpu_ops = {
@@ -132,6 +153,7 @@ static const kern_ops cpu_ops = {
     .copy_h2d = cpu_copy,
     .copy_d2h = cpu_copy,
     .scale = cpu_scale,
+    .dropout = cpu_dropout,
     .encoder_forward = kcpu_encoder_forward,
     .encoder_backward = kcpu_encoder_backward,
     .encoder_forward16w = kcpu_encoder_forward16w,

@@ -299,6 +299,7 @@ extern "C" __attribute__((visibility("default"))) const kern_ops gradd_kern_cuda
     .copy_h2d = kc_copy_h2d,
     .copy_d2h = kc_copy_d2h,
     .scale = kc_scale,
+    .dropout = kc_dropout,
     .encoder_forward = kc_encoder_forward,
     .encoder_backward = kc_encoder_backward,
     .encoder_forward16w = kc_encoder_forward16w,

@@ -438,6 +438,7 @@ void kc_copy_h2d(kern_ctx *k, void *dst, const void *src, size_t bytes);
 void kc_copy_d2h(kern_ctx *k, void *dst, const void *src, size_t bytes);
 
 void kc_scale(kern_ctx *k, float *p, size_t n, float s);
+void kc_dropout(kern_ctx *k, float *out, const float *inp, size_t n, float p, uint64_t seed, uint64_t offset);
 void kc_gelu_forward(kern_ctx *k, float *out, const float *inp, size_t N);
 void kc_gelu_backward(kern_ctx *k, float *dinp, const float *inp, const float *dout, size_t N);
 void kc_relu_forward(kern_ctx *k, float *out, const float *inp, size_t N);

@@ -106,6 +106,22 @@ struct scale_f {
     }
 };
 
+struct dropout_f { // out = inp·keep where the mask keeps it, else 0 (out may be inp)
+    float *out;
+    const float *inp;
+    uint64_t seed, offset;
+    uint32_t below;
+    float keep;
+    template <int W> __device__ void run(size_t i) const
+    {
+        kc_fv<W> x = kc_ld<W>(inp + i);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            x.v[j] = kern_dropout_keep(seed, offset + i + j, below) ? x.v[j] * keep : 0.0f;
+        kc_st<W>(out + i, x);
+    }
+};
+
 // The 16-bit type a BF16 flag names.
 template <bool BF16> using kc_e16 = std::conditional_t<BF16, __nv_bfloat16, __half>;
 
@@ -225,6 +241,15 @@ void kc_scale(kern_ctx *k, float *p, size_t n, float s)
 {
     kc_enter(k);
     kc_ew(k, n, kc_aligned(16, p), scale_f{p, s}, "scale");
+}
+
+void kc_dropout(kern_ctx *k, float *out, const float *inp, size_t n, float p, uint64_t seed, uint64_t offset)
+{
+    kc_enter(k);
+    uint32_t below;
+    float keep;
+    kern_dropout_rate(p, &below, &keep);
+    kc_ew(k, n, kc_aligned(16, out, inp), dropout_f{out, inp, seed, offset, below, keep}, "dropout");
 }
 
 void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16)

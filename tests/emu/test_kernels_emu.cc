@@ -1,7 +1,7 @@
 // test_kernels_emu.cc — the CUDA cross-entropy, layernorm (forward, backward; the general
 // and the register kernels, the latter with the fused weight gradients), column-sum
 // and elementwise kernels (pointwise.cu: GELU in fp32 and 16 bits, ReLU,
-// residual, accumulate, scale, the fp32 <-> bf16/fp16 casts, the non-finite
+// residual, accumulate, scale, dropout, the fp32 <-> bf16/fp16 casts, the non-finite
 // count) run on the CPU under cuda_emu.h, against the CPU backend
 // (kern_cpu_ops(); its *16 ops in kernels/cpu/lowp.c define the 16-bit
 // results: the fp32 op, then the cast).  test_train_emu.cc covers the other
@@ -653,6 +653,20 @@ void test_pointwise(size_t n, bool vec, unsigned max_blocks)
         ew_run(n, vec, scale_f{y, s}, max_blocks);
         H->scale(cpu32, ref.data(), n, s);
         same<float>(name, s == 0.37f ? "scale 0.37" : s == 0.0f ? "scale 0" : "scale -inf", y, ref.data(), n);
+    }
+    // Dropout's mask is a function of (seed, offset + i): the vector path's
+    // lanes and the grid-stride loop must number elements as the CPU does.
+    // Out of place, then in place (its backward's form).
+    for (float p : {0.3f, 0.0f}) {
+        uint32_t below;
+        float keep;
+        kern_dropout_rate(p, &below, &keep);
+        const uint64_t seed = 0x5eedf00dull, at = 123456789011ull;
+        run(p > 0 ? "dropout 0.3" : "dropout 0", dropout_f{y, x, seed, at, below, keep},
+            [&] { H->dropout(cpu32, ref.data(), x, n, p, seed, at); }, true);
+        std::copy(x, x + n, y);
+        ew_run(n, vec, dropout_f{y, y, seed, at, below, keep}, max_blocks);
+        same<float>(name, p > 0 ? "dropout 0.3 in place" : "dropout 0 in place", y, ref.data(), n);
     }
 }
 

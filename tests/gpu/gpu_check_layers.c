@@ -1,7 +1,8 @@
 /* gpu_check_layers.c — the CUDA kernels of a transformer's layers against
  * the CPU's (see test_gpu_kernels.c): memory helpers, the encoder,
  * layernorm, matmul, attention (the reference and the fused kernels, on
- * fp32 and 16-bit qkv), the pointwise ops and cross-entropy. */
+ * fp32 and 16-bit qkv), the pointwise ops (dropout among them) and
+ * cross-entropy. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -24,6 +25,18 @@ void test_memory(void)
     gsync("memory");
     cmp("zero+scale", "p", &a, 0, 0);
     bfree(&a);
+    /* Dropout: the mask is (seed, offset + i)'s, so exact; the vector path,
+     * then an unaligned start in place (the backward's form). */
+    buf x = mk(n, 1.0f), y = mk(n, 0);
+    H->dropout(hk, y.h, x.h, n, 0.3f, 77, 1000003);
+    G->dropout(gk, y.d, x.d, n, 0.3f, 77, 1000003);
+    gsync("dropout");
+    cmp("dropout", "out", &y, 0, 0);
+    H->dropout(hk, x.h + 1, x.h + 1, n - 1, 0.1f, 5, 9);
+    G->dropout(gk, x.d + 1, x.d + 1, n - 1, 0.1f, 5, 9);
+    gsync("dropout");
+    cmp("dropout", "in place", &x, 0, 0);
+    bfree(&x), bfree(&y);
 }
 
 void test_encoder(int B, int T, int C, int V)

@@ -1,6 +1,6 @@
 /* test_kernels_layers.c — the CPU kernels of the per-token layers: the
  * encoder (token and position embeddings), layernorm, GELU, ReLU and the
- * residual add.  Forward against naive references, backward against
+ * residual add, and dropout.  Forward against naive references, backward against
  * central finite differences and, on shapes split over threads, against
  * sums in double; large arrays through the threaded pointwise path. */
 #include <math.h>
@@ -346,6 +346,53 @@ static void test_copy2d(void **state)
     ops->ctx_destroy(k);
 }
 
+/* Dropout at p = 0.25 over enough elements for the threaded path:
+ * - each element is its input times 1/(1-p), exactly, or exactly 0;
+ * - the kept share is 1-p within 5 standard deviations of a binomial
+ *   draw (the draw is fixed: this either always holds or never);
+ * - the mask is (seed, offset + i)'s alone: pieces at their offsets give
+ *   the whole bit for bit, whatever the threads; in place is the same;
+ * - applied to its own output (the backward) it keeps the same elements;
+ * - another seed draws another mask (agreement near p² + (1-p)²);
+ * - p = 0 is the identity. */
+static void test_dropout(void **state)
+{
+    (void)state;
+    const size_t n = 200003, cut = 77777;
+    const float p = 0.25f;
+    kern_ctx *k1 = ctx(1), *k3 = ctx(3);
+    float *x = randv(n, 9), *y = zerov(n), *z = zerov(n), *w = dupv(x, n);
+    const uint64_t seed = 0x1234abcdull, off = 5000000017ull;
+    ops->dropout(k3, y, x, n, p, seed, off);
+    size_t kept = 0;
+    const float keep = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(y[i] == x[i] * keep || y[i] == 0.0f);
+        kept += y[i] != 0.0f;
+    }
+    double mean = (double)n * (1 - p), sd = sqrt((double)n * p * (1 - p));
+    assert_true(fabs((double)kept - mean) < 5 * sd);
+    ops->dropout(k1, z, x, cut, p, seed, off);
+    ops->dropout(k1, z + cut, x + cut, n - cut, p, seed, off + cut);
+    assert_memory_equal(y, z, n * sizeof *y);
+    ops->dropout(k3, w, w, n, p, seed, off);
+    assert_memory_equal(y, w, n * sizeof *y);
+    ops->dropout(k3, z, y, n, p, seed, off);
+    for (size_t i = 0; i < n; i++)
+        assert_true(z[i] == y[i] * keep);
+    ops->dropout(k3, z, x, n, p, seed + 1, off);
+    size_t agree = 0;
+    for (size_t i = 0; i < n; i++)
+        agree += (y[i] != 0.0f) == (z[i] != 0.0f);
+    double pa = (double)p * p + (1.0 - p) * (1.0 - p);
+    assert_true(fabs((double)agree - n * pa) < 5 * sqrt(n * pa * (1 - pa)));
+    ops->dropout(k3, z, x, n, 0.0f, seed, off);
+    assert_memory_equal(z, x, n * sizeof *x);
+    free(x), free(y), free(z), free(w);
+    ops->ctx_destroy(k1);
+    ops->ctx_destroy(k3);
+}
+
 int main(void)
 {
     ops = kern_cpu_ops();
@@ -360,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_pointwise_large),
         cmocka_unit_test(test_copy2d),
+        cmocka_unit_test(test_dropout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
