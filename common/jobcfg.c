@@ -116,6 +116,8 @@ static const opts_def opts[] = {
     {"finetune", "rank", OPTS_COUNT, J(lora_rank), 1, 4096, false, "8", "lora: the adapters' rank r", NULL},
     {"finetune", "alpha", OPTS_DOUBLE, J(lora_alpha), 1e-6, 1e6, false, "16",
      "lora: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)", NULL},
+    {"finetune", "dropout", OPTS_DOUBLE, J(lora_dropout), 0, 0.9, false, "0",
+     "lora: the rate at which each adapter's input elements are dropped in training (PEFT's lora_dropout)", NULL},
     {"finetune", "targets", OPTS_STRING, J(lora_targets), 0, 0, false, "",
      "lora: the linear layers that get adapters, by their Hugging Face names (llama: q_proj, k_proj, v_proj, "
      "o_proj, gate_proj, up_proj, down_proj; gpt: c_attn, c_proj (both projections), c_fc); empty: PEFT's default for "
@@ -539,7 +541,7 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     if (j->warmup > j->steps)
         return complain(p, "train", "warmup", err, err_len, "is longer than [train] steps");
     if (j->ft_method != JOBCFG_FT_LORA) {
-        static const char *const lora_keys[] = {"rank", "alpha", "targets", "merged"};
+        static const char *const lora_keys[] = {"rank", "alpha", "dropout", "targets", "merged"};
         for (size_t i = 0; i < sizeof lora_keys / sizeof lora_keys[0]; i++)
             if (jobcfg_line(j, "finetune", lora_keys[i]))
                 return complain(p, "finetune", lora_keys[i], err, err_len, "is for method = lora");

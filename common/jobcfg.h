@@ -124,6 +124,7 @@ typedef struct job_config {
     int ft_method;        /* jobcfg_ft_method */
     uint32_t lora_rank;
     double lora_alpha;    /* the adapters' output is scaled by alpha / rank, as PEFT's */
+    double lora_dropout;  /* training drops the adapters' input elements at this rate (PEFT's lora_dropout) */
     char lora_targets[256]; /* comma-separated Hugging Face module names; empty: the kind's default */
     bool lora_merged;     /* also export the base with the adapters merged in */
 

@@ -385,7 +385,10 @@ static train_outcome alloc_lora(run *r)
     const char *prec = r->j->precision == JOBCFG_BF16 ? "bf16" : r->j->precision == JOBCFG_FP16 ? "fp16" : "fp32";
     /* lora_describe's "lora r=8 ..." as "lora (r=8 ...; base frozen in bf16)". */
     const char *rest = strncmp(d, "lora ", 5) == 0 ? d + 5 : d;
-    snprintf(r->mem.lora_lever, sizeof r->mem.lora_lever, "lora (%s; base frozen in %s)", rest, prec);
+    char drop[32] = "";
+    if (l->dropout > 0)
+        snprintf(drop, sizeof drop, " dropout=%g", l->dropout);
+    snprintf(r->mem.lora_lever, sizeof r->mem.lora_lever, "lora (%s%s; base frozen in %s)", rest, drop, prec);
     return TRAIN_DONE;
 }
 

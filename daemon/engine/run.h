@@ -91,7 +91,7 @@ typedef struct {
     float *base32;               /* a 16-bit base's fp32-read tensors (lora.h's n32 floats); else NULL */
     float *adapters, *adapter_grads; /* LoRA's num_params floats each; else NULL */
     run_trained trained;
-    char lora_lever[128];      /* "lora (r=8 ...; base frozen in bf16)" for the levers; "": full fine-tuning */
+    char lora_lever[160];      /* "lora (r=8 ...; base frozen in bf16)" for the levers; "": full fine-tuning */
     void *acts, *x, *y;
     int32_t *aux;              /* micro rows of pos, then as many of start (packing only) */
     size_t act_bytes;

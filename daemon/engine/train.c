@@ -455,6 +455,9 @@ static int try_step(run *r, const train_hooks *h)
     /* This rank's share of the step's samples: the others' pass by. */
     data_stream_skip(&r->data.stream, r->rank_first);
     gradsum_begin(r);
+    /* Every attempt at a step draws the same masks (an OOM's redo too). */
+    m->dropout.on = true;
+    m->dropout.seed = model_rand_u64(j->seed ^ 0x64726f706f7574ull, r->progress.step);
     for (uint32_t done = 0; done < r->rank_samples;) {
         if (h && h->should_stop && h->should_stop(h->user)) {
             stopped = true;
@@ -465,6 +468,7 @@ static int try_step(run *r, const train_hooks *h)
         run_next_batch(r, n, false, &mb, NULL);
         m->stoppable = true;
         gradsum_arm(r, done + n == r->rank_samples);
+        m->dropout.first = r->rank_first + done;
         loss_sum += run_forward_backward(r, &mb, dloss);
         gradsum_arm(r, false);
         if (cut_short(m)) {
@@ -486,6 +490,7 @@ static int try_step(run *r, const train_hooks *h)
         done += n;
         accum++;
     }
+    m->dropout.on = false;
     data_stream_skip(&r->data.stream, j->batch - r->rank_first - r->rank_samples);
     /* Queued device work may still fail for memory (CUDA's sticky error). */
     if (!stopped && !r->mem.oom) {

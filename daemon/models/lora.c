@@ -84,6 +84,7 @@ int lora_create(model *m, const job_config *j, char *err, size_t err_len)
     l->rank = j->lora_rank;
     l->alpha = (float)j->lora_alpha;
     l->scale = (float)(j->lora_alpha / j->lora_rank);
+    l->dropout = j->lora_dropout;
     l->base16 = j->precision != JOBCFG_FP32;
     l->bf16 = j->precision == JOBCFG_BF16;
     char why[512];
@@ -137,6 +138,9 @@ int lora_site(model *m, const char *module, const char *target, int in, int out,
     s->out = out;
     s->ld = ld;
     s->col = col;
+    s->key = 0xcbf29ce484222325ull;
+    for (const char *c = s->module; *c; c++)
+        s->key = (s->key ^ (unsigned char)*c) * 0x100000001b3ull;
     const model_tensor *w = base_weight(m, module);
     s->w = w ? w->offset : (size_t)-1;
     return l->nsites++;
@@ -271,11 +275,17 @@ static size_t carve(const model *m, char *base, size_t rows)
         x16 = base ? (uint16_t *)(base + off) : NULL;
         off += round_up(rows * widest_base_in(m) * sizeof(uint16_t));
     }
+    float *xd = NULL;
+    if (l->dropout > 0) {
+        xd = base ? (float *)(base + off) : NULL;
+        off += round_up(rows * in * sizeof(float));
+    }
     if (base) {
         l->u = p[0];
         l->g = p[1];
         l->t = p[2];
         l->x16 = x16;
+        l->xd = xd;
         l->rows = rows;
     }
     return off;
@@ -293,6 +303,35 @@ void lora_bind(model *m, void *mem, size_t rows)
 }
 
 /* ---- the GEMMs --------------------------------------------------------------------------- */
+
+/* out = inp (N rows of site s's input width) through the site's dropout
+ * mask for this micro-batch (lora.h).  Packed rows hold several samples:
+ * their elements' numbers still never overlap within a step, rows being
+ * no more than samples.  out may be inp. */
+static void site_mask(model *m, int site, float *out, const float *inp, int N)
+{
+    const lora *l = m->lora;
+    const lora_site_t *s = &l->site[site];
+    uint64_t T = m->ops->units_per_sample(m);
+    m->k->dropout(m->kc, out, inp, (size_t)N * s->in, (float)l->dropout, model_rand_u64(m->dropout.seed, s->key),
+                  m->dropout.first * T * (uint64_t)s->in);
+}
+
+/* Whether this pass drops the adapters' inputs. */
+static bool dropping(const model *m)
+{
+    return m->lora->dropout > 0 && m->dropout.on;
+}
+
+/* What site s's adapters read of the GEMM input inp: inp itself, or when
+ * dropping its masked copy in xd. */
+static const float *site_input(model *m, int site, const float *inp, int N)
+{
+    if (!dropping(m))
+        return inp;
+    site_mask(m, site, m->lora->xd, inp, N);
+    return m->lora->xd;
+}
 
 /* u (N,r) = s·(x·Aᵀ): what the forward multiplies by Bᵀ, and the backward
  * recomputes. */
@@ -326,7 +365,7 @@ void lora_linear_forward(model *m, float *out, const float *inp, size_t w, size_
         if (sites[i] < 0)
             continue;
         const lora_site_t *s = &l->site[sites[i]];
-        site_u(m, s, inp, N);
+        site_u(m, s, site_input(m, sites[i], inp, N), N);
         k->matmul_forward(kc, l->t, l->u, l->params + s->b, NULL, N, r, s->out);
         if (s->ld == s->out && s->col == 0)
             k->accumulate(kc, out, l->t, (size_t)N * s->out);
@@ -356,7 +395,8 @@ void lora_linear_backward(model *m, float *dinp, const float *dout, const float 
             continue;
         const lora_site_t *s = &l->site[sites[i]];
         float *dA = l->grads + s->a, *dB = l->grads + s->b;
-        site_u(m, s, inp, N);
+        const float *x = site_input(m, sites[i], inp, N);
+        site_u(m, s, x, N);
         const float *d = dout;
         if (s->ld != s->out || s->col != 0) {
             k->copy2d(kc, l->t, s->out, dout + s->col, s->ld, N, s->out, false);
@@ -365,9 +405,12 @@ void lora_linear_backward(model *m, float *dinp, const float *dout, const float 
         k->matmul_backward(kc, l->g, dB, NULL, d, l->u, l->params + s->b, N, r, s->out);
         k->scale(kc, l->g, (size_t)N * r, l->scale);
         /* t is free again once g is made from it. */
-        k->matmul_backward(kc, dinp ? l->t : NULL, dA, NULL, l->g, inp, l->params + s->a, N, s->in, r);
-        if (dinp)
-            k->accumulate(kc, dinp, l->t, (size_t)N * s->in);
+        k->matmul_backward(kc, dinp ? l->t : NULL, dA, NULL, l->g, x, l->params + s->a, N, s->in, r);
+        if (!dinp)
+            continue;
+        if (dropping(m)) /* dropout's backward is the same mask on the gradient */
+            site_mask(m, sites[i], l->t, l->t, N);
+        k->accumulate(kc, dinp, l->t, (size_t)N * s->in);
     }
 }
 
@@ -449,7 +492,7 @@ void *lora_peft_config(const model *m, const char *base)
     bad |= json_object_set_new(o, "r", json_integer(l->rank));
     bad |= json_object_set_new(o, "lora_alpha", a == floor(a) && fabs(a) < 1e15 ? json_integer((json_int_t)a)
                                                                                : json_real(a));
-    bad |= json_object_set_new(o, "lora_dropout", json_real(0.0));
+    bad |= json_object_set_new(o, "lora_dropout", json_real(l->dropout));
     bad |= json_object_set_new(o, "target_modules", targets);
     bad |= json_object_set_new(o, "bias", json_string("none"));
     bad |= json_object_set_new(o, "fan_in_fan_out", json_boolean(m->kind->lora_fan_in_fan_out));

@@ -25,6 +25,15 @@
  * into its own columns of the output rows.  The same calls serve full
  * fine-tuning (m->lora NULL): the plain matmul ops, unchanged.
  *
+ * With [finetune] dropout p, a training pass (model.dropout.on) feeds each
+ * site's adapters its input after inverted dropout, y = x·Wᵀ + s·(D(x)·Aᵀ)·Bᵀ
+ * with a mask of its own per site, as PEFT's lora_dropout.  The mask is
+ * drawn, not stored: the backward draws it again (kern_ops.dropout).  Site
+ * s's stream is model_rand_u64(model.dropout.seed, s.key), and its input's
+ * element (row, c) of a micro-batch is number
+ * (model.dropout.first·T + row)·in + c in it: the mask is the same
+ * whatever the micro-batch, the rank, or recompute.
+ *
  * The adapters' tensors carry PEFT's names ("base_model.model." + the
  * Hugging Face module + ".lora_A.weight"), so adapter_model.safetensors is
  * written from the table as it is.
@@ -47,11 +56,13 @@ typedef struct {
     int ld, col;     /* its output: columns col..col+out of rows of ld floats in the GEMM */
     size_t w;        /* its weight's offset (floats) in the full table, for merging */
     size_t a, b;     /* A's and B's offsets (floats) in the adapters */
+    uint64_t key;    /* its dropout stream within a step's: FNV-1a 64 of `module` */
 } lora_site_t;
 
 struct lora {
     uint32_t rank;
     float alpha, scale; /* scale = alpha / rank */
+    double dropout;     /* training drops each site's input elements at this rate (model.dropout) */
     unsigned targets;   /* bit t: the kind's lora_targets[t] gets adapters */
     bool base16;        /* the base is held in 16 bits: the job's precision is bf16 or fp16 */
     bool bf16;          /* ... and which of the two */
@@ -72,6 +83,7 @@ struct lora {
     size_t rows;
     float *u, *g, *t; /* (rows,rank) ×2, (rows,max of in and out) */
     uint16_t *x16;    /* (rows,max in): a GEMM input rounded, for a 16-bit base */
+    float *xd;        /* (rows,max in): a site's input after dropout; NULL without dropout */
 };
 
 /* [finetune] targets (empty: the kind's lora_default) as a bit set of the

@@ -149,6 +149,15 @@ struct model {
      * the kernels read in fp32 widened by lora_base32).  The trainer
      * trains the adapters' own table, parameters and gradients. */
     lora *lora;
+    /* A training pass, for what trains differently from how it evaluates
+     * (LoRA's dropout): the trainer sets `on` around a step's passes, with
+     * the step's random stream and the index among the step's samples (over
+     * every rank) of the micro-batch's first one.  Evaluation, sampling and
+     * decoding run with it off. */
+    struct {
+        bool on;
+        uint64_t seed, first;
+    } dropout;
     /* Signs of life from inside a forward or backward: the models call
      * model_poll between layers, which calls poll(poll_user) (poll may be
      * NULL).  When `stoppable` and poll returns true, `stopped` is set and

@@ -6,7 +6,8 @@ among the ranks is every rank's, and an OOM on one rank shrinks them all;
 a rank killed or stopped fails the whole job within its rank_timeout, and
 the job resumes from its checkpoint at another number of ranks, ending
 where an uninterrupted run ends; with the optimizer state sharded, each
-rank holds its share of it and the training is the same."""
+rank holds its share of it and the training is the same; LoRA's dropout
+draws one process's masks on any number of ranks."""
 import json
 import os
 import shutil
@@ -144,6 +145,25 @@ class Dist(unittest.TestCase):
             # Each rank splits its share: 4 (or 3) samples a step.
             self.assertEqual(b[-1]["micro"] * b[-1]["accum"] >= (8 + n - 1) // n, True, b[-1])
             self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(out1)))
+
+    def test_lora_dropout_same_as_one_process(self):
+        # Dropout's masks belong to the step's samples (their place among
+        # them), not to the rank that runs them: two ranks train one
+        # process's adapters.  Masks drawn per rank would put them apart
+        # by far more than TOL.
+        outs = []
+        for name, n in (("drop1", 1), ("drop2", 2)):
+            cfg, out = self.job(name)
+            with open(cfg) as f:
+                text = f.read().replace("[output]\n", "[finetune]\nmethod = lora\nrank = 4\ndropout = 0.2\n[output]\n")
+            with open(cfg, "w") as f:
+                f.write(text)
+            if n == 1:
+                self.run1(cfg)
+            else:
+                self.mpirun(n, cfg)
+            outs.append(os.path.join(out, "adapter_model.safetensors"))
+        self.assertLessEqual(harness.max_weight_diff(outs[0], outs[1]), TOL)
 
     def test_devices_of_one_process(self):
         # [job] devices: a rank per device as threads of one `gradd run`,

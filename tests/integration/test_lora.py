@@ -88,7 +88,7 @@ class Lora(harness.DaemonTest):
     LORA = {"method": "lora", "rank": RANK, "alpha": ALPHA}
 
     def test_memory_levers_and_export(self):
-        jid, j = self.run_job(self.job("tags", 3, finetune=self.LORA))
+        jid, j = self.run_job(self.job("tags", 3, finetune=dict(self.LORA, dropout=0.05)))
         P, A = llama_params(), adapter_params()
         tags = {t: v["peak"] for t, v in j["mem_tags"].items()}
         print("P %d, adapters %d; peaks by tag: %s" % (P, A, tags))
@@ -96,7 +96,7 @@ class Lora(harness.DaemonTest):
         self.assertEqual(tags["params"], 4 * A)
         self.assertEqual(tags["grads"], 4 * A)
         self.assertEqual(tags["optimizer"], 2 * 4 * A)
-        self.assertEqual(j["levers"], "lora (r=%d alpha=%d targets=q_proj,v_proj; base frozen in fp32)"
+        self.assertEqual(j["levers"], "lora (r=%d alpha=%d targets=q_proj,v_proj dropout=0.05; base frozen in fp32)"
                          % (RANK, ALPHA))
         text = self.d.ctl("status", str(jid)).stdout
         self.assertIn("lora (r=%d" % RANK, text)
@@ -113,8 +113,8 @@ class Lora(harness.DaemonTest):
         self.assertEqual([(n, h[n]["shape"]) for n in names], sorted(want))
         self.assertTrue(all(h[n]["dtype"] == "F32" for n in names))
         peft = json.load(open(os.path.join(out, "adapter_config.json")))
-        self.assertEqual((peft["r"], peft["lora_alpha"], sorted(peft["target_modules"])),
-                         (RANK, ALPHA, ["q_proj", "v_proj"]))
+        self.assertEqual((peft["r"], peft["lora_alpha"], peft["lora_dropout"], sorted(peft["target_modules"])),
+                         (RANK, ALPHA, 0.05, ["q_proj", "v_proj"]))
         self.assertEqual(peft["base_model_name_or_path"], "")
 
         # No whole model to sample: said, with what to do.

@@ -1,11 +1,12 @@
 """A LoRA job's exports read back by their real consumers (the venv of
 scripts/pyenv-hf.sh, -Dhf_venv, with PEFT; skips without it): a tiny random
 Llama in Hugging Face layout is the [model] from of a real daemon's job
-that trains adapters on every linear layer with [finetune] merged = true;
-then
+that trains adapters on every linear layer, with dropout 0.1 and
+[finetune] merged = true; then
   - PEFT's PeftModel.from_pretrained loads adapter_model.safetensors and
-    adapter_config.json onto that base as transformers loads it, and its
-    logits are those of transformers on gradd's merged model.safetensors;
+    adapter_config.json (lora_dropout 0.1) onto that base as transformers
+    loads it, and its logits (evaluation: no dropout) are those of
+    transformers on gradd's merged model.safetensors;
   - the merged weights are W + (alpha / r)·B·A of the adapters and the
     base's files, worked out here with NumPy alone;
   - the adapters moved the model: the logits are not the base's."""
@@ -32,7 +33,7 @@ except ImportError:
     peft = None
 
 C, L, H, KVH, F, T, V = 32, 2, 4, 2, 64, 24, 96
-RANK, ALPHA = 4, 8
+RANK, ALPHA, DROPOUT = 4, 8, 0.1
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # float32 on both sides, the adapters applied (PEFT) or merged (gradd) in
 # different orders.  Seen: logits 8.5e-7 to 9.5e-7 of the largest (-O2 and
@@ -69,13 +70,14 @@ class Peft(harness.DaemonTest):
             "data": {"format": "jsonl", "train": os.path.join(d, "train.jsonl")},
             "train": {"steps": 6, "batch": 8, "micro_batch": 4, "lr": "0.01", "warmup": 0, "threads": 1},
             "finetune": {"method": "lora", "rank": RANK, "alpha": ALPHA, "targets": ",".join(TARGETS),
-                         "merged": "true"},
+                         "dropout": DROPOUT, "merged": "true"},
             "output": {"dir": out}})
         jid = self.d.ctl_json("submit", cfg)["id"]
         info = harness.wait_job(self.d, jid, ("completed", "failed"), timeout=180)
         self.assertEqual(info["state"], "completed", info)
         conf = json.load(open(os.path.join(out, "adapter_config.json")))
         self.assertEqual(conf["base_model_name_or_path"], src)
+        self.assertEqual(conf["lora_dropout"], DROPOUT)
 
         # The merged weights, from the adapters and the base's own file.
         ad = load_file(os.path.join(out, "adapter_model.safetensors"))
@@ -105,6 +107,7 @@ class Peft(harness.DaemonTest):
             base_logits = base(input_ids=ids).logits[0].numpy().copy()
         with_peft = peft.PeftModel.from_pretrained(base, out)
         with_peft.eval()
+        self.assertEqual(with_peft.peft_config["default"].lora_dropout, DROPOUT)
         # Alone in a directory: transformers with PEFT installed would load
         # out/ as the base plus adapter_config.json's adapters instead.
         alone = os.path.join(d, "merged")

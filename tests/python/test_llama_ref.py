@@ -88,20 +88,27 @@ def lora_name(module, ab):
 
 class Llama:
     """adapters: LoRA's A (r,in) and B (out,r) under lora_name, for some of
-    the linear layers; each such layer adds scale·(x·Aᵀ)·Bᵀ (PEFT's)."""
+    the linear layers; each such layer adds scale·(x·Aᵀ)·Bᵀ (PEFT's).
+    dropout: None, or a function (module, shape) -> the factors (0, or the
+    kept elements' scale) that the layer's adapters see its input through:
+    scale·((x·mask)·Aᵀ)·Bᵀ, PEFT's lora_dropout in training."""
 
-    def __init__(self, cfg, params, adapters=None, scale=1.0):
+    def __init__(self, cfg, params, adapters=None, scale=1.0, dropout=None):
         self.c = cfg
         self.p = {k: v.astype(np.float64) for k, v in params.items()}
         self.ad = {k: v.astype(np.float64) for k, v in (adapters or {}).items()}
         self.scale = scale
+        self.drop = dropout
         self.inv = inv_freq(cfg)
+
+    def mask(self, module, x):
+        return self.drop(module, x.shape) if self.drop else 1.0
 
     def lin(self, module, x):
         y = x @ self.p[module + ".weight"].T
         if lora_name(module, "A") in self.ad:
             A, B = self.ad[lora_name(module, "A")], self.ad[lora_name(module, "B")]
-            y = y + self.scale * (x @ A.T) @ B.T
+            y = y + self.scale * ((x * self.mask(module, x)) @ A.T) @ B.T
         return y
 
     def lin_back(self, d, module, dy, x):
@@ -113,10 +120,12 @@ class Llama:
         dx = dy @ W
         if lora_name(module, "A") in self.ad:
             A, B = self.ad[lora_name(module, "A")], self.ad[lora_name(module, "B")]
-            gu = self.scale * dy2 @ B  # the gradient of x·Aᵀ
-            d[lora_name(module, "B")] += self.scale * dy2.T @ (x2 @ A.T)
-            d[lora_name(module, "A")] += gu.T @ x2
-            dx = dx + (gu @ A).reshape(dx.shape)
+            mask = self.mask(module, x)
+            xa = (x * mask).reshape(x2.shape)  # what the adapters see
+            gu = self.scale * dy2 @ B  # the gradient of xa·Aᵀ
+            d[lora_name(module, "B")] += self.scale * dy2.T @ (xa @ A.T)
+            d[lora_name(module, "A")] += gu.T @ xa
+            dx = dx + (gu @ A).reshape(dx.shape) * mask
         return dx
 
     def head(self):

@@ -13,13 +13,17 @@
  * and start (n,T) I32 (model_batch's packed samples; only for a kind that
  * packs).  OUT gets
  *   loss           F64 scalar: the mean cross-entropy over the targets that
- *                  are not ignored (y >= 0), Hugging Face's convention
+ *                  are not ignored (y >= 0), Hugging Face's convention, of
+ *                  a training pass: with [finetune] dropout, its masks are
+ *                  those of a step whose stream (model.dropout.seed) is
+ *                  [train] seed itself, for the first micro-batch
  *   logits         (n,T,V) F32: forward_logits of each token's own sample
  *                  alone (its tokens from start[t] to t), so a packed forward
- *                  that let samples see each other disagrees with them
+ *                  that let samples see each other disagrees with them;
+ *                  no dropout (as evaluation and sampling)
  *   decode_logits  (n,T,V) F32, without start and where the model decodes:
- *                  decode_step position by position
- *   grad.NAME      the gradient of loss, per tensor that trains: the
+ *                  decode_step position by position, no dropout
+ *   grad.NAME      the gradient of that loss, per tensor that trains: the
  *                  model's, or with LoRA the adapters' (the base is frozen)
  *   step.NAME      the parameters after one AdamW step on that gradient as
  *                  the trainer takes it (train.c): [train] lr (no schedule),
@@ -221,8 +225,12 @@ int main(int argc, char **argv)
         count += arr[1][i] >= 0;
     if (count == 0)
         return fail(argv[3], "every target is ignored");
+    m->dropout.on = true;
+    m->dropout.seed = j.seed;
+    m->dropout.first = 0;
     double loss = m->ops->forward(m, &mb, NULL) / (double)count;
     m->ops->backward(m, &mb, 1.0f / (float)count);
+    m->dropout.on = false;
 
     void *cache = NULL;
     if (own_logits(m, arr[0], arr[3], n, T, V, logits))

@@ -244,6 +244,17 @@ static void test_lora(void **state)
     write_job(LLAMA_HEAD "[finetune]\nmethod = lora\n");
     if (load(path, &j, err, sizeof err) != 0)
         fail_msg("%s", err);
+    assert_true(j.lora_dropout == 0);
+    /* Dropout: a rate below 1 (0.9 at most), and only for adapters. */
+    write_job(LLAMA_HEAD "[finetune]\nmethod = lora\ndropout = 0.05\n");
+    if (load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_true(j.lora_dropout == 0.05);
+    expect_error(LLAMA_HEAD "[finetune]\nmethod = lora\ndropout = 1\n",
+                 ":16: [finetune] dropout: '1' is not a number from 0 to 0.9");
+    expect_error(LLAMA_HEAD "[finetune]\nmethod = lora\ndropout = -0.1\n",
+                 ":16: [finetune] dropout: '-0.1' is not a number from 0 to 0.9");
+    expect_error(LLAMA_HEAD "[finetune]\ndropout = 0.1\n", ":15: [finetune] dropout: is for method = lora");
 }
 
 /* Every example in etc/jobs parses, and together they cover every model

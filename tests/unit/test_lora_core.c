@@ -363,10 +363,16 @@ static void test_peft_config(void **state)
     assert_int_equal(build(&f, "c_proj,a_proj", 4, JOBCFG_FP32, err, sizeof err), 0);
     json_t *c = lora_peft_config(&f.m, "/models/base");
     assert_non_null(c);
+    assert_true(json_real_value(json_object_get(c, "lora_dropout")) == 0.0);
+    json_decref(c);
+    f.m.lora->dropout = 0.1; /* [finetune] dropout, as PEFT writes it */
+    c = lora_peft_config(&f.m, "/models/base");
+    assert_non_null(c);
     assert_string_equal(json_string_value(json_object_get(c, "peft_type")), "LORA");
     assert_string_equal(json_string_value(json_object_get(c, "base_model_name_or_path")), "/models/base");
     assert_int_equal(json_integer_value(json_object_get(c, "r")), 4);
     assert_int_equal(json_integer_value(json_object_get(c, "lora_alpha")), 6);
+    assert_true(json_real_value(json_object_get(c, "lora_dropout")) == 0.1);
     json_t *t = json_object_get(c, "target_modules");
     assert_int_equal(json_array_size(t), 2);
     assert_string_equal(json_string_value(json_array_get(t, 0)), "a_proj");
