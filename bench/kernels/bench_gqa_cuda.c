@@ -13,11 +13,15 @@
  * value / peer_value (< 1: the tensor cores are faster).
  *
  * Where the build found cuDNN (HAVE_CUDNN), its fused attention too
- * (cudnn_sdpa.c, forward), on the same qkv rounded to the 16-bit type:
- * "attention_fwd_cudnn" lines with gqa_mma and with gqa.cu as the peer,
- * and how far its output is from gqa.cu's; or, where cuDNN has no engine
- * for the graph, a line with value null and its reason.  Exits 77 without
- * a usable GPU. */
+ * (cudnn_sdpa.c), on the same qkv and dout rounded to the 16-bit type:
+ * "attention_fwd_cudnn" and "attention_bwd_cudnn" lines with gqa.cu and
+ * with gqa_mma as the peer; the forward's with how far its output is from
+ * gqa.cu's (max_out_diff_vs_gqa, absolute), the backward's (which reads
+ * cuDNN's own forward's output and stats) with how far its dqkv is from
+ * gqa.cu's (max_dqkv_rel_diff_vs_gqa: the largest difference over the
+ * largest |value| of gqa.cu's).  Where cuDNN has no engine for a graph, or
+ * a run fails, that metric's line has value null and the reason.  Exits
+ * 77 without a usable GPU. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -65,54 +69,141 @@ static void fill(const kern_ops *ops, kern_ctx *k, float *p, size_t n, unsigned 
 
 typedef struct {
     double fwd_ms, bwd_ms;
-    float *out;
+    float *out, *dqkv; /* host copies, fp32 */
 } timing;
 
 #ifdef HAVE_CUDNN
-/* cuDNN's forward on the qkv of run() rounded to 16 bits: its time (best
- * of 5) and output, widened; fwd_ms < 0 with why where it has none. */
-static timing run_cudnn(const kern_ops *ops, kern_precision prec, int B, int T, int NH, int KVH, int HS, char *why,
-                        size_t why_len)
+static uint16_t *dev_halves(size_t n)
 {
-    timing t = {-1, -1, NULL};
+    uint16_t *p = NULL;
+    if (cudaMalloc((void **)&p, n * sizeof *p) != cudaSuccess) {
+        fprintf(stderr, "bench_gqa_cuda: out of device memory (%zu 16-bit values)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* n 16-bit values at src widened to fp32 through the device scratch
+ * buffer tmp, into host memory (NULL if none). */
+static float *widen_to_host(const kern_ops *ops, kern_ctx *k, bool bf16, float *tmp, const uint16_t *src, size_t n)
+{
+    (bf16 ? ops->cast_bf16_to_f32 : ops->cast_f16_to_f32)(k, tmp, src, n);
+    float *h = malloc(n * sizeof *h);
+    if (h)
+        ops->copy_d2h(k, h, tmp, n * sizeof *h);
+    return h;
+}
+
+/* The buffers of one cuDNN forward and backward, for a call of either. */
+typedef struct {
+    sdpa_fwd *fwd;
+    sdpa_bwd *bwd;
+    const uint16_t *qkv16, *dout16;
+    uint16_t *out16, *dqkv16;
+    float *stats;
+} dnn_call;
+
+static int dnn_fwd(const dnn_call *c, char *why, size_t why_len)
+{
+    return sdpa_fwd_run(c->fwd, c->qkv16, c->out16, c->stats, why, why_len);
+}
+
+static int dnn_bwd(const dnn_call *c, char *why, size_t why_len)
+{
+    return sdpa_bwd_run(c->bwd, c->qkv16, c->out16, c->dout16, c->stats, c->dqkv16, why, why_len);
+}
+
+/* The best of 5 calls of run, each timed to its completion; -1 with why
+ * where one fails. */
+static double best_of_5(const kern_ops *ops, kern_ctx *k, int (*run)(const dnn_call *, char *, size_t),
+                        const dnn_call *c, char *why, size_t why_len)
+{
+    double best = -1;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_ms();
+        if (run(c, why, why_len) != 0)
+            return -1;
+        if (ops->sync(k) != KERN_OK) {
+            snprintf(why, why_len, "CUDA: %s", ops->error(k));
+            return -1;
+        }
+        double dt = now_ms() - t0;
+        best = best < 0 || dt < best ? dt : best;
+    }
+    return best;
+}
+
+/* cuDNN's forward on the qkv of run() rounded to 16 bits, then its
+ * backward from that forward's output and stats with the dout of run()
+ * rounded to 16 bits: their times (best of 5) and outputs, widened;
+ * fwd_ms or bwd_ms < 0 with why or bwd_why where cuDNN has none. */
+static timing run_cudnn(const kern_ops *ops, kern_precision prec, int B, int T, int NH, int KVH, int HS, char *why,
+                        char *bwd_why, size_t why_len)
+{
+    timing t = {-1, -1, NULL, NULL};
     unsetenv("GRADD_GQA");
     kern_ctx *k = ops->ctx_create(0, 0, prec, NULL);
     if (!k) {
         snprintf(why, why_len, "no CUDA context");
+        snprintf(bwd_why, why_len, "no CUDA context");
         return t;
     }
     const size_t W = (size_t)(NH + 2 * KVH) * HS, BT = (size_t)B * T, C = (size_t)NH * HS;
-    float *qkv = dev_floats(BT * W), *out = dev_floats(BT * C), *stats = dev_floats(BT * NH);
-    uint16_t *qkv16 = NULL, *out16 = NULL;
-    if (cudaMalloc((void **)&qkv16, BT * W * 2) != cudaSuccess ||
-        cudaMalloc((void **)&out16, BT * C * 2) != cudaSuccess) {
-        fprintf(stderr, "bench_gqa_cuda: out of device memory\n");
-        exit(1);
-    }
+    float *qkv = dev_floats(BT * W), *dout = dev_floats(BT * C), *stats = dev_floats(BT * NH);
+    uint16_t *qkv16 = dev_halves(BT * W), *out16 = dev_halves(BT * C), *dout16 = dev_halves(BT * C);
+    uint16_t *dqkv16 = dev_halves(BT * W);
     fill(ops, k, qkv, BT * W, 1);
+    fill(ops, k, dout, BT * C, 7);
     bool bf16 = prec != KERN_FP16;
     (bf16 ? ops->cast_f32_to_bf16 : ops->cast_f32_to_f16)(k, qkv16, qkv, BT * W);
+    (bf16 ? ops->cast_f32_to_bf16 : ops->cast_f32_to_f16)(k, dout16, dout, BT * C);
     ops->sync(k);
-    sdpa_fwd *p = sdpa_fwd_plan(ops->stream(k), bf16, B, T, NH, KVH, HS, why, why_len);
-    for (int r = 0; p && r < 5; r++) {
-        double t0 = now_ms();
-        if (sdpa_fwd_run(p, qkv16, out16, stats, why, why_len) != 0 || ops->sync(k) != KERN_OK) {
-            t.fwd_ms = -1;
-            break;
-        }
-        double dt = now_ms() - t0;
-        t.fwd_ms = t.fwd_ms < 0 || dt < t.fwd_ms ? dt : t.fwd_ms;
-    }
+    dnn_call c = {sdpa_fwd_plan(ops->stream(k), bf16, B, T, NH, KVH, HS, why, why_len), NULL, qkv16, dout16, out16,
+                  dqkv16, stats};
+    if (c.fwd)
+        t.fwd_ms = best_of_5(ops, k, dnn_fwd, &c, why, why_len);
+    /* once rounded, the fp32 dout and qkv serve as the widening's scratch */
     if (t.fwd_ms >= 0) {
-        (bf16 ? ops->cast_bf16_to_f32 : ops->cast_f16_to_f32)(k, out, out16, BT * C);
-        t.out = malloc(BT * C * sizeof *t.out);
-        if (t.out)
-            ops->copy_d2h(k, t.out, out, BT * C * sizeof *t.out);
+        t.out = widen_to_host(ops, k, bf16, dout, out16, BT * C);
+        c.bwd = sdpa_bwd_plan(ops->stream(k), bf16, B, T, NH, KVH, HS, bwd_why, why_len);
+        if (c.bwd)
+            t.bwd_ms = best_of_5(ops, k, dnn_bwd, &c, bwd_why, why_len);
+        if (t.bwd_ms >= 0)
+            t.dqkv = widen_to_host(ops, k, bf16, qkv, dqkv16, BT * W);
+    } else {
+        snprintf(bwd_why, why_len, "no cuDNN forward to take O and stats from");
     }
-    sdpa_fwd_free(p);
-    cudaFree(qkv), cudaFree(out), cudaFree(stats), cudaFree(qkv16), cudaFree(out16);
+    sdpa_bwd_free(c.bwd);
+    sdpa_fwd_free(c.fwd);
+    cudaFree(qkv), cudaFree(dout), cudaFree(stats);
+    cudaFree(qkv16), cudaFree(out16), cudaFree(dout16), cudaFree(dqkv16);
     ops->ctx_destroy(k);
     return t;
+}
+
+/* One metric's cuDNN lines: against gqa.cu and gqa_mma (peer_ms), with
+ * the output difference diff named diff_name; or, value < 0, one line
+ * with value null and why (made JSON-safe in place). */
+static void print_cudnn(const char *pn, const char *metric, double value, const double peer_ms[2], const char *shape,
+                        const char *diff_name, double diff, char *why)
+{
+    if (value < 0) {
+        fprintf(stderr, "bench_gqa_cuda: cuDNN (%s): %s\n", metric, why);
+        for (char *c = why; *c; c++)
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+                *c = ' ';
+        printf("{\"bench\":\"gqa_%s\",\"metric\":\"%s\",\"value\":null,\"unit\":\"ms\","
+               "\"peer\":\"gradd gqa.cu (fp32 CUDA cores)\",\"peer_value\":%.4f,\"ratio\":null,\"shape\":\"%s\","
+               "\"error\":\"%s\"}\n",
+               pn, metric, peer_ms[0], shape, why);
+        return;
+    }
+    const char *peers[2] = {"gradd gqa.cu (fp32 CUDA cores)", "gradd gqa_mma.cu"};
+    for (int i = 0; i < 2; i++)
+        printf("{\"bench\":\"gqa_%s\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"ms\","
+               "\"peer\":\"%s\",\"peer_value\":%.4f,\"ratio\":%.4f,\"shape\":\"%s\","
+               "\"%s\":%.3g}\n",
+               pn, metric, value, peers[i], peer_ms[i], value / peer_ms[i], shape, diff_name, diff);
 }
 #endif
 
@@ -133,7 +224,7 @@ static timing run(const kern_ops *ops, kern_precision prec, const char *gqa, int
     float *dout = dev_floats(BT * C), *dqkv = dev_floats(BT * W);
     fill(ops, k, qkv, BT * W, 1);
     fill(ops, k, dout, BT * C, 7);
-    timing t = {1e30, 1e30, NULL};
+    timing t = {1e30, 1e30, NULL, NULL};
     for (int r = 0; r < 5; r++) {
         double t0 = now_ms();
         ops->attention_gqa_forward(k, out, lse, qkv, NULL, B, T, NH, KVH, HS);
@@ -154,6 +245,9 @@ static timing run(const kern_ops *ops, kern_precision prec, const char *gqa, int
     t.out = malloc(BT * C * sizeof *t.out);
     if (t.out)
         ops->copy_d2h(k, t.out, out, BT * C * sizeof *t.out);
+    t.dqkv = malloc(BT * W * sizeof *t.dqkv);
+    if (t.dqkv)
+        ops->copy_d2h(k, t.dqkv, dqkv, BT * W * sizeof *t.dqkv);
     cudaFree(qkv);
     cudaFree(out);
     cudaFree(lse);
@@ -205,32 +299,26 @@ int main(int argc, char **argv)
                "CUDA cores)\",\"peer_value\":%.4f,\"ratio\":%.4f,\"shape\":\"%s\",\"max_out_diff\":%.3g}\n",
                pn, metric[i], v[i], p[i], v[i] / p[i], shape, diff);
 #ifdef HAVE_CUDNN
-    char why[1024] = "";
-    timing dnn = run_cudnn(ops, prec, B, T, NH, KVH, HS, why, sizeof why);
-    if (dnn.fwd_ms < 0) {
-        fprintf(stderr, "bench_gqa_cuda: cuDNN: %s\n", why);
-        for (char *c = why; *c; c++)
-            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
-                *c = ' ';
-        printf("{\"bench\":\"gqa_%s\",\"metric\":\"attention_fwd_cudnn\",\"value\":null,\"unit\":\"ms\","
-               "\"peer\":\"gradd gqa.cu (fp32 CUDA cores)\",\"peer_value\":%.4f,\"ratio\":null,\"shape\":\"%s\","
-               "\"error\":\"%s\"}\n",
-               pn, base.fwd_ms, shape, why);
-    } else {
-        double ddiff = 0;
-        for (size_t i = 0; base.out && dnn.out && i < n; i++)
-            ddiff = fmax(ddiff, fabs((double)base.out[i] - (double)dnn.out[i]));
-        const char *peers[2] = {"gradd gqa.cu (fp32 CUDA cores)", "gradd gqa_mma.cu"};
-        double pv[2] = {base.fwd_ms, mma.fwd_ms};
-        for (int i = 0; i < 2; i++)
-            printf("{\"bench\":\"gqa_%s\",\"metric\":\"attention_fwd_cudnn\",\"value\":%.4f,\"unit\":\"ms\","
-                   "\"peer\":\"%s\",\"peer_value\":%.4f,\"ratio\":%.4f,\"shape\":\"%s\","
-                   "\"max_out_diff_vs_gqa\":%.3g}\n",
-                   pn, dnn.fwd_ms, peers[i], pv[i], dnn.fwd_ms / pv[i], shape, ddiff);
+    char why[1024] = "", bwd_why[1024] = "";
+    timing dnn = run_cudnn(ops, prec, B, T, NH, KVH, HS, why, bwd_why, sizeof why);
+    double fdiff = 0, bdiff = 0, bmax = 0;
+    for (size_t i = 0; base.out && dnn.out && i < n; i++)
+        fdiff = fmax(fdiff, fabs((double)base.out[i] - (double)dnn.out[i]));
+    const size_t nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
+    for (size_t i = 0; base.dqkv && dnn.dqkv && i < nqkv; i++) {
+        bdiff = fmax(bdiff, fabs((double)base.dqkv[i] - (double)dnn.dqkv[i]));
+        bmax = fmax(bmax, fabs((double)base.dqkv[i]));
     }
+    const double fwd_peers[2] = {base.fwd_ms, mma.fwd_ms}, bwd_peers[2] = {base.bwd_ms, mma.bwd_ms};
+    print_cudnn(pn, "attention_fwd_cudnn", dnn.fwd_ms, fwd_peers, shape, "max_out_diff_vs_gqa", fdiff, why);
+    print_cudnn(pn, "attention_bwd_cudnn", dnn.bwd_ms, bwd_peers, shape, "max_dqkv_rel_diff_vs_gqa",
+                bmax > 0 ? bdiff / bmax : bdiff, bwd_why);
     free(dnn.out);
+    free(dnn.dqkv);
 #endif
     free(base.out);
     free(mma.out);
+    free(base.dqkv);
+    free(mma.dqkv);
     return 0;
 }

@@ -1,6 +1,13 @@
-/* cudnn_sdpa.c — the causal attention forward of cudnn_sdpa.h as a cuDNN
- * operation graph: backend descriptors, one engine from the heuristics,
- * one execution plan. */
+/* cudnn_sdpa.c — the causal attention forward and backward of
+ * cudnn_sdpa.h as cuDNN operation graphs: backend descriptors, one engine
+ * from the heuristics, one execution plan each.
+ *
+ * The backward follows the op sequence cuDNN's flash-attention backward
+ * engine recognises (the one cuDNN's frontend builds for its SDPA backward
+ * before cuDNN 9.21): the rows' Σ dO∘O into a real fp32 tensor, P
+ * recomputed as exp(S·scale − stats) then masked, Pᵀ and dSᵀ as reshapes
+ * to 16 bits, dK and dV per query head then summed over each group by a
+ * reduction (GQA), dQ through a real fp32 accumulator and an identity op. */
 #include "cudnn_sdpa.h"
 
 #include <cuda_runtime_api.h>
@@ -10,31 +17,52 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SDPA_MAX_DESC 64
+#define SDPA_MAX_DESC 128
+#define SDPA_MAX_OPS 32
 
-/* The variant pack's ids of the graph's real tensors; virtual ones count
+/* The variant pack's ids of the graphs' real tensors; virtual ones count
  * up from U_VIRTUAL. */
-enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF, U_VIRTUAL = 100 };
+enum {
+    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF, U_ONE,
+    U_DO, U_DQ, U_DK, U_DV, U_DOT, U_DQ_ACC,
+    U_VIRTUAL = 100
+};
 
-struct sdpa_fwd {
+/* What a forward and a backward plan share. */
+typedef struct {
     cudnnHandle_t handle;
+    cudaStream_t stream;
     cudnnBackendDescriptor_t desc[SDPA_MAX_DESC]; /* every descriptor made, freed in reverse */
     int ndesc;
     cudnnBackendDescriptor_t plan;
     void *workspace;
     int64_t workspace_bytes;
-    int NH, KVH, HS;
-    float scale, neg_inf; /* the by-value scalars' values */
+    int B, T, NH, KVH, HS;
+    float scale, neg_inf, one; /* the by-value scalars' values */
+} sdpa_graph;
+
+struct sdpa_fwd {
+    sdpa_graph g;
 };
 
-/* Building the graph: the first refusal is kept (and named), the calls
- * after it do nothing. */
+struct sdpa_bwd {
+    sdpa_graph g;
+    float *dot;       /* (B,NH,T): the rows' Σ dO∘O */
+    float *dq_acc;    /* (B,NH,T,HS): dQ in fp32 before its rounding */
+    bool zero_dq_acc; /* cuDNN before 9.6 adds into dq_acc without clearing it first */
+};
+
+/* Building a graph: the first refusal is kept (and named), the calls
+ * after it do nothing.  Ops are collected in ops, in the order made. */
 typedef struct {
-    sdpa_fwd *p;
+    sdpa_graph *g;
     char *why;
     size_t len;
     bool failed;
     int64_t next_uid;
+    cudnnDataType_t e; /* the 16-bit type */
+    cudnnBackendDescriptor_t ops[SDPA_MAX_OPS];
+    int nops;
 } builder;
 
 static void fail(builder *b, cudnnStatus_t s, const char *what)
@@ -52,7 +80,7 @@ static cudnnBackendDescriptor_t create(builder *b, cudnnBackendDescriptorType_t 
     cudnnBackendDescriptor_t d = NULL;
     if (b->failed)
         return NULL;
-    if (b->p->ndesc == SDPA_MAX_DESC) {
+    if (b->g->ndesc == SDPA_MAX_DESC) {
         fail(b, CUDNN_STATUS_ALLOC_FAILED, "more descriptors than SDPA_MAX_DESC");
         return NULL;
     }
@@ -61,7 +89,7 @@ static cudnnBackendDescriptor_t create(builder *b, cudnnBackendDescriptorType_t 
         fail(b, s, what);
         return NULL;
     }
-    b->p->desc[b->p->ndesc++] = d;
+    b->g->desc[b->g->ndesc++] = d;
     return d;
 }
 
@@ -84,6 +112,18 @@ static void finalize(builder *b, cudnnBackendDescriptor_t d, const char *what)
         fail(b, s, what);
 }
 
+/* Op descriptor d, finalized, appended to the graph's ops. */
+static void add_op(builder *b, cudnnBackendDescriptor_t d, const char *what)
+{
+    finalize(b, d, what);
+    if (b->failed)
+        return;
+    if (b->nops == SDPA_MAX_OPS)
+        fail(b, CUDNN_STATUS_ALLOC_FAILED, "more ops than SDPA_MAX_OPS");
+    else
+        b->ops[b->nops++] = d;
+}
+
 /* A 4-d tensor: real (uid given, in the variant pack) or virtual (uid 0:
  * the next one; packed strides when strides is NULL). */
 static cudnnBackendDescriptor_t tensor(builder *b, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
@@ -102,6 +142,25 @@ static cudnnBackendDescriptor_t tensor(builder *b, int64_t uid, cudnnDataType_t 
     set(b, d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, what);
     finalize(b, d, what);
     return d;
+}
+
+/* A virtual tensor, packed. */
+static cudnnBackendDescriptor_t virt(builder *b, cudnnDataType_t type, const int64_t dims[4], const char *what)
+{
+    return tensor(b, 0, type, dims, NULL, what);
+}
+
+/* H heads of HS values per token, side by side in rows of `width` values
+ * (B,T,width): (B,H,T,HS), or with transposed (B,H,HS,T), as a matmul's
+ * right operand Kᵀ or Vᵀ.  The heads' first column is the pointer's. */
+static cudnnBackendDescriptor_t heads(builder *b, int64_t uid, cudnnDataType_t type, int H, int64_t width,
+                                      bool transposed, const char *what)
+{
+    const sdpa_graph *g = b->g;
+    const int64_t T = g->T, HS = g->HS;
+    const int64_t dims[4] = {g->B, H, transposed ? HS : T, transposed ? T : HS};
+    const int64_t strides[4] = {T * width, HS, transposed ? 1 : width, transposed ? width : 1};
+    return tensor(b, uid, type, dims, strides, what);
 }
 
 /* A float passed by value (the variant pack points at host memory). */
@@ -123,7 +182,8 @@ static cudnnBackendDescriptor_t scalar(builder *b, int64_t uid, const char *what
 
 /* y = mode(x, with, t) elementwise (with, t may be NULL; axis >= 0 for
  * GEN_INDEX), computed in fp32 but for the mask's index and comparison
- * ops, in int32 and boolean, as cuDNN's attention pattern has them. */
+ * ops, in int32 and boolean, as cuDNN's attention patterns have them.
+ * Returns y. */
 static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t with, cudnnBackendDescriptor_t t,
                                           cudnnBackendDescriptor_t y, int64_t axis, const char *what)
@@ -145,11 +205,13 @@ static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode,
     if (t)
         set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what);
     set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
-    finalize(b, op, what);
-    return op;
+    add_op(b, op, what);
+    return y;
 }
 
-/* c = a·b over the last two dimensions, accumulated in fp32. */
+/* c = a·b over the last two dimensions, accumulated in fp32; a head
+ * dimension of b (or a) that is 1/g of c's is broadcast over groups of g
+ * (GQA).  Returns c. */
 static cudnnBackendDescriptor_t matmul(builder *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bm,
                                        cudnnBackendDescriptor_t c, const char *what)
 {
@@ -162,11 +224,13 @@ static cudnnBackendDescriptor_t matmul(builder *b, cudnnBackendDescriptor_t a, c
     set(b, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bm, what);
     set(b, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, what);
     set(b, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md, what);
-    finalize(b, op, what);
-    return op;
+    add_op(b, op, what);
+    return c;
 }
 
-/* y = the reduction of x over the dimensions where y has 1. */
+/* y = x reduced where y's dimension is smaller: to 1 (a row's max or
+ * sum), or on the head dimension from NH to KVH (each group's query heads
+ * summed, GQA).  Returns y. */
 static cudnnBackendDescriptor_t reduction(builder *b, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t y, const char *what)
 {
@@ -179,14 +243,58 @@ static cudnnBackendDescriptor_t reduction(builder *b, cudnnReduceTensorOp_t mode
     set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
     set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
     set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what);
-    finalize(b, op, what);
-    return op;
+    add_op(b, op, what);
+    return y;
+}
+
+/* y = x seen through y's dims and strides (the patterns' transposes: the
+ * same elements, the last two dimensions swapped).  Returns y. */
+static cudnnBackendDescriptor_t reshape(builder *b, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
+                                        const char *what)
+{
+    cudnnBackendDescriptor_t op = create(b, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
+    set(b, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
+    set(b, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
+    add_op(b, op, what);
+    return y;
+}
+
+/* The scores s (B,NH,T,T) with every key index > query index set to
+ * neg_inf: index generation, comparison and select, the causal-mask
+ * pattern the attention engines recognise, forward and backward. */
+static cudnnBackendDescriptor_t causal_mask(builder *b, cudnnBackendDescriptor_t s, cudnnBackendDescriptor_t neg_inf,
+                                            const int64_t sd[4])
+{
+    cudnnBackendDescriptor_t row = virt(b, CUDNN_DATA_INT32, sd, "row index");
+    pointwise(b, CUDNN_POINTWISE_GEN_INDEX, s, NULL, NULL, row, 2, "row index");
+    cudnnBackendDescriptor_t col = virt(b, CUDNN_DATA_INT32, sd, "column index");
+    pointwise(b, CUDNN_POINTWISE_GEN_INDEX, s, NULL, NULL, col, 3, "column index");
+    cudnnBackendDescriptor_t keep = virt(b, CUDNN_DATA_BOOLEAN, sd, "causal mask");
+    pointwise(b, CUDNN_POINTWISE_CMP_GE, row, col, NULL, keep, -1, "row >= column");
+    return pointwise(b, CUDNN_POINTWISE_BINARY_SELECT, s, neg_inf, keep, virt(b, CUDNN_DATA_FLOAT, sd, "S masked"),
+                     -1, "mask");
+}
+
+/* d (B,KVH,T,HS) = a·bm summed over the query heads of each group: a key
+ * or value head's gradient has a term from each of the NH/KVH query heads
+ * that read it.  cuDNN's pattern: the product per query head (B,NH,T,HS),
+ * 16-bit, then a sum reduction to KVH heads; a plain matmul without GQA. */
+static void grouped_matmul(builder *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bm,
+                           cudnnBackendDescriptor_t d, const char *what)
+{
+    const sdpa_graph *g = b->g;
+    if (g->NH == g->KVH) {
+        matmul(b, a, bm, d, what);
+        return;
+    }
+    const int64_t full[4] = {g->B, g->NH, g->T, g->HS};
+    reduction(b, CUDNN_REDUCE_TENSOR_ADD, matmul(b, a, bm, virt(b, b->e, full, what), what), d, what);
 }
 
 /* The first engine configuration the heuristics give that makes a plan. */
 static void make_plan(builder *b, cudnnBackendDescriptor_t graph)
 {
-    sdpa_fwd *p = b->p;
+    sdpa_graph *g = b->g;
     cudnnBackendDescriptor_t heur = create(b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
     cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     set(b, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph, "heuristics");
@@ -212,127 +320,102 @@ static void make_plan(builder *b, cudnnBackendDescriptor_t graph)
             break;
     s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, made, &got, cfg);
     cudnnStatus_t last = s;
-    for (int64_t i = 0; s == CUDNN_STATUS_SUCCESS && i < got && !p->plan; i++) {
+    for (int64_t i = 0; s == CUDNN_STATUS_SUCCESS && i < got && !g->plan; i++) {
         cudnnBackendDescriptor_t plan = NULL;
         if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
             break;
-        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &p->handle);
+        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &g->handle);
         cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                  &cfg[i]);
         last = cudnnBackendFinalize(plan);
         if (last == CUDNN_STATUS_SUCCESS)
-            p->plan = plan;
+            g->plan = plan;
         else
             cudnnBackendDestroyDescriptor(plan);
     }
     for (int64_t i = 0; i < made; i++)
         cudnnBackendDestroyDescriptor(cfg[i]);
     free(cfg);
-    if (!p->plan) {
+    if (!g->plan) {
         fail(b, last != CUDNN_STATUS_SUCCESS ? last : CUDNN_STATUS_NOT_SUPPORTED, "execution plan: no engine made one");
         return;
     }
     int64_t n = 0;
-    s = cudnnBackendGetAttribute(p->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                 &p->workspace_bytes);
+    s = cudnnBackendGetAttribute(g->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                 &g->workspace_bytes);
     if (s != CUDNN_STATUS_SUCCESS)
         fail(b, s, "execution plan: workspace size");
-    else if (p->workspace_bytes > 0 && cudaMalloc(&p->workspace, (size_t)p->workspace_bytes) != cudaSuccess)
+    else if (g->workspace_bytes > 0 && cudaMalloc(&g->workspace, (size_t)g->workspace_bytes) != cudaSuccess)
         fail(b, CUDNN_STATUS_ALLOC_FAILED, "execution plan: workspace");
 }
 
-sdpa_fwd *sdpa_fwd_plan(void *stream, bool bf16, int B, int T, int NH, int KVH, int HS, char *why, size_t why_len)
+/* A builder for g: the handle on `stream`, the shape, the scalars. */
+static void begin(builder *b, sdpa_graph *g, void *stream, bool bf16, int B, int T, int NH, int KVH, int HS,
+                  char *why, size_t why_len)
 {
-    sdpa_fwd *p = calloc(1, sizeof *p);
-    if (!p) {
-        snprintf(why, why_len, "out of memory");
-        return NULL;
-    }
-    builder b = {p, why, why_len, false, U_VIRTUAL};
-    cudnnStatus_t s = cudnnCreate(&p->handle);
+    *b = (builder){.g = g, .why = why, .len = why_len, .next_uid = U_VIRTUAL,
+                   .e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
+    g->B = B, g->T = T, g->NH = NH, g->KVH = KVH, g->HS = HS;
+    g->scale = 1.0f / sqrtf((float)HS);
+    g->neg_inf = -INFINITY;
+    g->one = 1.0f;
+    g->stream = (cudaStream_t)stream;
+    cudnnStatus_t s = cudnnCreate(&g->handle);
     if (s != CUDNN_STATUS_SUCCESS) {
-        fail(&b, s, "cudnnCreate");
-        free(p);
-        return NULL;
+        g->handle = NULL;
+        fail(b, s, "cudnnCreate");
+        return;
     }
-    s = cudnnSetStream(p->handle, (cudaStream_t)stream);
+    s = cudnnSetStream(g->handle, g->stream);
     if (s != CUDNN_STATUS_SUCCESS)
-        fail(&b, s, "cudnnSetStream");
-    p->NH = NH, p->KVH = KVH, p->HS = HS;
-    p->scale = 1.0f / sqrtf((float)HS);
-    p->neg_inf = -INFINITY;
-    const int64_t W = (int64_t)(NH + 2 * KVH) * HS, C = (int64_t)NH * HS;
-    const cudnnDataType_t e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-    const int64_t qd[4] = {B, NH, T, HS}, qs[4] = {T * W, HS, W, 1};
-    const int64_t kd[4] = {B, KVH, HS, T}, ks[4] = {T * W, HS, 1, W}; /* Kᵀ: a transposed view */
-    const int64_t vd[4] = {B, KVH, T, HS}, vs[4] = {T * W, HS, W, 1};
-    const int64_t od[4] = {B, NH, T, HS}, os[4] = {T * C, HS, C, 1};
-    const int64_t sd[4] = {B, NH, T, T}, rd[4] = {B, NH, T, 1}, rs[4] = {(int64_t)NH * T, T, 1, 1};
-
-    cudnnBackendDescriptor_t q = tensor(&b, U_Q, e, qd, qs, "Q"), k = tensor(&b, U_K, e, kd, ks, "K");
-    cudnnBackendDescriptor_t v = tensor(&b, U_V, e, vd, vs, "V"), o = tensor(&b, U_O, e, od, os, "O");
-    cudnnBackendDescriptor_t stats = tensor(&b, U_STATS, CUDNN_DATA_FLOAT, rd, rs, "stats");
-    cudnnBackendDescriptor_t scale = scalar(&b, U_SCALE, "scale"), neg_inf = scalar(&b, U_NEG_INF, "-inf");
-    cudnnBackendDescriptor_t ops[16];
-    int n = 0;
-    cudnnBackendDescriptor_t s0 = tensor(&b, 0, CUDNN_DATA_FLOAT, sd, NULL, "S");
-    ops[n++] = matmul(&b, q, k, s0, "S = Q·Kᵀ");
-    cudnnBackendDescriptor_t s1 = tensor(&b, 0, CUDNN_DATA_FLOAT, sd, NULL, "S scaled");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_MUL, s0, scale, NULL, s1, -1, "S · scale");
-    cudnnBackendDescriptor_t row = tensor(&b, 0, CUDNN_DATA_INT32, sd, NULL, "row index");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_GEN_INDEX, s1, NULL, NULL, row, 2, "row index");
-    cudnnBackendDescriptor_t col = tensor(&b, 0, CUDNN_DATA_INT32, sd, NULL, "column index");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_GEN_INDEX, s1, NULL, NULL, col, 3, "column index");
-    cudnnBackendDescriptor_t keep = tensor(&b, 0, CUDNN_DATA_BOOLEAN, sd, NULL, "causal mask");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_CMP_GE, row, col, NULL, keep, -1, "row >= column");
-    cudnnBackendDescriptor_t s2 = tensor(&b, 0, CUDNN_DATA_FLOAT, sd, NULL, "S masked");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_BINARY_SELECT, s1, neg_inf, keep, s2, -1, "mask");
-    cudnnBackendDescriptor_t mx = tensor(&b, 0, CUDNN_DATA_FLOAT, rd, NULL, "row max");
-    ops[n++] = reduction(&b, CUDNN_REDUCE_TENSOR_MAX, s2, mx, "row max");
-    cudnnBackendDescriptor_t s3 = tensor(&b, 0, CUDNN_DATA_FLOAT, sd, NULL, "S - max");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_SUB, s2, mx, NULL, s3, -1, "S - max");
-    cudnnBackendDescriptor_t ex = tensor(&b, 0, CUDNN_DATA_FLOAT, sd, NULL, "exp");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_EXP, s3, NULL, NULL, ex, -1, "exp");
-    cudnnBackendDescriptor_t sum = tensor(&b, 0, CUDNN_DATA_FLOAT, rd, NULL, "row sum");
-    ops[n++] = reduction(&b, CUDNN_REDUCE_TENSOR_ADD, ex, sum, "row sum");
-    cudnnBackendDescriptor_t lsum = tensor(&b, 0, CUDNN_DATA_FLOAT, rd, NULL, "log sum");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_LOG, sum, NULL, NULL, lsum, -1, "log sum");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_ADD, lsum, mx, NULL, stats, -1, "stats = log sum + max");
-    cudnnBackendDescriptor_t prob = tensor(&b, 0, e, sd, NULL, "softmax");
-    ops[n++] = pointwise(&b, CUDNN_POINTWISE_DIV, ex, sum, NULL, prob, -1, "exp / sum");
-    ops[n++] = matmul(&b, prob, v, o, "O = P·V");
-
-    cudnnBackendDescriptor_t graph = create(&b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
-    set(&b, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &p->handle, "graph");
-    set(&b, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, ops, "graph");
-    finalize(&b, graph, "graph");
-    if (!b.failed)
-        make_plan(&b, graph);
-    if (b.failed) {
-        sdpa_fwd_free(p);
-        return NULL;
-    }
-    return p;
+        fail(b, s, "cudnnSetStream");
 }
 
-int sdpa_fwd_run(sdpa_fwd *p, const uint16_t *qkv16, uint16_t *out16, float *stats, char *why, size_t why_len)
+/* The graph of the ops made, and its plan. */
+static void finish(builder *b)
 {
-    int64_t uids[7] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF};
-    void *ptrs[7] = {(void *)qkv16, (void *)(qkv16 + (size_t)p->NH * p->HS),
-                     (void *)(qkv16 + (size_t)(p->NH + p->KVH) * p->HS), out16, stats, &p->scale, &p->neg_inf};
+    cudnnBackendDescriptor_t graph = create(b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
+    set(b, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &b->g->handle, "graph");
+    set(b, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, b->nops, b->ops, "graph");
+    finalize(b, graph, "graph");
+    if (!b->failed)
+        make_plan(b, graph);
+}
+
+static void release(sdpa_graph *g)
+{
+    if (g->plan)
+        cudnnBackendDestroyDescriptor(g->plan);
+    while (g->ndesc > 0)
+        cudnnBackendDestroyDescriptor(g->desc[--g->ndesc]);
+    cudaFree(g->workspace);
+    if (g->handle)
+        cudnnDestroy(g->handle);
+}
+
+/* The Q, K and V views' first elements in a qkv-shaped base. */
+static void qkv_views(const sdpa_graph *g, const uint16_t *base, void *views[3])
+{
+    views[0] = (void *)base;
+    views[1] = (void *)(base + (size_t)g->NH * g->HS);
+    views[2] = (void *)(base + (size_t)(g->NH + g->KVH) * g->HS);
+}
+
+/* Queue the plan with the n real tensors uids at ptrs. */
+static int execute(sdpa_graph *g, int n, const int64_t *uids, void *const *ptrs, char *why, size_t why_len)
+{
     cudnnBackendDescriptor_t pack = NULL;
     cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
     if (s == CUDNN_STATUS_SUCCESS)
-        s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 7, uids);
+        s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
     if (s == CUDNN_STATUS_SUCCESS)
-        s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 7, ptrs);
+        s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
     if (s == CUDNN_STATUS_SUCCESS)
-        s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
-                                     &p->workspace);
+        s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &g->workspace);
     if (s == CUDNN_STATUS_SUCCESS)
         s = cudnnBackendFinalize(pack);
     if (s == CUDNN_STATUS_SUCCESS)
-        s = cudnnBackendExecute(p->handle, p->plan, pack);
+        s = cudnnBackendExecute(g->handle, g->plan, pack);
     if (pack)
         cudnnBackendDestroyDescriptor(pack);
     if (s != CUDNN_STATUS_SUCCESS) {
@@ -344,16 +427,151 @@ int sdpa_fwd_run(sdpa_fwd *p, const uint16_t *qkv16, uint16_t *out16, float *sta
     return 0;
 }
 
+sdpa_fwd *sdpa_fwd_plan(void *stream, bool bf16, int B, int T, int NH, int KVH, int HS, char *why, size_t why_len)
+{
+    sdpa_fwd *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(why, why_len, "out of memory");
+        return NULL;
+    }
+    builder b;
+    begin(&b, &p->g, stream, bf16, B, T, NH, KVH, HS, why, why_len);
+    const int64_t W = (int64_t)(NH + 2 * KVH) * HS, C = (int64_t)NH * HS;
+    const cudnnDataType_t e = b.e, f = CUDNN_DATA_FLOAT;
+    const int64_t sd[4] = {B, NH, T, T}, rd[4] = {B, NH, T, 1};
+
+    cudnnBackendDescriptor_t q = heads(&b, U_Q, e, NH, W, false, "Q"), kt = heads(&b, U_K, e, KVH, W, true, "Kᵀ");
+    cudnnBackendDescriptor_t v = heads(&b, U_V, e, KVH, W, false, "V"), o = heads(&b, U_O, e, NH, C, false, "O");
+    cudnnBackendDescriptor_t stats = tensor(&b, U_STATS, f, rd, NULL, "stats");
+    cudnnBackendDescriptor_t scale = scalar(&b, U_SCALE, "scale"), neg_inf = scalar(&b, U_NEG_INF, "-inf");
+    cudnnBackendDescriptor_t s = matmul(&b, q, kt, virt(&b, f, sd, "S"), "S = Q·Kᵀ");
+    s = pointwise(&b, CUDNN_POINTWISE_MUL, s, scale, NULL, virt(&b, f, sd, "S scaled"), -1, "S · scale");
+    s = causal_mask(&b, s, neg_inf, sd);
+    cudnnBackendDescriptor_t mx = reduction(&b, CUDNN_REDUCE_TENSOR_MAX, s, virt(&b, f, rd, "row max"), "row max");
+    s = pointwise(&b, CUDNN_POINTWISE_SUB, s, mx, NULL, virt(&b, f, sd, "S - max"), -1, "S - max");
+    cudnnBackendDescriptor_t ex = pointwise(&b, CUDNN_POINTWISE_EXP, s, NULL, NULL, virt(&b, f, sd, "exp"), -1, "exp");
+    cudnnBackendDescriptor_t sum = reduction(&b, CUDNN_REDUCE_TENSOR_ADD, ex, virt(&b, f, rd, "row sum"), "row sum");
+    cudnnBackendDescriptor_t lsum =
+        pointwise(&b, CUDNN_POINTWISE_LOG, sum, NULL, NULL, virt(&b, f, rd, "log sum"), -1, "log sum");
+    pointwise(&b, CUDNN_POINTWISE_ADD, lsum, mx, NULL, stats, -1, "stats = log sum + max");
+    cudnnBackendDescriptor_t prob =
+        pointwise(&b, CUDNN_POINTWISE_DIV, ex, sum, NULL, virt(&b, e, sd, "softmax"), -1, "exp / sum");
+    matmul(&b, prob, v, o, "O = P·V");
+    finish(&b);
+    if (b.failed) {
+        sdpa_fwd_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int sdpa_fwd_run(sdpa_fwd *p, const uint16_t *qkv16, uint16_t *out16, float *stats, char *why, size_t why_len)
+{
+    const int64_t uids[7] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF};
+    void *ptrs[7] = {NULL, NULL, NULL, out16, stats, &p->g.scale, &p->g.neg_inf};
+    qkv_views(&p->g, qkv16, ptrs);
+    return execute(&p->g, 7, uids, ptrs, why, why_len);
+}
+
 void sdpa_fwd_free(sdpa_fwd *p)
 {
     if (!p)
         return;
-    if (p->plan)
-        cudnnBackendDestroyDescriptor(p->plan);
-    while (p->ndesc > 0)
-        cudnnBackendDestroyDescriptor(p->desc[--p->ndesc]);
-    cudaFree(p->workspace);
-    if (p->handle)
-        cudnnDestroy(p->handle);
+    release(&p->g);
+    free(p);
+}
+
+sdpa_bwd *sdpa_bwd_plan(void *stream, bool bf16, int B, int T, int NH, int KVH, int HS, char *why, size_t why_len)
+{
+    sdpa_bwd *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(why, why_len, "out of memory");
+        return NULL;
+    }
+    builder b;
+    begin(&b, &p->g, stream, bf16, B, T, NH, KVH, HS, why, why_len);
+    const int64_t W = (int64_t)(NH + 2 * KVH) * HS, C = (int64_t)NH * HS;
+    const cudnnDataType_t e = b.e, f = CUDNN_DATA_FLOAT;
+    const int64_t sd[4] = {B, NH, T, T}, rd[4] = {B, NH, T, 1}, qd[4] = {B, NH, T, HS};
+    /* strides of a (B,NH,T,T) transposed in place: key index, then query index */
+    const int64_t ts[4] = {(int64_t)NH * T * T, (int64_t)T * T, 1, T};
+
+    cudnnBackendDescriptor_t q = heads(&b, U_Q, e, NH, W, false, "Q"), kt = heads(&b, U_K, e, KVH, W, true, "Kᵀ");
+    cudnnBackendDescriptor_t vt = heads(&b, U_V, e, KVH, W, true, "Vᵀ"), o = heads(&b, U_O, e, NH, C, false, "O");
+    cudnnBackendDescriptor_t dout = heads(&b, U_DO, e, NH, C, false, "dO");
+    cudnnBackendDescriptor_t dq = heads(&b, U_DQ, e, NH, W, false, "dQ"), dk = heads(&b, U_DK, e, KVH, W, false, "dK");
+    cudnnBackendDescriptor_t dv = heads(&b, U_DV, e, KVH, W, false, "dV");
+    cudnnBackendDescriptor_t stats = tensor(&b, U_STATS, f, rd, NULL, "stats");
+    cudnnBackendDescriptor_t dot = tensor(&b, U_DOT, f, rd, NULL, "row sum of dO∘O");
+    cudnnBackendDescriptor_t dq_acc = tensor(&b, U_DQ_ACC, f, qd, NULL, "dQ accumulator");
+    cudnnBackendDescriptor_t scale = scalar(&b, U_SCALE, "scale"), neg_inf = scalar(&b, U_NEG_INF, "-inf");
+    cudnnBackendDescriptor_t one = scalar(&b, U_ONE, "one");
+
+    /* Σ_row dO∘O: what softmax's backward subtracts (P's rows sum to 1) */
+    cudnnBackendDescriptor_t x =
+        pointwise(&b, CUDNN_POINTWISE_MUL, dout, o, NULL, heads(&b, 0, f, NH, C, false, "dO∘O"), -1, "dO∘O");
+    x = reduction(&b, CUDNN_REDUCE_TENSOR_ADD, x, virt(&b, f, rd, "row sum"), "row sum of dO∘O");
+    pointwise(&b, CUDNN_POINTWISE_MUL, x, one, NULL, dot, -1, "row sum · 1");
+    /* P = exp(S·scale - stats), masked: the forward's softmax, from stats */
+    cudnnBackendDescriptor_t s = matmul(&b, q, kt, virt(&b, f, sd, "S"), "S = Q·Kᵀ");
+    s = pointwise(&b, CUDNN_POINTWISE_MUL, s, scale, NULL, virt(&b, f, sd, "S scaled"), -1, "S · scale");
+    s = pointwise(&b, CUDNN_POINTWISE_SUB, s, stats, NULL, virt(&b, f, sd, "S - stats"), -1, "S - stats");
+    s = causal_mask(&b, s, neg_inf, sd);
+    cudnnBackendDescriptor_t pr = pointwise(&b, CUDNN_POINTWISE_EXP, s, NULL, NULL, virt(&b, f, sd, "P"), -1, "P");
+    /* dV = Pᵀ·dO */
+    cudnnBackendDescriptor_t pt = reshape(&b, pr, tensor(&b, 0, e, sd, ts, "Pᵀ"), "Pᵀ");
+    grouped_matmul(&b, pt, dout, dv, "dV = Pᵀ·dO");
+    /* dS = P ∘ (dO·Vᵀ - Σ_row dO∘O) · scale */
+    cudnnBackendDescriptor_t ds = matmul(&b, dout, vt, virt(&b, f, sd, "dP"), "dP = dO·Vᵀ");
+    ds = pointwise(&b, CUDNN_POINTWISE_SUB, ds, dot, NULL, virt(&b, f, sd, "dP - sum"), -1, "dP - row sum");
+    ds = pointwise(&b, CUDNN_POINTWISE_MUL, ds, pr, NULL, virt(&b, f, sd, "P∘(dP - sum)"), -1, "P∘(dP - row sum)");
+    ds = pointwise(&b, CUDNN_POINTWISE_MUL, ds, scale, NULL, virt(&b, f, sd, "dS"), -1, "dS · scale");
+    /* dK = dSᵀ·Q */
+    cudnnBackendDescriptor_t dst = reshape(&b, ds, tensor(&b, 0, e, sd, ts, "dSᵀ"), "dSᵀ");
+    grouped_matmul(&b, dst, q, dk, "dK = dSᵀ·Q");
+    /* dQ = dS·K, through the fp32 accumulator */
+    cudnnBackendDescriptor_t k = reshape(&b, kt, heads(&b, 0, e, KVH, W, false, "K"), "K from Kᵀ");
+    matmul(&b, ds, k, dq_acc, "dQ = dS·K");
+    pointwise(&b, CUDNN_POINTWISE_IDENTITY, dq_acc, NULL, NULL, dq, -1, "dQ to 16 bits");
+    finish(&b);
+
+    if (!b.failed && (cudaMalloc((void **)&p->dot, (size_t)B * NH * T * sizeof(float)) != cudaSuccess ||
+                      cudaMalloc((void **)&p->dq_acc, (size_t)B * NH * T * HS * sizeof(float)) != cudaSuccess))
+        fail(&b, CUDNN_STATUS_ALLOC_FAILED, "backward: the row sums and the dQ accumulator");
+    p->zero_dq_acc = cudnnGetVersion() < 90600;
+    if (b.failed) {
+        sdpa_bwd_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int sdpa_bwd_run(sdpa_bwd *p, const uint16_t *qkv16, const uint16_t *out16, const uint16_t *dout16,
+                 const float *stats, uint16_t *dqkv16, char *why, size_t why_len)
+{
+    sdpa_graph *g = &p->g;
+    if (p->zero_dq_acc) {
+        cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, (size_t)g->B * g->NH * g->T * g->HS * sizeof(float), g->stream);
+        if (err != cudaSuccess) {
+            snprintf(why, why_len, "CUDA memset of the dQ accumulator: %s", cudaGetErrorString(err));
+            return -1;
+        }
+    }
+    const int64_t uids[14] = {U_Q, U_K, U_V, U_DQ, U_DK, U_DV, U_O, U_DO, U_STATS, U_DOT, U_DQ_ACC,
+                              U_SCALE, U_NEG_INF, U_ONE};
+    void *ptrs[14] = {NULL, NULL, NULL, NULL, NULL, NULL, (void *)out16, (void *)dout16, (void *)stats,
+                      p->dot, p->dq_acc, &g->scale, &g->neg_inf, &g->one};
+    qkv_views(g, qkv16, ptrs);
+    qkv_views(g, dqkv16, ptrs + 3);
+    return execute(g, 14, uids, ptrs, why, why_len);
+}
+
+void sdpa_bwd_free(sdpa_bwd *p)
+{
+    if (!p)
+        return;
+    release(&p->g);
+    cudaFree(p->dot);
+    cudaFree(p->dq_acc);
     free(p);
 }
