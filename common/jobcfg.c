@@ -112,7 +112,8 @@ static const opts_def opts[] = {
 
     {"finetune", "method", OPTS_CHOICE, J(ft_method), 0, 0, false, "full",
      "full: train every weight; lora: train low-rank adapters on a frozen base, stored once in the precision the GEMMs "
-     "read (16 bits under bf16/fp16)", "full|lora"},
+     "read (16 bits under bf16/fp16); auto: full when micro-batch 1 of it fits the job's memory (with recompute "
+     "unless off), else lora", "full|lora|auto"},
     {"finetune", "rank", OPTS_COUNT, J(lora_rank), 1, 4096, false, "8", "lora: the adapters' rank r", NULL},
     {"finetune", "alpha", OPTS_DOUBLE, J(lora_alpha), 1e-6, 1e6, false, "16",
      "lora: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)", NULL},
@@ -540,11 +541,11 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
         return complain(p, "train", "min_lr", err, err_len, "is above [train] lr");
     if (j->warmup > j->steps)
         return complain(p, "train", "warmup", err, err_len, "is longer than [train] steps");
-    if (j->ft_method != JOBCFG_FT_LORA) {
+    if (j->ft_method == JOBCFG_FT_FULL) {
         static const char *const lora_keys[] = {"rank", "alpha", "dropout", "targets", "merged"};
         for (size_t i = 0; i < sizeof lora_keys / sizeof lora_keys[0]; i++)
             if (jobcfg_line(j, "finetune", lora_keys[i]))
-                return complain(p, "finetune", lora_keys[i], err, err_len, "is for method = lora");
+                return complain(p, "finetune", lora_keys[i], err, err_len, "is for method = lora or auto");
     }
 
     /* Whatever the model: which kinds use hidden, and so must have it

@@ -33,8 +33,9 @@ typedef enum { JOBCFG_RESUME_AUTO = 0, JOBCFG_RESUME_NEVER = 1, JOBCFG_RESUME_RE
  * run the block's forward again there (less memory, more compute). */
 typedef enum { JOBCFG_RECOMPUTE_AUTO = 0, JOBCFG_RECOMPUTE_OFF = 1, JOBCFG_RECOMPUTE_ON = 2 } jobcfg_recompute;
 /* [finetune] method: train every weight, or low-rank adapters on a frozen
- * base (daemon/models/lora.h). */
-typedef enum { JOBCFG_FT_FULL = 0, JOBCFG_FT_LORA = 1 } jobcfg_ft_method;
+ * base (daemon/models/lora.h), or let the engine choose at the start: the
+ * whole model when micro-batch 1 of it fits, else adapters. */
+typedef enum { JOBCFG_FT_FULL = 0, JOBCFG_FT_LORA = 1, JOBCFG_FT_AUTO = 2 } jobcfg_ft_method;
 #define JOBCFG_COMMAND_MAX 4096 /* [program] command and env, as written */
 
 /* [job] devices: at most this many. */

@@ -6,8 +6,8 @@
 
 const char *batch_reason_name(batch_reason r)
 {
-    static const char *const names[BATCH_REASON_COUNT] = {"",      "fit",    "oom",   "pressure",
-                                                          "grow",  "tuning", "tuned", "recompute"};
+    static const char *const names[BATCH_REASON_COUNT] = {"",       "fit",    "oom",   "pressure", "grow",
+                                                          "tuning", "tuned", "recompute", "lora"};
     return (unsigned)r < BATCH_REASON_COUNT ? names[r] : "";
 }
 

@@ -90,10 +90,12 @@ typedef enum {
     BATCH_REASON_TUNED,    /* the fastest candidate: recorded even when it is the size running */
     BATCH_REASON_RECOMPUTE, /* activation recomputation on: micro-batch 1 did not fit without it, or a
                              * larger size runs faster with it (memory.c) */
+    BATCH_REASON_LORA,      /* the first fit of a job that [finetune] method = auto put on LoRA adapters:
+                             * micro-batch 1 of the whole model did not fit */
     BATCH_REASON_COUNT
 } batch_reason;
 
-/* "fit", "oom", "pressure", "grow", "tuning", "tuned", "recompute"; "" for none */
+/* "fit", "oom", "pressure", "grow", "tuning", "tuned", "recompute", "lora"; "" for none */
 const char *batch_reason_name(batch_reason r);
 
 typedef enum {

@@ -285,6 +285,19 @@ bool checkpoint_exists(const run *r)
     return stat(r->ckpt.path_resume, &st) == 0;
 }
 
+int checkpoint_holds_adapters(const run *r)
+{
+    if (!checkpoint_exists(r))
+        return -1;
+    char err[512];
+    st_file *f;
+    if (st_open(r->ckpt.path_resume, &f, err, sizeof err) != 0)
+        return -1;
+    int rc = st_meta(f, "lora") != NULL;
+    st_close(f);
+    return rc;
+}
+
 /* The resume state's tensors with their shapes: "params" or the adapters'
  * (ts, nt), and the moments (shape: the count of what trains). */
 static bool expect_state(st_file *f, const model_tensor *ts, int nt, const uint64_t *shape, char *err,

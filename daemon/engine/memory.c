@@ -56,6 +56,17 @@ static size_t lasting_bytes(const run *r)
     return base + m->lora->num_params * 4 * sizeof(float);
 }
 
+/* The lever a job that trains every weight of a kind with LoRA did not
+ * allow, for the end of an out-of-memory's advice ("" for the others):
+ * ", or train LoRA adapters ...", so the advice before it leaves out its
+ * own "or " when this is set. */
+static const char *lora_hint(const run *r)
+{
+    return !r->m->lora && r->m->kind->lora_targets
+               ? ", or train LoRA adapters on the frozen model ([finetune] method = lora or auto)"
+               : "";
+}
+
 static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
 {
     pool_oom_report oom;
@@ -71,13 +82,15 @@ static void *alloc_tagged(run *r, size_t bytes, pool_tag tag, const char *what)
     units_format_size(lasting, need, sizeof need);
     units_format_size(act1 + per, act, sizeof act);
     units_format_size(lasting + act1 + per, sum, sizeof sum);
+    const char *lora = lora_hint(r);
     run_fail(r,
-             "out of memory for the %s: %s; %s alone take %s, and micro-batch 1 about %s more: %s at least %s, or "
-             "train a smaller model",
+             "out of memory for the %s: %s; %s alone take %s, and micro-batch 1 about %s more: %s at least %s, %s"
+             "train a smaller model%s",
              what, oom.message,
              r->m->lora ? "the frozen base model and the adapters with their gradients and optimizer state"
                         : "the parameters, gradients and optimizer state",
-             need, act, oom.job_limit_hit ? "raise [memory] limit to" : "the job needs free", sum);
+             need, act, oom.job_limit_hit ? "raise [memory] limit to" : "the job needs free", sum, lora[0] ? "" : "or ",
+             lora);
     return NULL;
 }
 
@@ -388,8 +401,73 @@ static train_outcome alloc_lora(run *r)
     char drop[32] = "";
     if (l->dropout > 0)
         snprintf(drop, sizeof drop, " dropout=%g", l->dropout);
-    snprintf(r->mem.lora_lever, sizeof r->mem.lora_lever, "lora (%s%s; base frozen in %s)", rest, drop, prec);
+    snprintf(r->mem.lora_lever, sizeof r->mem.lora_lever, "lora (%s%s; base frozen in %s%s%s)", rest, drop, prec,
+             r->mem.method_why[0] ? "; " : "", r->mem.method_why);
     return TRAIN_DONE;
+}
+
+/* ---- [finetune] method = auto ---------------------------------------------------------- */
+
+static bool fit_lock(run *r);
+static void fit_unlock(run *r, bool took);
+
+/* What full fine-tuning of r->m holds at micro-batch 1: parameters,
+ * gradients, this rank's optimizer state, the 16-bit copy where the model
+ * keeps one, and one sample's activations and inputs, recompute on unless
+ * the job turned it off (the cheaper lever comes first). */
+static size_t full_need(run *r)
+{
+    model *m = r->m;
+    size_t P = m->num_params, first, n, fixed, per;
+    opt_share(r, P, &first, &n);
+    size_t need = 2 * P * sizeof(float) + 2 * n * sizeof(float) + (m->needs_params16 ? P * sizeof(uint16_t) : 0);
+    m->recompute = r->j->recompute != JOBCFG_RECOMPUTE_OFF && m->kind->recomputes;
+    m->ops->activation_bytes(m, &fixed, &per);
+    m->recompute = false;
+    return need + fixed + per + r->data.x_bytes + r->data.y_bytes + r->data.aux_bytes;
+}
+
+/* r->m built again from the job with LoRA's adapters. */
+static train_outcome rebuild_with_lora(run *r)
+{
+    char err[1024];
+    r->chosen = malloc(sizeof *r->chosen);
+    if (!r->chosen)
+        return run_fail(r, "out of host memory");
+    *r->chosen = *r->j;
+    r->chosen->ft_method = JOBCFG_FT_LORA;
+    r->j = r->chosen;
+    model_destroy(r->m);
+    r->m = NULL;
+    if (model_create(r->j, r->data.input_dim, r->data.classes, r->k, r->kc, &r->m, err, sizeof err) != 0)
+        return run_fail(r, "%s: %s", r->j->source, err);
+    return TRAIN_DONE;
+}
+
+train_outcome memory_choose_method(run *r)
+{
+    if (r->j->ft_method != JOBCFG_FT_AUTO)
+        return TRAIN_DONE;
+    /* A resumed job goes on with what its checkpoint holds. */
+    int held = checkpoint_holds_adapters(r);
+    if (held == 1) {
+        snprintf(r->mem.method_why, sizeof r->mem.method_why, "method = auto: the checkpoint holds adapters");
+        return rebuild_with_lora(r);
+    }
+    if (held == 0)
+        return TRAIN_DONE;
+    if (!r->m->kind->lora_targets)
+        return TRAIN_DONE;
+    bool took = fit_lock(r);
+    size_t need = full_need(r), budget = job_budget(r, NULL);
+    fit_unlock(r, took);
+    if (need <= budget)
+        return TRAIN_DONE;
+    char a[16], b[16];
+    snprintf(r->mem.method_why, sizeof r->mem.method_why,
+             "method = auto: full fine-tuning needs %s at micro-batch 1, the job has %s",
+             units_format_size(need, a, sizeof a), units_format_size(budget, b, sizeof b));
+    return rebuild_with_lora(r);
 }
 
 /* The state that lives as long as the job: parameters, gradients, Adam;
@@ -610,16 +688,17 @@ static train_outcome fail_no_fit(run *r, const pool_oom_report *oom)
     if (model_need > (double)need)
         need = (size_t)model_need;
     units_format_size(need, need_s, sizeof need_s);
-    char fix[400];
+    char fix[512];
+    const char *lora = lora_hint(r);
     if (oom->job_limit_hit || (r->j->mem_limit && need > r->j->mem_limit))
-        snprintf(fix, sizeof fix, "raise [memory] limit from %s to at least %s, or train a smaller model",
+        snprintf(fix, sizeof fix, "raise [memory] limit from %s to at least %s, %strain a smaller model%s",
                  units_format_size(oom->job_limit_hit ? oom->job_limit : r->j->mem_limit, lim, sizeof lim),
-                 need_s);
+                 need_s, lora[0] ? "" : "or ", lora);
     else
         snprintf(fix, sizeof fix,
                  "free memory on %s (other processes or jobs hold it; the job needs about %s), run it on "
-                 "another device ([job] device), or train a smaller model ([model] width, layers or context)",
-                 pool_device(r->p)->id, need_s);
+                 "another device ([job] device), %strain a smaller model ([model] width, layers or context)%s",
+                 pool_device(r->p)->id, need_s, lora[0] ? "" : "or ", lora);
     char ck[160];
     if (checkpoint_exists(r))
         snprintf(ck, sizeof ck, "the last checkpoint in %s is kept; resubmit to resume from it", r->j->out_dir);
@@ -837,7 +916,10 @@ static train_outcome choose_micro_fitting(run *r, batch_reason why)
         c->changes = changes + 1;
         c->oom_recoveries = ooms;
     }
-    if (!j->micro_batch || why == BATCH_REASON_RECOMPUTE)
+    /* The first fit of a job that auto put on LoRA says so, probed or not. */
+    if (why == BATCH_REASON_LORA)
+        batch_refit_as(c, from, r->progress.step, why);
+    if (!j->micro_batch || why == BATCH_REASON_RECOMPUTE || why == BATCH_REASON_LORA)
         outputs_batch_change(r);
     if (set_micro(r, c->micro, -1) != 0 && after_oom(r) != TRAIN_DONE)
         return TRAIN_FAILED;
@@ -885,7 +967,7 @@ train_outcome memory_choose_micro(run *r)
         set_recompute_why(r, true, r->ckpt.recompute_why[0] ? r->ckpt.recompute_why : "in the checkpoint",
                           "; kept on resume");
     r->prog.recompute = r->m->recompute;
-    return choose_micro(r, BATCH_REASON_FIT);
+    return choose_micro(r, r->mem.method_why[0] ? BATCH_REASON_LORA : BATCH_REASON_FIT);
 }
 
 /* ---- recompute = auto's second lever ---------------------------------------------- */

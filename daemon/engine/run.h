@@ -91,7 +91,8 @@ typedef struct {
     float *base32;               /* a 16-bit base's fp32-read tensors (lora.h's n32 floats); else NULL */
     float *adapters, *adapter_grads; /* LoRA's num_params floats each; else NULL */
     run_trained trained;
-    char lora_lever[160];      /* "lora (r=8 ...; base frozen in bf16)" for the levers; "": full fine-tuning */
+    char lora_lever[256];      /* "lora (r=8 ...; base frozen in bf16)" for the levers; "": full fine-tuning */
+    char method_why[128];      /* [finetune] method = auto's choice of LoRA, why; "": not auto's, or full */
     void *acts, *x, *y;
     int32_t *aux;              /* micro rows of pos, then as many of start (packing only) */
     size_t act_bytes;
@@ -160,6 +161,9 @@ typedef struct {
 
 typedef struct run {
     const job_config *j;
+    /* [finetune] method = auto: the job as it runs, with the method it was
+     * given (memory_choose_method); j then points here.  NULL otherwise. */
+    job_config *chosen;
     const model_kind *kind; /* the job's model, from the registry */
     pool *p;
     const kern_ops *k;
@@ -238,6 +242,12 @@ int memory_base_to_host(run *r, float *host, char *err, size_t err_len);
 /* Wait for the queued device work: 0; 1 when it ran out of memory; -1
  * when the device failed otherwise (the run failed). */
 int memory_device_check(run *r, const char *during);
+/* [finetune] method = auto, before memory_alloc: keep the whole model r->m
+ * when micro-batch 1 of it fits the job's budget (by the model's own
+ * estimate, recompute counted unless off), or a resumed checkpoint holds
+ * it; else build the model again with LoRA's adapters.  Nothing for other
+ * methods. */
+train_outcome memory_choose_method(run *r);
 /* The first micro-batch, allocated. */
 train_outcome memory_choose_micro(run *r);
 /* At a step boundary: shrink before an OOM, grow back, or tune. */
@@ -264,6 +274,10 @@ train_outcome checkpoint_save(run *r, uint64_t epoch, uint64_t index);
 int checkpoint_export(run *r, char *err, size_t err_len);
 /* Whether a resume state exists, seen as the job's owner. */
 bool checkpoint_exists(const run *r);
+/* Whether the resume state holds LoRA adapters (1) or a whole model's
+ * state (0); -1 when there is none, or none that opens (checkpoint_load
+ * then says why). */
+int checkpoint_holds_adapters(const run *r);
 /* The device the run is on, as a checkpoint records where a micro-batch
  * was found. */
 void checkpoint_device_signature(const run *r, char *buf, size_t len);

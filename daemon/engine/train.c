@@ -676,6 +676,10 @@ static train_outcome run_job(run *r, const train_hooks *h)
         return run_fail(r, "cannot set the memory limit: the pool's job table is full");
     if (model_create(j, r->data.input_dim, r->data.classes, r->k, r->kc, &r->m, err, sizeof err) != 0)
         return run_fail(r, "%s: %s", j->source, err);
+    if (memory_choose_method(r) != TRAIN_DONE)
+        return TRAIN_FAILED;
+    j = r->j;
+    r->res->lora = r->m->lora != NULL;
     r->m->poll = h ? h->poll : NULL;
     r->m->poll_user = h ? h->user : NULL;
     if (memory_alloc(r) != TRAIN_DONE)
@@ -833,6 +837,7 @@ train_outcome train_run(const job_config *j, pool *p, const kern_ops *k, uint32_
      * run may take the directory. */
     outputs_release(r);
     res->outcome = o;
+    free(r->chosen);
     free(r);
     return o;
 }

@@ -53,9 +53,9 @@ typedef struct {
     uint64_t batch_changes;
     uint32_t change_from, change_to; /* the last change (valid when batch_changes > 0) */
     uint64_t change_step;
-    char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow", "recompute" */
+    char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow", "recompute", "lora" */
     bool recompute;             /* activation recomputation is on ([memory] recompute) */
-    char levers[224];           /* the memory levers on and why: "recompute (on in the job file)"; "": none */
+    char levers[320];           /* the memory levers on and why: "recompute (on in the job file)"; "": none */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
     uint64_t data_bytes;        /* host memory the job's data holds (io/data.h's budget) */
 } train_progress;
@@ -137,6 +137,7 @@ typedef struct {
     size_t act_fixed, act_per_sample; /* the model's activation estimate */
     size_t persistent_bytes;          /* params + grads + optimizer in the pool */
     double peak_fixed, peak_per_sample; /* the controller's fitted peak(n) = fixed + per_sample × n */
+    bool lora;                        /* it trained LoRA adapters ([finetune] method lora, or auto's choice) */
     char message[1024];               /* why it failed, a person can act on it */
     /* Set by a runner whose job's memory is in a pool of its own (a
      * program's), read before that pool goes: its peak, in all and by

@@ -296,11 +296,10 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         print_peak(ctx->pools[di], env.job_id);
         /* A LoRA job's own outputs are its adapters; the model only merged. */
         printf("outputs in %s (%s%s%smetrics.jsonl, tensorboard/, resume.safetensors)\n", j.out_dir,
-               j.ft_method == JOBCFG_FT_LORA ? "adapter_model.safetensors, adapter_config.json, " : "",
-               j.ft_method != JOBCFG_FT_LORA || j.lora_merged ? "model.safetensors, " : "",
-               (j.ft_method != JOBCFG_FT_LORA || j.lora_merged) && model_kind_of(&j) && model_kind_of(&j)->hf_config
-                   ? "config.json, "
-                   : "");
+               res.lora ? "adapter_model.safetensors, adapter_config.json, " : "",
+               !res.lora || j.lora_merged ? "model.safetensors, " : "",
+               (!res.lora || j.lora_merged) && model_kind_of(&j) && model_kind_of(&j)->hf_config ? "config.json, "
+                                                                                                 : "");
         rc = 0;
         break;
     case TRAIN_STOPPED:

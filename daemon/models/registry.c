@@ -131,7 +131,7 @@ int model_check_job(job_config *j, char *err, size_t err_len)
         return -1;
     if (kind != &model_kind_llama && model_llama_keys_refuse(j, kind, err, err_len) != 0)
         return -1;
-    if (j->ft_method == JOBCFG_FT_LORA && check_lora(j, kind, err, err_len) != 0)
+    if (j->ft_method != JOBCFG_FT_FULL && check_lora(j, kind, err, err_len) != 0)
         return -1;
     if (kind->check_job && kind->check_job(j, err, err_len) != 0)
         return -1;

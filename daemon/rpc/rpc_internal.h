@@ -65,7 +65,7 @@ typedef struct {
     Gradd__DevicePart *part_ptrs[JOBCFG_MAX_DEVICES];
     char name[64], user[64], device[JOBCFG_MAX_DEVICES * 8], reason[1024], out_dir[PATH_MAX], job_file[PATH_MAX];
     char change_reason[16];
-    char levers[224];
+    char levers[320];
     char command[1024]; /* cut, as reason is, to keep a list frame small */
     uint32_t depends_on[QUEUE_AFTER_MAX];
     char waiting[256];  /* "held; waiting for " and QUEUE_AFTER_MAX ids */

@@ -15,7 +15,9 @@ on the CPU device: a tiny Llama trains adapters on a frozen fp32 base.
     other adapters in the same directory is refused, naming both, and so
     is one that trains the whole model.
   - Under a [memory] limit between LoRA's peak and what full fine-tuning
-    holds before its first activation, the full job fails and LoRA runs.
+    holds before its first activation, the full job fails and LoRA runs;
+    [finetune] method = auto there chooses LoRA (its levers and first
+    batch_change say why), and without the limit the whole model.
 """
 import json
 import os
@@ -174,8 +176,31 @@ class Lora(harness.DaemonTest):
         _, full = self.run_job(self.job("tight-full", 2, memory={"limit": limit}), states=("failed",))
         self.assertIn("out of memory", full["reason"])
         self.assertIn("[memory] limit", full["reason"])
+        self.assertIn("or train LoRA adapters on the frozen model ([finetune] method = lora or auto)", full["reason"])
         _, ok = self.run_job(self.job("tight-lora", 2, finetune=self.LORA, memory={"limit": limit}))
         self.assertLessEqual(ok["mem_peak"], limit)
+
+        # method = auto chooses for itself: LoRA under that limit, with
+        # the reason in the levers and as the first batch_change's.
+        auto = dict(self.LORA, method="auto")
+        jid, chose = self.run_job(self.job("tight-auto", 2, finetune=auto, memory={"limit": limit}))
+        self.assertLessEqual(chose["mem_peak"], limit)
+        self.assertEqual(chose["mem_tags"]["frozen"]["peak"], 4 * P)
+        self.assertRegex(chose["levers"], r"^lora \(r=4 alpha=8 targets=q_proj,v_proj; base frozen in fp32; "
+                                          r"method = auto: full fine-tuning needs [0-9.]+[KMG]? at micro-batch 1, "
+                                          r"the job has [0-9.]+[KMG]?\)$")
+        print("auto under the limit: %s" % chose["levers"])
+        out = chose["out_dir"]
+        changes = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if "batch_change" in x]
+        self.assertEqual(changes[0]["reason"], "lora", changes)
+        self.assertTrue(os.path.exists(os.path.join(out, "adapter_model.safetensors")))
+        self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
+        # And without it, the whole model: no adapters, no LoRA lever.
+        _, whole = self.run_job(self.job("roomy-auto", 2, finetune=auto))
+        self.assertNotIn("lora", whole["levers"])
+        self.assertEqual(whole["mem_tags"]["params"]["peak"], 4 * P)
+        self.assertTrue(os.path.exists(os.path.join(whole["out_dir"], "model.safetensors")))
+        self.assertFalse(os.path.exists(os.path.join(whole["out_dir"], "adapter_model.safetensors")))
 
 
 if __name__ == "__main__":

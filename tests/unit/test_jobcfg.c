@@ -254,7 +254,13 @@ static void test_lora(void **state)
                  ":16: [finetune] dropout: '1' is not a number from 0 to 0.9");
     expect_error(LLAMA_HEAD "[finetune]\nmethod = lora\ndropout = -0.1\n",
                  ":16: [finetune] dropout: '-0.1' is not a number from 0 to 0.9");
-    expect_error(LLAMA_HEAD "[finetune]\ndropout = 0.1\n", ":15: [finetune] dropout: is for method = lora");
+    expect_error(LLAMA_HEAD "[finetune]\ndropout = 0.1\n", ":15: [finetune] dropout: is for method = lora or auto");
+    /* auto takes LoRA's keys (for when it chooses adapters), checked alike. */
+    write_job(LLAMA_HEAD "[finetune]\nmethod = auto\nrank = 4\ndropout = 0.1\ntargets = q_proj,o_proj\n");
+    if (load(path, &j, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(j.ft_method, JOBCFG_FT_AUTO);
+    expect_error(LLAMA_HEAD "[finetune]\nmethod = auto\ntargets = q_prj\n", ":16: [finetune] targets: 'q_prj'");
 }
 
 /* Every example in etc/jobs parses, and together they cover every model

@@ -93,7 +93,7 @@ static int64_t rounded(size_t bytes)
 typedef struct {
     pool_stats st;
     bool taken;
-    char levers[224];
+    char levers[320];
 } snap;
 
 static void take_stats(void *user, const train_progress *pr)
@@ -324,12 +324,68 @@ static void test_dropout_split_recompute(void **state)
     model_destroy(m);
 }
 
+/* [finetune] method = auto under a [memory] limit that full fine-tuning
+ * (16 bytes a parameter before any activation) cannot meet: LoRA, with
+ * the reason in the levers.  Stopped and resumed without the limit, it
+ * goes on with the adapters its checkpoint holds, and ends bitwise where
+ * a job that asked for LoRA ends. */
+static void test_auto_chooses_lora_and_keeps_it(void **state)
+{
+    (void)state;
+    job_config a, b;
+    job(&a, "auto", 5);
+    a.precision = JOBCFG_FP32;
+    a.ft_method = JOBCFG_FT_AUTO;
+    job(&b, "asked", 5);
+    b.precision = JOBCFG_FP32;
+    model *m = shapes_of(&b);
+    a.mem_limit = 15 * m->num_params;
+    static snap s;
+    memset(&s, 0, sizeof s);
+    fx_stopper part = {.stop_after = 2};
+    train_hooks hp = {.on_step = fx_record, .should_stop = fx_stop_now, .user = &part};
+    train_result res;
+    assert_int_equal(train_run(&a, fx_pool, kern_cpu_ops(), 1, &hp, &res), TRAIN_STOPPED);
+    pool_job_forget(fx_pool, 1);
+    assert_true(res.lora);
+    a.mem_limit = 0;
+    part.stop_after = 0;
+    train_hooks hs = {.on_step = take_stats, .user = &s};
+    if (train_run(&a, fx_pool, kern_cpu_ops(), 1, &hs, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    pool_job_forget(fx_pool, 1);
+    assert_true(res.lora);
+    print_message("levers on resume: %s\n", s.levers);
+    assert_non_null(strstr(s.levers, "; method = auto: the checkpoint holds adapters)"));
+    if (train_run(&b, fx_pool, kern_cpu_ops(), 1, NULL, &res) != TRAIN_DONE)
+        fail_msg("%s", res.message);
+    pool_job_forget(fx_pool, 1);
+    /* The reason as the first run gave it, in its metrics. */
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", a.out_dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    bool said = false;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"batch_change\"")) {
+            print_message("%s", line);
+            said |= strstr(line, "\"reason\":\"lora\"") != NULL;
+        }
+    fclose(f);
+    assert_true(said);
+    double big;
+    assert_true(adapters_diff(m, a.out_dir, b.out_dir, &big) == 0);
+    assert_true(big > 0);
+    model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_base_once_and_merged),
         cmocka_unit_test(test_stop_resume_bitwise),
         cmocka_unit_test(test_dropout_split_recompute),
+        cmocka_unit_test(test_auto_chooses_lora_and_keeps_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
