@@ -446,27 +446,26 @@ static train_outcome rebuild_with_lora(run *r)
 
 train_outcome memory_choose_method(run *r)
 {
-    if (r->j->ft_method != JOBCFG_FT_AUTO)
+    if (r->j->ft_method != JOBCFG_FT_AUTO || !r->m->kind->lora_targets)
         return TRAIN_DONE;
     /* A resumed job goes on with what its checkpoint holds. */
     int held = checkpoint_holds_adapters(r);
-    if (held == 1) {
-        snprintf(r->mem.method_why, sizeof r->mem.method_why, "method = auto: the checkpoint holds adapters");
-        return rebuild_with_lora(r);
-    }
-    if (held == 0)
-        return TRAIN_DONE;
-    if (!r->m->kind->lora_targets)
-        return TRAIN_DONE;
     bool took = fit_lock(r);
-    size_t need = full_need(r), budget = job_budget(r, NULL);
+    size_t need = full_need(r), budget = job_budget(r, NULL); /* every rank: a collective */
     fit_unlock(r, took);
-    if (need <= budget)
+    /* Ranks train one model: adapters if any of them must. */
+    double lora = held == 1 || (held != 0 && need > budget);
+    if (r->dist)
+        run_agree(r, &lora, 1, DIST_MAX, "agreeing on [finetune] method = auto's choice");
+    if (lora == 0)
         return TRAIN_DONE;
     char a[16], b[16];
-    snprintf(r->mem.method_why, sizeof r->mem.method_why,
-             "method = auto: full fine-tuning needs %s at micro-batch 1, the job has %s",
-             units_format_size(need, a, sizeof a), units_format_size(budget, b, sizeof b));
+    if (held == 1)
+        snprintf(r->mem.method_why, sizeof r->mem.method_why, "method = auto: the checkpoint holds adapters");
+    else
+        snprintf(r->mem.method_why, sizeof r->mem.method_why,
+                 "method = auto: full fine-tuning needs %s at micro-batch 1, the job has %s",
+                 units_format_size(need, a, sizeof a), units_format_size(budget, b, sizeof b));
     return rebuild_with_lora(r);
 }
 
