@@ -109,10 +109,12 @@ static int check_lora(const job_config *j, const model_kind *kind, char *err, si
                 at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", at ? " or " : "", kinds[i]->name);
                 offering++;
             }
+        /* auto would fall back on what the kind does not have. */
+        const char *as = j->ft_method == JOBCFG_FT_AUTO ? "auto may choose LoRA, but " : "";
         if (!offering)
-            snprintf(why, sizeof why, "%s models offer no LoRA; no model of this gradd does", kind->name);
+            snprintf(why, sizeof why, "%s%s models offer no LoRA; no model of this gradd does", as, kind->name);
         else
-            snprintf(why, sizeof why, "%s models offer no LoRA; %s %s", kind->name, list,
+            snprintf(why, sizeof why, "%s%s models offer no LoRA; %s %s", as, kind->name, list,
                      offering == 1 ? "does" : "do");
         return model_job_error(j, "finetune", "method", why, err, err_len);
     }

@@ -215,6 +215,12 @@ static void test_lora(void **state)
         snprintf(want, sizeof want, ":8: [finetune] method: %s models offer no LoRA; %s %s", kinds[i]->name,
                  offering, count == 1 ? "does" : "do");
         expect_error(text, want);
+        snprintf(text, sizeof text,
+                 "[model]\ntype = %s\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n[finetune]\nmethod = auto\n",
+                 kinds[i]->name);
+        snprintf(want, sizeof want, ":8: [finetune] method: auto may choose LoRA, but %s models offer no LoRA",
+                 kinds[i]->name);
+        expect_error(text, want);
     }
     /* The list of a kind's layers, as the message gives it. */
     char list[256] = "";
