@@ -453,8 +453,12 @@ train_outcome memory_choose_method(run *r)
     bool took = fit_lock(r);
     size_t need = full_need(r), budget = job_budget(r, NULL); /* every rank: a collective */
     fit_unlock(r, took);
-    /* Ranks train one model: adapters if any of them must. */
-    double lora = held == 1 || (held != 0 && need > budget);
+    /* Within the headroom the controller keeps ([memory] margin): an
+     * estimate that only just fits would leave the whole model failing
+     * at micro-batch 1 where adapters would have run.  Ranks train one
+     * model: adapters if any of them must. */
+    double room = (double)budget * (1.0 - r->j->margin);
+    double lora = held == 1 || (held != 0 && (double)need > room);
     if (r->dist)
         run_agree(r, &lora, 1, DIST_MAX, "agreeing on [finetune] method = auto's choice");
     if (lora == 0)
