@@ -22,6 +22,7 @@ typedef struct {
     bool quiet;
     uint64_t log_every;
     const char *unit;
+    char levers[sizeof ((train_progress *)0)->levers]; /* as last printed */
 } runjob_view;
 
 /* Set by the signal handler, read between micro-batches and between layers. */
@@ -42,7 +43,16 @@ static bool should_stop(void *user)
 static void on_step(void *user, const train_progress *p)
 {
     runjob_view *v = user;
-    if (v->quiet || (p->step % v->log_every != 0 && p->step != p->steps && p->step != 1))
+    if (v->quiet)
+        return;
+    /* The memory levers when they change (recompute turned on, LoRA
+     * chosen by method = auto), whatever the step: the status a daemon's
+     * job shows. */
+    if (strcmp(p->levers, v->levers) != 0) {
+        snprintf(v->levers, sizeof v->levers, "%s", p->levers);
+        fprintf(stderr, "levers: %s\n", p->levers[0] ? p->levers : "none");
+    }
+    if (p->step % v->log_every != 0 && p->step != p->steps && p->step != 1)
         return;
     char a[16], r[16], val[48] = "";
     if (!isnan(p->val_loss))
@@ -200,7 +210,7 @@ static int run_on_devices(gradd_ctx *ctx, const char *path, const job_config *jp
         rc = 130;
         goto out;
     }
-    runjob_view v = {&stop_requested, quiet, j.log_every, model_unit(&j)};
+    runjob_view v = {.stop = &stop_requested, .quiet = quiet, .log_every = j.log_every, .unit = model_unit(&j)};
     /* Tests only (--test-hooks): GRADD_TEST_GROUP=1 runs a job on one
      * device as a world of one rank, every collective on (over NCCL on a
      * CUDA device): what a machine with one GPU can check of the ranks. */

@@ -161,10 +161,11 @@ class Dist(unittest.TestCase):
                 text = text.replace("[memory]\n", "[memory]\nlimit = 400K\n")
             with open(cfg, "w") as f:
                 f.write(text)
-            if n == 1:
-                self.run1(cfg)
-            else:
-                self.mpirun(n, cfg)
+            r = self.run1(cfg) if n == 1 else self.mpirun(n, cfg)
+            # `gradd run` says the choice and lists the adapters' files.
+            self.assertRegex(r.stderr, r"levers: .*lora \(r=4 alpha=16 targets=c_attn dropout=0\.2; base frozen in "
+                                       r"fp32; method = auto: full fine-tuning needs ")
+            self.assertIn("adapter_model.safetensors, adapter_config.json, metrics.jsonl", r.stdout)
             outs.append(os.path.join(out, "adapter_model.safetensors"))
         self.assertLessEqual(harness.max_weight_diff(outs[0], outs[1]), TOL)
 
