@@ -37,6 +37,7 @@ typedef struct {
     uint64_t limit_ns, run_start_ns;
     bool time_up;
     bool first_run; /* the job has not run before: a checkpoint found is another run's */
+    char levers[sizeof ((train_progress *)0)->levers]; /* as last logged */
 } job_run;
 
 /* Counting a user's bytes looks at every record: done once per this much
@@ -162,6 +163,13 @@ static void on_step(void *user, const train_progress *p)
                      "([output] resume)\n", r->j->cfg.out_dir, (unsigned long long)p->step);
         else
             snprintf(line, sizeof line, "== resuming from its checkpoint at step %llu\n", (unsigned long long)p->step);
+        log_put(r, line);
+    }
+    /* The memory levers in the log when they change, with why. */
+    if (strcmp(p->levers, r->levers) != 0) {
+        char line[sizeof r->levers + 32];
+        snprintf(r->levers, sizeof r->levers, "%s", p->levers);
+        snprintf(line, sizeof line, "== levers: %s\n", p->levers[0] ? p->levers : "none");
         log_put(r, line);
     }
     if (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1) {

@@ -190,6 +190,7 @@ class Lora(harness.DaemonTest):
                                           r"method = auto: full fine-tuning needs [0-9.]+[KMG]? at micro-batch 1, "
                                           r"the job has [0-9.]+[KMG]?\)$")
         print("auto under the limit: %s" % chose["levers"])
+        self.assertIn("== levers: " + chose["levers"] + "\n", self.d.ctl("logs", str(jid)).stdout)
         out = chose["out_dir"]
         changes = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if "batch_change" in x]
         self.assertEqual(changes[0]["reason"], "lora", changes)
