@@ -55,6 +55,7 @@ typedef struct {
     uint64_t change_step;
     char change_reason[16];     /* "fit", "tuning", "tuned", "oom", "pressure", "grow", "recompute", "lora" */
     bool recompute;             /* activation recomputation is on ([memory] recompute) */
+    bool lora;                  /* it trains LoRA adapters ([finetune] method lora, or auto's choice) */
     char levers[320];           /* the memory levers on and why: "recompute (on in the job file)"; "": none */
     double loss_scale;          /* fp16's dynamic loss scale (1 otherwise) */
     uint64_t data_bytes;        /* host memory the job's data holds (io/data.h's budget) */

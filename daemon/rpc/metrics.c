@@ -151,6 +151,9 @@ static void jobs_families(gradd_ctx *ctx, FILE *f, const pool_stats *dps, const 
         {"gradd_job_samples_per_second", "Samples per second over the last step (mlp).", "samples"},
         {"gradd_job_micro_batch", "Current micro-batch size.", NULL},
         {"gradd_job_data_bytes", "Host memory the job's training and validation data hold.", NULL},
+        {"gradd_job_recompute", "1 while the job recomputes activations (gradctl status says why).", NULL},
+        {"gradd_job_lora", "1 when the job trains LoRA adapters on a frozen model (method lora, or auto's choice).",
+         NULL},
     };
     for (size_t m = 0; m < sizeof jm / sizeof jm[0]; m++) {
         fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", jm[m].name, jm[m].help, jm[m].name);
@@ -160,8 +163,9 @@ static void jobs_families(gradd_ctx *ctx, FILE *f, const pool_stats *dps, const 
                 continue;
             if (jm[m].unit && strcmp(model_unit(&j->cfg), jm[m].unit) != 0)
                 continue;
-            double v[] = {(double)j->prog.step, (double)j->prog.steps, j->prog.loss, j->prog.units_per_s,
-                          j->prog.units_per_s, (double)j->prog.micro, (double)j->prog.data_bytes};
+            double v[] = {(double)j->prog.step,     (double)j->prog.steps,     j->prog.loss,
+                          j->prog.units_per_s,      j->prog.units_per_s,       (double)j->prog.micro,
+                          (double)j->prog.data_bytes, j->prog.recompute ? 1.0 : 0.0, j->prog.lora ? 1.0 : 0.0};
             fprintf(f, "%s{", jm[m].name);
             job_labels(f, j);
             fputs("} ", f);

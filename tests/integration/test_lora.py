@@ -132,6 +132,8 @@ class Lora(harness.DaemonTest):
         deadline = time.time() + 60
         while self.d.ctl_json("status", str(jid))["step"] < 3 and time.time() < deadline:
             time.sleep(0.02)
+        # Prometheus sees the lever.
+        self.assertRegex(self.d.ctl("metrics").stdout, r'\ngradd_job_lora\{job="%d",[^}]*\} 1\n' % jid)
         self.d.ctl("cancel", str(jid))
         c = harness.wait_job(self.d, jid, ("cancelled",))
         k = c["step"]

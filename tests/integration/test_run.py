@@ -339,6 +339,9 @@ class Metrics(unittest.TestCase):
                 return [s for s in fams[fam].samples if s.labels["job"] == str(jid)]
             (tok,) = job_samples("gradd_job_tokens_per_second")
             self.assertGreater(tok.value, 0)
+            # The levers as gauges: neither is on for this job.
+            self.assertEqual([s.value for s in job_samples("gradd_job_recompute")], [0])
+            self.assertEqual([s.value for s in job_samples("gradd_job_lora")], [0])
             self.assertEqual(job_samples("gradd_job_samples_per_second"), [])
             self.assertNotIn("gradd_job_units_per_second", fams)
             # Memory by tag, now and at its peak, labelled as the other job
