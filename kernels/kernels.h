@@ -463,18 +463,25 @@ static inline KERN_HD float kern_bf16_to_f32(uint16_t h)
     return x.f;
 }
 
+/* ---- counter-based random numbers ------------------------------------------------ */
+/* splitmix64's output function: a 64-bit mix under which consecutive
+ * counters give independent-looking values, for draws that any thread
+ * (host or device) makes alike from (seed, index). */
+static inline KERN_HD uint64_t kern_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* ---- dropout's mask ------------------------------------------------------------ */
-/* Element i of the stream `seed` is kept when the top 32 bits of a 64-bit
- * mix of (seed, i) reach drop_below: each with probability
+/* Element i of the stream `seed` is kept when the top 32 bits of
+ * kern_mix64(seed + (i+1)·golden) reach drop_below: each with probability
  * 1 - drop_below / 2^32, independently of every other (i) and of the
- * thread that asks.  The mix is splitmix64's output function. */
+ * thread that asks. */
 static inline KERN_HD bool kern_dropout_keep(uint64_t seed, uint64_t i, uint32_t drop_below)
 {
-    uint64_t x = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    return (uint32_t)(x >> 32) >= drop_below;
+    return (uint32_t)(kern_mix64(seed + (i + 1) * 0x9E3779B97F4A7C15ull) >> 32) >= drop_below;
 }
 
 /* A rate's threshold for kern_dropout_keep and its kept elements' factor,

@@ -403,7 +403,6 @@ static train_outcome alloc_lora(run *r)
         snprintf(drop, sizeof drop, " dropout=%g", l->dropout);
     snprintf(r->mem.lora_lever, sizeof r->mem.lora_lever, "lora (%s%s; base frozen in %s%s%s)", rest, drop, prec,
              r->mem.method_why[0] ? "; " : "", r->mem.method_why);
-    r->prog.lora = true;
     return TRAIN_DONE;
 }
 

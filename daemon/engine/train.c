@@ -679,7 +679,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
     if (memory_choose_method(r) != TRAIN_DONE)
         return TRAIN_FAILED;
     j = r->j;
-    r->res->lora = r->m->lora != NULL;
+    r->res->lora = r->prog.lora = r->m->lora != NULL;
     r->m->poll = h ? h->poll : NULL;
     r->m->poll_user = h ? h->user : NULL;
     if (memory_alloc(r) != TRAIN_DONE)

@@ -150,10 +150,7 @@ void model_add_tensor(model *m, const char *name, int ndim, const size_t *shape,
  * independently and in parallel with the same result. */
 uint64_t model_rand_u64(uint64_t seed, uint64_t i)
 {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull + 0x94D049BB133111EBull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return kern_mix64(seed * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull + 0x94D049BB133111EBull);
 }
 
 /* Box-Muller over two counter draws. */
