@@ -219,7 +219,10 @@ void test_gqa(int B, int T, int NH, int KVH, int HS, bool packed, double rtol, d
     G->attention_gqa_forward(gk, out.d, lse.d, qkv.d, packed ? start.d : NULL, B, T, NH, KVH, HS);
     gsync(name);
     cmp(name, "out", &out, rtol, atol);
-    cmp(name, "lse", &lse, 1e-5, 1e-6);
+    /* In fp32 lse is the reference's to rounding; where the kernels round q
+     * and k to 16 bits (gqa_mma, cuDNN) the scores, and with them lse, are
+     * only as close as the output. */
+    cmp(name, "lse", &lse, rtol > 1e-3 ? rtol : 1e-5, atol > 1e-3 ? atol : 1e-6);
     resync(&out), resync(&lse); /* backward alone, from the cpu's */
     buf dout = mk(BT * C, 1), dqkv = mk(BT * W, 1); /* random: backward overwrites it */
     H->attention_gqa_backward(hk, dqkv.h, dout.h, out.h, lse.h, qkv.h, packed ? start.h : NULL, B, T, NH, KVH, HS);
