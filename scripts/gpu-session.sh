@@ -7,6 +7,7 @@
 # hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
 # lines of the benchmarks) and OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
+#   LLAMA_VARIANTS the llama step's gradd-only reruns (mma cudnn fp32act);
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
 #   llama (bench/llama, about 4 minutes) run only when named:
 #   STEPS=nvml,idle,alloc,shim,programs,llama,hfllama,recompute,lora,dist or
@@ -51,9 +52,13 @@ if want tests; then
     section "test_gpu_kernels GRADD_FLASH=$flash"
     GRADD_FLASH=$flash gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
   done
-  # And Llama's attention on the tensor cores (gqa_mma.cu), which is opt-in.
+  # And Llama's attention on the tensor cores (gqa_mma.cu) and on cuDNN,
+  # which are opt-in.  cuDNN says on stderr which shapes it planned.
   section "test_gpu_kernels GRADD_GQA=mma"
   GRADD_GQA=mma gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
+  section "test_cudnn_sdpa and test_gpu_kernels GRADD_GQA=cudnn"
+  gx timeout 120 "$B/tests/gpu/test_cudnn_sdpa"; echo "rc=$?"
+  GRADD_GQA=cudnn gx timeout 150 "$B/tests/gpu/test_gpu_kernels" "$B/daemon/gradd-cuda.so"; echo "rc=$?"
 fi
 
 if want jobs; then
@@ -189,16 +194,22 @@ if want llama; then
   section "Llama 3.2 1B-shaped bf16: gradd vs PyTorch"
   GRADD_ENV=$top/.device/env.sh METRICS_DIR=$out \
     timeout 500 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
-  # gradd alone again with the attention on the tensor cores (gqa_mma.cu).
-  section "Llama 3.2 1B-shaped bf16: gradd with GRADD_GQA=mma"
-  GRADD_GQA=mma PEER_MODES=none GRADD_ENV=$top/.device/env.sh \
-    timeout 200 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | sed 's/"bench": *"/&gqa_mma-/' | tee -a "$out/bench.jsonl"
-  echo "rc=${PIPESTATUS[0]}"  # And with the fp32 activations (GRADD_ACT16=0): what the 16-bit ones
-  # (model_llama.c's lp16) save in time and memory.
-  section "Llama 3.2 1B-shaped bf16: gradd with GRADD_ACT16=0"
-  GRADD_ACT16=0 PEER_MODES=none GRADD_ENV=$top/.device/env.sh \
-    timeout 200 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 | sed 's/"bench": *"/&fp32act-/' | tee -a "$out/bench.jsonl"
-  echo "rc=${PIPESTATUS[0]}"
+  # gradd alone again with each variant of LLAMA_VARIANTS (default: mma
+  # cudnn): the attention on the tensor cores (gqa_mma.cu, GRADD_GQA=mma),
+  # on cuDNN's fused attention (GRADD_GQA=cudnn), or (fp32act) with fp32
+  # activations, GRADD_ACT16=0: what model_llama.c's 16-bit ones save.
+  for variant in ${LLAMA_VARIANTS:-mma cudnn}; do
+    case $variant in
+      mma) venv=GRADD_GQA=mma tag=gqa_mma ;;
+      cudnn) venv=GRADD_GQA=cudnn tag=gqa_cudnn ;;
+      fp32act) venv=GRADD_ACT16=0 tag=fp32act ;;
+      *) echo "unknown LLAMA_VARIANTS entry $variant"; continue ;;
+    esac
+    section "Llama 3.2 1B-shaped bf16: gradd with $venv"
+    env "$venv" PEER_MODES=none GRADD_ENV=$top/.device/env.sh \
+      timeout 200 bench/llama/run_gpu.sh "$B/daemon/gradd" 15 2>&1 >/tmp/llama-$tag.jsonl | grep -E "cuDNN|error|fail" | head -5
+    sed "s/\"bench\": *\"/&$tag-/" /tmp/llama-$tag.jsonl | tee -a "$out/bench.jsonl"
+  done
 fi
 
 if want hfllama; then

@@ -12,16 +12,20 @@
  * One JSON line per figure: value gqa_mma's, peer_value gqa.cu's, ratio
  * value / peer_value (< 1: the tensor cores are faster).
  *
- * Where the build found cuDNN (HAVE_CUDNN), its fused attention too
- * (cudnn_sdpa.c), on the same qkv and dout rounded to the 16-bit type:
- * "attention_fwd_cudnn" and "attention_bwd_cudnn" lines with gqa.cu and
- * with gqa_mma as the peer; the forward's with how far its output is from
- * gqa.cu's (max_out_diff_vs_gqa, absolute), the backward's (which reads
- * cuDNN's own forward's output and stats) with how far its dqkv is from
- * gqa.cu's (max_dqkv_rel_diff_vs_gqa: the largest difference over the
- * largest |value| of gqa.cu's).  Where cuDNN has no engine for a graph, or
- * a run fails, that metric's line has value null and the reason.  Exits
- * 77 without a usable GPU. */
+ * And cuDNN's fused attention (kernels/cuda/cudnn_sdpa.c), twice:
+ * - called directly on the same qkv and dout rounded to the 16-bit type:
+ *   "attention_fwd_cudnn" and "attention_bwd_cudnn" lines with gqa.cu and
+ *   with gqa_mma as the peer; the forward's with how far its output is
+ *   from gqa.cu's (max_out_diff_vs_gqa, absolute), the backward's (which
+ *   reads cuDNN's own forward's output and stats) with how far its dqkv is
+ *   from gqa.cu's (max_dqkv_rel_diff_vs_gqa: the largest difference over
+ *   the largest |value| of gqa.cu's).  Where cuDNN has no engine for a
+ *   graph, or a run fails, that metric's line has value null and the
+ *   reason;
+ * - where both ran, as the model calls it (GRADD_GQA=cudnn: fp32 in and
+ *   out, the roundings included): "attention_fwd_cudnn_op" and
+ *   "attention_bwd_cudnn_op" lines, the same peers and differences.
+ * Exits 77 without a usable GPU. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -30,10 +34,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels.h"
-#ifdef HAVE_CUDNN
 #include "cudnn_sdpa.h"
-#endif
+#include "kernels.h"
 
 static double now_ms(void)
 {
@@ -72,7 +74,6 @@ typedef struct {
     float *out, *dqkv; /* host copies, fp32 */
 } timing;
 
-#ifdef HAVE_CUDNN
 static uint16_t *dev_halves(size_t n)
 {
     uint16_t *p = NULL;
@@ -96,21 +97,21 @@ static float *widen_to_host(const kern_ops *ops, kern_ctx *k, bool bf16, float *
 
 /* The buffers of one cuDNN forward and backward, for a call of either. */
 typedef struct {
-    sdpa_fwd *fwd;
-    sdpa_bwd *bwd;
+    sdpa_plan *fwd, *bwd;
     const uint16_t *qkv16, *dout16;
     uint16_t *out16, *dqkv16;
     float *stats;
+    void *scratch; /* the larger of the two plans' */
 } dnn_call;
 
 static int dnn_fwd(const dnn_call *c, char *why, size_t why_len)
 {
-    return sdpa_fwd_run(c->fwd, c->qkv16, c->out16, c->stats, why, why_len);
+    return sdpa_forward(c->fwd, c->qkv16, c->out16, c->stats, c->scratch, why, why_len);
 }
 
 static int dnn_bwd(const dnn_call *c, char *why, size_t why_len)
 {
-    return sdpa_bwd_run(c->bwd, c->qkv16, c->out16, c->dout16, c->stats, c->dqkv16, why, why_len);
+    return sdpa_backward(c->bwd, c->qkv16, c->out16, c->dout16, c->stats, c->dqkv16, c->scratch, why, why_len);
 }
 
 /* The best of 5 calls of run, each timed to its completion; -1 with why
@@ -158,23 +159,35 @@ static timing run_cudnn(const kern_ops *ops, kern_precision prec, int B, int T, 
     (bf16 ? ops->cast_f32_to_bf16 : ops->cast_f32_to_f16)(k, qkv16, qkv, BT * W);
     (bf16 ? ops->cast_f32_to_bf16 : ops->cast_f32_to_f16)(k, dout16, dout, BT * C);
     ops->sync(k);
-    dnn_call c = {sdpa_fwd_plan(ops->stream(k), bf16, B, T, NH, KVH, HS, why, why_len), NULL, qkv16, dout16, out16,
-                  dqkv16, stats};
+    sdpa_lib *lib = sdpa_open(ops->stream(k), why, why_len);
+    dnn_call c = {NULL, NULL, qkv16, dout16, out16, dqkv16, stats, NULL};
+    if (lib)
+        c.fwd = sdpa_plan_make(lib, false, bf16, B, T, NH, KVH, HS, why, why_len);
+    if (c.fwd)
+        c.bwd = sdpa_plan_make(lib, true, bf16, B, T, NH, KVH, HS, bwd_why, why_len);
+    size_t scratch = c.fwd ? sdpa_plan_scratch(c.fwd) : 0;
+    if (c.bwd && sdpa_plan_scratch(c.bwd) > scratch)
+        scratch = sdpa_plan_scratch(c.bwd);
+    if (c.fwd && cudaMalloc(&c.scratch, scratch ? scratch : 256) != cudaSuccess) {
+        fprintf(stderr, "bench_gqa_cuda: out of device memory (cuDNN's scratch, %zu bytes)\n", scratch);
+        exit(1);
+    }
     if (c.fwd)
         t.fwd_ms = best_of_5(ops, k, dnn_fwd, &c, why, why_len);
     /* once rounded, the fp32 dout and qkv serve as the widening's scratch */
     if (t.fwd_ms >= 0) {
         t.out = widen_to_host(ops, k, bf16, dout, out16, BT * C);
-        c.bwd = sdpa_bwd_plan(ops->stream(k), bf16, B, T, NH, KVH, HS, bwd_why, why_len);
         if (c.bwd)
             t.bwd_ms = best_of_5(ops, k, dnn_bwd, &c, bwd_why, why_len);
         if (t.bwd_ms >= 0)
             t.dqkv = widen_to_host(ops, k, bf16, qkv, dqkv16, BT * W);
-    } else {
+    } else if (!bwd_why[0]) {
         snprintf(bwd_why, why_len, "no cuDNN forward to take O and stats from");
     }
-    sdpa_bwd_free(c.bwd);
-    sdpa_fwd_free(c.fwd);
+    sdpa_plan_free(c.bwd);
+    sdpa_plan_free(c.fwd);
+    sdpa_close(lib);
+    cudaFree(c.scratch);
     cudaFree(qkv), cudaFree(dout), cudaFree(stats);
     cudaFree(qkv16), cudaFree(out16), cudaFree(dout16), cudaFree(dqkv16);
     ops->ctx_destroy(k);
@@ -205,7 +218,19 @@ static void print_cudnn(const char *pn, const char *metric, double value, const 
                "\"%s\":%.3g}\n",
                pn, metric, value, peers[i], peer_ms[i], value / peer_ms[i], shape, diff_name, diff);
 }
-#endif
+
+/* The largest |a - b| over n, and (max_b) the largest |b|. */
+static double max_diff(const float *a, const float *b, size_t n, double *max_b)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; a && b && i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    if (max_b)
+        *max_b = m;
+    return d;
+}
 
 /* Forward and backward in a context made with GRADD_GQA as given. */
 static timing run(const kern_ops *ops, kern_precision prec, const char *gqa, int B, int T, int NH, int KVH, int HS)
@@ -285,10 +310,8 @@ int main(int argc, char **argv)
         return 1;
     }
     timing base = run(ops, prec, NULL, B, T, NH, KVH, HS), mma = run(ops, prec, "mma", B, T, NH, KVH, HS);
-    double diff = 0;
     const size_t n = (size_t)B * T * NH * HS;
-    for (size_t i = 0; base.out && mma.out && i < n; i++)
-        diff = fmax(diff, fabs((double)base.out[i] - (double)mma.out[i]));
+    double diff = max_diff(mma.out, base.out, n, NULL);
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d T=%d NH=%d KVH=%d HS=%d", B, T, NH, KVH, HS);
     const char *pn = prec == KERN_FP16 ? "fp16" : "bf16";
@@ -298,24 +321,25 @@ int main(int argc, char **argv)
         printf("{\"bench\":\"gqa_%s\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"ms\",\"peer\":\"gradd gqa.cu (fp32 "
                "CUDA cores)\",\"peer_value\":%.4f,\"ratio\":%.4f,\"shape\":\"%s\",\"max_out_diff\":%.3g}\n",
                pn, metric[i], v[i], p[i], v[i] / p[i], shape, diff);
-#ifdef HAVE_CUDNN
     char why[1024] = "", bwd_why[1024] = "";
     timing dnn = run_cudnn(ops, prec, B, T, NH, KVH, HS, why, bwd_why, sizeof why);
-    double fdiff = 0, bdiff = 0, bmax = 0;
-    for (size_t i = 0; base.out && dnn.out && i < n; i++)
-        fdiff = fmax(fdiff, fabs((double)base.out[i] - (double)dnn.out[i]));
     const size_t nqkv = (size_t)B * T * (NH + 2 * KVH) * HS;
-    for (size_t i = 0; base.dqkv && dnn.dqkv && i < nqkv; i++) {
-        bdiff = fmax(bdiff, fabs((double)base.dqkv[i] - (double)dnn.dqkv[i]));
-        bmax = fmax(bmax, fabs((double)base.dqkv[i]));
-    }
+    double bmax = 0, fdiff = max_diff(dnn.out, base.out, n, NULL), bdiff = max_diff(dnn.dqkv, base.dqkv, nqkv, &bmax);
     const double fwd_peers[2] = {base.fwd_ms, mma.fwd_ms}, bwd_peers[2] = {base.bwd_ms, mma.bwd_ms};
     print_cudnn(pn, "attention_fwd_cudnn", dnn.fwd_ms, fwd_peers, shape, "max_out_diff_vs_gqa", fdiff, why);
     print_cudnn(pn, "attention_bwd_cudnn", dnn.bwd_ms, bwd_peers, shape, "max_dqkv_rel_diff_vs_gqa",
                 bmax > 0 ? bdiff / bmax : bdiff, bwd_why);
+    if (dnn.fwd_ms >= 0 && dnn.bwd_ms >= 0) {
+        timing op = run(ops, prec, "cudnn", B, T, NH, KVH, HS);
+        fdiff = max_diff(op.out, base.out, n, NULL), bdiff = max_diff(op.dqkv, base.dqkv, nqkv, &bmax);
+        print_cudnn(pn, "attention_fwd_cudnn_op", op.fwd_ms, fwd_peers, shape, "max_out_diff_vs_gqa", fdiff, why);
+        print_cudnn(pn, "attention_bwd_cudnn_op", op.bwd_ms, bwd_peers, shape, "max_dqkv_rel_diff_vs_gqa",
+                    bmax > 0 ? bdiff / bmax : bdiff, bwd_why);
+        free(op.out);
+        free(op.dqkv);
+    }
     free(dnn.out);
     free(dnn.dqkv);
-#endif
     free(base.out);
     free(mma.out);
     free(base.dqkv);

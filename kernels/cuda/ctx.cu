@@ -15,7 +15,7 @@
 
 // ---- errors ---------------------------------------------------------------------
 
-static void kc_fail(kern_ctx *k, int code, const char *what, const char *detail)
+void kc_fail(kern_ctx *k, int code, const char *what, const char *detail)
 {
     if (k->err)
         return;
@@ -115,6 +115,7 @@ kern_ctx *kc_ctx_create(int threads, int device, kern_precision prec, const kern
     k->flash_mma = !(flash && !strcmp(flash, "wmma"));
     const char *gqa = getenv("GRADD_GQA");
     k->gqa_mma = gqa && !strcmp(gqa, "mma");
+    k->gqa_cudnn = gqa && !strcmp(gqa, "cudnn");
     if (scratch)
         k->scratch = *scratch;
     if (cudaDeviceGetAttribute(&k->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
@@ -160,6 +161,7 @@ void kc_ctx_destroy(kern_ctx *k)
     if (k->stream)
         cudaStreamSynchronize(k->stream);
     kc_plans_destroy(k);
+    kc_gqa_cudnn_destroy(k);
     for (int i = 0; i < KC_STAGING_SLOTS; i++) {
         if (k->staging[i].host)
             cudaFreeHost(k->staging[i].host);

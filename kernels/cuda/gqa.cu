@@ -405,6 +405,8 @@ void kc_attention_gqa_forward(kern_ctx *k, float *out, float *lse, const float *
     if (!gqa_shape(k, B, T, NH, KVH, HS, "attention_gqa_forward"))
         return;
     kc_enter(k);
+    if (kc_gqa_cudnn_forward(k, out, lse, qkv, start, B, T, NH, KVH, HS))
+        return;
     if (kc_gqa_mma_ok(k, HS)) {
         kc_gqa_mma_forward(k, out, lse, qkv, start, B, T, NH, KVH, HS);
         return;
@@ -424,6 +426,8 @@ void kc_attention_gqa_backward(kern_ctx *k, float *dqkv, const float *dout, cons
     if (!gqa_shape(k, B, T, NH, KVH, HS, "attention_gqa_backward"))
         return;
     kc_enter(k);
+    if (kc_gqa_cudnn_backward(k, dqkv, dout, out, lse, qkv, start, B, T, NH, KVH, HS))
+        return;
     float *Dsum = (float *)kc_scratch(k, (size_t)B * NH * T * sizeof(float));
     if (!Dsum)
         return;

@@ -37,6 +37,7 @@
 #endif
 
 struct kc_plan; // a cached cuBLASLt plan (gemm.cu)
+struct kc_dnn;  // cuDNN's attention and its plans (gqa_cudnn.cu)
 
 // Pinned staging slots for copy_h2d: the caller may reuse its buffer as soon
 // as copy_h2d returns, yet the copy stays asynchronous.
@@ -75,9 +76,11 @@ struct kern_ctx {
     // or flash.cu's WMMA ones when GRADD_FLASH=wmma at creation.
     bool flash_mma;
     // Llama's attention in a 16-bit context on the tensor cores
-    // (gqa_mma.cu) when GRADD_GQA=mma at creation, else gqa.cu's fp32
+    // (gqa_mma.cu) when GRADD_GQA=mma at creation, on cuDNN's fused
+    // attention (gqa_cudnn.cu) when GRADD_GQA=cudnn, else gqa.cu's fp32
     // kernels: the default, which bench_gqa_cuda's timings are to choose.
-    bool gqa_mma;
+    bool gqa_mma, gqa_cudnn;
+    kc_dnn *dnn; // made at cuDNN's first use
     cudaStream_t stream;
     cublasLtHandle_t lt;
 
@@ -115,6 +118,9 @@ struct kern_ctx {
 
 // ---- errors and helpers (ctx.cu) ----------------------------------------------
 
+// Record a failure (the first one since the last sync wins): code, a
+// cudaError_t value or 1000 + cublasStatus_t, and "what: detail".
+void kc_fail(kern_ctx *k, int code, const char *what, const char *detail);
 // Record e (if it is an error and the first one); returns true when e is fine.
 bool kc_ok(kern_ctx *k, cudaError_t e, const char *what);
 bool kc_blas_ok(kern_ctx *k, cublasStatus_t s, const char *what);
@@ -521,6 +527,16 @@ void kc_gqa_mma_forward(kern_ctx *k, float *out, float *lse, const float *qkv, c
                         int NH, int KVH, int HS);
 void kc_gqa_mma_backward(kern_ctx *k, float *dqkv, const float *dout, const float *lse, const float *D,
                          const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS);
+// cuDNN's fused attention (gqa_cudnn.cu), with GRADD_GQA=cudnn: false when
+// it does not take the call (an fp32 context, packed samples, a head size
+// other than 64 and 128, a shape cuDNN has no engine for, no cuDNN), which
+// gqa.cu's launchers then run themselves; true when it queued the op or
+// recorded its failure.
+bool kc_gqa_cudnn_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B, int T,
+                          int NH, int KVH, int HS);
+bool kc_gqa_cudnn_backward(kern_ctx *k, float *dqkv, const float *dout, const float *out, const float *lse,
+                           const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS);
+void kc_gqa_cudnn_destroy(kern_ctx *k);
 bool kc_attention_gqa_ok(kern_ctx *k, int NH, int KVH, int HS);
 void kc_attention_gqa_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B,
                               int T, int NH, int KVH, int HS);

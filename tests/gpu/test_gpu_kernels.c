@@ -155,9 +155,11 @@ static void run_lowp(const char *prec)
     /* The same on a 16-bit qkv, as the model's 16-bit path runs it. */
     test_attention_fused16(prec, 2, 133, 128, 2, 2e-2, 2e-2);
     test_attention_fused16(prec, 2, 512, 768, 12, 2e-2, 2e-2);
-    /* Llama's attention in a 16-bit context: gqa.cu's fp32 kernels, or
-     * with GRADD_GQA=mma gqa_mma.cu's tensor-core ones (the GPU session
-     * runs this program both ways). */
+    /* Llama's attention in a 16-bit context: gqa.cu's fp32 kernels, with
+     * GRADD_GQA=mma gqa_mma.cu's tensor-core ones, with GRADD_GQA=cudnn
+     * cuDNN's for the unpacked shapes (the GPU session runs this program
+     * each way). */
+    test_gqa(2, 257, 32, 8, 64, false, 2e-2, 2e-2);
     test_gqa(2, 257, 32, 8, 64, true, 2e-2, 2e-2);
     test_gqa(1, 1000, 8, 2, 128, true, 2e-2, 2e-2);
     test_gqa(1, 129, 4, 4, 128, false, 2e-2, 2e-2);
