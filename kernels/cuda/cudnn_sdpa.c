@@ -76,6 +76,7 @@ int sdpa_backward(sdpa_plan *p, const uint16_t *qkv16, const uint16_t *out16, co
 #include <cuda_runtime_api.h>
 #include <cudnn_graph.h>
 #include <dlfcn.h>
+#include <float.h>
 #include <math.h>
 
 #define SDPA_MAX_DESC 128
@@ -265,16 +266,15 @@ static cudnnBackendDescriptor_t scalar(builder *b, int64_t uid, const char *what
 }
 
 /* y = mode(x, with, t) elementwise (with, t may be NULL; axis >= 0 for
- * GEN_INDEX), computed in fp32 but for the mask's index and comparison
- * ops, in int32 and boolean, as cuDNN's attention patterns have them.
- * Returns y. */
+ * GEN_INDEX), computed in fp32 but for the mask's comparison, in boolean:
+ * the math precisions of cuDNN's frontend's attention graphs, whose op
+ * sequences the fused engines recognise.  (GEN_INDEX computes in fp32 and
+ * writes int32 there too.)  Returns y. */
 static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t with, cudnnBackendDescriptor_t t,
                                           cudnnBackendDescriptor_t y, int64_t axis, const char *what)
 {
-    cudnnDataType_t prec = mode == CUDNN_POINTWISE_GEN_INDEX ? CUDNN_DATA_INT32
-                           : mode == CUDNN_POINTWISE_CMP_GE  ? CUDNN_DATA_BOOLEAN
-                                                             : CUDNN_DATA_FLOAT;
+    cudnnDataType_t prec = mode == CUDNN_POINTWISE_CMP_GE ? CUDNN_DATA_BOOLEAN : CUDNN_DATA_FLOAT;
     cudnnBackendDescriptor_t pw = create(b, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what);
     set(b, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, what);
     set(b, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, what);
@@ -465,7 +465,7 @@ static void build_forward(builder *b)
     cudnnBackendDescriptor_t sum = reduction(b, CUDNN_REDUCE_TENSOR_ADD, ex, virt(b, f, rd, "row sum"), "row sum");
     cudnnBackendDescriptor_t lsum =
         pointwise(b, CUDNN_POINTWISE_LOG, sum, NULL, NULL, virt(b, f, rd, "log sum"), -1, "log sum");
-    pointwise(b, CUDNN_POINTWISE_ADD, lsum, mx, NULL, stats, -1, "stats = log sum + max");
+    pointwise(b, CUDNN_POINTWISE_ADD, mx, lsum, NULL, stats, -1, "stats = max + log sum");
     cudnnBackendDescriptor_t prob =
         pointwise(b, CUDNN_POINTWISE_DIV, ex, sum, NULL, virt(b, e, sd, "softmax"), -1, "exp / sum");
     matmul(b, prob, v, o, "O = P·V");
@@ -573,6 +573,13 @@ size_t sdpa_version(const sdpa_lib *lib)
     return lib ? lib->version : 0;
 }
 
+/* What the causal mask writes over the masked scores: -inf, but the
+ * lowest float before cuDNN 9.10, whose softmax engines want that. */
+static float neg_inf(size_t version)
+{
+    return version < 91000 ? -FLT_MAX : -INFINITY;
+}
+
 sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why,
                           size_t why_len)
 {
@@ -582,7 +589,7 @@ sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T,
         return NULL;
     }
     *p = (sdpa_plan){.lib = lib, .backward = backward, .B = B, .T = T, .NH = NH, .KVH = KVH, .HS = HS,
-                     .scale = 1.0f / sqrtf((float)HS), .neg_inf = -INFINITY, .one = 1.0f,
+                     .scale = 1.0f / sqrtf((float)HS), .neg_inf = neg_inf(lib->version), .one = 1.0f,
                      .zero_dq_acc = lib->version < 90600};
     builder b = {.g = p, .f = &lib->f, .why = why, .len = why_len, .next_uid = U_VIRTUAL,
                  .e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
