@@ -47,6 +47,13 @@ sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T,
     return NULL;
 }
 
+int sdpa_check_ops(bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why, size_t why_len)
+{
+    (void)backward, (void)bf16, (void)B, (void)T, (void)NH, (void)KVH, (void)HS;
+    snprintf(why, why_len, "gradd was built without cuDNN's headers");
+    return -1;
+}
+
 void sdpa_plan_free(sdpa_plan *p) { (void)p; }
 
 size_t sdpa_plan_scratch(const sdpa_plan *p)
@@ -520,7 +527,8 @@ static void build_backward(builder *b)
     pointwise(b, CUDNN_POINTWISE_IDENTITY, dq_acc, NULL, NULL, dq, -1, "dQ to 16 bits");
 }
 
-sdpa_lib *sdpa_open(void *stream, char *why, size_t why_len)
+/* libcudnn and its functions, without a handle (which needs a device). */
+static sdpa_lib *load(char *why, size_t why_len)
 {
     /* Never closed: cuDNN loads its engine libraries itself and is not
      * meant to be unloaded under them; a second open only counts up. */
@@ -543,6 +551,14 @@ sdpa_lib *sdpa_open(void *stream, char *why, size_t why_len)
     SDPA_FUNCS(SDPA_SYM)
 #undef SDPA_SYM
     lib->version = lib->f.GetVersion();
+    return lib;
+}
+
+sdpa_lib *sdpa_open(void *stream, char *why, size_t why_len)
+{
+    sdpa_lib *lib = load(why, why_len);
+    if (!lib)
+        return NULL;
     cudnnStatus_t s = lib->f.Create(&lib->handle);
     if (s == CUDNN_STATUS_SUCCESS) {
         lib->stream = (cudaStream_t)stream;
@@ -603,6 +619,34 @@ sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T,
         return NULL;
     }
     return p;
+}
+
+int sdpa_check_ops(bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why, size_t why_len)
+{
+    sdpa_lib *lib = load(why, why_len);
+    if (!lib)
+        return -1;
+    sdpa_plan *p = calloc(1, sizeof *p);
+    if (!p) {
+        free(lib);
+        snprintf(why, why_len, "out of memory");
+        return -1;
+    }
+    *p = (sdpa_plan){.lib = lib, .backward = backward, .B = B, .T = T, .NH = NH, .KVH = KVH, .HS = HS};
+    builder b = {.g = p, .f = &lib->f, .why = why, .len = why_len, .next_uid = U_VIRTUAL,
+                 .e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
+    if (backward)
+        build_backward(&b);
+    else
+        build_forward(&b);
+    /* The graph of them too, which cuDNN finalizes without a handle. */
+    cudnnBackendDescriptor_t graph = create(&b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
+    set(&b, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, b.nops, b.ops, "graph");
+    finalize(&b, graph, "graph (without a handle)");
+    int n = b.failed ? -1 : b.nops;
+    sdpa_plan_free(p);
+    free(lib);
+    return n;
 }
 
 void sdpa_plan_free(sdpa_plan *p)

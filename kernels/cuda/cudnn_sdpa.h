@@ -52,6 +52,11 @@ size_t sdpa_version(const sdpa_lib *lib);
 sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why,
                           size_t why_len);
 void sdpa_plan_free(sdpa_plan *p);
+/* Build the graph's tensors and ops, each finalized by cuDNN, without a
+ * device (no handle, no plan): the number of ops, or -1 with why.  What
+ * cuDNN checks there (each op's shapes, types and attributes) can then be
+ * checked on a machine without a GPU. */
+int sdpa_check_ops(bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why, size_t why_len);
 /* The device scratch one run of p needs, 256-byte aligned: cuDNN's
  * workspace and, for a backward, the two fp32 tensors its pattern names
  * as real ones: the rows' Σ dO∘O (B,NH,T) and dQ's accumulator
