@@ -204,16 +204,45 @@ static void finalize(builder *b, cudnnBackendDescriptor_t d, const char *what)
         fail(b, s, what);
 }
 
-/* Op descriptor d, finalized, appended to the graph's ops. */
-static void add_op(builder *b, cudnnBackendDescriptor_t d, const char *what)
+/* d's attribute name: the descriptor to. */
+static void link(builder *b, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                 cudnnBackendDescriptor_t to, const char *what)
 {
-    finalize(b, d, what);
+    set(b, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &to, what);
+}
+
+/* An op descriptor of `type` whose attributes names[i] are the
+ * descriptors ds[i] (a NULL one left unset), finalized and appended to
+ * the graph's ops. */
+static void add_op(builder *b, cudnnBackendDescriptorType_t type, int n, const cudnnBackendAttributeName_t *names,
+                   const cudnnBackendDescriptor_t *ds, const char *what)
+{
+    cudnnBackendDescriptor_t op = create(b, type, what);
+    for (int i = 0; i < n; i++)
+        if (ds[i])
+            link(b, op, names[i], ds[i], what);
+    finalize(b, op, what);
     if (b->failed)
         return;
     if (b->nops == SDPA_MAX_OPS)
         fail(b, CUDNN_STATUS_ALLOC_FAILED, "more ops than SDPA_MAX_OPS");
     else
-        b->ops[b->nops++] = d;
+        b->ops[b->nops++] = op;
+}
+
+/* The descriptor of a matmul or reduction, computing in fp32 (and the
+ * reduction's operator). */
+static cudnnBackendDescriptor_t fp32_desc(builder *b, cudnnBackendDescriptorType_t type,
+                                          cudnnBackendAttributeName_t comp_attr, const cudnnReduceTensorOp_t *mode,
+                                          const char *what)
+{
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t d = create(b, type, what);
+    set(b, d, comp_attr, CUDNN_TYPE_DATA_TYPE, 1, &comp, what);
+    if (mode)
+        set(b, d, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, mode, what);
+    finalize(b, d, what);
+    return d;
 }
 
 /* A 4-d tensor: real (uid given, in the variant pack) or virtual (uid 0:
@@ -288,15 +317,11 @@ static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode,
     if (axis >= 0)
         set(b, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, what);
     finalize(b, pw, what);
-    cudnnBackendDescriptor_t op = create(b, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
-    set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw, what);
-    set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
-    if (with)
-        set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &with, what);
-    if (t)
-        set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what);
-    set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
-    add_op(b, op, what);
+    static const cudnnBackendAttributeName_t names[5] = {
+        CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+        CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_ATTR_OPERATION_POINTWISE_YDESC};
+    const cudnnBackendDescriptor_t ds[5] = {pw, x, with, t, y};
+    add_op(b, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, 5, names, ds, what);
     return y;
 }
 
@@ -306,16 +331,12 @@ static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode,
 static cudnnBackendDescriptor_t matmul(builder *b, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t bm,
                                        cudnnBackendDescriptor_t c, const char *what)
 {
-    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t md = create(b, CUDNN_BACKEND_MATMUL_DESCRIPTOR, what);
-    set(b, md, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, what);
-    finalize(b, md, what);
-    cudnnBackendDescriptor_t op = create(b, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, what);
-    set(b, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, what);
-    set(b, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bm, what);
-    set(b, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, what);
-    set(b, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md, what);
-    add_op(b, op, what);
+    static const cudnnBackendAttributeName_t names[4] = {
+        CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_ATTR_OPERATION_MATMUL_CDESC,
+        CUDNN_ATTR_OPERATION_MATMUL_DESC};
+    const cudnnBackendDescriptor_t ds[4] = {
+        a, bm, c, fp32_desc(b, CUDNN_BACKEND_MATMUL_DESCRIPTOR, CUDNN_ATTR_MATMUL_COMP_TYPE, NULL, what)};
+    add_op(b, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, 4, names, ds, what);
     return c;
 }
 
@@ -325,16 +346,11 @@ static cudnnBackendDescriptor_t matmul(builder *b, cudnnBackendDescriptor_t a, c
 static cudnnBackendDescriptor_t reduction(builder *b, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
                                           cudnnBackendDescriptor_t y, const char *what)
 {
-    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t rd = create(b, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what);
-    set(b, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, what);
-    set(b, rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, what);
-    finalize(b, rd, what);
-    cudnnBackendDescriptor_t op = create(b, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
-    set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
-    set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
-    set(b, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what);
-    add_op(b, op, what);
+    static const cudnnBackendAttributeName_t names[3] = {
+        CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_ATTR_OPERATION_REDUCTION_DESC};
+    const cudnnBackendDescriptor_t ds[3] = {
+        x, y, fp32_desc(b, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_ATTR_REDUCTION_COMP_TYPE, &mode, what)};
+    add_op(b, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, 3, names, ds, what);
     return y;
 }
 
@@ -343,10 +359,10 @@ static cudnnBackendDescriptor_t reduction(builder *b, cudnnReduceTensorOp_t mode
 static cudnnBackendDescriptor_t reshape(builder *b, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
                                         const char *what)
 {
-    cudnnBackendDescriptor_t op = create(b, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
-    set(b, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
-    set(b, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
-    add_op(b, op, what);
+    static const cudnnBackendAttributeName_t names[2] = {CUDNN_ATTR_OPERATION_RESHAPE_XDESC,
+                                                          CUDNN_ATTR_OPERATION_RESHAPE_YDESC};
+    const cudnnBackendDescriptor_t ds[2] = {x, y};
+    add_op(b, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, 2, names, ds, what);
     return y;
 }
 
@@ -390,7 +406,7 @@ static void make_plan(builder *b, cudnnBackendDescriptor_t graph)
     const sdpa_api *f = b->f;
     cudnnBackendDescriptor_t heur = create(b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
     cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    set(b, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph, "heuristics");
+    link(b, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics");
     set(b, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics");
     finalize(b, heur, "heuristics: the graph");
     if (b->failed)
@@ -596,8 +612,10 @@ static float neg_inf(size_t version)
     return version < 91000 ? -FLT_MAX : -INFINITY;
 }
 
-sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why,
-                          size_t why_len)
+/* A plan with its shape and scalars, its graph's ops built into b (which
+ * says whether cuDNN refused one); NULL when out of memory. */
+static sdpa_plan *build(sdpa_lib *lib, bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, builder *b,
+                        char *why, size_t why_len)
 {
     sdpa_plan *p = calloc(1, sizeof *p);
     if (!p) {
@@ -607,12 +625,22 @@ sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T,
     *p = (sdpa_plan){.lib = lib, .backward = backward, .B = B, .T = T, .NH = NH, .KVH = KVH, .HS = HS,
                      .scale = 1.0f / sqrtf((float)HS), .neg_inf = neg_inf(lib->version), .one = 1.0f,
                      .zero_dq_acc = lib->version < 90600};
-    builder b = {.g = p, .f = &lib->f, .why = why, .len = why_len, .next_uid = U_VIRTUAL,
-                 .e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
+    *b = (builder){.g = p, .f = &lib->f, .why = why, .len = why_len, .next_uid = U_VIRTUAL,
+                   .e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
     if (backward)
-        build_backward(&b);
+        build_backward(b);
     else
-        build_forward(&b);
+        build_forward(b);
+    return p;
+}
+
+sdpa_plan *sdpa_plan_make(sdpa_lib *lib, bool backward, bool bf16, int B, int T, int NH, int KVH, int HS, char *why,
+                          size_t why_len)
+{
+    builder b;
+    sdpa_plan *p = build(lib, backward, bf16, B, T, NH, KVH, HS, &b, why, why_len);
+    if (!p)
+        return NULL;
     finish(&b);
     if (b.failed) {
         sdpa_plan_free(p);
@@ -626,19 +654,12 @@ int sdpa_check_ops(bool backward, bool bf16, int B, int T, int NH, int KVH, int 
     sdpa_lib *lib = load(why, why_len);
     if (!lib)
         return -1;
-    sdpa_plan *p = calloc(1, sizeof *p);
+    builder b;
+    sdpa_plan *p = build(lib, backward, bf16, B, T, NH, KVH, HS, &b, why, why_len);
     if (!p) {
         free(lib);
-        snprintf(why, why_len, "out of memory");
         return -1;
     }
-    *p = (sdpa_plan){.lib = lib, .backward = backward, .B = B, .T = T, .NH = NH, .KVH = KVH, .HS = HS};
-    builder b = {.g = p, .f = &lib->f, .why = why, .len = why_len, .next_uid = U_VIRTUAL,
-                 .e = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
-    if (backward)
-        build_backward(&b);
-    else
-        build_forward(&b);
     /* The graph of them too, which cuDNN finalizes without a handle. */
     cudnnBackendDescriptor_t graph = create(&b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
     set(&b, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, b.nops, b.ops, "graph");

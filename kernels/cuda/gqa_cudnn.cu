@@ -108,11 +108,23 @@ static kc_dnn_shape *shape_of(kern_ctx *k, int B, int T, int NH, int KVH, int HS
     return s;
 }
 
-static kc_dnn_shape *take(kern_ctx *k, const int32_t *start, int B, int T, int NH, int KVH, int HS)
+// One call's shape and sizes: qkv (nq values) and out (no).
+struct kc_dnn_call {
+    kc_dnn_shape *s;
+    bool bf16;
+    size_t nq, no;
+};
+
+// false where cuDNN does not take the call.
+static bool take(kern_ctx *k, const int32_t *start, int B, int T, int NH, int KVH, int HS, kc_dnn_call *c)
 {
     if (!k->gqa_cudnn || start || k->prec == KERN_FP32 || (HS != 64 && HS != 128))
-        return NULL;
-    return shape_of(k, B, T, NH, KVH, HS);
+        return false;
+    c->s = shape_of(k, B, T, NH, KVH, HS);
+    c->bf16 = k->prec == KERN_BF16;
+    c->nq = (size_t)B * T * (size_t)(NH + 2 * KVH) * HS;
+    c->no = (size_t)B * T * (size_t)NH * HS;
+    return c->s != NULL;
 }
 
 static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
@@ -126,19 +138,17 @@ static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
 bool kc_gqa_cudnn_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B, int T,
                           int NH, int KVH, int HS)
 {
-    kc_dnn_shape *s = take(k, start, B, T, NH, KVH, HS);
-    if (!s)
+    kc_dnn_call c;
+    if (!take(k, start, B, T, NH, KVH, HS, &c))
         return false;
-    const bool bf16 = k->prec == KERN_BF16;
-    const size_t BT = (size_t)B * T, nq = BT * (size_t)(NH + 2 * KVH) * HS, no = BT * (size_t)NH * HS;
-    const size_t o_at = kc_round(nq * 2, 256), ws_at = o_at + kc_round(no * 2, 256);
-    char *base = (char *)kc_scratch(k, ws_at + sdpa_plan_scratch(s->fwd));
+    const size_t nq = c.nq, no = c.no, o_at = kc_round(nq * 2, 256), ws_at = o_at + kc_round(no * 2, 256);
+    char *base = (char *)kc_scratch(k, ws_at + sdpa_plan_scratch(c.s->fwd));
     if (!base)
         return true;
     uint16_t *qkv16 = (uint16_t *)base, *out16 = (uint16_t *)(base + o_at);
-    kc_cast_lowp(k, qkv16, qkv, nq, bf16);
+    kc_cast_lowp(k, qkv16, qkv, nq, c.bf16);
     char why[600];
-    if (sdpa_forward(s->fwd, qkv16, out16, lse, base + ws_at, why, sizeof why) != 0) {
+    if (sdpa_forward(c.s->fwd, qkv16, out16, lse, base + ws_at, why, sizeof why) != 0) {
         kc_fail(k, (int)cudaErrorUnknown, "attention_gqa_forward (cuDNN)", why);
         return true;
     }
@@ -150,23 +160,21 @@ bool kc_gqa_cudnn_forward(kern_ctx *k, float *out, float *lse, const float *qkv,
 bool kc_gqa_cudnn_backward(kern_ctx *k, float *dqkv, const float *dout, const float *out, const float *lse,
                            const float *qkv, const int32_t *start, int B, int T, int NH, int KVH, int HS)
 {
-    kc_dnn_shape *s = take(k, start, B, T, NH, KVH, HS);
-    if (!s)
+    kc_dnn_call c;
+    if (!take(k, start, B, T, NH, KVH, HS, &c))
         return false;
-    const bool bf16 = k->prec == KERN_BF16;
-    const size_t BT = (size_t)B * T, nq = BT * (size_t)(NH + 2 * KVH) * HS, no = BT * (size_t)NH * HS;
-    const size_t o_at = kc_round(nq * 2, 256), do_at = o_at + kc_round(no * 2, 256);
+    const size_t nq = c.nq, no = c.no, o_at = kc_round(nq * 2, 256), do_at = o_at + kc_round(no * 2, 256);
     const size_t dq_at = do_at + kc_round(no * 2, 256), ws_at = dq_at + kc_round(nq * 2, 256);
-    char *base = (char *)kc_scratch(k, ws_at + sdpa_plan_scratch(s->bwd));
+    char *base = (char *)kc_scratch(k, ws_at + sdpa_plan_scratch(c.s->bwd));
     if (!base)
         return true;
     uint16_t *qkv16 = (uint16_t *)base, *out16 = (uint16_t *)(base + o_at), *dout16 = (uint16_t *)(base + do_at);
     uint16_t *dqkv16 = (uint16_t *)(base + dq_at);
-    kc_cast_lowp(k, qkv16, qkv, nq, bf16);
-    kc_cast_lowp(k, out16, out, no, bf16);
-    kc_cast_lowp(k, dout16, dout, no, bf16);
+    kc_cast_lowp(k, qkv16, qkv, nq, c.bf16);
+    kc_cast_lowp(k, out16, out, no, c.bf16);
+    kc_cast_lowp(k, dout16, dout, no, c.bf16);
     char why[600];
-    if (sdpa_backward(s->bwd, qkv16, out16, dout16, lse, dqkv16, base + ws_at, why, sizeof why) != 0) {
+    if (sdpa_backward(c.s->bwd, qkv16, out16, dout16, lse, dqkv16, base + ws_at, why, sizeof why) != 0) {
         kc_fail(k, (int)cudaErrorUnknown, "attention_gqa_backward (cuDNN)", why);
         return true;
     }
