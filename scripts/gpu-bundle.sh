@@ -2,8 +2,11 @@
 # scripts/gpu-bundle.sh [BUILD_DIR] — build with CUDA and gather what
 # scripts/gpu-session.sh needs on the lent GPU machine into .device/ (git
 # ignores it): the build's programs and the Debian libraries they load
-# (../shared/tools/device-bundle), plus Debian's fortunes as training text.
-# Then, with the device tool: run `scripts/gpu-session.sh $OUT`, carrying .device.
+# (../shared/tools/device-bundle), plus Debian's fortunes as training text,
+# packed into .device.tar.xz (git ignores it too).  Then, with the device
+# tool: run `scripts/gpu-session.sh $OUT`, carrying .device.tar.xz, which
+# the session unpacks: .device itself (75 MiB, OpenBLAS alone 36) is over
+# what a call carries (64 MiB with the working tree), packed it is 13.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/gpu}
@@ -41,4 +44,10 @@ export PATH="$here/bin:$PATH"
 ENV
 mkdir -p .device/data/fortunes
 find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' -exec cp {} .device/data/fortunes/ \;
-du -sh .device
+# The CPU's tests stay here: of tests/unit the session runs model_probe
+# (the hfllama step's) alone.
+find .device/bin/tests/unit -type f ! -name model_probe -delete
+rm -rf .device/bin/tests/emu
+grep -qxF /.device.tar.xz "$(git rev-parse --git-dir)/info/exclude" || echo /.device.tar.xz >>"$(git rev-parse --git-dir)/info/exclude"
+tar -cf - .device | xz -T2 -6 >.device.tar.xz
+du -sh .device .device.tar.xz

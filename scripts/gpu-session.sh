@@ -2,10 +2,11 @@
 # scripts/gpu-session.sh OUT — every GPU check of one device call, in order.
 #
 # Runs on the lent GPU machine from the repository root, with the bundle
-# that scripts/gpu-bundle.sh made in .device/ (carried).  Each step has its
-# own time limit and its own exit status in the log, so one failure does not
-# hide the rest.  Writes OUT/log.txt (everything), OUT/bench.jsonl (JSON
-# lines of the benchmarks) and OUT/metrics-*.jsonl.
+# that scripts/gpu-bundle.sh made (.device.tar.xz, carried; unpacked here
+# into .device/).  Each step has its own time limit and its own exit status
+# in the log, so one failure does not hide the rest.  Writes OUT/log.txt
+# (everything), OUT/bench.jsonl (JSON lines of the benchmarks) and
+# OUT/metrics-*.jsonl.
 #   STEPS=tests,jobs,kernels,daemon,train,pool  (default: all) picks steps;
 #   LLAMA_VARIANTS the llama step's gradd-only reruns (mma cudnn fp32act);
 #   nvml (about 30 s), idle (about 40 s), alloc (about 40 s), shim and
@@ -21,6 +22,11 @@
 # what ran.
 set -u
 out=${1:?usage: gpu-session.sh OUT}
+# The bundle travels packed (scripts/gpu-bundle.sh), and replaces what an
+# earlier call unpacked (about 2 s).
+if [ -f .device.tar.xz ]; then
+  rm -rf .device && tar -xJf .device.tar.xz || { echo "gpu-session.sh: cannot unpack .device.tar.xz"; exit 1; }
+fi
 steps=${STEPS:-tests,jobs,kernels,daemon,train,pool}
 top=$(pwd)
 B=$top/.device/bin
@@ -111,7 +117,8 @@ fi
 
 if want kernels || want llama; then
   # Llama's attention at the 1B shape, head sizes 64 and 128: the
-  # tensor-core kernels (GRADD_GQA=mma) against gqa.cu's, which decides
+  # tensor-core kernels (GRADD_GQA=mma) and cuDNN's (directly, and as the
+  # model calls it with GRADD_GQA=cudnn) against gqa.cu's: which decides
   # the default.
   for shape in "4 2048 32 8 64" "2 2048 16 4 128"; do
     section "gqa kernels bf16, B T NH KVH HS = $shape"
@@ -120,7 +127,7 @@ if want kernels || want llama; then
   done
   # Where a Llama 3.2 1B-shaped bf16 step's time goes, op by op, with each
   # attention kernel (bench_llama_kernels.c).
-  for gqa in default mma; do
+  for gqa in default mma cudnn; do
     section "llama kernels bf16 at Llama 3.2 1B, GRADD_GQA=$gqa"
     GRADD_GQA=$gqa gx timeout 120 "$B/bench/kernels/bench_llama_kernels_cuda" "$B/daemon/gradd-cuda.so" bf16 |
       sed "s/\"bench\": *\"/&gqa_$gqa-/" | tee -a "$out/bench.jsonl"; echo "rc=${PIPESTATUS[0]}"
