@@ -440,14 +440,19 @@ if want programs; then
       "$name" "$py" "$*" "$alloc" "$jobenv" "${PROG_EXTRA:-}" >/tmp/job-$name.cfg
     ctl submit /tmp/job-$name.cfg | grep -o '[0-9]\+' | head -1
   }
-  state() { ctl --json status "$1" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["state"])'; }
+  # A job's state, or "gone" where there is none (its submission failed):
+  # every wait below ends on it rather than running out its time.
+  state() {
+    [ -n "$1" ] && ctl --json status "$1" 2>/dev/null |
+      "$py" -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || echo gone
+  }
   for alloc in gradd pytorch; do
     hold=$(progjob hold-$alloc $alloc "$top/tests/gpu/programs/pair.py hold 0.6 60")
-    for i in $(seq 150); do ctl logs "$hold" | grep -q '^cached' && break; sleep 0.2; done
+    for i in $(seq 150); do [ "$(state "$hold")" = gone ] && break; ctl logs "$hold" | grep -q '^cached' && break; sleep 0.2; done
     ctl logs "$hold" | tail -3
     [ $alloc = gradd ] && ctl stats -d cuda0 | grep -E "program job|Reserved memory" | head -4
     need=$(progjob need-$alloc $alloc "$top/tests/gpu/programs/pair.py need 0.6")
-    for i in $(seq 300); do case $(state "$need") in completed|failed) break ;; esac; sleep 0.2; done
+    for i in $(seq 300); do case $(state "$need") in completed|failed|gone) break ;; esac; sleep 0.2; done
     echo "--- $alloc: need job $need $(state "$need")"; ctl logs "$need" | tail -3
     [ $alloc = gradd ] && ctl --json stats -d cuda0 >/tmp/prog-stats.json
     echo "$alloc $(state "$need")" >>/tmp/prog-pair.txt
@@ -471,11 +476,11 @@ PY
   # gradd's OOM, and gradctl status shows each size.
   hf=$(PROG_EXTRA='[memory]\nlimit = 1G\n' progjob hf-trainer gradd \
     "$top/tests/gpu/programs/hf_trainer.py $top/.device/data/fortunes /tmp/out-hf 512")
-  for i in $(seq 100); do [ "$(state "$hf")" = running ] && break; sleep 0.2; done
-  sleep 8
+  for i in $(seq 100); do case $(state "$hf") in running|completed|failed|gone) break ;; esac; sleep 0.2; done
+  [ "$(state "$hf")" = running ] && sleep 8
   ctl stats -d cuda0 | grep -E "program job|Allocated memory|Reserved memory" | head -6
   ctl status "$hf" | head -20
-  for i in $(seq 600); do case $(state "$hf") in completed|failed|cancelled) break ;; esac; sleep 0.2; done
+  for i in $(seq 600); do case $(state "$hf") in completed|failed|cancelled|gone) break ;; esac; sleep 0.2; done
   echo "--- hf trainer: $(state "$hf")"; ctl logs "$hf" | grep -v Warning | tail -12
   ctl status "$hf" | grep -i -E "batch|change|memory|reason"
   gpid=$(ctl --json status | "$py" -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
