@@ -12,8 +12,8 @@
 // has no engine for either, the shape stays on gradd's kernels for both,
 // so that a backward never reads the stats of another kernel's forward.
 // Packed samples (start) are left to gradd's kernels: cuDNN's causal mask
-// has no per-row start.  Each decision is said once on stderr (the job's
-// log in the daemon).
+// has no per-row start.  Each decision is said once on stderr: the
+// daemon's log (the journal under systemd), or gradd run's terminal.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
