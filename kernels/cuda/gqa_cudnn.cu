@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cudnn_sdpa.h"
 #include "kern_cuda.cuh"
@@ -92,6 +93,10 @@ static kc_dnn_shape *shape_of(kern_ctx *k, int B, int T, int NH, int KVH, int HS
     *s = (kc_dnn_shape){B, T, NH, KVH, HS, NULL, NULL};
     const bool bf16 = k->prec == KERN_BF16;
     char why[1024] = "";
+    // Making a plan may compile kernels: its time is said, as a probe at
+    // each micro-batch size pays it again.
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     s->fwd = sdpa_plan_make(d->lib, false, bf16, B, T, NH, KVH, HS, why, sizeof why);
     if (s->fwd)
         s->bwd = sdpa_plan_make(d->lib, true, bf16, B, T, NH, KVH, HS, why, sizeof why);
@@ -103,8 +108,10 @@ static kc_dnn_shape *shape_of(kern_ctx *k, int B, int T, int NH, int KVH, int HS
                 sdpa_version(d->lib), B, T, NH, KVH, HS, why);
         return NULL;
     }
-    fprintf(stderr, "gradd-cuda: attention on cuDNN %zu for B=%d T=%d NH=%d KVH=%d HS=%d\n", sdpa_version(d->lib), B, T,
-            NH, KVH, HS);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    fprintf(stderr, "gradd-cuda: attention on cuDNN %zu for B=%d T=%d NH=%d KVH=%d HS=%d (plans made in %.0f ms)\n",
+            sdpa_version(d->lib), B, T, NH, KVH, HS, ms);
     return s;
 }
 
