@@ -6,7 +6,7 @@
 # packed into .device.tar.xz (git ignores it too).  Then, with the device
 # tool: run `scripts/gpu-session.sh $OUT`, carrying .device.tar.xz, which
 # the session unpacks: .device itself (75 MiB, OpenBLAS alone 36) is over
-# what a call carries (64 MiB with the working tree), packed it is 13.
+# what a call carries (64 MiB with the working tree), packed it is 11.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/gpu}

@@ -429,14 +429,6 @@ void kc_matmul_backward(kern_ctx *k, float *dinp, float *dweight, float *dbias, 
 
 // ---- 16-bit activations: the GEMM operands the caller already holds in 16 bits ----------------
 
-static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
-{
-    if (k->prec == KERN_FP16) // as lowp.c and the producers: bf16 unless fp16
-        kc_cast_f16_to_f32(k, dst, src, n);
-    else
-        kc_cast_bf16_to_f32(k, dst, src, n);
-}
-
 // Both operands as they are.  Should cuBLASLt have no 16-bit algorithm,
 // they are widened (exactly) and the fp32 GEMM runs, as kc_matmul_forward
 // falls back.
@@ -462,8 +454,8 @@ void kc_matmul_forward16(kern_ctx *k, float *out, const uint16_t *inp16, const u
     if (!w32)
         return;
     float *i32 = w32 + kc_round(nw, 64);
-    widen(k, w32, weight16, nw);
-    widen(k, i32, inp16, ni);
+    kc_widen_lowp(k, w32, weight16, nw);
+    kc_widen_lowp(k, i32, inp16, ni);
     g32.A = w32;
     g32.B = i32;
     gemm_run(k, NULL, &g32, N);
@@ -550,14 +542,14 @@ void kc_matmul_backward16(kern_ctx *k, float *dinp, uint16_t *dinp16, float *dwe
         return;
     const float *d32 = dout;
     if (dout16) {
-        widen(k, f, dout16, nd);
+        kc_widen_lowp(k, f, dout16, nd);
         d32 = f;
     }
     float *i32 = f + kc_round(nd32, 64), *w32 = i32 + kc_round(ni, 64);
     if (ni)
-        widen(k, i32, inp16, ni);
+        kc_widen_lowp(k, i32, inp16, ni);
     if (nw)
-        widen(k, w32, weight16, nw);
+        kc_widen_lowp(k, w32, weight16, nw);
     if (r_in == 1)
         gemm_backward_part(k, 0.0f, false, C, N, OC, w32, C, d32, OC, dinp, C, NULL, NULL, false);
     if (r_w == 1)

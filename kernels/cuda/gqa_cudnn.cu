@@ -118,7 +118,6 @@ static kc_dnn_shape *shape_of(kern_ctx *k, int B, int T, int NH, int KVH, int HS
 // One call's shape and sizes: qkv (nq values) and out (no).
 struct kc_dnn_call {
     kc_dnn_shape *s;
-    bool bf16;
     size_t nq, no;
 };
 
@@ -128,18 +127,9 @@ static bool take(kern_ctx *k, const int32_t *start, int B, int T, int NH, int KV
     if (!k->gqa_cudnn || start || k->prec == KERN_FP32 || (HS != 64 && HS != 128))
         return false;
     c->s = shape_of(k, B, T, NH, KVH, HS);
-    c->bf16 = k->prec == KERN_BF16;
     c->nq = (size_t)B * T * (size_t)(NH + 2 * KVH) * HS;
     c->no = (size_t)B * T * (size_t)NH * HS;
     return c->s != NULL;
-}
-
-static void widen(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
-{
-    if (k->prec == KERN_BF16)
-        kc_cast_bf16_to_f32(k, dst, src, n);
-    else
-        kc_cast_f16_to_f32(k, dst, src, n);
 }
 
 bool kc_gqa_cudnn_forward(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B, int T,
@@ -153,13 +143,13 @@ bool kc_gqa_cudnn_forward(kern_ctx *k, float *out, float *lse, const float *qkv,
     if (!base)
         return true;
     uint16_t *qkv16 = (uint16_t *)base, *out16 = (uint16_t *)(base + o_at);
-    kc_cast_lowp(k, qkv16, qkv, nq, c.bf16);
+    kc_cast_lowp(k, qkv16, qkv, nq, k->prec == KERN_BF16);
     char why[600];
     if (sdpa_forward(c.s->fwd, qkv16, out16, lse, base + ws_at, why, sizeof why) != 0) {
         kc_fail(k, (int)cudaErrorUnknown, "attention_gqa_forward (cuDNN)", why);
         return true;
     }
-    widen(k, out, out16, no);
+    kc_widen_lowp(k, out, out16, no);
     kc_launched(k, "attention_gqa_forward (cuDNN)");
     return true;
 }
@@ -177,15 +167,15 @@ bool kc_gqa_cudnn_backward(kern_ctx *k, float *dqkv, const float *dout, const fl
         return true;
     uint16_t *qkv16 = (uint16_t *)base, *out16 = (uint16_t *)(base + o_at), *dout16 = (uint16_t *)(base + do_at);
     uint16_t *dqkv16 = (uint16_t *)(base + dq_at);
-    kc_cast_lowp(k, qkv16, qkv, nq, c.bf16);
-    kc_cast_lowp(k, out16, out, no, c.bf16);
-    kc_cast_lowp(k, dout16, dout, no, c.bf16);
+    kc_cast_lowp(k, qkv16, qkv, nq, k->prec == KERN_BF16);
+    kc_cast_lowp(k, out16, out, no, k->prec == KERN_BF16);
+    kc_cast_lowp(k, dout16, dout, no, k->prec == KERN_BF16);
     char why[600];
     if (sdpa_backward(c.s->bwd, qkv16, out16, dout16, lse, dqkv16, base + ws_at, why, sizeof why) != 0) {
         kc_fail(k, (int)cudaErrorUnknown, "attention_gqa_backward (cuDNN)", why);
         return true;
     }
-    widen(k, dqkv, dqkv16, nq);
+    kc_widen_lowp(k, dqkv, dqkv16, nq);
     kc_launched(k, "attention_gqa_backward (cuDNN)");
     return true;
 }

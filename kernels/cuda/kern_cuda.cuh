@@ -432,6 +432,9 @@ void kc_colsum_merge(kern_ctx *k, float *dst_a, float *dst_b, const float *part_
 
 // Cast fp32 to bf16 (bf16 = true) or fp16, round to nearest even (pointwise.cu).
 void kc_cast_lowp(kern_ctx *k, uint16_t *dst, const float *src, size_t n, bool bf16);
+// Widen the context's 16-bit type (bf16 unless the context is fp16) to
+// fp32 (pointwise.cu).
+void kc_widen_lowp(kern_ctx *k, float *dst, const uint16_t *src, size_t n);
 
 // ---- the ops (one .cu file per family) -----------------------------------------------
 

@@ -284,6 +284,14 @@ void kc_cast_f16_to_f32(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
     kc_enter(k);
     kc_ew(k, n, kc_aligned(16, dst) && kc_aligned(8, src), from16_f<false>{dst, src}, "cast_f16_to_f32");
 }
+
+void kc_widen_lowp(kern_ctx *k, float *dst, const uint16_t *src, size_t n)
+{
+    if (k->prec == KERN_FP16) // as lowp.c and the producers: bf16 unless fp16
+        kc_cast_f16_to_f32(k, dst, src, n);
+    else
+        kc_cast_bf16_to_f32(k, dst, src, n);
+}
 #endif
 
 // ---- count_nonfinite ------------------------------------------------------------------
