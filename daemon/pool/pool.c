@@ -347,6 +347,7 @@ void pool_destroy(pool *p)
         p->slabs = n;
     }
     free(p->map);
+    free(p->pending);
     free(p->ring);
     pthread_mutex_destroy(&p->fit_lock);
     pthread_mutex_destroy(&p->lock);

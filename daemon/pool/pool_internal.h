@@ -131,6 +131,12 @@ typedef struct {
 
 typedef struct pool_slab pool_slab;
 
+typedef struct {
+    uintptr_t addr;
+    size_t len;
+    bool va; /* expandable: unmap, not free */
+} pool_dev_pending;
+
 /* ---- published statistics --------------------------------------------------- */
 
 /* Every figure the control plane reads lives here, as atomics written only
@@ -250,6 +256,11 @@ struct pool {
     /* statistics: live is current; snap is a frozen copy made on a reader's
      * request when the writer keeps live too busy to read (pool_stats.c). */
     int stats_depth;
+    /* Device releases asked for inside a section, made when the outermost
+     * one ends (pool_dev_release), so a trim's figures change together
+     * without a reader waiting on cudaFree. */
+    pool_dev_pending *pending;
+    size_t npending, cap_pending;
     uint64_t snap_served;
     _Atomic uint64_t snap_requests;
     _Atomic uint64_t snap_published;
@@ -368,6 +379,7 @@ static inline void pool_ctr_add(pool *p, int c, uint64_t d)
 }
 
 void pool_stats_serve(pool *p);
+void pool_dev_flush(pool *p);
 
 /* A seqlock write section.  Sections nest (the outer one counts) and are
  * kept away from device calls so a slow cudaMalloc never blocks a reader. */
@@ -390,6 +402,8 @@ static inline void pool_stats_end(pool *p)
         atomic_store_explicit(&p->live.seq, POOL_LD(p->live.seq) + 1, memory_order_release);
         if (POOL_LD(p->snap_requests) != p->snap_served)
             pool_stats_serve(p);
+        if (p->npending)
+            pool_dev_flush(p);
     }
 }
 
@@ -431,6 +445,9 @@ void pool_seg_link(pool *p, pool_segment *s); /* into its sub-pool's list */
 void pool_seg_unlink(pool *p, pool_segment *s);
 /* Release a wholly free segment to the device (unmap it when expandable). */
 void pool_seg_release(pool *p, pool_segment *s);
+/* Give [addr, addr+len) back to the device (unmap it when va): at once
+ * outside a section, else when the outermost section ends. */
+void pool_dev_release(pool *p, uintptr_t addr, size_t len, bool va);
 /* Expandable: unmap the whole granularity chunks inside free block b,
  * splitting its run around the hole.  Returns the bytes unmapped: 0 when b
  * spans no whole chunk or the host is out of memory for the split. */

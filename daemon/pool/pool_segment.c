@@ -420,7 +420,7 @@ size_t pool_seg_unmap_chunks(pool *p, pool_block *b, uint32_t job)
         pool_free_insert(p, rb);
     pool_stats_end(p);
 
-    dev_va_unmap(p->d, (void *)a0, len);
+    pool_dev_release(p, a0, len, true);
     if (!keep_b)
         pool_blk_put(p, b);
     if (!has_left && !has_right)
@@ -446,8 +446,43 @@ void pool_seg_release(pool *p, pool_segment *s)
     pool_ctr_add(p, POOL_CTR_DEVICE_FREES, 1);
     pool_tl_record(p, POOL_EV_SEGMENT_UNMAP, 0, POOL_TAG_OTHER, s->sub, s->size, s->addr, 0);
     pool_stats_end(p);
-    dev_free(p->d, (void *)s->addr, s->size);
+    pool_dev_release(p, s->addr, s->size, false);
     pool_blk_put(p, b);
     free(s);
+}
+
+static void dev_release_now(pool *p, uintptr_t addr, size_t len, bool va)
+{
+    if (va)
+        dev_va_unmap(p->d, (void *)addr, len);
+    else
+        dev_free(p->d, (void *)addr, len);
+}
+
+void pool_dev_release(pool *p, uintptr_t addr, size_t len, bool va)
+{
+    if (p->stats_depth == 0) {
+        dev_release_now(p, addr, len, va);
+        return;
+    }
+    if (p->npending == p->cap_pending) {
+        size_t cap = p->cap_pending ? 2 * p->cap_pending : 16;
+        pool_dev_pending *n = realloc(p->pending, cap * sizeof *n);
+        if (!n) {
+            /* Host out of memory: a reader waits on this one call. */
+            dev_release_now(p, addr, len, va);
+            return;
+        }
+        p->pending = n;
+        p->cap_pending = cap;
+    }
+    p->pending[p->npending++] = (pool_dev_pending){.addr = addr, .len = len, .va = va};
+}
+
+void pool_dev_flush(pool *p)
+{
+    for (size_t i = 0; i < p->npending; i++)
+        dev_release_now(p, p->pending[i].addr, p->pending[i].len, p->pending[i].va);
+    p->npending = 0;
 }
 

@@ -55,6 +55,9 @@ pool_trim_result pool_trim_locked(pool *p, pool_trim_reason why, size_t target_b
 {
     uint64_t t0 = pool_now_ns();
     size_t released = 0, pieces = 0;
+    /* One section for the whole trim, so no reader sees memory gone but
+     * the trim uncounted; the device calls wait for its end. */
+    pool_stats_begin(p);
     while (p->lru_head && !target_met(target_bytes, released)) {
         pool_segment *s = p->lru_head;
         size_t sz = s->size;
@@ -66,17 +69,19 @@ pool_trim_result pool_trim_locked(pool *p, pool_trim_reason why, size_t target_b
     }
     if (p->expandable)
         trim_chunks(p, target_bytes, &released, &pieces);
-    uint64_t ns = pool_now_ns() - t0;
 
-    pool_stats_begin(p);
     pool_ctr_add(p, POOL_CTR_TRIMS, 1);
     pool_ctr_add(p, POOL_CTR_TRIMMED_BYTES, released);
-    pool_ctr_add(p, POOL_CTR_TRIM_NS, ns);
     if (why == POOL_TRIM_IDLE) {
         pool_ctr_add(p, POOL_CTR_IDLE_TRIMS, 1);
         pool_ctr_add(p, POOL_CTR_IDLE_TRIMMED_BYTES, released);
     }
     pool_tl_record(p, POOL_EV_TRIM, 0, POOL_TAG_OTHER, false, released, 0, (uint64_t)why);
+    pool_stats_end(p);
+    /* The time includes the device calls, which the section's end made. */
+    uint64_t ns = pool_now_ns() - t0;
+    pool_stats_begin(p);
+    pool_ctr_add(p, POOL_CTR_TRIM_NS, ns);
     pool_stats_end(p);
 
     pool_trim_result r = {

@@ -343,6 +343,73 @@ static void test_trim_request(void **state)
     fx_close(&f);
 }
 
+/* A device that reads the pool's published figures (lock-free, as gradctl
+ * and the shm page do) from inside each release the pool makes. */
+static struct {
+    dev_ops ops;
+    const dev_ops *real;
+    pool *p;
+    int calls;
+    uint64_t trims_seen, reserved_seen;
+} spy;
+
+static void spy_look(void)
+{
+    pool_stats s;
+    pool_stats_read(spy.p, &s);
+    spy.calls++;
+    spy.trims_seen = s.trims;
+    spy.reserved_seen = s.reserved_bytes[POOL_ALL].current;
+}
+
+static void spy_free(dev *d, void *ptr, size_t bytes)
+{
+    spy_look();
+    spy.real->free(d, ptr, bytes);
+}
+
+static void spy_va_unmap(dev *d, void *addr, size_t bytes)
+{
+    spy_look();
+    spy.real->va_unmap(d, addr, bytes);
+}
+
+/* A trim's released bytes and its count change together: a reader that
+ * sees the memory gone sees the trim that gave it back.  The device calls
+ * come after the figures are published, never inside their section. */
+static void test_trim_published_as_one(void **state)
+{
+    (void)state;
+    for (int expandable = 0; expandable < 2; expandable++) {
+        fx f;
+        pool_config c = cfg_default();
+        c.expandable_segments = expandable;
+        fx_open(&f, 512 * MiB, &c);
+        make_idle(&f, 40 * MiB, 42 * MiB, 44 * MiB);
+        size_t before = stats(f.p)->trims;
+        memset(&spy, 0, sizeof spy);
+        spy.real = f.d->ops;
+        spy.ops = *f.d->ops;
+        spy.ops.free = spy_free;
+        spy.ops.va_unmap = spy_va_unmap;
+        spy.p = f.p;
+        f.d->ops = &spy.ops;
+
+        pool_trim_result r = pool_trim(f.p, POOL_TRIM_IDLE, 0);
+        assert_int_equal(r.reserved_after, 0);
+        assert_true(spy.calls >= 1);
+        assert_int_equal(spy.trims_seen, before + 1);
+        assert_int_equal(spy.reserved_seen, 0);
+        pool_stats *s = stats(f.p);
+        assert_int_equal(s->idle_trims, 1);
+        assert_int_equal(s->idle_trimmed_bytes, r.bytes);
+        assert_true(s->trim_ns > 0);
+        assert_int_equal(device_free(f.d), 512 * MiB);
+        f.d->ops = spy.real;
+        fx_close(&f);
+    }
+}
+
 static void test_trim_periodic_steps(void **state)
 {
     (void)state;
@@ -582,6 +649,7 @@ int main(void)
         cmocka_unit_test(test_oom_trim_retry),
         cmocka_unit_test(test_oom_report),
         cmocka_unit_test(test_trim_request),
+        cmocka_unit_test(test_trim_published_as_one),
         cmocka_unit_test(test_trim_periodic_steps),
         cmocka_unit_test(test_trim_periodic_ms),
         cmocka_unit_test(test_trim_gc_lru),
