@@ -26,13 +26,18 @@ SANITIZED = os.environ.get("GRADD_SANITIZE", "none") not in ("", "none")
 
 def program_env():
     """[program] env words that a Python program job needs to run under
-    this build: an ASan-built libgradd-alloc, which gradd's shim loads at
-    `import torch`, goes into an uninstrumented python only behind the
+    this build: a sanitized libgradd-alloc, which gradd's shim loads at
+    `import torch`, goes into an uninstrumented python only behind its
     runtime (tests/python does the same).  "" for a plain build."""
     if not SANITIZED:
         return ""
-    asan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    return "LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0" % asan
+    thread = os.environ.get("GRADD_SANITIZE") == "thread"
+    lib = subprocess.run(["cc", "-print-file-name=%s" % ("libtsan.so" if thread else "libasan.so")],
+                         capture_output=True, text=True).stdout.strip()
+    if thread:
+        return "LD_PRELOAD=%s %s" % (lib, " ".join("TSAN_OPTIONS=" + o for o in
+                                                   os.environ.get("TSAN_OPTIONS", "").split()[:1]))
+    return "LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0" % lib
 
 
 class Daemon:
