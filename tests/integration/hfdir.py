@@ -134,9 +134,10 @@ def llama_config(C, L, H, KVH, F, T, V, tie=False, **extra):
     return cfg
 
 
-def write_llama(d, C=32, L=2, H=4, KVH=2, F=64, T=32, V=96, tie=False, seed=0, dtype="F32"):
-    """A LlamaForCausalLM directory at d (one model.safetensors), random.
-    Returns gradd's tensor names (transformers' own) -> float32 values."""
+def write_llama(d, C=32, L=2, H=4, KVH=2, F=64, T=32, V=96, tie=False, seed=0, dtype="F32", **extra):
+    """A LlamaForCausalLM directory at d (one model.safetensors), random;
+    extra goes into config.json.  Returns gradd's tensor names
+    (transformers' own) -> float32 values."""
     os.makedirs(d, exist_ok=True)
     r = np.random.default_rng(seed)
     hs = C // H
@@ -162,5 +163,5 @@ def write_llama(d, C=32, L=2, H=4, KVH=2, F=64, T=32, V=96, tie=False, seed=0, d
         want[k] = back
     write_safetensors(os.path.join(d, "model.safetensors"), files, {"format": "pt"})
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(llama_config(C, L, H, KVH, F, T, V, tie), f)
+        json.dump(llama_config(C, L, H, KVH, F, T, V, tie, **extra), f)
     return want

@@ -8,7 +8,9 @@ AutoModelForCausalLM loads the export, and
     reported;
   - its logits on those samples are model_probe's (gradd's forward of the
     exported weights);
-  - its greedy generation is gradctl sample's at temperature 0."""
+  - its greedy generation is gradctl sample's at temperature 0.
+Once plain, once with Llama 3's rope_scaling (transformers 4.43 and later
+read it; the venv has 4.46)."""
 import json
 import os
 import subprocess
@@ -40,6 +42,15 @@ PROBE = os.environ.get("MODEL_PROBE", "")
 # comparisons are the same).
 DEVICE = os.environ.get("GRADD_TEST_DEVICE", "")
 JOB = {"name": "hfl", "device": DEVICE} if DEVICE else {"name": "hfl"}
+# Llama 3.2's scaling, with the original context below the trained one so
+# that the scaled frequencies matter at these positions.
+LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8}
+
+
+def reads_llama3():
+    v = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    return v >= (4, 43)
 
 
 def samples(rng, n):
@@ -74,12 +85,21 @@ def read_st(path):
 @unittest.skipIf(transformers is None, "no transformers: scripts/pyenv-hf.sh makes a venv with it (-Dhf_venv)")
 class Llama(harness.DaemonTest):
     def test_fine_tune_export_load(self):
+        self.round_trip()
+
+    def test_llama3_rope_scaling(self):
+        if not reads_llama3():
+            self.skipTest("transformers %s reads no llama3 rope_scaling (4.43 does)" % transformers.__version__)
+        self.round_trip(LLAMA3)
+
+    def round_trip(self, rope_scaling=None):
         d = tempfile.mkdtemp(prefix="gradd-hfl-")
         os.chmod(d, 0o755)
         self.addCleanup(subprocess.run, ["rm", "-rf", d])
         src = os.path.join(d, "hf")
         # Made for 4T positions, trained at T: the export keeps the 4T.
-        hfdir.write_llama(src, C=C, L=L, H=H, KVH=KVH, F=F, T=4 * T, V=V, seed=5, dtype="BF16")
+        extra = {"rope_scaling": rope_scaling} if rope_scaling else {}
+        hfdir.write_llama(src, C=C, L=L, H=H, KVH=KVH, F=F, T=4 * T, V=V, seed=5, dtype="BF16", **extra)
         rng = np.random.default_rng(3)
         write_jsonl(os.path.join(d, "train.jsonl"), samples(rng, 64))
         val = samples(rng, 12)
@@ -103,6 +123,10 @@ class Llama(harness.DaemonTest):
         model.eval()
         self.assertEqual(type(model).__name__, "LlamaForCausalLM")
         self.assertEqual(model.config.max_position_embeddings, 4 * T)
+        if rope_scaling:
+            got = dict(model.config.rope_scaling)
+            got.pop("type", None)  # transformers adds the old name beside rope_type
+            self.assertEqual(got, rope_scaling)
         total, count, hf_logits = 0.0, 0, []
         with torch.no_grad():
             for s in val:
