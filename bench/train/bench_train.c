@@ -20,6 +20,8 @@
  * Configurations (issue 4):
  *   gpt_tiny   L=2 C=64  H=4 T=64  B=4 V=256
  *   gpt_small  L=6 C=384 H=6 T=256 B=8 V=256
+ *   llama_small L=6 C=384 H=6 KVH=2 F=1024 T=256 B=8 V=256, RoPE theta
+ *              10000, RMSNorm eps 1e-5, SwiGLU, tied embeddings, no biases
  *   mlp        784-512-256-10, ReLU, batch 128 (Fashion-MNIST, as etc/jobs/fashion-mlp.cfg)
  * All fp32, AdamW (decay on matrices only), grad clip 1.0, micro-batch = batch.
  *
@@ -29,7 +31,7 @@
  * without a peer: bench/train/run.sh runs peer_torch.py in the same run and
  * joins the two into the bench/ convention's lines.  Progress on stderr.
  *
- * Usage: bench_train [--threads N] [--only gpt_tiny,gpt_small,mlp]
+ * Usage: bench_train [--threads N] [--only gpt_tiny,gpt_small,llama_small,mlp]
  *                    [--warmup W] [--steps K] [--corpus PATH]
  *                    [--mnist-images PATH --mnist-labels PATH] [--profile]
  * --profile wraps every op of the cpu kern_ops table in a timer and prints,
@@ -60,19 +62,23 @@
 #define DEFAULT_IMAGES "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 #define DEFAULT_LABELS "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
 
+typedef enum { CFG_GPT, CFG_LLAMA, CFG_MLP } cfg_kind;
+
 typedef struct {
-    const char *name;  /* bench name without "train_" */
-    bool gpt;
-    unsigned L, C, H, T, V; /* gpt */
+    const char *name; /* bench name without "train_" */
+    cfg_kind kind;
+    unsigned L, C, H, T, V; /* gpt, llama */
+    unsigned KVH, F;        /* llama */
     const char *hidden;     /* mlp */
     unsigned batch;
     unsigned warmup, steps; /* defaults */
 } bench_cfg;
 
 static const bench_cfg configs[] = {
-    {"gpt_tiny", true, 2, 64, 4, 64, 256, NULL, 4, 20, 200},
-    {"gpt_small", true, 6, 384, 6, 256, 256, NULL, 8, 3, 15},
-    {"mlp", false, 0, 0, 0, 0, 0, "512,256", 128, 20, 300},
+    {"gpt_tiny", CFG_GPT, 2, 64, 4, 64, 256, 0, 0, NULL, 4, 20, 200},
+    {"gpt_small", CFG_GPT, 6, 384, 6, 256, 256, 0, 0, NULL, 8, 3, 15},
+    {"llama_small", CFG_LLAMA, 6, 384, 6, 256, 256, 2, 1024, NULL, 8, 3, 15},
+    {"mlp", CFG_MLP, 0, 0, 0, 0, 0, 0, 0, "512,256", 128, 20, 300},
 };
 #define NCONFIGS (sizeof configs / sizeof configs[0])
 
@@ -98,12 +104,14 @@ static double now_s(void)
 
 enum {
     OP_ZERO, OP_H2D, OP_D2H, OP_SCALE, OP_ENC_F, OP_ENC_B, OP_LN_F, OP_LN_B, OP_MM_F, OP_MM_B, OP_ATT_F, OP_ATT_B,
-    OP_GELU_F, OP_GELU_B, OP_RELU_F, OP_RELU_B, OP_RESID, OP_ACC, OP_CE_F, OP_CE_B, OP_SUMSQ, OP_ADAMW, NOPS
+    OP_GELU_F, OP_GELU_B, OP_RELU_F, OP_RELU_B, OP_RESID, OP_ACC, OP_CE_F, OP_CE_B, OP_SUMSQ, OP_ADAMW,
+    OP_RMS_F, OP_RMS_B, OP_ROPE_F, OP_ROPE_B, OP_SWIGLU_F, OP_SWIGLU_B, OP_GQA_F, OP_GQA_B, NOPS
 };
 static const char *const op_names[NOPS] = {
     "zero", "copy_h2d", "copy_d2h", "scale", "encoder_fwd", "encoder_bwd", "layernorm_fwd", "layernorm_bwd",
     "matmul_fwd", "matmul_bwd", "attention_fwd", "attention_bwd", "gelu_fwd", "gelu_bwd", "relu_fwd",
-    "relu_bwd", "residual_fwd", "accumulate", "crossent_fwd", "crossent_bwd", "sumsq", "adamw"};
+    "relu_bwd", "residual_fwd", "accumulate", "crossent_fwd", "crossent_bwd", "sumsq", "adamw",
+    "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd", "swiglu_fwd", "swiglu_bwd", "gqa_fwd", "gqa_bwd"};
 
 #define MAX_SHAPES 32
 typedef struct {
@@ -237,6 +245,43 @@ static void w_adamw(kern_ctx *k, float *p, uint16_t *p16, const float *g, float 
 {
     TIMED(OP_ADAMW, prof.base->adamw_multi(k, p, p16, g, m, v, segs, nsegs, lr, b1, b2, eps, wd, gs, t));
 }
+static void w_rms_f(kern_ctx *k, float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps)
+{
+    TIMED(OP_RMS_F, prof.base->rmsnorm_forward(k, out, rstd, inp, w, N, C, eps));
+}
+static void w_rms_b(kern_ctx *k, float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                    const float *rstd, int N, int C)
+{
+    TIMED(OP_RMS_B, prof.base->rmsnorm_backward(k, dinp, dw, dout, inp, w, rstd, N, C));
+}
+static void w_rope_f(kern_ctx *k, float *x, const float *inv, const int32_t *pos, int N, int T, int NHR, int HS,
+                     int stride)
+{
+    TIMED(OP_ROPE_F, prof.base->rope_forward(k, x, inv, pos, N, T, NHR, HS, stride));
+}
+static void w_rope_b(kern_ctx *k, float *dx, const float *inv, const int32_t *pos, int N, int T, int NHR, int HS,
+                     int stride)
+{
+    TIMED(OP_ROPE_B, prof.base->rope_backward(k, dx, inv, pos, N, T, NHR, HS, stride));
+}
+static void w_swiglu_f(kern_ctx *k, float *out, const float *gu, int N, int F)
+{
+    TIMED(OP_SWIGLU_F, prof.base->swiglu_forward(k, out, gu, N, F));
+}
+static void w_swiglu_b(kern_ctx *k, float *dgu, const float *gu, const float *dout, int N, int F)
+{
+    TIMED(OP_SWIGLU_B, prof.base->swiglu_backward(k, dgu, gu, dout, N, F));
+}
+static void w_gqa_f(kern_ctx *k, float *out, float *lse, const float *qkv, const int32_t *start, int B, int T, int NH,
+                    int KVH, int HS)
+{
+    TIMED(OP_GQA_F, prof.base->attention_gqa_forward(k, out, lse, qkv, start, B, T, NH, KVH, HS));
+}
+static void w_gqa_b(kern_ctx *k, float *dqkv, const float *dout, const float *out, const float *lse, const float *qkv,
+                    const int32_t *start, int B, int T, int NH, int KVH, int HS)
+{
+    TIMED(OP_GQA_B, prof.base->attention_gqa_backward(k, dqkv, dout, out, lse, qkv, start, B, T, NH, KVH, HS));
+}
 
 static const kern_ops *profiled_ops(const kern_ops *base)
 {
@@ -265,6 +310,14 @@ static const kern_ops *profiled_ops(const kern_ops *base)
     o.crossentropy_backward = w_ce_b;
     o.sumsq = w_sumsq;
     o.adamw_multi = w_adamw;
+    o.rmsnorm_forward = w_rms_f;
+    o.rmsnorm_backward = w_rms_b;
+    o.rope_forward = w_rope_f;
+    o.rope_backward = w_rope_b;
+    o.swiglu_forward = w_swiglu_f;
+    o.swiglu_backward = w_swiglu_b;
+    o.attention_gqa_forward = w_gqa_f;
+    o.attention_gqa_backward = w_gqa_b;
     return &o;
 }
 
@@ -422,11 +475,17 @@ static int run_one(const bench_cfg *c, pool *p, const kern_ops *k, const char *t
     snprintf(out_dir, sizeof out_dir, "%s/out-%s", tmp, c->name);
     unsigned total = warmup + steps + 1; /* +1: the first interval needs a step before it */
     int len = snprintf(text, sizeof text, "[job]\nname = bench-%s\ndevice = cpu\n[model]\n", c->name);
-    if (c->gpt)
+    if (c->kind == CFG_GPT)
         len += snprintf(text + len, sizeof text - len,
                         "type = gpt\nlayers = %u\nheads = %u\nwidth = %u\ncontext = %u\nvocab = %u\n"
                         "[data]\nformat = text\ntrain = %s\nval_fraction = 0\n",
                         c->L, c->H, c->C, c->T, c->V, corpus);
+    else if (c->kind == CFG_LLAMA)
+        len += snprintf(text + len, sizeof text - len,
+                        "type = llama\nlayers = %u\nheads = %u\nkv_heads = %u\nwidth = %u\nmlp_width = %u\n"
+                        "context = %u\nvocab = %u\nrope_theta = 10000\nnorm_eps = 1e-5\ntie_embeddings = on\n"
+                        "[data]\nformat = text\ntrain = %s\nval_fraction = 0\n",
+                        c->L, c->H, c->KVH, c->C, c->F, c->T, c->V, corpus);
     else
         len += snprintf(text + len, sizeof text - len,
                         "type = mlp\nhidden = %s\n[data]\nformat = idx\ntrain = %s\ntrain_labels = %s\n"
@@ -449,7 +508,7 @@ static int run_one(const bench_cfg *c, pool *p, const kern_ops *k, const char *t
         return -1;
     }
     recorder rec = {calloc(total, sizeof(double)), calloc(total, sizeof(double)), 0, total,
-                    (double)c->batch * (c->gpt ? c->T : 1), warmup + 1, total};
+                    (double)c->batch * (c->kind == CFG_MLP ? 1 : c->T), warmup + 1, total};
     memset(prof.s, 0, sizeof prof.s);
     memset(prof.shapes, 0, sizeof prof.shapes);
     prof.nshapes = 0;
@@ -496,7 +555,7 @@ static int run_one(const bench_cfg *c, pool *p, const kern_ops *k, const char *t
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_train [--threads N] [--only gpt_tiny,gpt_small,mlp] [--warmup W] [--steps K]\n"
+    fprintf(stderr, "usage: bench_train [--threads N] [--only gpt_tiny,gpt_small,llama_small,mlp] [--warmup W] [--steps K]\n"
                     "                   [--corpus PATH] [--mnist-images PATH --mnist-labels PATH] [--profile]\n");
 }
 

@@ -9,6 +9,11 @@ The same models gradd trains, written in plain PyTorch, fp32:
         self-attention with c_attn/c_proj, ln_2, MLP c_fc/GELU(tanh)/c_proj),
         ln_f, output tied to wte; biases on every Linear, layernorm eps 1e-5,
         no dropout; mean cross-entropy over all tokens.
+  llama Llama: RMSNorm (eps 1e-5), q/k/v in one Linear with fewer K/V heads
+        (GQA), rotary embeddings (theta 10000, rotate-half as Hugging Face),
+        gate and up in one Linear, SwiGLU, no biases, final norm, output tied
+        to the embedding; the K/V heads are repeated for each group of query
+        heads before attention, as transformers does.
   mlp   784 -> 512 -> 256 -> 10 with ReLU, mean cross-entropy.
 One training step, timed from before the batch is picked to after the
 optimizer step: zero_grad(set_to_none=True), forward, backward,
@@ -55,8 +60,20 @@ CONFIGS = {
     # name: (kind, shape, batch, warmup, steps)
     "gpt_tiny": ("gpt", dict(L=2, C=64, H=4, T=64, V=256), 4, 20, 200),
     "gpt_small": ("gpt", dict(L=6, C=384, H=6, T=256, V=256), 8, 3, 15),
+    "llama_small": ("llama", dict(L=6, C=384, H=6, KVH=2, F=1024, T=256, V=256), 8, 3, 15),
     "mlp": ("mlp", dict(hidden=(512, 256), inputs=784, classes=10), 128, 20, 300),
 }
+
+
+def causal_attention(q, k, v, impl, mask):
+    """Causal softmax attention of (B, H, T, hs) tensors."""
+    if impl == "sdpa":
+        y, _ = F._scaled_dot_product_attention(q, k, v, None, 0.0, False, True)
+        return y
+    T = q.shape[2]
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    att = att.masked_fill(mask[:T, :T], float("-inf"))
+    return F.softmax(att, dim=-1) @ v
 
 
 class Block(nn.Module):
@@ -79,13 +96,7 @@ class Block(nn.Module):
         q = q.view(B, T, H, C // H).transpose(1, 2)
         k = k.view(B, T, H, C // H).transpose(1, 2)
         v = v.view(B, T, H, C // H).transpose(1, 2)
-        if self.attn_impl == "sdpa":
-            y, _ = F._scaled_dot_product_attention(q, k, v, None, 0.0, False, True)
-        else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))
-            att = att.masked_fill(self.mask[:T, :T], float("-inf"))
-            att = F.softmax(att, dim=-1)
-            y = att @ v
+        y = causal_attention(q, k, v, self.attn_impl, self.mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.attn_proj(y)
 
@@ -126,6 +137,85 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, H, KVH, F_, T, attn):
+        super().__init__()
+        self.H, self.KVH, self.hs, self.F = H, KVH, C // H, F_
+        self.attn_impl = attn
+        self.input_norm = RMSNorm(C, 1e-5)
+        self.qkv = nn.Linear(C, (H + 2 * KVH) * self.hs, bias=False)
+        self.o_proj = nn.Linear(C, C, bias=False)
+        self.post_norm = RMSNorm(C, 1e-5)
+        self.gate_up = nn.Linear(C, 2 * F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
+        self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).triu(1), persistent=False)
+
+    def attention(self, x, cos, sin):
+        B, T, C = x.shape
+        H, KVH, hs = self.H, self.KVH, self.hs
+        q, k, v = self.qkv(x).split([H * hs, KVH * hs, KVH * hs], dim=2)
+        q = q.view(B, T, H, hs).transpose(1, 2)
+        k = k.view(B, T, KVH, hs).transpose(1, 2)
+        v = v.view(B, T, KVH, hs).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(H // KVH, dim=1)
+        v = v.repeat_interleave(H // KVH, dim=1)
+        y = causal_attention(q, k, v, self.attn_impl, self.mask)
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.input_norm(x), cos, sin)
+        gate, up = self.gate_up(self.post_norm(x)).split(self.F, dim=2)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, L, C, H, KVH, F, T, V, attn):
+        super().__init__()
+        self.embed = nn.Embedding(V, C)
+        self.layers = nn.ModuleList([LlamaBlock(C, H, KVH, F, T, attn) for _ in range(L)])
+        self.norm = RMSNorm(C, 1e-5)
+        hs = C // H
+        inv = 1.0 / (10000.0 ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+        ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        ang = torch.cat((ang, ang), dim=-1)
+        self.register_buffer("cos", ang.cos().float(), persistent=False)
+        self.register_buffer("sin", ang.sin().float(), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * L) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def set_attn(self, attn):
+        for b in self.layers:
+            b.attn_impl = attn
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.embed(idx)
+        for block in self.layers:
+            x = block(x, cos, sin)
+        logits = F.linear(self.norm(x), self.embed.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
 class MLP(nn.Module):
     def __init__(self, inputs, hidden, classes):
         super().__init__()
@@ -151,7 +241,7 @@ def make_batches(kind, shape, batch, gen):
     """A callable returning the next (x, y): random windows of a byte corpus
     (gpt) or random rows of an image set (mlp), picked inside the timed step
     as gradd's data stream is."""
-    if kind == "gpt":
+    if kind in ("gpt", "llama"):
         T = shape["T"]
         data = torch.randint(0, shape["V"], (1 << 20,), generator=gen, dtype=torch.long)
         offs = torch.arange(T + 1)
@@ -193,6 +283,8 @@ def run_config(name, args):
     torch.manual_seed(1337)
     if kind == "gpt":
         model = GPT(attn="explicit", **shape)
+    elif kind == "llama":
+        model = Llama(attn="explicit", **shape)
     else:
         model = MLP(shape["inputs"], shape["hidden"], shape["classes"])
     nxt = make_batches(kind, shape, batch, gen)
@@ -202,16 +294,16 @@ def run_config(name, args):
     choices = {
         "threads": [args.threads, 1] if args.torch_threads == "auto" and args.threads > 1
         else [args.threads if args.torch_threads == "auto" else int(args.torch_threads)],
-        "attn": (["sdpa", "explicit"] if args.attn == "auto" else [args.attn]) if kind == "gpt" else ["-"],
+        "attn": (["sdpa", "explicit"] if args.attn == "auto" else [args.attn]) if kind != "mlp" else ["-"],
         "foreach": [True, False] if args.foreach == "auto" else [args.foreach == "on"],
     }
     pick = {key: vals[0] for key, vals in choices.items()}
-    trial = max(2, min(steps, 3 if kind == "gpt" and shape["C"] >= 256 else 5))
+    trial = max(2, min(steps, 3 if kind != "mlp" and shape["C"] >= 256 else 5))
     tried = {}
 
     def apply(v):
         torch.set_num_threads(v["threads"])
-        if kind == "gpt":
+        if kind != "mlp":
             model.set_attn(v["attn"])
         return make_optimizer(model, v["foreach"])
 
@@ -234,7 +326,7 @@ def run_config(name, args):
         pick[key] = best[1]
     attn, foreach, tthreads = pick["attn"], pick["foreach"], pick["threads"]
     torch.set_num_threads(tthreads)
-    if kind == "gpt":
+    if kind != "mlp":
         model.set_attn(attn)
     opt = make_optimizer(model, foreach)
     time_steps(model, opt, nxt, warmup)

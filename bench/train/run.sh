@@ -4,7 +4,7 @@
 #
 # Builds bench/train/bench_train in BUILD_DIR (default: build/bench under the
 # source root, set up as a release build when it does not exist yet), then
-# for each configuration (gpt_tiny, gpt_small, mlp; see bench_train.c) runs
+# for each configuration (gpt_tiny, gpt_small, llama_small, mlp; see bench_train.c) runs
 # gradd and the PyTorch peer (peer_torch.py under Debian's
 # /usr/bin/python3 with python3-torch) alternately, ROUNDS times, each with
 # THREADS threads (default 2).  JSON lines (one per configuration) go to
@@ -46,7 +46,7 @@ case $build in
 esac
 threads=${2:-2}
 rounds=${ROUNDS:-3}
-only=${ONLY:-gpt_tiny,gpt_small,mlp}
+only=${ONLY:-gpt_tiny,gpt_small,llama_small,mlp}
 py=${PEER_PYTHON:-/usr/bin/python3}
 
 ensure_built "$root" "$build" bench/train/bench_train
