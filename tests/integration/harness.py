@@ -34,10 +34,11 @@ def program_env():
     thread = os.environ.get("GRADD_SANITIZE") == "thread"
     lib = subprocess.run(["cc", "-print-file-name=%s" % ("libtsan.so" if thread else "libasan.so")],
                          capture_output=True, text=True).stdout.strip()
-    if thread:
-        return "LD_PRELOAD=%s %s" % (lib, " ".join("TSAN_OPTIONS=" + o for o in
-                                                   os.environ.get("TSAN_OPTIONS", "").split()[:1]))
-    return "LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0" % lib
+    if not thread:
+        return "LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0" % lib
+    # One env word: the sanitizers also take ':' between options.
+    opts = ":".join(os.environ.get("TSAN_OPTIONS", "").split())
+    return "LD_PRELOAD=%s" % lib + (" TSAN_OPTIONS=%s" % opts if opts else "")
 
 
 class Daemon:

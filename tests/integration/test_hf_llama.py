@@ -10,7 +10,7 @@ AutoModelForCausalLM loads the export, and
     exported weights);
   - its greedy generation is gradctl sample's at temperature 0.
 Once plain, once with Llama 3's rope_scaling (transformers 4.43 and later
-read it; the venv has 4.46)."""
+read it; the venv has 4.44)."""
 import json
 import os
 import subprocess
