@@ -435,6 +435,15 @@ typedef struct kern_ops {
 /* The CPU backend (always present). */
 const kern_ops *kern_cpu_ops(void);
 
+/* OpenBLAS's kernels for the CPU backend's GEMMs (ctx.c says why): the
+ * name of those it runs (openblas_get_corename); the OPENBLAS_CORETYPE a
+ * process should be started with instead, or NULL when OpenBLAS's choice
+ * stands; and the rule behind that, for tests: `core` what OpenBLAS chose,
+ * `avx512` the CPU (and OS) has AVX-512 F/CD/BW/DQ/VL, `avx2` AVX2 and FMA. */
+const char *kern_cpu_blas_core(void);
+const char *kern_cpu_blas_better(void);
+const char *kern_cpu_blas_pick(const char *core, bool avx512, bool avx2);
+
 /* The CUDA backend's table lives in the gradd-cuda module and is exported
  * under this symbol name (a `const kern_ops`), found with dlsym. */
 #define KERN_CUDA_OPS_SYMBOL "gradd_kern_cuda_ops"

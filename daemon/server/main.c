@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "base/ctx.h"
+#include "base/procenv.h"
+#include "kernels.h"
 #include "gradd-config.h"
 #include "base/log.h"
 #include "paths.h"
@@ -95,36 +97,18 @@ static void raise_fd_limit(void)
     }
 }
 
-/* libgomp reads GOMP_SPINCOUNT once, as it is loaded, and by default a
- * thread waiting at a barrier spins up to 300,000 rounds before it sleeps.
- * Alone on its cores that saves a wakeup.  Beside another busy process (a
- * second gradd run, a user's data loader: the shared server gradd is for)
- * each spinning thread holds a core the other's threads need, at every
- * barrier.  Measured on 2 cores: two tiny GPT runs took 148 s together,
- * 0.6 s each alone; with 1000 rounds (what libgomp uses by itself when it
- * knows it has more threads than cores) 2.2 s together, for 0.5 ms more
- * on a 1.3 ms step alone and nothing measurable on a larger model.  So
- * unless the user chose a wait policy, gradd runs itself again with 1000:
- * the same process (pid, fds, systemd's sockets), before anything starts. */
-static void spin_politely(char **argv)
+/* The kernels of the cpu device's GEMMs (procenv.h), as --version and the
+ * log say it; bench/common/blas_core.sh reads it. */
+static const char *blas_line(char *buf, size_t len)
 {
-    if (getenv("GOMP_SPINCOUNT") || getenv("OMP_WAIT_POLICY"))
-        return;
-    /* The file /proc/self/exe points to, not the link itself: the process
-     * is named after the path it runs (ps -C gradd, pidof). */
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0 || (size_t)n >= sizeof self - 1)
-        return;
-    self[n] = '\0';
-    if (setenv("GOMP_SPINCOUNT", "1000", 1) == 0)
-        execv(self, argv);
-    /* No /proc, or the file is gone: go on with libgomp's default. */
+    snprintf(buf, len, "cpu GEMMs: OpenBLAS's %s kernels%s", kern_cpu_blas_core(),
+             getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
+    return buf;
 }
 
 int main(int argc, char **argv)
 {
-    spin_politely(argv);
+    procenv_settle(argv);
     enum { OPT_STATE_DIR = 256, OPT_CHECK, OPT_DEFAULTS, OPT_TEST_HOOKS };
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -140,6 +124,7 @@ int main(int argc, char **argv)
     };
     const char *config_path = NULL, *socket_arg = NULL, *state_arg = NULL;
     bool check_only = false, test_hooks = false, verbose = false;
+    char blas[128];
     int ch;
     while ((ch = getopt_long(argc, argv, "c:s:vVh", longopts, NULL)) != -1) {
         switch (ch) {
@@ -150,7 +135,9 @@ int main(int argc, char **argv)
         case OPT_DEFAULTS: config_print_defaults(stdout); return 0;
         case OPT_TEST_HOOKS: test_hooks = true; break;
         case 'v': verbose = true; break;
-        case 'V': printf("gradd %s (protocol %u)\n", GRADD_VERSION, WIRE_PROTOCOL_VERSION); return 0;
+        case 'V':
+            printf("gradd %s (protocol %u)\n%s\n", GRADD_VERSION, WIRE_PROTOCOL_VERSION, blas_line(blas, sizeof blas));
+            return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -264,6 +251,7 @@ int main(int argc, char **argv)
     if (!srv.wd.beats || !srv.wd.since_ns)
         srv.wd.usec = 0;
     log_info("gradd %s started (config %s, state %s)", GRADD_VERSION, ctx.cfg.source, state_dir);
+    log_info("%s", blas_line(err, sizeof err));
     char ready[PATH_MAX + 64];
     snprintf(ready, sizeof ready, "serving on %s; %d device%s", srv.path, ctx.ndev, ctx.ndev == 1 ? "" : "s");
     svc_ready(ready);

@@ -1,8 +1,10 @@
 /* ctx.c — the CPU backend's table, its context, and the memory helpers. */
 #include <cblas.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cpu_kernels.h"
 
@@ -69,6 +71,50 @@ void kcpu_blas_single(void)
     /* Process-wide in OpenBLAS; nothing else in gradd calls BLAS. */
     if (openblas_get_num_threads() != 1)
         openblas_set_num_threads(1);
+}
+
+/* ---- OpenBLAS's kernels -------------------------------------------------------------
+ * OpenBLAS picks its kernels by CPU model as it is loaded.  Releases before
+ * 0.3.25 (Debian 12 has 0.3.21) take an Intel model they do not know
+ * (Emerald Rapids, family 6 model 207, and later ones) for a Prescott and
+ * run the generic SSE3 kernels: there sgemm makes 25 GFLOP/s a core where
+ * its AVX-512 kernels make 138 (2048³, one thread).  Later releases choose
+ * by the CPU's features instead, and so does this, for the ones that don't:
+ * of OpenBLAS's AVX-512 kernels SkylakeX's sgemm is the fastest (149
+ * GFLOP/s at 2048×384×2048 where Cooperlake's make 128), and the CPU
+ * device's GEMMs are fp32.
+ * OPENBLAS_CORETYPE is read only at load, so the choice takes effect in a
+ * process started with it (the callers run themselves again). */
+
+const char *kern_cpu_blas_pick(const char *core, bool avx512, bool avx2)
+{
+    if (!core || strcasecmp(core, "Prescott") != 0)
+        return NULL; /* a model OpenBLAS knows, or no OpenBLAS verdict */
+    if (avx512)
+        return "SkylakeX";
+    if (avx2)
+        return "Haswell";
+    return NULL; /* a real SSE3-only CPU */
+}
+
+const char *kern_cpu_blas_core(void)
+{
+    return openblas_get_corename();
+}
+
+const char *kern_cpu_blas_better(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    /* libgcc's check includes the OS's consent (XCR0) to the AVX state. */
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return kern_cpu_blas_pick(openblas_get_corename(), avx512, avx2);
+#else
+    return NULL;
+#endif
 }
 
 /* ---- memory helpers --------------------------------------------------------------- */

@@ -4,6 +4,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -127,6 +128,45 @@ class Lifecycle(unittest.TestCase):
                 # Still named gradd (ps -C gradd, pidof), not "exe".
                 with open("/proc/%d/comm" % d.proc.pid) as f:
                     self.assertEqual(f.read().strip(), os.path.basename(harness.GRADD))
+                self.assertEqual(d.stop(), 0, d.read_log())
+            finally:
+                d.cleanup()
+
+    def test_openblas_runs_the_cpus_own_kernels(self):
+        # OpenBLAS before 0.3.25 takes a CPU model it does not know for a
+        # Prescott and runs its generic kernels.  gradd then runs itself
+        # again on the kernels of the CPU's instruction set, unless the
+        # user chose (OPENBLAS_CORETYPE), and --version and the log say
+        # which kernels run.  The expectation comes from OpenBLAS itself,
+        # asked in a process of its own, and from /proc/cpuinfo.
+        def environ(pid):
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                return [e.decode() for e in f.read().split(b"\0") if e]
+        base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        verdict = subprocess.run(
+            [sys.executable, "-c", "import ctypes; l = ctypes.CDLL('libopenblas.so.0'); "
+             "l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())"],
+            env=base, capture_output=True, text=True, check=True).stdout.strip()
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(l for l in f if l.startswith("flags")).split(":", 1)[1].split())
+        want = None
+        if verdict.lower() == "prescott":
+            if {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+                want = "SkylakeX"
+            elif {"avx2", "fma"} <= flags:
+                want = "Haswell"
+        # The user's choice stands, even that of the generic kernels.
+        for extra, core, env_want in (({}, want or verdict, ["OPENBLAS_CORETYPE=" + want] if want else []),
+                                      ({"OPENBLAS_CORETYPE": "Prescott"}, "Prescott", ["OPENBLAS_CORETYPE=Prescott"])):
+            env = dict(base, **extra)
+            line = "cpu GEMMs: OpenBLAS's %s kernels%s" % (core, " (OPENBLAS_CORETYPE)" if env_want else "")
+            ver = subprocess.run([GRADD, "--version"], env=env, capture_output=True, text=True, check=True)
+            self.assertEqual(ver.stdout.splitlines()[1], line)
+            d = Daemon(env=env)
+            try:
+                self.assertEqual(d.ctl_json("status")["pid"], d.proc.pid)
+                self.assertEqual([e for e in environ(d.proc.pid) if e.startswith("OPENBLAS_CORETYPE=")], env_want)
+                self.assertIn(line, d.read_log())
                 self.assertEqual(d.stop(), 0, d.read_log())
             finally:
                 d.cleanup()

@@ -1,9 +1,11 @@
 /* test_kernels_gemm.c — the CPU matmul (the GEMM behind every linear
  * layer): forward against the triple loop on shapes that take each of its
  * paths, backward against central finite differences and, on shapes split
- * over threads, against the formulas in double. */
+ * over threads, against the formulas in double; and which OpenBLAS kernels
+ * a process should start with where OpenBLAS fell back to its generic ones. */
 #include <math.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,6 +135,31 @@ static void test_matmul_backward_reference(void **state)
     ops->ctx_destroy(k);
 }
 
+/* ---- OpenBLAS's kernels -------------------------------------------------------------- */
+
+static void test_blas_pick(void **state)
+{
+    (void)state;
+    /* OpenBLAS's generic fallback on a CPU with AVX-512, or AVX2 and FMA:
+     * the kernels of that instruction set, as later OpenBLAS releases pick. */
+    assert_string_equal(kern_cpu_blas_pick("Prescott", true, true), "SkylakeX");
+    assert_string_equal(kern_cpu_blas_pick("PRESCOTT", true, false), "SkylakeX");
+    assert_string_equal(kern_cpu_blas_pick("Prescott", false, true), "Haswell");
+    /* A real SSE3-only CPU, a model OpenBLAS knew, no verdict: as they are. */
+    assert_null(kern_cpu_blas_pick("Prescott", false, false));
+    assert_null(kern_cpu_blas_pick("Haswell", true, true));
+    assert_null(kern_cpu_blas_pick("SkylakeX", true, true));
+    assert_null(kern_cpu_blas_pick("Zen", false, true));
+    assert_null(kern_cpu_blas_pick(NULL, true, true));
+    /* This process's own: OpenBLAS names its kernels; a better choice is
+     * only ever made over its fallback. */
+    const char *core = kern_cpu_blas_core();
+    assert_non_null(core);
+    const char *better = kern_cpu_blas_better();
+    if (better)
+        assert_string_equal(core, "Prescott");
+}
+
 int main(void)
 {
     ops = kern_cpu_ops();
@@ -140,6 +167,7 @@ int main(void)
         cmocka_unit_test(test_matmul_forward),
         cmocka_unit_test(test_matmul_grad),
         cmocka_unit_test(test_matmul_backward_reference),
+        cmocka_unit_test(test_blas_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
