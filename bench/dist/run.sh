@@ -24,10 +24,12 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 . "$root/bench/common/ensure_built.sh"
+. "$root/bench/common/blas_core.sh"
 build=${1:-$root/build/bench}
 case $build in /*) ;; *) build=$root/$build ;; esac
 ensure_built "$root" "$build" daemon/gradd
 gradd=$build/daemon/gradd
+core=$(blas_core "$gradd") # the peer's GEMMs on gradd's OpenBLAS kernels
 peer_python=${PEER_PYTHON:-/usr/bin/python3}
 warmup=${WARMUP:-3}
 steps=${STEPS:-15}
@@ -93,25 +95,27 @@ s0=$(median_ms "$work/b0/metrics.jsonl")
 echo "gradd 2 ranks: 4 MB buckets wait $w4 ms (step $s4 ms), one sum after the backward $w0 ms (step $s0 ms)" >&2
 
 peer() {
-    OPENBLAS_NUM_THREADS=$2 "$peer_python" "$here/peer_ddp.py" --ranks "$1" --threads "$2" --batch 8 \
+    env ${core:+OPENBLAS_CORETYPE=$core} OPENBLAS_NUM_THREADS=$2 "$peer_python" "$here/peer_ddp.py" --ranks "$1" --threads "$2" --batch 8 \
         --warmup "$warmup" --steps "$steps"
 }
 p1=$(peer 1 2)
 p2=$(peer 2 1)
 echo "torch: $p1 / $p2" >&2
 
-python3 - "$g1" "$g2" "$p1" "$p2" "$w4" "$w0" "$s4" "$s0" <<'PY'
+python3 - "$g1" "$g2" "$p1" "$p2" "$w4" "$w0" "$s4" "$s0" "$core" <<'PY'
 import json, sys
+core = sys.argv[9]
 g1, g2 = float(sys.argv[1]), float(sys.argv[2])
 w4, w0, s4, s0 = (float(x) for x in sys.argv[5:9])
 p1, p2 = json.loads(sys.argv[3]), json.loads(sys.argv[4])
 t1, t2 = p1["step_ms"], p2["step_ms"]
 peer = p2["impl"]
 print(json.dumps({"bench": "dist_gpt_small", "metric": "step_ms_2ranks", "value": round(g2, 3), "unit": "ms",
-                  "peer": peer, "peer_value": round(t2, 3), "ratio": round(g2 / t2, 3), "threads_per_rank": 1}))
+                  "peer": peer, "peer_value": round(t2, 3), "ratio": round(g2 / t2, 3), "threads_per_rank": 1,
+                  "blas_core": core}))
 print(json.dumps({"bench": "dist_gpt_small", "metric": "speedup_2ranks", "value": round(g1 / g2, 3), "unit": "x",
                   "peer": peer, "peer_value": round(t1 / t2, 3), "ratio": round((t1 / t2) / (g1 / g2), 3),
-                  "one_process_ms": round(g1, 3), "peer_one_process_ms": round(t1, 3)}))
+                  "one_process_ms": round(g1, 3), "peer_one_process_ms": round(t1, 3), "blas_core": core}))
 print(json.dumps({"bench": "dist_gpt_small", "metric": "allreduce_wait_ms_2ranks", "value": round(w4, 3), "unit": "ms",
                   "peer": "gradd allreduce_bucket=0", "peer_value": round(w0, 3), "ratio": round(w4 / w0, 3),
                   "step_ms": round(s4, 3), "peer_step_ms": round(s0, 3)}))

@@ -12,6 +12,8 @@
 #ifdef BENCH_CUDA
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#else
+#include "base/procenv.h"
 #endif
 
 const kern_ops *ob_ops;
@@ -98,6 +100,8 @@ int ob_open(int argc, char **argv, const char *usage, int *first)
     ob_k = ob_ops->ctx_create(0, 0, ob_prec, NULL);
 #else
     (void)usage;
+    /* The cpu device's GEMMs on the kernels gradd runs them on. */
+    procenv_settle(argv);
     *first = 2;
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     ob_ops = kern_cpu_ops();

@@ -27,7 +27,8 @@
  *
  * Output: one JSON object per configuration on stdout,
  *   {"bench":"train_gpt_tiny","metric":"step_ms","value":…,"unit":"ms","impl":"gradd",
- *    "threads":2,"warmup":…,"steps":…,"engine_ms":…,"min_ms":…,"max_ms":…}
+ *    "threads":2,"warmup":…,"steps":…,"engine_ms":…,"min_ms":…,"max_ms":…,
+ *    "final_loss":…,"blas_core":"SkylakeX"}
  * without a peer: bench/train/run.sh runs peer_torch.py in the same run and
  * joins the two into the bench/ convention's lines.  Progress on stderr.
  *
@@ -40,6 +41,8 @@
  * --warmup/--steps override every configuration's defaults.  --corpus is the
  * GPT's text (default /usr/share/games/fortunes, or random bytes when that is
  * missing); the MLP falls back to random images when Fashion-MNIST is missing.
+ * It starts as gradd does (procenv_settle: OpenMP's spin, OpenBLAS's
+ * kernels); "blas_core" names the OpenBLAS kernels it ran.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -52,6 +55,7 @@
 #include <unistd.h>
 
 #include "base/config.h"
+#include "base/procenv.h"
 #include "pool/dev.h"
 #include "jobcfg.h"
 #include "kernels.h"
@@ -539,8 +543,8 @@ static int run_one(const bench_cfg *c, pool *p, const kern_ops *k, const char *t
                 c->name, med, emed, lo, hi, res.final_loss, res.micro);
         printf("{\"bench\":\"train_%s\",\"metric\":\"step_ms\",\"value\":%.4f,\"unit\":\"ms\",\"impl\":\"gradd\","
                "\"threads\":%u,\"warmup\":%u,\"steps\":%u,\"engine_ms\":%.4f,\"min_ms\":%.4f,\"max_ms\":%.4f,"
-               "\"final_loss\":%.6f}\n",
-               c->name, med, threads, warmup, steps, emed, lo, hi, res.final_loss);
+               "\"final_loss\":%.6f,\"blas_core\":\"%s\"}\n",
+               c->name, med, threads, warmup, steps, emed, lo, hi, res.final_loss, kern_cpu_blas_core());
         fflush(stdout);
         if (prof.on)
             prof_report(c->name, steps, stderr);
@@ -561,6 +565,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
+    procenv_settle(argv);
     unsigned threads = 2;
     long warmup = -1, steps = -1;
     const char *only = NULL, *corpus = NULL, *images = NULL, *labels = NULL;

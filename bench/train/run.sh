@@ -32,13 +32,17 @@
 #                       the peer with libgomp's default, as torch runs.
 # The peer gets OPENBLAS_NUM_THREADS=THREADS (torch's GEMMs are threaded by
 # OpenBLAS, not by torch.set_num_threads); gradd runs one single-threaded
-# OpenBLAS per OpenMP thread itself.
+# OpenBLAS per OpenMP thread itself.  Both run the same OpenBLAS kernels:
+# the peer gets OPENBLAS_CORETYPE set to those gradd runs (gradd
+# --version), which are the CPU's own where OpenBLAS would fall back to its
+# generic ones (kernels/cpu/ctx.c); the lines say which ("blas_core").
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 . "$root/bench/common/ensure_built.sh"
 . "$root/bench/common/quiet.sh"
+. "$root/bench/common/blas_core.sh"
 build=${1:-$root/build/bench}
 case $build in
     /*) ;;
@@ -50,6 +54,7 @@ only=${ONLY:-gpt_tiny,gpt_small,llama_small,mlp}
 py=${PEER_PYTHON:-/usr/bin/python3}
 
 ensure_built "$root" "$build" bench/train/bench_train
+ensure_built "$root" "$build" daemon/gradd
 if ! "$py" -c 'import torch' 2>/dev/null; then
     echo "bench/train/run.sh: $py cannot import torch; apt-get install python3-torch" >&2
     exit 1
@@ -59,9 +64,11 @@ steps_args=""
 [ -n "${WARMUP:-}" ] && steps_args="$steps_args --warmup $WARMUP"
 [ -n "${STEPS:-}" ] && steps_args="$steps_args --steps $STEPS"
 
-# gradd's own spin (daemon/server/main.c): what its side runs with.
+# gradd's own spin (daemon/base/procenv.c): what its side runs with.
 spin=${GOMP_SPINCOUNT:-}
 [ -z "$spin" ] && [ -z "${OMP_WAIT_POLICY:-}" ] && spin=1000
+
+core=$(blas_core "$build/daemon/gradd")
 
 tmp=$(mktemp -d /tmp/bench_train.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT INT TERM
@@ -81,7 +88,7 @@ for cfg in $(echo "$only" | tr ',' ' '); do
                     $steps_args >>"$tmp/gradd.jsonl"
             else
                 # shellcheck disable=SC2086
-                OPENBLAS_NUM_THREADS=$threads "$py" "$here/peer_torch.py" --threads "$threads" --only "$cfg" \
+                env ${core:+OPENBLAS_CORETYPE=$core} OPENBLAS_NUM_THREADS=$threads "$py" "$here/peer_torch.py" --threads "$threads" --only "$cfg" \
                     $steps_args >>"$tmp/torch.jsonl"
             fi
             echo "train_$cfg $load" >>"$tmp/load.txt"
@@ -91,9 +98,9 @@ for cfg in $(echo "$only" | tr ',' ' '); do
 done
 
 # Join: one line per configuration in the bench/ convention.
-"$py" - "$tmp/gradd.jsonl" "$tmp/torch.jsonl" "$tmp/load.txt" "$threads" "${OMP_WAIT_POLICY:-}" "$spin" <<'EOF'
+"$py" - "$tmp/gradd.jsonl" "$tmp/torch.jsonl" "$tmp/load.txt" "$threads" "${OMP_WAIT_POLICY:-}" "$spin" "$core" <<'EOF'
 import json, statistics, sys
-gradd_path, torch_path, load_path, threads, wait, spin = sys.argv[1:7]
+gradd_path, torch_path, load_path, threads, wait, spin, core = sys.argv[1:8]
 def read(path):
     out = {}
     for line in open(path):
@@ -121,6 +128,7 @@ for bench in g:
             "peer_torch_threads": [r["torch_threads"] for r in t[bench]],
             "peer_attn": [r["attn"] for r in t[bench]], "peer_foreach": [r["foreach"] for r in t[bench]],
             "omp_wait_policy": wait or "default", "gradd_gomp_spincount": spin or "default",
+            "blas_core": core, "gradd_blas_core": sorted({r.get("blas_core", "?") for r in g[bench]}),
             "max_load_average": max(loads.get(bench, [0.0]))}
     print(json.dumps(line, separators=(",", ":")), flush=True)
     print(f"bench/train/run.sh: {bench:16s} gradd {gm:10.3f} ms  {peer} {tm:10.3f} ms  ratio {gm / tm:.3f}",
