@@ -19,4 +19,10 @@ else
   opts=(-Dwerror=true)
 fi
 scripts/build.sh "$dir" "${opts[@]}" -Dpython_venv="$py" -Dhf_venv="$hf"
+# Every test process's GEMMs on the OpenBLAS kernels gradd runs (doc/gradd.8,
+# OPENBLAS_CORETYPE), not only gradd's: where OpenBLAS falls back to its
+# generic ones, the unit tests' training steps take twice as long.
+. bench/common/blas_core.sh
+core=${OPENBLAS_CORETYPE:-$(blas_core "$dir/daemon/gradd")}
+if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
 meson test -C "$dir" --print-errorlogs --num-processes 2
