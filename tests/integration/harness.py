@@ -150,6 +150,18 @@ def max_weight_diff(a_path, b_path):
     return worst
 
 
+def read_json(path):
+    """The JSON document in the file at path (closed again at once)."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_jsonl(path):
+    """Each line of the JSON Lines file at path, parsed."""
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 def write_corpus(path):
     """The text the job tests train on: 300 short lines, 13 of them distinct,
     enough windows for a small GPT's batches and a held-out tenth."""

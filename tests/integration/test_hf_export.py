@@ -7,7 +7,6 @@ its greedy generation from a prompt of ids is gradctl sample's at
 temperature 0, token for token.  The model is made for twice the positions
 the job trains at ([model] context): the export keeps them all, the rows
 of the position table past the context only decayed."""
-import json
 import os
 import sys
 import unittest
@@ -62,7 +61,7 @@ class Export(harness.DaemonTest):
             "output": {"dir": out}})
         jid = self.d.ctl_json("submit", cfg)["id"]
         self.assertEqual(harness.wait_job(self.d, jid, ("completed", "failed"), timeout=120)["state"], "completed")
-        metrics = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+        metrics = harness.read_jsonl(os.path.join(out, "metrics.jsonl"))
         val_loss = [m["val_loss"] for m in metrics if "val_loss" in m][-1]
 
         model = transformers.AutoModelForCausalLM.from_pretrained(out)

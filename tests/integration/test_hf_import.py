@@ -70,7 +70,7 @@ class Import(harness.DaemonTest):
                 for k, v in want.items():
                     self.assertEqual(got[k].dtype, np.float32)
                     self.assertTrue(np.array_equal(got[k], v), k)
-                cfg = json.load(open(os.path.join(out, "config.json")))
+                cfg = harness.read_json(os.path.join(out, "config.json"))
                 self.assertEqual((cfg["model_type"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"],
                                   cfg["n_positions"], cfg["vocab_size"]), ("gpt2", 16, 2, 2, 32, 256))
                 self.assertEqual(cfg["architectures"], ["GPT2LMHeadModel"])
@@ -144,9 +144,10 @@ class Import(harness.DaemonTest):
         wrong = os.path.join(d, "index")
         hfdir.write_gpt2(wrong, shards=2)
         ipath = os.path.join(wrong, "model.safetensors.index.json")
-        ix = json.load(open(ipath))
+        ix = harness.read_json(ipath)
         ix["weight_map"]["transformer.wte.weight"] = "model-00002-of-00002.safetensors"
-        json.dump(ix, open(ipath, "w"))
+        with open(ipath, "w") as f:
+            json.dump(ix, f)
         msg, _ = self.refused("index", wrong)
         self.assertIn("tensor 'transformer.wte.weight': model.safetensors.index.json names "
                       "model-00002-of-00002.safetensors, which does not hold it", msg)

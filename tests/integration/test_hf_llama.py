@@ -116,7 +116,7 @@ class Llama(harness.DaemonTest):
         jid = self.d.ctl_json("submit", cfg)["id"]
         info = harness.wait_job(self.d, jid, ("completed", "failed"), timeout=180)
         self.assertEqual(info["state"], "completed", info)
-        metrics = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+        metrics = harness.read_jsonl(os.path.join(out, "metrics.jsonl"))
         val_loss = [m["val_loss"] for m in metrics if "val_loss" in m][-1]
 
         model = transformers.AutoModelForCausalLM.from_pretrained(out)
@@ -194,8 +194,8 @@ class Llama(harness.DaemonTest):
         self.assertEqual(sorted(a), sorted(b))
         for k in a:
             self.assertEqual(a[k].tobytes(), b[k].tobytes(), k)
-        self.assertEqual(json.load(open(os.path.join(out, "config.json"))),
-                         json.load(open(os.path.join(again, "config.json"))))
+        self.assertEqual(harness.read_json(os.path.join(out, "config.json")),
+                         harness.read_json(os.path.join(again, "config.json")))
 
 
 if __name__ == "__main__":

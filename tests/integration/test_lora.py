@@ -84,7 +84,7 @@ class Lora(harness.DaemonTest):
         return jid, j
 
     def last_loss(self, out):
-        rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+        rows = harness.read_jsonl(os.path.join(out, "metrics.jsonl"))
         return [r for r in rows if "loss" in r][-1]["loss"]
 
     LORA = {"method": "lora", "rank": RANK, "alpha": ALPHA}
@@ -114,7 +114,7 @@ class Lora(harness.DaemonTest):
                 want += [(m + ".lora_A.weight", [RANK, C]), (m + ".lora_B.weight", [out_dim, RANK])]
         self.assertEqual([(n, h[n]["shape"]) for n in names], sorted(want))
         self.assertTrue(all(h[n]["dtype"] == "F32" for n in names))
-        peft = json.load(open(os.path.join(out, "adapter_config.json")))
+        peft = harness.read_json(os.path.join(out, "adapter_config.json"))
         self.assertEqual((peft["r"], peft["lora_alpha"], peft["lora_dropout"], sorted(peft["target_modules"])),
                          (RANK, ALPHA, 0.05, ["q_proj", "v_proj"]))
         self.assertEqual(peft["base_model_name_or_path"], "")
@@ -194,7 +194,8 @@ class Lora(harness.DaemonTest):
         print("auto under the limit: %s" % chose["levers"])
         self.assertIn("== levers: " + chose["levers"] + "\n", self.d.ctl("logs", str(jid)).stdout)
         out = chose["out_dir"]
-        changes = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if "batch_change" in x]
+        changes = [r for r in harness.read_jsonl(os.path.join(out, "metrics.jsonl"))
+                   if r.get("event") == "batch_change"]
         self.assertEqual(changes[0]["reason"], "lora", changes)
         self.assertTrue(os.path.exists(os.path.join(out, "adapter_model.safetensors")))
         self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))

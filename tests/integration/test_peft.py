@@ -75,7 +75,7 @@ class Peft(harness.DaemonTest):
         jid = self.d.ctl_json("submit", cfg)["id"]
         info = harness.wait_job(self.d, jid, ("completed", "failed"), timeout=180)
         self.assertEqual(info["state"], "completed", info)
-        conf = json.load(open(os.path.join(out, "adapter_config.json")))
+        conf = harness.read_json(os.path.join(out, "adapter_config.json"))
         self.assertEqual(conf["base_model_name_or_path"], src)
         self.assertEqual(conf["lora_dropout"], DROPOUT)
 
