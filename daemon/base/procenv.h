@@ -1,10 +1,10 @@
 /* procenv.h — the environment a gradd process runs with.
  *
  * libgomp's GOMP_SPINCOUNT and OpenBLAS's OPENBLAS_CORETYPE are read once,
- * as each library is loaded, so a process that wants them other than the
- * user's environment has them runs itself again with them set.  Called
- * first thing in main by gradd and by the benchmarks that stand for it, so
- * that both run on the same settings. */
+ * as each library is loaded, so a process that needs a value the user's
+ * environment lacks sets it and runs itself again.  Called first thing in
+ * main by gradd and by the benchmarks that stand for it, so that both run
+ * on the same settings. */
 #ifndef GRADD_PROCENV_H
 #define GRADD_PROCENV_H
 
