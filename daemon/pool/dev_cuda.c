@@ -307,8 +307,17 @@ static dev_status cuda_va_map(dev *d, void *addr, size_t bytes)
     return DEV_OK;
 }
 
+/* cudaFree waits for the device's work before it frees; cuMemUnmap is not
+ * documented to, and PyTorch waits on the stream before it unmaps its own
+ * expandable segments.  A block freed on a stream may still be read by
+ * kernels queued there before the free, so a trim that unmaps it must let
+ * them finish first.  Trims are rare; the wait is the same one cudaFree
+ * makes on the fixed-segment path. */
 static void cuda_va_unmap(dev *d, void *addr, size_t bytes)
 {
+    int prev = enter_device(d);
+    cudaDeviceSynchronize();
+    leave_device(d, prev);
     unmap_range(d, (CUdeviceptr)(uintptr_t)addr, bytes);
 }
 

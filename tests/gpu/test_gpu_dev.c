@@ -132,6 +132,38 @@ static void test_pool(dev *d, bool expandable)
            r.bytes >> 20);
 }
 
+/* A trim right after a free, with the freed block's work still queued: the
+ * unmap must wait for that work, not pull the memory from under it (an
+ * illegal address, sticky for the context, so this runs last). */
+static void test_trim_waits_for_queued_work(dev *d)
+{
+    if (dev_va_granularity(d) == 0)
+        return;
+    pool_config pc;
+    pool_config_default(&pc);
+    pc.expandable_segments = true;
+    pool *p = NULL;
+    CHECK(pool_create(d, &pc, &p) == 0, "pool_create");
+    if (!p)
+        return;
+    size_t bytes = 256 * MiB;
+    uint32_t *b = pool_alloc(p, bytes, POOL_TAG_ACTIVATIONS, 1, NULL);
+    CHECK(b != NULL, "pool_alloc %zu", bytes);
+    if (b) {
+        /* About 50 GB of writes: tens of milliseconds still queued when the
+         * trim below unmaps the segment. */
+        for (uint32_t i = 0; i < 200; i++)
+            kern_cuda_fill_pattern(b, bytes / 4, i, NULL);
+        pool_free(p, b);
+        pool_trim_result r = pool_trim(p, POOL_TRIM_REQUEST, 0);
+        CHECK(r.reserved_after == 0, "reserved %zu after a full trim", r.reserved_after);
+        cudaError_t e = cudaDeviceSynchronize();
+        CHECK(e == cudaSuccess, "work queued before the trim: %s", cudaGetErrorString(e));
+    }
+    pool_destroy(p);
+    printf("  %s: a trim waits for the work queued on what it unmaps\n", d->id);
+}
+
 int main(int argc, char **argv)
 {
     char dir[4096] = "";
@@ -154,6 +186,7 @@ int main(int argc, char **argv)
         test_vmm(devs[i]);
         test_pool(devs[i], false);
         test_pool(devs[i], true);
+        test_trim_waits_for_queued_work(devs[i]);
         dev_destroy(devs[i]);
     }
     if (failures) {
