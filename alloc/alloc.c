@@ -21,6 +21,7 @@
 alloc_state alloc_g = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .pub_lock = PTHREAD_MUTEX_INITIALIZER,
+    .shared_lock = PTHREAD_MUTEX_INITIALIZER,
     .event_fd = -1,
     .page_device = -1,
 };
@@ -320,6 +321,26 @@ void alloc_publish(void)
     pthread_mutex_unlock(&g->pub_lock);
 }
 
+/* On a simulated device, take what the daemon says gradd's other
+ * processes hold as taken from this process's copy of the device.  The
+ * word is read again under the lock: two threads that saw different words
+ * would otherwise race, and the older could be applied last. */
+static void apply_shared(void)
+{
+    alloc_state *g = &alloc_g;
+    if (!g->cpu || !g->pg || g->page_device < 0)
+        return;
+    if (pool_shm_shared(g->pg) == atomic_load_explicit(&g->shared_applied, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&g->shared_lock);
+    uint64_t v = pool_shm_shared(g->pg);
+    if (v != atomic_load_explicit(&g->shared_applied, memory_order_relaxed)) {
+        atomic_store_explicit(&g->shared_applied, v, memory_order_relaxed);
+        dev_cpu_set_shared(g->devs[g->page_device], (size_t)(v > SIZE_MAX ? SIZE_MAX : v));
+    }
+    pthread_mutex_unlock(&g->shared_lock);
+}
+
 /* One tick; whether the program or the daemon did anything since the
  * last (an allocation or free, a budget change, a trim request). */
 static bool helper_tick(void)
@@ -339,6 +360,10 @@ static bool helper_tick(void)
      * every 50 ticks: often enough for them, rarely enough that allocating
      * threads seldom meet this thread on the pool's lock. */
     if (++g->ticks % 50 == 0) {
+        /* low_watermark asks the device what is free; on a simulated one
+         * that is only true once the others' share is applied, and an idle
+         * program allocates nothing that would apply it. */
+        apply_shared();
         for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
             pool *p = atomic_load(&g->pools[i]);
             if (p)
@@ -385,20 +410,6 @@ static void *helper_main(void *arg)
 }
 
 /* ==== allocation ===================================================================== */
-
-/* On a simulated device, take what the daemon says gradd's other
- * processes hold as taken from this process's copy of the device. */
-static void apply_shared(void)
-{
-    alloc_state *g = &alloc_g;
-    if (!g->cpu || !g->pg || g->page_device < 0)
-        return;
-    uint64_t v = pool_shm_shared(g->pg);
-    if (v != atomic_load_explicit(&g->shared_applied, memory_order_relaxed)) {
-        atomic_store_explicit(&g->shared_applied, v, memory_order_relaxed);
-        dev_cpu_set_shared(g->devs[g->page_device], (size_t)(v > SIZE_MAX ? SIZE_MAX : v));
-    }
-}
 
 /* The pool's reclaim hook: ask the daemon to have the other jobs on the
  * device give back their caches, and wait a bounded time for its answer. */

@@ -60,6 +60,7 @@ typedef struct {
     _Atomic int helper_stop;
     _Atomic int dirty;         /* something changed since the last publish */
     _Atomic uint64_t shared_applied; /* the page's shared word, as the device has it */
+    pthread_mutex_t shared_lock;     /* one applier at a time, so the newest word wins */
     unsigned ticks;
     pthread_mutex_t pub_lock;  /* one publisher at a time; guards pub_stats */
     pool_stats pub_stats;

@@ -308,6 +308,35 @@ static void test_standin_policies(void **state)
     stop(&s);
 }
 
+/* [pool] low_watermark in a program's pool: cached memory stays while the
+ * device has room, and goes back when another process grows past the
+ * watermark. */
+static void test_standin_low_watermark(void **state)
+{
+    (void)state;
+    const char *env[] = {"GRADD_ALLOC_CPU_CAPACITY=64M", "GRADD_ALLOC_LOW_WATERMARK=24M", "GRADD_RECLAIM_MS=0",
+                         NULL};
+    standin s;
+    start(&s, env);
+    assert_string_equal(cmd(&s, "hold 33554432"), "ok");
+    assert_string_equal(cmd(&s, "freeall"), "ok");
+    /* 32M free of 64M is above the watermark: three policy rounds (every
+     * 50 ticks of 2 ms) leave the cache alone. */
+    nap_ms(350);
+    pool_stats st;
+    assert_int_equal(pool_shm_read(s.pg, &st, 100000000), 0);
+    assert_int_equal(st.reserved_bytes[POOL_ALL].current, 32 * MiB);
+    assert_int_equal(st.trims, 0);
+    /* Another process takes 16M: 16M free is under 24M, and the cache
+     * goes back. */
+    pool_shm_set_shared(s.pg, 16 * MiB);
+    st = wait_page(&s, reserved_at_most, 0);
+    assert_int_equal(st.trims, 1);
+    assert_int_equal(st.trimmed_bytes, 32 * MiB);
+    assert_int_equal(st.idle_trims, 0);
+    stop(&s);
+}
+
 /* ==== in this process ==================================================================== */
 
 static void env_case(const char *name, const char *value, const char *want)
@@ -435,6 +464,7 @@ int main(void)
         cmocka_unit_test(test_standin_budget),
         cmocka_unit_test(test_standin_reclaim),
         cmocka_unit_test(test_standin_policies),
+        cmocka_unit_test(test_standin_low_watermark),
         cmocka_unit_test(test_bad_environment),
         cmocka_unit_test(test_in_process),
     };

@@ -34,7 +34,7 @@ PY = shutil.which("python3") or sys.executable
 PROBE = r"""
 import os
 for k in ("GRADD_ALLOC_LIB", "GRADD_POOL_FD", "GRADD_POOL_EVENTFD", "GRADD_ALLOC_BACKEND",
-          "GRADD_ALLOC_CPU_CAPACITY", "GRADD_ALLOC_GC_THRESHOLD", "PYTHONPATH"):
+          "GRADD_ALLOC_CPU_CAPACITY", "GRADD_ALLOC_GC_THRESHOLD", "GRADD_ALLOC_LOW_WATERMARK", "PYTHONPATH"):
     print("env", k, repr(os.environ.get(k)))
 for fd in (3, 4):
     try:
@@ -310,6 +310,10 @@ class ProgramPools(harness.DaemonTest):
                 self.assertIn("env GRADD_POOL_EVENTFD '4'\n", out)
                 self.assertIn("env GRADD_ALLOC_BACKEND 'cpu'\n", out)
                 self.assertIn("env GRADD_ALLOC_CPU_CAPACITY '%d'\n" % (96 * MiB), out)
+                # No [pool] gc_threshold or low_watermark here: the library's
+                # defaults (off) stand (ProgramPressure sets both).
+                self.assertIn("env GRADD_ALLOC_GC_THRESHOLD None\n", out)
+                self.assertIn("env GRADD_ALLOC_LOW_WATERMARK None\n", out)
                 self.assertIn("fd 3 /memfd:gradd-pool (deleted)\n", out)
                 self.assertIn("fd 4 anon_inode:[eventfd]\n", out)
                 self.assertIn("allocator: gradd's pool on cpu0", out)
@@ -379,6 +383,54 @@ class ProgramIdleTrim(harness.DaemonTest):
         self.assertEqual(a.cmd("freeall"), "ok")
         p = wait_pool(self, a.id, lambda p: p["idle_trims"] == 2, timeout=10)
         a.quit()
+
+
+@unittest.skipUnless(STANDIN and os.access(STANDIN, os.X_OK), "ALLOC_STANDIN is not built")
+class ProgramPressure(harness.DaemonTest):
+    """[pool] gc_threshold and low_watermark apply to a program's pool,
+    and a neighbour's growth counts against the watermark."""
+    conf = ("[daemon]\nclient_timeout = 60s\nmax_jobs_per_device = 4\n[cpu]\ncapacity = 96M\n"
+            "[pool]\nidle_trim = 0\nlow_watermark = 24M\ngc_threshold = 0.9\n")
+
+    def setUp(self):
+        super().setUp()
+        self.dir = tempfile.mkdtemp(prefix="gradd-ppool-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+
+    def test_policies_given(self):
+        probe = os.path.join(self.dir, "probe.py")
+        with open(probe, "w") as f:
+            f.write(PROBE)
+        path = os.path.join(self.dir, "probe.cfg")
+        with open(path, "w") as f:
+            f.write("[job]\ntype = program\ndevice = cpu0\n[program]\ncommand = %s %s\n" % (PY, probe))
+        jid = int(self.d.ctl("submit", path).stdout.split()[1])
+        info = harness.wait_job(self.d, jid, ("completed", "failed"))
+        out = self.d.ctl("logs", str(jid)).stdout
+        self.assertEqual(info["state"], "completed", out)
+        self.assertIn("env GRADD_ALLOC_GC_THRESHOLD '0.9'\n", out)
+        self.assertIn("env GRADD_ALLOC_LOW_WATERMARK '%d'\n" % (24 * MiB), out)
+
+    def test_neighbour_growth_trims_a_programs_cache(self):
+        a = StandIn(self, "a")
+        b = StandIn(self, "b")
+        # A caches 64M of 96M: 32M free is above the watermark, and stays.
+        self.assertEqual(a.cmd("hold %d" % (64 * MiB)), "ok")
+        self.assertEqual(a.cmd("freeall"), "ok")
+        wait_pool(self, a.id, lambda p: cur(p, "allocated_bytes") == 0 and cur(p, "reserved_bytes") == 64 * MiB)
+        time.sleep(1.2)  # a policy round of an idle program (1 s)
+        self.assertEqual(program_pools(self.d)[a.id]["trims"], 0)
+        # B takes 16M: 16M free is under 24M, and A gives its cache back
+        # without being asked (no reclaim: B's allocation fitted).
+        self.assertEqual(b.cmd("hold %d" % (16 * MiB)), "ok")
+        pa = wait_pool(self, a.id, lambda p: cur(p, "reserved_bytes") == 0, timeout=10)
+        self.assertEqual(pa["trims"], 1)
+        self.assertEqual(pa["trimmed_bytes"], 64 * MiB)
+        pb = wait_pool(self, b.id, lambda p: cur(p, "allocated_bytes") == 16 * MiB)
+        self.assertEqual(pb["reclaims"], 0)
+        self.assertEqual(pb["ooms"], 0)
+        a.quit()
+        b.quit()
 
 
 if __name__ == "__main__":
