@@ -9,7 +9,7 @@ shared device relies on, checked with exact figures:
   with a message naming the budget;
 - before a program's allocation fails for want of device memory, gradd
   has the other jobs on the device give back their caches and retries:
-  programs and engine allocations alike;
+  programs and engine allocations alike, in both directions;
 - [pool] idle_trim and `gradctl trim` reach a program's cache;
 - [program] allocator = pytorch leaves the program alone.
 """
@@ -275,6 +275,32 @@ class ProgramPools(harness.DaemonTest):
         self.assertEqual(own["ooms"], 0)
         self.d.ctl("test-alloc", "-d", "cpu0", "--free-all")
         a.quit()
+
+    def test_program_allocation_reclaims_from_the_engine(self):
+        # The daemon's own pool (an engine job's allocations, here the test
+        # hook's) caches 64M of the 96M device.
+        r = self.d.ctl("test-alloc", "-d", "cpu0", "64M", check=False)
+        self.assertEqual(r.returncode, 0, r.stderr + self.d.read_log())
+        self.d.ctl("test-alloc", "-d", "cpu0", "--free-all")
+        own = [p for p in self.d.ctl_json("stats")["pools"] if not p["job"]][0]
+        self.assertEqual((cur(own, "allocated_bytes"), cur(own, "reserved_bytes")), (0, 64 * MiB))
+        # A program that needs 64M as it starts: it sees the daemon's 64M
+        # taken from its first allocation on, and only the daemon's cache
+        # can give it room.
+        cmds, out = os.path.join(self.dir, "cmds"), os.path.join(self.dir, "out")
+        with open(cmds, "w") as f:
+            f.write("hold %d\nstats\n" % (64 * MiB))
+        path = os.path.join(self.dir, "at-once.cfg")
+        with open(path, "w") as f:
+            f.write("[job]\ntype = program\ndevice = cpu0\n[program]\ncommand = %s %s %s\n" % (STANDIN, cmds, out))
+        jid = int(self.d.ctl("submit", path).stdout.split()[1])
+        info = harness.wait_job(self.d, jid, ("completed", "failed"), timeout=30)
+        self.assertEqual(info["state"], "completed", info)
+        with open(out) as f:
+            self.assertEqual(f.read().splitlines(), ["ok", "ok allocated=%d reserved=%d peak=%d"
+                                                     % (64 * MiB, 64 * MiB, 64 * MiB)])
+        own = [p for p in self.d.ctl_json("stats")["pools"] if not p["job"]][0]
+        self.assertEqual((cur(own, "reserved_bytes"), own["trims"], own["trimmed_bytes"]), (0, 1, 64 * MiB))
 
     def test_gradctl_trim_reaches_programs(self):
         a = StandIn(self, "a")
