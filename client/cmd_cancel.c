@@ -1,5 +1,6 @@
 /* cmd_cancel.c — gradctl cancel: take a queued job off the queue, or stop a
- * running one between two layers, after a final checkpoint. */
+ * running one: between two layers after a final checkpoint, or, for a
+ * program job, with SIGTERM and then SIGKILL after its grace. */
 #include <stdio.h>
 #include <string.h>
 
@@ -21,6 +22,8 @@ static int run(ctl *c, int argc, char **argv)
         rc = jout_print(jobfmt_json(j));
     else if (strcmp(j->state, "cancelled") == 0)
         printf("job %u cancelled\n", j->id);
+    else if (strcmp(j->state, "running") == 0 && j->type && strcmp(j->type, "program") == 0)
+        printf("job %u stopping (SIGTERM to the program; SIGKILL once its [program] grace is over)\n", j->id);
     else if (strcmp(j->state, "running") == 0)
         printf("job %u stopping (a final checkpoint is being written)\n", j->id);
     else

@@ -44,7 +44,10 @@ static int term_columns(void)
 static void live_line(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     int cols = term_columns();
-    if (strcmp(j->state, "queued") == 0) {
+    if (j->type && strcmp(j->type, "program") == 0 && strcmp(j->state, "queued") != 0) {
+        /* No number of steps: no bar to fill. */
+        jobfmt_progress(buf, len, j);
+    } else if (strcmp(j->state, "queued") == 0) {
         /* Made safe before the line is cut to the terminal's width. */
         char dev[128];
         snprintf(buf, len, "job %u queued for %s, waiting for its turn", j->id,

@@ -74,6 +74,11 @@ static bool is_state(const Gradd__JobInfo *j, const char *state)
     return j->state && strcmp(j->state, state) == 0;
 }
 
+static bool is_program(const Gradd__JobInfo *j)
+{
+    return j->type && strcmp(j->type, "program") == 0;
+}
+
 double jobfmt_now(void)
 {
     struct timespec ts;
@@ -244,7 +249,7 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
         table_cell(t, "%s", j->state && *j->state ? j->state : "-");
     table_cell(t, "%s", j->device && *j->device ? j->device : "-");
     /* A program's steps and batches are its own, unless it reports them. */
-    bool program = j->type && !strcmp(j->type, "program");
+    bool program = is_program(j);
     if (program && j->micro)
         table_cell(t, "%llu", (unsigned long long)j->step);
     else if (program)
@@ -420,7 +425,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     }
     field(f, "device", j->device && *j->device ? j->device : "-");
     fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
-    if (j->type && !strcmp(j->type, "program")) {
+    if (is_program(j)) {
         /* Its own program: steps and batches only as it reports them. */
         field(f, "type", "program");
         field(f, "command", j->command ? j->command : "");
@@ -473,12 +478,41 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
 
 /* ---- progress and final lines --------------------------------------------- */
 
+/* How long a program has run: it has no step count to time by. */
+static double program_seconds(const Gradd__JobInfo *j)
+{
+    if (!(j->started_at > 0))
+        return 0;
+    double end = j->finished_at > j->started_at ? j->finished_at : is_state(j, "running") ? jobfmt_now() : 0;
+    return end > j->started_at ? end - j->started_at : 0;
+}
+
+/* "running 1m02s mem 1.40G", and what its own micro-batching reports
+ * (python/gradd): "step 40 loss 2.130 batch 8×4".  A program has no
+ * number of steps, so no percentage and no eta. */
+static void program_progress(char *buf, size_t len, const Gradd__JobInfo *j)
+{
+    char d[32], mem[16], steps[96] = "";
+    if (j->step > 0) {
+        char loss[32], b[48];
+        snprintf(steps, sizeof steps, " step %llu loss %s batch %s", (unsigned long long)j->step,
+                 jobfmt_loss(step_loss(j), loss, sizeof loss), jobfmt_batch(j, b, sizeof b));
+    }
+    snprintf(buf, len, "%s %s%s mem %s", j->state && *j->state ? j->state : "?",
+             units_format_duration(program_seconds(j), d, sizeof d), steps,
+             units_format_size(j->mem_allocated, mem, sizeof mem));
+}
+
 void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     if (is_state(j, "queued") && j->step == 0) {
         bool waits = j->waiting && *j->waiting;
         snprintf(buf, len, "queued for %s%s%s%s", j->device && *j->device ? j->device : "a device",
                  waits ? " (" : "", waits ? j->waiting : "", waits ? ")" : "");
+        return;
+    }
+    if (is_program(j)) {
+        program_progress(buf, len, j);
         return;
     }
     char loss[32], val[48] = "", speed[48] = "", eta[48] = "", mem[16];
@@ -497,6 +531,25 @@ void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j)
 void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     const char *state = j->state && *j->state ? j->state : "in an unknown state";
+    if (is_program(j) && jobfmt_state_final(j->state)) {
+        /* "job 7 completed after 2m03s, 40 steps, loss 2.130" or
+         * "job 7 failed after 3s: exited with status 3 ...". */
+        char d[32], loss[32], steps[96] = "";
+        if (j->step > 0)
+            snprintf(steps, sizeof steps, ", %llu steps, loss %s", (unsigned long long)j->step,
+                     jobfmt_loss(step_loss(j), loss, sizeof loss));
+        /* "cancelled: exited with status 0 after SIGTERM" already has its
+         * state in front. */
+        const char *why = !is_state(j, "completed") && j->reason ? j->reason : "";
+        if (strncmp(why, state, strlen(state)) == 0)
+            why += strspn(why + strlen(state), ": ") + strlen(state);
+        if (j->started_at > 0)
+            snprintf(buf, len, "job %u %s after %s%s%s%s", j->id, state,
+                     units_format_duration(program_seconds(j), d, sizeof d), steps, *why ? ": " : "", why);
+        else
+            snprintf(buf, len, "job %u %s before it started%s%s", j->id, state, *why ? ": " : "", why);
+        return;
+    }
     if (is_state(j, "completed")) {
         char d[32], loss[32], val[48] = "";
         if (isfinite(j->val_loss))

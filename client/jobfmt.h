@@ -75,7 +75,9 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now);
 void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now);
 
 /* One line, no newline: "step 120/500 loss 2.134 val 2.301 42.1k tok/s
- * eta 1m03s mem 1.40G"; for a queued job "queued for DEVICE". */
+ * eta 1m03s mem 1.40G"; for a queued job "queued for DEVICE"; for a
+ * program job "running 1m02s mem 1.40G", with its reported step, loss and
+ * batch when it reports them. */
 void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j);
 
 /* How the job ended, no newline: "job 7 completed: 500 steps in 12m03s,

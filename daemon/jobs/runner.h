@@ -36,12 +36,15 @@ typedef struct runner_env {
      * owner; a place for its output, whole lines; whether the daemon is
      * stopping (rather than the job cancelled); and where its process
      * group is, recorded so that a daemon killed meanwhile can end it at
-     * its next start (0: it ended).  All take note_user. */
+     * its next start (0: it ended); and that what `status` shows of it
+     * (its time, its memory) has moved on, so that watchers see it again.
+     * All take note_user. */
     uid_t uid;
     gid_t gid;
     void (*output)(void *user, const char *text);
     bool (*daemon_stopping)(void *user);
     void (*started)(void *user, uint32_t pgid);
+    void (*changed)(void *user);
 } runner_env;
 
 typedef struct runner {

@@ -49,6 +49,7 @@
 #define PROG_TAIL_LINES 5   /* the last lines of output a failure shows */
 #define PROG_TAIL_WIDTH 160 /* ... each cut to this many bytes */
 #define PROG_POLL_MS 100    /* how soon a cancel or shutdown is seen */
+#define PROG_CHANGED_MS 1000 /* how often watchers hear of its time and memory */
 #define PROG_DRAIN_MS 1000  /* output read after the group is gone, at most */
 
 typedef struct {
@@ -426,9 +427,13 @@ static train_outcome program_run(const runner_env *env, const job_config *cfg, t
     runner_note(env, "started %s as pid %d in %s", p->exe, (int)pid, cfg->workdir);
     const train_hooks *h = &env->hooks;
     bool open_pipe = true, stopping = false, killed = false;
-    uint64_t deadline = 0, grace = 0;
+    uint64_t deadline = 0, grace = 0, changed_at = now_ms();
     siginfo_t si;
     for (;;) {
+        if (env->changed && now_ms() - changed_at >= PROG_CHANGED_MS) {
+            env->changed(env->note_user);
+            changed_at = now_ms();
+        }
         if (!stopping && h->should_stop && h->should_stop(h->user)) {
             stopping = true;
             grace = cfg->grace_ms;

@@ -239,6 +239,18 @@ static void on_started(void *user, uint32_t pgid)
     queue_notify(q);
 }
 
+/* A program has no steps to report: its watchers are told, once a second,
+ * that its time and memory have moved on. */
+static void on_changed(void *user)
+{
+    job_run *r = user;
+    queue *q = r->w->q;
+    pthread_mutex_lock(&q->lock);
+    queue_touch(q, r->j);
+    pthread_mutex_unlock(&q->lock);
+    queue_notify(q);
+}
+
 /* threads = 0 ("all cores") on a daemon that runs more than one CPU job at
  * a time: each job gets an even share of the cores it may use, rather than
  * every job's OpenMP threads contending for all of them (two such jobs on
@@ -601,6 +613,7 @@ static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
             .output = r.log.fd >= 0 ? on_output : NULL,
             .daemon_stopping = daemon_stopping,
             .started = on_started,
+            .changed = on_changed,
         };
         o = run->run(&env, &j->cfg, &res);
         if (grp && o == TRAIN_FAILED)

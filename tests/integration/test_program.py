@@ -177,7 +177,9 @@ class ProgramJobs(harness.DaemonTest):
             main_pid, child_pid = read_pids(pids)
             self.assertTrue(alive(child_pid))
             t0 = time.monotonic()
-            self.d.ctl("cancel", str(jid))
+            r = self.d.ctl("cancel", str(jid))
+            self.assertEqual(r.stdout, "job %d stopping (SIGTERM to the program; SIGKILL once its [program] grace "
+                                       "is over)\n" % jid)
             info = self.wait(jid, timeout=20)
             elapsed = time.monotonic() - t0
             self.assertEqual(info["state"], "cancelled")
@@ -192,6 +194,22 @@ class ProgramJobs(harness.DaemonTest):
             # The whole process group is gone, the sleep it spawned too.
             self.assertFalse(alive(main_pid))
             self.assertFalse(alive(child_pid), "the program's child outlived it")
+
+    def test_watch_follows_a_program(self):
+        # A program has no steps: watch shows its time and memory, once a
+        # second, and how it ended, with the reason's own words.
+        path = self.job("[job]\ntype = program\n[program]\ncommand = %s -c 'import sys, time; "
+                        "time.sleep(2.5); sys.exit(3)'\n" % PY)
+        jid = self.submit(path)
+        r = self.d.ctl("watch", str(jid), check=False)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        lines = r.stdout.splitlines()
+        running = [l for l in lines if l.startswith("running ")]
+        for l in running:
+            self.assertRegex(l, r"^running \d+s mem 0$")
+        self.assertGreaterEqual(len(set(running)), 2, r.stdout)  # its time moved on while it ran
+        self.assertNotIn("step", r.stdout)
+        self.assertRegex(lines[-1], r"^job %d failed after [2-9]s: exited with status 3$" % jid)
 
     def test_bad_job_files_refused(self):
         os.chmod(self.job("x", "noexec.sh"), 0o644)
