@@ -15,10 +15,24 @@ job=${1:-etc/jobs/fortunes-gpt.cfg}
 tmp=$(mktemp -d /tmp/gradd-quickstart.XXXXXX)
 sock=$tmp/gradd.sock
 cleanup() {
-  if [ -n "${pid:-}" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
+  if [ -n "${pid:-}" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+
+# A second run trains again: the job refuses an output directory that
+# holds a finished run ([output] resume = auto), so an earlier run's model
+# is moved aside, not written over.  An interrupted run is continued.
+outdir=$(awk -F= '/^[[:space:]]*\[/ { sec = $0; gsub(/[][[:space:]]/, "", sec) }
+  sec == "output" && $1 ~ /^[[:space:]]*dir[[:space:]]*$/ { v = $2; gsub(/^[[:space:]]+|[[:space:]]+$/, "", v); print v }' "$job")
+if [ -n "$outdir" ]; then
+  case $outdir in /*) ;; *) outdir=$(dirname "$job")/$outdir ;; esac
+  if [ -f "$outdir/model.safetensors" ]; then
+    aside=$outdir.$(date +%Y%m%d-%H%M%S)
+    mv "$outdir" "$aside"
+    echo "== an earlier run's model moved aside to $(realpath --relative-to=. "$aside")"
+  fi
+fi
 
 echo "== gradd starting on $sock (log: $tmp/gradd.log)"
 "$bin/daemon/gradd" -c etc/gradd.conf -s "$sock" --state-dir "$tmp/state" >"$tmp/gradd.log" 2>&1 &
