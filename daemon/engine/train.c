@@ -737,6 +737,7 @@ static train_outcome run_job(run *r, const train_hooks *h)
             return stop_at(r, epoch, index);
         }
         r->prog.elapsed_s = before + (now_s() - start);
+        r->prog.trained = true;
         if (h && h->on_step)
             h->on_step(h->user, &r->prog);
         if (r->out.err[0])

@@ -45,6 +45,7 @@ typedef struct {
     double val_accuracy;        /* mlp only (NaN otherwise) */
     size_t allocated, reserved; /* the pool's, after the step */
     bool resumed;               /* this run started from a checkpoint */
+    bool trained;               /* a step this run trained ends here; false where a resume starts */
     /* The batch controller (batch.h): micro and accum above are what the
      * next step runs. */
     uint32_t micro_max;         /* the largest micro-batch the budget now allows, as predicted */

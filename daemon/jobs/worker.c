@@ -172,7 +172,9 @@ static void on_step(void *user, const train_progress *p)
         snprintf(line, sizeof line, "== levers: %s\n", p->levers[0] ? p->levers : "none");
         log_put(r, line);
     }
-    if (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1) {
+    /* Where a resume starts is no step of this run: its "== resuming"
+     * line says it. */
+    if (p->trained && (p->step % r->j->cfg.log_every == 0 || p->step == p->steps || p->step == 1)) {
         char a[16], b[16], line[512];
         size_t n = 0;
         n += (size_t)snprintf(line + n, sizeof line - n, "step %llu/%llu loss %.4f", (unsigned long long)p->step,

@@ -199,8 +199,10 @@ class JobEnd(harness.DaemonTest):
         self.assertEqual(j["state"], "failed")
         self.assertIn("time limit (3s) reached at step", j["reason"])
         self.assertGreater(j["step"], step)
+        log = self.d.ctl("logs", str(second)).stdout
         self.assertIn("== continuing the unfinished run in %s from its checkpoint at step %d ([output] resume)\n"
-                      % (out, step), self.d.ctl("logs", str(second)).stdout)
+                      % (out, step), log)
+        self.assertNotIn("micro 0×0", log)  # where it resumed is no step of this run
 
     def test_time_limit_sends_a_program_sigterm(self):
         jid = self.submit(self.program("prog", "%s traps.py" % PY, job="time_limit = 1s", program="grace = 5s"))
