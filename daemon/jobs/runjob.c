@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "dist/dist.h"
 #include "models/model.h"
+#include "outdir.h"
 #include "runner.h"
 #include "units.h"
 
@@ -23,6 +24,7 @@ typedef struct {
     uint64_t log_every;
     const char *unit;
     char levers[sizeof ((train_progress *)0)->levers]; /* as last printed */
+    bool said_resume;
 } runjob_view;
 
 /* Set by the signal handler, read between micro-batches and between layers. */
@@ -52,7 +54,11 @@ static void on_step(void *user, const train_progress *p)
         snprintf(v->levers, sizeof v->levers, "%s", p->levers);
         fprintf(stderr, "levers: %s\n", p->levers[0] ? p->levers : "none");
     }
-    if (p->step % v->log_every != 0 && p->step != p->steps && p->step != 1)
+    if (p->resumed && !v->said_resume) {
+        fprintf(stderr, "resuming from its checkpoint at step %llu\n", (unsigned long long)p->step);
+        v->said_resume = true;
+    }
+    if (!p->trained || (p->step % v->log_every != 0 && p->step != p->steps && p->step != 1))
         return;
     char a[16], r[16], val[48] = "";
     if (!isnan(p->val_loss))
@@ -336,8 +342,11 @@ int runjob_main(gradd_ctx *ctx, const char *path, bool quiet)
      * probed (CUDA takes a while to say there is none). */
     static job_config j;
     char err[1024];
+    /* And what its output directory holds, as a submit checks it: a
+     * finished run is refused rather than "done" with nothing trained. */
     if (jobcfg_load(path, &j, err, sizeof err) != 0 ||
-        (j.type == JOBCFG_ENGINE && model_check_job(&j, err, sizeof err) != 0)) {
+        (j.type == JOBCFG_ENGINE && model_check_job(&j, err, sizeof err) != 0) ||
+        outdir_check_resume(&j, err, sizeof err) != 0) {
         fprintf(stderr, "gradd: %s\n", err);
         return 2;
     }

@@ -177,9 +177,13 @@ class Run(unittest.TestCase):
         cfg_a, out_a = self.job("straight", steps=steps)
         self.run_gradd(cfg_a)
         cfg_b, out_b = self.job("interrupted", steps=steps)
-        self.assertLess(self.interrupt(cfg_b, out_b, signal.SIGINT), steps)
+        stopped = self.interrupt(cfg_b, out_b, signal.SIGINT)
+        self.assertLess(stopped, steps)
         r = self.run_gradd(cfg_b)
         self.assertIn("done: %d steps" % steps, r.stdout)
+        # Where it resumed is said, and is no step line of its own.
+        self.assertIn("resuming from its checkpoint at step %d\n" % stopped, r.stderr)
+        self.assertNotIn("micro 0×0", r.stderr)
         with open(os.path.join(out_a, "model.safetensors"), "rb") as a, \
                 open(os.path.join(out_b, "model.safetensors"), "rb") as b:
             self.assertEqual(a.read(), b.read(), "resumed model differs from the uninterrupted one")
@@ -187,6 +191,12 @@ class Run(unittest.TestCase):
         lb = [l for l in read_lines(os.path.join(out_b, "metrics.jsonl")) if '"loss"' in l]
         strip = lambda l: {k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "step_ms")}
         self.assertEqual([strip(l) for l in la], [strip(l) for l in lb])
+        # Once more: a finished run is refused, as a submit refuses it, not
+        # "done" with nothing trained.
+        r = self.run_gradd(cfg_b, check=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("holds a finished run (step %d of [train] steps %d in resume.safetensors)" % (steps, steps),
+                      r.stderr)
 
     def test_sighup_stops_with_a_checkpoint(self):
         # The terminal went away: as ^C, not the default death.
