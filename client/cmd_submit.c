@@ -42,7 +42,7 @@ static int read_job_file(const ctl *c, const char *path, uint8_t **out, size_t *
 {
     /* "-": standard input (a script's generated job), read to its end. */
     bool in = strcmp(path, "-") == 0;
-    int fd = in ? dup(STDIN_FILENO) : open(path, O_RDONLY | O_CLOEXEC);
+    int fd = in ? dup(STDIN_FILENO) : open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return bad_file(c, path, "cannot open: %s", strerror(errno));
     struct stat st;

@@ -603,11 +603,9 @@ static int load_stream(FILE *f, const char *path, bool check_data, job_config *o
 
 int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = opts_open_file(path, err, err_len);
+    if (!f)
         return -1;
-    }
     int rc = load_stream(f, path, true, out, err, err_len);
     fclose(f);
     return rc;

@@ -1,10 +1,15 @@
 /* opts.c — option tables and the INI file reader behind them. */
 #include "opts.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "units.h"
 
@@ -251,43 +256,71 @@ static int on_entry(void *user, const char *section, const char *key, const char
     return 1;
 }
 
-/* libinih's reader callback, wrapped to count lines and to refuse lines
- * longer than libinih's buffer instead of silently splitting them. */
+/* libinih's reader callback: counts lines, and refuses what fgets would
+ * pass over silently: a NUL byte (anywhere, the last line's too), a line
+ * longer than libinih's buffer (instead of splitting it), and a read
+ * error (which would otherwise read as the end of a valid file). */
 static char *read_line(char *str, int num, void *stream)
 {
     parse_ctx *p = stream;
-    char *r = fgets(str, num, p->f);
-    if (!r)
-        return NULL;
-    p->line++;
-    size_t n = strlen(r);
-    if (n < (size_t)num - 1 && (n == 0 || r[n - 1] != '\n') && !feof(p->f)) {
-        /* fgets stopped neither at a newline nor at the buffer's end: a NUL
-         * byte cut the line short.  Text files have none. */
-        fail(p, p->line, "", NULL, "line contains a NUL byte (is this a text file?)");
-        int c;
-        while ((c = fgetc(p->f)) != EOF && c != '\n')
-            ;
-        return r;
+    int n = 0, c = EOF;
+    bool nul = false;
+    while (n < num - 1 && (c = getc(p->f)) != EOF) {
+        nul |= c == '\0';
+        str[n++] = (char)c;
+        if (c == '\n')
+            break;
     }
-    if (n == (size_t)num - 1 && r[n - 1] != '\n' && !feof(p->f)) {
+    if (ferror(p->f)) {
+        char why[128];
+        snprintf(why, sizeof why, "cannot read: %s", strerror(errno));
+        fail(p, p->line + 1, "", NULL, why);
+        return NULL;
+    }
+    if (n == 0)
+        return NULL;
+    str[n] = '\0';
+    p->line++;
+    if (nul)
+        fail(p, p->line, "", NULL, "line contains a NUL byte (is this a text file?)");
+    if (n == num - 1 && str[n - 1] != '\n' && (c = getc(p->f)) != EOF && c != '\n') {
         char why[64];
         snprintf(why, sizeof why, "line is longer than %d characters", num - 2);
         fail(p, p->line, "", NULL, why);
-        int c;
-        while ((c = fgetc(p->f)) != EOF && c != '\n')
+        while ((c = getc(p->f)) != EOF && c != '\n')
             ;
     }
-    return r;
+    return str;
+}
+
+/* Not with a plain fopen: a FIFO would block the open, and /dev/zero
+ * would never end. */
+FILE *opts_open_file(const char *path, char *err, size_t err_len)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, err_len, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
 }
 
 int opts_parse_file(const char *path, opts_entry_fn fn, void *user, char *err, size_t err_len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, err_len, "%s: cannot open: %m", path);
+    FILE *f = opts_open_file(path, err, err_len);
+    if (!f)
         return -1;
-    }
     int rc = opts_parse_stream(f, path, fn, user, err, err_len);
     fclose(f);
     return rc;

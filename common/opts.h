@@ -64,6 +64,9 @@ typedef int (*opts_entry_fn)(void *user, const char *section, const char *key, c
  * the same section are refused here.  0, or -1 with the first error (by
  * line) in err. */
 int opts_parse_file(const char *path, opts_entry_fn fn, void *user, char *err, size_t err_len);
+/* A configuration file opened for reading, refused (NULL, err set) when it
+ * is not a regular file: a FIFO would block, a device never end. */
+FILE *opts_open_file(const char *path, char *err, size_t err_len);
 /* The same over an open stream; `name` stands for the file in messages. */
 int opts_parse_stream(FILE *f, const char *name, opts_entry_fn fn, void *user, char *err, size_t err_len);
 

@@ -188,6 +188,12 @@ class SpecialFiles(Hostile):
         r = self.submit(OWNER, "direct", train=fifo, check=False)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("[data] train: %s: not a regular file (a FIFO)" % fifo, r.stderr)
+        # The job file itself a FIFO: gradctl refuses it at once, rather
+        # than wait for a writer.
+        jf = self.user_file(OWNER, os.path.join(home, "fifo.cfg"), fifo=True)
+        r = self.ctl(OWNER, "submit", jf, check=False, timeout=20)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("%s: not a regular file" % jf, r.stderr)
         # Swapped in while the job waits in the queue: the job fails,
         # naming it, when it runs.
         data = self.user_file(OWNER, os.path.join(home, "swap.txt"), text="the quick brown fox\n" * 200)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <glob.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -176,6 +177,29 @@ static void test_errors(void **state)
         char err[512];
         assert_int_equal(jobcfg_load(path, &j, err, sizeof err), -1);
         assert_non_null(strstr(err, ":3: line contains a NUL byte"));
+        /* On the last line, with no newline after it, too. */
+        f = fopen(path, "wb");
+        fwrite("[model]\ntype = gpt\nlayers = 2\0", 1, 31, f);
+        fclose(f);
+        assert_int_equal(jobcfg_load(path, &j, err, sizeof err), -1);
+        assert_non_null(strstr(err, ":3: line contains a NUL byte"));
+    }
+    /* Nothing that would block the open or never end. */
+    {
+        char fifo[] = "/tmp/gradd-jobcfg-fifo-XXXXXX";
+        assert_non_null(mkdtemp(fifo));
+        char fpath[64];
+        snprintf(fpath, sizeof fpath, "%s/job.cfg", fifo);
+        assert_int_equal(mkfifo(fpath, 0600), 0);
+        job_config j;
+        char err[512];
+        const char *paths[] = {fpath, "/dev/zero", fifo};
+        for (size_t i = 0; i < 3; i++) {
+            assert_int_equal(jobcfg_load(paths[i], &j, err, sizeof err), -1);
+            assert_non_null(strstr(err, ": not a regular file"));
+        }
+        unlink(fpath);
+        rmdir(fifo);
     }
 }
 
