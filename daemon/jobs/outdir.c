@@ -73,11 +73,13 @@ int outdir_check_resume(const job_config *j, char *err, size_t err_len)
                  "writes over; remove them, or choose another [output] dir", where, j->out_dir, found);
         return -1;
     }
-    /* A checkpoint that cannot be read (damaged, or not a regular file)
-     * is the engine's to refuse when the job starts, naming the reason
-     * as it does for one damaged while the job waits. */
-    if (have < 0)
-        return 0;
+    /* A checkpoint that cannot be read (damaged, a dangling link, not a
+     * regular file) would fail the job when it starts: refused now, and
+     * the engine refuses one damaged while the job waits. */
+    if (have < 0) {
+        snprintf(err, err_len, "%s = %s: cannot read the checkpoint in %s: %s", where, policy, j->out_dir, why);
+        return -1;
+    }
     if (have && step >= j->steps) {
         snprintf(err, err_len, "%s = %s: %s holds a %s (step %llu of [train] steps %llu in "
                  "resume.safetensors), so the job would do nothing; choose another [output] dir, remove its "

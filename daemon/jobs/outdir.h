@@ -4,7 +4,8 @@
  *
  * [output] resume says what an engine job may find there:
  *   auto:    an unfinished run's checkpoint (resume.safetensors before the
- *            job's last step) is continued; a finished run is refused;
+ *            job's last step) is continued; a finished run is refused, as
+ *            is a checkpoint that cannot be read;
  *   require: only such a checkpoint: none is refused, as is a finished run;
  *   never:   only a directory without gradd's outputs (resume.safetensors,
  *            model.safetensors, config.json, metrics.jsonl): nothing is

@@ -115,12 +115,12 @@ class Hostile(unittest.TestCase):
         return path
 
     def submit(self, user, name, steps=4, out=None, train=None, layers=1, width=16, context=16, ckpt=0,
-               check=True):
+               check=True, hold=False):
         home = self.homes[user]
         cfg = self.user_file(user, os.path.join(home, name + ".cfg"), text=GPT.format(
             name=name, steps=steps, out=out or os.path.join(home, name), train=train or
             os.path.join(home, "corpus.txt"), layers=layers, width=width, context=context, ckpt=ckpt))
-        r = self.ctl(user, "--json", "submit", cfg, check=check)
+        r = self.ctl(user, "--json", "submit", cfg, *(["--hold"] if hold else []), check=check)
         return json.loads(r.stdout)["id"] if r.returncode == 0 else r
 
     def job(self, jid):
@@ -143,8 +143,19 @@ class SpecialFiles(Hostile):
     def test_fifo_as_resume_file_fails_the_job_and_the_queue_goes_on(self):
         out = self.user_file(OWNER, os.path.join(self.homes[OWNER], "trap"))
         fifo = self.user_file(OWNER, os.path.join(out, "resume.safetensors"), fifo=True)
-        t0 = time.time()
+        # At submit: refused, naming the file.
+        r = self.submit(OWNER, "trap", out=out, check=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("[output] resume = auto: cannot read the checkpoint in %s: %s: not a regular file (a FIFO)"
+                      % (out, fifo), r.stderr)
+        # Swapped in while the job waits: it fails when it runs, at once.
+        os.unlink(fifo)
+        busy = self.submit(OTHER, "busy", steps=1000000)
+        self.wait(busy, lambda j: j["state"] == "running", "never ran")
         bad = self.submit(OWNER, "trap", out=out)
+        self.user_file(OWNER, fifo, fifo=True)
+        self.ctl(OTHER, "cancel", str(busy))
+        t0 = time.time()
         j = self.finished(bad)
         self.assertEqual(j["state"], "failed", j)
         self.assertEqual(j["reason"], "cannot resume: %s: not a regular file (a FIFO)" % fifo)
@@ -158,12 +169,34 @@ class SpecialFiles(Hostile):
         self.ctl(OTHER, "cancel", str(long))
         self.assertEqual(self.finished(long, timeout=30)["state"], "cancelled")
 
+    def test_a_dangling_checkpoint_link_is_no_fresh_start(self):
+        # An earlier run's model, its checkpoint a link to nowhere: a fresh
+        # start would write over the model.
+        out = self.user_file(OWNER, os.path.join(self.homes[OWNER], "linked"))
+        link = os.path.join(out, "resume.safetensors")
+        os.symlink("/nonexistent/resume.safetensors", link)
+        r = self.submit(OWNER, "linked", out=out, check=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("[output] resume = auto: cannot read the checkpoint in %s: " % out, r.stderr)
+        # Made so while the job waits: it fails, and the model stays.
+        os.unlink(link)
+        jid = self.submit(OWNER, "linked", out=out, hold=True)
+        model = self.user_file(OWNER, os.path.join(out, "model.safetensors"), text="the earlier run's model")
+        os.symlink("/nonexistent/resume.safetensors", link)
+        self.ctl(OWNER, "release", str(jid))
+        j = self.finished(jid)
+        self.assertEqual(j["state"], "failed", j)
+        self.assertTrue(j["reason"].startswith("cannot resume: %s" % link), j["reason"])
+        with open(model) as f:
+            self.assertEqual(f.read(), "the earlier run's model")
+
     def test_fifo_as_model_refuses_sample_and_frees_the_slots(self):
         # A failed job (its output has no model) whose directory then gets
         # a FIFO where model.safetensors goes.
         out = self.user_file(OWNER, os.path.join(self.homes[OWNER], "trap"))
+        bad = self.submit(OWNER, "trap", out=out, hold=True)
         self.user_file(OWNER, os.path.join(out, "resume.safetensors"), fifo=True)
-        bad = self.submit(OWNER, "trap", out=out)
+        self.ctl(OWNER, "release", str(bad))
         self.assertEqual(self.finished(bad)["state"], "failed")
         fifo = self.user_file(OWNER, os.path.join(out, "model.safetensors"), fifo=True)
         # More requests at once than there are slots: each is refused at
