@@ -209,19 +209,47 @@ static int check_readable(const job_config *j, const char *key, const char *path
     return 0;
 }
 
+/* Take back the directories that make_writable_dir made: tmp is the
+ * path, created the offset of the first one it made (0: none). */
+static void unmake_dirs(char *tmp, size_t created)
+{
+    if (!created)
+        return;
+    for (;;) {
+        if (rmdir(tmp) != 0)
+            return;
+        char *slash = strrchr(tmp, '/');
+        if (!slash || (size_t)(slash - tmp) < created)
+            return;
+        *slash = '\0';
+    }
+}
+
+/* Whether the owner can have [output] dir: made (mkdir -p) and written to,
+ * then what was made is taken back.  The job makes it when it starts, so
+ * a submit refused, by this check or a later one, leaves nothing behind. */
 static int make_writable_dir(const job_config *j, char *err, size_t err_len)
 {
     const char *path = j->out_dir;
     char where[PATH_MAX + 64], tmp[PATH_MAX];
     jobcfg_where(j, "output", "dir", where, sizeof where);
     snprintf(tmp, sizeof tmp, "%s", path);
+    size_t created = 0;
     for (char *s = tmp + 1;; s++) {
         if (*s != '/' && *s)
             continue;
         char c = *s;
         *s = '\0';
-        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) {
+        if (mkdir(tmp, 0777) == 0) {
+            if (!created)
+                created = (size_t)(s - tmp);
+        } else if (errno != EEXIST) {
             snprintf(err, err_len, "%s: cannot create %s: %s", where, tmp, strerror(errno));
+            char *slash = strrchr(tmp, '/'); /* tmp itself was not made */
+            if (slash && slash > tmp) {
+                *slash = '\0';
+                unmake_dirs(tmp, created);
+            }
             return -1;
         }
         *s = c;
@@ -232,13 +260,16 @@ static int make_writable_dir(const job_config *j, char *err, size_t err_len)
     char probe[PATH_MAX + 32];
     snprintf(probe, sizeof probe, "%s/.gradd-probe-%d", path, (int)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int rc = 0;
     if (fd < 0) {
         snprintf(err, err_len, "%s: cannot write in %s: %s", where, path, strerror(errno));
-        return -1;
+        rc = -1;
+    } else {
+        close(fd);
+        unlink(probe);
     }
-    close(fd);
-    unlink(probe);
-    return 0;
+    unmake_dirs(tmp, created);
+    return rc;
 }
 
 int access_own_fs(char *err, size_t err_len)

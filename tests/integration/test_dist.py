@@ -190,6 +190,11 @@ class Dist(unittest.TestCase):
             for k in range(1, n):
                 self.assertIn("rank %d of %d: done: 8 steps" % (k, n), r.stderr)
         # A device this gradd does not have is named.
+        cfg, _ = self.job("no-cpu2", shard="on")
+        with open(cfg) as f:
+            text = f.read().replace("device = cpu\n", "devices = cpu2, cpu0, cpu1\n")
+        with open(cfg, "w") as f:
+            f.write(text)
         r = self.run1(cfg, check=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("[job] devices: no device cpu2 here", r.stderr)

@@ -501,6 +501,36 @@ class Jobs(unittest.TestCase):
         self.assertIn("[job] name: contains a control character (it is the file's name", r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
 
+    def test_refused_submit_leaves_no_directory(self):
+        # Refused by a check after the one that makes [output] dir, by the
+        # daemon's queue, or while accepted: the job makes the directory
+        # when it starts, and a submit leaves none behind.
+        self.start()
+        top = os.path.join(self.dir, "deep")
+        out = os.path.join(top, "a", "b")
+        cases = [(self.job("req", out=out), ("--hold",), "[output] resume = require",
+                  "[output]\nresume = require"),
+                 (self.job("after", out=out), ("--after", "99999"), "--after 99999: no such job", None),
+                 (self.job("end", out=out), (), "[job] on_end: cannot execute /nonexistent/cmd",
+                  "[job]\non_end = /nonexistent/cmd")]
+        for cfg, extra, want, add in cases:
+            if add:
+                with open(cfg) as f:
+                    text = f.read()
+                section = add.split("\n")[0]
+                with open(cfg, "w") as f:
+                    f.write(text.replace(section + "\n", add + "\n", 1))
+            r = self.d.ctl("submit", cfg, *extra, check=False)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn(want, r.stderr)
+            self.assertFalse(os.path.exists(top), "%s left %s behind" % (want, top))
+        # Accepted and held: still no directory, until it runs.
+        jid = self.submit(self.job("held", out=out), "--hold")
+        self.assertFalse(os.path.exists(top))
+        self.d.ctl("release", str(jid))
+        self.assertEqual(self.wait_state(jid, ("completed", "failed"))["state"], "completed")
+        self.assertTrue(os.path.isfile(os.path.join(out, "model.safetensors")))
+
     def test_job_file_limit_fits_the_frame(self):
         # Every file under the limit can be sent, and one over it is told
         # its size, not that a frame was too big.
