@@ -86,6 +86,26 @@ static void print_processes(const Gradd__StatusResponse *st)
 /* The overview: devices with their running jobs, then the running and
  * queued jobs as `gradctl list` shows them (finished ones are left to
  * list: on a long-lived daemon they are most of the table). */
+/* Whether job j runs on device id: its device, or one of a job's several
+ * ("cpu0,cpu1"). */
+static bool runs_on(const Gradd__JobInfo *j, const char *id)
+{
+    const char *s = j->device ? j->device : "";
+    size_t n = strlen(id);
+    for (;;) {
+        s += strspn(s, ", ");
+        size_t w = strcspn(s, ",");
+        size_t len = w;
+        while (len && s[len - 1] == ' ')
+            len--;
+        if (!*s)
+            return false;
+        if (len == n && strncmp(s, id, n) == 0)
+            return true;
+        s += w;
+    }
+}
+
 static void print_text(ctl *c, const Gradd__StatusResponse *st)
 {
     char up[32];
@@ -112,7 +132,7 @@ static void print_text(ctl *c, const Gradd__StatusResponse *st)
         table_cell(&t, "%.0f%%", d->fragmentation * 100);
         size_t running = 0;
         for (size_t k = 0; k < active[0].n; k++)
-            running += active[0].jobs[k]->device && strcmp(active[0].jobs[k]->device, d->id) == 0;
+            running += runs_on(active[0].jobs[k], d->id);
         table_cell(&t, "%zu", running);
     }
     table_print(&t, stdout);

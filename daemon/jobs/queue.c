@@ -130,6 +130,17 @@ job *queue_find(queue *q, uint32_t id)
     return lo < q->n && q->jobs[lo]->id == id ? q->jobs[lo] : NULL;
 }
 
+bool job_on_device(const job *j, const char *id)
+{
+    if (j->cfg.ndevices > 0) {
+        for (int k = 0; k < j->cfg.ndevices; k++)
+            if (strcmp(j->cfg.device_ids[k], id) == 0)
+                return true;
+        return false;
+    }
+    return strcmp(j->device, id) == 0;
+}
+
 void queue_touch(queue *q, job *j)
 {
     (void)q;

@@ -106,6 +106,10 @@ typedef struct job {
     uint64_t version; /* bumped on every change a watcher should see */
 } job;
 
+/* Whether j runs (or last ran) on device id: [job] device, or one of
+ * [job] devices for a job over several. */
+bool job_on_device(const job *j, const char *id);
+
 typedef struct queue {
     pthread_mutex_t lock;
     pthread_cond_t cond;

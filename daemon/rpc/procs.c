@@ -88,7 +88,7 @@ static int running_jobs(gradd_ctx *ctx, const char *id, rpc_procs *p)
     pthread_mutex_lock(&ctx->q->lock);
     size_t n = 0;
     for (size_t i = 0; i < ctx->q->n; i++)
-        n += ctx->q->jobs[i]->state == JOB_RUNNING && strcmp(ctx->q->jobs[i]->device, id) == 0;
+        n += ctx->q->jobs[i]->state == JOB_RUNNING && job_on_device(ctx->q->jobs[i], id);
     if (n) {
         p->jobs = malloc(n * sizeof *p->jobs);
         p->ids = malloc(n * sizeof *p->ids);
@@ -99,7 +99,7 @@ static int running_jobs(gradd_ctx *ctx, const char *id, rpc_procs *p)
     }
     for (size_t i = 0; i < ctx->q->n && p->njobs < n; i++) {
         const job *j = ctx->q->jobs[i];
-        if (j->state == JOB_RUNNING && strcmp(j->device, id) == 0)
+        if (j->state == JOB_RUNNING && job_on_device(j, id))
             p->jobs[p->njobs++] = (rpc_job_pid){.job = j->id, .pid = job_pid(j)};
     }
     pthread_mutex_unlock(&ctx->q->lock);

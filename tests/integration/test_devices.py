@@ -122,6 +122,14 @@ class Devices(harness.DaemonTest):
             text = self.d.ctl("status", str(jid)).stdout
             self.assertIn("on each     cpu0", text)
             self.assertIn("rank 1", text)
+            # The daemon's status counts it on both devices, and names it
+            # beside the process on each (if it still ran when asked).
+            st, table = self.d.ctl_json("status"), self.d.ctl("status").stdout.split("\n\n")[1]
+            if self.info(jid)["state"] == "running":
+                jobs = {l.split()[0]: l.split()[-1] for l in table.splitlines()[1:]}
+                self.assertEqual((jobs["cpu0"], jobs["cpu1"]), ("1", "1"), table)
+                for dev in st["devices"]:
+                    self.assertIn(jid, [k for p in dev["processes"] for k in p["jobs"]], dev)
         j = self.wait(jid, lambda j: j["state"] not in ("queued", "running"), "the end")
         self.assertEqual(j["state"], "completed", j)
         self.assertEqual(j["step"], steps)
