@@ -111,6 +111,15 @@ void rpc_requeue(const rpc_call *c, const Gradd__Request *req)
         refuse(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
         return;
     }
+    /* Its run is finished ([output] resume would find the final
+     * checkpoint): queued again, it would "complete" with nothing trained. */
+    if (j->state == JOB_COMPLETED && j->cfg.type == JOBCFG_ENGINE) {
+        snprintf(msg, sizeof msg, "job %u completed: its run in %.1024s is finished, and would train nothing again; "
+                 "submit its job file with more [train] steps to train it further, or with another [output] dir",
+                 id, j->cfg.out_dir);
+        refuse(c, GRADD__ERROR__CODE__BAD_REQUEST, msg);
+        return;
+    }
     char why[128];
     if (queue_deps_broken(ctx->q, j, why, sizeof why)) {
         snprintf(msg, sizeof msg, "job %u cannot start again: %s", id, why);

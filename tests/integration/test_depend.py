@@ -245,6 +245,14 @@ class Depend(unittest.TestCase):
         self.assertEqual(r.stdout.count("starting on cpu0"), 2, r.stdout)
         self.d.ctl("cancel", str(a))
         self.assertIn("cancelled at step", self.wait_state(a, "cancelled")["reason"])
+        # A completed engine job's run is finished: queued again it would
+        # train nothing, so it is refused, naming its directory.
+        done = self.submit(self.gpt("done", steps=3))
+        self.wait_state(done, "completed")
+        r = self.d.ctl("requeue", str(done), check=False)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("job %d completed: its run in %s is finished" % (done, self.info(done)["out_dir"]), r.stderr)
+        self.assertEqual(self.info(done)["state"], "completed")
 
     # ---- another user ---------------------------------------------------------------
 
