@@ -471,8 +471,10 @@ bool data_is_jsonl(data_format fmt, const char *path)
 {
     if (fmt == DATA_FMT_JSONL)
         return true;
+    /* Gzip'd samples too (data_sft_load reads either). */
     size_t l = path ? strlen(path) : 0;
-    return fmt == DATA_FMT_AUTO && l >= 6 && strcmp(path + l - 6, ".jsonl") == 0;
+    return fmt == DATA_FMT_AUTO && ((l >= 6 && strcmp(path + l - 6, ".jsonl") == 0) ||
+                                    (l >= 9 && strcmp(path + l - 9, ".jsonl.gz") == 0));
 }
 
 int data_sft_load(data_sft *d, const char *path, uint32_t vocab, uint32_t context, bool truncate,

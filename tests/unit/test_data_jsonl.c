@@ -257,7 +257,12 @@ static void test_long_line_and_gzip(void **state)
             if (d.ids[N + t] != (t * 7 + 1) % 1000)
                 fail_msg("%s: token %d is %d", paths[k], t, d.ids[N + t]);
         data_sft_free(&d);
+        /* format = auto knows either by its name. */
+        assert_true(data_is_jsonl(DATA_FMT_AUTO, paths[k]));
     }
+    assert_false(data_is_jsonl(DATA_FMT_AUTO, "corpus.txt.gz"));
+    assert_false(data_is_jsonl(DATA_FMT_AUTO, "x.gz"));
+    assert_false(data_is_jsonl(DATA_FMT_TEXT, "big.jsonl"));
 }
 
 /* ---- rows ------------------------------------------------------------------------ */
