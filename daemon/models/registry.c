@@ -91,8 +91,14 @@ const char *model_why_no_text(const job_config *j, char *buf, size_t len)
 {
     const model_kind *kind = model_kind_of(j);
     char gen[96];
-    snprintf(buf, len, "trains %s%s; only %s jobs generate text", kind ? kind->a_name : "a model of no known kind",
-             kind && kind->classifies ? " classifier" : "", names(gen, sizeof gen, " or ", true));
+    names(gen, sizeof gen, " or ", true);
+    /* A program job's model, if any, is the program's own. */
+    if (j->type == JOBCFG_PROGRAM)
+        snprintf(buf, len, "is a program job: its model is the program's, not one gradd trained; only %s jobs "
+                 "generate text", gen);
+    else
+        snprintf(buf, len, "trains %s%s; only %s jobs generate text", kind ? kind->a_name : "a model of no known kind",
+                 kind && kind->classifies ? " classifier" : "", gen);
     return buf;
 }
 

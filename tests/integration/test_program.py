@@ -210,6 +210,10 @@ class ProgramJobs(harness.DaemonTest):
         self.assertGreaterEqual(len(set(running)), 2, r.stdout)  # its time moved on while it ran
         self.assertNotIn("step", r.stdout)
         self.assertRegex(lines[-1], r"^job %d failed after [2-9]s: exited with status 3$" % jid)
+        # Nor is there a model of gradd's to sample.
+        r = self.d.ctl("sample", str(jid), check=False)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("is a program job: its model is the program's, not one gradd trained", r.stderr)
 
     def test_bad_job_files_refused(self):
         os.chmod(self.job("x", "noexec.sh"), 0o644)
