@@ -17,7 +17,7 @@
 #define PATHS 0, 0, false
 
 static const opts_def opts[] = {
-    {"job", "name", OPTS_STRING, J(name), 0, 0, false, "", "shown in gradctl list (default: the file name)", NULL},
+    {"job", "name", OPTS_STRING, J(name), 0, 0, false, "", "shown in gradctl list (default: the file's name up to its first dot)", NULL},
     {"job", "device", OPTS_STRING, J(device), 0, 0, false, "auto", "auto, cpu, cpuN or cuda:N", NULL},
     {"job", "devices", OPTS_STRING, J(devices), 0, 0, false, "",
      "one job over several devices, data-parallel: cpuN or cuda:N, comma-separated (in place of device)", NULL},
