@@ -79,6 +79,19 @@ job *rpc_owned_job(const rpc_call *c, uint32_t id, const char *what)
     return owned_job(c, id, what);
 }
 
+/* "no device 'cpu3' on this daemon (it has cpu0, cuda0)", and why there
+ * is no CUDA device when one was asked for. */
+static void no_device(const gradd_ctx *ctx, const char *where, const char *want, char *msg, size_t len)
+{
+    int n = snprintf(msg, len, "%s: no device '%s' on this daemon (it has", where, want);
+    for (int i = 0; i < ctx->ndev && n > 0 && (size_t)n < len; i++)
+        n += snprintf(msg + n, len - (size_t)n, "%s %s", i ? "," : "", ctx->devs[i]->id);
+    if (n > 0 && (size_t)n < len)
+        n += snprintf(msg + n, len - (size_t)n, "%s)", ctx->ndev ? "" : " none");
+    if (n > 0 && (size_t)n < len && ctx->cuda_note[0] && strncmp(want, "cuda", 4) == 0)
+        snprintf(msg + n, len - (size_t)n, "; %s", ctx->cuda_note);
+}
+
 void rpc_submit(const rpc_call *c, const Gradd__Request *req)
 {
     gradd_ctx *ctx = c->ctx;
@@ -189,9 +202,8 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
             snprintf(msg, sizeof msg, "%s: ranks on CUDA devices share gradients over NCCL, and this daemon's CUDA "
                      "module was built without it", jobcfg_where(cfg, "job", "devices", where, sizeof where));
         else
-            snprintf(msg, sizeof msg, "%s: no device %s on this daemon%s%s",
-                     jobcfg_where(cfg, "job", "devices", where, sizeof where), cfg->device_ids[k],
-                     ctx->cuda_note[0] ? "; " : "", ctx->cuda_note);
+            no_device(ctx, jobcfg_where(cfg, "job", "devices", where, sizeof where), cfg->device_ids[k], msg,
+                      sizeof msg);
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }
@@ -206,9 +218,7 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         }
     }
     if (!found) {
-        snprintf(msg, sizeof msg, "%s: no device '%s' on this daemon%s%s",
-                 jobcfg_where(cfg, "job", "device", where, sizeof where), cfg->device, ctx->cuda_note[0] ? "; " : "",
-                 ctx->cuda_note);
+        no_device(ctx, jobcfg_where(cfg, "job", "device", where, sizeof where), cfg->device, msg, sizeof msg);
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, msg);
         goto out;
     }

@@ -167,7 +167,7 @@ class Devices(harness.DaemonTest):
         cfg, _ = self.job("missing", "devices = cpu0,cpu5", 2)
         r = self.d.ctl("submit", cfg, check=False)
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("[job] devices: no device cpu5 on this daemon", r.stderr)
+        self.assertIn("[job] devices: no device 'cpu5' on this daemon (it has cpu0, cpu1)\n", r.stderr)
 
 
 if __name__ == "__main__":

@@ -484,7 +484,9 @@ class Jobs(unittest.TestCase):
             f.write(text)
         r = self.d.ctl("submit", bad, check=False)
         self.assertEqual(r.returncode, 2, r.stdout)
-        self.assertIn("%s:%d: [job] device: no device 'cpu7'" % (bad, line_of(text, "device")), r.stderr)
+        # Naming the devices there are, and nothing of CUDA for a CPU.
+        self.assertIn("%s:%d: [job] device: no device 'cpu7' on this daemon (it has cpu0)\n"
+                      % (bad, line_of(text, "device")), r.stderr)
         # A name is shown in every user's terminal: no control characters,
         # whether it comes from the key or from the file's name.
         with open(bad, "w") as f:
