@@ -56,8 +56,14 @@ int outdir_check_resume(const job_config *j, char *err, size_t err_len)
 {
     if (j->type != JOBCFG_ENGINE)
         return 0;
-    char where[PATH_MAX + 64], why[PATH_MAX + 128];
-    jobcfg_where(j, "output", "resume", where, sizeof where);
+    /* At the line of resume, or else of dir: the key the submitter can
+     * change that the file has. */
+    char where[PATH_MAX + 96], why[PATH_MAX + 128];
+    if (jobcfg_line(j, "output", "resume") || !jobcfg_line(j, "output", "dir"))
+        jobcfg_where(j, "output", "resume", where, sizeof where);
+    else
+        snprintf(where + strlen(jobcfg_where(j, "output", "dir", where, sizeof where)),
+                 sizeof where - strlen(where), ", with [output] resume");
     const char *policy = j->resume == JOBCFG_RESUME_NEVER ? "never" : j->resume == JOBCFG_RESUME_REQUIRE ? "require" : "auto";
     uint64_t step = 0;
     int have = checkpoint_step(j->out_dir, &step, why, sizeof why);

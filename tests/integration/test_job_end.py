@@ -108,9 +108,12 @@ class JobEnd(harness.DaemonTest):
         self.assertEqual(self.wait(jid)["state"], "completed")
         r = self.submit(cfg, check=False)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn("%s: [output] resume = auto: %s holds a finished run (step 6 of [train] steps 6 in "
-                      "resume.safetensors), so the job would do nothing; choose another [output] dir, remove its "
-                      "outputs to start over, or raise [train] steps to train it further\n" % (cfg, out), r.stderr)
+        with open(cfg) as f:
+            dir_line = f.read().split("\n").index("dir = %s" % out) + 1
+        self.assertIn("%s:%d: [output] dir, with [output] resume = auto: %s holds a finished run (step 6 of [train] "
+                      "steps 6 in resume.safetensors), so the job would do nothing; choose another [output] dir, "
+                      "remove its outputs to start over, or raise [train] steps to train it further\n"
+                      % (cfg, dir_line, out), r.stderr)
         # never writes over nothing: refused while gradd's outputs are there.
         never = self.gpt("done", output="resume = never", out=out)
         r = self.submit(never, check=False)

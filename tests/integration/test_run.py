@@ -197,6 +197,10 @@ class Run(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("holds a finished run (step %d of [train] steps %d in resume.safetensors)" % (steps, steps),
                       r.stderr)
+        # At the line of the key the file has: dir (resume is left out).
+        with open(cfg_b) as f:
+            line = f.read().split("\n").index("dir = %s" % out_b) + 1
+        self.assertIn("%s:%d: [output] dir, with [output] resume = auto: " % (cfg_b, line), r.stderr)
 
     def test_sighup_stops_with_a_checkpoint(self):
         # The terminal went away: as ^C, not the default death.
