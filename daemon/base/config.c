@@ -194,6 +194,12 @@ static int on_entry(void *user, const char *section, const char *key, const char
         ov->set_mask |= 1ull << (o - opts);
         return 0;
     }
+    /* Found now with its line, not when the socket is made. */
+    if (strcmp(section, "daemon") == 0 && strcmp(key, "socket") == 0 && strlen(value) > CONFIG_SOCKET_PATH_MAX) {
+        snprintf(why, why_len, "%zu bytes is too long for a socket path (at most %d)", strlen(value),
+                 CONFIG_SOCKET_PATH_MAX);
+        return -1;
+    }
     opts_simple s = {opts, NOPTS, strcmp(section, "pool") == 0 ? (void *)&c->pool : (void *)c};
     return opts_simple_entry(&s, section, key, value, line, why, why_len, name_key);
 }

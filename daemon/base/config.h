@@ -24,6 +24,11 @@
 
 #define CONFIG_MAX_OVERRIDES 16
 
+/* The longest socket path: sun_path's 108 bytes less the NUL and the
+ * suffix of the temporary name the socket is made under before it is
+ * linked into place (".PID.new", PID up to 7 digits). */
+#define CONFIG_SOCKET_PATH_MAX 95
+
 typedef struct {
     char device[16];     /* "cpu0", "cuda1" */
     pool_config pool;    /* defaults with this section's keys applied */

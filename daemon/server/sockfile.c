@@ -133,14 +133,13 @@ int server_bind(server *s, const char *path, char *err, size_t err_len)
                  "such as /tmp, where another user could make it first); set [daemon] socket or pass -s PATH");
         return -1;
     }
+    if (strlen(path) > CONFIG_SOCKET_PATH_MAX) {
+        snprintf(err, err_len, "socket path %s is too long (at most %d bytes)", path, CONFIG_SOCKET_PATH_MAX);
+        return -1;
+    }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     char suffix[32];
     snprintf(suffix, sizeof suffix, ".%ld.new", (long)getpid());
-    if (strlen(path) + strlen(suffix) >= sizeof sa.sun_path) {
-        snprintf(err, err_len, "socket path %s is too long (at most %zu bytes)", path,
-                 sizeof sa.sun_path - 1 - strlen(suffix));
-        return -1;
-    }
     if (prepare_dir(path, err, err_len) != 0 || server_probe_path(path, err, err_len) != 0)
         return -1;
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s%s", path, suffix);
@@ -166,6 +165,9 @@ int server_bind(server *s, const char *path, char *err, size_t err_len)
     }
     /* Hand the socket to the group of gradd's users when we may. */
     struct group *g = s->ctx->cfg.socket_group[0] ? getgrnam(s->ctx->cfg.socket_group) : NULL;
+    if (s->ctx->cfg.socket_group[0] && !g)
+        log_warn("[daemon] socket_group: there is no group '%s' here; the socket stays in this process's group, "
+                 "so only its members and root can use gradd", s->ctx->cfg.socket_group);
     if (g && chown(tmp, (uid_t)-1, g->gr_gid) != 0)
         log_debug("socket %s stays in its current group: %s", path, strerror(errno));
     int lrc = link(tmp, path);

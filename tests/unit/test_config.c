@@ -111,11 +111,26 @@ static void test_errors(void **state)
     expect_error("[daemon]\nthis line has no equals sign\n", 2, "syntax error");
     expect_error("[daemon]\nclient_timeout = 0\n", 2, "out of range");
     expect_error("[cpu]\ndevices = -1\n", 2, "not a whole number");
+    /* A socket path that cannot be bound: found with its line, before the
+     * daemon tries (95 bytes: config.h). */
+    char sock[160];
+    snprintf(sock, sizeof sock, "[daemon]\nsocket = /%095d\n", 0);
+    expect_error(sock, 2, "[daemon] socket: 96 bytes is too long for a socket path (at most 95)");
+    snprintf(sock, sizeof sock, "[daemon]\nsocket = /%094d\n", 0);
+    gradd_config ok;
+    char e[512];
+    assert_int_equal(config_load(write_conf(sock), &ok, e, sizeof e), 0);
+    unlink(path);
 
     gradd_config c;
     char err[512];
     assert_int_equal(config_load("/nonexistent/gradd.conf", &c, err, sizeof err), -1);
     assert_non_null(strstr(err, "/nonexistent/gradd.conf: cannot open"));
+    /* Nothing that blocks or never ends: a directory, a device. */
+    assert_int_equal(config_load("/tmp", &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/tmp: not a regular file"));
+    assert_int_equal(config_load("/dev/zero", &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "/dev/zero: not a regular file"));
 }
 
 int main(void)
