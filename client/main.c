@@ -25,31 +25,33 @@ static void usage(FILE *f)
                "\nexit status: 0 ok, 1 the daemon reported an error, 2 usage error, 3 daemon not reachable\n");
 }
 
-/* Edit distance (Levenshtein) between two short words, for "did you
- * mean"; names longer than the buffer count as far apart. */
+/* Edit distance between two short words, for "did you mean": inserts,
+ * deletes, changes and swaps of two neighbours (the commonest typo,
+ * "stauts") count one each; names longer than the table count as far
+ * apart. */
 static size_t distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 31 || lb > 31)
         return SIZE_MAX;
-    size_t row[32];
+    size_t d[32][32];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
     for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
+        d[0][j] = j;
     for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
         for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
+            size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
         }
     }
-    return row[lb];
+    return d[la][lb];
 }
 
 static const ctl_cmd *find_command(const char *name)
@@ -61,14 +63,16 @@ static const ctl_cmd *find_command(const char *name)
 }
 
 /* An unknown command: the nearest visible one, when it is near enough to
- * be a typo (two edits at most, and fewer than the word has letters). */
+ * be a typo (two edits at most, and fewer than the word has letters); of
+ * two as near, the one as long as the word. */
 static int unknown_command(const ctl *c, const char *name)
 {
     const ctl_cmd *best = NULL;
     size_t bd = SIZE_MAX;
     for (const ctl_cmd *const *cmd = ctl_commands; *cmd; cmd++) {
         size_t d = distance(name, (*cmd)->name);
-        if (!(*cmd)->hidden && d < bd) {
+        bool tie_won = d == bd && best && strlen((*cmd)->name) == strlen(name) && strlen(best->name) != strlen(name);
+        if (!(*cmd)->hidden && (d < bd || tie_won)) {
             best = *cmd;
             bd = d;
         }

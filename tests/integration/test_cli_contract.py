@@ -133,6 +133,11 @@ class Contract(harness.DaemonTest):
                         plain.stderr)
         # One usage line, not the whole help.
         self.assertEqual(len(plain.stderr.splitlines()), 2, plain.stderr)
+        # Two letters swapped is one typo: status, not stats (one deletion
+        # away too, but not of the word's length).
+        for typo, meant in (("stauts", "status"), ("sttaus", "status"), ("stat", "stats"), ("subimt", "submit")):
+            plain, _, err = self.both(typo)
+            self.assertEqual(err["suggestion"], meant, typo)
         plain, _, err = self.both("frobnicate")
         self.assertNotIn("did you mean", plain.stderr)
         r = self.d.ctl("help", "list")
