@@ -239,6 +239,16 @@ static char *layout(const table *t, size_t *len)
 
 void table_print(const table *t, FILE *f)
 {
+    /* libsmartcols prints nothing for a table without rows; the headings
+     * tell a person that the answer is "none", not that nothing ran. */
+    if (t->nrows == 0) {
+        if (!t->noheadings && t->nshow > 0) {
+            for (int i = 0; i < t->nshow; i++)
+                fprintf(f, "%s%s", i ? "  " : "", t->head[t->show[i]]);
+            fputc('\n', f);
+        }
+        return;
+    }
     size_t len = 0;
     char *text = layout(t, &len);
     if (!text) {

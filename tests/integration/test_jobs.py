@@ -502,6 +502,12 @@ class Jobs(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout)
         self.assertIn("[job] name: contains a control character (it is the file's name", r.stderr)
         self.assertEqual(self.d.ctl_json("list")["jobs"], [])
+        # No jobs: the headings say the answer is none; scripts ask for none.
+        out = self.d.ctl("list").stdout
+        self.assertEqual(len(out.splitlines()), 1, out)
+        self.assertTrue(out.startswith("ID  USER  NAME  STATE  DEVICE"), out)
+        self.assertEqual(self.d.ctl("list", "--noheadings").stdout, "")
+        self.assertEqual(self.d.ctl("history", "-o", "job,state").stdout, "JOB  STATE\n")
 
     def test_refused_submit_leaves_no_directory(self):
         # Refused by a check after the one that makes [output] dir, by the
