@@ -6,6 +6,7 @@
 #endif
 #include <getopt.h>
 #include <math.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,6 +228,12 @@ static int run(ctl *c, int argc, char **argv)
         if (more)
             rc = ctl_next(c, &resp);
     }
+    /* A name that is no user here and that no record has: a typo, as list
+     * says, rather than an empty answer.  (A user since removed still has
+     * their records, found by name.) */
+    if (rc == CTL_OK && hr.user && !n && !frames[0]->history->n_users && hr.user[strspn(hr.user, "0123456789")] &&
+        !getpwnam(hr.user))
+        rc = ctl_error(c, CTL_ERR_USAGE, "usage", NULL, "no user %s, and no records of one", hr.user);
     if (rc == CTL_OK) {
         Gradd__HistoryResponse *h = frames[0]->history;
         if (skipped)

@@ -124,7 +124,12 @@ class History(unittest.TestCase):
         # Filters.
         self.assertEqual(len(self.history("--user", str(me))["records"]), 4)
         self.assertEqual(len(self.history("--user", pwd.getpwuid(me).pw_name)["records"]), 4)
-        self.assertEqual(self.history("--user", "nosuchuser")["records"], [])
+        # A name that is no user and has no records is a typo, said as list
+        # says it; a uid with no records is an empty answer.
+        r = self.d.ctl("history", "--user", "nosuchuser", check=False)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("gradctl history: no user nosuchuser, and no records of one\n", r.stderr)
+        self.assertEqual(self.history("--user", "4000000")["records"], [])
         self.assertEqual([r["id"] for r in self.history("--state", "failed")["records"]], [bad])
         self.assertEqual([r["id"] for r in self.history("--state", "cancelled")["records"]], [sleeper, waiter])
         self.assertEqual([r["id"] for r in self.history("-n", "2")["records"]], [sleeper, waiter])
