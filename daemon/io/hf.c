@@ -405,6 +405,17 @@ float hf_bf16_to_f32(uint16_t b)
     return f;
 }
 
+/* A weight that is not a number: the job would fail at its first step
+ * with a "diverged" loss that names neither the file nor the tensor. */
+static int finite_weights(const st_file *f, const st_tensor *t, const float *x, char *err, size_t err_len)
+{
+    for (size_t k = 0; k < t->nelem; k++)
+        if (!isfinite(x[k]))
+            return errmsg_set(err, err_len, "%s: tensor '%s' holds %g: a model to start from has finite weights",
+                              st_path(f), t->name, (double)x[k]);
+    return 0;
+}
+
 int hf_weights_read(hf_weights *w, size_t i, float *dst, char *err, size_t err_len)
 {
     const st_tensor *t = w->at[i];
@@ -422,7 +433,7 @@ int hf_weights_read(hf_weights *w, size_t i, float *dst, char *err, size_t err_l
         return -1;
     }
     if (buf == dst)
-        return 0;
+        return finite_weights(f, t, dst, err, err_len);
     size_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->nelem;
     for (size_t k = 0; k < t->nelem; k++) {
         float v;
@@ -439,7 +450,7 @@ int hf_weights_read(hf_weights *w, size_t i, float *dst, char *err, size_t err_l
         dst[to] = v;
     }
     free(buf);
-    return 0;
+    return finite_weights(f, t, dst, err, err_len);
 }
 
 /* ---- writing config.json --------------------------------------------------------------- */

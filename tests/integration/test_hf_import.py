@@ -155,6 +155,22 @@ class Import(harness.DaemonTest):
         msg, cfg = self.refused("nodir", os.path.join(d, "nowhere"))
         self.assertIn("%s:4: [model] from: %s/config.json: cannot open" % (cfg, os.path.join(d, "nowhere")), msg)
 
+    def test_a_weight_that_is_no_number_is_named(self):
+        # Found when the job reads the weights (a submit checks shapes, not
+        # every value): named with its file and tensor, not a loss that
+        # "became NaN at step 1".
+        for dtype in ("F32", "BF16"):
+            bad = np.full((16, 48), 0.01, np.float32)
+            bad[3, 5] = np.nan
+            src = os.path.join(self.dir, "nan-" + dtype)
+            hfdir.write_gpt2(src, dtype=dtype, reshape={"h.0.attn.c_attn.weight": bad})
+            cfg = self.cfg("nan" + dtype, job_text(self.dir, "nan" + dtype, src))
+            r = subprocess.run([GRADD, "run", cfg], capture_output=True, text=True, timeout=120)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("%s/model.safetensors: tensor 'transformer.h.0.attn.c_attn.weight' holds nan: a model to "
+                          "start from has finite weights" % src, r.stderr)
+            self.assertNotIn("became NaN", r.stderr)
+
     def test_sample_by_ids(self):
         src = os.path.join(self.dir, "hf")
         hfdir.write_gpt2(src, V=50, seed=5)
