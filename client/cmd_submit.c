@@ -194,7 +194,11 @@ static int run(ctl *c, int argc, char **argv)
         free(contents);
         return ctl_error(c, CTL_ERR_DAEMON, "internal", NULL, "out of memory");
     }
-    if (jobcfg_load_mem(contents, len, name, cfg, err, sizeof err) != 0) {
+    /* After other jobs: what they make may not be there yet (the daemon
+     * checks it again when the job starts). */
+    int lrc = nafter ? jobcfg_load_later(contents, len, name, cfg, err, sizeof err)
+                     : jobcfg_load_mem(contents, len, name, cfg, err, sizeof err);
+    if (lrc != 0) {
         free(cfg);
         free(contents);
         return ctl_error(c, CTL_ERR_USAGE, "bad_job", ctl_where_fields(err, name), "%s", err);

@@ -316,6 +316,10 @@ static int check_readable(const parse_ctx *p, const char *key, const char *file,
         close(fd);
         return 0;
     }
+    if (errno == ENOENT && p->j->inputs_later) {
+        p->j->inputs_missing = true;
+        return 0;
+    }
     char why[PATH_MAX + 64];
     snprintf(why, sizeof why, "cannot read %s: %s", file, strerror(errno));
     return complain(p, "data", key, err, err_len, why);
@@ -577,7 +581,8 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
 }
 
 /* Parse the stream f (standing for `path`) and validate. */
-static int load_stream(FILE *f, const char *path, bool check_data, job_config *out, char *err, size_t err_len)
+static int load_stream(FILE *f, const char *path, bool check_data, bool later, job_config *out, char *err,
+                       size_t err_len)
 {
     parse_ctx *p = calloc(1, sizeof *p);
     job_config *j = malloc(sizeof *j);
@@ -591,6 +596,7 @@ static int load_stream(FILE *f, const char *path, bool check_data, job_config *o
     snprintf(j->source, sizeof j->source, "%s", path);
     p->j = j;
     p->check_data = check_data;
+    j->inputs_later = later;
     int rc = opts_parse_stream(f, path, on_entry, p, err, err_len);
     if (rc == 0)
         rc = validate(p, path, err, err_len);
@@ -606,13 +612,13 @@ int jobcfg_load(const char *path, job_config *out, char *err, size_t err_len)
     FILE *f = opts_open_file(path, err, err_len);
     if (!f)
         return -1;
-    int rc = load_stream(f, path, true, out, err, err_len);
+    int rc = load_stream(f, path, true, false, out, err, err_len);
     fclose(f);
     return rc;
 }
 
-static int load_mem(const void *contents, size_t len, const char *path, bool check_data, job_config *out,
-                    char *err, size_t err_len)
+static int load_mem(const void *contents, size_t len, const char *path, bool check_data, bool later,
+                    job_config *out, char *err, size_t err_len)
 {
     FILE *f = fmemopen((void *)contents, len ? len : 1, "r");
     if (!f) {
@@ -621,7 +627,7 @@ static int load_mem(const void *contents, size_t len, const char *path, bool che
     }
     if (len == 0)
         fgetc(f); /* fmemopen needs a size of at least 1: consume it, parse nothing */
-    int rc = load_stream(f, path, check_data, out, err, err_len);
+    int rc = load_stream(f, path, check_data, later, out, err, err_len);
     fclose(f);
     return rc;
 }
@@ -629,11 +635,17 @@ static int load_mem(const void *contents, size_t len, const char *path, bool che
 int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_config *out, char *err,
                     size_t err_len)
 {
-    return load_mem(contents, len, path, true, out, err, err_len);
+    return load_mem(contents, len, path, true, false, out, err, err_len);
+}
+
+int jobcfg_load_later(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                      size_t err_len)
+{
+    return load_mem(contents, len, path, true, true, out, err, err_len);
 }
 
 int jobcfg_load_record(const void *contents, size_t len, const char *path, job_config *out, char *err,
                        size_t err_len)
 {
-    return load_mem(contents, len, path, false, out, err, err_len);
+    return load_mem(contents, len, path, false, false, out, err, err_len);
 }

@@ -147,6 +147,13 @@ typedef struct job_config {
     /* The line each key was set on (0: left at its default), so that errors
      * found later, by the daemon, still name it: see jobcfg_where. */
     int key_line[JOBCFG_MAX_KEYS];
+
+    /* A job that runs after others (gradctl submit --after) may read what
+     * they make: inputs_later lets its data files and [model] from not
+     * exist yet, and inputs_missing says that some did not, so that the
+     * job reads its model's keys and checks them when it starts. */
+    bool inputs_later;
+    bool inputs_missing;
 } job_config;
 
 void jobcfg_defaults(job_config *j);
@@ -162,6 +169,10 @@ int jobcfg_load_mem(const void *contents, size_t len, const char *path, job_conf
  * while its settings (model, output directory) still describe its results. */
 int jobcfg_load_record(const void *contents, size_t len, const char *path, job_config *out, char *err,
                        size_t err_len);
+/* jobcfg_load_mem for a job that runs after others: a data file that does
+ * not exist (yet) sets inputs_missing instead of being an error. */
+int jobcfg_load_later(const void *contents, size_t len, const char *path, job_config *out, char *err,
+                      size_t err_len);
 /* "SOURCE:LINE: [section] key" (or "SOURCE: [section] key" for a key the
  * file did not set) into buf, for errors found after the file was read: the
  * device it names is missing, its data cannot be read as its owner. */

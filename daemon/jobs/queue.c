@@ -574,8 +574,11 @@ static job *load_job(queue *q, uint32_t id)
         bool switched = access_become(j->uid, j->gid, &saved, aerr, sizeof aerr) == 0;
         /* A job from a Hugging Face directory gets its [model] keys from
          * it again, as at submit: the file alone may not name its model. */
-        if (jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err) == 0 &&
-            (j->cfg.type != JOBCFG_ENGINE || model_hf_fill(&j->cfg, err, sizeof err) == 0))
+        bool later = j->state == JOB_QUEUED && j->after.n > 0;
+        int lrc = later ? jobcfg_load_later(contents, len, j->source, &j->cfg, err, sizeof err)
+                        : jobcfg_load_mem(contents, len, j->source, &j->cfg, err, sizeof err);
+        if (lrc == 0 && (j->cfg.type != JOBCFG_ENGINE || model_hf_later(&j->cfg) ||
+                         model_hf_fill(&j->cfg, err, sizeof err) == 0))
             err[0] = '\0';
         if (switched)
             access_restore(&saved);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "models/model.h"
 
 static bool engine_takes(const job_config *cfg)
 {
@@ -29,6 +30,26 @@ static train_outcome engine_run(const runner_env *env, const job_config *cfg, tr
         res->outcome = TRAIN_FAILED;
         return TRAIN_FAILED;
     }
+    /* What a job it ran after was to make is read and checked now, as a
+     * submit checks it: the model's keys from [model] from. */
+    job_config *filled = NULL;
+    if (cfg->inputs_missing) {
+        if (!(filled = malloc(sizeof *filled))) {
+            snprintf(res->message, sizeof res->message, "out of memory");
+            res->outcome = TRAIN_FAILED;
+            return TRAIN_FAILED;
+        }
+        *filled = *cfg;
+        filled->inputs_later = filled->inputs_missing = false;
+        char err[sizeof res->message];
+        if (model_check_job(filled, err, sizeof err) != 0) {
+            snprintf(res->message, sizeof res->message, "%s", err);
+            free(filled);
+            res->outcome = TRAIN_FAILED;
+            return TRAIN_FAILED;
+        }
+        cfg = filled;
+    }
     job_config *shared = NULL;
     if (d->kind == DEV_KIND_CPU && cfg->threads == 0 && env->cpu_share && (shared = malloc(sizeof *shared))) {
         *shared = *cfg;
@@ -48,6 +69,7 @@ static train_outcome engine_run(const runner_env *env, const job_config *cfg, tr
     hooks.data_limit_key = "[daemon] max_job_data";
     train_outcome o = train_run(cfg, ctx->pools[env->dev], k, env->job_id, &hooks, res);
     free(shared);
+    free(filled);
     return o;
 }
 

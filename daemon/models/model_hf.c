@@ -9,12 +9,14 @@
  */
 #include "model.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "errmsg.h"
 #include "io/hf.h"
@@ -194,6 +196,19 @@ static int fill(job_config *j, const json_t *cfg, char *err, size_t err_len)
     }
     free(t);
     return 0;
+}
+
+bool model_hf_later(job_config *j)
+{
+    if (!j->from[0] || !j->inputs_later)
+        return false;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.json", j->from);
+    struct stat st;
+    if (lstat(path, &st) == 0 || errno != ENOENT)
+        return false;
+    j->inputs_missing = true;
+    return true;
 }
 
 int model_hf_fill(job_config *j, char *err, size_t err_len)

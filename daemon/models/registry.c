@@ -132,6 +132,10 @@ static int check_lora(const job_config *j, const model_kind *kind, char *err, si
 
 int model_check_job(job_config *j, char *err, size_t err_len)
 {
+    /* A model that a job this one runs after will make: its keys are read
+     * and checked when the job starts. */
+    if (model_hf_later(j))
+        return 0;
     if (model_hf_fill(j, err, err_len) != 0)
         return -1;
     const model_kind *kind = model_kind_need(j, err, err_len);

@@ -129,7 +129,10 @@ void rpc_submit(const rpc_call *c, const Gradd__Request *req)
         rpc_error(c, GRADD__ERROR__CODE__BAD_JOB, err);
         goto out;
     }
-    int lrc = jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
+    /* A job that runs after others may read what they make (a data file,
+     * a model): what is not there yet is checked when it starts. */
+    int lrc = rq->n_after ? jobcfg_load_later(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err)
+                          : jobcfg_load_mem(rq->contents.data, rq->contents.len, path, cfg, err, sizeof err);
     if (lrc == 0 && cfg->type == JOBCFG_ENGINE)
         lrc = model_check_job(cfg, err, sizeof err);
     access_restore(&saved);

@@ -204,6 +204,49 @@ class Depend(unittest.TestCase):
         self.d.ctl("cancel", str(blocker))
         self.wait_state(blocker, "cancelled")
 
+    # ---- inputs that an earlier job makes ----------------------------------------------
+
+    def test_data_and_model_that_a_dependency_makes(self):
+        # Prepare the data, train on it, then fine-tune what that trained:
+        # each job names files that do not exist when it is submitted.
+        prepared = os.path.join(self.dir, "prepared.txt")
+        prep = self.submit(self.program("prep", "cp %s %s" % (self.corpus, prepared)), "--hold")
+        base_cfg = self.gpt("base", steps=3).replace(".cfg", "") + ".cfg"
+        with open(base_cfg) as f:
+            text = f.read().replace("train = %s" % self.corpus, "train = %s" % prepared)
+        with open(base_cfg, "w") as f:
+            f.write(text)
+        # Without --after, a missing file is refused at submit, as ever.
+        r = self.d.ctl("submit", base_cfg, check=False)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("[data] train: cannot read %s: No such file or directory" % prepared, r.stderr)
+        base = self.submit(base_cfg, "--after", str(prep))
+        base_out = os.path.join(self.dir, "out-base")
+        tune_cfg = os.path.join(self.dir, "tune.cfg")
+        with open(tune_cfg, "w") as f:
+            f.write("[model]\nfrom = %s\n[data]\nformat = text\ntrain = %s\n[train]\nsteps = 2\nbatch = 4\n"
+                    "threads = 1\n[output]\ndir = %s\n" % (base_out, prepared, os.path.join(self.dir, "out-tune")))
+        tune = self.submit(tune_cfg, "--after", str(base))
+        # A dependency that does not make what it should: the job fails
+        # when it starts, naming the file.
+        never = self.submit(self.program("never", "true"), "--hold")
+        missing = os.path.join(self.dir, "never-made.txt")
+        lost_cfg = self.gpt("lost", steps=2)
+        with open(lost_cfg) as f:
+            text = f.read().replace("train = %s" % self.corpus, "train = %s" % missing)
+        with open(lost_cfg, "w") as f:
+            f.write(text)
+        lost = self.submit(lost_cfg, "--after", str(never))
+        self.d.ctl("release", str(prep))
+        self.d.ctl("release", str(never))
+        self.assertEqual(self.wait_state(tune, "completed", "failed", "cancelled")["state"], "completed",
+                         self.d.ctl("logs", str(tune)).stdout)
+        self.assertEqual(self.info(base)["state"], "completed")
+        self.assertTrue(os.path.isfile(os.path.join(self.dir, "out-tune", "model.safetensors")))
+        j = self.wait_state(lost, "completed", "failed", "cancelled")
+        self.assertEqual(j["state"], "failed", j)
+        self.assertIn(missing, j["reason"])
+
     # ---- requeue ------------------------------------------------------------------
 
     def test_requeue_a_failed_job(self):
