@@ -237,6 +237,13 @@ class Depend(unittest.TestCase):
         with open(lost_cfg, "w") as f:
             f.write(text)
         lost = self.submit(lost_cfg, "--after", str(never))
+        # A daemon restart keeps their leave to wait for their inputs.
+        self.assertEqual(self.d.stop(), 0)
+        self.d = Daemon(CONF, args=("--state-dir", os.path.join(self.d.dir, "state")))
+        self.addCleanup(self.d.cleanup)
+        for jid in (base, tune, lost):
+            j = self.info(jid)
+            self.assertEqual((j["state"], j["reason"]), ("queued", ""), j)
         self.d.ctl("release", str(prep))
         self.d.ctl("release", str(never))
         self.assertEqual(self.wait_state(tune, "completed", "failed", "cancelled")["state"], "completed",
