@@ -141,6 +141,34 @@ static void test_local_device(void **state)
     dist_group_free(g);
 }
 
+/* The world's size, from whichever launcher started this process: Open
+ * MPI's mpirun, a PMIx or PMI launcher (MPICH's, srun --mpi=pmix), or
+ * srun itself; 1 when none did or a value is not a size. */
+static void test_world_from_launchers(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < 4; i++)
+        unsetenv(names[i]);
+    assert_int_equal(dist_world_from_env(), 1);
+    for (size_t i = 0; i < 4; i++) {
+        setenv(names[i], "4", 1);
+        assert_int_equal(dist_world_from_env(), 4);
+        unsetenv(names[i]);
+    }
+    /* mpirun's own wins over a Slurm allocation's task count around it. */
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    assert_int_equal(dist_world_from_env(), 2);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    const char *bad[] = {"", "0", "-2", "3x", "99999999999"};
+    for (size_t i = 0; i < 5; i++) {
+        setenv("SLURM_NTASKS", bad[i], 1);
+        assert_int_equal(dist_world_from_env(), 1);
+    }
+    unsetenv("SLURM_NTASKS");
+}
+
 static void *cuda_main(void *arg)
 {
     rank_io *io = arg;
@@ -275,6 +303,7 @@ int main(void)
         cmocka_unit_test(test_deadline_and_giving_up),
         cmocka_unit_test(test_cuda_without_nccl),
         cmocka_unit_test(test_local_device),
+        cmocka_unit_test(test_world_from_launchers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
