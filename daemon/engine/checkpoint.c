@@ -377,12 +377,32 @@ int checkpoint_load(run *r)
     } else if (!msig || strcmp(msig, sig) != 0) {
         run_fail(r, "cannot resume: %s was written for '%s' but the job is '%s'; use another [output] dir",
                  r->ckpt.path_resume, msig ? msig : "(none)", sig);
-    } else if (!ok || batch != r->j->batch || step > r->j->steps || opt_steps > step) {
-        run_fail(r,
-                 "cannot resume: %s: bad or mismatching step/data/batch metadata (step %llu of %llu, optimizer_steps "
-                 "%llu, batch %llu vs %u)",
-                 r->ckpt.path_resume, (unsigned long long)step, (unsigned long long)r->j->steps,
-                 (unsigned long long)opt_steps, (unsigned long long)batch, r->j->batch);
+    } else if (!ok) {
+        /* The first that is missing or not a whole number, by name. */
+        static const char *const keys[] = {"step", "data_epoch", "data_index", "batch", "optimizer_steps"};
+        const char *key = keys[0], *v = NULL;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+            bool one = true;
+            key = keys[i];
+            v = st_meta(f, key);
+            if (i == 4 && !v)
+                continue; /* optional: older checkpoints lack it */
+            meta_u64(f, key, &one);
+            if (!one)
+                break;
+        }
+        run_fail(r, "cannot resume: %s: metadata %s is %s%s%s, not a whole number (the file is damaged)",
+                 r->ckpt.path_resume, key, v ? "'" : "", v ? v : "missing", v ? "'" : "");
+    } else if (batch != r->j->batch) {
+        run_fail(r, "cannot resume: %s was written with [train] batch %llu, but the job has %u (the step would "
+                 "change); use another [output] dir, or the same batch",
+                 r->ckpt.path_resume, (unsigned long long)batch, r->j->batch);
+    } else if (step > r->j->steps) {
+        run_fail(r, "cannot resume: %s is at step %llu, past the job's [train] steps %llu", r->ckpt.path_resume,
+                 (unsigned long long)step, (unsigned long long)r->j->steps);
+    } else if (opt_steps > step) {
+        run_fail(r, "cannot resume: %s: metadata optimizer_steps %llu is past its step %llu (the file is damaged)",
+                 r->ckpt.path_resume, (unsigned long long)opt_steps, (unsigned long long)step);
     } else if (!same_data_order(r, f)) {
         /* failed */
     } else if (!expect_state(f, ts, nt, shape, err, sizeof err)) {

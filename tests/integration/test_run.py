@@ -16,7 +16,7 @@ try:
     from prometheus_client.parser import text_string_to_metric_families
     import numpy as np
     from safetensors import safe_open
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file, save_file
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     HAVE_READERS = True
 except ImportError:  # the plain python3 of a build without the venv
@@ -201,6 +201,39 @@ class Run(unittest.TestCase):
         with open(cfg_b) as f:
             line = f.read().split("\n").index("dir = %s" % out_b) + 1
         self.assertIn("%s:%d: [output] dir, with [output] resume = auto: " % (cfg_b, line), r.stderr)
+
+    def test_damaged_checkpoint_metadata_is_named(self):
+        # A finished run of 6 steps, continued to 9: its checkpoint's
+        # metadata edited the ways a damaged file or another job's could.
+        cfg, out = self.job("meta", steps=6)
+        self.run_gradd(cfg)
+        with open(cfg) as f:
+            text = f.read().replace("steps = 6\n", "steps = 9\n")
+        with open(cfg, "w") as f:
+            f.write(text)
+        path = os.path.join(out, "resume.safetensors")
+        tensors = load_file(path)
+        with safe_open(path, "np") as f:
+            meta = f.metadata()
+        cases = [({"data_epoch": "x"}, "metadata data_epoch is 'x', not a whole number (the file is damaged)"),
+                 ({"data_index": None}, "metadata data_index is missing, not a whole number"),
+                 ({"batch": "16"}, "was written with [train] batch 16, but the job has 8"),
+                 ({"optimizer_steps": "7"}, "metadata optimizer_steps 7 is past its step 6")]
+        for change, want in cases:
+            m = dict(meta)
+            for k, v in change.items():
+                if v is None:
+                    del m[k]
+                else:
+                    m[k] = v
+            save_file(tensors, path, metadata=m)
+            r = self.run_gradd(cfg, check=False)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("cannot resume: %s" % path, r.stderr)
+            self.assertIn(want, r.stderr)
+        # Put back, it continues.
+        save_file(tensors, path, metadata=meta)
+        self.assertIn("done: 9 steps", self.run_gradd(cfg).stdout)
 
     def test_sighup_stops_with_a_checkpoint(self):
         # The terminal went away: as ^C, not the default death.
