@@ -670,6 +670,10 @@ static void run_one(worker *w, job *j, bool first_run, worker_group *grp)
     j->mem_peak = peak;
     memcpy(j->mem_tag_peak, tag_peak, sizeof tag_peak);
     j->state = state;
+    /* A run that ended before it reported a step (its checkpoint refused,
+     * its data gone) leaves the figures its earlier runs reached, not 0. */
+    if (!j->have_progress && j->prog.step > 0 && state != JOB_QUEUED)
+        j->have_progress = true;
     snprintf(j->reason, sizeof j->reason, "%s", reason);
     if (j->state != JOB_QUEUED && j->state != JOB_RUNNING)
         j->finished_at = now_unix();

@@ -292,6 +292,28 @@ class Jobs(unittest.TestCase):
         b = open(os.path.join(self.dir, "out-termed", "model.safetensors"), "rb").read()
         self.assertEqual(a, b, "the requeued job's model differs from an uninterrupted run")
 
+    def test_a_refused_resume_keeps_the_steps_it_had(self):
+        # Stopped with a checkpoint, which is then damaged: the restarted
+        # job fails naming it, and still shows the step it had reached.
+        self.start()
+        jid = self.submit(self.job("damaged", steps=100000, ckpt=0))
+        self.wait_step(jid, 3)
+        self.d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.d.proc.wait(timeout=60), 0)
+        with open(os.path.join(self.state, "jobs", str(jid), "state")) as f:
+            step = int([l for l in f.read().splitlines() if l.startswith("step=")][0].split("=")[1])
+        self.assertGreaterEqual(step, 3)
+        resume = os.path.join(self.dir, "out-damaged", "resume.safetensors")
+        os.truncate(resume, 16)
+        log = open(os.path.join(self.dir, "third.log"), "w")
+        self.d.proc = subprocess.Popen([GRADD, "-c", self.d.conf, "-s", self.d.sock, "--state-dir", self.state],
+                                       stdout=log, stderr=subprocess.STDOUT)
+        self.d.wait_ready()
+        j = self.wait_state(jid, ("completed", "failed"), timeout=120)
+        self.assertEqual(j["state"], "failed", j)
+        self.assertTrue(j["reason"].startswith("cannot resume: %s" % resume), j["reason"])
+        self.assertEqual(j["step"], step)
+
     def test_fifty_queued_jobs_survive_restart_in_order(self):
         self.start()
         # The blocker outranks the rest, so after the restart it runs first
