@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "units.h"
+#include "utf8.h"
 
 /* ---- one value ------------------------------------------------------------------ */
 
@@ -350,7 +351,9 @@ int opts_parse_stream(FILE *f, const char *name, opts_entry_fn fn, void *user, c
         p.failed = 1;
     }
     if (p.failed) {
-        snprintf(err, err_len, "%s", p.err);
+        /* The file's own bytes (a value, a name) are in it: shown safely,
+         * whoever prints it (invalid UTF-8 and controls escaped). */
+        utf8_safe(p.err, 0, err, err_len);
         return -1;
     }
     return 0;

@@ -111,6 +111,9 @@ static void test_errors(void **state)
     expect_error("[daemon]\nthis line has no equals sign\n", 2, "syntax error");
     expect_error("[daemon]\nclient_timeout = 0\n", 2, "out of range");
     expect_error("[cpu]\ndevices = -1\n", 2, "not a whole number");
+    /* The file's bytes come back safe to print: a terminal's escape and
+     * bytes that are not UTF-8, escaped. */
+    expect_error("[cpu]\ncapacity = 4G\033[2J\xff\n", 2, "'4G\\x1b[2J\\xff' has an unknown unit");
     /* A socket path that cannot be bound: found with its line, before the
      * daemon tries (95 bytes: config.h). */
     char sock[160];
