@@ -174,6 +174,8 @@ static int on_entry(void *user, const char *section, const char *key, const char
     opts_simple s = {opts, NOPTS, p->j};
     if (opts_simple_entry(&s, section, key, value, line, why, why_len, name_key) != 0)
         return -1;
+    if (!key)
+        return 0; /* an empty section, known */
     p->j->key_line[opts_find(opts, NOPTS, section, key) - opts] = line;
     return 0;
 }

@@ -181,6 +181,14 @@ typedef struct seen_key {
     struct seen_key *next;
 } seen_key;
 
+/* A [section] line, and whether a key came under it: libinih tells the
+ * handler of keys only, so an empty section is checked after the file. */
+typedef struct {
+    char name[64];
+    int line;
+    bool keys;
+} section_head;
+
 typedef struct {
     const char *path;
     FILE *f;
@@ -188,6 +196,8 @@ typedef struct {
     opts_entry_fn fn;
     void *user;
     seen_key *seen;
+    section_head *heads;
+    size_t nheads, cap_heads;
     char err[768];
     int failed;
     int fail_line;
@@ -235,6 +245,8 @@ static int on_entry(void *user, const char *section, const char *key, const char
 {
     parse_ctx *p = user;
     int line = p->line;
+    if (p->nheads)
+        p->heads[p->nheads - 1].keys = true;
     if (p->failed)
         return 0;
     if (section[0] == '\0') {
@@ -282,6 +294,28 @@ static char *read_line(char *str, int num, void *stream)
         return NULL;
     str[n] = '\0';
     p->line++;
+    /* "[name]": remembered, for the empty section's check. */
+    const char *h = str + strspn(str, " \t");
+    const char *close = *h == '[' ? strchr(h, ']') : NULL;
+    if (close && (size_t)(close - h - 1) < sizeof p->heads[0].name) {
+        if (p->nheads == p->cap_heads) {
+            size_t cap = p->cap_heads ? 2 * p->cap_heads : 16;
+            section_head *grown = realloc(p->heads, cap * sizeof *grown);
+            if (!grown) {
+                fail(p, p->line, "", NULL, "out of memory");
+                return NULL;
+            }
+            p->heads = grown;
+            p->cap_heads = cap;
+        }
+        section_head *s = &p->heads[p->nheads++];
+        /* As libinih takes it: the name between the brackets, as it is. */
+        size_t len = (size_t)(close - h - 1);
+        memcpy(s->name, h + 1, len);
+        s->name[len] = '\0';
+        s->line = p->line;
+        s->keys = false;
+    }
     if (nul)
         fail(p, p->line, "", NULL, "line contains a NUL byte (is this a text file?)");
     if (n == num - 1 && str[n - 1] != '\n' && (c = getc(p->f)) != EOF && c != '\n') {
@@ -335,6 +369,17 @@ int opts_parse_stream(FILE *f, const char *name, opts_entry_fn fn, void *user, c
      * the previous value; our files have no multi-line values. */
     ini_allow_multiline = false;
     int rc = ini_parse_stream(read_line, &p, on_entry, &p);
+    /* A section with no key is asked about once, so that an unknown one
+     * is refused as it would be with keys. */
+    for (size_t i = 0; i < p.nheads && !p.failed; i++) {
+        if (p.heads[i].keys)
+            continue;
+        char why[512] = "";
+        bool name_key = false;
+        if (p.fn(p.user, p.heads[i].name, NULL, NULL, p.heads[i].line, why, sizeof why, &name_key) != 0)
+            fail(&p, p.heads[i].line, p.heads[i].name, NULL, why);
+    }
+    free(p.heads);
     while (p.seen) {
         seen_key *next = p.seen->next;
         free(p.seen->name);
@@ -378,6 +423,8 @@ int opts_simple_entry(void *user, const char *section, const char *key, const ch
         *name_key = false;
         return -1;
     }
+    if (!key)
+        return 0; /* a known section without keys */
     const opts_def *o = opts_find(s->defs, s->n, section, key);
     if (!o) {
         snprintf(why, why_len, "unknown key");

@@ -54,9 +54,10 @@ void opts_print(const opts_def *defs, size_t n, FILE *f);
 
 /* ---- parsing ------------------------------------------------------------------ */
 
-/* Called for each key = value.  Return 0, or -1 with `why` filled; set
- * *name_key to false when the complaint is about the section rather than
- * the key. */
+/* Called for each key = value, and once with key and value NULL for a
+ * [section] that holds no key (so that an unknown one is refused too).
+ * Return 0, or -1 with `why` filled; set *name_key to false when the
+ * complaint is about the section rather than the key. */
 typedef int (*opts_entry_fn)(void *user, const char *section, const char *key, const char *value, int line,
                              char *why, size_t why_len, bool *name_key);
 

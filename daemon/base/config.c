@@ -178,6 +178,8 @@ static int on_entry(void *user, const char *section, const char *key, const char
             *name_key = false;
             return -1;
         }
+        if (!key)
+            return 0; /* an empty [pool.DEV]: nothing to override */
         const opts_def *o = opts_find(opts, NOPTS, "pool", key);
         if (!o) {
             snprintf(why, why_len, "unknown key");
@@ -195,7 +197,7 @@ static int on_entry(void *user, const char *section, const char *key, const char
         return 0;
     }
     /* Found now with its line, not when the socket is made. */
-    if (strcmp(section, "daemon") == 0 && strcmp(key, "socket") == 0 && strlen(value) > CONFIG_SOCKET_PATH_MAX) {
+    if (key && strcmp(section, "daemon") == 0 && strcmp(key, "socket") == 0 && strlen(value) > CONFIG_SOCKET_PATH_MAX) {
         snprintf(why, why_len, "%zu bytes is too long for a socket path (at most %d)", strlen(value),
                  CONFIG_SOCKET_PATH_MAX);
         return -1;

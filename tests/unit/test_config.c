@@ -111,6 +111,8 @@ static void test_errors(void **state)
     expect_error("[daemon]\nthis line has no equals sign\n", 2, "syntax error");
     expect_error("[daemon]\nclient_timeout = 0\n", 2, "out of range");
     expect_error("[cpu]\ndevices = -1\n", 2, "not a whole number");
+    expect_error("[cpu]\ncapacity = 4G\n[bogus]\n", 3, "[bogus]: unknown section (known: daemon, cpu");
+    expect_error("[pool.gpu1]\n", 1, "[pool.gpu1]: unknown section: per-device pool sections");
     /* The file's bytes come back safe to print: a terminal's escape and
      * bytes that are not UTF-8, escaped. */
     expect_error("[cpu]\ncapacity = 4G\033[2J\xff\n", 2, "'4G\\x1b[2J\\xff' has an unknown unit");

@@ -164,6 +164,14 @@ static void test_errors(void **state)
     expect_error("[job]\ndevice = cpu0\ndevices = cpu0,cpu1\n" GPT_HEAD,
                  ":3: [job] devices: give [job] device or devices, not both");
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
+    /* A section is checked with no key in it too; a known one may be empty. */
+    expect_error("[bogus]\n" GPT_HEAD, ":1: [bogus]: unknown section (known: job, model,");
+    {
+        job_config j;
+        char err[512];
+        write_job(GPT_HEAD "[memory]\n[finetune]\n");
+        assert_int_equal(load(path, &j, err, sizeof err), 0);
+    }
     expect_error("[model]\ntype = gpt\nvocab = 1048577\n" "[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
                  ":3: [model] vocab: ");
     expect_error("[model]\ntype = mlp\nhidden =\n[data]\ntrain = corpus.txt\n[output]\ndir = o\n",
