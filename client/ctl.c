@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -29,7 +30,16 @@ int ctl_connect(ctl *c)
         if (fd >= 0)
             close(fd);
         char hint[512];
-        if (e == EACCES)
+        struct stat st;
+        bool there = stat(c->socket_path, &st) == 0;
+        if (there && !S_ISSOCK(st.st_mode))
+            /* A directory, a file: gradd would not make its socket there. */
+            snprintf(hint, sizeof hint,
+                     "%s is a %s, not a socket: -s and GRADD_SOCKET name the socket itself\n"
+                     "  (gradd -s PATH makes it; `gradctl status` without -s finds the default).",
+                     c->socket_path,
+                     S_ISDIR(st.st_mode) ? "directory" : S_ISREG(st.st_mode) ? "file" : "special file");
+        else if (e == EACCES)
             /* The socket is there; this user is not in its group. */
             snprintf(hint, sizeof hint,
                      "Its socket is for the members of gradd's socket group ([daemon] socket_group,\n"

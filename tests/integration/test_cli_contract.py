@@ -111,6 +111,14 @@ class Contract(harness.DaemonTest):
         self.assertEqual(plain.returncode, 3)
         self.assertEqual((err["code"], err["socket"]), ("unreachable", sock))
         self.assertTrue(plain.stderr.startswith("gradctl list: cannot reach gradd at %s: " % sock), plain.stderr)
+        self.assertIn("Start it with `gradd -s %s`" % sock, plain.stderr)
+        # A directory (a state dir, say) given for the socket: said so, not
+        # "start gradd there", which gradd would refuse.
+        plain, _, err = self.both("list", sock=self.tmp)
+        self.assertEqual(plain.returncode, 3)
+        self.assertIn("%s is a directory, not a socket: -s and GRADD_SOCKET name the socket itself" % self.tmp,
+                      plain.stderr)
+        self.assertNotIn("Start it with", plain.stderr)
 
     def test_usage_errors(self):
         for args, message in ((["list", "--bogus"], "unknown option '--bogus'"),
