@@ -72,16 +72,23 @@ void table_init(table *t, int ncols, const char *const *head)
  * or '-' for a space. */
 static bool heading_is(const char *h, const char *name, size_t n)
 {
-    if (strlen(h) != n)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char a = h[i], b = name[i];
-        if (a == ' ' && (b == '_' || b == '-'))
+    size_t i = 0, k = 0;
+    for (; h[i] && k < n; k++) {
+        char b = name[k];
+        if (h[i] == ' ' && (b == '_' || b == '-')) {
+            i++;
             continue;
-        if (tolower((unsigned char)a) != tolower((unsigned char)b))
+        }
+        /* MICRO×ACC's sign, typed as a shell user can: x or _. */
+        if (strncmp(h + i, "\u00d7", 2) == 0 && (b == 'x' || b == 'X' || b == '_')) {
+            i += 2;
+            continue;
+        }
+        if (tolower((unsigned char)h[i]) != tolower((unsigned char)b))
             return false;
+        i++;
     }
-    return true;
+    return !h[i] && k == n;
 }
 
 int table_select(table *t, const char *spec, char *err, size_t err_len)

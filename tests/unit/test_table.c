@@ -72,6 +72,27 @@ static void test_select(void **state)
     assert_string_equal(err, "no column 'bogus'; the columns are ID,NAME,STATE,LAST CHANGE");
     assert_int_equal(table_select(&t, "id,", err, sizeof err), -1);
     table_free(&t);
+    /* A heading with a sign a shell user cannot type: x or _ for it. */
+    static const char *const h[] = {"ID", "MICRO\xc3\x97" "ACC"};
+    table_init(&t, 2, h);
+    const char *names[] = {"micro_acc", "MicroxAcc", "MICRO\xc3\x97" "ACC"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(table_select(&t, names[i], err, sizeof err), 0);
+    assert_int_equal(table_select(&t, "micro", err, sizeof err), -1);
+    assert_int_equal(table_select(&t, "micro_ac", err, sizeof err), -1);
+    assert_int_equal(table_select(&t, "micro_accc", err, sizeof err), -1);
+    table_free(&t);
+    /* With no rows, the headings alone (libsmartcols would print none). */
+    static const char *const two[] = {"ID", ">STEP"};
+    table_init(&t, 2, two);
+    s = printed(&t);
+    assert_string_equal(s, "ID  STEP\n");
+    free(s);
+    table_noheadings(&t);
+    s = printed(&t);
+    assert_string_equal(s, "");
+    free(s);
+    table_free(&t);
 }
 
 static void test_standin_in_a_cell(void **state)
