@@ -124,6 +124,26 @@ class Dist(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         return r
 
+    @unittest.skipUnless(os.environ.get("DIST_ID_PROBE"), "DIST_ID_PROBE is not built")
+    def test_nccl_id_over_mpi(self):
+        # Ranks that are processes (mpirun, srun) on CUDA devices: rank 0
+        # makes NCCL's id and every rank opens with its bytes, sent over
+        # MPI; when rank 0 cannot make one, every rank fails and none waits.
+        # (A stand-in for NCCL's interface: the rest needs GPUs.)
+        probe = os.environ["DIST_ID_PROBE"]
+        for n in (2, 3):
+            r = subprocess.run([MPIRUN, "-np", str(n), probe, "ok"], capture_output=True, text=True, timeout=120,
+                               env=mpi_env())
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for k in range(n):
+                self.assertIn("rank %d: opened with rank 0's id\n" % k, r.stdout)
+        r = subprocess.run([MPIRUN, "-np", "3", probe, "fail"], capture_output=True, text=True, timeout=120,
+                           env=mpi_env())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("rank 0: failed as it should: the stand-in makes no id\n", r.stdout)
+        for k in (1, 2):
+            self.assertIn("rank %d: failed as it should: rank %d of 3 on " % (k, k), r.stdout)
+
     def test_same_weights_as_one_process(self):
         cfg1, out1 = self.job("one")
         self.run1(cfg1)
