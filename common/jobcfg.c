@@ -578,7 +578,7 @@ static int validate(parse_ctx *p, const char *path, char *err, size_t err_len)
     if (resolve(j->out_dir, sizeof j->out_dir, dir) != 0)
         return complain(p, "output", "dir", err, err_len, "path is too long");
     if (j->val_labels[0] && !j->val[0])
-        return complain(p, "data", "val", err, err_len, "is required when val_labels is set");
+        return complain(p, "data", "val_labels", err, err_len, "needs [data] val, the images it labels");
     return 0;
 }
 

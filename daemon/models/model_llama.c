@@ -997,6 +997,12 @@ static int llama_check_job(const job_config *j, char *err, size_t err_len)
         return model_job_error(j, "model", key, why, err, err_len);
     if (j->format == JOBCFG_DATA_IDX)
         return model_job_error(j, "data", "format", "idx images train an mlp, not a llama", err, err_len);
+    /* Llama 3's scaling keys without that scaling would be ignored. */
+    static const char *const scaling[] = {"rope_factor", "rope_low_freq", "rope_high_freq", "rope_context"};
+    for (size_t i = 0; j->rope_scaling != JOBCFG_ROPE_LLAMA3 && i < sizeof scaling / sizeof scaling[0]; i++)
+        if (jobcfg_line(j, "model", scaling[i]))
+            return model_job_error(j, "model", scaling[i], "is for rope_scaling = llama3, and the model has none",
+                                   err, err_len);
     return 0;
 }
 

@@ -130,6 +130,24 @@ static int check_lora(const job_config *j, const model_kind *kind, char *err, si
     return 0;
 }
 
+/* Keys the kind has no use for: refused, rather than a model trained
+ * other than the one the file describes. */
+static int unused_keys_refuse(const job_config *j, const model_kind *kind, char *err, size_t err_len)
+{
+    static const char *const blocks[] = {"layers", "heads", "width", "context", "vocab"};
+    char why[128];
+    if (kind == &model_kind_mlp) {
+        for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+            if (jobcfg_line(j, "model", blocks[i]))
+                return model_job_error(j, "model", blocks[i],
+                                       "is a gpt and llama key; an mlp has its layers in [model] hidden", err, err_len);
+    } else if (jobcfg_line(j, "model", "hidden")) {
+        snprintf(why, sizeof why, "is an mlp key; %s has [model] layers and width instead", kind->a_name);
+        return model_job_error(j, "model", "hidden", why, err, err_len);
+    }
+    return 0;
+}
+
 int model_check_job(job_config *j, char *err, size_t err_len)
 {
     /* A model that a job this one runs after will make: its keys are read
@@ -142,6 +160,8 @@ int model_check_job(job_config *j, char *err, size_t err_len)
     if (!kind)
         return -1;
     if (kind != &model_kind_llama && model_llama_keys_refuse(j, kind, err, err_len) != 0)
+        return -1;
+    if (unused_keys_refuse(j, kind, err, err_len) != 0)
         return -1;
     if (j->ft_method != JOBCFG_FT_FULL && check_lora(j, kind, err, err_len) != 0)
         return -1;

@@ -166,6 +166,11 @@ static void test_errors(void **state)
     expect_error(GPT_HEAD "[train]\nlr = 1\nlr = 2\n", ":9: [train] lr: given twice (first on line 8)");
     /* A section is checked with no key in it too; a known one may be empty. */
     expect_error("[bogus]\n" GPT_HEAD, ":1: [bogus]: unknown section (known: job, model,");
+    /* Two keys that go together: at the line of the one given. */
+    expect_error("[model]\ntype = mlp\n[data]\nformat = idx\ntrain = corpus.txt\ntrain_labels = corpus.txt\n"
+                 "val_labels = corpus.txt\n"
+                 "[output]\ndir = o\n",
+                 ":7: [data] val_labels: needs [data] val, the images it labels");
     {
         job_config j;
         char err[512];

@@ -217,6 +217,14 @@ static void test_job_checks(void **state)
                  "[output]\ndir = out\n",
                  ":4: [model] norm_eps: is a llama key; an mlp has none");
     expect_error(HEAD "[data]\nformat = idx\ntrain = x\n[output]\ndir = o\n", "[data] format: idx images train an mlp");
+    /* A key the kind has no use for is refused, not ignored. */
+    expect_error("[model]\ntype = mlp\nhidden = 8\nlayers = 2\n[data]\ntrain = x.idx\ntrain_labels = y.idx\n"
+                 "[output]\ndir = out\n",
+                 ":4: [model] layers: is a gpt and llama key; an mlp has its layers in [model] hidden");
+    expect_error("[model]\ntype = gpt\nhidden = 10\n[data]\ntrain = x\n[output]\ndir = out\n",
+                 ":3: [model] hidden: is an mlp key; a gpt has [model] layers and width instead");
+    expect_error(HEAD "rope_factor = 4\n[data]\ntrain = x\n[output]\ndir = o\n",
+                 "[model] rope_factor: is for rope_scaling = llama3, and the model has none");
 }
 
 /* ---- Hugging Face ----------------------------------------------------------------------- */
