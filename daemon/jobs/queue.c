@@ -598,10 +598,11 @@ static job *load_job(queue *q, uint32_t id)
         j->finished_at = (double)time(NULL);
         snprintf(j->reason, sizeof j->reason, "at restart: %s", err);
         queue_persist_or_retry(q, j, NULL);
-        log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s", id, j->name, err);
+        log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s (its job file as kept in %s)", id,
+                j->name, err, path);
     } else if (err[0]) {
-        log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s; listed without its settings", id, j->name,
-                job_state_name(j->state), err);
+        log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s (its job file as kept in %s); listed without its "
+                "settings", id, j->name, job_state_name(j->state), err, path);
     }
     if (j->state == JOB_RUNNING && j->cfg.type == JOBCFG_PROGRAM) {
         /* Its program ended with the daemon, or was orphaned by a crash:
