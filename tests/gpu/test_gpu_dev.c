@@ -94,13 +94,20 @@ static void test_vmm(dev *d)
     printf("  %s: vmm granularity %zu KiB ok\n", d->id, g >> 10);
 }
 
-static void test_pool(dev *d, bool expandable)
+/* A pool on d with the defaults; NULL after a failed check. */
+static pool *new_pool(dev *d, bool expandable)
 {
     pool_config pc;
     pool_config_default(&pc);
     pc.expandable_segments = expandable;
     pool *p = NULL;
     CHECK(pool_create(d, &pc, &p) == 0, "pool_create");
+    return p;
+}
+
+static void test_pool(dev *d, bool expandable)
+{
+    pool *p = new_pool(d, expandable);
     if (!p)
         return;
     enum { N = 64 };
@@ -139,11 +146,7 @@ static void test_trim_waits_for_queued_work(dev *d)
 {
     if (dev_va_granularity(d) == 0)
         return;
-    pool_config pc;
-    pool_config_default(&pc);
-    pc.expandable_segments = true;
-    pool *p = NULL;
-    CHECK(pool_create(d, &pc, &p) == 0, "pool_create");
+    pool *p = new_pool(d, true);
     if (!p)
         return;
     size_t bytes = 256 * MiB;
