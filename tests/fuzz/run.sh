@@ -127,7 +127,7 @@ sources() {
     case $1 in
     wire) echo "$ROOT/common/wire.c $ROOT/common/fileio.c $ROOT/common/errmsg.c $GEN/gradd.pb-c.c" ;;
     units) echo "$ROOT/common/units.c" ;;
-    config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c" ;;
+    config) echo "$ROOT/daemon/base/config.c $ROOT/common/opts.c $ROOT/common/units.c $ROOT/common/utf8.c" ;;
     jobcfg) echo "$ROOT/common/jobcfg.c $ROOT/common/argsplit.c $ROOT/common/opts.c $ROOT/common/units.c" \
         "$ROOT/common/utf8.c" \
         "$MODELS_SRC" ;;
