@@ -196,7 +196,7 @@ static int on_entry(void *user, const char *section, const char *key, const char
         ov->set_mask |= 1ull << (o - opts);
         return 0;
     }
-    /* Found now with its line, not when the socket is made. */
+    /* Refused as the file is read, with its line, not when the socket is made. */
     if (key && strcmp(section, "daemon") == 0 && strcmp(key, "socket") == 0 && strlen(value) > CONFIG_SOCKET_PATH_MAX) {
         snprintf(why, why_len, "%zu bytes is too long for a socket path (at most %d)", strlen(value),
                  CONFIG_SOCKET_PATH_MAX);
