@@ -747,10 +747,23 @@ static void test_open_without_job_file(void **state)
     j.state = JOB_QUEUED;
     j.started_at = j.finished_at = 0;
     put_state(jobs, &j);
+    /* And one whose kept copy is damaged: its source file is what the
+     * parser names, so the log names the copy it read. */
+    base_job(&j, 3);
+    put_state(jobs, &j);
+    char cfgp[256];
+    snprintf(cfgp, sizeof cfgp, "%s/3/job.cfg", jobs);
+    FILE *f = fopen(cfgp, "w");
+    assert_non_null(f);
+    fputs("this is not a job file\n", f);
+    fclose(f);
 
     queue q;
     open_capturing(&q);
-    assert_int_equal(q.n, 2);
+    assert_int_equal(q.n, 3);
+    snprintf(want, sizeof want, "syntax error (expected [section] or key = value) (its job file as kept in %s); "
+             "listed without its settings", cfgp);
+    expect_logged(want);
     job *done = queue_find(&q, 1), *queued = queue_find(&q, 2);
     assert_non_null(done);
     assert_non_null(queued);
