@@ -22,7 +22,7 @@ static int run(ctl *c, int argc, char **argv)
         rc = jout_print(jobfmt_json(j));
     else if (strcmp(j->state, "cancelled") == 0)
         printf("job %u cancelled\n", j->id);
-    else if (strcmp(j->state, "running") == 0 && j->type && strcmp(j->type, "program") == 0)
+    else if (strcmp(j->state, "running") == 0 && jobfmt_is_program(j))
         printf("job %u stopping (SIGTERM to the program; SIGKILL once its [program] grace is over)\n", j->id);
     else if (strcmp(j->state, "running") == 0)
         printf("job %u stopping (a final checkpoint is being written)\n", j->id);

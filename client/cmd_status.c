@@ -83,9 +83,6 @@ static void print_processes(const Gradd__StatusResponse *st)
     }
 }
 
-/* The overview: devices with their running jobs, then the running and
- * queued jobs as `gradctl list` shows them (finished ones are left to
- * list: on a long-lived daemon they are most of the table). */
 /* Whether job j runs on device id: its device, or one of a job's several
  * ("cpu0,cpu1"). */
 static bool runs_on(const Gradd__JobInfo *j, const char *id)
@@ -106,6 +103,9 @@ static bool runs_on(const Gradd__JobInfo *j, const char *id)
     }
 }
 
+/* The overview: devices with their running jobs, then the running and
+ * queued jobs as `gradctl list` shows them (finished ones are left to
+ * list: on a long-lived daemon they are most of the table). */
 static void print_text(ctl *c, const Gradd__StatusResponse *st)
 {
     char up[32];

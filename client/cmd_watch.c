@@ -44,7 +44,7 @@ static int term_columns(void)
 static void live_line(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     int cols = term_columns();
-    if (j->type && strcmp(j->type, "program") == 0 && strcmp(j->state, "queued") != 0) {
+    if (jobfmt_is_program(j) && strcmp(j->state, "queued") != 0) {
         /* No number of steps: no bar to fill. */
         jobfmt_progress(buf, len, j);
     } else if (strcmp(j->state, "queued") == 0) {

@@ -74,7 +74,7 @@ static bool is_state(const Gradd__JobInfo *j, const char *state)
     return j->state && strcmp(j->state, state) == 0;
 }
 
-static bool is_program(const Gradd__JobInfo *j)
+bool jobfmt_is_program(const Gradd__JobInfo *j)
 {
     return j->type && strcmp(j->type, "program") == 0;
 }
@@ -249,7 +249,7 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now)
         table_cell(t, "%s", j->state && *j->state ? j->state : "-");
     table_cell(t, "%s", j->device && *j->device ? j->device : "-");
     /* A program's steps and batches are its own, unless it reports them. */
-    bool program = is_program(j);
+    bool program = jobfmt_is_program(j);
     if (program && j->micro)
         table_cell(t, "%llu", (unsigned long long)j->step);
     else if (program)
@@ -425,7 +425,7 @@ void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now)
     }
     field(f, "device", j->device && *j->device ? j->device : "-");
     fprintf(f, LABEL "%lld\n", "priority", (long long)j->priority);
-    if (is_program(j)) {
+    if (jobfmt_is_program(j)) {
         /* Its own program: steps and batches only as it reports them. */
         field(f, "type", "program");
         field(f, "command", j->command ? j->command : "");
@@ -511,7 +511,7 @@ void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j)
                  waits ? " (" : "", waits ? j->waiting : "", waits ? ")" : "");
         return;
     }
-    if (is_program(j)) {
+    if (jobfmt_is_program(j)) {
         program_progress(buf, len, j);
         return;
     }
@@ -531,7 +531,7 @@ void jobfmt_progress(char *buf, size_t len, const Gradd__JobInfo *j)
 void jobfmt_final(char *buf, size_t len, const Gradd__JobInfo *j)
 {
     const char *state = j->state && *j->state ? j->state : "in an unknown state";
-    if (is_program(j) && jobfmt_state_final(j->state)) {
+    if (jobfmt_is_program(j) && jobfmt_state_final(j->state)) {
         /* "job 7 completed after 2m03s, 40 steps, loss 2.130" or
          * "job 7 failed after 3s: exited with status 3 ...". */
         char d[32], loss[32], steps[96] = "";

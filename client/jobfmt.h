@@ -74,6 +74,10 @@ void jobfmt_row(table *t, const Gradd__JobInfo *j, double now);
 /* The full detail view of `gradctl status ID`. */
 void jobfmt_detail(FILE *f, const Gradd__JobInfo *j, double now);
 
+/* Whether j is a program job ([job] type = program): its own steps, if it
+ * reports them, and no total. */
+bool jobfmt_is_program(const Gradd__JobInfo *j);
+
 /* One line, no newline: "step 120/500 loss 2.134 val 2.301 42.1k tok/s
  * eta 1m03s mem 1.40G"; for a queued job "queued for DEVICE"; for a
  * program job "running 1m02s mem 1.40G", with its reported step, loss and

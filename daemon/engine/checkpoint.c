@@ -278,8 +278,8 @@ static bool finite_state(run *r, const char *name, const float *x, size_t n)
 /* Whether it exists, asked with the thread's filesystem identity (the
  * job's owner): access(2) asks with the real uid, the daemon's, which may
  * not even search the owner's private directories, so a service-user gradd
- * took a checkpoint it could not see for none and started the job over. */
-/* Whatever is there under the name, a dangling or looping link too: it is
+ * took a checkpoint it could not see for none and started the job over.
+ * Whatever is under the name counts, a dangling or looping link too: it is
  * the checkpoint to read (and to refuse when it cannot be read), not a
  * directory without one, where a fresh run would write over the model. */
 bool checkpoint_exists(const run *r)

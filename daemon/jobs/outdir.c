@@ -59,11 +59,12 @@ int outdir_check_resume(const job_config *j, char *err, size_t err_len)
     /* At the line of resume, or else of dir: the key the submitter can
      * change that the file has. */
     char where[PATH_MAX + 96], why[PATH_MAX + 128];
-    if (jobcfg_line(j, "output", "resume") || !jobcfg_line(j, "output", "dir"))
+    if (jobcfg_line(j, "output", "resume") || !jobcfg_line(j, "output", "dir")) {
         jobcfg_where(j, "output", "resume", where, sizeof where);
-    else
-        snprintf(where + strlen(jobcfg_where(j, "output", "dir", where, sizeof where)),
-                 sizeof where - strlen(where), ", with [output] resume");
+    } else {
+        size_t n = strlen(jobcfg_where(j, "output", "dir", where, sizeof where));
+        snprintf(where + n, sizeof where - n, ", with [output] resume");
+    }
     const char *policy = j->resume == JOBCFG_RESUME_NEVER ? "never" : j->resume == JOBCFG_RESUME_REQUIRE ? "require" : "auto";
     uint64_t step = 0;
     int have = checkpoint_step(j->out_dir, &step, why, sizeof why);
@@ -80,8 +81,8 @@ int outdir_check_resume(const job_config *j, char *err, size_t err_len)
         return -1;
     }
     /* A checkpoint that cannot be read (damaged, a dangling link, not a
-     * regular file) would fail the job when it starts: refused now, and
-     * the engine refuses one damaged while the job waits. */
+     * regular file) would fail the job when it starts: refused at submit,
+     * and the engine refuses one damaged while the job waits. */
     if (have < 0) {
         snprintf(err, err_len, "%s = %s: cannot read the checkpoint in %s: %s", where, policy, j->out_dir, why);
         return -1;

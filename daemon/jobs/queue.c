@@ -593,7 +593,9 @@ static job *load_job(queue *q, uint32_t id)
     }
     /* A parse error names the job's source; the copy read is this one
      * (unless the error names it already: it could not be read). */
-    const char *kept = err[0] && !strstr(err, path) ? path : "";
+    char kept[PATH_MAX + 64] = "";
+    if (err[0] && !strstr(err, path))
+        snprintf(kept, sizeof kept, " (its job file as kept in %s)", path);
     if (err[0] && (j->state == JOB_QUEUED || j->state == JOB_RUNNING)) {
         /* The job can no longer run (a data file vanished, say): say why
          * rather than dropping it. */
@@ -601,11 +603,10 @@ static job *load_job(queue *q, uint32_t id)
         j->finished_at = (double)time(NULL);
         snprintf(j->reason, sizeof j->reason, "at restart: %s", err);
         queue_persist_or_retry(q, j, NULL);
-        log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s%s%s%s", id, j->name, err,
-                kept[0] ? " (its job file as kept in " : "", kept, kept[0] ? ")" : "");
+        log_job(LOG_WARN, id, NULL, "queue: job %u (%s) failed at restart: %s%s", id, j->name, err, kept);
     } else if (err[0]) {
-        log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s%s%s%s; listed without its settings", id, j->name,
-                job_state_name(j->state), err, kept[0] ? " (its job file as kept in " : "", kept, kept[0] ? ")" : "");
+        log_job(LOG_WARN, id, NULL, "queue: job %u (%s, %s): %s%s; listed without its settings", id, j->name,
+                job_state_name(j->state), err, kept);
     }
     if (j->state == JOB_RUNNING && j->cfg.type == JOBCFG_PROGRAM) {
         /* Its program ended with the daemon, or was orphaned by a crash:

@@ -30,8 +30,8 @@ static train_outcome engine_run(const runner_env *env, const job_config *cfg, tr
         res->outcome = TRAIN_FAILED;
         return TRAIN_FAILED;
     }
-    /* What a job it ran after was to make is read and checked now, as a
-     * submit checks it: the model's keys from [model] from. */
+    /* What a job it ran after was to make is read and checked at the
+     * start, as a submit checks it: the model's keys from [model] from. */
     job_config *filled = NULL;
     if (cfg->inputs_missing) {
         if (!(filled = malloc(sizeof *filled))) {

@@ -293,7 +293,7 @@ const model_kind *model_kind_hf(const char *hf_type);
  * changes nothing, so the engine repeats it at run start.  0, or -1 with
  * err and j partly filled. */
 int model_hf_fill(job_config *j, char *err, size_t err_len);
-/* Whether [model] from is a later job's to read: the job runs after
+/* Whether [model] from is left for the job's start: the job runs after
  * others (inputs_later) and DIR/config.json does not exist yet; then it
  * sets inputs_missing, and model_check_job leaves the model for the job's
  * start. */
