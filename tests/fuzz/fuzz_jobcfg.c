@@ -7,6 +7,10 @@
  *   - on success every path is absolute and normalised (no "." or ".."
  *     components, no "//"), the micro-batch is 0 (auto) or at most the
  *     batch, and the name is a terminated, non-empty string;
+ *   - jobcfg_load_later (submit --after) fails, if at all, as
+ *     jobcfg_load_mem does, and accepts what it accepts with the same
+ *     settings; a file it accepts that jobcfg_load_mem refuses names data
+ *     that is not there (inputs_missing);
  *   - what the model checks pass names a model gradd has: an mlp with 1..8
  *     hidden sizes, or a gpt or llama whose heads divide its width (and
  *     whose key/value heads divide its heads), with LoRA only on a kind
@@ -54,7 +58,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&j, 0xA5, sizeof j);
     memset(canary, 0xA5, sizeof canary);
     char err[1024] = "";
+    static job_config later;
+    char lerr[1024] = "";
+    int lrc = jobcfg_load_later(data, size, PATH, &later, lerr, sizeof lerr);
+    if (lrc != 0)
+        CHECK(lerr[0] != '\0' && strncmp(lerr, PATH, strlen(PATH)) == 0);
     if (jobcfg_load_mem(data, size, PATH, &j, err, sizeof err) != 0) {
+        CHECK(lrc != 0 || later.inputs_missing);
         CHECK(err[0] != '\0');
         CHECK(strncmp(err, PATH, strlen(PATH)) == 0);
         CHECK(memcmp(&j, canary, sizeof j) == 0);
@@ -64,6 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(normalised(j.train) && normalised(j.train_labels) && normalised(j.val) && normalised(j.val_labels));
     CHECK(normalised(j.out_dir) && j.out_dir[0] == '/');
     CHECK(j.micro_batch <= j.batch);
+    CHECK(lrc == 0 && !later.inputs_missing && strcmp(later.out_dir, j.out_dir) == 0 && later.steps == j.steps);
     /* A finished job's record (no data check) accepts whatever submit did,
      * with the same settings. */
     static job_config r;
